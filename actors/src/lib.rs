@@ -1,0 +1,1 @@
+//! troupe-actors: reusable, LLM-free actor machinery.

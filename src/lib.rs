@@ -1,0 +1,1 @@
+//! troupe: the domain.

@@ -1,0 +1,2 @@
+//! The `troupe` binary.
+fn main() {}
