@@ -1,1 +1,8 @@
-//! troupe: the domain.
+//! troupe: runs LLM agent workflows as state-machine stage pipelines on an
+//! actor runtime. This crate holds the domain (definitions, runtime,
+//! providers, tools) and a thin CLI; reusable actor machinery lives in
+//! `troupe-actors`.
+
+pub mod definition;
+pub mod error;
+pub mod tools;

@@ -1,0 +1,264 @@
+//! The typed, immutable pipeline model that loading produces and the runtime
+//! reads. Nothing here is parsed lazily: expressions, templates and schemas
+//! are compiled at load.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::expr::Expr;
+use super::schema::Schema;
+use super::template::Template;
+
+/// Default parallel cap when neither the CLI nor `pipeline.yaml` sets one.
+pub const DEFAULT_PARALLEL_CAP: usize = 8;
+
+/// ctx names the runtime provides; a pipeline may not declare them.
+pub const RESERVED_CTX: [&str; 6] = [
+    "upstream",
+    "results",
+    "workflowRunId",
+    "stageExecutionId",
+    "item",
+    "index",
+];
+
+/// ctx names that exist at run time but are not addressable (SPEC §2).
+pub const FORBIDDEN_CTX: [&str; 2] = ["attempts", "host"];
+
+/// A loaded pipeline (the state machine).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pipeline {
+    pub id: String,
+    pub name: String,
+    #[serde(skip)]
+    pub dir: PathBuf,
+    pub entry: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parallel_cap: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_visits: Option<u32>,
+    pub ctx: Vec<CtxField>,
+    pub stages: Vec<Stage>,
+    pub next: BTreeMap<String, Next>,
+    #[serde(rename = "assert", skip_serializing_if = "BTreeMap::is_empty")]
+    pub asserts: BTreeMap<String, Vec<Expr>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub gates: BTreeMap<String, Gate>,
+}
+
+impl Pipeline {
+    pub fn stage(&self, id: &str) -> Option<&Stage> {
+        self.stages.iter().find(|s| s.id == id)
+    }
+
+    /// The cap for fan-outs: CLI flag, then `pipeline.yaml`, then 8.
+    pub fn effective_cap(&self, cli: Option<usize>) -> usize {
+        cli.or(self.parallel_cap)
+            .unwrap_or(DEFAULT_PARALLEL_CAP)
+            .max(1)
+    }
+
+    /// The Next() entry for a stage; `None` means terminal.
+    pub fn next_of(&self, stage: &str) -> Option<&Next> {
+        self.next.get(stage)
+    }
+
+    pub fn llm_stage_count(&self) -> usize {
+        self.stages
+            .iter()
+            .filter(|s| matches!(s.kind, StageKind::Llm(_)))
+            .count()
+    }
+}
+
+/// A ctx field the pipeline accepts (`ctx:` in pipeline.yaml).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CtxField {
+    pub name: String,
+    pub required: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// One node of the pipeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stage {
+    pub id: String,
+    #[serde(flatten)]
+    pub kind: StageKind,
+}
+
+/// What a stage does: call a model, or one deterministic step (SPEC §1.3).
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StageKind {
+    Llm(Arc<StageDefinition>),
+    ExtractJson {
+        from: Expr,
+    },
+    Print {
+        content: Template,
+    },
+    IfElse {
+        condition: Expr,
+        then: String,
+        #[serde(rename = "else")]
+        otherwise: String,
+    },
+    Switch {
+        on: Expr,
+        cases: Vec<(String, String)>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        default: Option<String>,
+    },
+}
+
+impl StageKind {
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            StageKind::Llm(_) => "llm",
+            StageKind::ExtractJson { .. } => "extract_json",
+            StageKind::Print { .. } => "print",
+            StageKind::IfElse { .. } => "if_else",
+            StageKind::Switch { .. } => "switch",
+        }
+    }
+
+    /// `if_else` and `switch` route by themselves and have no `next` entry.
+    pub fn is_router(&self) -> bool {
+        matches!(self, StageKind::IfElse { .. } | StageKind::Switch { .. })
+    }
+}
+
+/// An LLM stage definition (a `*.md` file, SPEC §1.1).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageDefinition {
+    pub id: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub allowed_tools: Vec<String>,
+    pub completion_tool: String,
+    pub completion_schema: Schema,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs_schema: Option<Schema>,
+    pub retry_policy: RetryPolicy,
+    pub turn_cap: u32,
+    pub resolution_policy: ResolutionPolicy,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    pub body: Template,
+    pub file: PathBuf,
+    /// Line of the body's first line in `file`, to locate placeholders.
+    #[serde(skip)]
+    pub body_line: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+}
+
+/// Wait before a retry (or a CheckGate re-check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Backoff {
+    None,
+    Fixed(#[serde(serialize_with = "ser_duration")] Duration),
+    Exponential {
+        #[serde(serialize_with = "ser_duration")]
+        initial: Duration,
+        #[serde(serialize_with = "ser_duration")]
+        max: Duration,
+    },
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&super::duration::format_duration(*d))
+}
+
+impl Backoff {
+    /// The wait before retry number `retry` (1 = the first retry).
+    pub fn delay(&self, retry: u32) -> Duration {
+        match *self {
+            Backoff::None => Duration::ZERO,
+            Backoff::Fixed(d) => d,
+            Backoff::Exponential { initial, max } => {
+                let factor = 2u32.saturating_pow(retry.saturating_sub(1));
+                initial.saturating_mul(factor).min(max)
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResolutionPolicy {
+    RetryLater,
+    Fail,
+    Skip,
+}
+
+/// The Next() table entry of a stage.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Next {
+    End,
+    Stage(String),
+    Parallel(ParallelPlan),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ParallelPlan {
+    pub siblings: Siblings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub join: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Siblings {
+    Static(Vec<String>),
+    Map { stage: String, over: Expr },
+}
+
+/// A CheckGate: proceed when `when` is true, otherwise `otherwise`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Gate {
+    pub when: Expr,
+    pub otherwise: GateOutcome,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GateOutcome {
+    Defer,
+    Block,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exponential_backoff_doubles_up_to_max() {
+        let b = Backoff::Exponential {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(350),
+        };
+        assert_eq!(b.delay(1), Duration::from_millis(100));
+        assert_eq!(b.delay(2), Duration::from_millis(200));
+        assert_eq!(b.delay(3), Duration::from_millis(350));
+        assert_eq!(b.delay(60), Duration::from_millis(350));
+    }
+}

@@ -1,0 +1,6 @@
+//! Tools a stage may call: the catalog of built-in tool specs (names,
+//! descriptions, argument schemas) used for validation and tool manifests.
+
+pub mod catalog;
+
+pub use catalog::{ToolSpec, builtin_tools, is_builtin};
