@@ -2,5 +2,7 @@
 //! descriptions, argument schemas) used for validation and tool manifests.
 
 pub mod catalog;
+pub mod manifest;
 
 pub use catalog::{ToolSpec, builtin_tools, is_builtin};
+pub use manifest::stage_manifest;

@@ -1,1 +1,16 @@
-//! troupe-actors: reusable, LLM-free actor machinery.
+//! troupe-actors: reusable, LLM-free actor machinery for the troupe runtime.
+//!
+//! It knows nothing about LLMs, stages or workflow files. It provides the
+//! deterministic cores that the runtime's actors drive: [`FanOut`] schedules a
+//! group of units under a concurrency cap (lazy feed, start handshake,
+//! fail-fast, escalating cancellation, join barrier) as a synchronous state
+//! machine, and [`EventBus`] projects events to bounded subscriber queues.
+
+pub mod bus;
+pub mod fanout;
+
+pub use bus::{BusEvent, Delivery, Envelope, EventBus, EventClass, Subscription};
+pub use fanout::{
+    CancelReason, Escalation, FanOut, FanOutCommand, FanOutError, FanOutEvent, GroupState,
+    UnitOutcome,
+};

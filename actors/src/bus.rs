@@ -1,0 +1,656 @@
+//! Event bus: fans published events out to bounded per-subscriber queues, in sequence order.
+//!
+//! The bus is a projection: nothing authoritative flows through it, it only lets
+//! observers (progress display, token streams) and recorders (the audit log)
+//! see what happened.
+//!
+//! * Every [`EventBus::publish`] gets the next sequence number of this bus
+//!   (strictly increasing, starting at 1). Sequence assignment and enqueueing
+//!   happen under one lock, so every subscriber receives events in `seq` order.
+//! * Each subscriber has its own bounded queue. An [`EventClass::Observer`]
+//!   event meeting a full queue is dropped and counted; the next delivery that
+//!   fits is preceded by [`Delivery::Lagged`] with the exact number dropped. An
+//!   [`EventClass::Audit`] event is never dropped: `publish` blocks until the
+//!   subscriber has room (backpressure on every publisher, since the lock is
+//!   held). A subscriber must therefore never publish on the bus it drains.
+//! * A subscriber whose [`Subscription`] was dropped is removed on the next
+//!   publish; a publisher blocked on it is woken up, so publish never blocks
+//!   forever on a dead subscriber.
+//! * When the last [`EventBus`] handle is dropped, or [`EventBus::close`] is
+//!   called, every subscription ends once its queued items are drained: a
+//!   writer thread looping over [`Subscription::iter`] terminates.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+
+/// Whether an event may be dropped under backpressure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventClass {
+    /// Must be recorded: never dropped, publish waits for room.
+    Audit,
+    /// Informational (tokens, progress): dropped when a subscriber lags.
+    Observer,
+}
+
+/// An event that can travel on an [`EventBus`].
+///
+/// Events are shared between subscribers behind an [`Arc`], hence `Sync`.
+pub trait BusEvent: Send + Sync + 'static {
+    /// How the bus must treat this event under backpressure.
+    fn class(&self) -> EventClass;
+}
+
+/// A published event with its bus sequence number.
+#[derive(Debug)]
+pub struct Envelope<E> {
+    /// Sequence number assigned by the bus (strictly increasing, from 1).
+    pub seq: u64,
+    /// The event, shared by every subscriber.
+    pub event: Arc<E>,
+}
+
+impl<E> Clone for Envelope<E> {
+    fn clone(&self) -> Self {
+        Self {
+            seq: self.seq,
+            event: Arc::clone(&self.event),
+        }
+    }
+}
+
+/// One item received by a subscriber.
+#[derive(Debug)]
+pub enum Delivery<E> {
+    /// A published event.
+    Event(Envelope<E>),
+    /// This many observer events were dropped for this subscriber since its
+    /// previous delivery (the `SubscriberLagged` diagnostic).
+    Lagged {
+        /// Number of events dropped.
+        dropped: u64,
+    },
+}
+
+/// Which events a subscriber receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Interest {
+    All,
+    AuditOnly,
+}
+
+/// Counters a subscriber shares with the bus.
+#[derive(Debug, Default)]
+struct SubscriberStats {
+    dropped_total: AtomicU64,
+}
+
+struct Subscriber<E> {
+    name: String,
+    interest: Interest,
+    sender: Sender<Delivery<E>>,
+    /// Dropped since the last successful delivery; reported as `Lagged`.
+    pending_dropped: u64,
+    stats: Arc<SubscriberStats>,
+}
+
+struct Registry<E> {
+    next_seq: u64,
+    closed: bool,
+    subscribers: Vec<Subscriber<E>>,
+}
+
+struct Shared<E> {
+    registry: Mutex<Registry<E>>,
+    lagged_total: AtomicU64,
+}
+
+/// Cheap cloneable handle to an event bus. See the module documentation.
+pub struct EventBus<E> {
+    shared: Arc<Shared<E>>,
+}
+
+impl<E> Clone for EventBus<E> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<E> fmt::Debug for EventBus<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let registry = self.lock();
+        let names: Vec<&str> = registry
+            .subscribers
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        f.debug_struct("EventBus")
+            .field("next_seq", &registry.next_seq)
+            .field("closed", &registry.closed)
+            .field("subscribers", &names)
+            .field("lagged_total", &self.lagged_total())
+            .finish()
+    }
+}
+
+impl<E: BusEvent> Default for EventBus<E> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<E: BusEvent> EventBus<E> {
+    /// A new, open bus with no subscribers.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                registry: Mutex::new(Registry {
+                    next_seq: 1,
+                    closed: false,
+                    subscribers: Vec::new(),
+                }),
+                lagged_total: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Subscribes to every event, with a queue of `capacity` items (at least 1).
+    /// Only events published after this call are received.
+    #[must_use]
+    pub fn subscribe(&self, name: &str, capacity: usize) -> Subscription<E> {
+        self.add_subscriber(name, capacity, Interest::All)
+    }
+
+    /// Subscribes to audit events only (e.g. the audit log writer). Such a
+    /// subscriber never lags; its sequence numbers skip the observer events.
+    #[must_use]
+    pub fn subscribe_audit(&self, name: &str, capacity: usize) -> Subscription<E> {
+        self.add_subscriber(name, capacity, Interest::AuditOnly)
+    }
+
+    fn add_subscriber(&self, name: &str, capacity: usize, interest: Interest) -> Subscription<E> {
+        let (sender, receiver) = crossbeam_channel::bounded(capacity.max(1));
+        let stats = Arc::new(SubscriberStats::default());
+        let mut registry = self.lock();
+        // On a closed bus the sender is dropped here, so the subscription ends at once.
+        if !registry.closed {
+            registry.subscribers.push(Subscriber {
+                name: name.to_owned(),
+                interest,
+                sender,
+                pending_dropped: 0,
+                stats: Arc::clone(&stats),
+            });
+        }
+        Subscription {
+            name: name.to_owned(),
+            receiver,
+            stats,
+        }
+    }
+
+    /// Publishes `event` to every subscriber and returns its sequence number,
+    /// or `None` if the bus is closed. Blocks while an audit event waits for
+    /// room in a subscriber's queue.
+    pub fn publish(&self, event: E) -> Option<u64> {
+        let class = event.class();
+        let event = Arc::new(event);
+        let mut registry = self.lock();
+        if registry.closed {
+            return None;
+        }
+        let seq = registry.next_seq;
+        registry.next_seq += 1;
+        let lagged_total = &self.shared.lagged_total;
+        registry
+            .subscribers
+            .retain_mut(|sub| deliver(sub, seq, &event, class, lagged_total));
+        Some(seq)
+    }
+
+    /// Closes the bus: later publishes are ignored and every subscription ends
+    /// once its queued items are drained. Waits for a publish in progress.
+    pub fn close(&self) {
+        let mut registry = self.lock();
+        registry.closed = true;
+        registry.subscribers.clear();
+    }
+
+    /// Whether [`EventBus::close`] was called.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Number of live subscribers (dropped ones are pruned on publish).
+    #[must_use]
+    pub fn subscriber_count(&self) -> usize {
+        self.lock().subscribers.len()
+    }
+}
+
+impl<E> EventBus<E> {
+    /// Total observer events dropped across all subscribers since creation.
+    #[must_use]
+    pub fn lagged_total(&self) -> u64 {
+        self.shared.lagged_total.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry<E>> {
+        // The registry is never left half-updated: no code path panics while
+        // holding the lock, so a poisoned lock still guards consistent data.
+        self.shared
+            .registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Delivers one event to one subscriber; returns `false` if it disconnected.
+fn deliver<E>(
+    sub: &mut Subscriber<E>,
+    seq: u64,
+    event: &Arc<E>,
+    class: EventClass,
+    lagged_total: &AtomicU64,
+) -> bool {
+    if class == EventClass::Observer && sub.interest == Interest::AuditOnly {
+        return true;
+    }
+    let item = Delivery::Event(Envelope {
+        seq,
+        event: Arc::clone(event),
+    });
+    match class {
+        EventClass::Audit => {
+            if sub.pending_dropped > 0 {
+                let lagged = Delivery::Lagged {
+                    dropped: sub.pending_dropped,
+                };
+                if sub.sender.send(lagged).is_err() {
+                    return false;
+                }
+                sub.pending_dropped = 0;
+            }
+            sub.sender.send(item).is_ok()
+        }
+        EventClass::Observer => {
+            if sub.pending_dropped > 0 {
+                let lagged = Delivery::Lagged {
+                    dropped: sub.pending_dropped,
+                };
+                match sub.sender.try_send(lagged) {
+                    Ok(()) => sub.pending_dropped = 0,
+                    Err(TrySendError::Full(_)) => {
+                        record_drop(sub, lagged_total);
+                        return true;
+                    }
+                    Err(TrySendError::Disconnected(_)) => return false,
+                }
+            }
+            match sub.sender.try_send(item) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_)) => {
+                    record_drop(sub, lagged_total);
+                    true
+                }
+                Err(TrySendError::Disconnected(_)) => false,
+            }
+        }
+    }
+}
+
+fn record_drop<E>(sub: &mut Subscriber<E>, lagged_total: &AtomicU64) {
+    sub.pending_dropped += 1;
+    sub.stats.dropped_total.fetch_add(1, Ordering::Relaxed);
+    lagged_total.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The receiving end of one subscriber. Dropping it unsubscribes.
+pub struct Subscription<E> {
+    name: String,
+    receiver: Receiver<Delivery<E>>,
+    stats: Arc<SubscriberStats>,
+}
+
+impl<E> fmt::Debug for Subscription<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("name", &self.name)
+            .field("queued", &self.receiver.len())
+            .field("dropped_total", &self.dropped_total())
+            .finish()
+    }
+}
+
+impl<E> Subscription<E> {
+    /// The name given at subscription.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Waits for the next item; `None` once the bus is closed or dropped and
+    /// the queue is drained.
+    #[must_use]
+    pub fn recv(&self) -> Option<Delivery<E>> {
+        self.receiver.recv().ok()
+    }
+
+    /// The next item if one is queued now.
+    #[must_use]
+    pub fn try_recv(&self) -> Option<Delivery<E>> {
+        self.receiver.try_recv().ok()
+    }
+
+    /// Blocking iterator that ends when the bus is closed or dropped.
+    pub fn iter(&self) -> crossbeam_channel::Iter<'_, Delivery<E>> {
+        self.receiver.iter()
+    }
+
+    /// The underlying receiver, e.g. for `crossbeam_channel::select!`.
+    #[must_use]
+    pub const fn receiver(&self) -> &Receiver<Delivery<E>> {
+        &self.receiver
+    }
+
+    /// Observer events dropped for this subscriber since it subscribed.
+    #[must_use]
+    pub fn dropped_total(&self) -> u64 {
+        self.stats.dropped_total.load(Ordering::Relaxed)
+    }
+}
+
+impl<E> IntoIterator for Subscription<E> {
+    type Item = Delivery<E>;
+    type IntoIter = crossbeam_channel::IntoIter<Delivery<E>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.receiver.into_iter()
+    }
+}
+
+impl<'a, E> IntoIterator for &'a Subscription<E> {
+    type Item = Delivery<E>;
+    type IntoIter = crossbeam_channel::Iter<'a, Delivery<E>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.receiver.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Barrier;
+    use std::thread;
+
+    #[derive(Debug, PartialEq, Eq)]
+    enum Ev {
+        Audit(u32),
+        Token(u32),
+    }
+
+    impl BusEvent for Ev {
+        fn class(&self) -> EventClass {
+            match self {
+                Ev::Audit(_) => EventClass::Audit,
+                Ev::Token(_) => EventClass::Observer,
+            }
+        }
+    }
+
+    fn event(delivery: Option<Delivery<Ev>>) -> Envelope<Ev> {
+        match delivery {
+            Some(Delivery::Event(env)) => env,
+            other => panic!("expected an event, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn seq_starts_at_one_and_increases_per_subscriber() {
+        let bus = EventBus::new();
+        let sub = bus.subscribe("all", 16);
+        let audit = bus.subscribe_audit("audit", 16);
+        let seqs: Vec<_> = [Ev::Audit(1), Ev::Token(2), Ev::Audit(3), Ev::Token(4)]
+            .into_iter()
+            .map(|ev| bus.publish(ev).unwrap())
+            .collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4]);
+        drop(bus);
+        let got: Vec<(u64, u32)> = sub
+            .iter()
+            .map(|d| match d {
+                Delivery::Event(env) => match *env.event {
+                    Ev::Audit(n) | Ev::Token(n) => (env.seq, n),
+                },
+                Delivery::Lagged { dropped } => panic!("unexpected lag {dropped}"),
+            })
+            .collect();
+        assert_eq!(got, vec![(1, 1), (2, 2), (3, 3), (4, 4)]);
+        let audit_seqs: Vec<u64> = audit.into_iter().map(|d| event(Some(d)).seq).collect();
+        assert_eq!(audit_seqs, vec![1, 3]);
+    }
+
+    #[test]
+    fn subscribers_share_one_allocation_per_event() {
+        let bus = EventBus::new();
+        let a = bus.subscribe("a", 4);
+        let b = bus.subscribe("b", 4);
+        bus.publish(Ev::Audit(7));
+        let (ea, eb) = (event(a.try_recv()), event(b.try_recv()));
+        assert!(Arc::ptr_eq(&ea.event, &eb.event));
+        assert_eq!(*ea.event, Ev::Audit(7));
+    }
+
+    #[test]
+    fn slow_subscriber_keeps_audit_events_and_reports_exact_lag() {
+        let bus = EventBus::new();
+        let slow = bus.subscribe("slow", 2);
+        let fast = bus.subscribe("fast", 64);
+        bus.publish(Ev::Audit(1));
+        bus.publish(Ev::Audit(2));
+        for n in 0..3 {
+            bus.publish(Ev::Token(n));
+        }
+        assert_eq!(slow.dropped_total(), 3);
+        assert_eq!(bus.lagged_total(), 3);
+        // The queue is full: this publish blocks until `slow` makes room.
+        let publisher = {
+            let bus = bus.clone();
+            thread::spawn(move || bus.publish(Ev::Audit(3)))
+        };
+        assert_eq!(*event(slow.recv()).event, Ev::Audit(1));
+        assert_eq!(*event(slow.recv()).event, Ev::Audit(2));
+        assert!(matches!(slow.recv(), Some(Delivery::Lagged { dropped: 3 })));
+        let third = event(slow.recv());
+        assert_eq!((third.seq, &*third.event), (6, &Ev::Audit(3)));
+        assert_eq!(publisher.join().unwrap(), Some(6));
+        // After the lag marker the subscriber is back to normal delivery.
+        bus.publish(Ev::Token(9));
+        assert_eq!(*event(slow.try_recv()).event, Ev::Token(9));
+        assert_eq!(slow.dropped_total(), 3);
+        drop(bus);
+        let fast_seqs: Vec<u64> = fast.into_iter().map(|d| event(Some(d)).seq).collect();
+        assert_eq!(fast_seqs, vec![1, 2, 3, 4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn observer_lag_marker_waits_for_room() {
+        let bus = EventBus::new();
+        let sub = bus.subscribe("s", 1);
+        bus.publish(Ev::Token(0));
+        bus.publish(Ev::Token(1));
+        bus.publish(Ev::Token(2));
+        assert_eq!(*event(sub.try_recv()).event, Ev::Token(0));
+        // Room for one item: the lag marker takes it and the event is dropped too.
+        bus.publish(Ev::Token(3));
+        assert!(matches!(
+            sub.try_recv(),
+            Some(Delivery::Lagged { dropped: 2 })
+        ));
+        assert!(sub.try_recv().is_none());
+        bus.publish(Ev::Token(4));
+        // Again the marker takes the only slot, so Token(4) is dropped as well.
+        assert!(matches!(
+            sub.try_recv(),
+            Some(Delivery::Lagged { dropped: 1 })
+        ));
+        assert_eq!(sub.dropped_total(), 4);
+        bus.publish(Ev::Audit(5));
+        assert!(matches!(sub.recv(), Some(Delivery::Lagged { dropped: 1 })));
+        assert_eq!(*event(sub.recv()).event, Ev::Audit(5));
+    }
+
+    #[test]
+    fn dropped_receiver_never_blocks_publish() {
+        let bus = EventBus::new();
+        let sub = bus.subscribe("gone", 1);
+        let keep = bus.subscribe("kept", 64);
+        drop(sub);
+        for n in 0..10 {
+            assert!(bus.publish(Ev::Audit(n)).is_some());
+        }
+        assert_eq!(bus.subscriber_count(), 1);
+        assert_eq!(keep.receiver().len(), 10);
+    }
+
+    #[test]
+    fn dropping_a_full_receiver_unblocks_a_waiting_publisher() {
+        let bus = EventBus::new();
+        let sub = bus.subscribe("full", 1);
+        bus.publish(Ev::Audit(0));
+        let publisher = {
+            let bus = bus.clone();
+            thread::spawn(move || bus.publish(Ev::Audit(1)))
+        };
+        // Whether the publisher is already blocked or not, it must return.
+        drop(sub);
+        assert_eq!(publisher.join().unwrap(), Some(2));
+        assert_eq!(bus.subscriber_count(), 0);
+    }
+
+    #[test]
+    fn close_ends_subscriptions_after_draining() {
+        let bus = EventBus::new();
+        let sub = bus.subscribe("s", 8);
+        bus.publish(Ev::Audit(1));
+        bus.close();
+        assert!(bus.is_closed());
+        assert_eq!(bus.publish(Ev::Audit(2)), None);
+        let drained: Vec<_> = sub.iter().map(|d| event(Some(d)).seq).collect();
+        assert_eq!(drained, vec![1]);
+        let late = bus.subscribe("late", 8);
+        assert!(late.recv().is_none());
+    }
+
+    #[test]
+    fn dropping_the_last_handle_ends_a_writer_thread() {
+        let bus = EventBus::new();
+        let sub = bus.subscribe_audit("writer", 2);
+        let writer = thread::spawn(move || sub.into_iter().count());
+        let clone = bus.clone();
+        for n in 0..5 {
+            clone.publish(Ev::Audit(n));
+        }
+        drop(clone);
+        bus.publish(Ev::Audit(5));
+        drop(bus);
+        assert_eq!(writer.join().unwrap(), 6);
+    }
+
+    #[test]
+    fn concurrent_publishers_keep_seq_order_without_audit_gaps() {
+        const THREADS: u32 = 4;
+        const PER_THREAD: u32 = 300;
+        let bus: EventBus<Ev> = EventBus::new();
+        let all = bus.subscribe("all", 3);
+        let audit = bus.subscribe_audit("audit", 1);
+        let start = Arc::new(Barrier::new(THREADS as usize));
+        let readers: Vec<_> = [all, audit]
+            .into_iter()
+            .map(|sub| {
+                thread::spawn(move || {
+                    let mut seqs = Vec::new();
+                    let mut dropped = 0;
+                    for delivery in sub {
+                        match delivery {
+                            Delivery::Event(env) => seqs.push((env.seq, env.event.class())),
+                            Delivery::Lagged { dropped: n } => dropped += n,
+                        }
+                    }
+                    (seqs, dropped)
+                })
+            })
+            .collect();
+        let publishers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let bus = bus.clone();
+                let start = Arc::clone(&start);
+                thread::spawn(move || {
+                    start.wait();
+                    let mut audit_seqs = Vec::new();
+                    let mut every_seq = Vec::new();
+                    for n in 0..PER_THREAD {
+                        let ev = if n % 3 == 0 {
+                            Ev::Token(t)
+                        } else {
+                            Ev::Audit(t)
+                        };
+                        let is_audit = ev.class() == EventClass::Audit;
+                        let seq = bus.publish(ev).unwrap();
+                        every_seq.push(seq);
+                        if is_audit {
+                            audit_seqs.push(seq);
+                        }
+                    }
+                    (audit_seqs, every_seq)
+                })
+            })
+            .collect();
+        let mut audit_published = Vec::new();
+        let mut every_published = Vec::new();
+        for publisher in publishers {
+            let (audit_seqs, every_seq) = publisher.join().unwrap();
+            audit_published.extend(audit_seqs);
+            every_published.extend(every_seq);
+        }
+        audit_published.sort_unstable();
+        every_published.sort_unstable();
+        let total = u64::from(THREADS * PER_THREAD);
+        let lagged = bus.lagged_total();
+        drop(bus);
+        let mut results = readers.into_iter().map(|r| r.join().unwrap());
+        let (all_seqs, all_dropped) = results.next().unwrap();
+        let (audit_seqs, audit_dropped) = results.next().unwrap();
+
+        for seqs in [&all_seqs, &audit_seqs] {
+            assert!(
+                seqs.windows(2).all(|w| w[0].0 < w[1].0),
+                "seq not increasing"
+            );
+        }
+        let audit_of = |seqs: &[(u64, EventClass)]| -> Vec<u64> {
+            seqs.iter()
+                .filter(|(_, c)| *c == EventClass::Audit)
+                .map(|(s, _)| *s)
+                .collect()
+        };
+        assert_eq!(audit_of(&all_seqs), audit_published);
+        assert_eq!(audit_of(&audit_seqs), audit_published);
+        assert_eq!(audit_seqs.len(), audit_published.len());
+        assert_eq!(audit_dropped, 0);
+        // Every drop is counted; markers report the drops followed by a delivery.
+        assert_eq!(all_seqs.len() as u64 + lagged, total);
+        assert!(all_dropped <= lagged);
+        // Publishers got every number from 1 to total exactly once.
+        assert_eq!(every_published, (1..=total).collect::<Vec<_>>());
+        let observer_count = u64::from(THREADS * PER_THREAD.div_ceil(3));
+        assert_eq!(audit_published.len() as u64, total - observer_count);
+    }
+}

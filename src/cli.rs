@@ -1,0 +1,77 @@
+//! The command line: argument definitions (clap) and dispatch to one file
+//! per command. Exit codes are documented in `exit`.
+
+pub mod exit;
+pub mod show;
+pub mod validate;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+pub use exit::Exit;
+
+const AFTER_HELP: &str = "\
+A pipeline is a folder: pipeline.yaml (entry, stages, next table) plus one
+markdown file per LLM stage (YAML frontmatter + prompt body).
+
+Examples:
+  troupe validate stages/code-review
+  troupe show stages/fanout
+  troupe show stages/code-review plan --json
+
+Exit codes:
+  0    ok
+  1    the run failed (a stage failed, a sibling failed, maxVisits exceeded)
+  2    invalid input: a pipeline that fails validation, a bad flag or value
+  130  interrupted (Ctrl-C)";
+
+/// troupe runs LLM agent workflows as state-machine stage pipelines.
+#[derive(Debug, Parser)]
+#[command(name = "troupe", version, about, long_about = None, after_help = AFTER_HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check a pipeline folder and report every problem at once.
+    ///
+    /// Prints `ok: <id> (<n> stages)` and exits 0, or prints each error with
+    /// its stable code (e.g. Validation/StageJoinDangling), file, line,
+    /// column, field and a hint, and exits 2.
+    Validate {
+        /// The pipeline folder (or its pipeline.yaml).
+        pipeline: PathBuf,
+        /// Print the result as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a pipeline's graph, or one stage in full.
+    ///
+    /// Without a stage: stages, the next table, fan-outs, joins and caps.
+    /// With a stage: every frontmatter field, the tool manifest the model
+    /// sees (allowed tools plus the completion channel) and the prompt body.
+    Show {
+        /// The pipeline folder (or its pipeline.yaml).
+        pipeline: PathBuf,
+        /// A stage id to show in full.
+        stage: Option<String>,
+        /// Print as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs the parsed command and returns the process exit code.
+pub fn run(cli: Cli) -> Exit {
+    match cli.command {
+        Command::Validate { pipeline, json } => validate::run(&pipeline, json),
+        Command::Show {
+            pipeline,
+            stage,
+            json,
+        } => show::run(&pipeline, stage.as_deref(), json),
+    }
+}

@@ -1,0 +1,31 @@
+//! Process exit codes, one per outcome class.
+
+/// How the process ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// 0: everything succeeded.
+    Ok,
+    /// 1: the run failed.
+    RunFailed,
+    /// 2: invalid input (pipeline, flags, values).
+    Invalid,
+    /// 130: interrupted by the user.
+    Interrupted,
+}
+
+impl Exit {
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Ok => 0,
+            Exit::RunFailed => 1,
+            Exit::Invalid => 2,
+            Exit::Interrupted => 130,
+        }
+    }
+}
+
+impl From<Exit> for std::process::ExitCode {
+    fn from(exit: Exit) -> Self {
+        std::process::ExitCode::from(exit.code())
+    }
+}

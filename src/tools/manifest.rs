@@ -1,0 +1,28 @@
+//! The tool manifest of a stage: its allowed tools plus the stage-local
+//! completion channel, which is always present (SPEC §3.2).
+
+use super::catalog::{ToolSpec, builtin};
+use crate::definition::StageDefinition;
+
+/// The description given to the completion channel.
+pub fn completion_description(def: &StageDefinition) -> String {
+    format!(
+        "Finish the stage `{}`: call `{}` exactly once, as the only tool call in your response, with the stage result as arguments.",
+        def.name, def.completion_tool
+    )
+}
+
+/// Allowed tools in declaration order, then the completion channel.
+pub fn stage_manifest(def: &StageDefinition) -> Vec<ToolSpec> {
+    let mut tools: Vec<ToolSpec> = def
+        .allowed_tools
+        .iter()
+        .filter_map(|t| builtin(t))
+        .collect();
+    tools.push(ToolSpec {
+        name: def.completion_tool.clone(),
+        description: completion_description(def),
+        parameters: def.completion_schema.document().clone(),
+    });
+    tools
+}
