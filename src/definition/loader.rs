@@ -33,7 +33,7 @@ pub fn load_pipeline_with(
     is_tool: &dyn Fn(&str) -> bool,
 ) -> Result<Pipeline, Diagnostics> {
     let mut diags = Vec::new();
-    let (dir, file) = locate(path).map_err(|d| Diagnostics(vec![d]))?;
+    let (dir, file) = locate(path).map_err(|d| Diagnostics(vec![*d]))?;
     let text = read_bounded(&file)
         .map_err(|(code, message)| Diagnostics(vec![Diagnostic::new(code, message).file(&file)]))?;
     let text = normalize_text(&text);
@@ -93,16 +93,23 @@ pub fn load_pipeline_with(
 }
 
 /// Accepts a folder or a path to its pipeline.yaml.
-fn locate(path: &Path) -> Result<(PathBuf, PathBuf), Diagnostic> {
-    let unreadable =
-        |message: String| Diagnostic::new(ValidationCode::PipelineUnreadable, message).file(path);
+fn locate(path: &Path) -> Result<(PathBuf, PathBuf), Box<Diagnostic>> {
+    let unreadable = |message: String, hint: &str| {
+        Box::new(
+            Diagnostic::new(ValidationCode::PipelineUnreadable, message)
+                .file(path)
+                .hint(hint),
+        )
+    };
     if path.is_dir() {
         let file = path.join(PIPELINE_FILE);
         if file.is_file() {
             Ok((path.to_owned(), file))
         } else {
-            Err(unreadable(format!("no {PIPELINE_FILE} in this folder"))
-                .hint("a pipeline is a folder with a pipeline.yaml and one .md file per LLM stage"))
+            Err(unreadable(
+                format!("no {PIPELINE_FILE} in this folder"),
+                "a pipeline is a folder with a pipeline.yaml and one .md file per LLM stage",
+            ))
         }
     } else if path.is_file() {
         let dir = path
@@ -116,8 +123,10 @@ fn locate(path: &Path) -> Result<(PathBuf, PathBuf), Diagnostic> {
         };
         Ok((dir, path.to_owned()))
     } else {
-        Err(unreadable("no such pipeline folder".to_owned())
-            .hint("pass the folder that holds pipeline.yaml, e.g. stages/code-review"))
+        Err(unreadable(
+            "no such pipeline folder".to_owned(),
+            "pass the folder that holds pipeline.yaml, e.g. stages/code-review",
+        ))
     }
 }
 
@@ -229,7 +238,7 @@ fn load_stage_file(
 /// Checks everything that spans files: stage references, joins, routers,
 /// template placeholders.
 fn cross_check(doc: &PipelineDoc, stages: &[Stage], file: &Path, diags: &mut Vec<Diagnostic>) {
-    let declared = |id: &str| doc.stages.iter().any(|s| s.id == id);
+    let declared = |id: &str| doc.declared.iter().any(|s| s == id);
     let at = |code: ValidationCode, pos: Pos, field: &str, message: String, hint: &str| {
         Diagnostic::new(code, message)
             .file(file)

@@ -61,6 +61,9 @@ pub struct PipelineDoc {
     pub max_visits: Option<u32>,
     pub ctx: Vec<CtxField>,
     pub stages: Vec<StageEntry>,
+    /// Every id under `stages:`, including ones whose definition is invalid
+    /// (so a broken step is not also reported as an unknown stage).
+    pub declared: Vec<String>,
     pub next: BTreeMap<String, Next>,
     pub asserts: BTreeMap<String, Vec<Expr>>,
     pub gates: BTreeMap<String, Gate>,
@@ -127,13 +130,12 @@ pub fn read_pipeline(root: &Node, r: &mut FieldReader<'_>) -> PipelineDoc {
     if let Some(n) = r.optional(root, "ctx") {
         read_ctx(n, r, &mut doc);
     }
-    match r.required(
+    if let Some(n) = r.required(
         root,
         "stages",
         "a mapping of stage id to a stage file or an inline step",
     ) {
-        Some(n) => read_stages(n, r, &mut doc),
-        None => {}
+        read_stages(n, r, &mut doc);
     }
     if let Some(n) = r.optional(root, "next") {
         read_next(n, r, &mut doc);
@@ -205,6 +207,7 @@ fn read_stages(node: &Node, r: &mut FieldReader<'_>, doc: &mut PipelineDoc) {
             );
             continue;
         }
+        doc.declared.push(key.name.clone());
         let source = match &value.value {
             Value::Str(rel) => Some(StageSource::File {
                 rel: rel.clone(),

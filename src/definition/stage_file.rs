@@ -53,8 +53,7 @@ fn split_frontmatter(text: &str) -> Result<(&str, &str, u64), (Pos, String, &'st
     }
     let yaml_start = (first_end + 1).min(text.len());
     let mut offset = yaml_start;
-    let mut line_no = 2u64;
-    for line in text[yaml_start..].split_inclusive('\n') {
+    for (line_no, line) in (2u64..).zip(text[yaml_start..].split_inclusive('\n')) {
         let trimmed = line.trim_end();
         if trimmed == "---" || trimmed == "..." {
             let yaml = &text[yaml_start..offset];
@@ -62,7 +61,6 @@ fn split_frontmatter(text: &str) -> Result<(&str, &str, u64), (Pos, String, &'st
             return Ok((yaml, body, line_no + 1));
         }
         offset += line.len();
-        line_no += 1;
     }
     Err((
         Pos::new(1, 1),
