@@ -6,4 +6,6 @@
 pub mod cli;
 pub mod definition;
 pub mod error;
+pub mod provider;
+pub mod runtime;
 pub mod tools;

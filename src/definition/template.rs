@@ -135,23 +135,46 @@ impl Template {
 
     /// Renders against a scope object such as `{"ctx": {...}, "stage": {...}}`.
     pub fn render(&self, scope: &serde_json::Value) -> Result<String, RenderError> {
+        self.render_with(|path| lookup(scope, path).cloned())
+    }
+
+    /// Renders, asking `resolve` for each placeholder's value.
+    pub fn render_with(
+        &self,
+        resolve: impl Fn(&[Segment]) -> Result<serde_json::Value, String>,
+    ) -> Result<String, RenderError> {
         let mut out = String::with_capacity(self.source.len());
         for part in &self.parts {
             match part {
                 Part::Text(t) => out.push_str(t),
                 Part::Slot(ph) => {
-                    let value = lookup(scope, &ph.path).map_err(|reason| RenderError {
+                    let value = resolve(&ph.path).map_err(|reason| RenderError {
                         placeholder: ph.text.clone(),
                         reason,
                     })?;
                     match value {
-                        serde_json::Value::String(s) => out.push_str(s),
+                        serde_json::Value::String(s) => out.push_str(&s),
                         other => out.push_str(&other.to_string()),
                     }
                 }
             }
         }
         Ok(out)
+    }
+
+    /// When the whole template is one placeholder, resolves it to its typed
+    /// value (so `"{{ctx.index}}"` can yield a number); otherwise renders text.
+    pub fn render_value(
+        &self,
+        resolve: impl Fn(&[Segment]) -> Result<serde_json::Value, String>,
+    ) -> Result<serde_json::Value, RenderError> {
+        if let [Part::Slot(ph)] = self.parts.as_slice() {
+            return resolve(&ph.path).map_err(|reason| RenderError {
+                placeholder: ph.text.clone(),
+                reason,
+            });
+        }
+        self.render_with(resolve).map(serde_json::Value::String)
     }
 }
 

@@ -1,0 +1,98 @@
+//! Model providers: the request a stage sends, the turn it gets back, and
+//! typed provider errors. `scripted` is the offline, deterministic default.
+
+pub mod script;
+pub mod scripted;
+pub mod synth;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use crate::error::{Code, ErrorClass, HasCode};
+use crate::runtime::context::StageContext;
+use crate::runtime::result::Usage;
+use crate::runtime::transcript::{Message, ToolCall};
+use crate::tools::ToolSpec;
+
+/// One model turn's request.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    pub stage_id: String,
+    pub stage_execution_id: String,
+    /// Index of the sibling for map/static fan-outs.
+    pub index: Option<usize>,
+    pub messages: Vec<Message>,
+    pub tools: Arc<Vec<ToolSpec>>,
+    pub completion_tool: String,
+    pub completion_schema: serde_json::Value,
+    /// The stage's context, for providers that template replies (scripted).
+    pub ctx: Arc<StageContext>,
+}
+
+impl ModelRequest {
+    /// Model turns already taken in this execution (assistant messages).
+    pub fn turns_so_far(&self) -> usize {
+        self.messages
+            .iter()
+            .filter(|m| matches!(m, Message::Assistant { .. }))
+            .count()
+    }
+}
+
+/// One model turn's response.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelResponse {
+    pub text: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    pub usage: Usage,
+}
+
+/// Why a model request failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProviderError {
+    /// Worth retrying (rate limit, 5xx, connection reset).
+    #[error("{message}")]
+    Transient {
+        code: &'static str,
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// Not worth retrying.
+    #[error("{message}")]
+    Terminal { code: &'static str, message: String },
+    /// The provider or model cannot do what troupe needs.
+    #[error("{message}")]
+    Capability { code: &'static str, message: String },
+}
+
+impl HasCode for ProviderError {
+    fn code(&self) -> Code {
+        match self {
+            ProviderError::Transient { code, .. } => Code {
+                class: ErrorClass::ProviderTransient,
+                name: code,
+            },
+            // Terminal provider failures have no class of their own in the
+            // contract; they end the stage as an extension-host error.
+            ProviderError::Terminal { code, .. } => Code {
+                class: ErrorClass::ExtensionHost,
+                name: code,
+            },
+            ProviderError::Capability { code, .. } => Code {
+                class: ErrorClass::ProviderCapability,
+                name: code,
+            },
+        }
+    }
+}
+
+/// A model backend.
+pub trait Provider: Send + Sync + std::fmt::Debug {
+    fn name(&self) -> &str;
+    fn complete(
+        &self,
+        request: ModelRequest,
+    ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>>;
+}

@@ -1,0 +1,393 @@
+//! `script.yaml`: canned model turns for the scripted provider.
+//!
+//! ```yaml
+//! latency: 20ms                 # optional, every turn
+//! stages:
+//!   plan:
+//!     - complete: { items: { $range: "{{ctx.width}}" } }
+//!   worker:
+//!     - tool: Echo
+//!       args: { text: "item {{ctx.item}}" }
+//!     - complete: { item: "{{ctx.item}}", summary: "done {{ctx.item}}" }
+//!   "worker#17":                # sibling 17 only
+//!     - fail: terminal
+//!   review:
+//!     turns: [ { text: "thinking" } ]
+//!     repeat: true              # never completes
+//! ```
+//!
+//! A turn is one of `text`, `tool` + `args`, `calls: [{tool, args}]`,
+//! `complete: <payload>` or `fail: transient|terminal` (with `times`), plus an
+//! optional `latency`. Strings may hold `{{ctx.*}}` placeholders; a string
+//! that is exactly one placeholder keeps the value's type. `{$range: N}`
+//! becomes the list `[0, 1, …, N-1]`. When a stage's turns run out, the
+//! provider completes with a payload synthesized from the schema.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::definition::duration::parse_duration;
+use crate::definition::fields::FieldReader;
+use crate::definition::template::{Segment, Template, line_col};
+use crate::definition::yaml::{self, Node, Pos};
+use crate::definition::{Pipeline, StageKind};
+use crate::error::{Diagnostic, Diagnostics, ValidationCode};
+
+/// The file name looked up in a pipeline folder.
+pub const SCRIPT_FILE: &str = "script.yaml";
+
+/// A parsed script.
+#[derive(Debug, Clone, Default)]
+pub struct Script {
+    pub latency: Option<Duration>,
+    pub stages: HashMap<String, StageScript>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct StageScript {
+    pub turns: Vec<Turn>,
+    /// Repeat the last turn forever once the list is used up.
+    pub repeat: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub reply: Reply,
+    pub latency: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Reply {
+    Text(Template),
+    Calls(Vec<CallSpec>),
+    Complete(ValueTemplate),
+    Fail {
+        transient: bool,
+        times: u32,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct CallSpec {
+    pub tool: String,
+    pub args: ValueTemplate,
+}
+
+/// A JSON value whose strings may hold placeholders.
+#[derive(Debug, Clone)]
+pub enum ValueTemplate {
+    Literal(Value),
+    Str(Template),
+    Array(Vec<ValueTemplate>),
+    Object(Vec<(String, ValueTemplate)>),
+    Range(Box<ValueTemplate>),
+}
+
+impl ValueTemplate {
+    /// Renders with `resolve` answering placeholders.
+    pub fn render(
+        &self,
+        resolve: &dyn Fn(&[Segment]) -> Result<Value, String>,
+    ) -> Result<Value, String> {
+        Ok(match self {
+            ValueTemplate::Literal(v) => v.clone(),
+            ValueTemplate::Str(t) => t.render_value(resolve).map_err(|e| e.to_string())?,
+            ValueTemplate::Array(items) => Value::Array(
+                items
+                    .iter()
+                    .map(|i| i.render(resolve))
+                    .collect::<Result<_, _>>()?,
+            ),
+            ValueTemplate::Object(entries) => {
+                let mut map = serde_json::Map::with_capacity(entries.len());
+                for (k, v) in entries {
+                    map.insert(k.clone(), v.render(resolve)?);
+                }
+                Value::Object(map)
+            }
+            ValueTemplate::Range(n) => {
+                let n = n.render(resolve)?;
+                let count = match &n {
+                    Value::Number(x) => x.as_u64(),
+                    Value::String(s) => s.trim().parse().ok(),
+                    _ => None,
+                }
+                .ok_or_else(|| format!("$range needs a non-negative integer, got {n}"))?;
+                if count > 10_000_000 {
+                    return Err(format!("$range of {count} is over the limit of 10 000 000"));
+                }
+                Value::Array((0..count).map(Value::from).collect())
+            }
+        })
+    }
+}
+
+impl Script {
+    /// The turns for an execution: `stage#index` first, then `stage`.
+    pub fn for_execution(&self, stage: &str, index: Option<usize>) -> Option<&StageScript> {
+        index
+            .and_then(|i| self.stages.get(&format!("{stage}#{i}")))
+            .or_else(|| self.stages.get(stage))
+    }
+
+    /// Loads `file`, checking its stage keys against the pipeline.
+    pub fn load(file: &Path, pipeline: &Pipeline) -> Result<Script, Diagnostics> {
+        let one = |message: String| {
+            Diagnostics(vec![
+                Diagnostic::new(ValidationCode::ScriptInvalid, message).file(file),
+            ])
+        };
+        let text =
+            std::fs::read_to_string(file).map_err(|e| one(format!("cannot read script: {e}")))?;
+        if text.len() > 16 * 1024 * 1024 {
+            return Err(one("script is over 16 MiB".to_owned()));
+        }
+        let root = yaml::parse(&text).map_err(|e| {
+            Diagnostics(vec![
+                Diagnostic::new(
+                    ValidationCode::ScriptInvalid,
+                    format!("not valid YAML: {}", e.message),
+                )
+                .file(file)
+                .at(e.pos),
+            ])
+        })?;
+        let mut diags = Vec::new();
+        let script = {
+            let mut r = FieldReader::new(file, 0, ValidationCode::ScriptInvalid, &mut diags);
+            read_script(&root, &mut r, pipeline)
+        };
+        if diags.is_empty() {
+            Ok(script)
+        } else {
+            Err(Diagnostics(diags))
+        }
+    }
+}
+
+fn read_script(root: &Node, r: &mut FieldReader<'_>, pipeline: &Pipeline) -> Script {
+    let mut script = Script::default();
+    if root.as_map().is_none() {
+        if root.value != yaml::Value::Null {
+            r.shape(
+                root.pos,
+                "",
+                "a script must be a mapping with `stages:`",
+                "",
+            );
+        }
+        return script;
+    }
+    script.latency = r
+        .optional(root, "latency")
+        .and_then(|n| duration(r, n, "latency"));
+    let Some(stages) = r.optional(root, "stages") else {
+        return script;
+    };
+    let Some(entries) = r.map(stages, "stages") else {
+        return script;
+    };
+    for (key, value) in entries {
+        let base = key.name.split('#').next().unwrap_or_default();
+        let index_ok = key
+            .name
+            .split_once('#')
+            .is_none_or(|(_, i)| i.parse::<usize>().is_ok());
+        let is_llm = pipeline
+            .stage(base)
+            .is_some_and(|s| matches!(s.kind, StageKind::Llm(_)));
+        if !is_llm || !index_ok {
+            r.shape(
+                key.pos,
+                &format!("stages.{}", key.name),
+                format!(
+                    "`{}` is not an LLM stage of pipeline `{}`",
+                    key.name, pipeline.id
+                ),
+                "keys are LLM stage ids, or `id#N` for sibling N of a fan-out",
+            );
+            continue;
+        }
+        let field = format!("stages.{}", key.name);
+        let (list, repeat) = match value.as_map() {
+            Some(_) => {
+                let repeat = r
+                    .optional(value, "repeat")
+                    .and_then(|n| r.bool(n, &format!("{field}.repeat")))
+                    .unwrap_or(false);
+                (r.required(value, "turns", "a list of turns"), repeat)
+            }
+            None => (Some(value), false),
+        };
+        let Some(list) = list else { continue };
+        let Some(items) = list.as_seq() else {
+            r.shape(list.pos, &field, "a stage's script is a list of turns", "");
+            continue;
+        };
+        let turns: Vec<Turn> = items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| read_turn(t, &format!("{field}[{i}]"), r))
+            .collect();
+        if turns.len() == items.len() {
+            script
+                .stages
+                .insert(key.name.clone(), StageScript { turns, repeat });
+        }
+    }
+    script
+}
+
+fn duration(r: &mut FieldReader<'_>, n: &Node, field: &str) -> Option<Duration> {
+    let text = r.string(n, field)?;
+    parse_duration(&text)
+        .map_err(|e| r.shape(n.pos, field, e, ""))
+        .ok()
+}
+
+fn read_turn(node: &Node, field: &str, r: &mut FieldReader<'_>) -> Option<Turn> {
+    if node.as_map().is_none() {
+        r.shape(
+            node.pos,
+            field,
+            "a turn is a mapping: text, tool + args, calls, complete or fail",
+            "",
+        );
+        return None;
+    }
+    let latency = match r.optional(node, "latency") {
+        Some(n) => Some(duration(r, n, &format!("{field}.latency"))?),
+        None => None,
+    };
+    let kinds: Vec<&str> = ["text", "tool", "calls", "complete", "fail"]
+        .into_iter()
+        .filter(|k| node.get(k).is_some())
+        .collect();
+    if kinds.len() != 1 {
+        r.shape(
+            node.pos,
+            field,
+            format!(
+                "a turn needs exactly one of text, tool, calls, complete, fail (found {})",
+                kinds.len()
+            ),
+            "",
+        );
+        return None;
+    }
+    let reply = match kinds[0] {
+        "text" => {
+            let n = node.get("text")?;
+            let s = r.string(n, &format!("{field}.text"))?;
+            Reply::Text(template(r, n.pos, &s, field)?)
+        }
+        "tool" => {
+            let n = node.get("tool")?;
+            let tool = r.string(n, &format!("{field}.tool"))?;
+            let args = node.get("args").map_or(
+                Some(ValueTemplate::Literal(Value::Object(Default::default()))),
+                |a| value_template(a, field, r),
+            )?;
+            Reply::Calls(vec![CallSpec { tool, args }])
+        }
+        "calls" => {
+            let n = node.get("calls")?;
+            let Some(items) = n.as_seq() else {
+                r.shape(
+                    n.pos,
+                    &format!("{field}.calls"),
+                    "`calls` is a list of {tool, args}",
+                    "",
+                );
+                return None;
+            };
+            let mut calls = Vec::new();
+            for item in items {
+                let tool = r
+                    .required(item, "tool", "a tool name")
+                    .and_then(|t| r.string(t, &format!("{field}.calls.tool")))?;
+                let args = item.get("args").map_or(
+                    Some(ValueTemplate::Literal(Value::Object(Default::default()))),
+                    |a| value_template(a, field, r),
+                )?;
+                calls.push(CallSpec { tool, args });
+            }
+            Reply::Calls(calls)
+        }
+        "complete" => Reply::Complete(value_template(node.get("complete")?, field, r)?),
+        _ => {
+            let n = node.get("fail")?;
+            let transient = match n.as_str() {
+                Some("transient") => true,
+                Some("terminal") => false,
+                _ => {
+                    r.shape(
+                        n.pos,
+                        &format!("{field}.fail"),
+                        "`fail` is `transient` or `terminal`",
+                        "",
+                    );
+                    return None;
+                }
+            };
+            let times = match r.optional(node, "times") {
+                Some(t) => u32::try_from(r.int(t, &format!("{field}.times"), 1, 1000)?).ok()?,
+                None => 1,
+            };
+            let message = r
+                .optional(node, "message")
+                .and_then(|m| r.string(m, &format!("{field}.message")))
+                .unwrap_or_else(|| "injected failure".to_owned());
+            Reply::Fail {
+                transient,
+                times,
+                message,
+            }
+        }
+    };
+    Some(Turn { reply, latency })
+}
+
+fn template(r: &mut FieldReader<'_>, pos: Pos, text: &str, field: &str) -> Option<Template> {
+    match Template::parse(text) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let (_, col) = line_col(text, e.offset);
+            r.report(
+                ValidationCode::ScriptInvalid,
+                Pos::new(pos.line, pos.column + col - 1),
+                field,
+                e.message,
+                "",
+            );
+            None
+        }
+    }
+}
+
+fn value_template(node: &Node, field: &str, r: &mut FieldReader<'_>) -> Option<ValueTemplate> {
+    use crate::definition::yaml::Value as Y;
+    Some(match &node.value {
+        Y::Str(s) if s.contains("{{") => ValueTemplate::Str(template(r, node.pos, s, field)?),
+        Y::Seq(items) => ValueTemplate::Array(
+            items
+                .iter()
+                .map(|i| value_template(i, field, r))
+                .collect::<Option<_>>()?,
+        ),
+        Y::Map(entries) if entries.len() == 1 && entries[0].0.name == "$range" => {
+            ValueTemplate::Range(Box::new(value_template(&entries[0].1, field, r)?))
+        }
+        Y::Map(entries) => ValueTemplate::Object(
+            entries
+                .iter()
+                .map(|(k, v)| value_template(v, field, r).map(|t| (k.name.clone(), t)))
+                .collect::<Option<_>>()?,
+        ),
+        _ => ValueTemplate::Literal(node.to_json()),
+    })
+}

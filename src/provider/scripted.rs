@@ -1,0 +1,303 @@
+//! The scripted provider: offline and deterministic. Answers each turn from
+//! `script.yaml`, or with a payload synthesized from the completion schema,
+//! and serializes tool-call arguments to JSON text exactly as a real
+//! provider's reply would carry them.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::script::{Reply, Script, StageScript, Turn};
+use super::synth::synthesize;
+use super::{ModelRequest, ModelResponse, Provider, ProviderError};
+use crate::runtime::result::Usage;
+use crate::runtime::transcript::{Message, ToolCall};
+
+/// Selects executions: `stage` (every execution of it) or `stage#N`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selector {
+    pub stage: String,
+    pub index: Option<usize>,
+}
+
+impl Selector {
+    /// Parses `worker#17` or `review`.
+    pub fn parse(text: &str) -> Result<Selector, String> {
+        let (stage, index) = match text.split_once('#') {
+            Some((s, i)) => (
+                s,
+                Some(i.parse::<usize>().map_err(|_| {
+                    format!("`{text}`: the part after `#` must be a sibling index")
+                })?),
+            ),
+            None => (text, None),
+        };
+        if stage.is_empty() {
+            return Err(format!("`{text}` names no stage"));
+        }
+        Ok(Selector {
+            stage: stage.to_owned(),
+            index,
+        })
+    }
+
+    fn matches(&self, stage: &str, index: Option<usize>) -> bool {
+        self.stage == stage && (self.index.is_none() || self.index == index)
+    }
+}
+
+/// Offline provider driven by a script.
+#[derive(Debug, Default)]
+pub struct ScriptedProvider {
+    script: Script,
+    /// `--latency`: overrides every turn's latency.
+    latency: Option<Duration>,
+    /// `--fail-sibling`: executions whose every request fails terminally.
+    fail: Vec<Selector>,
+    /// Requests seen per (execution, turn position), for `fail … times: N`.
+    attempts: Mutex<HashMap<(String, usize), u32>>,
+}
+
+impl ScriptedProvider {
+    pub fn new(script: Script) -> ScriptedProvider {
+        ScriptedProvider {
+            script,
+            ..ScriptedProvider::default()
+        }
+    }
+
+    pub fn with_latency(mut self, latency: Option<Duration>) -> Self {
+        self.latency = latency;
+        self
+    }
+
+    pub fn with_failures(mut self, fail: Vec<Selector>) -> Self {
+        self.fail = fail;
+        self
+    }
+
+    fn answer(&self, req: &ModelRequest) -> (Result<ModelResponse, ProviderError>, Duration) {
+        let default_latency = self.latency.or(self.script.latency).unwrap_or_default();
+        if self
+            .fail
+            .iter()
+            .any(|s| s.matches(&req.stage_id, req.index))
+        {
+            let who = req
+                .index
+                .map_or(req.stage_id.clone(), |i| format!("{}#{i}", req.stage_id));
+            let err = ProviderError::Terminal {
+                code: "ScriptedFailure",
+                message: format!("injected failure of `{who}` (--fail-sibling)"),
+            };
+            return (Err(err), default_latency);
+        }
+        let position = req.turns_so_far();
+        let script = self.script.for_execution(&req.stage_id, req.index);
+        let (turn, fails) = match script {
+            Some(s) => locate(s, position),
+            None => (None, Vec::new()),
+        };
+        let latency = self
+            .latency
+            .or(turn.and_then(|t| t.latency))
+            .unwrap_or(default_latency);
+        // Injected failures before this position's answer.
+        if !fails.is_empty() {
+            let key = (req.stage_execution_id.clone(), position);
+            let seen = {
+                let mut attempts = self
+                    .attempts
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let n = attempts.entry(key).or_insert(0);
+                *n += 1;
+                *n
+            };
+            let mut budget = 0;
+            for (transient, times, message) in &fails {
+                budget += times;
+                if seen <= budget || turn.is_none() {
+                    let message = format!(
+                        "{message} (scripted, {} turn {})",
+                        req.stage_id,
+                        position + 1
+                    );
+                    let err = if *transient {
+                        ProviderError::Transient {
+                            code: "ScriptedTransient",
+                            message,
+                            retry_after: None,
+                        }
+                    } else {
+                        ProviderError::Terminal {
+                            code: "ScriptedFailure",
+                            message,
+                        }
+                    };
+                    return (Err(err), latency);
+                }
+            }
+        }
+        let resolve = |path: &[crate::definition::template::Segment]| req.ctx.resolve(path);
+        let call = |i: usize, name: &str, args: serde_json::Value| ToolCall {
+            id: format!("call_{}_{i}", position + 1),
+            name: name.to_owned(),
+            arguments: args.to_string(),
+        };
+        let mut response = ModelResponse::default();
+        let rendered: Result<(), String> = (|| {
+            match turn.map(|t| &t.reply) {
+                None => response.tool_calls.push(call(
+                    0,
+                    &req.completion_tool,
+                    synthesize(&req.completion_schema),
+                )),
+                Some(Reply::Text(t)) => {
+                    response.text = Some(t.render_with(resolve).map_err(|e| e.to_string())?)
+                }
+                Some(Reply::Calls(calls)) => {
+                    for (i, c) in calls.iter().enumerate() {
+                        response
+                            .tool_calls
+                            .push(call(i, &c.tool, c.args.render(&resolve)?));
+                    }
+                }
+                Some(Reply::Complete(payload)) => response.tool_calls.push(call(
+                    0,
+                    &req.completion_tool,
+                    payload.render(&resolve)?,
+                )),
+                Some(Reply::Fail { .. }) => {}
+            }
+            Ok(())
+        })();
+        if let Err(message) = rendered {
+            let err = ProviderError::Terminal {
+                code: "ScriptTemplate",
+                message: format!("script for `{}`: {message}", req.stage_id),
+            };
+            return (Err(err), latency);
+        }
+        response.usage = estimate_usage(&req.messages, &response);
+        (Ok(response), latency)
+    }
+}
+
+/// The answer at `position` and the injected failures that precede it.
+/// `fail` entries do not take a turn of their own: they fail requests for
+/// the next answer. With `repeat`, the last answer repeats forever.
+fn locate(script: &StageScript, position: usize) -> (Option<&Turn>, Vec<(bool, u32, String)>) {
+    let mut fails = Vec::new();
+    let mut answers = 0;
+    let mut last_answer = None;
+    for turn in &script.turns {
+        match &turn.reply {
+            Reply::Fail {
+                transient,
+                times,
+                message,
+            } => fails.push((*transient, *times, message.clone())),
+            _ => {
+                if answers == position {
+                    return (Some(turn), fails);
+                }
+                answers += 1;
+                last_answer = Some(turn);
+                fails.clear();
+            }
+        }
+    }
+    if !fails.is_empty() && answers == position {
+        return (None, fails);
+    }
+    if script.repeat {
+        return (last_answer, Vec::new());
+    }
+    (None, Vec::new())
+}
+
+/// About four characters a token: deterministic, close enough for summaries.
+fn estimate_usage(messages: &[Message], response: &ModelResponse) -> Usage {
+    let prompt: usize = messages
+        .iter()
+        .map(|m| match m {
+            Message::System { content }
+            | Message::User { content }
+            | Message::Tool { content, .. } => content.len(),
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => {
+                content.as_ref().map_or(0, String::len)
+                    + tool_calls
+                        .iter()
+                        .map(|c| c.name.len() + c.arguments.len())
+                        .sum::<usize>()
+            }
+        })
+        .sum();
+    let completion = response.text.as_ref().map_or(0, String::len)
+        + response
+            .tool_calls
+            .iter()
+            .map(|c| c.name.len() + c.arguments.len())
+            .sum::<usize>();
+    Usage {
+        prompt_tokens: prompt.div_ceil(4) as u64,
+        completion_tokens: completion.div_ceil(4) as u64,
+        requests: 1,
+    }
+}
+
+impl Provider for ScriptedProvider {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    fn complete(
+        &self,
+        request: ModelRequest,
+    ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>> {
+        let (result, latency) = self.answer(&request);
+        async move {
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            result
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors() {
+        assert_eq!(
+            Selector::parse("worker#17").unwrap(),
+            Selector {
+                stage: "worker".into(),
+                index: Some(17)
+            }
+        );
+        assert_eq!(Selector::parse("review").unwrap().index, None);
+        assert!(Selector::parse("worker#x").is_err());
+        assert!(Selector::parse("#3").is_err());
+        assert!(
+            Selector::parse("worker#3")
+                .unwrap()
+                .matches("worker", Some(3))
+        );
+        assert!(
+            !Selector::parse("worker#3")
+                .unwrap()
+                .matches("worker", Some(4))
+        );
+    }
+}

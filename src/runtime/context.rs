@@ -1,0 +1,238 @@
+//! StageContext (SPEC §2, §3.1): what a stage execution may read. Built at
+//! Setup from shared, immutable pieces so a 100 000-wide fan-out does not
+//! copy the state slot per sibling.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::result::StageResult;
+use crate::definition::template::{Segment, lookup};
+
+/// Everything a stage execution can read through `ctx.*` and `stage.*`.
+#[derive(Debug, Clone)]
+pub struct StageContext {
+    /// Declared ctx fields with their run values (CLI `--ctx` and defaults).
+    pub fields: Arc<Map<String, Value>>,
+    /// Predecessor results: one for a sequential successor, one per sibling
+    /// (plan order) for a join, empty for the entry stage and siblings.
+    pub upstream: Arc<Vec<Arc<StageResult>>>,
+    /// The state slot: the latest result of every finished stage.
+    pub results: Arc<BTreeMap<String, Arc<StageResult>>>,
+    pub workflow_run_id: String,
+    pub stage_execution_id: String,
+    pub item: Option<Value>,
+    pub index: Option<usize>,
+    pub stage_id: String,
+    pub stage_name: String,
+}
+
+impl StageContext {
+    /// Resolves a placeholder path (`ctx.…` or `stage.…`).
+    pub fn resolve(&self, path: &[Segment]) -> Result<Value, String> {
+        let key = |i: usize| match path.get(i) {
+            Some(Segment::Key(k)) => Some(k.as_str()),
+            _ => None,
+        };
+        match (key(0), key(1)) {
+            (Some("stage"), Some("id")) if path.len() == 2 => {
+                Ok(Value::String(self.stage_id.clone()))
+            }
+            (Some("stage"), Some("name")) if path.len() == 2 => {
+                Ok(Value::String(self.stage_name.clone()))
+            }
+            (Some("ctx"), Some("upstream")) => match path.get(2) {
+                None => Ok(Value::Array(
+                    self.upstream.iter().map(|r| r.to_json()).collect(),
+                )),
+                Some(Segment::Index(i)) => {
+                    let result = self.upstream.get(*i).ok_or_else(|| {
+                        format!(
+                            "`ctx.upstream[{i}]` is out of range (length {})",
+                            self.upstream.len()
+                        )
+                    })?;
+                    resolve_in_result(result, &path[3..])
+                }
+                Some(Segment::Key(k)) => {
+                    Err(format!("`ctx.upstream.{k}`: upstream is a list; index it"))
+                }
+            },
+            (Some("ctx"), Some("results")) => match key(2) {
+                None => Ok(Value::Object(
+                    self.results
+                        .iter()
+                        .map(|(k, r)| (k.clone(), r.to_json()))
+                        .collect(),
+                )),
+                Some(stage) => {
+                    let result = self.results.get(stage).ok_or_else(|| {
+                        format!("`ctx.results.{stage}` is not set (that stage has not finished)")
+                    })?;
+                    resolve_in_result(result, &path[3..])
+                }
+            },
+            (Some("ctx"), Some("workflowRunId")) => {
+                sub(Value::String(self.workflow_run_id.clone()), &path[2..])
+            }
+            (Some("ctx"), Some("stageExecutionId")) => {
+                sub(Value::String(self.stage_execution_id.clone()), &path[2..])
+            }
+            (Some("ctx"), Some("item")) => {
+                let item = self
+                    .item
+                    .clone()
+                    .ok_or("`ctx.item` is only set in map siblings")?;
+                sub(item, &path[2..])
+            }
+            (Some("ctx"), Some("index")) => {
+                let index = self
+                    .index
+                    .ok_or("`ctx.index` is only set in map siblings")?;
+                sub(Value::from(index), &path[2..])
+            }
+            (Some("ctx"), Some(field)) => {
+                let value = self
+                    .fields
+                    .get(field)
+                    .ok_or_else(|| format!("`ctx.{field}` is not set"))?;
+                lookup(value, &path[2..]).cloned()
+            }
+            _ => Err("only ctx.* and stage.* are addressable".to_owned()),
+        }
+    }
+
+    /// The `ctx` value that expressions see. `upstream` and `results` are
+    /// included only when `source` mentions them: materialising them for
+    /// every sibling of a wide fan-out would be quadratic.
+    pub fn to_expr_value(&self, source: &str) -> Value {
+        let mut ctx: Map<String, Value> = (*self.fields).clone();
+        if source.contains("upstream") {
+            ctx.insert(
+                "upstream".into(),
+                Value::Array(self.upstream.iter().map(|r| r.to_json()).collect()),
+            );
+        }
+        if source.contains("results") {
+            ctx.insert(
+                "results".into(),
+                Value::Object(
+                    self.results
+                        .iter()
+                        .map(|(k, r)| (k.clone(), r.to_json()))
+                        .collect(),
+                ),
+            );
+        }
+        ctx.insert(
+            "workflowRunId".into(),
+            Value::String(self.workflow_run_id.clone()),
+        );
+        ctx.insert(
+            "stageExecutionId".into(),
+            Value::String(self.stage_execution_id.clone()),
+        );
+        if let Some(item) = &self.item {
+            ctx.insert("item".into(), item.clone());
+        }
+        if let Some(index) = self.index {
+            ctx.insert("index".into(), Value::from(index));
+        }
+        Value::Object(ctx)
+    }
+}
+
+fn sub(value: Value, rest: &[Segment]) -> Result<Value, String> {
+    lookup(&value, rest).cloned()
+}
+
+/// Looks into a StageResult without serialising it whole.
+fn resolve_in_result(result: &StageResult, rest: &[Segment]) -> Result<Value, String> {
+    match rest.first() {
+        Some(Segment::Key(k)) if k == "parsed" => lookup(&result.parsed, &rest[1..]).cloned(),
+        Some(Segment::Key(k)) if k == "output" => lookup(&result.output, &rest[1..]).cloned(),
+        _ => lookup(&result.to_json(), rest).cloned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::definition::template::Template;
+    use crate::runtime::result::{Usage, Verdict};
+    use serde_json::json;
+
+    fn ctx() -> StageContext {
+        let prior = StageResult {
+            stage_id: "plan".into(),
+            stage_execution_id: "r/plan/1".into(),
+            verdict: Verdict::Ok,
+            reason: None,
+            parsed: Arc::new(json!({"summary": "s", "steps": ["a", "b"]})),
+            output: Arc::new(json!({"summary": "s", "steps": ["a", "b"]})),
+            cap_hit: false,
+            attempt_count: 1,
+            usage: Usage::default(),
+        };
+        let prior = Arc::new(prior);
+        let mut fields = Map::new();
+        fields.insert("task".into(), json!("fix it"));
+        fields.insert("width".into(), json!(3));
+        StageContext {
+            fields: Arc::new(fields),
+            upstream: Arc::new(vec![prior.clone()]),
+            results: Arc::new(BTreeMap::from([("plan".to_owned(), prior)])),
+            workflow_run_id: "r".into(),
+            stage_execution_id: "r/worker#2/1".into(),
+            item: Some(json!(7)),
+            index: Some(2),
+            stage_id: "worker".into(),
+            stage_name: "Worker".into(),
+        }
+    }
+
+    #[test]
+    fn renders_every_namespace() {
+        let t = Template::parse(
+            "{{ctx.task}}|{{ctx.width}}|{{ctx.upstream[0].parsed.steps}}|{{ctx.results.plan.verdict}}|{{ctx.item}}#{{ctx.index}}|{{stage.name}}|{{ctx.stageExecutionId}}",
+        )
+        .unwrap();
+        let c = ctx();
+        assert_eq!(
+            t.render_with(|p| c.resolve(p)).unwrap(),
+            r#"fix it|3|["a","b"]|ok|7#2|Worker|r/worker#2/1"#
+        );
+    }
+
+    #[test]
+    fn missing_values_are_render_errors() {
+        let c = ctx();
+        for src in [
+            "{{ctx.upstream[1].parsed}}",
+            "{{ctx.results.nope}}",
+            "{{ctx.upstream[0].parsed.nope}}",
+        ] {
+            let t = Template::parse(src).unwrap();
+            assert!(t.render_with(|p| c.resolve(p)).is_err(), "{src}");
+        }
+    }
+
+    #[test]
+    fn single_placeholder_keeps_its_type() {
+        let c = ctx();
+        let t = Template::parse("{{ctx.index}}").unwrap();
+        assert_eq!(t.render_value(|p| c.resolve(p)).unwrap(), json!(2));
+        let t = Template::parse("done {{ctx.index}}").unwrap();
+        assert_eq!(t.render_value(|p| c.resolve(p)).unwrap(), json!("done 2"));
+    }
+
+    #[test]
+    fn expression_value_omits_unmentioned_heavy_fields() {
+        let c = ctx();
+        let v = c.to_expr_value("ctx.width > 1");
+        assert!(v.get("upstream").is_none() && v.get("results").is_none());
+        let v = c.to_expr_value("size(ctx.upstream) == 1");
+        assert_eq!(v["upstream"][0]["parsed"]["summary"], "s");
+    }
+}

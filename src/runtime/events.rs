@@ -1,0 +1,257 @@
+//! Runtime events (SPEC §6): audit events that are never dropped and
+//! observer events (tokens, progress) that may be. One JSON object per line
+//! with `seq`, `ts`, `event`, `workflowRunId`, then `stageExecutionId`,
+//! `stageId`, `tool` where they apply, then the event's own fields.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value};
+use troupe_actors::{BusEvent, EventClass};
+
+/// Every event name the runtime emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventName {
+    WorkflowStarted,
+    WorkflowExit,
+    SessionTurnStart,
+    SessionTurnEnd,
+    StageEntered,
+    StagePreFired,
+    StagePostFired,
+    StageCheckGateResult,
+    StageAssertOutcome,
+    StageGranted,
+    StageCancelled,
+    StageExited,
+    StageInitFailed,
+    ParallelSiblingFailure,
+    ToolInvocationProposed,
+    ToolInvocationStarted,
+    ToolInvocationSucceeded,
+    ToolInvocationFailed,
+    ToolInvocationCancelled,
+    ToolCallApproved,
+    ToolCallDenied,
+    InteractionRaised,
+    InteractionAnswered,
+    ProviderRequestStarted,
+    ProviderRequestCompleted,
+    ProviderRequestFailed,
+    /// Observer: streamed model text.
+    Token,
+    /// Observer: fan-out progress counters.
+    Progress,
+}
+
+impl EventName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventName::WorkflowStarted => "WorkflowStarted",
+            EventName::WorkflowExit => "WorkflowExit",
+            EventName::SessionTurnStart => "SessionTurnStart",
+            EventName::SessionTurnEnd => "SessionTurnEnd",
+            EventName::StageEntered => "StageEntered",
+            EventName::StagePreFired => "StagePreFired",
+            EventName::StagePostFired => "StagePostFired",
+            EventName::StageCheckGateResult => "StageCheckGateResult",
+            EventName::StageAssertOutcome => "StageAssertOutcome",
+            EventName::StageGranted => "StageGranted",
+            EventName::StageCancelled => "StageCancelled",
+            EventName::StageExited => "StageExited",
+            EventName::StageInitFailed => "StageInitFailed",
+            EventName::ParallelSiblingFailure => "ParallelSiblingFailure",
+            EventName::ToolInvocationProposed => "ToolInvocationProposed",
+            EventName::ToolInvocationStarted => "ToolInvocationStarted",
+            EventName::ToolInvocationSucceeded => "ToolInvocationSucceeded",
+            EventName::ToolInvocationFailed => "ToolInvocationFailed",
+            EventName::ToolInvocationCancelled => "ToolInvocationCancelled",
+            EventName::ToolCallApproved => "ToolCallApproved",
+            EventName::ToolCallDenied => "ToolCallDenied",
+            EventName::InteractionRaised => "InteractionRaised",
+            EventName::InteractionAnswered => "InteractionAnswered",
+            EventName::ProviderRequestStarted => "ProviderRequestStarted",
+            EventName::ProviderRequestCompleted => "ProviderRequestCompleted",
+            EventName::ProviderRequestFailed => "ProviderRequestFailed",
+            EventName::Token => "Token",
+            EventName::Progress => "Progress",
+        }
+    }
+
+    pub fn class(self) -> EventClass {
+        match self {
+            EventName::Token | EventName::Progress => EventClass::Observer,
+            EventName::WorkflowStarted
+            | EventName::WorkflowExit
+            | EventName::SessionTurnStart
+            | EventName::SessionTurnEnd
+            | EventName::StageEntered
+            | EventName::StagePreFired
+            | EventName::StagePostFired
+            | EventName::StageCheckGateResult
+            | EventName::StageAssertOutcome
+            | EventName::StageGranted
+            | EventName::StageCancelled
+            | EventName::StageExited
+            | EventName::StageInitFailed
+            | EventName::ParallelSiblingFailure
+            | EventName::ToolInvocationProposed
+            | EventName::ToolInvocationStarted
+            | EventName::ToolInvocationSucceeded
+            | EventName::ToolInvocationFailed
+            | EventName::ToolInvocationCancelled
+            | EventName::ToolCallApproved
+            | EventName::ToolCallDenied
+            | EventName::InteractionRaised
+            | EventName::InteractionAnswered
+            | EventName::ProviderRequestStarted
+            | EventName::ProviderRequestCompleted
+            | EventName::ProviderRequestFailed => EventClass::Audit,
+        }
+    }
+}
+
+/// One event. The bus assigns `seq`; `ts` is taken at creation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub name: EventName,
+    pub ts: SystemTime,
+    pub workflow_run_id: String,
+    pub stage_execution_id: Option<String>,
+    pub stage_id: Option<String>,
+    pub tool: Option<String>,
+    pub fields: Map<String, Value>,
+}
+
+impl BusEvent for Event {
+    fn class(&self) -> EventClass {
+        self.name.class()
+    }
+}
+
+impl Event {
+    pub fn new(name: EventName, workflow_run_id: &str) -> Event {
+        Event {
+            name,
+            ts: SystemTime::now(),
+            workflow_run_id: workflow_run_id.to_owned(),
+            stage_execution_id: None,
+            stage_id: None,
+            tool: None,
+            fields: Map::new(),
+        }
+    }
+
+    pub fn stage(mut self, stage_id: &str, stage_execution_id: &str) -> Event {
+        self.stage_id = Some(stage_id.to_owned());
+        self.stage_execution_id = Some(stage_execution_id.to_owned());
+        self
+    }
+
+    pub fn tool(mut self, tool: &str) -> Event {
+        self.tool = Some(tool.to_owned());
+        self
+    }
+
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Event {
+        self.fields.insert(key.to_owned(), value.into());
+        self
+    }
+
+    pub fn field(&self, key: &str) -> Option<&Value> {
+        self.fields.get(key)
+    }
+
+    /// The JSON object of one audit line, keys in contract order.
+    pub fn to_json(&self, seq: u64) -> Value {
+        let mut obj = Map::with_capacity(self.fields.len() + 7);
+        obj.insert("seq".into(), Value::from(seq));
+        obj.insert("ts".into(), Value::String(rfc3339(self.ts)));
+        obj.insert("event".into(), Value::String(self.name.as_str().to_owned()));
+        obj.insert(
+            "workflowRunId".into(),
+            Value::String(self.workflow_run_id.clone()),
+        );
+        if let Some(v) = &self.stage_execution_id {
+            obj.insert("stageExecutionId".into(), Value::String(v.clone()));
+        }
+        if let Some(v) = &self.stage_id {
+            obj.insert("stageId".into(), Value::String(v.clone()));
+        }
+        if let Some(v) = &self.tool {
+            obj.insert("tool".into(), Value::String(v.clone()));
+        }
+        for (k, v) in &self.fields {
+            obj.insert(k.clone(), v.clone());
+        }
+        Value::Object(obj)
+    }
+}
+
+/// RFC 3339 UTC with microseconds, e.g. `2026-11-22T03:05:31.123456Z`.
+pub fn rfc3339(ts: SystemTime) -> String {
+    let d = ts.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    let (y, m, day) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        d.subsec_micros()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
+        let t = UNIX_EPOCH + Duration::from_micros(1_795_318_731_123_456);
+        assert_eq!(rfc3339(t), "2026-11-22T03:38:51.123456Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn json_keys_in_contract_order() {
+        let e = Event::new(EventName::ToolInvocationStarted, "run")
+            .stage("worker", "run/worker#1/1")
+            .tool("Echo")
+            .with("callId", "c1");
+        let v = e.to_json(7);
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            [
+                "seq",
+                "ts",
+                "event",
+                "workflowRunId",
+                "stageExecutionId",
+                "stageId",
+                "tool",
+                "callId"
+            ]
+        );
+    }
+}

@@ -1,0 +1,66 @@
+//! StageResult (SPEC §3.6): what a finished stage execution hands to Next(),
+//! the state slot and its successors.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// Assert's verdict for a completed execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Ok,
+    Fail,
+    Skipped,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Fail => "fail",
+            Verdict::Skipped => "skipped",
+        }
+    }
+}
+
+/// Token counts reported by a provider.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub requests: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.requests += other.requests;
+    }
+}
+
+/// The result of one completed stage execution.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageResult {
+    pub stage_id: String,
+    pub stage_execution_id: String,
+    pub verdict: Verdict,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub parsed: Arc<Value>,
+    pub output: Arc<Value>,
+    pub cap_hit: bool,
+    pub attempt_count: u32,
+    pub usage: Usage,
+}
+
+impl StageResult {
+    /// The result as a JSON value, as templates and expressions see it.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}

@@ -1,0 +1,67 @@
+//! A stage-local transcript: the messages of one stage execution. It never
+//! crosses a stage boundary.
+
+use serde::Serialize;
+
+/// A tool call proposed by a model. `arguments` is the raw JSON text the
+/// model produced; it is parsed (and may fail to parse) by the stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// One message of a transcript.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Message {
+    System {
+        content: String,
+    },
+    User {
+        content: String,
+    },
+    Assistant {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        content: Option<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+    },
+    Tool {
+        tool_call_id: String,
+        content: String,
+    },
+}
+
+/// The ordered messages of a stage execution.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Transcript {
+    messages: Vec<Message>,
+}
+
+impl Transcript {
+    pub fn new(system_prompt: String) -> Transcript {
+        Transcript {
+            messages: vec![Message::System {
+                content: system_prompt,
+            }],
+        }
+    }
+
+    pub fn push(&mut self, message: Message) {
+        self.messages.push(message);
+    }
+
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+}
