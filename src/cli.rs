@@ -2,6 +2,7 @@
 //! per command. Exit codes are documented in `exit`.
 
 pub mod exit;
+pub mod run;
 pub mod show;
 pub mod validate;
 
@@ -16,6 +17,8 @@ A pipeline is a folder: pipeline.yaml (entry, stages, next table) plus one
 markdown file per LLM stage (YAML frontmatter + prompt body).
 
 Examples:
+  troupe run stages/code-review --task 'rename the config loader'
+  troupe run stages/fanout --ctx width=10000 --parallel-cap 256
   troupe validate stages/code-review
   troupe show stages/fanout
   troupe show stages/code-review plan --json
@@ -48,6 +51,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run a pipeline offline on the actor runtime (scripted provider).
+    ///
+    /// Validates first (exit 2 when invalid), runs every stage execution as
+    /// its own actor, writes the audit log to
+    /// .troupe/runs/<workflowRunId>/audit.jsonl and prints a summary.
+    Run(run::RunArgs),
     /// Print a pipeline's graph, or one stage in full.
     ///
     /// Without a stage: stages, the next table, fan-outs, joins and caps.
@@ -68,6 +77,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> Exit {
     match cli.command {
         Command::Validate { pipeline, json } => validate::run(&pipeline, json),
+        Command::Run(args) => run::run(args),
         Command::Show {
             pipeline,
             stage,

@@ -1,8 +1,17 @@
 //! The actor runtime: sessions, the scheduler, stage executions, tool calls,
 //! events and the audit log.
 
+pub mod audit;
 pub mod context;
 pub mod events;
+pub mod extract;
 pub mod ids;
+pub mod launch;
 pub mod result;
+pub mod scheduler;
+pub mod session;
+pub mod stage;
+pub mod stage_actor;
+pub mod summary;
+pub mod tool_call;
 pub mod transcript;

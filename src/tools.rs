@@ -2,6 +2,7 @@
 //! descriptions, argument schemas) used for validation and tool manifests.
 
 pub mod catalog;
+pub mod exec;
 pub mod manifest;
 
 pub use catalog::{ToolSpec, builtin_tools, is_builtin};

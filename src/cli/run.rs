@@ -1,0 +1,200 @@
+//! `troupe run`: validate, run a pipeline on the actor runtime, print a
+//! summary. First Ctrl-C cancels the run (exit 130) after flushing the audit
+//! log; a second one exits at once.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Exit;
+use super::validate::print_diagnostics;
+use crate::definition::{duration::parse_duration, load_pipeline};
+use crate::error::Diagnostics;
+use crate::provider::script::{SCRIPT_FILE, Script};
+use crate::provider::scripted::{ScriptedProvider, Selector};
+use crate::runtime::audit::{start_audit_log, start_event_stream};
+use crate::runtime::launch::{parse_ctx_pair, resolve_fields, start_run};
+use crate::runtime::scheduler::RunSpec;
+use crate::runtime::session::Cancel;
+use crate::runtime::summary::RunStatus;
+
+/// Options of `troupe run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The pipeline folder (or its pipeline.yaml).
+    pub pipeline: PathBuf,
+    /// Sets ctx.task (the pipeline must declare `task`).
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Sets a ctx field: key=value. JSON values (numbers, booleans, lists)
+    /// are kept typed. Repeatable.
+    #[arg(long = "ctx", value_name = "KEY=VALUE", value_parser = parse_ctx_arg)]
+    pub ctx: Vec<(String, serde_json::Value)>,
+    /// Most siblings of a fan-out running at once (beats pipeline.yaml's
+    /// parallelCap; default 8).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub parallel_cap: Option<u32>,
+    /// Canned model turns for the scripted provider (default: script.yaml in
+    /// the pipeline folder, if present).
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Latency added to every scripted model turn, e.g. 20ms.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub latency: Option<Duration>,
+    /// Make an execution fail (scripted provider), e.g. worker#17. Repeatable.
+    #[arg(long, value_name = "STAGE[#INDEX]", value_parser = Selector::parse)]
+    pub fail_sibling: Vec<Selector>,
+    /// Stream every event as JSON lines to stdout (`-`); the summary then
+    /// goes to stderr.
+    #[arg(long, value_name = "-")]
+    pub events: Option<String>,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Where run folders (with audit.jsonl) are written.
+    #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
+    pub runs_dir: PathBuf,
+}
+
+fn parse_ctx_arg(s: &str) -> Result<(String, serde_json::Value), String> {
+    parse_ctx_pair(s)
+}
+
+fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s)
+}
+
+pub fn run(args: RunArgs) -> Exit {
+    let path = args.pipeline.clone();
+    let pipeline = match load_pipeline(&path) {
+        Ok(p) => Arc::new(p),
+        Err(diags) => {
+            print_diagnostics(&path, &diags, args.json);
+            return Exit::Invalid;
+        }
+    };
+    let fields = match resolve_fields(&pipeline, &args.ctx, args.task.as_deref()) {
+        Ok(f) => f,
+        Err(errors) => {
+            print_diagnostics(&path, &Diagnostics(errors), args.json);
+            return Exit::Invalid;
+        }
+    };
+    if let Some(events) = &args.events
+        && events != "-"
+    {
+        eprintln!("error: Validation/InputInvalid: --events takes `-` (stdout)");
+        return Exit::Invalid;
+    }
+    let mut bad_selectors = Vec::new();
+    for s in &args.fail_sibling {
+        if pipeline.stage(&s.stage).is_none() {
+            bad_selectors.push(s.stage.clone());
+        }
+    }
+    if !bad_selectors.is_empty() {
+        eprintln!(
+            "error: Validation/InputInvalid: --fail-sibling names unknown stage(s): {}",
+            bad_selectors.join(", ")
+        );
+        return Exit::Invalid;
+    }
+    let script_path = args.script.clone().or_else(|| {
+        let p = pipeline.dir.join(SCRIPT_FILE);
+        p.is_file().then_some(p)
+    });
+    let script = match &script_path {
+        Some(p) => match Script::load(p, &pipeline) {
+            Ok(s) => s,
+            Err(diags) => {
+                print_diagnostics(p, &diags, args.json);
+                return Exit::Invalid;
+            }
+        },
+        None => Script::default(),
+    };
+    let provider = Arc::new(
+        ScriptedProvider::new(script)
+            .with_latency(args.latency)
+            .with_failures(args.fail_sibling.clone()),
+    );
+    let cap = args.parallel_cap.map(|c| c as usize);
+    let spec = RunSpec::new(Arc::clone(&pipeline), fields, provider, cap);
+    let audit_path = args.runs_dir.join(spec.run_id.as_str()).join("audit.jsonl");
+
+    let stream_events = args.events.is_some();
+    let system = actix::System::new();
+    let report = system.block_on(async move {
+        let mut sinks = Vec::new();
+        match start_audit_log(&spec.bus, &audit_path) {
+            Ok(s) => sinks.push(s),
+            Err(e) => {
+                return Err(format!(
+                    "cannot write the audit log {}: {e}",
+                    audit_path.display()
+                ));
+            }
+        }
+        if stream_events {
+            match start_event_stream(&spec.bus, std::io::stdout()) {
+                Ok(s) => sinks.push(s),
+                Err(e) => return Err(format!("cannot stream events: {e}")),
+            }
+        }
+        let (session, done) = start_run(spec, sinks);
+        actix::spawn(async move {
+            let mut presses = 0;
+            while tokio::signal::ctrl_c().await.is_ok() {
+                presses += 1;
+                if presses == 1 {
+                    eprintln!(
+                        "\ninterrupt: cancelling the run (press Ctrl-C again to exit at once)"
+                    );
+                    session.do_send(Cancel);
+                } else {
+                    std::process::exit(i32::from(Exit::Interrupted.code()));
+                }
+            }
+        });
+        done.await
+            .map_err(|_| "the run ended without a report".to_owned())
+    });
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: Session/RunAborted: {e}");
+            return Exit::RunFailed;
+        }
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("error: cannot serialize the report: {e}"),
+        }
+    } else if stream_events {
+        eprint!("{}", report.to_text());
+    } else {
+        print!("{}", report.to_text());
+        if let RunStatus::Ok = report.status {
+            print_outputs(&report);
+        }
+    }
+    match report.status {
+        RunStatus::Ok => Exit::Ok,
+        RunStatus::Failed { .. } => Exit::RunFailed,
+        RunStatus::Cancelled => Exit::Interrupted,
+    }
+}
+
+/// Prints the text of `print` steps that ran, so a run shows its report.
+fn print_outputs(report: &crate::runtime::summary::RunReport) {
+    for result in report.results.values() {
+        if let Some(text) = result
+            .output
+            .get("text")
+            .and_then(serde_json::Value::as_str)
+        {
+            println!("\n{text}");
+        }
+    }
+}

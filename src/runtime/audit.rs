@@ -1,0 +1,83 @@
+//! Event sinks on their own threads: the JSON-lines audit log (audit events
+//! only, never dropped, flushed when the bus closes) and the `--events`
+//! stream (every event; observer events may be dropped under load, which is
+//! reported as `SubscriberLagged`).
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use troupe_actors::{Delivery, EventBus, Subscription};
+
+use super::events::Event;
+
+/// Queue length of the audit subscriber; publishers wait when it is full.
+const AUDIT_QUEUE: usize = 65_536;
+/// Queue length of the `--events` subscriber.
+const STREAM_QUEUE: usize = 8_192;
+
+/// A sink thread; `finish` waits for it to drain and flush.
+#[derive(Debug)]
+pub struct Sink {
+    handle: JoinHandle<io::Result<u64>>,
+    pub path: Option<PathBuf>,
+}
+
+impl Sink {
+    /// Waits until the bus is closed and everything is written; returns the
+    /// number of lines.
+    pub fn finish(self) -> io::Result<u64> {
+        self.handle
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("event sink thread panicked")))
+    }
+}
+
+/// Starts the audit log writer at `path` (parent folders are created).
+pub fn start_audit_log(bus: &EventBus<Event>, path: &Path) -> io::Result<Sink> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let file = File::create(path)?;
+    let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
+    let handle = std::thread::Builder::new()
+        .name("troupe-audit".into())
+        .spawn(move || write_lines(sub, BufWriter::with_capacity(1 << 16, file)))?;
+    Ok(Sink {
+        handle,
+        path: Some(path.to_owned()),
+    })
+}
+
+/// Streams every event as JSON lines to `out` (e.g. stdout).
+pub fn start_event_stream<W: Write + Send + 'static>(
+    bus: &EventBus<Event>,
+    out: W,
+) -> io::Result<Sink> {
+    let sub = bus.subscribe("events-stream", STREAM_QUEUE);
+    let handle = std::thread::Builder::new()
+        .name("troupe-events".into())
+        .spawn(move || write_lines(sub, BufWriter::new(out)))?;
+    Ok(Sink { handle, path: None })
+}
+
+fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64> {
+    let mut lines = 0u64;
+    let mut buf = Vec::with_capacity(512);
+    for delivery in sub.iter() {
+        buf.clear();
+        match delivery {
+            Delivery::Event(env) => serde_json::to_writer(&mut buf, &env.event.to_json(env.seq))?,
+            Delivery::Lagged { dropped } => serde_json::to_writer(
+                &mut buf,
+                &serde_json::json!({"event": "SubscriberLagged", "subscriber": sub.name(), "dropped": dropped}),
+            )?,
+        }
+        buf.push(b'\n');
+        out.write_all(&buf)?;
+        lines += 1;
+    }
+    out.flush()?;
+    Ok(lines)
+}

@@ -1,0 +1,880 @@
+//! One stage execution (SPEC §3): Setup → Init → CheckGate → Act → Assert →
+//! Exit → Next, with pre/post events for every phase. Act is the message
+//! loop with the completion-channel batch rules; Assert decides ok / retry /
+//! fail; retries re-enter Act in the same transcript after the backoff.
+//!
+//! This is plain async code driven by the stage-execution actor
+//! (`stage_actor`), which owns it and drops it on strict cancellation.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Actor;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use troupe_actors::EventBus;
+
+use super::context::StageContext;
+use super::events::{Event, EventName};
+use super::extract::extract_json;
+use super::result::{StageResult, Usage, Verdict};
+use super::tool_call::{RunTool, ToolCallActor, ToolOutcome};
+use super::transcript::{Message, ToolCall, Transcript};
+use crate::definition::{
+    Backoff, GateOutcome, Next, ParallelPlan, Pipeline, ResolutionPolicy, Stage, StageDefinition,
+    StageKind,
+};
+use crate::error::{Code, ErrorClass, HasCode, ValidationCode};
+use crate::provider::{ModelRequest, Provider, ProviderError};
+use crate::tools::exec::ModelError;
+use crate::tools::stage_manifest;
+
+/// Knobs shared by every execution of a run.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// Retries of a transient provider error before the stage fails.
+    pub provider_retries: u32,
+    pub provider_backoff: Backoff,
+    /// Tool calls of one response run concurrently, at most this many.
+    pub tool_concurrency: usize,
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        RunSettings {
+            provider_retries: 3,
+            provider_backoff: Backoff::Exponential {
+                initial: Duration::from_millis(500),
+                max: Duration::from_secs(10),
+            },
+            tool_concurrency: 4,
+        }
+    }
+}
+
+/// Everything one execution needs; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StageRun {
+    pub pipeline: Arc<Pipeline>,
+    pub stage: Stage,
+    pub ctx: Arc<StageContext>,
+    pub provider: Arc<dyn Provider>,
+    pub bus: EventBus<Event>,
+    pub settings: Arc<RunSettings>,
+    pub index: Option<usize>,
+    pub visit: u32,
+    /// Cancelled when the execution is strictly cancelled; tool calls watch it.
+    pub cancel: CancellationToken,
+}
+
+/// Where the execution is, for the `StageCancelled` record.
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    pub phase: &'static str,
+    pub attempt: u32,
+    pub turn: u32,
+    pub tool_calls: Vec<(String, String)>,
+}
+
+/// What Next() returned for a finished execution.
+#[derive(Debug, Clone)]
+pub enum NextDecision {
+    End,
+    /// Continue with a stage. `transparent` when a router chose it: the
+    /// target then sees the router's own upstream.
+    Stage {
+        id: String,
+        transparent: bool,
+    },
+    Parallel(ParallelPlan),
+}
+
+/// A completed execution (Exit ran).
+#[derive(Debug, Clone)]
+pub struct Exited {
+    pub result: Arc<StageResult>,
+    pub next: NextDecision,
+}
+
+/// The fields of a StageResult, assembled before Exit.
+struct Ended {
+    verdict: Verdict,
+    reason: Option<String>,
+    parsed: Value,
+    output: Option<Value>,
+    cap_hit: bool,
+    attempts: u32,
+    usage: Usage,
+}
+
+/// How Act ended.
+enum ActEnd {
+    Completed(Value),
+    CapHit,
+    Failed(Code, String),
+}
+
+/// How Assert decided.
+enum Decision {
+    Ok,
+    Retry(String),
+    Fail(String),
+}
+
+impl StageRun {
+    fn event(&self, name: EventName) -> Event {
+        Event::new(name, &self.ctx.workflow_run_id)
+            .stage(&self.stage.id, &self.ctx.stage_execution_id)
+    }
+
+    fn emit(&self, event: Event) {
+        self.bus.publish(event);
+    }
+
+    fn phase(&self, progress: &Rc<RefCell<Progress>>, phase: &'static str, pre: bool) {
+        if pre {
+            progress.borrow_mut().phase = phase;
+        }
+        let name = if pre {
+            EventName::StagePreFired
+        } else {
+            EventName::StagePostFired
+        };
+        self.emit(self.event(name).with("phase", phase));
+    }
+
+    /// Runs the execution to Exit and Next. Never panics on bad input; a
+    /// cancelled execution is simply dropped by its owner.
+    pub async fn execute(self, progress: Rc<RefCell<Progress>>) -> Exited {
+        let mut entered = self
+            .event(EventName::StageEntered)
+            .with("kind", self.stage.kind.kind_name())
+            .with("visit", self.visit);
+        if let Some(i) = self.index {
+            entered = entered.with("index", i);
+        }
+        self.emit(entered);
+        let Ended {
+            verdict,
+            reason,
+            parsed,
+            output,
+            cap_hit,
+            attempts,
+            usage,
+        } = match &self.stage.kind {
+            StageKind::Llm(def) => self.run_llm(def, &progress).await,
+            _ => self.run_step(&progress),
+        };
+        self.phase(&progress, "Exit", true);
+        let output = output.unwrap_or_else(|| parsed.clone());
+        let result = Arc::new(StageResult {
+            stage_id: self.stage.id.clone(),
+            stage_execution_id: self.ctx.stage_execution_id.clone(),
+            verdict,
+            reason,
+            parsed: Arc::new(parsed),
+            output: Arc::new(output),
+            cap_hit,
+            attempt_count: attempts,
+            usage,
+        });
+        let mut exited = self
+            .event(EventName::StageExited)
+            .with("verdict", verdict.as_str())
+            .with("capHit", cap_hit)
+            .with("attemptCount", attempts)
+            .with("usage", serde_json::to_value(usage).unwrap_or(Value::Null));
+        if let Some(r) = &result.reason {
+            exited = exited.with("reason", r.as_str());
+        }
+        self.emit(exited);
+        self.phase(&progress, "Exit", false);
+
+        self.phase(&progress, "Next", true);
+        let next = self.next_decision(&result);
+        let described = match &next {
+            NextDecision::End => json!({"stages": [], "execution": "sequential"}),
+            NextDecision::Stage { id, .. } => json!({"stages": [id], "execution": "sequential"}),
+            NextDecision::Parallel(plan) => json!({"execution": "parallel", "join": plan.join}),
+        };
+        self.emit(
+            self.event(EventName::StagePostFired)
+                .with("phase", "Next")
+                .with("next", described),
+        );
+        Exited { result, next }
+    }
+
+    fn next_decision(&self, result: &StageResult) -> NextDecision {
+        if result.verdict == Verdict::Fail {
+            return NextDecision::End;
+        }
+        if self.stage.kind.is_router() {
+            return match result.output.get("route").and_then(Value::as_str) {
+                Some(id) => NextDecision::Stage {
+                    id: id.to_owned(),
+                    transparent: true,
+                },
+                None => NextDecision::End,
+            };
+        }
+        match self.pipeline.next_of(&self.stage.id) {
+            None | Some(Next::End) => NextDecision::End,
+            Some(Next::Stage(id)) => NextDecision::Stage {
+                id: id.clone(),
+                transparent: false,
+            },
+            Some(Next::Parallel(plan)) => NextDecision::Parallel(plan.clone()),
+        }
+    }
+
+    /// A failure that ends the stage before Act: audited as StageInitFailed.
+    fn init_failed(&self, code: Code, message: String) -> Ended {
+        self.emit(
+            self.event(EventName::StageInitFailed)
+                .with("code", code.to_string())
+                .with("message", message.as_str()),
+        );
+        Ended {
+            verdict: Verdict::Fail,
+            reason: Some(format!("{code}: {message}")),
+            parsed: Value::Null,
+            output: None,
+            cap_hit: false,
+            attempts: 0,
+            usage: Usage::default(),
+        }
+    }
+    async fn run_llm(&self, def: &Arc<StageDefinition>, progress: &Rc<RefCell<Progress>>) -> Ended {
+        // Setup: tools were resolved at load; check each upstream element.
+        self.phase(progress, "Setup", true);
+        if let Some(schema) = &def.inputs_schema {
+            for (i, up) in self.ctx.upstream.iter().enumerate() {
+                if let Err(errors) = schema.check(&up.to_json()) {
+                    self.phase(progress, "Setup", false);
+                    let code = ValidationCode::StageDefinitionInvalid.code();
+                    return self.init_failed(
+                        code,
+                        format!(
+                            "ctx.upstream[{i}] fails inputsSchema: {}",
+                            errors.join("; ")
+                        ),
+                    );
+                }
+            }
+        }
+        self.phase(progress, "Setup", false);
+
+        // Init: render once; fresh transcript; manifest with the completion channel.
+        self.phase(progress, "Init", true);
+        let ctx = Arc::clone(&self.ctx);
+        let prompt = match def.body.render_with(|p| ctx.resolve(p)) {
+            Ok(p) => p,
+            Err(e) => {
+                self.phase(progress, "Init", false);
+                return self.init_failed(ValidationCode::TemplateUnresolved.code(), e.to_string());
+            }
+        };
+        let mut transcript = Transcript::new(prompt);
+        transcript.push(Message::User {
+            content: format!(
+                "Begin the stage `{}`. Call `{}` when you are done.",
+                def.name, def.completion_tool
+            ),
+        });
+        let tools = Arc::new(stage_manifest(def));
+        self.phase(progress, "Init", false);
+
+        // CheckGate.
+        match self.check_gate(def, progress).await {
+            GateEnd::Proceed => {}
+            GateEnd::Skip(reason) => {
+                return Ended {
+                    verdict: Verdict::Skipped,
+                    reason: Some(reason),
+                    parsed: Value::Null,
+                    output: None,
+                    cap_hit: false,
+                    attempts: 0,
+                    usage: Usage::default(),
+                };
+            }
+            GateEnd::Fail(reason) => {
+                return Ended {
+                    verdict: Verdict::Fail,
+                    reason: Some(reason),
+                    parsed: Value::Null,
+                    output: None,
+                    cap_hit: false,
+                    attempts: 0,
+                    usage: Usage::default(),
+                };
+            }
+        }
+
+        // Act / Assert, with retries in the same transcript.
+        let mut usage = Usage::default();
+        let mut attempt = 1u32;
+        loop {
+            progress.borrow_mut().attempt = attempt;
+            self.phase(progress, "Act", true);
+            let end = self
+                .act(def, &tools, &mut transcript, &mut usage, progress)
+                .await;
+            self.phase(progress, "Act", false);
+
+            self.phase(progress, "Assert", true);
+            let (decision, parsed, cap_hit) = match end {
+                ActEnd::Completed(parsed) => (self.assert_payload(&parsed, attempt), parsed, false),
+                ActEnd::CapHit => (
+                    Decision::Retry(format!(
+                        "turnCap {} reached without a valid `{}` call",
+                        def.turn_cap, def.completion_tool
+                    )),
+                    Value::Null,
+                    true,
+                ),
+                ActEnd::Failed(code, message) => (
+                    Decision::Fail(format!("{code}: {message}")),
+                    Value::Null,
+                    false,
+                ),
+            };
+            let decision = match decision {
+                Decision::Retry(reason) if attempt >= def.retry_policy.max_attempts => {
+                    Decision::Fail(format!("RetryExhausted: {reason}"))
+                }
+                other => other,
+            };
+            let (verdict, reason) = match &decision {
+                Decision::Ok => ("ok", None),
+                Decision::Retry(r) => ("retry", Some(r.clone())),
+                Decision::Fail(r) => ("fail", Some(r.clone())),
+            };
+            let mut outcome = self
+                .event(EventName::StageAssertOutcome)
+                .with("verdict", verdict)
+                .with("attempt", attempt)
+                .with("capHit", cap_hit);
+            if let Some(r) = &reason {
+                outcome = outcome.with("reason", r.as_str());
+            }
+            self.emit(outcome);
+            self.phase(progress, "Assert", false);
+            match decision {
+                Decision::Ok => {
+                    return Ended {
+                        verdict: Verdict::Ok,
+                        reason: None,
+                        parsed,
+                        output: None,
+                        cap_hit,
+                        attempts: attempt,
+                        usage,
+                    };
+                }
+                Decision::Fail(reason) => {
+                    return Ended {
+                        verdict: Verdict::Fail,
+                        reason: Some(reason),
+                        parsed,
+                        output: None,
+                        cap_hit,
+                        attempts: attempt,
+                        usage,
+                    };
+                }
+                Decision::Retry(reason) => {
+                    let wait = def.retry_policy.backoff.delay(attempt);
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                    attempt += 1;
+                    transcript.push(Message::User {
+                        content: format!(
+                            "Retry (attempt {attempt} of {}): {reason}. Call `{}` again with a corrected result.",
+                            def.retry_policy.max_attempts, def.completion_tool
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    fn assert_payload(&self, parsed: &Value, attempt: u32) -> Decision {
+        let Some(exprs) = self.pipeline.asserts.get(&self.stage.id) else {
+            return Decision::Ok;
+        };
+        for expr in exprs {
+            let ctx = self.ctx.to_expr_value(expr.source());
+            let vars = [
+                ("ctx", &ctx),
+                ("parsed", parsed),
+                ("capHit", &Value::Bool(false)),
+                ("attempt", &Value::from(attempt)),
+            ];
+            match expr.eval_bool(&vars) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Decision::Retry(format!("assert `{}` is false", expr.source()));
+                }
+                Err(e) => {
+                    return Decision::Fail(format!(
+                        "{}: {e}",
+                        ValidationCode::ExpressionFailed.code()
+                    ));
+                }
+            }
+        }
+        Decision::Ok
+    }
+
+    async fn check_gate(&self, def: &StageDefinition, progress: &Rc<RefCell<Progress>>) -> GateEnd {
+        let Some(gate) = self.pipeline.gates.get(&self.stage.id) else {
+            self.phase(progress, "CheckGate", true);
+            self.emit(
+                self.event(EventName::StageCheckGateResult)
+                    .with("outcome", "proceed")
+                    .with("check", 1),
+            );
+            self.phase(progress, "CheckGate", false);
+            return GateEnd::Proceed;
+        };
+        let mut check = 1u32;
+        loop {
+            self.phase(progress, "CheckGate", true);
+            let ctx = self.ctx.to_expr_value(gate.when.source());
+            let outcome = match gate.when.eval_bool(&[("ctx", &ctx)]) {
+                Ok(true) => Ok("proceed"),
+                Ok(false) => Ok(match gate.otherwise {
+                    GateOutcome::Defer => "defer",
+                    GateOutcome::Block => "block",
+                }),
+                Err(e) => Err(format!("{}: {e}", ValidationCode::ExpressionFailed.code())),
+            };
+            let mut ev = self
+                .event(EventName::StageCheckGateResult)
+                .with("check", check)
+                .with(
+                    "resolutionPolicy",
+                    serde_json::to_value(def.resolution_policy).unwrap_or(Value::Null),
+                );
+            ev = match &outcome {
+                Ok(o) => ev.with("outcome", *o),
+                Err(e) => ev.with("outcome", "error").with("reason", e.as_str()),
+            };
+            self.emit(ev);
+            self.phase(progress, "CheckGate", false);
+            let outcome = match outcome {
+                Ok(o) => o,
+                Err(e) => return GateEnd::Fail(e),
+            };
+            match (outcome, def.resolution_policy) {
+                ("proceed", _) => return GateEnd::Proceed,
+                (o, ResolutionPolicy::Skip) => return GateEnd::Skip(format!("CheckGate: {o}")),
+                (o, ResolutionPolicy::Fail) => return GateEnd::Fail(format!("CheckGate: {o}")),
+                ("block", ResolutionPolicy::RetryLater) => {
+                    return GateEnd::Fail("CheckGate: block".to_owned());
+                }
+                (_, ResolutionPolicy::RetryLater) => {
+                    if check >= def.retry_policy.max_attempts {
+                        return GateEnd::Fail(format!(
+                            "CheckGate: still deferred after {check} checks"
+                        ));
+                    }
+                    let wait = def.retry_policy.backoff.delay(check);
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                    check += 1;
+                }
+            }
+        }
+    }
+
+    /// The message loop (SPEC §3.4).
+    async fn act(
+        &self,
+        def: &StageDefinition,
+        tools: &Arc<Vec<crate::tools::ToolSpec>>,
+        transcript: &mut Transcript,
+        usage: &mut Usage,
+        progress: &Rc<RefCell<Progress>>,
+    ) -> ActEnd {
+        let mut turns = 0u32;
+        loop {
+            if turns >= def.turn_cap {
+                return ActEnd::CapHit;
+            }
+            turns += 1;
+            progress.borrow_mut().turn = turns;
+            let request = ModelRequest {
+                stage_id: self.stage.id.clone(),
+                stage_execution_id: self.ctx.stage_execution_id.clone(),
+                index: self.index,
+                messages: transcript.messages().to_vec(),
+                tools: Arc::clone(tools),
+                completion_tool: def.completion_tool.clone(),
+                completion_schema: def.completion_schema.document().clone(),
+                ctx: Arc::clone(&self.ctx),
+            };
+            let response = match self.request(request, turns).await {
+                Ok(r) => r,
+                Err(e) => return ActEnd::Failed(e.code(), e.to_string()),
+            };
+            usage.add(response.usage);
+            let calls = response.tool_calls.clone();
+            transcript.push(Message::Assistant {
+                content: response.text.clone(),
+                tool_calls: calls.clone(),
+            });
+            if calls.is_empty() {
+                transcript.push(Message::User {
+                    content: format!("Call `{}` when you are done.", def.completion_tool),
+                });
+                continue;
+            }
+            let completions = calls
+                .iter()
+                .filter(|c| c.name == def.completion_tool)
+                .count();
+            if completions > 0 && calls.len() > 1 {
+                let err = ModelError::new(
+                    Code {
+                        class: ErrorClass::Validation,
+                        name: "CompletionNotSole",
+                    },
+                    format!(
+                        "`{}` must be the only tool call in its response; no call of this response was run",
+                        def.completion_tool
+                    ),
+                );
+                for c in &calls {
+                    transcript.push(Message::Tool {
+                        tool_call_id: c.id.clone(),
+                        content: err.to_content(),
+                    });
+                }
+                continue;
+            }
+            if completions == 1 {
+                let call = &calls[0];
+                match parse_completion(def, &call.arguments) {
+                    Ok(parsed) => return ActEnd::Completed(parsed),
+                    Err(err) => {
+                        transcript.push(Message::Tool {
+                            tool_call_id: call.id.clone(),
+                            content: err.to_content(),
+                        });
+                        continue;
+                    }
+                }
+            }
+            let results = self.run_tools(def, &calls, progress).await;
+            for (call, content) in calls.iter().zip(results) {
+                transcript.push(Message::Tool {
+                    tool_call_id: call.id.clone(),
+                    content,
+                });
+            }
+        }
+    }
+
+    /// One provider request with transient retries, audited.
+    async fn request(
+        &self,
+        request: ModelRequest,
+        turn: u32,
+    ) -> Result<crate::provider::ModelResponse, ProviderError> {
+        let mut retry = 0u32;
+        loop {
+            self.emit(
+                self.event(EventName::ProviderRequestStarted)
+                    .with("provider", self.provider.name())
+                    .with("turn", turn)
+                    .with("try", retry + 1),
+            );
+            match self.provider.complete(request.clone()).await {
+                Ok(response) => {
+                    self.emit(
+                        self.event(EventName::ProviderRequestCompleted)
+                            .with("turn", turn)
+                            .with("toolCalls", response.tool_calls.len())
+                            .with(
+                                "usage",
+                                serde_json::to_value(response.usage).unwrap_or(Value::Null),
+                            ),
+                    );
+                    return Ok(response);
+                }
+                Err(err) => {
+                    let transient = matches!(err, ProviderError::Transient { .. });
+                    let will_retry = transient && retry < self.settings.provider_retries;
+                    self.emit(
+                        self.event(EventName::ProviderRequestFailed)
+                            .with("turn", turn)
+                            .with("code", err.code().to_string())
+                            .with("message", err.to_string())
+                            .with("retrying", will_retry),
+                    );
+                    if !will_retry {
+                        return Err(err);
+                    }
+                    retry += 1;
+                    let mut wait = self.settings.provider_backoff.delay(retry);
+                    if let ProviderError::Transient {
+                        retry_after: Some(after),
+                        ..
+                    } = &err
+                    {
+                        wait = wait.max(*after);
+                    }
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one response's tool calls concurrently (bounded); results come
+    /// back in call order.
+    async fn run_tools(
+        &self,
+        def: &StageDefinition,
+        calls: &[ToolCall],
+        progress: &Rc<RefCell<Progress>>,
+    ) -> Vec<String> {
+        progress.borrow_mut().tool_calls = calls
+            .iter()
+            .map(|c| (c.id.clone(), c.name.clone()))
+            .collect();
+        let results = futures::stream::iter(calls.iter().map(|c| self.run_tool(def, c)))
+            .buffered(self.settings.tool_concurrency.max(1))
+            .collect::<Vec<String>>()
+            .await;
+        progress.borrow_mut().tool_calls.clear();
+        results
+    }
+
+    async fn run_tool(&self, def: &StageDefinition, call: &ToolCall) -> String {
+        let ev = |name: EventName| {
+            self.event(name)
+                .tool(&call.name)
+                .with("callId", call.id.as_str())
+        };
+        self.emit(ev(EventName::ToolInvocationProposed).with("arguments", call.arguments.as_str()));
+        let args: Value = match serde_json::from_str(&call.arguments) {
+            Ok(v @ Value::Object(_)) => v,
+            Ok(_) | Err(_) => {
+                let err = ModelError::new(
+                    Code {
+                        class: ErrorClass::ToolTerminal,
+                        name: "InvalidArguments",
+                    },
+                    "tool arguments must be a JSON object",
+                );
+                self.emit(ev(EventName::ToolInvocationFailed).with("code", err.code.as_str()));
+                return err.to_content();
+            }
+        };
+        if !crate::tools::is_builtin(&call.name) {
+            let err = ModelError::new(
+                Code {
+                    class: ErrorClass::ToolTerminal,
+                    name: "UnknownTool",
+                },
+                format!("there is no tool `{}`", call.name),
+            );
+            self.emit(ev(EventName::ToolInvocationFailed).with("code", err.code.as_str()));
+            return err.to_content();
+        }
+        if !def.allowed_tools.contains(&call.name) {
+            let err = ModelError::new(
+                Code {
+                    class: ErrorClass::ToolTerminal,
+                    name: "ToolDenied",
+                },
+                format!(
+                    "`{}` is outside this stage's allowedTools and no grant was given; continue with the allowed tools",
+                    call.name
+                ),
+            );
+            self.emit(
+                ev(EventName::ToolCallDenied)
+                    .with("reason", "outside allowedTools; no interactor granted it"),
+            );
+            return err.to_content();
+        }
+        self.emit(ev(EventName::ToolCallApproved).with("by", "allowedTools"));
+        self.emit(ev(EventName::ToolInvocationStarted));
+        let actor = ToolCallActor.start();
+        let outcome = actor
+            .send(RunTool {
+                name: call.name.clone(),
+                args,
+                cancel: self.cancel.child_token(),
+            })
+            .await
+            .unwrap_or(ToolOutcome::Failed(
+                crate::tools::exec::ToolError::Terminal {
+                    code: "ToolActorLost",
+                    message: "the tool-call actor stopped without answering".to_owned(),
+                },
+            ));
+        match outcome {
+            ToolOutcome::Succeeded(out) => {
+                self.emit(ev(EventName::ToolInvocationSucceeded).with("bytes", out.len()));
+                out
+            }
+            ToolOutcome::Failed(err) => {
+                self.emit(
+                    ev(EventName::ToolInvocationFailed)
+                        .with("code", err.code().to_string())
+                        .with("message", err.to_string()),
+                );
+                ModelError::new(err.code(), err.to_string()).to_content()
+            }
+            ToolOutcome::Cancelled => {
+                self.emit(ev(EventName::ToolInvocationCancelled));
+                ModelError::new(
+                    Code {
+                        class: ErrorClass::Cancellation,
+                        name: "ToolCancelled",
+                    },
+                    "the tool call was cancelled",
+                )
+                .to_content()
+            }
+        }
+    }
+
+    /// Deterministic steps: the same phases and events, no model.
+    fn run_step(&self, progress: &Rc<RefCell<Progress>>) -> Ended {
+        for phase in ["Setup", "Init", "CheckGate"] {
+            self.phase(progress, phase, true);
+            if phase == "CheckGate" {
+                self.emit(
+                    self.event(EventName::StageCheckGateResult)
+                        .with("outcome", "proceed")
+                        .with("check", 1),
+                );
+            }
+            self.phase(progress, phase, false);
+        }
+        self.phase(progress, "Act", true);
+        let ctx = &self.ctx;
+        let eval = |expr: &crate::definition::expr::Expr| -> Result<Value, String> {
+            let c = ctx.to_expr_value(expr.source());
+            expr.eval(&[("ctx", &c)])
+                .map_err(|e| format!("{}: {e}", ValidationCode::ExpressionFailed.code()))
+        };
+        let outcome: Result<(Value, Option<Value>), String> = match &self.stage.kind {
+            StageKind::ExtractJson { from } => eval(from).and_then(|v| match v {
+                Value::String(text) => extract_json(&text)
+                    .map(|j| (j, None))
+                    .ok_or_else(|| "extract_json: no JSON found in the text".to_owned()),
+                other => Err(format!(
+                    "extract_json: `from` must yield a string, got {}",
+                    crate::definition::expr::json_kind(&other)
+                )),
+            }),
+            StageKind::Print { content } => content
+                .render_with(|p| ctx.resolve(p))
+                .map(|text| (Value::Null, Some(json!({"text": text}))))
+                .map_err(|e| format!("{}: {e}", ValidationCode::TemplateUnresolved.code())),
+            StageKind::IfElse {
+                condition,
+                then,
+                otherwise,
+            } => eval(condition).and_then(|v| match v {
+                Value::Bool(b) => {
+                    let route = if b { then } else { otherwise };
+                    Ok((json!({"condition": b}), Some(json!({"route": route}))))
+                }
+                other => Err(format!(
+                    "if_else: condition must be a boolean, got {}",
+                    crate::definition::expr::json_kind(&other)
+                )),
+            }),
+            StageKind::Switch { on, cases, default } => eval(on).and_then(|v| {
+                let key = match &v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                let route = cases
+                    .iter()
+                    .find(|(value, _)| *value == key)
+                    .map(|(_, t)| t)
+                    .or(default.as_ref());
+                match route {
+                    Some(route) => Ok((json!({"value": key}), Some(json!({"route": route})))),
+                    None => Err(format!("switch: no case for `{key}` and no default")),
+                }
+            }),
+            StageKind::Llm(_) => Err("internal: an LLM stage reached the step runner".to_owned()),
+        };
+        self.phase(progress, "Act", false);
+        self.phase(progress, "Assert", true);
+        let (verdict, reason, parsed, output) = match outcome {
+            Ok((parsed, output)) => (Verdict::Ok, None, parsed, output),
+            Err(reason) => (Verdict::Fail, Some(reason), Value::Null, None),
+        };
+        let mut ev = self
+            .event(EventName::StageAssertOutcome)
+            .with("verdict", verdict.as_str())
+            .with("attempt", 1);
+        if let Some(r) = &reason {
+            ev = ev.with("reason", r.as_str());
+        }
+        self.emit(ev);
+        self.phase(progress, "Assert", false);
+        Ended {
+            verdict,
+            reason,
+            parsed,
+            output,
+            cap_hit: false,
+            attempts: 1,
+            usage: Usage::default(),
+        }
+    }
+}
+
+enum GateEnd {
+    Proceed,
+    Skip(String),
+    Fail(String),
+}
+
+/// Parses a completion call's arguments against the completion schema.
+fn parse_completion(def: &StageDefinition, arguments: &str) -> Result<Value, ModelError> {
+    let code = |name| Code {
+        class: ErrorClass::Validation,
+        name,
+    };
+    let value: Value = serde_json::from_str(arguments).map_err(|e| {
+        ModelError::new(
+            code("CompletionNotJson"),
+            format!(
+                "the arguments of `{}` are not valid JSON: {e}",
+                def.completion_tool
+            ),
+        )
+    })?;
+    def.completion_schema.check(&value).map_err(|errors| {
+        ModelError::new(
+            code("CompletionSchemaMismatch"),
+            format!(
+                "the arguments of `{}` do not match its schema: {}",
+                def.completion_tool,
+                errors.join("; ")
+            ),
+        )
+    })?;
+    Ok(value)
+}

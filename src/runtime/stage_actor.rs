@@ -1,0 +1,243 @@
+//! The stage-execution actor: one per stage execution, siblings included.
+//! It asks the scheduler before starting (siblings only), runs the phases,
+//! reports once, and on strict cancellation drops the in-flight work and
+//! records `StageCancelled` with the turn and tool calls it was in. A panic
+//! in the phases becomes the stage's `ExtensionHost/ActorPanicked` failure.
+
+use std::cell::RefCell;
+use std::panic::AssertUnwindSafe;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::FutureExt;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use troupe_actors::EventBus;
+
+use super::events::{Event, EventName};
+use super::result::{StageResult, Usage, Verdict};
+use super::stage::{Exited, NextDecision, Progress, StageRun};
+
+/// How an execution ended, as reported to the scheduler.
+#[derive(Debug)]
+pub enum StageOutcome {
+    /// Exit ran (verdict ok, fail or skipped).
+    Exited(Exited),
+    /// Strictly cancelled after it started: no Exit.
+    Cancelled,
+    /// Never started: the start request was refused or dropped.
+    Withdrawn,
+}
+
+/// Sent once by every stage actor when it ends.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct StageReport {
+    /// The unit index inside a parallel group, `None` for sequential/join.
+    pub unit: Option<usize>,
+    pub stage_id: String,
+    pub outcome: StageOutcome,
+}
+
+/// A sibling's request to start; the scheduler answers on `reply` or drops it.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct StartRequest {
+    pub unit: usize,
+    pub reply: oneshot::Sender<()>,
+}
+
+/// Strict cancellation of one execution.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct CancelStage {
+    pub reason: String,
+}
+
+/// Runs one stage execution.
+pub struct StageActor {
+    run: Option<StageRun>,
+    unit: Option<usize>,
+    /// For siblings: where to ask for permission to start.
+    start_gate: Option<Recipient<StartRequest>>,
+    report: Recipient<StageReport>,
+    progress: Rc<RefCell<Progress>>,
+    bus: EventBus<Event>,
+    stage_id: String,
+    execution_id: String,
+    run_id: String,
+    cancel: tokio_util::sync::CancellationToken,
+    started: bool,
+    reported: bool,
+    cancel_reason: Option<String>,
+}
+
+impl std::fmt::Debug for StageActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StageActor")
+            .field("execution_id", &self.execution_id)
+            .field("started", &self.started)
+            .finish()
+    }
+}
+
+impl StageActor {
+    pub fn new(
+        run: StageRun,
+        unit: Option<usize>,
+        start_gate: Option<Recipient<StartRequest>>,
+        report: Recipient<StageReport>,
+    ) -> StageActor {
+        StageActor {
+            unit,
+            start_gate,
+            report,
+            progress: Rc::default(),
+            bus: run.bus.clone(),
+            stage_id: run.stage.id.clone(),
+            execution_id: run.ctx.stage_execution_id.clone(),
+            run_id: run.ctx.workflow_run_id.clone(),
+            cancel: run.cancel.clone(),
+            started: false,
+            reported: false,
+            cancel_reason: None,
+            run: Some(run),
+        }
+    }
+
+    fn send_report(&mut self, outcome: StageOutcome) {
+        if self.reported {
+            return;
+        }
+        self.reported = true;
+        self.report.do_send(StageReport {
+            unit: self.unit,
+            stage_id: self.stage_id.clone(),
+            outcome,
+        });
+    }
+
+    fn begin(&mut self, ctx: &mut Context<Self>) {
+        let Some(run) = self.run.take() else { return };
+        self.started = true;
+        let progress = Rc::clone(&self.progress);
+        let fut = AssertUnwindSafe(run.execute(progress)).catch_unwind();
+        ctx.spawn(fut.into_actor(self).map(|result, act, ctx| {
+            let exited = match result {
+                Ok(exited) => exited,
+                Err(panic) => act.panicked(panic_message(&*panic)),
+            };
+            act.send_report(StageOutcome::Exited(exited));
+            ctx.stop();
+        }));
+    }
+
+    /// A panic in the phases: the stage fails with a typed reason; Exit is
+    /// recorded so the run's record stays complete.
+    fn panicked(&self, message: String) -> Exited {
+        let reason = format!("ExtensionHost/ActorPanicked: {message}");
+        self.bus.publish(
+            Event::new(EventName::StageExited, &self.run_id)
+                .stage(&self.stage_id, &self.execution_id)
+                .with("verdict", "fail")
+                .with("reason", reason.as_str())
+                .with("capHit", false)
+                .with("attemptCount", self.progress.borrow().attempt),
+        );
+        Exited {
+            result: Arc::new(StageResult {
+                stage_id: self.stage_id.clone(),
+                stage_execution_id: self.execution_id.clone(),
+                verdict: Verdict::Fail,
+                reason: Some(reason),
+                parsed: Arc::new(Value::Null),
+                output: Arc::new(Value::Null),
+                cap_hit: false,
+                attempt_count: self.progress.borrow().attempt,
+                usage: Usage::default(),
+            }),
+            next: NextDecision::End,
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic with a non-string payload".to_owned())
+}
+
+impl Actor for StageActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        match (self.start_gate.take(), self.unit) {
+            (Some(gate), Some(unit)) => {
+                let (tx, rx) = oneshot::channel();
+                gate.do_send(StartRequest { unit, reply: tx });
+                ctx.spawn(rx.into_actor(self).map(|granted, act, ctx| match granted {
+                    Ok(()) => act.begin(ctx),
+                    Err(_) => {
+                        act.send_report(StageOutcome::Withdrawn);
+                        ctx.stop();
+                    }
+                }));
+            }
+            _ => self.begin(ctx),
+        }
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        // Whatever is still running belongs to a cancelled execution.
+        self.cancel.cancel();
+        if self.reported {
+            return;
+        }
+        if self.started {
+            let progress = self.progress.borrow().clone();
+            let calls: Vec<Value> = progress
+                .tool_calls
+                .iter()
+                .map(|(id, name)| json!({"callId": id, "tool": name}))
+                .collect();
+            let reason = self
+                .cancel_reason
+                .clone()
+                .unwrap_or_else(|| "Cancellation/TurnCancelled".to_owned());
+            for (id, name) in &progress.tool_calls {
+                self.bus.publish(
+                    Event::new(EventName::ToolInvocationCancelled, &self.run_id)
+                        .stage(&self.stage_id, &self.execution_id)
+                        .tool(name)
+                        .with("callId", id.as_str()),
+                );
+            }
+            self.bus.publish(
+                Event::new(EventName::StageCancelled, &self.run_id)
+                    .stage(&self.stage_id, &self.execution_id)
+                    .with("reason", reason)
+                    .with("phase", progress.phase)
+                    .with("attempt", progress.attempt)
+                    .with("turn", progress.turn)
+                    .with("toolCalls", calls),
+            );
+            self.send_report(StageOutcome::Cancelled);
+        } else {
+            self.send_report(StageOutcome::Withdrawn);
+        }
+    }
+}
+
+impl Handler<CancelStage> for StageActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: CancelStage, ctx: &mut Context<Self>) {
+        if self.cancel_reason.is_none() {
+            self.cancel_reason = Some(msg.reason);
+        }
+        ctx.stop();
+    }
+}

@@ -1,0 +1,128 @@
+//! The end-of-run report: status, verdicts per stage, retries, cap hits,
+//! fan-out figures, usage and wall time — printed by `troupe run`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::result::{StageResult, Usage};
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum RunStatus {
+    Ok,
+    Failed { reason: String },
+    Cancelled,
+}
+
+/// Counts per stage id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageStats {
+    pub ok: u64,
+    pub failed: u64,
+    pub skipped: u64,
+    pub cancelled: u64,
+    pub retries: u64,
+    pub cap_hits: u64,
+}
+
+/// Figures of one parallel group.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupStats {
+    pub turn_id: String,
+    pub stage: String,
+    pub width: usize,
+    pub cap: usize,
+    pub peak_running: usize,
+    /// Siblings that waited for a slot.
+    pub cap_waits: usize,
+    pub cancelled: usize,
+    /// Siblings spawned but never started when the group failed.
+    pub withdrawn: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_sibling: Option<String>,
+}
+
+/// Everything `troupe run` reports at the end.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunReport {
+    pub run_id: String,
+    pub pipeline: String,
+    #[serde(flatten)]
+    pub status: RunStatus,
+    pub stages: BTreeMap<String, StageStats>,
+    pub groups: Vec<GroupStats>,
+    pub usage: Usage,
+    #[serde(serialize_with = "ser_ms", rename = "wallMs")]
+    pub wall: Duration,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_path: Option<PathBuf>,
+    /// The state slot at the end: latest result per stage.
+    #[serde(skip)]
+    pub results: BTreeMap<String, Arc<StageResult>>,
+}
+
+fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
+}
+
+impl RunReport {
+    /// The human summary.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let status = match &self.status {
+            RunStatus::Ok => "ok".to_owned(),
+            RunStatus::Failed { reason } => format!("FAILED — {reason}"),
+            RunStatus::Cancelled => "CANCELLED".to_owned(),
+        };
+        let _ = writeln!(out, "run {} of {}: {status}", self.run_id, self.pipeline);
+        let _ = writeln!(
+            out,
+            "{:<20} {:>7} {:>6} {:>8} {:>10} {:>8} {:>8}",
+            "stage", "ok", "fail", "skipped", "cancelled", "retries", "capHits"
+        );
+        for (id, s) in &self.stages {
+            let _ = writeln!(
+                out,
+                "{id:<20} {:>7} {:>6} {:>8} {:>10} {:>8} {:>8}",
+                s.ok, s.failed, s.skipped, s.cancelled, s.retries, s.cap_hits
+            );
+        }
+        for g in &self.groups {
+            let _ = write!(
+                out,
+                "fan-out {}: {} siblings, cap {}, peak {} running, {} waited for a slot",
+                g.stage, g.width, g.cap, g.peak_running, g.cap_waits
+            );
+            if g.cancelled > 0 || g.withdrawn > 0 {
+                let _ = write!(
+                    out,
+                    ", {} cancelled, {} never started",
+                    g.cancelled, g.withdrawn
+                );
+            }
+            if let Some(f) = &g.failed_sibling {
+                let _ = write!(out, ", failed sibling {f}");
+            }
+            let _ = writeln!(out);
+        }
+        let _ = writeln!(
+            out,
+            "model requests {}, tokens {} in / {} out",
+            self.usage.requests, self.usage.prompt_tokens, self.usage.completion_tokens
+        );
+        let _ = writeln!(out, "wall time {:.3}s", self.wall.as_secs_f64());
+        if let Some(p) = &self.audit_path {
+            let _ = writeln!(out, "audit log {}", p.display());
+        }
+        out
+    }
+}
