@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod run;
+
 use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;

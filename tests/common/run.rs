@@ -1,0 +1,183 @@
+//! Runs a pipeline in-process on the real runtime, on paused tokio time,
+//! with a provider that records every request and every dropped request.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Map, Value};
+use troupe::definition::load_pipeline;
+use troupe::provider::script::Script;
+use troupe::provider::scripted::{ScriptedProvider, Selector};
+use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
+use troupe::runtime::launch::start_run;
+use troupe::runtime::scheduler::RunSpec;
+use troupe::runtime::session::Cancel;
+use troupe::runtime::summary::RunReport;
+use troupe_actors::Delivery;
+
+/// Wraps the scripted provider: records requests, counts requests whose
+/// future was dropped before it answered (strict cancellation).
+#[derive(Debug)]
+pub struct Recording {
+    inner: ScriptedProvider,
+    pub requests: Mutex<Vec<ModelRequest>>,
+    pub dropped: Arc<AtomicUsize>,
+}
+
+struct DropGuard(Arc<AtomicUsize>, bool);
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Provider for Recording {
+    fn name(&self) -> &str {
+        "recording"
+    }
+    fn complete(
+        &self,
+        request: ModelRequest,
+    ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>> {
+        self.requests.lock().unwrap().push(request.clone());
+        let inner = self.inner.complete(request);
+        let mut guard = DropGuard(Arc::clone(&self.dropped), false);
+        async move {
+            let out = inner.await;
+            guard.1 = true;
+            out
+        }
+        .boxed()
+    }
+}
+
+/// What a run left behind.
+#[derive(Debug)]
+pub struct Outcome {
+    pub report: RunReport,
+    /// Every audit event as its JSON line, in seq order.
+    pub events: Vec<Value>,
+    pub provider: Arc<Recording>,
+    /// Paused-clock time the run took.
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    pub fn named(&self, name: &str) -> Vec<&Value> {
+        self.events.iter().filter(|e| e["event"] == name).collect()
+    }
+
+    pub fn count(&self, name: &str) -> usize {
+        self.named(name).len()
+    }
+
+    /// Events of one stage id.
+    pub fn of_stage(&self, stage: &str) -> Vec<&Value> {
+        self.events
+            .iter()
+            .filter(|e| e["stageId"] == stage)
+            .collect()
+    }
+
+    /// `event[/phase]` names in order, for one stage id.
+    pub fn trace(&self, stage: &str) -> Vec<String> {
+        self.of_stage(stage)
+            .into_iter()
+            .map(|e| match e["phase"].as_str() {
+                Some(p) => format!(
+                    "{}:{p}",
+                    if e["event"] == "StagePreFired" {
+                        "pre"
+                    } else {
+                        "post"
+                    }
+                ),
+                None => e["event"].as_str().unwrap_or("").to_owned(),
+            })
+            .collect()
+    }
+
+    pub fn requests(&self) -> Vec<ModelRequest> {
+        self.provider.requests.lock().unwrap().clone()
+    }
+}
+
+/// How to run.
+#[derive(Debug, Default, Clone)]
+pub struct Opts {
+    pub fields: Vec<(&'static str, Value)>,
+    pub cap: Option<usize>,
+    pub fail: Vec<&'static str>,
+    /// Cancel the run (as the first Ctrl-C does) after this much paused time.
+    pub cancel_after: Option<Duration>,
+}
+
+/// Loads the pipeline at `dir` (with its script.yaml, if any) and runs it.
+pub fn run(dir: &Path, opts: Opts) -> Outcome {
+    let pipeline =
+        Arc::new(load_pipeline(dir).unwrap_or_else(|e| panic!("fixture invalid: {:#?}", e.0)));
+    let script_path = dir.join("script.yaml");
+    let script = if script_path.is_file() {
+        Script::load(&script_path, &pipeline)
+            .unwrap_or_else(|e| panic!("script invalid: {:#?}", e.0))
+    } else {
+        Script::default()
+    };
+    let fail = opts
+        .fail
+        .iter()
+        .map(|s| Selector::parse(s).unwrap())
+        .collect();
+    let provider = Arc::new(Recording {
+        inner: ScriptedProvider::new(script).with_failures(fail),
+        requests: Mutex::new(Vec::new()),
+        dropped: Arc::new(AtomicUsize::new(0)),
+    });
+    let mut fields = Map::new();
+    for f in &pipeline.ctx {
+        if let Some(d) = &f.default {
+            fields.insert(f.name.clone(), d.clone());
+        }
+    }
+    for (k, v) in &opts.fields {
+        fields.insert((*k).to_owned(), v.clone());
+    }
+    let spec = RunSpec::new(Arc::clone(&pipeline), fields, provider.clone(), opts.cap);
+    let audit = spec.bus.subscribe_audit("test", 1 << 22);
+    let system = actix::System::new();
+    let (report, elapsed) = system.block_on(async move {
+        tokio::time::pause();
+        // Timers fire on whole milliseconds; start on a tick so waits of
+        // whole milliseconds measure exactly.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let start = tokio::time::Instant::now();
+        let (session, done) = start_run(spec, Vec::new());
+        if let Some(after) = opts.cancel_after {
+            actix::spawn(async move {
+                tokio::time::sleep(after).await;
+                session.do_send(Cancel);
+            });
+        }
+        let report = done.await.expect("run reports");
+        (report, start.elapsed())
+    });
+    let events = audit
+        .iter()
+        .filter_map(|d| match d {
+            Delivery::Event(env) => Some(env.event.to_json(env.seq)),
+            Delivery::Lagged { .. } => None,
+        })
+        .collect();
+    Outcome {
+        report,
+        events,
+        provider,
+        elapsed,
+    }
+}
