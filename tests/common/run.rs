@@ -47,8 +47,10 @@ impl Provider for Recording {
     ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>> {
         self.requests.lock().unwrap().push(request.clone());
         let inner = self.inner.complete(request);
-        let mut guard = DropGuard(Arc::clone(&self.dropped), false);
+        let guard = DropGuard(Arc::clone(&self.dropped), false);
         async move {
+            // Bind the whole guard: capturing only `guard.1` would drop it here.
+            let mut guard = guard;
             let out = inner.await;
             guard.1 = true;
             out

@@ -1,0 +1,441 @@
+//! Sequential runs, fan-outs, joins, fail-fast and cancellation on the real
+//! runtime (ACCEPTANCE 21–28), plus invariants checked as properties over
+//! random widths, caps, latencies and failure points.
+
+// Test code: a failed unwrap is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::Fixture;
+use common::run::{Opts, Outcome, run};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use troupe::runtime::summary::RunStatus;
+
+fn llm(id: &str, schema_props: &str, body: &str) -> String {
+    format!(
+        "---\nid: {id}\nname: Stage {id}\nallowedTools: [Echo]\ncompletionTool: done\ncompletionSchema:\n  type: object\n  properties: {{ {schema_props} }}\nretryPolicy:\n  maxAttempts: 1\n  backoff: none\nturnCap: 6\nresolutionPolicy: fail\n---\n{body}\n"
+    )
+}
+
+/// Checks the invariants every run must keep, from its audit log alone.
+fn check_invariants(out: &Outcome, cap: usize) {
+    // seq strictly increasing from 1 with no gaps.
+    for (i, e) in out.events.iter().enumerate() {
+        assert_eq!(
+            e["seq"],
+            json!(i + 1),
+            "seq must be strictly increasing without gaps"
+        );
+    }
+    // Every started execution ends in exactly one of StageExited / StageCancelled.
+    let mut open: HashSet<String> = HashSet::new();
+    let mut ended: HashMap<String, usize> = HashMap::new();
+    let mut running_siblings = 0usize;
+    let mut peak = 0usize;
+    let mut group_decided = false;
+    for e in &out.events {
+        let id = e["stageExecutionId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let sibling = id.contains('#');
+        match e["event"].as_str().unwrap() {
+            "StageEntered" => {
+                assert!(
+                    !(sibling && group_decided),
+                    "nothing starts after a cancel: {e}"
+                );
+                assert!(open.insert(id.clone()), "entered twice: {id}");
+                if sibling {
+                    running_siblings += 1;
+                    peak = peak.max(running_siblings);
+                }
+            }
+            "StageExited" | "StageCancelled" => {
+                assert!(open.remove(&id), "ended without starting: {e}");
+                *ended.entry(id.clone()).or_default() += 1;
+                if sibling {
+                    running_siblings -= 1;
+                }
+            }
+            "ParallelSiblingFailure" => group_decided = true,
+            "WorkflowExit" => assert!(
+                open.is_empty(),
+                "executions still open at WorkflowExit: {open:?}"
+            ),
+            _ => {}
+        }
+    }
+    assert!(open.is_empty(), "every started execution ends: {open:?}");
+    assert!(ended.values().all(|n| *n == 1), "exactly one end each");
+    assert!(
+        peak <= cap,
+        "running siblings {peak} exceeded the cap {cap}"
+    );
+    assert_eq!(out.events.last().unwrap()["event"], "WorkflowExit");
+}
+
+#[test]
+fn acceptance_21_sequential_chain_turns_and_upstream() {
+    let yaml =
+        "id: seq\nentry: a\nstages:\n  a: a.md\n  b: b.md\n  c: c.md\nnext:\n  a: b\n  b: c\n";
+    let script = "stages:\n  a:\n    - complete: { v: from-a }\n  b:\n    - complete: { v: \"{{ctx.upstream[0].parsed.v}}\" }\n  c:\n    - complete: { v: c }\n";
+    let f = Fixture::new(
+        yaml,
+        &[
+            ("a.md", &llm("a", "", "x")),
+            ("b.md", &llm("b", "", "prior={{ctx.upstream[0].parsed.v}}")),
+            ("c.md", &llm("c", "", "x")),
+            ("script.yaml", script),
+        ],
+    );
+    let out = run(f.path(), Opts::default());
+    assert_eq!(out.report.status, RunStatus::Ok);
+    assert_eq!(out.count("SessionTurnStart"), 3);
+    assert_eq!(out.count("SessionTurnEnd"), 3);
+    let seq_of = |stage: &str, event: &str, phase: Option<&str>| {
+        out.events
+            .iter()
+            .find(|e| {
+                e["stageId"] == stage
+                    && e["event"] == event
+                    && phase.is_none_or(|p| e["phase"] == p)
+            })
+            .unwrap()["seq"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(seq_of("a", "StageExited", None) < seq_of("b", "StagePreFired", Some("Setup")));
+    assert_eq!(
+        out.report.results["b"].parsed["v"], "from-a",
+        "b saw a's StageResult as ctx.upstream[0]"
+    );
+    let reqs = out.requests();
+    let b_prompt = format!("{:?}", reqs[1].messages[0]);
+    assert!(b_prompt.contains("prior=from-a"), "{b_prompt}");
+}
+
+#[test]
+fn acceptance_22_static_fan_out_is_one_compound_turn_join_sees_plan_order() {
+    let yaml = "id: fan\nentry: a\nstages:\n  a: a.md\n  x: x.md\n  y: y.md\n  z: z.md\n  j: j.md\nnext:\n  a: { parallel: [z, x, y], join: j }\n";
+    let script = "stages:\n  x:\n    - { complete: { v: x }, latency: 30ms }\n  y:\n    - { complete: { v: y }, latency: 10ms }\n  z:\n    - { complete: { v: z }, latency: 20ms }\n  j:\n    - complete: { seen: \"{{ctx.upstream}}\" }\n";
+    let files: Vec<(String, String)> = ["a", "x", "y", "z", "j"]
+        .iter()
+        .map(|s| (format!("{s}.md"), llm(s, "", "x")))
+        .collect();
+    let mut all: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    all.push(("script.yaml", script));
+    let out = run(Fixture::new(yaml, &all).path(), Opts::default());
+    assert_eq!(out.report.status, RunStatus::Ok);
+    assert_eq!(
+        out.count("SessionTurnStart"),
+        2,
+        "entry turn + one compound turn"
+    );
+    let compound = out.named("SessionTurnStart")[1]["turnId"].clone();
+    let ends: Vec<&Value> = out
+        .named("SessionTurnEnd")
+        .into_iter()
+        .filter(|e| e["turnId"] == compound)
+        .collect();
+    assert_eq!(ends.len(), 1);
+    let join_exit = out
+        .of_stage("j")
+        .into_iter()
+        .find(|e| e["event"] == "StageExited")
+        .unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        ends[0]["seq"].as_u64().unwrap() > join_exit,
+        "the compound turn ends after the join's Exit"
+    );
+    let seen: Vec<&str> = out.report.results["j"].parsed["seen"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["parsed"]["v"].as_str().unwrap())
+        .collect();
+    assert_eq!(seen, ["z", "x", "y"], "plan order, not finish order");
+    check_invariants(&out, 8);
+}
+
+fn map_fixture(width: usize, cap: usize, worker_script: &str) -> Fixture {
+    let yaml = format!(
+        "id: map\nentry: plan\nparallelCap: {cap}\nctx:\n  width: {{ default: {width} }}\nstages:\n  plan: plan.md\n  worker: worker.md\n  join: join.md\nnext:\n  plan: {{ parallel: {{ map: worker, over: \"ctx.upstream[0].parsed.items\" }}, join: join }}\n"
+    );
+    let script = format!(
+        "stages:\n  plan:\n    - complete: {{ items: {{ $range: \"{{{{ctx.width}}}}\" }} }}\n{worker_script}  join:\n    - complete: {{ seen: \"{{{{ctx.upstream}}}}\" }}\n"
+    );
+    Fixture::new(
+        &yaml,
+        &[
+            ("plan.md", &llm("plan", "", "x")),
+            (
+                "worker.md",
+                &llm("worker", "", "item {{ctx.item}} at {{ctx.index}}"),
+            ),
+            ("join.md", &llm("join", "", "x")),
+            ("script.yaml", &script),
+        ],
+    )
+}
+
+#[test]
+fn acceptance_23_map_of_50_under_cap_4() {
+    let worker = "  worker:\n    - { tool: Echo, args: { text: \"item {{ctx.item}}\" }, latency: 10ms }\n    - { complete: { item: \"{{ctx.item}}\", index: \"{{ctx.index}}\" }, latency: 5ms }\n";
+    let out = run(map_fixture(50, 4, worker).path(), Opts::default());
+    assert_eq!(out.report.status, RunStatus::Ok);
+    check_invariants(&out, 4);
+    let peak = out.report.groups[0].peak_running;
+    assert_eq!(peak, 4, "the cap is reached and never exceeded");
+    let seen = out.report.results["join"].parsed["seen"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(seen.len(), 50);
+    for (i, r) in seen.iter().enumerate() {
+        assert_eq!(r["parsed"]["item"], json!(i), "list order");
+        assert_eq!(r["parsed"]["index"], json!(i));
+        assert!(
+            r["stageExecutionId"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("/worker#{i}/1"))
+        );
+    }
+    // Lazy feed: 50 siblings at 15ms each under cap 4 take ceil(50/4) rounds.
+    assert_eq!(out.report.groups[0].cap_waits, 46);
+}
+
+#[test]
+fn acceptance_24_fail_fast_cancels_running_siblings_and_drops_their_requests() {
+    let worker = "  worker:\n    - { tool: Echo, args: { text: \"item {{ctx.item}}\" }, latency: 100ms }\n    - complete: { ok: true }\n  \"worker#2\":\n    - { fail: terminal, message: sibling two broke }\n    - { text: never reached, latency: 10ms }\n";
+    let f = map_fixture(5, 5, worker);
+    let script_path = f.file("script.yaml");
+    // sibling 2 fails after 10 ms, while the others wait 100 ms on the model.
+    let text = std::fs::read_to_string(&script_path).unwrap().replace("- { fail: terminal, message: sibling two broke }\n    - { text: never reached, latency: 10ms }", "- { fail: terminal, message: sibling two broke }\n    - { text: never reached }");
+    std::fs::write(&script_path, text).unwrap();
+    let out = run(f.path(), Opts::default());
+    match &out.report.status {
+        RunStatus::Failed { reason } => assert!(
+            reason.contains("ExtensionHost/ParallelSiblingFailure") && reason.contains("worker#2"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let failure = out.named("ParallelSiblingFailure");
+    assert_eq!(failure.len(), 1);
+    assert_eq!(failure[0]["failedSibling"], "worker#2");
+    let cancelled: Vec<String> = out
+        .named("StageCancelled")
+        .iter()
+        .map(|e| {
+            e["stageExecutionId"]
+                .as_str()
+                .unwrap()
+                .rsplit('/')
+                .nth(1)
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(cancelled.len(), 4, "{cancelled:?}");
+    for e in out.named("StageCancelled") {
+        assert_eq!(e["phase"], "Act");
+        assert_eq!(e["turn"], 1);
+        assert!(
+            e["reason"]
+                .as_str()
+                .unwrap()
+                .contains("ParallelSiblingFailure")
+        );
+    }
+    let exited: Vec<&Value> = out
+        .named("StageExited")
+        .into_iter()
+        .filter(|e| e["stageId"] == "worker")
+        .collect();
+    assert_eq!(exited.len(), 1, "only the failed sibling exits");
+    assert!(out.of_stage("join").is_empty(), "the join is never entered");
+    assert_eq!(
+        out.provider.dropped.load(Ordering::SeqCst),
+        4,
+        "the four in-flight model requests were dropped"
+    );
+    check_invariants(&out, 5);
+}
+
+#[test]
+fn acceptance_25_siblings_waiting_for_a_slot_never_start_after_failure() {
+    let worker = "  worker:\n    - { complete: { ok: true }, latency: 50ms }\n  \"worker#0\":\n    - { fail: terminal }\n";
+    let out = run(map_fixture(5, 2, worker).path(), Opts::default());
+    assert!(matches!(out.report.status, RunStatus::Failed { .. }));
+    let entered: Vec<&str> = out
+        .named("StageEntered")
+        .iter()
+        .filter_map(|e| e["index"].as_u64())
+        .map(|i| if i < 2 { "running" } else { "waiting" })
+        .collect();
+    assert_eq!(
+        entered,
+        ["running", "running"],
+        "siblings 2..5 were waiting for a slot and never started"
+    );
+    assert_eq!(out.count("StageCancelled"), 1);
+    check_invariants(&out, 2);
+}
+
+#[test]
+fn acceptance_26_interrupt_during_fan_out_cancels_every_running_stage() {
+    let worker = "  worker:\n    - { tool: Echo, args: { text: hi }, latency: 1s }\n    - complete: { ok: true }\n";
+    let out = run(
+        map_fixture(6, 3, worker).path(),
+        Opts {
+            cancel_after: Some(Duration::from_millis(500)),
+            ..Opts::default()
+        },
+    );
+    assert_eq!(out.report.status, RunStatus::Cancelled);
+    assert_eq!(out.count("StageCancelled"), 3, "the three running siblings");
+    assert!(
+        out.named("StageCancelled")
+            .iter()
+            .all(|e| e["reason"] == "Cancellation/TurnCancelled")
+    );
+    let last = out.events.last().unwrap();
+    assert_eq!(last["event"], "WorkflowExit");
+    assert_eq!(last["status"], "cancelled");
+    assert_eq!(out.provider.dropped.load(Ordering::SeqCst), 3);
+    check_invariants(&out, 3);
+}
+
+#[test]
+fn acceptance_27_max_visits_stops_a_loop() {
+    let yaml = "id: loop\nentry: plan\nmaxVisits: 3\nstages:\n  plan: plan.md\n  review: review.md\n  again: { kind: if_else, condition: \"true\", then: plan, else: review }\nnext:\n  plan: review\n  review: again\n";
+    let f = Fixture::new(
+        yaml,
+        &[
+            ("plan.md", &llm("plan", "", "x")),
+            ("review.md", &llm("review", "", "x")),
+        ],
+    );
+    let out = run(f.path(), Opts::default());
+    match &out.report.status {
+        RunStatus::Failed { reason } => assert!(
+            reason.contains("Session/MaxVisitsExceeded")
+                && reason.contains("`plan` entered 4 times"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        out.of_stage("plan")
+            .iter()
+            .filter(|e| e["event"] == "StageEntered")
+            .count(),
+        3
+    );
+}
+
+#[test]
+fn acceptance_28_deterministic_steps() {
+    let yaml = "id: steps\nentry: talk\nctx:\n  go: { default: yes }\nstages:\n  talk: talk.md\n  extract: { kind: extract_json, from: \"ctx.upstream[0].parsed.text\" }\n  route: { kind: switch, on: \"ctx.upstream[0].parsed[1].category\", cases: { bug: bug-out }, default: other-out }\n  bug-out: { kind: print, content: \"bug {{ctx.upstream[0].parsed[0].score}}\" }\n  other-out: { kind: print, content: \"other\" }\nnext:\n  talk: extract\n  extract: route\n";
+    let talk = |category: &str| {
+        format!(
+            "stages:\n  talk:\n    - complete:\n        text: \"Score:\\n```json\\n{{\\\"score\\\": 8}}\\n```\\nand {{\\\"category\\\": \\\"{category}\\\"}} done\"\n"
+        )
+    };
+    for (category, printed, route) in [("bug", "bug 8", "bug-out"), ("idea", "other", "other-out")]
+    {
+        let f = Fixture::new(
+            yaml,
+            &[
+                ("talk.md", &llm("talk", "", "x")),
+                ("script.yaml", &talk(category)),
+            ],
+        );
+        let out = run(f.path(), Opts::default());
+        assert_eq!(out.report.status, RunStatus::Ok, "{:?}", out.report.status);
+        assert_eq!(
+            out.report.results["extract"].parsed.as_ref(),
+            &json!([{"score": 8}, {"category": category}]),
+            "a fence and a raw object become an array of two"
+        );
+        assert_eq!(
+            out.report.results[route].output["text"], printed,
+            "print after switch reads the step before it"
+        );
+        for step in ["extract", "route", route] {
+            let phases = out
+                .trace(step)
+                .iter()
+                .filter(|t| t.starts_with("pre:"))
+                .count();
+            assert_eq!(phases, 7, "{step} emits the same phase events as any stage");
+        }
+    }
+    // if_else both ways.
+    let yaml = "id: ifelse\nentry: pick\nctx:\n  flag: { default: true }\nstages:\n  pick: { kind: if_else, condition: \"ctx.flag\", then: yes-out, else: no-out }\n  yes-out: { kind: print, content: \"yes\" }\n  no-out: { kind: print, content: \"no\" }\n";
+    for (flag, stage) in [(true, "yes-out"), (false, "no-out")] {
+        let out = run(
+            Fixture::new(yaml, &[]).path(),
+            Opts {
+                fields: vec![("flag", json!(flag))],
+                ..Opts::default()
+            },
+        );
+        assert_eq!(out.report.status, RunStatus::Ok);
+        assert!(
+            out.report.results.contains_key(stage) && out.report.results.len() == 2,
+            "{:?}",
+            out.report.results.keys()
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random widths, caps, per-sibling latencies and failure points.
+    #[test]
+    fn fan_out_invariants_hold(width in 0usize..30, cap in 1usize..7, fail_at in proptest::option::of(0usize..30), latencies in proptest::collection::vec(0u64..40, 30), interrupt in proptest::option::of(1u64..120)) {
+        let mut worker = String::from("  worker:\n    - { tool: Echo, args: { text: x }, latency: 7ms }\n    - { complete: { ok: true }, latency: 3ms }\n");
+        for (i, ms) in latencies.iter().enumerate().take(width) {
+            if Some(i) == fail_at {
+                worker.push_str(&format!("  \"worker#{i}\":\n    - {{ fail: terminal, latency: {ms}ms }}\n"));
+            } else {
+                worker.push_str(&format!("  \"worker#{i}\":\n    - {{ tool: Echo, args: {{ text: x }}, latency: {ms}ms }}\n    - {{ complete: {{ ok: true }}, latency: {}ms }}\n", ms / 2));
+            }
+        }
+        let out = run(map_fixture(width, cap, &worker).path(), Opts { cancel_after: interrupt.map(Duration::from_millis), ..Opts::default() });
+        check_invariants(&out, cap);
+        let failed = fail_at.is_some_and(|f| f < width);
+        let join_entered = out.of_stage("join").iter().any(|e| e["event"] == "StageEntered");
+        match &out.report.status {
+            RunStatus::Ok => {
+                prop_assert!(!failed);
+                prop_assert!(join_entered);
+                let ok = out.named("StageExited").iter().filter(|e| e["stageId"] == "worker" && e["verdict"] == "ok").count();
+                prop_assert_eq!(ok, width, "the join runs only after every sibling is ok");
+                let join_seq = out.of_stage("join")[0]["seq"].as_u64().unwrap();
+                let last_sibling = out.named("StageExited").iter().filter(|e| e["stageId"] == "worker").map(|e| e["seq"].as_u64().unwrap()).max().unwrap_or(0);
+                prop_assert!(join_seq > last_sibling);
+            }
+            RunStatus::Failed { .. } => {
+                prop_assert!(failed);
+                prop_assert!(!join_entered, "the join never runs after a failure");
+            }
+            RunStatus::Cancelled => prop_assert!(interrupt.is_some()),
+        }
+    }
+}
