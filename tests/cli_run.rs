@@ -1,0 +1,310 @@
+//! `troupe run` driven as a user would: real binary, real audit file, real
+//! signals.
+
+// Test code: a failed unwrap is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use assert_cmd::cargo::CommandCargoExt;
+use serde_json::Value;
+
+fn troupe() -> Command {
+    Command::cargo_bin("troupe").unwrap()
+}
+
+fn stages(name: &str) -> String {
+    format!("{}/stages/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn audit_lines(path: &str) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn every_bundled_pipeline_runs_offline_to_its_end() {
+    let runs = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[&str], &str); 4] = [
+        (
+            "code-review",
+            &["--task", "rename the loader"],
+            "Verdict: approve",
+        ),
+        ("ralph", &["--ctx", "goal=add a flag"], "ralph: ok"),
+        ("fanout", &["--ctx", "width=40"], "worker[40]: 40 siblings"),
+        (
+            "triage",
+            &["--ctx", "ticket=the app crashes"],
+            "BUG (high): the app crashes",
+        ),
+    ];
+    for (name, args, expect) in cases {
+        let out = troupe()
+            .args(["run", &stages(name), "--runs-dir"])
+            .arg(runs.path())
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(expect), "{name}: {stdout}");
+    }
+}
+
+#[test]
+fn json_report_and_audit_log_agree() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = troupe()
+        .args([
+            "run",
+            &stages("fanout"),
+            "--ctx",
+            "width=25",
+            "--parallel-cap",
+            "4",
+            "--json",
+            "--runs-dir",
+        ])
+        .arg(runs.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["status"], "ok");
+    assert_eq!(report["stages"]["worker"]["ok"], 25);
+    assert_eq!(report["groups"][0]["cap"], 4);
+    let audit = report["auditPath"].as_str().unwrap();
+    assert!(audit.ends_with(&format!(
+        "{}/audit.jsonl",
+        report["runId"].as_str().unwrap()
+    )));
+    let lines = audit_lines(audit);
+    assert_eq!(lines[0]["event"], "WorkflowStarted");
+    assert_eq!(lines.last().unwrap()["event"], "WorkflowExit");
+    for (i, l) in lines.iter().enumerate() {
+        let keys: Vec<&String> = l.as_object().unwrap().keys().take(4).collect();
+        assert_eq!(keys, ["seq", "ts", "event", "workflowRunId"]);
+        assert_eq!(l["seq"], i + 1);
+    }
+}
+
+#[test]
+fn fail_sibling_exits_1_join_never_entered_others_cancelled() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = troupe()
+        .args([
+            "run",
+            &stages("fanout"),
+            "--ctx",
+            "width=300",
+            "--parallel-cap",
+            "32",
+            "--latency",
+            "5ms",
+            "--fail-sibling",
+            "worker#17",
+            "--json",
+            "--runs-dir",
+        ])
+        .arg(runs.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["status"], "failed");
+    assert_eq!(report["groups"][0]["failedSibling"], "worker#17");
+    let lines = audit_lines(report["auditPath"].as_str().unwrap());
+    assert!(
+        !lines.iter().any(|l| l["stageId"] == "reduce"),
+        "the join is never entered"
+    );
+    let entered = lines
+        .iter()
+        .filter(|l| l["event"] == "StageEntered" && l["stageId"] == "worker")
+        .count();
+    let exited = lines
+        .iter()
+        .filter(|l| l["event"] == "StageExited" && l["stageId"] == "worker")
+        .count();
+    let cancelled = lines
+        .iter()
+        .filter(|l| l["event"] == "StageCancelled")
+        .count();
+    assert!(cancelled > 0);
+    assert_eq!(
+        entered,
+        exited + cancelled,
+        "every other started sibling was cancelled"
+    );
+}
+
+#[test]
+fn invalid_input_exits_2() {
+    let out = troupe()
+        .args(["run", &stages("code-review")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ctx field `task` is required"));
+    let out = troupe()
+        .args(["run", &stages("fanout"), "--ctx", "nope=1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("declares no ctx field `nope`"));
+    let out = troupe()
+        .args(["run", &stages("fanout"), "--fail-sibling", "ghost#1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = troupe()
+        .args(["run", &stages("fanout"), "--parallel-cap", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = troupe()
+        .args(["run", &stages("fanout"), "--latency", "fast"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = troupe()
+        .args([
+            "run",
+            &format!("{}/tests/fixtures/three-errors", env!("CARGO_MANIFEST_DIR")),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn bad_script_is_a_validation_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.yaml");
+    std::fs::write(
+        &script,
+        "stages:\n  nosuch:\n    - text: hi\n  worker:\n    - { text: a, complete: {} }\n",
+    )
+    .unwrap();
+    let out = troupe()
+        .args(["run", &stages("fanout"), "--script"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Validation/ScriptInvalid")
+            && stderr.contains("nosuch")
+            && stderr.contains("exactly one of"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn events_stream_to_stdout_as_json_lines() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = troupe()
+        .args([
+            "run",
+            &stages("triage"),
+            "--ctx",
+            "ticket=x",
+            "--events",
+            "-",
+            "--runs-dir",
+        ])
+        .arg(runs.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.first().unwrap()["event"], "WorkflowStarted");
+    assert_eq!(lines.last().unwrap()["event"], "WorkflowExit");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("triage: ok"),
+        "the summary moves to stderr"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn first_interrupt_cancels_the_run_with_exit_130_and_a_flushed_audit_log() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut child = troupe()
+        .args([
+            "run",
+            &stages("fanout"),
+            "--ctx",
+            "width=1000",
+            "--parallel-cap",
+            "8",
+            "--latency",
+            "10s",
+            "--events",
+            "-",
+            "--runs-dir",
+        ])
+        .arg(runs.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait, event by event, until eight workers are in flight.
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut run_id = String::new();
+    let mut requests = 0;
+    while requests < 8 {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "stream ended early"
+        );
+        let v: Value = serde_json::from_str(&line).unwrap();
+        run_id = v["workflowRunId"].as_str().unwrap().to_owned();
+        if v["event"] == "ProviderRequestStarted" && v["stageId"] == "worker" {
+            requests += 1;
+        }
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let rest: Vec<Value> = reader
+        .lines()
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    assert_eq!(
+        rest.iter()
+            .filter(|v| v["event"] == "StageCancelled")
+            .count(),
+        8
+    );
+    let audit = audit_lines(
+        runs.path()
+            .join(&run_id)
+            .join("audit.jsonl")
+            .to_str()
+            .unwrap(),
+    );
+    let last = audit.last().unwrap();
+    assert_eq!(last["event"], "WorkflowExit");
+    assert_eq!(last["status"], "cancelled");
+}
