@@ -502,9 +502,14 @@ mod tests {
             Some(Delivery::Lagged { dropped: 1 })
         ));
         assert_eq!(sub.dropped_total(), 4);
-        bus.publish(Ev::Audit(5));
+        // An audit event waits for the marker to be read (from another thread).
+        let publisher = {
+            let bus = bus.clone();
+            thread::spawn(move || bus.publish(Ev::Audit(5)))
+        };
         assert!(matches!(sub.recv(), Some(Delivery::Lagged { dropped: 1 })));
         assert_eq!(*event(sub.recv()).event, Ev::Audit(5));
+        assert_eq!(publisher.join().unwrap(), Some(6));
     }
 
     #[test]

@@ -736,11 +736,11 @@ mod tests {
                     other => panic!("unexpected {other:?}"),
                 }
             }
+            assert_eq!(fan.waiting() + spawned, total);
             let Some(unit) = running.pop_front() else {
                 break;
             };
             pending = finish(&mut fan, unit, UnitOutcome::Ok);
-            assert!(fan.waiting() + spawned == total);
         }
         assert_eq!(spawned, total);
         assert_eq!(all_succeeded, 1);

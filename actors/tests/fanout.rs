@@ -155,7 +155,7 @@ impl Model {
 fn outcome_for(action: u32, fail_permille: u32) -> UnitOutcome {
     if (action / 64) % 1000 < fail_permille {
         UnitOutcome::Failed
-    } else if action % 2 == 0 {
+    } else if action.is_multiple_of(2) {
         UnitOutcome::Ok
     } else {
         UnitOutcome::Skipped
