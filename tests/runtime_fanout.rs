@@ -403,6 +403,38 @@ fn acceptance_28_deterministic_steps() {
     }
 }
 
+#[test]
+fn a_panic_in_a_sibling_is_its_typed_failure_and_the_run_ends() {
+    let worker = "  worker:\n    - { complete: { ok: true }, latency: 20ms }\n";
+    let out = run(
+        map_fixture(4, 4, worker).path(),
+        Opts {
+            panic_in: Some("worker"),
+            ..Opts::default()
+        },
+    );
+    match &out.report.status {
+        RunStatus::Failed { reason } => assert!(
+            reason.contains("ExtensionHost/ActorPanicked") && reason.contains("provider exploded"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let exited: Vec<&Value> = out
+        .named("StageExited")
+        .into_iter()
+        .filter(|e| e["stageId"] == "worker")
+        .collect();
+    assert!(!exited.is_empty());
+    assert!(exited.iter().all(|e| {
+        e["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("ExtensionHost/ActorPanicked")
+    }));
+    check_invariants(&out, 4);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 

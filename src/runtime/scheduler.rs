@@ -567,6 +567,35 @@ impl Scheduler {
     }
 }
 
+impl Drop for Scheduler {
+    /// A scheduler dropped before it reported (a panic in a handler) still
+    /// ends the run as failed, so the session and the CLI never hang.
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            self.spec.cancel.cancel();
+            let reason =
+                "ExtensionHost/ActorPanicked: the scheduler stopped unexpectedly".to_owned();
+            self.emit(
+                self.event(EventName::WorkflowExit)
+                    .with("status", "failed")
+                    .with("reason", reason.as_str()),
+            );
+            let report = RunReport {
+                run_id: self.spec.run_id.to_string(),
+                pipeline: self.spec.pipeline.id.clone(),
+                status: RunStatus::Failed { reason },
+                stages: std::mem::take(&mut self.stats),
+                groups: std::mem::take(&mut self.groups),
+                usage: self.usage,
+                wall: self.started_at.elapsed(),
+                audit_path: None,
+                results: std::mem::take(&mut self.results),
+            };
+            self.owner.do_send(RunFinished(report));
+        }
+    }
+}
+
 impl Actor for Scheduler {
     type Context = Context<Self>;
 

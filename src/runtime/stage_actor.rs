@@ -231,6 +231,18 @@ impl Actor for StageActor {
     }
 }
 
+impl Drop for StageActor {
+    /// Last line of defence: an actor dropped without reporting (a panic in
+    /// one of its handlers) still reports, so the run never hangs.
+    fn drop(&mut self) {
+        if !self.reported {
+            self.cancel.cancel();
+            let exited = self.panicked("the stage actor ended without reporting".to_owned());
+            self.send_report(StageOutcome::Exited(exited));
+        }
+    }
+}
+
 impl Handler<CancelStage> for StageActor {
     type Result = ();
 

@@ -24,6 +24,8 @@ use troupe_actors::Delivery;
 #[derive(Debug)]
 pub struct Recording {
     inner: ScriptedProvider,
+    /// Panic inside the request future of this stage (a crashing provider).
+    panic_in: Option<String>,
     pub requests: Mutex<Vec<ModelRequest>>,
     pub dropped: Arc<AtomicUsize>,
 }
@@ -46,11 +48,13 @@ impl Provider for Recording {
         request: ModelRequest,
     ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>> {
         self.requests.lock().unwrap().push(request.clone());
+        let panic_here = self.panic_in.as_deref() == Some(request.stage_id.as_str());
         let inner = self.inner.complete(request);
         let guard = DropGuard(Arc::clone(&self.dropped), false);
         async move {
             // Bind the whole guard: capturing only `guard.1` would drop it here.
             let mut guard = guard;
+            assert!(!panic_here, "provider exploded");
             let out = inner.await;
             guard.1 = true;
             out
@@ -118,6 +122,8 @@ pub struct Opts {
     pub fail: Vec<&'static str>,
     /// Cancel the run (as the first Ctrl-C does) after this much paused time.
     pub cancel_after: Option<Duration>,
+    /// Make the provider panic for this stage.
+    pub panic_in: Option<&'static str>,
 }
 
 /// Loads the pipeline at `dir` (with its script.yaml, if any) and runs it.
@@ -138,6 +144,7 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
         .collect();
     let provider = Arc::new(Recording {
         inner: ScriptedProvider::new(script).with_failures(fail),
+        panic_in: opts.panic_in.map(str::to_owned),
         requests: Mutex::new(Vec::new()),
         dropped: Arc::new(AtomicUsize::new(0)),
     });
