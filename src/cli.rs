@@ -2,6 +2,7 @@
 //! per command. Exit codes are documented in `exit`.
 
 pub mod exit;
+pub mod progress;
 pub mod run;
 pub mod show;
 pub mod validate;

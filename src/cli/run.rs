@@ -123,6 +123,7 @@ pub fn run(args: RunArgs) -> Exit {
     let audit_path = args.runs_dir.join(spec.run_id.as_str()).join("audit.jsonl");
 
     let stream_events = args.events.is_some();
+    let json = args.json;
     let system = actix::System::new();
     let report = system.block_on(async move {
         let mut sinks = Vec::new();
@@ -139,6 +140,12 @@ pub fn run(args: RunArgs) -> Exit {
             match start_event_stream(&spec.bus, std::io::stdout()) {
                 Ok(s) => sinks.push(s),
                 Err(e) => return Err(format!("cannot stream events: {e}")),
+            }
+        }
+        if !stream_events && !json && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            match super::progress::start_progress(&spec.bus) {
+                Ok(s) => sinks.push(s),
+                Err(e) => eprintln!("warning: no progress display: {e}"),
             }
         }
         let (session, done) = start_run(spec, sinks);

@@ -25,6 +25,11 @@ pub struct Sink {
 }
 
 impl Sink {
+    /// Wraps a thread that drains a subscription.
+    pub fn from_thread(handle: JoinHandle<io::Result<u64>>) -> Sink {
+        Sink { handle, path: None }
+    }
+
     /// Waits until the bus is closed and everything is written; returns the
     /// number of lines.
     pub fn finish(self) -> io::Result<u64> {

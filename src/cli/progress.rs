@@ -1,0 +1,122 @@
+//! Live progress of fan-outs on the terminal: done / running / waiting /
+//! failed / cancelled per `map` group, drawn on stderr. Only started when
+//! stderr is a terminal; it is a bus subscriber like any other.
+
+use std::io;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use troupe_actors::{Delivery, EventBus};
+
+use crate::runtime::audit::Sink;
+use crate::runtime::events::{Event, EventName};
+
+#[derive(Debug, Default)]
+struct Counts {
+    width: u64,
+    running: u64,
+    done: u64,
+    failed: u64,
+    cancelled: u64,
+}
+
+impl Counts {
+    fn message(&self) -> String {
+        let waiting = self
+            .width
+            .saturating_sub(self.done + self.running + self.cancelled);
+        let mut m = format!("running {} · waiting {waiting}", self.running);
+        if self.failed > 0 {
+            m.push_str(&format!(" · failed {}", self.failed));
+        }
+        if self.cancelled > 0 {
+            m.push_str(&format!(" · cancelled {}", self.cancelled));
+        }
+        m
+    }
+}
+
+/// Starts the renderer thread; it ends when the bus closes.
+pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
+    let sub = bus.subscribe("terminal", 4096);
+    let handle = std::thread::Builder::new()
+        .name("troupe-progress".into())
+        .spawn(move || {
+            let style = ProgressStyle::with_template(
+                "{prefix:.bold} [{bar:30}] {pos}/{len} done · {msg} ({elapsed})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+            let mut bar: Option<(ProgressBar, Counts)> = None;
+            for delivery in sub.iter() {
+                let Delivery::Event(env) = delivery else {
+                    continue;
+                };
+                let e = &env.event;
+                let sibling = e
+                    .stage_execution_id
+                    .as_deref()
+                    .is_some_and(|id| id.contains('#'));
+                match e.name {
+                    EventName::SessionTurnStart
+                        if e.field("execution").and_then(|v| v.as_str()) == Some("parallel") =>
+                    {
+                        let width = e
+                            .field("width")
+                            .and_then(serde_json::Value::as_u64)
+                            .unwrap_or(0);
+                        let pb = ProgressBar::with_draw_target(
+                            Some(width),
+                            ProgressDrawTarget::stderr(),
+                        );
+                        pb.set_style(style.clone());
+                        let stages: Vec<&str> = e
+                            .field("stages")
+                            .and_then(|v| v.as_array())
+                            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
+                            .unwrap_or_default();
+                        pb.set_prefix(stages.join(", "));
+                        bar = Some((
+                            pb,
+                            Counts {
+                                width,
+                                ..Counts::default()
+                            },
+                        ));
+                    }
+                    EventName::StageEntered if sibling => {
+                        if let Some((pb, c)) = &mut bar {
+                            c.running += 1;
+                            pb.set_message(c.message());
+                        }
+                    }
+                    EventName::StageExited if sibling => {
+                        if let Some((pb, c)) = &mut bar {
+                            c.running = c.running.saturating_sub(1);
+                            c.done += 1;
+                            if e.field("verdict").and_then(|v| v.as_str()) == Some("fail") {
+                                c.failed += 1;
+                            }
+                            pb.set_position(c.done);
+                            pb.set_message(c.message());
+                        }
+                    }
+                    EventName::StageCancelled if sibling => {
+                        if let Some((pb, c)) = &mut bar {
+                            c.running = c.running.saturating_sub(1);
+                            c.cancelled += 1;
+                            pb.set_message(c.message());
+                        }
+                    }
+                    EventName::SessionTurnEnd | EventName::WorkflowExit => {
+                        if let Some((pb, c)) = bar.take() {
+                            pb.set_message(c.message());
+                            pb.abandon();
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Ok(0)
+        })?;
+    Ok(Sink::from_thread(handle))
+}
