@@ -244,6 +244,13 @@ fn events_stream_to_stdout_as_json_lines() {
 #[test]
 fn first_interrupt_cancels_the_run_with_exit_130_and_a_flushed_audit_log() {
     let runs = tempfile::tempdir().unwrap();
+    // The plan answers at once; every worker's model turn takes a minute.
+    let script = runs.path().join("slow-workers.yaml");
+    std::fs::write(
+        &script,
+        "stages:\n  plan:\n    - complete: { items: { $range: \"{{ctx.width}}\" } }\n  worker:\n    - { tool: Echo, args: { text: hi }, latency: 60s }\n",
+    )
+    .unwrap();
     let mut child = troupe()
         .args([
             "run",
@@ -252,12 +259,12 @@ fn first_interrupt_cancels_the_run_with_exit_130_and_a_flushed_audit_log() {
             "width=1000",
             "--parallel-cap",
             "8",
-            "--latency",
-            "10s",
             "--events",
             "-",
-            "--runs-dir",
+            "--script",
         ])
+        .arg(&script)
+        .arg("--runs-dir")
         .arg(runs.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

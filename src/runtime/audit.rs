@@ -82,6 +82,11 @@ fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64
         buf.push(b'\n');
         out.write_all(&buf)?;
         lines += 1;
+        // Batch while events keep coming; flush as soon as the queue is
+        // empty, so readers (and a crash) see everything written so far.
+        if sub.receiver().is_empty() {
+            out.flush()?;
+        }
     }
     out.flush()?;
     Ok(lines)

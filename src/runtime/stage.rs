@@ -110,6 +110,21 @@ struct Ended {
     usage: Usage,
 }
 
+impl Ended {
+    /// An execution that ended before Act produced anything.
+    fn early(verdict: Verdict, reason: String) -> Ended {
+        Ended {
+            verdict,
+            reason: Some(reason),
+            parsed: Value::Null,
+            output: None,
+            cap_hit: false,
+            attempts: 0,
+            usage: Usage::default(),
+        }
+    }
+}
+
 /// How Act ended.
 enum ActEnd {
     Completed(Value),
@@ -239,15 +254,7 @@ impl StageRun {
                 .with("code", code.to_string())
                 .with("message", message.as_str()),
         );
-        Ended {
-            verdict: Verdict::Fail,
-            reason: Some(format!("{code}: {message}")),
-            parsed: Value::Null,
-            output: None,
-            cap_hit: false,
-            attempts: 0,
-            usage: Usage::default(),
-        }
+        Ended::early(Verdict::Fail, format!("{code}: {message}"))
     }
     async fn run_llm(&self, def: &Arc<StageDefinition>, progress: &Rc<RefCell<Progress>>) -> Ended {
         // Setup: tools were resolved at load; check each upstream element.
@@ -293,26 +300,10 @@ impl StageRun {
         match self.check_gate(def, progress).await {
             GateEnd::Proceed => {}
             GateEnd::Skip(reason) => {
-                return Ended {
-                    verdict: Verdict::Skipped,
-                    reason: Some(reason),
-                    parsed: Value::Null,
-                    output: None,
-                    cap_hit: false,
-                    attempts: 0,
-                    usage: Usage::default(),
-                };
+                return Ended::early(Verdict::Skipped, reason);
             }
             GateEnd::Fail(reason) => {
-                return Ended {
-                    verdict: Verdict::Fail,
-                    reason: Some(reason),
-                    parsed: Value::Null,
-                    output: None,
-                    cap_hit: false,
-                    attempts: 0,
-                    usage: Usage::default(),
-                };
+                return Ended::early(Verdict::Fail, reason);
             }
         }
 
