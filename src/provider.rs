@@ -26,7 +26,7 @@ pub struct ModelRequest {
     pub messages: Vec<Message>,
     pub tools: Arc<Vec<ToolSpec>>,
     pub completion_tool: String,
-    pub completion_schema: serde_json::Value,
+    pub completion_schema: Arc<serde_json::Value>,
     /// The stage's context, for providers that template replies (scripted).
     pub ctx: Arc<StageContext>,
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 /// A compiled JSON Schema with its source document.
 #[derive(Clone)]
 pub struct Schema {
-    document: serde_json::Value,
+    document: Arc<serde_json::Value>,
     validator: Arc<jsonschema::Validator>,
 }
 
@@ -29,7 +29,7 @@ impl Schema {
         let compiled = catch_unwind(AssertUnwindSafe(|| jsonschema::validator_for(&document)));
         match compiled {
             Ok(Ok(validator)) => Ok(Schema {
-                document,
+                document: Arc::new(document),
                 validator: Arc::new(validator),
             }),
             Ok(Err(err)) => Err(err.to_string()),
@@ -39,6 +39,11 @@ impl Schema {
 
     pub fn document(&self) -> &serde_json::Value {
         &self.document
+    }
+
+    /// The document, shared (no copy): for requests sent every turn.
+    pub fn shared_document(&self) -> Arc<serde_json::Value> {
+        Arc::clone(&self.document)
     }
 
     /// Validates an instance; on failure returns every error as

@@ -510,7 +510,7 @@ impl StageRun {
                 messages: transcript.messages().to_vec(),
                 tools: Arc::clone(tools),
                 completion_tool: def.completion_tool.clone(),
-                completion_schema: def.completion_schema.document().clone(),
+                completion_schema: def.completion_schema.shared_document(),
                 ctx: Arc::clone(&self.ctx),
             };
             let response = match self.request(request, turns).await {
