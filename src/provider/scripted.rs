@@ -105,7 +105,9 @@ impl ScriptedProvider {
             .latency
             .or(turn.and_then(|t| t.latency))
             .unwrap_or(default_latency);
-        // Injected failures before this position's answer.
+        // Injected failures before this position's answer. Each `fail`
+        // entry answers `times` requests (with its own latency); trailing
+        // failures with no answer after them keep failing as the last one.
         if !fails.is_empty() {
             let key = (req.stage_execution_id.clone(), position);
             let seen = {
@@ -118,28 +120,34 @@ impl ScriptedProvider {
                 *n
             };
             let mut budget = 0;
-            for (transient, times, message) in &fails {
-                budget += times;
-                if seen <= budget || turn.is_none() {
-                    let message = format!(
-                        "{message} (scripted, {} turn {})",
-                        req.stage_id,
-                        position + 1
-                    );
-                    let err = if *transient {
-                        ProviderError::Transient {
-                            code: "ScriptedTransient",
-                            message,
-                            retry_after: None,
-                        }
-                    } else {
-                        ProviderError::Terminal {
-                            code: "ScriptedFailure",
-                            message,
-                        }
-                    };
-                    return (Err(err), latency);
-                }
+            let failing = fails
+                .iter()
+                .find(|f| {
+                    budget += f.times;
+                    seen <= budget
+                })
+                .or(if turn.is_none() { fails.last() } else { None });
+            if let Some(f) = failing {
+                let latency = self.latency.or(f.latency).unwrap_or(default_latency);
+                let message = format!(
+                    "{} (scripted, {} turn {})",
+                    f.message,
+                    req.stage_id,
+                    position + 1
+                );
+                let err = if f.transient {
+                    ProviderError::Transient {
+                        code: "ScriptedTransient",
+                        message,
+                        retry_after: None,
+                    }
+                } else {
+                    ProviderError::Terminal {
+                        code: "ScriptedFailure",
+                        message,
+                    }
+                };
+                return (Err(err), latency);
             }
         }
         let resolve = |path: &[crate::definition::template::Segment]| req.ctx.resolve(path);
@@ -187,10 +195,19 @@ impl ScriptedProvider {
     }
 }
 
+/// An injected failure and how it answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fail<'s> {
+    transient: bool,
+    times: u32,
+    message: &'s str,
+    latency: Option<Duration>,
+}
+
 /// The answer at `position` and the injected failures that precede it.
 /// `fail` entries do not take a turn of their own: they fail requests for
 /// the next answer. With `repeat`, the last answer repeats forever.
-fn locate(script: &StageScript, position: usize) -> (Option<&Turn>, Vec<(bool, u32, String)>) {
+fn locate(script: &StageScript, position: usize) -> (Option<&Turn>, Vec<Fail<'_>>) {
     let mut fails = Vec::new();
     let mut answers = 0;
     let mut last_answer = None;
@@ -200,7 +217,12 @@ fn locate(script: &StageScript, position: usize) -> (Option<&Turn>, Vec<(bool, u
                 transient,
                 times,
                 message,
-            } => fails.push((*transient, *times, message.clone())),
+            } => fails.push(Fail {
+                transient: *transient,
+                times: *times,
+                message,
+                latency: turn.latency,
+            }),
             _ => {
                 if answers == position {
                     return (Some(turn), fails);
@@ -276,6 +298,62 @@ impl Provider for ScriptedProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fail_entry_answers_with_its_own_latency_then_the_next_turn() {
+        let script = "stages:\n  a:\n    - { fail: transient, times: 2, latency: 30ms }\n    - { text: hi, latency: 5ms }\n  b:\n    - { fail: terminal, latency: 40ms }\n";
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = "id: p\nentry: a\nstages:\n  a: a.md\n  b: b.md\n";
+        std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+        for id in ["a", "b"] {
+            let md = format!(
+                "---\nid: {id}\nname: {id}\nallowedTools: []\ncompletionTool: done\ncompletionSchema: {{ type: object }}\nretryPolicy: {{ maxAttempts: 1, backoff: none }}\nturnCap: 3\nresolutionPolicy: fail\n---\nx\n"
+            );
+            std::fs::write(dir.path().join(format!("{id}.md")), md).unwrap();
+        }
+        std::fs::write(dir.path().join("script.yaml"), script).unwrap();
+        let pipeline = crate::definition::load_pipeline(dir.path()).unwrap();
+        let provider = ScriptedProvider::new(
+            Script::load(&dir.path().join("script.yaml"), &pipeline).unwrap(),
+        );
+        let answers: Vec<(bool, Duration)> = (0..3)
+            .map(|_| {
+                let (r, l) = provider.answer(&request("a"));
+                (r.is_ok(), l)
+            })
+            .collect();
+        let ms = Duration::from_millis;
+        assert_eq!(answers, [(false, ms(30)), (false, ms(30)), (true, ms(5))]);
+        for _ in 0..3 {
+            let (r, l) = provider.answer(&request("b"));
+            assert!(matches!(r, Err(ProviderError::Terminal { .. })));
+            assert_eq!(l, ms(40), "a trailing failure keeps its own latency");
+        }
+    }
+
+    fn request(stage: &str) -> ModelRequest {
+        use crate::runtime::context::StageContext;
+        ModelRequest {
+            stage_id: stage.into(),
+            stage_execution_id: format!("r/{stage}/1"),
+            index: None,
+            messages: Vec::new(),
+            tools: std::sync::Arc::new(Vec::new()),
+            completion_tool: "done".into(),
+            completion_schema: std::sync::Arc::new(serde_json::json!({"type": "object"})),
+            ctx: std::sync::Arc::new(StageContext {
+                fields: Default::default(),
+                upstream: Default::default(),
+                results: Default::default(),
+                workflow_run_id: "r".into(),
+                stage_execution_id: format!("r/{stage}/1"),
+                item: None,
+                index: None,
+                stage_id: stage.into(),
+                stage_name: stage.into(),
+            }),
+        }
+    }
 
     #[test]
     fn selectors() {
