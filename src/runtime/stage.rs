@@ -161,9 +161,10 @@ impl StageRun {
         self.emit(self.event(name).with("phase", phase));
     }
 
-    /// Runs the execution to Exit and Next. Never panics on bad input; a
-    /// cancelled execution is simply dropped by its owner.
-    pub async fn execute(self, progress: Rc<RefCell<Progress>>) -> Exited {
+    /// Records `StageEntered`. The owner calls it at the moment it commits
+    /// to running the execution, before `execute` is first polled, so an
+    /// execution cancelled from then on has always been entered.
+    pub fn enter(&self) {
         let mut entered = self
             .event(EventName::StageEntered)
             .with("kind", self.stage.kind.kind_name())
@@ -172,6 +173,11 @@ impl StageRun {
             entered = entered.with("index", i);
         }
         self.emit(entered);
+    }
+
+    /// Runs the execution, after `enter`, to Exit and Next. Never panics on
+    /// bad input; a cancelled execution is simply dropped by its owner.
+    pub async fn execute(self, progress: Rc<RefCell<Progress>>) -> Exited {
         let Ended {
             verdict,
             reason,

@@ -120,6 +120,9 @@ impl StageActor {
 
     fn begin(&mut self, ctx: &mut Context<Self>) {
         let Some(run) = self.run.take() else { return };
+        // Entered and started together: a cancel from here on is recorded
+        // as StageCancelled of an execution the log shows as entered.
+        run.enter();
         self.started = true;
         let progress = Rc::clone(&self.progress);
         let fut = AssertUnwindSafe(run.execute(progress)).catch_unwind();
