@@ -75,7 +75,7 @@ pub fn load_pipeline_with(
     if !diags.is_empty() {
         return Err(Diagnostics(diags));
     }
-    let entry = doc.entry.map(|e| e.id).unwrap_or_default();
+    let entry = doc.entry.unwrap_or_default();
     let id = doc.id.unwrap_or_default();
     Ok(Pipeline {
         name: doc.name.unwrap_or_else(|| id.clone()),
@@ -253,17 +253,6 @@ fn cross_check(doc: &PipelineDoc, stages: &[Stage], file: &Path, diags: &mut Vec
         .collect::<Vec<_>>()
         .join(", ");
     let unknown_hint = format!("declared stages: {known}");
-    if let Some(entry) = &doc.entry
-        && !declared(&entry.id)
-    {
-        diags.push(at(
-            ValidationCode::UnknownStage,
-            entry.pos,
-            "entry",
-            format!("entry stage `{}` is not declared", entry.id),
-            &unknown_hint,
-        ));
-    }
     for r in doc.refs.iter().chain(&doc.next_keys) {
         if !declared(&r.id) {
             diags.push(at(

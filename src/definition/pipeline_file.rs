@@ -56,7 +56,7 @@ pub struct JoinRef {
 pub struct PipelineDoc {
     pub id: Option<String>,
     pub name: Option<String>,
-    pub entry: Option<StageRef>,
+    pub entry: Option<String>,
     pub parallel_cap: Option<usize>,
     pub max_visits: Option<u32>,
     pub ctx: Vec<CtxField>,
@@ -111,11 +111,7 @@ pub fn read_pipeline(root: &Node, r: &mut FieldReader<'_>) -> PipelineDoc {
     }
     doc.name = r.optional(root, "name").and_then(|n| r.string(n, "name"));
     if let Some(n) = r.required(root, "entry", "the first stage, e.g. `entry: plan`") {
-        doc.entry = r.string(n, "entry").map(|id| StageRef {
-            id,
-            pos: n.pos,
-            field: "entry".into(),
-        });
+        doc.entry = stage_ref(r, n, "entry", &mut doc);
     }
     if let Some(n) = r.optional(root, "parallelCap") {
         doc.parallel_cap = r

@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 use troupe_actors::EventBus;
 
 use super::audit::Sink;
-use super::events::Event;
 use super::ids::RunId;
 use super::scheduler::RunSpec;
 use super::session::{Session, StartRun};
@@ -137,6 +136,3 @@ pub fn start_run(spec: RunSpec, sinks: Vec<Sink>) -> (Addr<Session>, oneshot::Re
     session.do_send(StartRun { reply: tx });
     (session, rx)
 }
-
-/// The bus type runs publish on.
-pub type Bus = EventBus<Event>;

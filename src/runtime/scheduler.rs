@@ -56,6 +56,9 @@ struct Group {
     /// Map items (shared), or the static sibling ids.
     items: Option<Arc<Vec<Value>>>,
     upstream_for_join: Arc<Vec<Arc<StageResult>>>,
+    /// The state slot every sibling sees: taken once when the group starts,
+    /// so siblings neither copy it nor see each other's results.
+    slot: Arc<BTreeMap<String, Arc<StageResult>>>,
     visit: u32,
     addrs: HashMap<usize, Addr<StageActor>>,
     results: Vec<Option<Arc<StageResult>>>,
@@ -150,12 +153,18 @@ impl Scheduler {
         }
     }
 
+    /// The state slot as it is now, shared by whoever reads it next.
+    fn snapshot(&self) -> Arc<BTreeMap<String, Arc<StageResult>>> {
+        Arc::new(self.results.clone())
+    }
+
     fn context(
         &self,
         stage: &str,
         index: Option<usize>,
         visit: u32,
         upstream: Arc<Vec<Arc<StageResult>>>,
+        slot: Arc<BTreeMap<String, Arc<StageResult>>>,
         item: Option<Value>,
     ) -> Arc<StageContext> {
         let name = match self.spec.pipeline.stage(stage).map(|s| &s.kind) {
@@ -165,7 +174,7 @@ impl Scheduler {
         Arc::new(StageContext {
             fields: Arc::clone(&self.spec.fields),
             upstream,
-            results: Arc::new(self.results.clone()),
+            results: slot,
             workflow_run_id: self.spec.run_id.to_string(),
             stage_execution_id: stage_execution_id(&self.spec.run_id, stage, index, visit),
             item,
@@ -214,7 +223,14 @@ impl Scheduler {
                 .with("stages", json!([stage]))
                 .with("execution", "sequential"),
         );
-        let sctx = self.context(stage, None, visit, Arc::clone(&upstream), None);
+        let sctx = self.context(
+            stage,
+            None,
+            visit,
+            Arc::clone(&upstream),
+            self.snapshot(),
+            None,
+        );
         let Some(run) = self.stage_run(stage, sctx, None, visit) else {
             return self.finish(
                 RunStatus::Failed {
@@ -242,7 +258,8 @@ impl Scheduler {
             Siblings::Static(ids) => (ids.len(), None, None),
             Siblings::Map { stage, over } => {
                 // `over` sees the ctx of the stage that led here.
-                let sctx = self.context(stage, None, 0, Arc::clone(&upstream), None);
+                let sctx =
+                    self.context(stage, None, 0, Arc::clone(&upstream), self.snapshot(), None);
                 let value = sctx.to_expr_value(over.source());
                 match over.eval(&[("ctx", &value)]) {
                     Ok(Value::Array(items)) => {
@@ -315,6 +332,7 @@ impl Scheduler {
             core,
             items,
             upstream_for_join: Arc::new(Vec::new()),
+            slot: self.snapshot(),
             visit,
             addrs: HashMap::new(),
             results: vec![None; total],
@@ -401,7 +419,8 @@ impl Scheduler {
             None => (None, None),
         };
         let visit = g.visit;
-        let sctx = self.context(&stage, index, visit, Arc::new(Vec::new()), item);
+        let slot = Arc::clone(&g.slot);
+        let sctx = self.context(&stage, index, visit, Arc::new(Vec::new()), slot, item);
         let Some(run) = self.stage_run(&stage, sctx, index, visit) else {
             return;
         };
@@ -415,7 +434,6 @@ impl Scheduler {
         .start();
         if let Current::Group(g) = &mut self.current {
             g.addrs.insert(unit, addr);
-            g.stats.peak_running = g.stats.peak_running.max(g.core.in_flight());
         }
     }
 
@@ -433,7 +451,7 @@ impl Scheduler {
                     Ok(v) => v,
                     Err(reason) => return self.finish(RunStatus::Failed { reason }, ctx),
                 };
-                let sctx = self.context(&join, None, visit, upstream, None);
+                let sctx = self.context(&join, None, visit, upstream, self.snapshot(), None);
                 let Some(run) = self.stage_run(&join, sctx, None, visit) else {
                     return;
                 };
@@ -453,7 +471,7 @@ impl Scheduler {
     fn end_group_turn(&mut self) {
         if let Current::Group(g) = std::mem::replace(&mut self.current, Current::Idle) {
             let mut stats = g.stats;
-            stats.peak_running = stats.peak_running.max(g.core.peak_running());
+            stats.peak_running = g.core.peak_running();
             stats.cap_waits = g.core.cap_waits();
             self.emit(
                 self.event(EventName::SessionTurnEnd)
