@@ -1,0 +1,500 @@
+//! The scheduler's decision logic, driven as a plain state machine: events
+//! in, commands out, no actors, no runtime, no clock. A property drives
+//! random fan-outs with random report orders and checks the invariants on
+//! the commands alone.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+
+use common::{Fixture, stage_md};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use troupe::definition::{Next, Pipeline, load_pipeline};
+use troupe::runtime::ids::RunId;
+use troupe::runtime::planner::{Exec, PlanCommand, PlanEvent, Planner};
+use troupe::runtime::result::{StageResult, Usage, Verdict};
+use troupe::runtime::stage::{Exited, NextDecision};
+use troupe::runtime::stage_actor::StageOutcome;
+use troupe::runtime::summary::RunStatus;
+
+/// plan → map(worker over plan's items) → join → end, with `maxVisits`.
+fn map_pipeline(max_visits: Option<u32>) -> (Fixture, Arc<Pipeline>) {
+    let mv = max_visits.map_or(String::new(), |n| format!("maxVisits: {n}\n"));
+    let yaml = format!(
+        "id: p\nentry: plan\n{mv}stages:\n  plan: plan.md\n  worker: worker.md\n  join: join.md\nnext:\n  plan: {{ parallel: {{ map: worker, over: \"ctx.upstream[0].parsed.items\" }}, join: join }}\n  join: end\n"
+    );
+    let files = [
+        ("plan.md".to_owned(), stage_md("plan", "", "plan")),
+        ("worker.md".to_owned(), stage_md("worker", "", "w")),
+        ("join.md".to_owned(), stage_md("join", "", "j")),
+    ];
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let f = Fixture::new(&yaml, &refs);
+    let p = Arc::new(load_pipeline(f.path()).unwrap());
+    (f, p)
+}
+
+/// a → b → a … (a loop) to exercise `maxVisits`.
+fn loop_pipeline(max_visits: u32) -> (Fixture, Arc<Pipeline>) {
+    let yaml = format!(
+        "id: l\nentry: a\nmaxVisits: {max_visits}\nstages:\n  a: a.md\n  b: b.md\nnext:\n  a: b\n  b: a\n"
+    );
+    let a = stage_md("a", "", "a");
+    let b = stage_md("b", "", "b");
+    let f = Fixture::new(&yaml, &[("a.md", &a), ("b.md", &b)]);
+    let p = Arc::new(load_pipeline(f.path()).unwrap());
+    (f, p)
+}
+
+/// Drives a planner and keeps what it said.
+struct Driver {
+    pipeline: Arc<Pipeline>,
+    planner: Planner,
+    log: Vec<PlanCommand>,
+}
+
+impl Driver {
+    fn new(pipeline: Arc<Pipeline>, cap: usize) -> Driver {
+        let planner = Planner::new(
+            Arc::clone(&pipeline),
+            RunId::new(),
+            Arc::new(serde_json::Map::new()),
+            cap,
+        );
+        Driver {
+            pipeline,
+            planner,
+            log: Vec::new(),
+        }
+    }
+
+    fn step(&mut self, event: PlanEvent) -> Vec<&PlanCommand> {
+        let mut out = Vec::new();
+        self.planner.handle(event, &mut out);
+        let from = self.log.len();
+        self.log.extend(out);
+        self.log[from..].iter().collect()
+    }
+
+    /// An Exit with the Next decision the pipeline's table gives.
+    fn exit(
+        &mut self,
+        unit: Option<usize>,
+        stage: &str,
+        verdict: Verdict,
+        parsed: Value,
+    ) -> Vec<&PlanCommand> {
+        let next = match self.pipeline.next_of(stage) {
+            None | Some(Next::End) => NextDecision::End,
+            Some(Next::Stage(id)) => NextDecision::Stage {
+                id: id.clone(),
+                transparent: false,
+            },
+            Some(Next::Parallel(plan)) => NextDecision::Parallel(plan.clone()),
+        };
+        let result = Arc::new(StageResult {
+            stage_id: stage.to_owned(),
+            stage_execution_id: format!("{stage}/{unit:?}"),
+            verdict,
+            reason: (verdict == Verdict::Fail).then(|| "boom".to_owned()),
+            parsed: Arc::new(parsed.clone()),
+            output: Arc::new(parsed),
+            cap_hit: false,
+            attempt_count: 1,
+            usage: Usage::default(),
+        });
+        self.step(PlanEvent::Reported {
+            unit,
+            stage_id: stage.to_owned(),
+            outcome: StageOutcome::Exited(Exited { result, next }),
+        })
+    }
+
+    fn cancelled(&mut self, unit: Option<usize>, stage: &str) -> Vec<&PlanCommand> {
+        self.step(PlanEvent::Reported {
+            unit,
+            stage_id: stage.to_owned(),
+            outcome: StageOutcome::Cancelled,
+        })
+    }
+
+    fn status(&self) -> Option<&RunStatus> {
+        self.planner.status()
+    }
+}
+
+fn spawned(cmds: &[&PlanCommand]) -> Vec<(Exec, String)> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            PlanCommand::Spawn(s) => Some((s.exec, s.stage.id.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn granted(cmds: &[&PlanCommand]) -> Vec<usize> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            PlanCommand::Grant { unit } => Some(*unit),
+            _ => None,
+        })
+        .collect()
+}
+
+fn cancels(cmds: &[&PlanCommand]) -> Vec<Exec> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            PlanCommand::Cancel { exec, .. } => Some(*exec),
+            _ => None,
+        })
+        .collect()
+}
+
+fn emitted(cmds: &[&PlanCommand]) -> Vec<String> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            PlanCommand::Emit(e) => Some(e.name.as_str().to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn finished(cmds: &[&PlanCommand]) -> bool {
+    cmds.iter().any(|c| matches!(c, PlanCommand::Finish(_)))
+}
+
+fn items(n: usize) -> Value {
+    json!({"summary": "s", "items": (0..n).collect::<Vec<_>>()})
+}
+
+#[test]
+fn start_enters_the_entry_stage_as_one_sequential_turn() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 4);
+    let cmds = d.step(PlanEvent::Start);
+    assert_eq!(emitted(&cmds), ["WorkflowStarted", "SessionTurnStart"]);
+    assert_eq!(spawned(&cmds), [(Exec::Sequential, "plan".to_owned())]);
+    // A second Start is ignored.
+    assert!(d.step(PlanEvent::Start).is_empty());
+}
+
+#[test]
+fn a_map_spawns_only_up_to_the_cap_and_feeds_the_rest_lazily() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 3);
+    d.step(PlanEvent::Start);
+    let cmds = d.exit(None, "plan", Verdict::Ok, items(10));
+    assert_eq!(
+        spawned(&cmds),
+        (0..3)
+            .map(|u| (Exec::Unit(u), "worker".to_owned()))
+            .collect::<Vec<_>>()
+    );
+    let spawn_ctx: Vec<Value> = cmds
+        .iter()
+        .filter_map(|c| match c {
+            PlanCommand::Spawn(s) => s.ctx.item.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(spawn_ctx, [json!(0), json!(1), json!(2)]);
+    for u in 0..3 {
+        assert_eq!(granted(&d.step(PlanEvent::StartRequested { unit: u })), [u]);
+    }
+    // One sibling ends: exactly one more is spawned, the next in order.
+    let cmds = d.exit(Some(1), "worker", Verdict::Ok, json!({"summary": "ok"}));
+    assert_eq!(spawned(&cmds), [(Exec::Unit(3), "worker".to_owned())]);
+    assert!(emitted(&cmds).contains(&"Progress".to_owned()));
+}
+
+#[test]
+fn the_join_starts_only_after_every_sibling_is_ok_or_skipped() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 8);
+    d.step(PlanEvent::Start);
+    d.exit(None, "plan", Verdict::Ok, items(3));
+    for u in 0..3 {
+        d.step(PlanEvent::StartRequested { unit: u });
+    }
+    assert!(spawned(&d.exit(Some(2), "worker", Verdict::Ok, json!({}))).is_empty());
+    assert!(spawned(&d.exit(Some(0), "worker", Verdict::Skipped, json!({}))).is_empty());
+    let cmds = d.exit(Some(1), "worker", Verdict::Ok, json!({}));
+    assert_eq!(spawned(&cmds), [(Exec::Join, "join".to_owned())]);
+    let join_upstream = match cmds.iter().find(|c| matches!(c, PlanCommand::Spawn(_))) {
+        Some(PlanCommand::Spawn(s)) => s.ctx.upstream.len(),
+        _ => unreachable!(),
+    };
+    assert_eq!(
+        join_upstream, 3,
+        "the join sees every sibling in plan order"
+    );
+    let cmds = d.exit(None, "join", Verdict::Ok, json!({}));
+    assert_eq!(emitted(&cmds), ["SessionTurnEnd", "WorkflowExit"]);
+    assert!(finished(&cmds));
+    assert_eq!(d.status(), Some(&RunStatus::Ok));
+}
+
+#[test]
+fn the_first_failure_cancels_running_siblings_and_nothing_starts_after_it() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 3);
+    d.step(PlanEvent::Start);
+    d.exit(None, "plan", Verdict::Ok, items(10));
+    d.step(PlanEvent::StartRequested { unit: 0 });
+    d.step(PlanEvent::StartRequested { unit: 1 });
+    // Unit 2 was spawned but has not asked yet.
+    let cmds = d.exit(Some(0), "worker", Verdict::Fail, json!({}));
+    assert!(spawned(&cmds).is_empty(), "no new sibling after a failure");
+    assert_eq!(cancels(&cmds), [Exec::Unit(1), Exec::Unit(2)]);
+    assert!(emitted(&cmds).contains(&"ParallelSiblingFailure".to_owned()));
+    // The late start request is not granted.
+    assert!(granted(&d.step(PlanEvent::StartRequested { unit: 2 })).is_empty());
+    // Unit 2 was withdrawn (it never started), so the group is decided
+    // once the one running sibling reports its cancel.
+    let cmds = d.cancelled(Some(1), "worker");
+    assert!(
+        finished(&cmds),
+        "the run ends once every started unit reported"
+    );
+    assert!(
+        d.step(PlanEvent::Reported {
+            unit: Some(2),
+            stage_id: "worker".into(),
+            outcome: StageOutcome::Withdrawn,
+        })
+        .is_empty()
+    );
+    match d.status() {
+        Some(RunStatus::Failed { reason }) => {
+            assert!(
+                reason.starts_with("ExtensionHost/ParallelSiblingFailure"),
+                "{reason}"
+            );
+            assert!(reason.contains("worker#0"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !d.log
+            .iter()
+            .any(|c| matches!(c, PlanCommand::Spawn(s) if s.exec == Exec::Join))
+    );
+}
+
+#[test]
+fn cancel_run_reaches_the_sequential_stage_then_ends_cancelled() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 3);
+    d.step(PlanEvent::Start);
+    let cmds = d.step(PlanEvent::CancelRun);
+    assert_eq!(cancels(&cmds), [Exec::Sequential]);
+    assert!(
+        d.step(PlanEvent::CancelRun).is_empty(),
+        "a second cancel adds nothing"
+    );
+    let cmds = d.cancelled(None, "plan");
+    assert!(finished(&cmds));
+    assert_eq!(d.status(), Some(&RunStatus::Cancelled));
+    // Reports after the end change nothing.
+    assert!(d.exit(None, "plan", Verdict::Ok, items(1)).is_empty());
+}
+
+#[test]
+fn cancel_run_during_the_join_cancels_the_join() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 3);
+    d.step(PlanEvent::Start);
+    d.exit(None, "plan", Verdict::Ok, items(1));
+    d.step(PlanEvent::StartRequested { unit: 0 });
+    d.exit(Some(0), "worker", Verdict::Ok, json!({}));
+    let cmds = d.step(PlanEvent::CancelRun);
+    assert_eq!(cancels(&cmds), [Exec::Join]);
+    assert!(finished(&d.cancelled(None, "join")));
+    assert_eq!(d.status(), Some(&RunStatus::Cancelled));
+}
+
+#[test]
+fn an_empty_map_goes_straight_to_the_join() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 3);
+    d.step(PlanEvent::Start);
+    let cmds = d.exit(None, "plan", Verdict::Ok, items(0));
+    assert_eq!(spawned(&cmds), [(Exec::Join, "join".to_owned())]);
+}
+
+#[test]
+fn a_map_over_something_that_is_not_a_list_fails_the_run_with_a_code() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 3);
+    d.step(PlanEvent::Start);
+    let cmds = d.exit(None, "plan", Verdict::Ok, json!({"items": "nope"}));
+    assert!(finished(&cmds));
+    match d.status() {
+        Some(RunStatus::Failed { reason }) => {
+            assert!(
+                reason.starts_with("Validation/ExpressionFailed"),
+                "{reason}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn max_visits_ends_a_loop_with_a_session_error() {
+    let (_f, p) = loop_pipeline(2);
+    let mut d = Driver::new(p, 1);
+    d.step(PlanEvent::Start);
+    let mut entered = vec!["a".to_owned()];
+    for stage in ["a", "b", "a", "b"] {
+        let cmds = d.exit(None, stage, Verdict::Ok, json!({"summary": "x"}));
+        entered.extend(spawned(&cmds).into_iter().map(|(_, s)| s));
+        if finished(&cmds) {
+            break;
+        }
+    }
+    assert_eq!(entered, ["a", "b", "a", "b"]);
+    match d.status() {
+        Some(RunStatus::Failed { reason }) => {
+            assert!(reason.starts_with("Session/MaxVisitsExceeded"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_failed_sequential_stage_ends_the_run_failed() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 3);
+    d.step(PlanEvent::Start);
+    let cmds = d.exit(None, "plan", Verdict::Fail, json!({}));
+    assert!(spawned(&cmds).is_empty());
+    assert!(matches!(d.status(), Some(RunStatus::Failed { .. })));
+}
+
+/// What a simulated sibling is doing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Sim {
+    Spawned,
+    Running,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Random widths, caps, failure points, cancel points and report
+    /// orders: running never exceeds the cap, nothing is granted after a
+    /// failure or cancel, the join only after every sibling is ok, every
+    /// cancel is for a live execution, and the run always ends.
+    #[test]
+    fn planner_invariants(
+        width in 0usize..40,
+        cap in 1usize..8,
+        fail_at in proptest::option::of(0usize..40),
+        cancel_after in proptest::option::of(0usize..60),
+        choices in proptest::collection::vec(any::<u16>(), 400),
+    ) {
+        let (_f, p) = map_pipeline(None);
+        let mut d = Driver::new(p, cap);
+        d.step(PlanEvent::Start);
+        d.exit(None, "plan", Verdict::Ok, items(width));
+        let mut live: std::collections::BTreeMap<usize, Sim> = d
+            .log
+            .iter()
+            .filter_map(|c| match c { PlanCommand::Spawn(s) => match s.exec { Exec::Unit(u) => Some((u, Sim::Spawned)), _ => None }, _ => None })
+            .collect();
+        let mut ok: BTreeSet<usize> = BTreeSet::new();
+        let mut ended: HashSet<usize> = HashSet::new();
+        let mut stopped = false;
+        let mut join_live = d.log.iter().any(|c| matches!(c, PlanCommand::Spawn(s) if s.exec == Exec::Join));
+        let mut steps = 0usize;
+        let mut choice = choices.into_iter().cycle();
+        while d.status().is_none() {
+            steps += 1;
+            prop_assert!(steps < 2000, "the run did not end");
+            if cancel_after == Some(steps) {
+                let cmds = d.step(PlanEvent::CancelRun);
+                for exec in cancels(&cmds) {
+                    if let Exec::Unit(u) = exec { prop_assert!(live.contains_key(&u)); }
+                }
+                stopped = true;
+                continue;
+            }
+            if join_live {
+                d.exit(None, "join", Verdict::Ok, json!({}));
+                continue;
+            }
+            let Some(&unit) = live.keys().nth(usize::from(choice.next().unwrap()) % live.len().max(1)) else {
+                prop_assert!(d.status().is_some() || join_live, "stuck with nothing live");
+                break;
+            };
+            let before = d.log.len();
+            match live[&unit] {
+                Sim::Spawned => {
+                    let cmds = d.step(PlanEvent::StartRequested { unit });
+                    if granted(&cmds).contains(&unit) {
+                        prop_assert!(!stopped, "granted after a failure or cancel");
+                        live.insert(unit, Sim::Running);
+                    } else {
+                        // Not granted: the actor reports Withdrawn.
+                        live.remove(&unit);
+                        ended.insert(unit);
+                        d.step(PlanEvent::Reported { unit: Some(unit), stage_id: "worker".into(), outcome: StageOutcome::Withdrawn });
+                    }
+                }
+                Sim::Running => {
+                    live.remove(&unit);
+                    ended.insert(unit);
+                    if fail_at == Some(unit) {
+                        d.exit(Some(unit), "worker", Verdict::Fail, json!({}));
+                        stopped = true;
+                    } else if stopped {
+                        d.cancelled(Some(unit), "worker");
+                    } else {
+                        ok.insert(unit);
+                        d.exit(Some(unit), "worker", Verdict::Ok, json!({}));
+                    }
+                }
+            }
+            for c in &d.log[before..] {
+                match c {
+                    PlanCommand::Spawn(s) => match s.exec {
+                        Exec::Unit(u) => {
+                            prop_assert!(!stopped, "spawned after a failure or cancel");
+                            prop_assert!(!ended.contains(&u) && !live.contains_key(&u));
+                            live.insert(u, Sim::Spawned);
+                        }
+                        Exec::Join => {
+                            prop_assert_eq!(ok.len(), width, "join before every sibling was ok");
+                            join_live = true;
+                        }
+                        Exec::Sequential => {}
+                    },
+                    PlanCommand::Cancel { exec: Exec::Unit(u), .. } => {
+                        prop_assert!(live.contains_key(u), "cancel for a unit that is not live");
+                    }
+                    _ => {}
+                }
+            }
+            let running = live.values().filter(|s| **s == Sim::Running).count();
+            prop_assert!(running <= cap, "running {} > cap {}", running, cap);
+            prop_assert!(live.len() <= cap);
+        }
+        let status = d.status().cloned();
+        prop_assert!(status.is_some());
+        let status = status.unwrap_or(RunStatus::Cancelled);
+        let failed = fail_at.is_some_and(|f| ended.contains(&f) && !ok.contains(&f));
+        match status {
+            RunStatus::Ok => prop_assert!(!stopped && ok.len() == width),
+            RunStatus::Failed { .. } => prop_assert!(failed),
+            RunStatus::Cancelled => prop_assert!(cancel_after.is_some()),
+        }
+    }
+}
