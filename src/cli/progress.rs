@@ -1,6 +1,7 @@
 //! Live progress of fan-outs on the terminal: done / running / waiting /
-//! failed / cancelled per `map` group, drawn on stderr. Only started when
-//! stderr is a terminal; it is a bus subscriber like any other.
+//! failed / cancelled per parallel group, drawn on stderr from the
+//! scheduler's `Progress` events. Only started when stderr is a terminal;
+//! it is a bus subscriber like any other, and may lag without harm.
 
 use std::io;
 
@@ -12,8 +13,8 @@ use crate::runtime::events::{Event, EventName};
 
 #[derive(Debug, Default)]
 struct Counts {
-    width: u64,
     running: u64,
+    waiting: u64,
     done: u64,
     failed: u64,
     cancelled: u64,
@@ -21,10 +22,7 @@ struct Counts {
 
 impl Counts {
     fn message(&self) -> String {
-        let waiting = self
-            .width
-            .saturating_sub(self.done + self.running + self.cancelled);
-        let mut m = format!("running {} · waiting {waiting}", self.running);
+        let mut m = format!("running {} · waiting {}", self.running, self.waiting);
         if self.failed > 0 {
             m.push_str(&format!(" · failed {}", self.failed));
         }
@@ -52,10 +50,6 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                     continue;
                 };
                 let e = &env.event;
-                let sibling = e
-                    .stage_execution_id
-                    .as_deref()
-                    .is_some_and(|id| id.contains('#'));
                 match e.name {
                     EventName::SessionTurnStart
                         if e.field("execution").and_then(|v| v.as_str()) == Some("parallel") =>
@@ -78,32 +72,24 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                         bar = Some((
                             pb,
                             Counts {
-                                width,
+                                waiting: width,
                                 ..Counts::default()
                             },
                         ));
                     }
-                    EventName::StageEntered if sibling => {
+                    // The scheduler's own counts; a dropped Progress is
+                    // corrected by the next one.
+                    EventName::Progress => {
                         if let Some((pb, c)) = &mut bar {
-                            c.running += 1;
-                            pb.set_message(c.message());
-                        }
-                    }
-                    EventName::StageExited if sibling => {
-                        if let Some((pb, c)) = &mut bar {
-                            c.running = c.running.saturating_sub(1);
-                            c.done += 1;
-                            if e.field("verdict").and_then(|v| v.as_str()) == Some("fail") {
-                                c.failed += 1;
-                            }
+                            let n = |k: &str| {
+                                e.field(k).and_then(serde_json::Value::as_u64).unwrap_or(0)
+                            };
+                            c.done = n("done");
+                            c.running = n("running");
+                            c.waiting = n("waiting");
+                            c.failed = n("failed");
+                            c.cancelled = n("cancelled");
                             pb.set_position(c.done);
-                            pb.set_message(c.message());
-                        }
-                    }
-                    EventName::StageCancelled if sibling => {
-                        if let Some((pb, c)) = &mut bar {
-                            c.running = c.running.saturating_sub(1);
-                            c.cancelled += 1;
                             pb.set_message(c.message());
                         }
                     }

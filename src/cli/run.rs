@@ -149,20 +149,7 @@ pub fn run(args: RunArgs) -> Exit {
             }
         }
         let (session, done) = start_run(spec, sinks);
-        actix::spawn(async move {
-            let mut presses = 0;
-            while tokio::signal::ctrl_c().await.is_ok() {
-                presses += 1;
-                if presses == 1 {
-                    eprintln!(
-                        "\ninterrupt: cancelling the run (press Ctrl-C again to exit at once)"
-                    );
-                    session.do_send(Cancel);
-                } else {
-                    std::process::exit(i32::from(Exit::Interrupted.code()));
-                }
-            }
-        });
+        let _interrupts = Interrupts::watch(move || session.do_send(Cancel));
         done.await
             .map_err(|_| "the run ended without a report".to_owned())
     });
@@ -202,6 +189,83 @@ fn print_outputs(report: &crate::runtime::summary::RunReport) {
             .and_then(serde_json::Value::as_str)
         {
             println!("\n{text}");
+        }
+    }
+}
+
+/// Watches for Ctrl-C on a thread of its own, so a busy or blocked actor
+/// thread (say, a stalled `--events` reader) can never swallow it: the
+/// first press cancels the run, the second exits at once with 130. The
+/// watcher ends when this guard is dropped.
+struct Interrupts {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Interrupts {
+    /// Returns once the handler is installed: from then on a Ctrl-C is
+    /// never lost to the default action.
+    fn watch(on_first: impl FnOnce() + Send + 'static) -> Interrupts {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready) = std::sync::mpsc::channel::<bool>();
+        let thread = std::thread::Builder::new()
+            .name("troupe-signals".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_io()
+                    .build();
+                let Ok(rt) = rt else {
+                    let _ = ready_tx.send(false);
+                    return;
+                };
+                rt.block_on(async move {
+                    let Ok(mut interrupts) = signal(SignalKind::interrupt()) else {
+                        let _ = ready_tx.send(false);
+                        return;
+                    };
+                    let _ = ready_tx.send(true);
+                    let mut on_first = Some(on_first);
+                    loop {
+                        tokio::select! {
+                            _ = &mut stopped => return,
+                            pressed = interrupts.recv() => {
+                                if pressed.is_none() {
+                                    return;
+                                }
+                                match on_first.take() {
+                                    Some(cancel) => {
+                                        eprintln!("\ninterrupt: cancelling the run (press Ctrl-C again to exit at once)");
+                                        cancel();
+                                    }
+                                    None => {
+                                        eprintln!("\ninterrupt: exiting at once");
+                                        std::process::exit(i32::from(Exit::Interrupted.code()));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                });
+            })
+            .ok();
+        if thread.is_none() || !ready.recv().unwrap_or(false) {
+            eprintln!("warning: Ctrl-C handling is unavailable");
+        }
+        Interrupts {
+            stop: Some(stop),
+            thread,
+        }
+    }
+}
+
+impl Drop for Interrupts {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
