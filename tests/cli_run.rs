@@ -152,6 +152,13 @@ fn fail_sibling_exits_1_join_never_entered_others_cancelled() {
         exited + cancelled,
         "every other started sibling was cancelled"
     );
+    // Every sibling is accounted for: it ran, was cancelled, or never started.
+    let g = &report["groups"][0];
+    assert_eq!(g["cancelled"].as_u64().unwrap(), cancelled as u64);
+    assert_eq!(
+        exited as u64 + g["cancelled"].as_u64().unwrap() + g["neverStarted"].as_u64().unwrap(),
+        300
+    );
 }
 
 #[test]

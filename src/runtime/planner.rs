@@ -549,6 +549,7 @@ impl Planner {
             let mut stats = g.stats;
             stats.peak_running = g.core.peak_running();
             stats.cap_waits = g.core.cap_waits();
+            stats.never_started = stats.withdrawn + g.core.waiting();
             out.push(PlanCommand::Emit(
                 self.event(EventName::SessionTurnEnd)
                     .with("turnId", g.turn_id.as_str()),

@@ -46,6 +46,9 @@ pub struct GroupStats {
     pub cancelled: usize,
     /// Siblings spawned but never started when the group failed.
     pub withdrawn: usize,
+    /// Siblings that never started: withdrawn, plus those never spawned
+    /// because the group was decided first.
+    pub never_started: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failed_sibling: Option<String>,
 }
@@ -102,11 +105,11 @@ impl RunReport {
                 "fan-out {}: {} siblings, cap {}, peak {} running, {} waited for a slot",
                 g.stage, g.width, g.cap, g.peak_running, g.cap_waits
             );
-            if g.cancelled > 0 || g.withdrawn > 0 {
+            if g.cancelled > 0 || g.never_started > 0 {
                 let _ = write!(
                     out,
                     ", {} cancelled, {} never started",
-                    g.cancelled, g.withdrawn
+                    g.cancelled, g.never_started
                 );
             }
             if let Some(f) = &g.failed_sibling {
