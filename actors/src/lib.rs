@@ -4,11 +4,15 @@
 //! deterministic cores that the runtime's actors drive: [`FanOut`] schedules a
 //! group of units under a concurrency cap (lazy feed, start handshake,
 //! fail-fast, escalating cancellation, join barrier) as a synchronous state
-//! machine, and [`EventBus`] projects events to bounded subscriber queues.
+//! machine, [`Arbiter`] puts one question to several responders (first
+//! answer wins, the rest withdraw), and [`EventBus`] projects events to
+//! bounded subscriber queues.
 
+pub mod arbiter;
 pub mod bus;
 pub mod fanout;
 
+pub use arbiter::{Arbiter, ArbiterCommand, InteractionId, ResponderId, Unanswered};
 pub use bus::{BusEvent, Delivery, Envelope, EventBus, EventClass, Subscription};
 pub use fanout::{
     CancelReason, Escalation, FanOut, FanOutCommand, FanOutError, FanOutEvent, GroupState,
