@@ -16,6 +16,7 @@ use crate::runtime::audit::{start_audit_log, start_event_stream};
 use crate::runtime::launch::{parse_ctx_pair, resolve_fields, start_run};
 use crate::runtime::scheduler::RunSpec;
 use crate::runtime::session::Cancel;
+use crate::runtime::stage::RunSettings;
 use crate::runtime::summary::RunStatus;
 
 /// Options of `troupe run`.
@@ -51,6 +52,10 @@ pub struct RunArgs {
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// The project root the tools work in: every path a tool touches must
+    /// resolve inside it, and Bash runs there.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub root: PathBuf,
     /// Where run folders (with audit.jsonl) are written.
     #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
     pub runs_dir: PathBuf,
@@ -86,6 +91,16 @@ pub fn run(args: RunArgs) -> Exit {
         eprintln!("error: Validation/InputInvalid: --events takes `-` (stdout)");
         return Exit::Invalid;
     }
+    let root = match std::fs::canonicalize(&args.root) {
+        Ok(r) if r.is_dir() => r,
+        Ok(_) | Err(_) => {
+            eprintln!(
+                "error: Validation/InputInvalid: --root {} is not a directory",
+                args.root.display()
+            );
+            return Exit::Invalid;
+        }
+    };
     let mut bad_selectors = Vec::new();
     for s in &args.fail_sibling {
         if pipeline.stage(&s.stage).is_none() {
@@ -119,7 +134,11 @@ pub fn run(args: RunArgs) -> Exit {
             .with_failures(args.fail_sibling.clone()),
     );
     let cap = args.parallel_cap.map(|c| c as usize);
-    let spec = RunSpec::new(Arc::clone(&pipeline), fields, provider, cap);
+    let mut spec = RunSpec::new(Arc::clone(&pipeline), fields, provider, cap);
+    spec.settings = Arc::new(RunSettings {
+        root,
+        ..RunSettings::default()
+    });
     let audit_path = args.runs_dir.join(spec.run_id.as_str()).join("audit.jsonl");
 
     let stream_events = args.events.is_some();

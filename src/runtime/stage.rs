@@ -7,6 +7,7 @@
 //! (`stage_actor`), which owns it and drops it on strict cancellation.
 
 use std::cell::RefCell;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,8 @@ pub struct RunSettings {
     pub provider_backoff: Backoff,
     /// Tool calls of one response run concurrently, at most this many.
     pub tool_concurrency: usize,
+    /// The project root every tool call is confined to (`--root`).
+    pub root: PathBuf,
 }
 
 impl Default for RunSettings {
@@ -51,6 +54,7 @@ impl Default for RunSettings {
                 max: Duration::from_secs(10),
             },
             tool_concurrency: 4,
+            root: PathBuf::from("."),
         }
     }
 }
@@ -714,6 +718,7 @@ impl StageRun {
             .send(RunTool {
                 name: call.name.clone(),
                 args,
+                env: crate::tools::ToolEnv::new(self.settings.root.clone()),
                 cancel: self.cancel.child_token(),
             })
             .await

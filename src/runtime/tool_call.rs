@@ -9,6 +9,7 @@ use futures::FutureExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::tools::ToolEnv;
 use crate::tools::exec::{ToolError, execute};
 
 /// Runs one tool call, then stops.
@@ -24,6 +25,8 @@ impl Actor for ToolCallActor {
 pub struct RunTool {
     pub name: String,
     pub args: Value,
+    /// The root the call is confined to, and its caps.
+    pub env: ToolEnv,
     pub cancel: CancellationToken,
 }
 
@@ -44,7 +47,8 @@ impl Handler<RunTool> for ToolCallActor {
 
     fn handle(&mut self, msg: RunTool, _ctx: &mut Context<Self>) -> Self::Result {
         let fut = async move {
-            let run = AssertUnwindSafe(execute(&msg.name, &msg.args, &msg.cancel)).catch_unwind();
+            let run = AssertUnwindSafe(execute(&msg.env, &msg.name, &msg.args, &msg.cancel))
+                .catch_unwind();
             match run.await {
                 _ if msg.cancel.is_cancelled() => ToolOutcome::Cancelled,
                 Ok(Ok(out)) => ToolOutcome::Succeeded(out),

@@ -1,0 +1,220 @@
+//! `Edit` and `Write`: file changes inside the root that land whole or not
+//! at all. The new content goes to a temp file in the target's directory,
+//! is synced, gets the old file's permissions, and is renamed over the
+//! target; a failure or a cancel before the rename leaves the target as it
+//! was and removes the temp file. The stop flag is checked just before the
+//! rename, so a call reported cancelled has (all but surely) changed nothing.
+
+use std::fs::Permissions;
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::env::ToolLimits;
+use super::exec::{Stop, ToolError};
+use super::path::{relative, resolve};
+
+/// Prefix of the temp files, so a crash's leftovers are recognisable.
+pub const TEMP_PREFIX: &str = ".troupe-write-";
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct EditArgs {
+    pub path: String,
+    pub old_string: String,
+    pub new_string: String,
+    #[serde(default)]
+    pub replace_all: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct WriteArgs {
+    pub path: String,
+    pub content: String,
+}
+
+/// Replaces `path`'s content with `bytes` atomically. `keep` are the
+/// permissions of the file being replaced; a new file gets 0o666 less the
+/// umask, as any created file.
+fn atomic_write(
+    path: &Path,
+    rel: &str,
+    bytes: &[u8],
+    keep: Option<Permissions>,
+    stop: &Stop,
+) -> Result<(), ToolError> {
+    let io = |e: std::io::Error| ToolError::io(rel, &e);
+    let dir = path
+        .parent()
+        .ok_or_else(|| ToolError::terminal("NotAFile", format!("{rel} has no parent directory")))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(TEMP_PREFIX)
+        .suffix(".tmp")
+        .permissions(Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(io)?;
+    tmp.write_all(bytes).map_err(io)?;
+    if let Some(perms) = keep {
+        tmp.as_file().set_permissions(perms).map_err(io)?;
+    }
+    tmp.as_file().sync_all().map_err(io)?;
+    // Dropping `tmp` on this early return removes it.
+    stop.check()?;
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    Ok(())
+}
+
+pub fn write(root: &Path, args: &WriteArgs, stop: &Stop) -> Result<String, ToolError> {
+    let path = resolve(root, &args.path)?;
+    let rel = relative(root, &path);
+    let keep = match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_dir() => {
+            return Err(ToolError::terminal(
+                "NotAFile",
+                format!("{rel} is a directory; give a file path"),
+            ));
+        }
+        Ok(meta) => Some(meta.permissions()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Inside the root: `resolve` checked the whole path.
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| ToolError::io(&rel, &e))?;
+            }
+            None
+        }
+        Err(e) => return Err(ToolError::io(&rel, &e)),
+    };
+    let created = keep.is_none();
+    atomic_write(&path, &rel, args.content.as_bytes(), keep, stop)?;
+    Ok(format!(
+        "{} {rel} ({} bytes)",
+        if created { "created" } else { "overwrote" },
+        args.content.len()
+    ))
+}
+
+pub fn edit(
+    root: &Path,
+    limits: &ToolLimits,
+    args: &EditArgs,
+    stop: &Stop,
+) -> Result<String, ToolError> {
+    if args.old_string.is_empty() {
+        return Err(ToolError::invalid_args(
+            "`old_string` is empty; give the exact text to replace (use Write to create a file)",
+        ));
+    }
+    if args.old_string == args.new_string {
+        return Err(ToolError::invalid_args(
+            "`old_string` and `new_string` are the same; nothing would change",
+        ));
+    }
+    let path = resolve(root, &args.path)?;
+    let rel = relative(root, &path);
+    let meta = match std::fs::metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ToolError::terminal(
+                "NotFound",
+                format!("{rel}: no such file; use Write to create it"),
+            ));
+        }
+        Err(e) => return Err(ToolError::io(&rel, &e)),
+    };
+    if meta.is_dir() {
+        return Err(ToolError::terminal(
+            "NotAFile",
+            format!("{rel} is a directory; give a file path"),
+        ));
+    }
+    if !meta.is_file() {
+        return Err(ToolError::terminal(
+            "NotAFile",
+            format!("{rel} is not a regular file"),
+        ));
+    }
+    if meta.len() > limits.edit_file_bytes {
+        return Err(ToolError::terminal(
+            "FileTooLarge",
+            format!(
+                "{rel} is {} bytes, over Edit's limit of {}",
+                meta.len(),
+                limits.edit_file_bytes
+            ),
+        ));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| ToolError::io(&rel, &e))?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        ToolError::terminal(
+            "BinaryFile",
+            format!("{rel} is not UTF-8 text; Edit changes text files only"),
+        )
+    })?;
+    let count = text.matches(args.old_string.as_str()).count();
+    if count == 0 {
+        return Err(ToolError::terminal(
+            "NoMatch",
+            format!(
+                "`old_string` was not found in {rel}; Read the file and copy the exact text, including whitespace and line breaks"
+            ),
+        ));
+    }
+    if count > 1 && !args.replace_all {
+        return Err(ToolError::terminal(
+            "AmbiguousMatch",
+            format!(
+                "`old_string` occurs {count} times in {rel}; add surrounding lines to make it unique, or pass replace_all: true to replace every one"
+            ),
+        ));
+    }
+    let new_text = if args.replace_all {
+        text.replace(args.old_string.as_str(), &args.new_string)
+    } else {
+        text.replacen(args.old_string.as_str(), &args.new_string, 1)
+    };
+    atomic_write(
+        &path,
+        &rel,
+        new_text.as_bytes(),
+        Some(meta.permissions()),
+        stop,
+    )?;
+    Ok(format!(
+        "edited {rel}: replaced {count} occurrence{}",
+        if count == 1 { "" } else { "s" }
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_cancel_before_the_rename_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::write(root.join("f.txt"), "old").unwrap();
+        let stop = Stop::raised();
+        let w = WriteArgs {
+            path: "f.txt".to_owned(),
+            content: "new".to_owned(),
+        };
+        assert!(write(&root, &w, &stop).is_err());
+        let e = EditArgs {
+            path: "f.txt".to_owned(),
+            old_string: "old".to_owned(),
+            new_string: "new".to_owned(),
+            replace_all: false,
+        };
+        assert!(edit(&root, &ToolLimits::default(), &e, &stop).is_err());
+        assert_eq!(std::fs::read_to_string(root.join("f.txt")).unwrap(), "old");
+        let names: Vec<_> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["f.txt"], "the temp files are removed");
+    }
+}

@@ -1,0 +1,182 @@
+//! Path confinement: every path a tool touches resolves inside the project
+//! root. Paths are resolved component by component the way the kernel does
+//! it (`..` steps to the real parent, symlinks are followed, a missing tail
+//! is kept as written), so `..`, absolute paths elsewhere and symlinks that
+//! lead out are caught before anything is read or written.
+
+use std::ffi::OsString;
+use std::path::{Component, Path, PathBuf};
+
+use super::exec::ToolError;
+
+/// Symlinks followed while resolving one path, as Linux's `MAXSYMLINKS`.
+const MAX_SYMLINK_HOPS: usize = 40;
+
+enum Part {
+    Root,
+    Parent,
+    Name(OsString),
+}
+
+/// Pushes the parts of `path` so that popping yields them in order.
+fn push_parts(stack: &mut Vec<Part>, path: &Path) {
+    let parts: Vec<Part> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::RootDir | Component::Prefix(_) => Some(Part::Root),
+            Component::ParentDir => Some(Part::Parent),
+            Component::Normal(n) => Some(Part::Name(n.to_owned())),
+            Component::CurDir => None,
+        })
+        .collect();
+    stack.extend(parts.into_iter().rev());
+}
+
+/// Resolves `input` (relative to `root`, or absolute) to an absolute path
+/// whose existing part has every symlink resolved, and checks that it lies
+/// inside `root`, which must be canonical.
+pub fn resolve(root: &Path, input: &str) -> Result<PathBuf, ToolError> {
+    if input.contains('\0') {
+        return Err(ToolError::invalid_args("`path` contains a NUL byte"));
+    }
+    let mut stack = Vec::new();
+    push_parts(&mut stack, Path::new(input));
+    let mut cur = root.to_path_buf();
+    // Once a component is missing nothing below it exists, so nothing below
+    // it can be a symlink.
+    let mut missing = false;
+    let mut hops = 0;
+    while let Some(part) = stack.pop() {
+        match part {
+            Part::Root => {
+                cur = PathBuf::from("/");
+                missing = false;
+            }
+            Part::Parent => {
+                cur.pop();
+                if missing {
+                    missing = std::fs::symlink_metadata(&cur).is_err();
+                }
+            }
+            Part::Name(name) => {
+                let next = cur.join(&name);
+                if missing {
+                    cur = next;
+                    continue;
+                }
+                match std::fs::symlink_metadata(&next) {
+                    Ok(meta) if meta.file_type().is_symlink() => {
+                        hops += 1;
+                        if hops > MAX_SYMLINK_HOPS {
+                            return Err(ToolError::terminal(
+                                "SymlinkLoop",
+                                format!("`{input}`: too many levels of symbolic links"),
+                            ));
+                        }
+                        let target = std::fs::read_link(&next).map_err(|e| {
+                            ToolError::terminal(
+                                "IoError",
+                                format!("`{input}`: cannot read a symbolic link: {e}"),
+                            )
+                        })?;
+                        // A relative target resolves against the link's
+                        // directory (`cur`); an absolute one starts at `/`.
+                        push_parts(&mut stack, &target);
+                    }
+                    Ok(_) => cur = next,
+                    // Not found, not a directory, no permission: the later
+                    // operation on this exact path reports the real error.
+                    Err(_) => {
+                        missing = true;
+                        cur = next;
+                    }
+                }
+            }
+        }
+    }
+    if cur.starts_with(root) {
+        Ok(cur)
+    } else {
+        Err(ToolError::terminal(
+            "PathOutsideRoot",
+            format!(
+                "`{input}` resolves outside the project root; use a path inside the root (relative paths start at the root)"
+            ),
+        ))
+    }
+}
+
+/// `path` as the model should write it: relative to `root`, `.` for the
+/// root itself.
+pub fn relative(root: &Path, path: &Path) -> String {
+    match path.strip_prefix(root) {
+        Ok(rel) if rel.as_os_str().is_empty() => ".".to_owned(),
+        Ok(rel) => rel.to_string_lossy().into_owned(),
+        Err(_) => path.to_string_lossy().into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn code(r: Result<PathBuf, ToolError>) -> String {
+        match r {
+            Err(ToolError::Terminal { code, .. }) => code.to_owned(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn relative_paths_stay_inside() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(root.join("a")).unwrap();
+        assert_eq!(resolve(&root, "a/b.txt").unwrap(), root.join("a/b.txt"));
+        assert_eq!(resolve(&root, "./a/../c").unwrap(), root.join("c"));
+        assert_eq!(resolve(&root, ".").unwrap(), root);
+        assert_eq!(resolve(&root, "new/dir/../f").unwrap(), root.join("new/f"));
+        let abs = root.join("a").to_string_lossy().into_owned();
+        assert_eq!(resolve(&root, &abs).unwrap(), root.join("a"));
+    }
+
+    #[test]
+    fn escapes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap().join("root");
+        std::fs::create_dir(&root).unwrap();
+        assert_eq!(code(resolve(&root, "../x")), "PathOutsideRoot");
+        assert_eq!(code(resolve(&root, "a/../../x")), "PathOutsideRoot");
+        assert_eq!(code(resolve(&root, "/etc/passwd")), "PathOutsideRoot");
+        assert_eq!(code(resolve(&root, "a\0b")), "InvalidArguments");
+        // A sibling whose name extends the root's is still outside.
+        let sibling = format!("{}2/x", root.display());
+        assert_eq!(code(resolve(&root, &sibling)), "PathOutsideRoot");
+    }
+
+    #[test]
+    fn symlinks_are_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let root = base.join("root");
+        std::fs::create_dir_all(root.join("inner")).unwrap();
+        std::fs::create_dir(base.join("outside")).unwrap();
+        let link = |target: &Path, name: &str| {
+            std::os::unix::fs::symlink(target, root.join(name)).unwrap();
+        };
+        link(&base.join("outside"), "out");
+        link(Path::new("../outside/new.txt"), "dangling");
+        link(Path::new("inner"), "in");
+        link(Path::new("loop"), "loop");
+        assert_eq!(code(resolve(&root, "out/file")), "PathOutsideRoot");
+        assert_eq!(
+            code(resolve(&root, "out/missing/deeper")),
+            "PathOutsideRoot"
+        );
+        assert_eq!(code(resolve(&root, "dangling")), "PathOutsideRoot");
+        assert_eq!(code(resolve(&root, "loop")), "SymlinkLoop");
+        assert_eq!(resolve(&root, "in/x").unwrap(), root.join("inner/x"));
+    }
+}
