@@ -57,7 +57,7 @@ pub enum Command {
     /// Validates first (exit 2 when invalid), runs every stage execution as
     /// its own actor, writes the audit log to
     /// .troupe/runs/<workflowRunId>/audit.jsonl and prints a summary.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Print a pipeline's graph, or one stage in full.
     ///
     /// Without a stage: stages, the next table, fan-outs, joins and caps.
@@ -78,7 +78,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> Exit {
     match cli.command {
         Command::Validate { pipeline, json } => validate::run(&pipeline, json),
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
         Command::Show {
             pipeline,
             stage,

@@ -6,6 +6,7 @@ pub mod context;
 pub mod events;
 pub mod extract;
 pub mod ids;
+pub mod interaction;
 pub mod launch;
 pub mod planner;
 pub mod result;

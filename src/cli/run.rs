@@ -13,6 +13,7 @@ use crate::error::Diagnostics;
 use crate::provider::script::{SCRIPT_FILE, Script};
 use crate::provider::scripted::{ScriptedProvider, Selector};
 use crate::runtime::audit::{start_audit_log, start_event_stream};
+use crate::runtime::interaction::{AnswerRules, InteractorSpec};
 use crate::runtime::launch::{parse_ctx_pair, resolve_fields, start_run};
 use crate::runtime::scheduler::RunSpec;
 use crate::runtime::session::Cancel;
@@ -59,6 +60,25 @@ pub struct RunArgs {
     /// Where run folders (with audit.jsonl) are written.
     #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
     pub runs_dir: PathBuf,
+    /// Ask no one: a tool call outside a stage's allowedTools is denied
+    /// (unless --yolo or --answers answer it). The default when stdin is
+    /// not a terminal.
+    #[arg(long)]
+    pub headless: bool,
+    /// Approve every tool call outside allowedTools (each approval is
+    /// still a one-shot grant, audited).
+    #[arg(long)]
+    pub yolo: bool,
+    /// Answer approvals by the rules in FILE (YAML: `answers: [{stage,
+    /// tool, args, answer: approve|deny|defer|none, delay}]`, first match
+    /// wins, no match denies). Repeatable: every interactor is asked, the
+    /// first answer wins.
+    #[arg(long, value_name = "FILE")]
+    pub answers: Vec<PathBuf>,
+    /// How long an approval waits for an answer before it counts as
+    /// denied, e.g. 30s (default: no limit).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub approval_timeout: Option<Duration>,
 }
 
 fn parse_ctx_arg(s: &str) -> Result<(String, serde_json::Value), String> {
@@ -133,8 +153,26 @@ pub fn run(args: RunArgs) -> Exit {
             .with_latency(args.latency)
             .with_failures(args.fail_sibling.clone()),
     );
+    let mut interactors = Vec::new();
+    for path in &args.answers {
+        match AnswerRules::load(path) {
+            Ok(rules) => interactors.push(InteractorSpec::Scripted(Arc::new(rules))),
+            Err(e) => {
+                eprintln!("error: Validation/InputInvalid: --answers {e}");
+                return Exit::Invalid;
+            }
+        }
+    }
+    if args.yolo {
+        interactors.push(InteractorSpec::Yolo);
+    }
+    if !args.headless && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        interactors.push(InteractorSpec::Terminal);
+    }
     let cap = args.parallel_cap.map(|c| c as usize);
     let mut spec = RunSpec::new(Arc::clone(&pipeline), fields, provider, cap);
+    spec.interactors = interactors;
+    spec.approval_timeout = args.approval_timeout;
     spec.settings = Arc::new(RunSettings {
         root,
         ..RunSettings::default()

@@ -124,6 +124,8 @@ impl RunSpec {
             settings: Arc::new(RunSettings::default()),
             cap,
             cancel: CancellationToken::new(),
+            interactors: Vec::new(),
+            approval_timeout: None,
         }
     }
 }

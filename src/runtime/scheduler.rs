@@ -16,6 +16,7 @@ use troupe_actors::EventBus;
 
 use super::events::Event;
 use super::ids::RunId;
+use super::interaction::{InteractionHub, InteractorSpec};
 use super::planner::{Exec, PlanCommand, PlanEvent, Planner, Spawn};
 use super::stage::{RunSettings, StageRun};
 use super::stage_actor::{CancelStage, StageActor, StageReport, StartRequest};
@@ -35,6 +36,10 @@ pub struct RunSpec {
     /// Effective fan-out cap (CLI > pipeline.yaml > 8).
     pub cap: usize,
     pub cancel: CancellationToken,
+    /// Who may approve out-of-envelope tool calls; empty is headless.
+    pub interactors: Vec<InteractorSpec>,
+    /// How long an approval may wait for an answer (`None`: forever).
+    pub approval_timeout: Option<std::time::Duration>,
 }
 
 /// Sent to the scheduler's owner when the run is over.
@@ -50,6 +55,7 @@ pub struct CancelRun;
 /// The scheduler actor.
 pub struct Scheduler {
     spec: RunSpec,
+    hub: Option<Addr<InteractionHub>>,
     owner: Recipient<RunFinished>,
     planner: Planner,
     /// Live executions of the current turn.
@@ -68,7 +74,11 @@ impl std::fmt::Debug for Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(spec: RunSpec, owner: Recipient<RunFinished>) -> Scheduler {
+    pub fn new(
+        spec: RunSpec,
+        hub: Option<Addr<InteractionHub>>,
+        owner: Recipient<RunFinished>,
+    ) -> Scheduler {
         let planner = Planner::new(
             Arc::clone(&spec.pipeline),
             spec.run_id.clone(),
@@ -77,6 +87,7 @@ impl Scheduler {
         );
         Scheduler {
             spec,
+            hub,
             owner,
             planner,
             live: HashMap::new(),
@@ -136,6 +147,7 @@ impl Scheduler {
             index,
             visit,
             cancel: self.spec.cancel.child_token(),
+            hub: self.hub.clone(),
         };
         let me = ctx.address();
         let addr = match exec {

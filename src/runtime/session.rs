@@ -1,4 +1,5 @@
-//! The session actor: one per run. It owns the run's identity, starts the
+//! The session actor: one per run. It owns the run's identity and the
+//! interactor set (started with the interaction hub), starts the
 //! scheduler, relays the CLI's messages (start, cancel) and, when the run is
 //! over, closes the event bus so the audit log is flushed before it answers.
 
@@ -6,6 +7,7 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::audit::Sink;
+use super::interaction::start_hub;
 use super::scheduler::{CancelRun, RunFinished, RunSpec, Scheduler};
 use super::summary::RunReport;
 
@@ -53,7 +55,13 @@ impl Handler<StartRun> for Session {
             return;
         }
         self.reply = Some(msg.reply);
-        let scheduler = Scheduler::new(self.spec.clone(), ctx.address().recipient()).start();
+        let hub = start_hub(
+            &self.spec.interactors,
+            self.spec.approval_timeout,
+            self.spec.bus.clone(),
+        );
+        let scheduler =
+            Scheduler::new(self.spec.clone(), Some(hub), ctx.address().recipient()).start();
         self.scheduler = Some(scheduler);
     }
 }

@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::Actor;
+use actix::{Actor, Addr};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -21,6 +21,9 @@ use troupe_actors::EventBus;
 use super::context::StageContext;
 use super::events::{Event, EventName};
 use super::extract::extract_json;
+use super::interaction::{
+    Decision as Grant, GrantLedger, GrantRequest, InteractionHub, Raise, args_digest, args_summary,
+};
 use super::result::{StageResult, Usage, Verdict};
 use super::tool_call::{RunTool, ToolCallActor, ToolOutcome};
 use super::transcript::{Message, ToolCall, Transcript};
@@ -72,6 +75,9 @@ pub struct StageRun {
     pub visit: u32,
     /// Cancelled when the execution is strictly cancelled; tool calls watch it.
     pub cancel: CancellationToken,
+    /// Where out-of-envelope calls are put to the interactors; `None`
+    /// denies them (headless).
+    pub hub: Option<Addr<InteractionHub>>,
 }
 
 /// Where the execution is, for the `StageCancelled` record.
@@ -81,6 +87,8 @@ pub struct Progress {
     pub attempt: u32,
     pub turn: u32,
     pub tool_calls: Vec<(String, String)>,
+    /// One-shot grant tokens of this execution; they die with it.
+    pub grants: Rc<RefCell<GrantLedger>>,
 }
 
 /// What Next() returned for a finished execution.
@@ -644,6 +652,9 @@ impl StageRun {
 
     /// Runs one response's tool calls concurrently (bounded); results come
     /// back in call order.
+    /// Runs one response's tool calls: approvals first, one at a time in
+    /// call order (so prompts reach people in order), then the approved
+    /// calls concurrently (bounded); results come back in call order.
     async fn run_tools(
         &self,
         def: &StageDefinition,
@@ -654,64 +665,162 @@ impl StageRun {
             .iter()
             .map(|c| (c.id.clone(), c.name.clone()))
             .collect();
-        let results = futures::stream::iter(calls.iter().map(|c| self.run_tool(def, c)))
-            .buffered(self.settings.tool_concurrency.max(1))
-            .collect::<Vec<String>>()
-            .await;
+        let mut approved = Vec::with_capacity(calls.len());
+        for (i, call) in calls.iter().enumerate() {
+            approved.push(self.approve(def, call, i, progress).await);
+        }
+        let results = futures::stream::iter(calls.iter().zip(approved).map(
+            |(call, approval)| async move {
+                match approval {
+                    Ok(args) => self.execute_tool(call, args).await,
+                    Err(content) => content,
+                }
+            },
+        ))
+        .buffered(self.settings.tool_concurrency.max(1))
+        .collect::<Vec<String>>()
+        .await;
         progress.borrow_mut().tool_calls.clear();
         results
     }
 
-    async fn run_tool(&self, def: &StageDefinition, call: &ToolCall) -> String {
-        let ev = |name: EventName| {
-            self.event(name)
-                .tool(&call.name)
-                .with("callId", call.id.as_str())
+    fn tool_event(&self, name: EventName, call: &ToolCall) -> Event {
+        self.event(name)
+            .tool(&call.name)
+            .with("callId", call.id.as_str())
+    }
+
+    /// The authority stack for one proposed call (SPEC §5): the arguments
+    /// must be a JSON object and the tool must exist; a call in
+    /// `allowedTools` is approved; any other raises a `grantStageTool`
+    /// interaction whose approval mints a one-shot token that this call
+    /// consumes. `Err` holds the typed result the model gets instead.
+    async fn approve(
+        &self,
+        def: &StageDefinition,
+        call: &ToolCall,
+        index: usize,
+        progress: &Rc<RefCell<Progress>>,
+    ) -> Result<Value, String> {
+        self.emit(
+            self.tool_event(EventName::ToolInvocationProposed, call)
+                .with("arguments", call.arguments.as_str()),
+        );
+        let failed = |name: &'static str, message: String| {
+            let err = ModelError::new(
+                Code {
+                    class: ErrorClass::ToolTerminal,
+                    name,
+                },
+                message,
+            );
+            self.emit(
+                self.tool_event(EventName::ToolInvocationFailed, call)
+                    .with("code", err.code.as_str()),
+            );
+            err.to_content()
         };
-        self.emit(ev(EventName::ToolInvocationProposed).with("arguments", call.arguments.as_str()));
         let args: Value = match serde_json::from_str(&call.arguments) {
             Ok(v @ Value::Object(_)) => v,
             Ok(_) | Err(_) => {
-                let err = ModelError::new(
-                    Code {
-                        class: ErrorClass::ToolTerminal,
-                        name: "InvalidArguments",
-                    },
-                    "tool arguments must be a JSON object",
-                );
-                self.emit(ev(EventName::ToolInvocationFailed).with("code", err.code.as_str()));
-                return err.to_content();
+                return Err(failed(
+                    "InvalidArguments",
+                    "tool arguments must be a JSON object".to_owned(),
+                ));
             }
         };
         if !crate::tools::is_builtin(&call.name) {
-            let err = ModelError::new(
-                Code {
-                    class: ErrorClass::ToolTerminal,
-                    name: "UnknownTool",
-                },
+            return Err(failed(
+                "UnknownTool",
                 format!("there is no tool `{}`", call.name),
-            );
-            self.emit(ev(EventName::ToolInvocationFailed).with("code", err.code.as_str()));
-            return err.to_content();
+            ));
         }
-        if !def.allowed_tools.contains(&call.name) {
-            let err = ModelError::new(
+        if def.allowed_tools.contains(&call.name) {
+            self.emit(
+                self.tool_event(EventName::ToolCallApproved, call)
+                    .with("by", "allowedTools"),
+            );
+            return Ok(args);
+        }
+        let (attempt, turn, ledger) = {
+            let p = progress.borrow();
+            (p.attempt, p.turn, Rc::clone(&p.grants))
+        };
+        let request = GrantRequest {
+            workflow_run_id: self.ctx.workflow_run_id.clone(),
+            stage_execution_id: self.ctx.stage_execution_id.clone(),
+            stage_id: self.stage.id.clone(),
+            attempt,
+            proposal_id: format!("{}#a{attempt}t{turn}c{index}", self.ctx.stage_execution_id),
+            tool: call.name.clone(),
+            args_digest: args_digest(&args),
+            args_summary: args_summary(&args),
+        };
+        let decision = match &self.hub {
+            Some(hub) => {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                hub.do_send(Raise {
+                    request: request.clone(),
+                    args_json: args.to_string(),
+                    reply,
+                });
+                answer.await.unwrap_or(Grant::Denied {
+                    reason: "the interaction hub is gone".to_owned(),
+                })
+            }
+            None => Grant::Denied {
+                reason: "no interactor can approve it (headless)".to_owned(),
+            },
+        };
+        let deny = |reason: String| {
+            self.emit(
+                self.tool_event(EventName::ToolCallDenied, call)
+                    .with("proposalId", request.proposal_id.as_str())
+                    .with("reason", reason.as_str()),
+            );
+            ModelError::new(
                 Code {
                     class: ErrorClass::ToolTerminal,
-                    name: "ToolDenied",
+                    name: "GrantDenied",
                 },
                 format!(
-                    "`{}` is outside this stage's allowedTools and no grant was given; continue with the allowed tools",
-                    call.name
+                    "`{}` is outside this stage's allowedTools and was not granted ({reason}); continue with the allowed tools: {}",
+                    call.name,
+                    def.allowed_tools.join(", ")
                 ),
-            );
-            self.emit(
-                ev(EventName::ToolCallDenied)
-                    .with("reason", "outside allowedTools; no interactor granted it"),
-            );
-            return err.to_content();
+            )
+            .to_content()
+        };
+        match decision {
+            Grant::Denied { reason } => Err(deny(reason)),
+            Grant::Approved { by } => {
+                let mut ledger = ledger.borrow_mut();
+                ledger.mint(&request);
+                self.emit(
+                    self.event(EventName::StageGranted)
+                        .tool(&call.name)
+                        .with("proposalId", request.proposal_id.as_str())
+                        .with("argsDigest", request.args_digest.as_str())
+                        .with("by", by.as_str()),
+                );
+                match ledger.consume(&request.proposal_id, &call.name, &request.args_digest) {
+                    Ok(()) => {
+                        self.emit(
+                            self.tool_event(EventName::ToolCallApproved, call)
+                                .with("by", "grant")
+                                .with("proposalId", request.proposal_id.as_str()),
+                        );
+                        Ok(args)
+                    }
+                    Err(e) => Err(deny(e.to_string())),
+                }
+            }
         }
-        self.emit(ev(EventName::ToolCallApproved).with("by", "allowedTools"));
+    }
+
+    /// Executes one approved call on its own tool-call actor.
+    async fn execute_tool(&self, call: &ToolCall, args: Value) -> String {
+        let ev = |name: EventName| self.tool_event(name, call);
         self.emit(ev(EventName::ToolInvocationStarted));
         let actor = ToolCallActor.start();
         let outcome = actor

@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use troupe_actors::EventBus;
 
 use super::events::{Event, EventName};
+use super::interaction::{InteractionHub, WithdrawOwner};
 use super::result::{StageResult, Usage, Verdict};
 use super::stage::{Exited, NextDecision, Progress, StageRun};
 
@@ -68,6 +69,7 @@ pub struct StageActor {
     execution_id: String,
     run_id: String,
     cancel: tokio_util::sync::CancellationToken,
+    hub: Option<Addr<InteractionHub>>,
     started: bool,
     reported: bool,
     cancel_reason: Option<String>,
@@ -99,6 +101,7 @@ impl StageActor {
             execution_id: run.ctx.stage_execution_id.clone(),
             run_id: run.ctx.workflow_run_id.clone(),
             cancel: run.cancel.clone(),
+            hub: run.hub.clone(),
             started: false,
             reported: false,
             cancel_reason: None,
@@ -194,8 +197,14 @@ impl Actor for StageActor {
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        // Whatever is still running belongs to a cancelled execution.
+        // Whatever is still running belongs to a cancelled execution, and
+        // no one is to be asked about its tool calls any more.
         self.cancel.cancel();
+        if let Some(hub) = &self.hub {
+            hub.do_send(WithdrawOwner {
+                stage_execution_id: self.execution_id.clone(),
+            });
+        }
         if self.reported {
             return;
         }

@@ -13,6 +13,7 @@ use troupe::definition::load_pipeline;
 use troupe::provider::script::Script;
 use troupe::provider::scripted::{ScriptedProvider, Selector};
 use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
+use troupe::runtime::interaction::InteractorSpec;
 use troupe::runtime::launch::start_run;
 use troupe::runtime::scheduler::RunSpec;
 use troupe::runtime::session::Cancel;
@@ -124,6 +125,9 @@ pub struct Opts {
     pub cancel_after: Option<Duration>,
     /// Make the provider panic for this stage.
     pub panic_in: Option<&'static str>,
+    /// Who answers approvals (empty: headless).
+    pub interactors: Vec<InteractorSpec>,
+    pub approval_timeout: Option<Duration>,
 }
 
 /// Loads the pipeline at `dir` (with its script.yaml, if any) and runs it.
@@ -157,7 +161,9 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
     for (k, v) in &opts.fields {
         fields.insert((*k).to_owned(), v.clone());
     }
-    let spec = RunSpec::new(Arc::clone(&pipeline), fields, provider.clone(), opts.cap);
+    let mut spec = RunSpec::new(Arc::clone(&pipeline), fields, provider.clone(), opts.cap);
+    spec.interactors = opts.interactors.clone();
+    spec.approval_timeout = opts.approval_timeout;
     let audit = spec.bus.subscribe_audit("test", 1 << 22);
     let system = actix::System::new();
     let (report, elapsed) = system.block_on(async move {
