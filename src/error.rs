@@ -114,6 +114,9 @@ pub enum ValidationCode {
     InputInvalid,
     /// A `script.yaml` for the scripted provider is malformed.
     ScriptInvalid,
+    /// A `hooks:` entry in pipeline.yaml is malformed (slot, kind, command,
+    /// timeout, tools).
+    HookInvalid,
 }
 
 impl ValidationCode {
@@ -142,6 +145,7 @@ impl ValidationCode {
             ValidationCode::StageInputsSchemaInvalid => "StageInputsSchemaInvalid",
             ValidationCode::InputInvalid => "InputInvalid",
             ValidationCode::ScriptInvalid => "ScriptInvalid",
+            ValidationCode::HookInvalid => "HookInvalid",
         }
     }
 }

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod definition;
 pub mod error;
+pub mod hooks;
 pub mod provider;
 pub mod runtime;
 pub mod tools;

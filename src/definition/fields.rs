@@ -83,19 +83,36 @@ impl<'d> FieldReader<'d> {
 
     /// A required key of `map`; reports `missing required field` when absent.
     pub fn required<'n>(&mut self, map: &'n Node, key: &str, hint: &str) -> Option<&'n Node> {
+        self.required_at(map, key, key, hint)
+    }
+
+    /// [`FieldReader::required`], reported under the full `field` path
+    /// (e.g. `hooks[2].at`).
+    pub fn required_at<'n>(
+        &mut self,
+        map: &'n Node,
+        key: &str,
+        field: &str,
+        hint: &str,
+    ) -> Option<&'n Node> {
         match map.get(key) {
             Some(Node {
                 value: Value::Null,
                 pos,
             }) => {
-                self.shape(*pos, key, format!("required field `{key}` is empty"), hint);
+                self.shape(
+                    *pos,
+                    field,
+                    format!("required field `{key}` is empty"),
+                    hint,
+                );
                 None
             }
             Some(node) => Some(node),
             None => {
                 self.shape(
                     map.pos,
-                    key,
+                    field,
                     format!("missing required field `{key}`"),
                     hint,
                 );

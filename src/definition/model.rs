@@ -49,6 +49,8 @@ pub struct Pipeline {
     pub asserts: BTreeMap<String, Vec<Expr>>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub gates: BTreeMap<String, Gate>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<crate::hooks::HookDef>,
 }
 
 impl Pipeline {

@@ -11,6 +11,7 @@ use super::model::{
 use super::template::Template;
 use super::yaml::{Node, Pos, Value};
 use crate::error::ValidationCode;
+use crate::hooks::HookDef;
 use std::collections::BTreeMap;
 
 /// Variables every expression sees.
@@ -75,6 +76,7 @@ pub struct PipelineDoc {
     pub next_keys: Vec<StageRef>,
     /// `print` templates with the position of their `content` value.
     pub print_templates: Vec<(String, Pos)>,
+    pub hooks: Vec<HookDef>,
 }
 
 /// Reads pipeline.yaml's root node. Problems go to the reader's diagnostics.
@@ -142,7 +144,163 @@ pub fn read_pipeline(root: &Node, r: &mut FieldReader<'_>) -> PipelineDoc {
     if let Some(n) = r.optional(root, "gates") {
         read_gates(n, r, &mut doc);
     }
+    if let Some(n) = r.optional(root, "hooks") {
+        read_hooks(n, r, &mut doc);
+    }
     doc
+}
+
+/// Default time a hook command may take.
+const HOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn text_or_kind(n: &Node) -> String {
+    n.as_str()
+        .map_or_else(|| n.value.kind().to_owned(), str::to_owned)
+}
+
+fn read_hooks(node: &Node, r: &mut FieldReader<'_>, doc: &mut PipelineDoc) {
+    let code = ValidationCode::HookInvalid;
+    // Missing fields and wrong types inside `hooks` carry the hook code.
+    let shape_code = std::mem::replace(&mut r.code, code);
+    read_hook_list(node, r, doc, code);
+    r.code = shape_code;
+}
+
+fn read_hook_list(
+    node: &Node,
+    r: &mut FieldReader<'_>,
+    doc: &mut PipelineDoc,
+    code: ValidationCode,
+) {
+    let Some(items) = node.as_seq() else {
+        r.report(
+            code,
+            node.pos,
+            "hooks",
+            format!("`hooks` must be a list, found {}", node.value.kind()),
+            "e.g. `hooks: [{ at: TOOL_CALL/pre, kind: guard, command: ./no-rm.sh }]`",
+        );
+        return;
+    };
+    for (i, item) in items.iter().enumerate() {
+        let field = format!("hooks[{i}]");
+        if item.as_map().is_none() {
+            r.report(
+                code,
+                item.pos,
+                &field,
+                format!("`{field}` must be a mapping, found {}", item.value.kind()),
+                "give `at`, `kind` and `command`",
+            );
+            continue;
+        }
+        let before = r.diags.len();
+        let at = match r.required_at(
+            item,
+            "at",
+            &format!("{field}.at"),
+            "a slot such as TOOL_CALL/pre",
+        ) {
+            Some(n) => match n.as_str() {
+                Some(s) if crate::hooks::is_slot(s) => Some(s.to_owned()),
+                _ => {
+                    r.report(
+                        code,
+                        n.pos,
+                        &format!("{field}.at"),
+                        format!("`{}` is not a hook slot", text_or_kind(n)),
+                        format!(
+                            "use <stage>/pre or <stage>/post with <stage> one of {}",
+                            crate::hooks::TURN_STAGES.join(", ")
+                        ),
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        let kind = match r.required_at(
+            item,
+            "kind",
+            &format!("{field}.kind"),
+            "guard, transform or observer",
+        ) {
+            Some(n) => match n.as_str().and_then(crate::hooks::HookKind::parse) {
+                Some(k) => Some(k),
+                None => {
+                    r.report(
+                        code,
+                        n.pos,
+                        &format!("{field}.kind"),
+                        format!("`{}` is not a hook kind", text_or_kind(n)),
+                        "use guard, transform or observer",
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        let command = match r.required(
+            item,
+            "command",
+            "a shell command run in the pipeline folder",
+        ) {
+            Some(n) => match n.as_str() {
+                Some(s) if !s.trim().is_empty() => Some(s.to_owned()),
+                _ => {
+                    r.report(
+                        code,
+                        n.pos,
+                        &format!("{field}.command"),
+                        "`command` must be a non-empty string",
+                        "e.g. `command: ./hooks/no-rm.sh`",
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        let timeout = match r.optional(item, "timeout") {
+            None => Some(HOOK_TIMEOUT),
+            Some(n) => match n.as_str().map(super::duration::parse_duration) {
+                Some(Ok(d)) if !d.is_zero() => Some(d),
+                _ => {
+                    r.report(
+                        code,
+                        n.pos,
+                        &format!("{field}.timeout"),
+                        "`timeout` must be a positive duration",
+                        "e.g. `timeout: 5s` or `timeout: 500ms`",
+                    );
+                    None
+                }
+            },
+        };
+        let tools = match r.optional(item, "tools") {
+            None => Some(Vec::new()),
+            Some(n) => r
+                .string_list(n, &format!("{field}.tools"))
+                .map(|l| l.into_iter().map(|(t, _)| t).collect()),
+        };
+        let name = r
+            .optional(item, "name")
+            .and_then(|n| r.string(n, &format!("{field}.name")));
+        if r.diags.len() != before {
+            continue;
+        }
+        if let (Some(at), Some(kind), Some(command), Some(timeout), Some(tools)) =
+            (at, kind, command, timeout, tools)
+        {
+            doc.hooks.push(HookDef {
+                name: name.unwrap_or_else(|| format!("{at}#{i}")),
+                at,
+                kind,
+                command,
+                timeout,
+                tools,
+            });
+        }
+    }
 }
 
 fn read_ctx(node: &Node, r: &mut FieldReader<'_>, doc: &mut PipelineDoc) {

@@ -25,6 +25,8 @@ pub enum EventName {
     StageExited,
     StageInitFailed,
     ParallelSiblingFailure,
+    /// One hook run: slot, kind, outcome.
+    HookInvoked,
     ToolInvocationProposed,
     ToolInvocationStarted,
     ToolInvocationSucceeded,
@@ -60,6 +62,7 @@ impl EventName {
             EventName::StageExited => "StageExited",
             EventName::StageInitFailed => "StageInitFailed",
             EventName::ParallelSiblingFailure => "ParallelSiblingFailure",
+            EventName::HookInvoked => "HookInvoked",
             EventName::ToolInvocationProposed => "ToolInvocationProposed",
             EventName::ToolInvocationStarted => "ToolInvocationStarted",
             EventName::ToolInvocationSucceeded => "ToolInvocationSucceeded",
@@ -94,6 +97,7 @@ impl EventName {
             | EventName::StageExited
             | EventName::StageInitFailed
             | EventName::ParallelSiblingFailure
+            | EventName::HookInvoked
             | EventName::ToolInvocationProposed
             | EventName::ToolInvocationStarted
             | EventName::ToolInvocationSucceeded

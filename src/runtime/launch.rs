@@ -115,6 +115,10 @@ impl RunSpec {
         cap: Option<usize>,
     ) -> RunSpec {
         let cap = pipeline.effective_cap(cap);
+        let hooks = Arc::new(crate::hooks::HookSet::from_defs(
+            &pipeline.hooks,
+            &pipeline.dir,
+        ));
         RunSpec {
             pipeline,
             run_id: RunId::new(),
@@ -126,6 +130,7 @@ impl RunSpec {
             cancel: CancellationToken::new(),
             interactors: Vec::new(),
             approval_timeout: None,
+            hooks,
         }
     }
 }

@@ -40,6 +40,9 @@ pub struct RunSpec {
     pub interactors: Vec<InteractorSpec>,
     /// How long an approval may wait for an answer (`None`: forever).
     pub approval_timeout: Option<std::time::Duration>,
+    /// Hooks at the message-loop slots (the pipeline's, plus any a library
+    /// user adds).
+    pub hooks: Arc<crate::hooks::HookSet>,
 }
 
 /// Sent to the scheduler's owner when the run is over.
@@ -148,6 +151,7 @@ impl Scheduler {
             visit,
             cancel: self.spec.cancel.child_token(),
             hub: self.hub.clone(),
+            hooks: Arc::clone(&self.spec.hooks),
         };
         let me = ctx.address();
         let addr = match exec {

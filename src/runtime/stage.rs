@@ -32,6 +32,7 @@ use crate::definition::{
     StageKind,
 };
 use crate::error::{Code, ErrorClass, HasCode, ValidationCode};
+use crate::hooks::{HookError, HookSet, SlotOutcome};
 use crate::provider::{ModelRequest, Provider, ProviderError};
 use crate::tools::exec::ModelError;
 use crate::tools::stage_manifest;
@@ -78,6 +79,8 @@ pub struct StageRun {
     /// Where out-of-envelope calls are put to the interactors; `None`
     /// denies them (headless).
     pub hub: Option<Addr<InteractionHub>>,
+    /// Hooks at the message-loop slots.
+    pub hooks: Arc<HookSet>,
 }
 
 /// Where the execution is, for the `StageCancelled` record.
@@ -171,6 +174,77 @@ impl StageRun {
             EventName::StagePostFired
         };
         self.emit(self.event(name).with("phase", phase));
+    }
+
+    /// Runs the hooks of `slot` on `payload` (the common fields are added
+    /// here) and audits every hook run. Without hooks at the slot it costs
+    /// nothing and returns the payload as it was.
+    async fn hook(&self, slot: &str, tool: Option<&str>, fields: Value) -> SlotOutcome {
+        if !self.hooks.has(slot, tool) {
+            return SlotOutcome::Proceed(fields);
+        }
+        let mut payload = serde_json::Map::new();
+        payload.insert("slot".into(), Value::from(slot));
+        payload.insert(
+            "workflowRunId".into(),
+            Value::from(self.ctx.workflow_run_id.as_str()),
+        );
+        payload.insert("stageId".into(), Value::from(self.stage.id.as_str()));
+        payload.insert(
+            "stageExecutionId".into(),
+            Value::from(self.ctx.stage_execution_id.as_str()),
+        );
+        if let Value::Object(extra) = fields {
+            payload.extend(extra);
+        }
+        let mut log = Vec::new();
+        let outcome = self
+            .hooks
+            .run(slot, tool, Value::Object(payload), &mut log)
+            .await;
+        for run in log {
+            let mut ev = self
+                .event(EventName::HookInvoked)
+                .with("slot", slot)
+                .with("hook", run.hook.as_str())
+                .with("kind", run.kind.as_str())
+                .with("outcome", run.outcome);
+            if let Some(t) = tool {
+                ev = ev.tool(t);
+            }
+            if let Some(e) = run.error {
+                ev = ev.with("code", HookError::CODE).with("error", e);
+            }
+            self.emit(ev);
+        }
+        outcome
+    }
+
+    /// A slot of the model loop where a guard deny or a failed transform
+    /// ends Act; transforms may only rewrite `field` (if any).
+    async fn loop_hook(
+        &self,
+        slot: &str,
+        fields: Value,
+        field: Option<&str>,
+    ) -> Result<Option<Value>, (Code, String)> {
+        match self.hook(slot, None, fields).await {
+            SlotOutcome::Proceed(v) => Ok(field.and_then(|f| v.get(f).cloned())),
+            SlotOutcome::Denied { hook, reason } => Err((
+                Code {
+                    class: ErrorClass::ExtensionHost,
+                    name: "HookDenied",
+                },
+                format!("guard hook `{hook}` at {slot} denied: {reason}"),
+            )),
+            SlotOutcome::Failed { error, .. } => Err((
+                Code {
+                    class: ErrorClass::ExtensionHost,
+                    name: "HookFailed",
+                },
+                error.to_string(),
+            )),
+        }
     }
 
     /// Records `StageEntered`. The owner calls it at the moment it commits
@@ -304,6 +378,20 @@ impl StageRun {
                 return self.init_failed(ValidationCode::TemplateUnresolved.code(), e.to_string());
             }
         };
+        let mut prompt = prompt;
+        for slot in ["RECEIVE_INPUT/pre", "RECEIVE_INPUT/post"] {
+            match self
+                .loop_hook(slot, json!({"input": prompt}), Some("input"))
+                .await
+            {
+                Ok(Some(Value::String(input))) => prompt = input,
+                Ok(_) => {}
+                Err((code, message)) => {
+                    self.phase(progress, "Init", false);
+                    return self.init_failed(code, message);
+                }
+            }
+        }
         let mut transcript = Transcript::new(prompt);
         transcript.push(Message::User {
             content: format!(
@@ -521,6 +609,20 @@ impl StageRun {
             }
             turns += 1;
             progress.borrow_mut().turn = turns;
+            let composed = json!({
+                "turn": turns,
+                "messages": transcript.messages().len(),
+                "tools": tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            });
+            for slot in [
+                "COMPOSE_REQUEST/pre",
+                "COMPOSE_REQUEST/post",
+                "SEND_REQUEST/pre",
+            ] {
+                if let Err((code, message)) = self.loop_hook(slot, composed.clone(), None).await {
+                    return ActEnd::Failed(code, message);
+                }
+            }
             let request = ModelRequest {
                 stage_id: self.stage.id.clone(),
                 stage_execution_id: self.ctx.stage_execution_id.clone(),
@@ -531,10 +633,30 @@ impl StageRun {
                 completion_schema: def.completion_schema.shared_document(),
                 ctx: Arc::clone(&self.ctx),
             };
-            let response = match self.request(request, turns).await {
+            let mut response = match self.request(request, turns).await {
                 Ok(r) => r,
                 Err(e) => return ActEnd::Failed(e.code(), e.to_string()),
             };
+            for slot in ["SEND_REQUEST/post", "STREAM_RESPONSE/pre"] {
+                if let Err((code, message)) =
+                    self.loop_hook(slot, json!({"turn": turns}), None).await
+                {
+                    return ActEnd::Failed(code, message);
+                }
+            }
+            let streamed = json!({
+                "turn": turns,
+                "text": response.text,
+                "toolCalls": response.tool_calls.iter().map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments})).collect::<Vec<_>>(),
+            });
+            match self
+                .loop_hook("STREAM_RESPONSE/post", streamed, Some("text"))
+                .await
+            {
+                Ok(Some(Value::String(text))) => response.text = Some(text),
+                Ok(_) => {}
+                Err((code, message)) => return ActEnd::Failed(code, message),
+            }
             usage.add(response.usage);
             let calls = response.tool_calls.clone();
             transcript.push(Message::Assistant {
@@ -573,7 +695,18 @@ impl StageRun {
             if completions == 1 {
                 let call = &calls[0];
                 match parse_completion(def, &call.arguments) {
-                    Ok(parsed) => return ActEnd::Completed(parsed),
+                    Ok(parsed) => {
+                        // RENDER: guards may refuse the result; transforms
+                        // cannot change it (it passed the schema).
+                        for slot in ["RENDER/pre", "RENDER/post"] {
+                            if let Err((code, message)) =
+                                self.loop_hook(slot, json!({"parsed": parsed}), None).await
+                            {
+                                return ActEnd::Failed(code, message);
+                            }
+                        }
+                        return ActEnd::Completed(parsed);
+                    }
                     Err(err) => {
                         transcript.push(Message::Tool {
                             tool_call_id: call.id.clone(),
@@ -702,6 +835,66 @@ impl StageRun {
         index: usize,
         progress: &Rc<RefCell<Progress>>,
     ) -> Result<Value, String> {
+        let args = self.authorize(def, call, index, progress).await?;
+        // Guard hooks run on every approved call and win in any mode;
+        // transforms then may rewrite the arguments.
+        let fields = json!({"tool": call.name, "callId": call.id, "arguments": args});
+        let tool_error = |name: &'static str, message: String| {
+            ModelError::new(
+                Code {
+                    class: ErrorClass::ToolTerminal,
+                    name,
+                },
+                message,
+            )
+            .to_content()
+        };
+        match self.hook("TOOL_CALL/pre", Some(&call.name), fields).await {
+            SlotOutcome::Proceed(payload) => match payload.get("arguments") {
+                Some(v @ Value::Object(_)) => Ok(v.clone()),
+                _ => {
+                    let message =
+                        "a transform hook at TOOL_CALL/pre left no `arguments` object".to_owned();
+                    self.emit(
+                        self.tool_event(EventName::ToolInvocationFailed, call)
+                            .with("code", HookError::CODE),
+                    );
+                    Err(tool_error("HookFailed", message))
+                }
+            },
+            SlotOutcome::Denied { hook, reason } => {
+                self.emit(
+                    self.tool_event(EventName::ToolCallDenied, call)
+                        .with("by", format!("hook:{hook}"))
+                        .with("reason", reason.as_str()),
+                );
+                Err(tool_error(
+                    "HookDenied",
+                    format!("guard hook `{hook}` denied this call: {reason}"),
+                ))
+            }
+            SlotOutcome::Failed { hook, error } => {
+                self.emit(
+                    self.tool_event(EventName::ToolInvocationFailed, call)
+                        .with("code", HookError::CODE)
+                        .with("message", error.to_string()),
+                );
+                Err(tool_error(
+                    "HookFailed",
+                    format!("transform hook `{hook}` failed, so the call was not run: {error}"),
+                ))
+            }
+        }
+    }
+
+    /// The SM decision for one call: allowedTools, or a one-shot grant.
+    async fn authorize(
+        &self,
+        def: &StageDefinition,
+        call: &ToolCall,
+        index: usize,
+        progress: &Rc<RefCell<Progress>>,
+    ) -> Result<Value, String> {
         self.emit(
             self.tool_event(EventName::ToolInvocationProposed, call)
                 .with("arguments", call.arguments.as_str()),
@@ -818,8 +1011,43 @@ impl StageRun {
         }
     }
 
-    /// Executes one approved call on its own tool-call actor.
+    /// Executes one approved call, then lets TOOL_CALL/post hooks see (and
+    /// transforms rewrite) its result.
     async fn execute_tool(&self, call: &ToolCall, args: Value) -> String {
+        if !self.hooks.has("TOOL_CALL/post", Some(&call.name)) {
+            return self.run_tool_actor(call, args).await;
+        }
+        let result = self.run_tool_actor(call, args.clone()).await;
+        let fields =
+            json!({"tool": call.name, "callId": call.id, "arguments": args, "result": result});
+        match self.hook("TOOL_CALL/post", Some(&call.name), fields).await {
+            SlotOutcome::Proceed(payload) => match payload.get("result") {
+                Some(Value::String(r)) => r.clone(),
+                _ => result,
+            },
+            // The call already ran: a post guard or failed transform
+            // withholds its result from the model.
+            SlotOutcome::Denied { hook, reason } => ModelError::new(
+                Code {
+                    class: ErrorClass::ToolTerminal,
+                    name: "HookDenied",
+                },
+                format!("guard hook `{hook}` withheld this result: {reason}"),
+            )
+            .to_content(),
+            SlotOutcome::Failed { hook, error } => ModelError::new(
+                Code {
+                    class: ErrorClass::ToolTerminal,
+                    name: "HookFailed",
+                },
+                format!("transform hook `{hook}` failed on this result: {error}"),
+            )
+            .to_content(),
+        }
+    }
+
+    /// Runs one approved call on its own tool-call actor.
+    async fn run_tool_actor(&self, call: &ToolCall, args: Value) -> String {
         let ev = |name: EventName| self.tool_event(name, call);
         self.emit(ev(EventName::ToolInvocationStarted));
         let actor = ToolCallActor.start();

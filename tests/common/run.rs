@@ -128,6 +128,12 @@ pub struct Opts {
     /// Who answers approvals (empty: headless).
     pub interactors: Vec<InteractorSpec>,
     pub approval_timeout: Option<Duration>,
+    /// The project root tools work in (default: the current directory).
+    pub root: Option<std::path::PathBuf>,
+    /// Run on the real clock: needed when real processes run (hooks, Bash),
+    /// because a paused clock jumps ahead while they work and their
+    /// timeouts would fire at once.
+    pub real_time: bool,
 }
 
 /// Loads the pipeline at `dir` (with its script.yaml, if any) and runs it.
@@ -164,13 +170,21 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
     let mut spec = RunSpec::new(Arc::clone(&pipeline), fields, provider.clone(), opts.cap);
     spec.interactors = opts.interactors.clone();
     spec.approval_timeout = opts.approval_timeout;
+    if let Some(root) = &opts.root {
+        spec.settings = Arc::new(troupe::runtime::stage::RunSettings {
+            root: root.clone(),
+            ..troupe::runtime::stage::RunSettings::default()
+        });
+    }
     let audit = spec.bus.subscribe_audit("test", 1 << 22);
     let system = actix::System::new();
     let (report, elapsed) = system.block_on(async move {
-        tokio::time::pause();
-        // Timers fire on whole milliseconds; start on a tick so waits of
-        // whole milliseconds measure exactly.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        if !opts.real_time {
+            tokio::time::pause();
+            // Timers fire on whole milliseconds; start on a tick so waits
+            // of whole milliseconds measure exactly.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         let start = tokio::time::Instant::now();
         let (session, done) = start_run(spec, Vec::new());
         if let Some(after) = opts.cancel_after {

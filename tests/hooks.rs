@@ -1,0 +1,210 @@
+//! Hooks (ACCEPTANCE 35–36): guard, transform and observer commands at the
+//! message-loop slots, run for real with `sh`, in-process on the runtime.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::Fixture;
+use common::run::{Opts, Outcome, run};
+use serde_json::Value;
+use troupe::definition::load_pipeline;
+use troupe::runtime::interaction::InteractorSpec;
+use troupe::runtime::summary::RunStatus;
+
+fn stage(allowed: &str) -> String {
+    format!(
+        "---\nid: s\nname: Stage s\nallowedTools: [{allowed}]\ncompletionTool: done\ncompletionSchema:\n  type: object\n  properties: {{ n: {{ type: integer }} }}\nretryPolicy:\n  maxAttempts: 1\n  backoff: none\nturnCap: 8\nresolutionPolicy: fail\n---\nWork.\n"
+    )
+}
+
+/// A one-stage pipeline with `hooks` (YAML list items) and `script`.
+fn fixture(allowed: &str, hooks: &str, script: &str, files: &[(&str, &str)]) -> Fixture {
+    let yaml = format!("id: p\nentry: s\nstages:\n  s: s.md\nnext:\n  s: end\nhooks:\n{hooks}");
+    let st = stage(allowed);
+    let mut all = vec![("s.md", st.as_str()), ("script.yaml", script)];
+    all.extend_from_slice(files);
+    Fixture::new(&yaml, &all)
+}
+
+fn tool_results(out: &Outcome) -> Vec<String> {
+    let requests = out.requests();
+    requests
+        .last()
+        .unwrap()
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            troupe::runtime::transcript::Message::Tool { content, .. } => Some(content.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Hooks and Bash are real processes: run on the real clock.
+fn real() -> Opts {
+    Opts {
+        real_time: true,
+        ..Opts::default()
+    }
+}
+
+const NO_RM: &str = "#!/bin/sh\nif grep -q '\"rm '; then echo '{\"decision\":\"deny\",\"reason\":\"rm is not allowed here\"}'; else echo '{\"decision\":\"allow\"}'; fi\n";
+
+#[test]
+fn acceptance_35_a_guard_hook_blocks_rm_even_when_approved() {
+    for (allowed, interactors) in [("Bash", vec![]), ("Read", vec![InteractorSpec::Yolo])] {
+        let f = fixture(
+            allowed,
+            "  - { name: no-rm, at: TOOL_CALL/pre, kind: guard, command: sh no-rm.sh, tools: [Bash] }\n",
+            "stages:\n  s:\n    - { tool: Bash, args: { command: \"rm victim.txt\" } }\n    - { tool: Bash, args: { command: \"echo kept > other.txt\" } }\n    - complete: { n: 1 }\n",
+            &[("no-rm.sh", NO_RM), ("victim.txt", "precious")],
+        );
+        let out = run(
+            f.path(),
+            Opts {
+                interactors,
+                root: Some(f.path().to_owned()),
+                ..real()
+            },
+        );
+        assert_eq!(out.report.status, RunStatus::Ok);
+        assert!(f.file("victim.txt").exists(), "the denied rm never ran");
+        assert_eq!(
+            std::fs::read_to_string(f.file("other.txt")).unwrap().trim(),
+            "kept"
+        );
+        let denied = out.named("ToolCallDenied");
+        assert_eq!(denied.len(), 1);
+        assert_eq!(denied[0]["by"], "hook:no-rm");
+        assert_eq!(denied[0]["reason"], "rm is not allowed here");
+        let hooks: Vec<&str> = out
+            .named("HookInvoked")
+            .iter()
+            .map(|e| e["outcome"].as_str().unwrap())
+            .collect();
+        assert_eq!(hooks, ["deny", "allow"]);
+        let results = tool_results(&out);
+        assert!(
+            results[0].contains("ToolTerminal/HookDenied"),
+            "{}",
+            results[0]
+        );
+        assert_eq!(out.count("ToolInvocationStarted"), 1);
+    }
+}
+
+#[test]
+fn acceptance_36_a_transform_rewrites_arguments_and_a_failing_observer_is_harmless() {
+    let f = fixture(
+        "Echo",
+        "  - { name: shout, at: TOOL_CALL/pre, kind: transform, command: \"sed s/hello/HELLO/\" }\n  - { name: broken-observer, at: TOOL_CALL/pre, kind: observer, command: \"exit 7\" }\n  - { name: log, at: RENDER/post, kind: observer, command: \"cat > render.json\" }\n",
+        "stages:\n  s:\n    - { tool: Echo, args: { text: hello world } }\n    - complete: { n: 4 }\n",
+        &[],
+    );
+    let out = run(f.path(), real());
+    assert_eq!(
+        out.report.status,
+        RunStatus::Ok,
+        "the observer's failure is not fatal"
+    );
+    assert_eq!(tool_results(&out)[0], "HELLO world");
+    let runs: Vec<(String, String)> = out
+        .named("HookInvoked")
+        .iter()
+        .map(|e| {
+            (
+                e["hook"].as_str().unwrap().to_owned(),
+                e["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("shout".to_owned(), "transformed".to_owned()),
+            ("broken-observer".to_owned(), "failed".to_owned()),
+            ("log".to_owned(), "ok".to_owned()),
+        ]
+    );
+    let failed = out
+        .named("HookInvoked")
+        .into_iter()
+        .find(|e| e["outcome"] == "failed")
+        .unwrap();
+    assert_eq!(failed["code"], "ExtensionHost/HookFailed");
+    // The observer saw the final payload on stdin.
+    let seen: Value =
+        serde_json::from_str(&std::fs::read_to_string(f.file("render.json")).unwrap()).unwrap();
+    assert_eq!(seen["slot"], "RENDER/post");
+    assert_eq!(seen["parsed"]["n"], 4);
+    assert_eq!(seen["stageId"], "s");
+}
+
+#[test]
+fn a_guard_that_prints_garbage_denies_with_a_typed_error() {
+    let f = fixture(
+        "Echo",
+        "  - { at: TOOL_CALL/pre, kind: guard, command: \"echo yes please\" }\n",
+        "stages:\n  s:\n    - { tool: Echo, args: { text: hi } }\n    - complete: { n: 1 }\n",
+        &[],
+    );
+    let out = run(f.path(), real());
+    assert_eq!(out.report.status, RunStatus::Ok);
+    let denied = out.named("ToolCallDenied");
+    assert_eq!(denied.len(), 1);
+    assert!(
+        denied[0]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("ExtensionHost/HookFailed"),
+        "{}",
+        denied[0]["reason"]
+    );
+    assert_eq!(out.count("ToolInvocationStarted"), 0);
+}
+
+#[test]
+fn a_guard_at_send_request_stops_the_stage_with_a_code() {
+    let f = fixture(
+        "Echo",
+        "  - { at: SEND_REQUEST/pre, kind: guard, command: \"echo '{\\\"decision\\\":\\\"deny\\\",\\\"reason\\\":\\\"budget\\\"}'\" }\n",
+        "stages:\n  s:\n    - complete: { n: 1 }\n",
+        &[],
+    );
+    let out = run(f.path(), real());
+    match &out.report.status {
+        RunStatus::Failed { reason } => {
+            assert!(reason.contains("ExtensionHost/HookDenied"), "{reason}");
+            assert!(reason.contains("budget"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(out.requests().is_empty(), "no request was sent");
+}
+
+#[test]
+fn malformed_hooks_are_reported_with_their_place() {
+    let f = fixture(
+        "Echo",
+        "  - { at: TOOL_CALL/during, kind: guard, command: x }\n  - { at: RENDER/post, kind: nosy, command: x }\n  - { at: RENDER/post, kind: guard, command: \"\", timeout: soon }\n  - { kind: guard, command: x }\n",
+        "stages: {}\n",
+        &[],
+    );
+    let diags = load_pipeline(f.path()).unwrap_err().0;
+    let hook_errors: Vec<(String, u64)> = diags
+        .iter()
+        .filter(|d| d.code.name() == "HookInvalid")
+        .map(|d| (d.field.clone().unwrap_or_default(), d.line.unwrap_or(0)))
+        .collect();
+    assert_eq!(
+        hook_errors,
+        [
+            ("hooks[0].at".to_owned(), 8),
+            ("hooks[1].kind".to_owned(), 9),
+            ("hooks[2].command".to_owned(), 10),
+            ("hooks[2].timeout".to_owned(), 10),
+            ("hooks[3].at".to_owned(), 11),
+        ]
+    );
+}
