@@ -7,6 +7,7 @@ pub mod events;
 pub mod extract;
 pub mod ids;
 pub mod launch;
+pub mod observer;
 pub mod result;
 pub mod scheduler;
 pub mod session;

@@ -1,5 +1,6 @@
 //! Live progress of fan-outs on the terminal: done / running / waiting /
-//! failed / cancelled per `map` group, drawn on stderr. Only started when
+//! failed / cancelled per `map` group, and requests waiting for a provider
+//! slot (`--max-inflight`), drawn on stderr. Only started when
 //! stderr is a terminal; it is a bus subscriber like any other.
 
 use std::io;
@@ -17,6 +18,8 @@ struct Counts {
     done: u64,
     failed: u64,
     cancelled: u64,
+    /// Model requests waiting for a slot of the provider's limit.
+    provider_waiting: u64,
 }
 
 impl Counts {
@@ -30,6 +33,12 @@ impl Counts {
         }
         if self.cancelled > 0 {
             m.push_str(&format!(" · cancelled {}", self.cancelled));
+        }
+        if self.provider_waiting > 0 {
+            m.push_str(&format!(
+                " · {} waiting for the provider",
+                self.provider_waiting
+            ));
         }
         m
     }
@@ -104,6 +113,17 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                         if let Some((pb, c)) = &mut bar {
                             c.running = c.running.saturating_sub(1);
                             c.cancelled += 1;
+                            pb.set_message(c.message());
+                        }
+                    }
+                    EventName::Progress => {
+                        let slot = e.field("providerSlot").and_then(|v| v.as_str());
+                        if let (Some((pb, c)), Some(slot)) = (&mut bar, slot) {
+                            if slot == "waiting" {
+                                c.provider_waiting += 1;
+                            } else {
+                                c.provider_waiting = c.provider_waiting.saturating_sub(1);
+                            }
                             pb.set_message(c.message());
                         }
                     }
