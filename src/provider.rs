@@ -1,6 +1,8 @@
 //! Model providers: the request a stage sends, the turn it gets back, and
-//! typed provider errors. `scripted` is the offline, deterministic default.
+//! typed provider errors. `scripted` is the offline, deterministic default;
+//! `openai` talks to any OpenAI-compatible `/v1/chat/completions` endpoint.
 
+pub mod openai;
 pub mod script;
 pub mod scripted;
 pub mod synth;
