@@ -89,6 +89,7 @@ pub fn load_pipeline_with(
         next: doc.next,
         asserts: doc.asserts,
         gates: doc.gates,
+        provider: doc.provider,
     })
 }
 
