@@ -3,6 +3,7 @@
 
 pub mod exit;
 pub mod progress;
+pub mod provider;
 pub mod run;
 pub mod show;
 pub mod validate;
@@ -20,6 +21,7 @@ markdown file per LLM stage (YAML frontmatter + prompt body).
 Examples:
   troupe run stages/code-review --task 'rename the config loader'
   troupe run stages/fanout --ctx width=10000 --parallel-cap 256
+  troupe run stages/fanout --base-url http://127.0.0.1:8080/v1   # a local model
   troupe validate stages/code-review
   troupe show stages/fanout
   troupe show stages/code-review plan --json
@@ -27,7 +29,8 @@ Examples:
 Exit codes:
   0    ok
   1    the run failed (a stage failed, a sibling failed, maxVisits exceeded)
-  2    invalid input: a pipeline that fails validation, a bad flag or value
+  2    invalid input: a pipeline that fails validation, a bad flag or value,
+       or a model provider that fails the capability check (nothing ran)
   130  interrupted (Ctrl-C)";
 
 /// troupe runs LLM agent workflows as state-machine stage pipelines.
@@ -52,10 +55,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a pipeline offline on the actor runtime (scripted provider).
+    /// Run a pipeline on the actor runtime: offline (scripted provider) or
+    /// against any OpenAI-compatible endpoint (--base-url).
     ///
-    /// Validates first (exit 2 when invalid), runs every stage execution as
-    /// its own actor, writes the audit log to
+    /// Validates first (exit 2 when invalid; for the openai provider, also
+    /// when the endpoint is unreachable or the model cannot call tools),
+    /// runs every stage execution as its own actor, writes the audit log to
     /// .troupe/runs/<workflowRunId>/audit.jsonl and prints a summary.
     Run(Box<run::RunArgs>),
     /// Print a pipeline's graph, or one stage in full.

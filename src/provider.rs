@@ -1,6 +1,8 @@
 //! Model providers: the request a stage sends, the turn it gets back, and
-//! typed provider errors. `scripted` is the offline, deterministic default.
+//! typed provider errors. `scripted` is the offline, deterministic default;
+//! `openai` talks to any OpenAI-compatible `/v1/chat/completions` endpoint.
 
+pub mod openai;
 pub mod script;
 pub mod scripted;
 pub mod synth;
@@ -29,6 +31,20 @@ pub struct ModelRequest {
     pub completion_schema: Arc<serde_json::Value>,
     /// The stage's context, for providers that template replies (scripted).
     pub ctx: Arc<StageContext>,
+    /// Where a provider reports observer-class signals of this request
+    /// (streamed text, waiting for a slot); `None` when nobody listens.
+    pub observer: Option<Arc<dyn RequestObserver>>,
+}
+
+/// Observer-class signals of one request in flight. Best effort and
+/// projection only: nothing authoritative flows through it, and a provider
+/// that streams nothing never calls it.
+pub trait RequestObserver: Send + Sync + std::fmt::Debug {
+    /// A streamed text delta of the model's reply.
+    fn token(&self, text: &str);
+    /// The request waits for a slot of the provider's concurrency limit
+    /// (`true`), or got one after waiting (`false`).
+    fn waiting_for_slot(&self, waiting: bool);
 }
 
 impl ModelRequest {

@@ -8,6 +8,7 @@ pub mod extract;
 pub mod ids;
 pub mod interaction;
 pub mod launch;
+pub mod observer;
 pub mod planner;
 pub mod result;
 pub mod scheduler;

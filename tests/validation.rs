@@ -499,3 +499,43 @@ fn bundled_pipelines_validate() {
         assert_eq!(p.stages.len(), stages, "{name}");
     }
 }
+
+#[test]
+fn provider_block_is_read_and_each_wrong_key_is_located() {
+    let yaml = "id: demo\nentry: a\nctx:\n  task: { required: true }\nstages:\n  a: a.md\nprovider:\n  kind: openai\n  baseUrl: http://127.0.0.1:8080/v1\n  model: qwen\n  apiKeyEnv: MY_KEY\n  stream: false\n  maxInflight: 4\n  requestTimeout: 2m\n";
+    let ok = Fixture::new(yaml, &[("a.md", &stage_md("a", "", "x"))]);
+    let p = load_pipeline(ok.path()).unwrap();
+    let block = p.provider.unwrap();
+    assert_eq!(block.kind, Some(troupe::definition::ProviderKind::Openai));
+    assert_eq!(block.model.as_deref(), Some("qwen"));
+    assert_eq!(block.api_key_env.as_deref(), Some("MY_KEY"));
+    assert_eq!(block.stream, Some(false));
+    assert_eq!(block.max_inflight, Some(4));
+    assert_eq!(
+        block.request_timeout,
+        Some(std::time::Duration::from_secs(120))
+    );
+
+    let bad = "id: demo\nentry: a\nctx:\n  task: { required: true }\nstages:\n  a: a.md\nprovider:\n  kind: anthropic\n  baseUrl: localhost:8080\n  apiKey: sk-1\n  modle: x\n  requestTimeout: soon\n";
+    let f = Fixture::new(bad, &[("a.md", &stage_md("a", "", "x"))]);
+    let errs = errors(&f);
+    let located: Vec<(Option<String>, Option<u64>)> =
+        errs.iter().map(|d| (d.field.clone(), d.line)).collect();
+    let expect = [
+        ("provider.kind", 8),
+        ("provider.baseUrl", 9),
+        ("provider.apiKey", 10),
+        ("provider.modle", 11),
+        ("provider.requestTimeout", 12),
+    ];
+    assert_eq!(
+        located,
+        expect.map(|(f, l)| (Some(f.to_owned()), Some(l))),
+        "{errs:#?}"
+    );
+    assert!(errs.iter().all(|d| d.code == V::PipelineInvalid));
+    assert!(
+        !format!("{errs:?}").contains("sk-1"),
+        "a literal key is not echoed"
+    );
+}

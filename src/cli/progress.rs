@@ -1,7 +1,8 @@
 //! Live progress of fan-outs on the terminal: done / running / waiting /
-//! failed / cancelled per parallel group, drawn on stderr from the
-//! scheduler's `Progress` events. Only started when stderr is a terminal;
-//! it is a bus subscriber like any other, and may lag without harm.
+//! failed / cancelled per parallel group, from the scheduler's `Progress`
+//! events, and model requests waiting for a provider slot
+//! (`--max-inflight`), drawn on stderr. Only started when stderr is a
+//! terminal; it is a bus subscriber like any other, and may lag without harm.
 
 use std::io;
 
@@ -18,6 +19,8 @@ struct Counts {
     done: u64,
     failed: u64,
     cancelled: u64,
+    /// Model requests waiting for a slot of the provider's limit.
+    provider_waiting: u64,
 }
 
 impl Counts {
@@ -28,6 +31,12 @@ impl Counts {
         }
         if self.cancelled > 0 {
             m.push_str(&format!(" · cancelled {}", self.cancelled));
+        }
+        if self.provider_waiting > 0 {
+            m.push_str(&format!(
+                " · {} waiting for the provider",
+                self.provider_waiting
+            ));
         }
         m
     }
@@ -79,6 +88,19 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                     }
                     // The scheduler's own counts; a dropped Progress is
                     // corrected by the next one.
+                    // A request waiting for (or getting) a provider slot.
+                    EventName::Progress if e.field("providerSlot").is_some() => {
+                        let waiting =
+                            e.field("providerSlot").and_then(|v| v.as_str()) == Some("waiting");
+                        if let Some((pb, c)) = &mut bar {
+                            if waiting {
+                                c.provider_waiting += 1;
+                            } else {
+                                c.provider_waiting = c.provider_waiting.saturating_sub(1);
+                            }
+                            pb.set_message(c.message());
+                        }
+                    }
                     EventName::Progress => {
                         if let Some((pb, c)) = &mut bar {
                             let n = |k: &str| {

@@ -1,15 +1,19 @@
-//! `troupe run`: validate, run a pipeline on the actor runtime, print a
-//! summary. First Ctrl-C cancels the run (exit 130) after flushing the audit
-//! log; a second one exits at once.
+//! `troupe run`: validate, pick the provider (and check an `openai` one can
+//! do the job), run a pipeline on the actor runtime, print a summary. First
+//! Ctrl-C cancels the run (exit 130) after flushing the audit log; a second
+//! one exits at once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::Exit;
+use super::provider::{ProviderArgs, ProviderSetup};
 use super::validate::print_diagnostics;
-use crate::definition::{duration::parse_duration, load_pipeline};
-use crate::error::Diagnostics;
+use crate::definition::{Backoff, duration::parse_duration, load_pipeline};
+use crate::error::{Diagnostics, HasCode};
+use crate::provider::Provider;
+use crate::provider::openai::{CheckError, OpenAiProvider};
 use crate::provider::script::{SCRIPT_FILE, Script};
 use crate::provider::scripted::{ScriptedProvider, Selector};
 use crate::runtime::audit::{start_audit_log, start_event_stream};
@@ -18,7 +22,7 @@ use crate::runtime::launch::{parse_ctx_pair, resolve_fields, start_run};
 use crate::runtime::scheduler::RunSpec;
 use crate::runtime::session::Cancel;
 use crate::runtime::stage::RunSettings;
-use crate::runtime::summary::RunStatus;
+use crate::runtime::summary::{RunReport, RunStatus};
 
 /// Options of `troupe run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -79,6 +83,17 @@ pub struct RunArgs {
     /// denied, e.g. 30s (default: no limit).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
     pub approval_timeout: Option<Duration>,
+    #[command(flatten)]
+    pub provider: ProviderArgs,
+}
+
+/// How the actor system's part of a run ended.
+enum Ended {
+    Report(RunReport),
+    /// The run could not start or lost its report.
+    Aborted(String),
+    /// The provider failed its capability check; nothing ran.
+    Check(CheckError),
 }
 
 fn parse_ctx_arg(s: &str) -> Result<(String, serde_json::Value), String> {
@@ -134,25 +149,49 @@ pub fn run(args: RunArgs) -> Exit {
         );
         return Exit::Invalid;
     }
-    let script_path = args.script.clone().or_else(|| {
-        let p = pipeline.dir.join(SCRIPT_FILE);
-        p.is_file().then_some(p)
-    });
-    let script = match &script_path {
-        Some(p) => match Script::load(p, &pipeline) {
-            Ok(s) => s,
-            Err(diags) => {
-                print_diagnostics(p, &diags, args.json);
+    let setup = match args.provider.resolve(&pipeline) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: Validation/InputInvalid: {e}");
+            return Exit::Invalid;
+        }
+    };
+    let mut settings = RunSettings::default();
+    if let Some(n) = args.provider.provider_retries {
+        settings.provider_retries = n;
+    }
+    if let Some(d) = args.provider.provider_backoff {
+        settings.provider_backoff = Backoff::Exponential {
+            initial: d,
+            max: d.max(std::time::Duration::from_secs(10)),
+        };
+    }
+    let (provider, openai): (Arc<dyn Provider>, Option<(OpenAiProvider, bool)>) = match setup {
+        ProviderSetup::Scripted => match scripted_provider(&args, &pipeline) {
+            Ok(p) => (Arc::new(p), None),
+            Err(exit) => return exit,
+        },
+        ProviderSetup::Openai { config, skip_check } => {
+            let scripted_only = [
+                (args.script.is_some(), "--script"),
+                (args.latency.is_some(), "--latency"),
+                (!args.fail_sibling.is_empty(), "--fail-sibling"),
+            ];
+            if let Some((_, flag)) = scripted_only.iter().find(|(set, _)| *set) {
+                eprintln!(
+                    "error: Validation/InputInvalid: {flag} is for the scripted provider, not openai"
+                );
                 return Exit::Invalid;
             }
-        },
-        None => Script::default(),
+            match OpenAiProvider::new(*config) {
+                Ok(p) => (Arc::new(p.clone()), Some((p, skip_check))),
+                Err(e) => {
+                    eprintln!("error: Validation/InputInvalid: {e}");
+                    return Exit::Invalid;
+                }
+            }
+        }
     };
-    let provider = Arc::new(
-        ScriptedProvider::new(script)
-            .with_latency(args.latency)
-            .with_failures(args.fail_sibling.clone()),
-    );
     let mut interactors = Vec::new();
     for path in &args.answers {
         match AnswerRules::load(path) {
@@ -173,21 +212,27 @@ pub fn run(args: RunArgs) -> Exit {
     let mut spec = RunSpec::new(Arc::clone(&pipeline), fields, provider, cap);
     spec.interactors = interactors;
     spec.approval_timeout = args.approval_timeout;
-    spec.settings = Arc::new(RunSettings {
-        root,
-        ..RunSettings::default()
-    });
+    let check_retries = settings.provider_retries;
+    let check_backoff = settings.provider_backoff;
+    settings.root = root;
+    spec.settings = Arc::new(settings);
     let audit_path = args.runs_dir.join(spec.run_id.as_str()).join("audit.jsonl");
 
     let stream_events = args.events.is_some();
     let json = args.json;
+    let check = openai.clone();
     let system = actix::System::new();
-    let report = system.block_on(async move {
+    let ended = system.block_on(async move {
+        if let Some((provider, false)) = &check
+            && let Err(e) = provider.check(check_retries, &check_backoff).await
+        {
+            return Ended::Check(e);
+        }
         let mut sinks = Vec::new();
         match start_audit_log(&spec.bus, &audit_path) {
             Ok(s) => sinks.push(s),
             Err(e) => {
-                return Err(format!(
+                return Ended::Aborted(format!(
                     "cannot write the audit log {}: {e}",
                     audit_path.display()
                 ));
@@ -196,7 +241,7 @@ pub fn run(args: RunArgs) -> Exit {
         if stream_events {
             match start_event_stream(&spec.bus, std::io::stdout()) {
                 Ok(s) => sinks.push(s),
-                Err(e) => return Err(format!("cannot stream events: {e}")),
+                Err(e) => return Ended::Aborted(format!("cannot stream events: {e}")),
             }
         }
         if !stream_events && !json && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -207,33 +252,106 @@ pub fn run(args: RunArgs) -> Exit {
         }
         let (session, done) = start_run(spec, sinks);
         let _interrupts = Interrupts::watch(move || session.do_send(Cancel));
-        done.await
-            .map_err(|_| "the run ended without a report".to_owned())
+        match done.await {
+            Ok(report) => Ended::Report(report),
+            Err(_) => Ended::Aborted("the run ended without a report".to_owned()),
+        }
     });
-    let report = match report {
-        Ok(r) => r,
-        Err(e) => {
+    let report = match ended {
+        Ended::Report(r) => r,
+        Ended::Aborted(e) => {
             eprintln!("error: Session/RunAborted: {e}");
             return Exit::RunFailed;
         }
+        Ended::Check(e) => {
+            print_check_error(&e, args.json);
+            return Exit::Invalid;
+        }
     };
+    let stats = openai.as_ref().map(|(p, _)| p.stats());
     if args.json {
-        match serde_json::to_string_pretty(&report) {
+        let mut value = serde_json::to_value(&report).unwrap_or(serde_json::Value::Null);
+        if let (Some(obj), Some(stats)) = (value.as_object_mut(), &stats) {
+            obj.insert(
+                "provider".to_owned(),
+                serde_json::to_value(stats).unwrap_or(serde_json::Value::Null),
+            );
+        }
+        match serde_json::to_string_pretty(&value) {
             Ok(s) => println!("{s}"),
             Err(e) => eprintln!("error: cannot serialize the report: {e}"),
         }
-    } else if stream_events {
-        eprint!("{}", report.to_text());
     } else {
-        print!("{}", report.to_text());
-        if let RunStatus::Ok = report.status {
-            print_outputs(&report);
+        let mut text = report.to_text();
+        if let Some(s) = &stats {
+            text.push_str(&provider_line(s));
+        }
+        if stream_events {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
+            if let RunStatus::Ok = report.status {
+                print_outputs(&report);
+            }
         }
     }
     match report.status {
         RunStatus::Ok => Exit::Ok,
         RunStatus::Failed { .. } => Exit::RunFailed,
         RunStatus::Cancelled => Exit::Interrupted,
+    }
+}
+
+/// The scripted provider with its script, latency and injected failures.
+fn scripted_provider(
+    args: &RunArgs,
+    pipeline: &crate::definition::Pipeline,
+) -> Result<ScriptedProvider, Exit> {
+    let script_path = args.script.clone().or_else(|| {
+        let p = pipeline.dir.join(SCRIPT_FILE);
+        p.is_file().then_some(p)
+    });
+    let script = match &script_path {
+        Some(p) => match Script::load(p, pipeline) {
+            Ok(s) => s,
+            Err(diags) => {
+                print_diagnostics(p, &diags, args.json);
+                return Err(Exit::Invalid);
+            }
+        },
+        None => Script::default(),
+    };
+    Ok(ScriptedProvider::new(script)
+        .with_latency(args.latency)
+        .with_failures(args.fail_sibling.clone()))
+}
+
+/// One summary line: where the model requests went and how the limit held.
+fn provider_line(s: &crate::provider::openai::ProviderStats) -> String {
+    format!(
+        "provider openai: model {} at {} ({}), {} requests, peak {} in flight of {} allowed, {} waited for a slot\n",
+        s.model.as_deref().unwrap_or("?"),
+        s.base_url,
+        if s.stream { "streaming" } else { "no stream" },
+        s.requests,
+        s.peak_in_flight,
+        s.max_inflight,
+        s.waited_for_slot
+    )
+}
+
+/// A failed capability check, as text on stderr or JSON on stdout.
+fn print_check_error(e: &CheckError, json: bool) {
+    if json {
+        let v = serde_json::json!({
+            "status": "error",
+            "code": e.code().to_string(),
+            "message": e.message,
+            "hint": e.hint,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        eprintln!("error: {}: {}\n  hint: {}", e.code(), e.message, e.hint);
     }
 }
 

@@ -90,6 +90,7 @@ pub fn load_pipeline_with(
         asserts: doc.asserts,
         gates: doc.gates,
         hooks: doc.hooks,
+        provider: doc.provider,
     })
 }
 

@@ -51,6 +51,51 @@ pub struct Pipeline {
     pub gates: BTreeMap<String, Gate>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<crate::hooks::HookDef>,
+    /// The optional `provider:` block: defaults for `troupe run`, which its
+    /// flags override.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderBlock>,
+}
+
+/// Which model provider runs the LLM stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Offline, deterministic: `script.yaml` or synthesized payloads.
+    Scripted,
+    /// Any OpenAI-compatible `/v1/chat/completions` endpoint.
+    Openai,
+}
+
+/// `provider:` in pipeline.yaml. Every field is optional; the API key is
+/// never in the file, only the name of the variable that holds it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderBlock {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ProviderKind>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_inflight: Option<usize>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "ser_opt_duration"
+    )]
+    pub request_timeout: Option<Duration>,
+}
+
+fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => ser_duration(d, s),
+        None => s.serialize_none(),
+    }
 }
 
 impl Pipeline {

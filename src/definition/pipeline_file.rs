@@ -2,11 +2,12 @@
 //! Next() table, asserts and gates, read into located parts that the loader
 //! cross-checks once every stage file is known.
 
+use super::duration::parse_duration;
 use super::expr::Expr;
 use super::fields::{FieldReader, is_kebab};
 use super::model::{
-    CtxField, FORBIDDEN_CTX, Gate, GateOutcome, Next, ParallelPlan, RESERVED_CTX, Siblings,
-    StageKind,
+    CtxField, FORBIDDEN_CTX, Gate, GateOutcome, Next, ParallelPlan, ProviderBlock, ProviderKind,
+    RESERVED_CTX, Siblings, StageKind,
 };
 use super::template::Template;
 use super::yaml::{Node, Pos, Value};
@@ -77,6 +78,7 @@ pub struct PipelineDoc {
     /// `print` templates with the position of their `content` value.
     pub print_templates: Vec<(String, Pos)>,
     pub hooks: Vec<HookDef>,
+    pub provider: Option<ProviderBlock>,
 }
 
 /// Reads pipeline.yaml's root node. Problems go to the reader's diagnostics.
@@ -146,6 +148,9 @@ pub fn read_pipeline(root: &Node, r: &mut FieldReader<'_>) -> PipelineDoc {
     }
     if let Some(n) = r.optional(root, "hooks") {
         read_hooks(n, r, &mut doc);
+    }
+    if let Some(n) = r.optional(root, "provider") {
+        doc.provider = read_provider(n, r);
     }
     doc
 }
@@ -301,6 +306,137 @@ fn read_hook_list(
             });
         }
     }
+}
+
+/// Keys of the `provider:` block.
+const PROVIDER_KEYS: [&str; 7] = [
+    "kind",
+    "baseUrl",
+    "model",
+    "apiKeyEnv",
+    "stream",
+    "maxInflight",
+    "requestTimeout",
+];
+
+/// `provider: {kind, baseUrl, model, apiKeyEnv, stream, maxInflight,
+/// requestTimeout}`. Unknown keys are reported (a typo must not silently
+/// fall back to a default); a literal key is refused with a hint.
+fn read_provider(node: &Node, r: &mut FieldReader<'_>) -> Option<ProviderBlock> {
+    let entries = r.map(node, "provider")?;
+    let mut block = ProviderBlock::default();
+    let mut ok = true;
+    for (key, value) in entries {
+        let field = format!("provider.{}", key.name);
+        if value.value == Value::Null {
+            continue;
+        }
+        match key.name.as_str() {
+            "kind" => match r.string(value, &field).as_deref() {
+                Some("scripted") => block.kind = Some(ProviderKind::Scripted),
+                Some("openai") => block.kind = Some(ProviderKind::Openai),
+                Some(other) => {
+                    ok = false;
+                    r.shape(
+                        value.pos,
+                        &field,
+                        format!("unknown provider kind `{other}`"),
+                        "use `scripted` (offline) or `openai` (any OpenAI-compatible endpoint)",
+                    );
+                }
+                None => ok = false,
+            },
+            "baseUrl" => match r.string(value, &field) {
+                Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
+                    block.base_url = Some(url);
+                }
+                Some(url) => {
+                    ok = false;
+                    r.shape(
+                        value.pos,
+                        &field,
+                        format!("`{url}` is not an http(s) URL"),
+                        "e.g. `baseUrl: http://127.0.0.1:8080/v1`",
+                    );
+                }
+                None => ok = false,
+            },
+            "model" => match r.string(value, &field) {
+                Some(m) if !m.trim().is_empty() => block.model = Some(m),
+                Some(_) => {
+                    ok = false;
+                    r.shape(value.pos, &field, "`provider.model` is empty", "");
+                }
+                None => ok = false,
+            },
+            "apiKeyEnv" => match r.string(value, &field) {
+                Some(var) if is_env_name(&var) => block.api_key_env = Some(var),
+                Some(var) => {
+                    ok = false;
+                    r.shape(
+                        value.pos,
+                        &field,
+                        format!("`{var}` is not an environment variable name"),
+                        "name the variable that holds the key, e.g. `apiKeyEnv: OPENAI_API_KEY`",
+                    );
+                }
+                None => ok = false,
+            },
+            "stream" => match r.bool(value, &field) {
+                Some(b) => block.stream = Some(b),
+                None => ok = false,
+            },
+            "maxInflight" => match r.int(value, &field, 1, 100_000) {
+                Some(n) => block.max_inflight = usize::try_from(n).ok(),
+                None => ok = false,
+            },
+            "requestTimeout" => match r.string(value, &field).map(|t| parse_duration(&t)) {
+                Some(Ok(d)) if !d.is_zero() => block.request_timeout = Some(d),
+                Some(Ok(_)) => {
+                    ok = false;
+                    r.shape(
+                        value.pos,
+                        &field,
+                        "`provider.requestTimeout` must be above zero",
+                        "e.g. `requestTimeout: 2m`",
+                    );
+                }
+                Some(Err(e)) => {
+                    ok = false;
+                    r.shape(value.pos, &field, e, "e.g. `requestTimeout: 2m`");
+                }
+                None => ok = false,
+            },
+            "apiKey" | "api_key" | "key" => {
+                ok = false;
+                r.shape(
+                    key.pos,
+                    &field,
+                    "an API key does not belong in pipeline.yaml",
+                    "keep the key in an environment variable and name it: `apiKeyEnv: OPENAI_API_KEY`",
+                );
+            }
+            other => {
+                ok = false;
+                r.shape(
+                    key.pos,
+                    &field,
+                    format!("unknown key `{other}` in `provider`"),
+                    format!("the provider block takes {}", PROVIDER_KEYS.join(", ")),
+                );
+            }
+        }
+    }
+    ok.then_some(block)
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`.
+fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 fn read_ctx(node: &Node, r: &mut FieldReader<'_>, doc: &mut PipelineDoc) {

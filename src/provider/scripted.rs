@@ -352,6 +352,7 @@ mod tests {
                 stage_id: stage.into(),
                 stage_name: stage.into(),
             }),
+            observer: None,
         }
     }
 

@@ -24,6 +24,7 @@ use super::extract::extract_json;
 use super::interaction::{
     Decision as Grant, GrantLedger, GrantRequest, InteractionHub, Raise, args_digest, args_summary,
 };
+use super::observer::BusObserver;
 use super::result::{StageResult, Usage, Verdict};
 use super::tool_call::{RunTool, ToolCallActor, ToolOutcome};
 use super::transcript::{Message, ToolCall, Transcript};
@@ -38,11 +39,22 @@ use crate::tools::exec::ModelError;
 use crate::tools::stage_manifest;
 
 /// Knobs shared by every execution of a run.
+///
+/// Transient provider errors are retried here and only here: providers make
+/// one HTTP request per `complete` call, so retries never multiply across
+/// layers, and every try is audited (`ProviderRequestStarted` with `try`,
+/// `ProviderRequestFailed` with `retrying` and `waitMs`).
 #[derive(Debug, Clone)]
 pub struct RunSettings {
     /// Retries of a transient provider error before the stage fails.
     pub provider_retries: u32,
     pub provider_backoff: Backoff,
+    /// Spread each backoff wait randomly over 50–100 % of its length, so a
+    /// wide fan-out that hits a rate limit does not retry in lockstep.
+    pub provider_jitter: bool,
+    /// The longest wait honoured between tries: a `Retry-After` beyond it
+    /// is not retried (the stage fails with the server's answer).
+    pub provider_max_wait: Duration,
     /// Tool calls of one response run concurrently, at most this many.
     pub tool_concurrency: usize,
     /// The project root every tool call is confined to (`--root`).
@@ -57,10 +69,41 @@ impl Default for RunSettings {
                 initial: Duration::from_millis(500),
                 max: Duration::from_secs(10),
             },
+            provider_jitter: true,
+            provider_max_wait: Duration::from_secs(60),
             tool_concurrency: 4,
             root: PathBuf::from("."),
         }
     }
+}
+
+impl RunSettings {
+    /// The wait before retry number `retry` of a transient error: the
+    /// backoff (with jitter), but never less than the server's `Retry-After`.
+    /// `None` when the server asks for more than `provider_max_wait`.
+    pub fn retry_wait(&self, retry: u32, retry_after: Option<Duration>) -> Option<Duration> {
+        let mut wait = self.provider_backoff.delay(retry);
+        if self.provider_jitter {
+            wait = jitter(wait);
+        }
+        match retry_after {
+            Some(after) if after > self.provider_max_wait => None,
+            Some(after) => Some(wait.max(after)),
+            None => Some(wait),
+        }
+    }
+}
+
+/// `d` scaled by a random factor in [0.5, 1.0] ("equal jitter"). The
+/// randomness comes from std's per-process random hasher keys, which are
+/// re-keyed for every `RandomState`: good enough to de-synchronize retries.
+fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
+    d.mul_f64(0.5 + unit / 2.0)
 }
 
 /// Everything one execution needs; cheap to clone.
@@ -632,6 +675,13 @@ impl StageRun {
                 completion_tool: def.completion_tool.clone(),
                 completion_schema: def.completion_schema.shared_document(),
                 ctx: Arc::clone(&self.ctx),
+                observer: Some(Arc::new(BusObserver {
+                    bus: self.bus.clone(),
+                    workflow_run_id: self.ctx.workflow_run_id.clone(),
+                    stage_id: self.stage.id.clone(),
+                    stage_execution_id: self.ctx.stage_execution_id.clone(),
+                    turn: turns,
+                })),
             };
             let mut response = match self.request(request, turns).await {
                 Ok(r) => r,
@@ -754,27 +804,35 @@ impl StageRun {
                     return Ok(response);
                 }
                 Err(err) => {
-                    let transient = matches!(err, ProviderError::Transient { .. });
-                    let will_retry = transient && retry < self.settings.provider_retries;
-                    self.emit(
-                        self.event(EventName::ProviderRequestFailed)
-                            .with("turn", turn)
-                            .with("code", err.code().to_string())
-                            .with("message", err.to_string())
-                            .with("retrying", will_retry),
-                    );
-                    if !will_retry {
-                        return Err(err);
-                    }
-                    retry += 1;
-                    let mut wait = self.settings.provider_backoff.delay(retry);
+                    let wait = match &err {
+                        ProviderError::Transient { retry_after, .. }
+                            if retry < self.settings.provider_retries =>
+                        {
+                            self.settings.retry_wait(retry + 1, *retry_after)
+                        }
+                        _ => None,
+                    };
+                    let mut failed = self
+                        .event(EventName::ProviderRequestFailed)
+                        .with("turn", turn)
+                        .with("code", err.code().to_string())
+                        .with("message", err.to_string())
+                        .with("retrying", wait.is_some());
                     if let ProviderError::Transient {
                         retry_after: Some(after),
                         ..
                     } = &err
                     {
-                        wait = wait.max(*after);
+                        failed = failed.with("retryAfterMs", after.as_millis() as u64);
                     }
+                    if let Some(wait) = wait {
+                        failed = failed.with("waitMs", wait.as_millis() as u64);
+                    }
+                    self.emit(failed);
+                    let Some(wait) = wait else {
+                        return Err(err);
+                    };
+                    retry += 1;
                     if !wait.is_zero() {
                         tokio::time::sleep(wait).await;
                     }
@@ -1216,4 +1274,39 @@ fn parse_completion(def: &StageDefinition, arguments: &str) -> Result<Value, Mod
         )
     })?;
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_waits_jitter_the_backoff_and_honour_retry_after() {
+        let settings = RunSettings {
+            provider_backoff: Backoff::Exponential {
+                initial: Duration::from_millis(400),
+                max: Duration::from_secs(10),
+            },
+            ..RunSettings::default()
+        };
+        for _ in 0..200 {
+            let w = settings.retry_wait(2, None).unwrap();
+            assert!(
+                (Duration::from_millis(400)..=Duration::from_millis(800)).contains(&w),
+                "{w:?}"
+            );
+        }
+        let floor = settings.retry_wait(1, Some(Duration::from_secs(3)));
+        assert_eq!(floor, Some(Duration::from_secs(3)));
+        assert_eq!(
+            settings.retry_wait(1, Some(Duration::from_secs(61))),
+            None,
+            "a Retry-After beyond provider_max_wait is not waited for"
+        );
+        let exact = RunSettings {
+            provider_jitter: false,
+            ..settings
+        };
+        assert_eq!(exact.retry_wait(3, None), Some(Duration::from_millis(1600)));
+    }
 }

@@ -1,0 +1,446 @@
+//! The openai provider: one `reqwest::Client` (connection pool, HTTP/2 when
+//! the server offers it over TLS ALPN) and one semaphore per provider, one
+//! HTTP request per `complete` call.
+//!
+//! Transient failures are returned, not retried here: the stage's request
+//! loop (`runtime::stage`) is the one retry layer, with backoff, jitter,
+//! `Retry-After` and an audit record per try. Dropping the future of
+//! `complete` (strict cancellation) drops the response and closes its
+//! connection, so the server sees the client go away.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use reqwest::Url;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use serde::Serialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+
+use super::config::OpenAiConfig;
+use super::errors::{redact, status_error, transport_error};
+use super::sse::SseDecoder;
+use super::wire::{Assembly, request_body};
+use crate::definition::duration::format_duration;
+use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError, RequestObserver};
+
+/// A reply body larger than this is refused.
+const MAX_REPLY_BYTES: usize = 32 * 1024 * 1024;
+/// Of an error reply, this much is read for its message.
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// A provider for one OpenAI-compatible endpoint. Cheap to clone; clones
+/// share the client, the limit and the counters.
+#[derive(Debug, Clone)]
+pub struct OpenAiProvider {
+    pub(super) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(super) struct Inner {
+    pub(super) config: OpenAiConfig,
+    client: reqwest::Client,
+    /// `Bearer <key>`, marked sensitive.
+    auth: Option<HeaderValue>,
+    chat_url: Url,
+    slots: Arc<Semaphore>,
+    /// Set from the config, or by the capability check.
+    pub(super) model: OnceLock<String>,
+    counters: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    waited: AtomicU64,
+    in_flight: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+/// What the provider did in a run, for the summary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderStats {
+    pub provider: &'static str,
+    pub base_url: String,
+    pub model: Option<String>,
+    pub stream: bool,
+    pub max_inflight: usize,
+    /// Model requests sent (every try counts; the capability check does not).
+    pub requests: u64,
+    /// Most requests in flight at once.
+    pub peak_in_flight: usize,
+    /// Requests that waited for a slot of `max_inflight`.
+    pub waited_for_slot: u64,
+}
+
+/// Counts a request in flight while alive.
+struct InFlight<'a>(&'a Counters);
+
+impl<'a> InFlight<'a> {
+    fn enter(c: &'a Counters) -> InFlight<'a> {
+        let now = c.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        c.peak.fetch_max(now, Ordering::SeqCst);
+        InFlight(c)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Tells the observer the wait for a slot is over, also when the request is
+/// dropped while waiting.
+struct Waiting<'a>(Option<&'a dyn RequestObserver>);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(o) = self.0 {
+            o.waiting_for_slot(false);
+        }
+    }
+}
+
+fn timed_out(after: Duration, waiting_for: &str) -> ProviderError {
+    ProviderError::Transient {
+        code: "Timeout",
+        message: format!(
+            "no data from the server for {} while waiting for {waiting_for} (--request-timeout)",
+            format_duration(after)
+        ),
+        retry_after: None,
+    }
+}
+
+impl OpenAiProvider {
+    /// Builds the client. Fails only on a key that cannot be an HTTP header
+    /// or a TLS backend that cannot start.
+    pub fn new(config: OpenAiConfig) -> Result<OpenAiProvider, String> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout.min(config.request_timeout))
+            .user_agent(concat!("troupe/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot start the HTTP client: {e}"))?;
+        let auth = match &config.api_key {
+            Some(key) => {
+                let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
+                    .map_err(|_| {
+                        format!(
+                            "the API key in ${} has characters an HTTP header cannot carry",
+                            config.api_key_env
+                        )
+                    })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        let model = OnceLock::new();
+        if let Some(m) = &config.model {
+            let _ = model.set(m.clone());
+        }
+        Ok(OpenAiProvider {
+            inner: Arc::new(Inner {
+                chat_url: config.endpoint("chat/completions"),
+                slots: Arc::new(Semaphore::new(config.max_inflight.max(1))),
+                config,
+                client,
+                auth,
+                model,
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &OpenAiConfig {
+        &self.inner.config
+    }
+
+    /// The model requests go to (after the capability check, the one it chose).
+    pub fn model(&self) -> Option<&str> {
+        self.inner.model.get().map(String::as_str)
+    }
+
+    pub fn stats(&self) -> ProviderStats {
+        let c = &self.inner.counters;
+        ProviderStats {
+            provider: "openai",
+            base_url: self.inner.config.base_url.to_string(),
+            model: self.model().map(str::to_owned),
+            stream: self.inner.config.stream,
+            max_inflight: self.inner.config.max_inflight,
+            requests: c.requests.load(Ordering::SeqCst),
+            peak_in_flight: c.peak.load(Ordering::SeqCst),
+            waited_for_slot: c.waited.load(Ordering::SeqCst),
+        }
+    }
+}
+
+impl Provider for OpenAiProvider {
+    fn name(&self) -> &str {
+        "openai"
+    }
+
+    fn complete(
+        &self,
+        request: ModelRequest,
+    ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>> {
+        let inner = Arc::clone(&self.inner);
+        async move {
+            let result = inner.complete(&request).await;
+            result.map_err(|e| inner.redact(e))
+        }
+        .boxed()
+    }
+}
+
+impl Inner {
+    pub(super) fn redact(&self, err: ProviderError) -> ProviderError {
+        redact(err, self.config.api_key.as_ref().map(|k| k.expose()))
+    }
+
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ProviderError> {
+        let model = self.model.get().ok_or_else(|| ProviderError::Terminal {
+            code: "ModelUnset",
+            message: "no model to ask: pass --model NAME".to_owned(),
+        })?;
+        let stream = self.config.stream;
+        let body = request_body(model, request, stream);
+        let observer = request.observer.as_deref();
+        let _slot = self.slot(observer).await?;
+        let _flight = InFlight::enter(&self.counters);
+        self.counters.requests.fetch_add(1, Ordering::SeqCst);
+        let response = self.post(&self.chat_url, &body).await?;
+        self.read_reply(response, stream, observer).await
+    }
+
+    /// A slot of the concurrency limit; waits (and says so) when none is free.
+    async fn slot(
+        &self,
+        observer: Option<&dyn RequestObserver>,
+    ) -> Result<OwnedSemaphorePermit, ProviderError> {
+        let closed = |_| ProviderError::Terminal {
+            code: "ProviderClosed",
+            message: "the provider was shut down".to_owned(),
+        };
+        match Arc::clone(&self.slots).try_acquire_owned() {
+            Ok(permit) => Ok(permit),
+            Err(TryAcquireError::Closed) => Err(closed(())),
+            Err(TryAcquireError::NoPermits) => {
+                self.counters.waited.fetch_add(1, Ordering::SeqCst);
+                if let Some(o) = observer {
+                    o.waiting_for_slot(true);
+                }
+                let _waiting = Waiting(observer);
+                Arc::clone(&self.slots)
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| closed(()))
+            }
+        }
+    }
+
+    /// POSTs a JSON body; a non-2xx status becomes its typed error.
+    pub(super) async fn post(
+        &self,
+        url: &Url,
+        body: &serde_json::Value,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let mut builder = self
+            .client
+            .post(url.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .json(body);
+        if let Some(auth) = &self.auth {
+            builder = builder.header(AUTHORIZATION, auth.clone());
+        }
+        self.send(builder).await
+    }
+
+    /// GETs `url`; a non-2xx status becomes its typed error.
+    pub(super) async fn get(&self, url: &Url) -> Result<reqwest::Response, ProviderError> {
+        let mut builder = self.client.get(url.clone());
+        if let Some(auth) = &self.auth {
+            builder = builder.header(AUTHORIZATION, auth.clone());
+        }
+        self.send(builder).await
+    }
+
+    async fn send(
+        &self,
+        builder: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let wait = self.config.request_timeout;
+        let response = match tokio::time::timeout(wait, builder.send()).await {
+            Err(_) => return Err(timed_out(wait, "the reply to start")),
+            Ok(Err(e)) => return Err(transport_error(&e)),
+            Ok(Ok(r)) => r,
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let headers = response.headers().clone();
+        // The status decides the error; the body only adds the server's
+        // words, so a body that cannot be read is no worse than an empty one.
+        let body = self
+            .read_all(response, MAX_ERROR_BODY_BYTES, true)
+            .await
+            .unwrap_or_default();
+        Err(status_error(
+            status,
+            &headers,
+            &body,
+            &self.config.api_key_env,
+            self.auth.is_some(),
+        ))
+    }
+
+    /// The whole body, each chunk within the request timeout. Past `limit`
+    /// it is cut (`truncate`) or refused.
+    pub(super) async fn read_all(
+        &self,
+        response: reqwest::Response,
+        limit: usize,
+        truncate: bool,
+    ) -> Result<Vec<u8>, ProviderError> {
+        let wait = self.config.request_timeout;
+        let mut stream = response.bytes_stream();
+        let mut body = Vec::new();
+        loop {
+            let next = tokio::time::timeout(wait, stream.next())
+                .await
+                .map_err(|_| timed_out(wait, "the rest of the reply"))?;
+            let Some(chunk) = next else {
+                return Ok(body);
+            };
+            let chunk = chunk.map_err(|e| transport_error(&e))?;
+            if body.len() + chunk.len() > limit {
+                if truncate {
+                    body.extend_from_slice(&chunk[..limit - body.len()]);
+                    return Ok(body);
+                }
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+    }
+
+    /// Reads a 2xx reply: SSE when the server streams, else one JSON
+    /// completion — also when a stream was asked for and the server answered
+    /// with plain JSON. Both give the same turn.
+    async fn read_reply(
+        &self,
+        response: reqwest::Response,
+        stream: bool,
+        observer: Option<&dyn RequestObserver>,
+    ) -> Result<ModelResponse, ProviderError> {
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        if content_type.starts_with("text/event-stream") {
+            return self.read_stream(response, observer).await;
+        }
+        let body = self.read_all(response, MAX_REPLY_BYTES, false).await?;
+        let looks_like_sse = {
+            let start = body.trim_ascii_start();
+            start.starts_with(b"data:") || start.starts_with(b":")
+        };
+        if stream && looks_like_sse && !content_type.contains("json") {
+            // An event stream under another content type.
+            let mut sse = SseDecoder::new();
+            let mut events = sse.push(&body).map_err(|e| sse_error(&e.0))?;
+            events.extend(sse.finish().map_err(|e| sse_error(&e.0))?);
+            let mut assembly = Assembly::new();
+            for data in events {
+                if data.trim() == "[DONE]" {
+                    break;
+                }
+                assembly.apply_chunk(&data, observer)?;
+            }
+            return assembly.into_response();
+        }
+        Assembly::from_completion(&body)?.into_response()
+    }
+
+    /// Assembles an SSE stream chunk by chunk until `[DONE]`. The request
+    /// timeout runs between events: keep-alive comments alone do not count
+    /// as progress, so a server that only pings still times out.
+    async fn read_stream(
+        &self,
+        response: reqwest::Response,
+        observer: Option<&dyn RequestObserver>,
+    ) -> Result<ModelResponse, ProviderError> {
+        let wait = self.config.request_timeout;
+        let mut bytes = response.bytes_stream();
+        let mut sse = SseDecoder::new();
+        let mut assembly = Assembly::new();
+        let mut total = 0usize;
+        let mut done = false;
+        let mut deadline = tokio::time::Instant::now() + wait;
+        'read: loop {
+            let next = tokio::time::timeout_at(deadline, bytes.next())
+                .await
+                .map_err(|_| timed_out(wait, "the next event of the stream"))?;
+            let Some(chunk) = next else {
+                break;
+            };
+            let chunk = chunk.map_err(|e| transport_error(&e))?;
+            total += chunk.len();
+            if total > MAX_REPLY_BYTES {
+                return Err(too_large());
+            }
+            let events = sse.push(&chunk).map_err(|e| sse_error(&e.0))?;
+            if !events.is_empty() {
+                deadline = tokio::time::Instant::now() + wait;
+            }
+            for data in events {
+                if data.trim() == "[DONE]" {
+                    done = true;
+                    break 'read;
+                }
+                assembly.apply_chunk(&data, observer)?;
+            }
+        }
+        if !done && let Some(data) = sse.finish().map_err(|e| sse_error(&e.0))? {
+            if data.trim() == "[DONE]" {
+                done = true;
+            } else {
+                assembly.apply_chunk(&data, observer)?;
+            }
+        }
+        if !done && !assembly.finished() {
+            return Err(ProviderError::Transient {
+                code: "StreamIncomplete",
+                message: "the stream ended before `[DONE]` or a finish_reason".to_owned(),
+                retry_after: None,
+            });
+        }
+        assembly.into_response()
+    }
+}
+
+fn too_large() -> ProviderError {
+    ProviderError::Terminal {
+        code: "ResponseTooLarge",
+        message: format!(
+            "the server's reply exceeds {} MiB",
+            MAX_REPLY_BYTES / (1024 * 1024)
+        ),
+    }
+}
+
+fn sse_error(message: &str) -> ProviderError {
+    ProviderError::Transient {
+        code: "MalformedResponse",
+        message: format!("the server's event stream is malformed: {message}"),
+        retry_after: None,
+    }
+}
