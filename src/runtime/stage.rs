@@ -897,16 +897,6 @@ impl StageRun {
         // Guard hooks run on every approved call and win in any mode;
         // transforms then may rewrite the arguments.
         let fields = json!({"tool": call.name, "callId": call.id, "arguments": args});
-        let tool_error = |name: &'static str, message: String| {
-            ModelError::new(
-                Code {
-                    class: ErrorClass::ToolTerminal,
-                    name,
-                },
-                message,
-            )
-            .to_content()
-        };
         match self.hook("TOOL_CALL/pre", Some(&call.name), fields).await {
             SlotOutcome::Proceed(payload) => match payload.get("arguments") {
                 Some(v @ Value::Object(_)) => Ok(v.clone()),
@@ -917,7 +907,7 @@ impl StageRun {
                         self.tool_event(EventName::ToolInvocationFailed, call)
                             .with("code", HookError::CODE),
                     );
-                    Err(tool_error("HookFailed", message))
+                    Err(tool_terminal("HookFailed", message))
                 }
             },
             SlotOutcome::Denied { hook, reason } => {
@@ -926,7 +916,7 @@ impl StageRun {
                         .with("by", format!("hook:{hook}"))
                         .with("reason", reason.as_str()),
                 );
-                Err(tool_error(
+                Err(tool_terminal(
                     "HookDenied",
                     format!("guard hook `{hook}` denied this call: {reason}"),
                 ))
@@ -937,7 +927,7 @@ impl StageRun {
                         .with("code", HookError::CODE)
                         .with("message", error.to_string()),
                 );
-                Err(tool_error(
+                Err(tool_terminal(
                     "HookFailed",
                     format!("transform hook `{hook}` failed, so the call was not run: {error}"),
                 ))
@@ -958,18 +948,11 @@ impl StageRun {
                 .with("arguments", call.arguments.as_str()),
         );
         let failed = |name: &'static str, message: String| {
-            let err = ModelError::new(
-                Code {
-                    class: ErrorClass::ToolTerminal,
-                    name,
-                },
-                message,
-            );
             self.emit(
                 self.tool_event(EventName::ToolInvocationFailed, call)
-                    .with("code", err.code.as_str()),
+                    .with("code", format!("ToolTerminal/{name}")),
             );
-            err.to_content()
+            tool_terminal(name, message)
         };
         let args: Value = match serde_json::from_str(&call.arguments) {
             Ok(v @ Value::Object(_)) => v,
@@ -1029,18 +1012,14 @@ impl StageRun {
                     .with("proposalId", request.proposal_id.as_str())
                     .with("reason", reason.as_str()),
             );
-            ModelError::new(
-                Code {
-                    class: ErrorClass::ToolTerminal,
-                    name: "GrantDenied",
-                },
+            tool_terminal(
+                "GrantDenied",
                 format!(
                     "`{}` is outside this stage's allowedTools and was not granted ({reason}); continue with the allowed tools: {}",
                     call.name,
                     def.allowed_tools.join(", ")
                 ),
             )
-            .to_content()
         };
         match decision {
             Grant::Denied { reason } => Err(deny(reason)),
@@ -1085,22 +1064,14 @@ impl StageRun {
             },
             // The call already ran: a post guard or failed transform
             // withholds its result from the model.
-            SlotOutcome::Denied { hook, reason } => ModelError::new(
-                Code {
-                    class: ErrorClass::ToolTerminal,
-                    name: "HookDenied",
-                },
+            SlotOutcome::Denied { hook, reason } => tool_terminal(
+                "HookDenied",
                 format!("guard hook `{hook}` withheld this result: {reason}"),
-            )
-            .to_content(),
-            SlotOutcome::Failed { hook, error } => ModelError::new(
-                Code {
-                    class: ErrorClass::ToolTerminal,
-                    name: "HookFailed",
-                },
+            ),
+            SlotOutcome::Failed { hook, error } => tool_terminal(
+                "HookFailed",
                 format!("transform hook `{hook}` failed on this result: {error}"),
-            )
-            .to_content(),
+            ),
         }
     }
 
@@ -1274,6 +1245,19 @@ fn parse_completion(def: &StageDefinition, arguments: &str) -> Result<Value, Mod
         )
     })?;
     Ok(value)
+}
+
+/// The `{class, code, message}` result of a `ToolTerminal/<name>` error, as
+/// the model reads it.
+fn tool_terminal(name: &'static str, message: impl Into<String>) -> String {
+    ModelError::new(
+        Code {
+            class: ErrorClass::ToolTerminal,
+            name,
+        },
+        message,
+    )
+    .to_content()
 }
 
 #[cfg(test)]
