@@ -682,18 +682,23 @@ pub struct StdinPrompter;
 impl Prompter for StdinPrompter {
     fn ask(&self, view: &PromptView) -> Option<Answer> {
         use std::io::{BufRead, Write};
-        let mut err = std::io::stderr().lock();
         let queued = if view.waiting > 0 {
             format!(" ({} more waiting)", view.waiting)
         } else {
             String::new()
         };
-        let _ = write!(
-            err,
-            "\napproval{queued}: stage `{}` ({}) wants to run {} {}\n  allow this one call? [y/N] ",
-            view.stage_id, view.stage_execution_id, view.tool, view.args_summary
-        );
-        let _ = err.flush();
+        // Write and release stderr before waiting on stdin: holding its
+        // lock while a person thinks would block every other writer
+        // (the withdrawal notice, the runtime's own messages).
+        {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(
+                err,
+                "\napproval{queued}: stage `{}` ({}) wants to run {} {}\n  allow this one call? [y/N] ",
+                view.stage_id, view.stage_execution_id, view.tool, view.args_summary
+            );
+            let _ = err.flush();
+        }
         let mut line = String::new();
         match std::io::stdin().lock().read_line(&mut line) {
             Ok(0) | Err(_) => None,
@@ -706,8 +711,8 @@ impl Prompter for StdinPrompter {
 
     fn withdrawn(&self, view: &PromptView) {
         eprintln!(
-            "\n(withdrawn: stage `{}` ended; the answer to its {} prompt will be ignored)",
-            view.stage_id, view.tool
+            "\n(no longer needed: the {} call of stage `{}` was decided or its stage ended; an answer will be ignored)",
+            view.tool, view.stage_id
         );
     }
 }
@@ -759,9 +764,21 @@ impl TerminalInteractor {
         let view = Self::view(&prompt, self.queue.len());
         self.showing = Some(prompt);
         let prompter = Arc::clone(&self.prompter);
-        let asked = tokio::task::spawn_blocking(move || prompter.ask(&view));
+        // A plain thread, not the runtime's blocking pool: a person may
+        // never answer, and the run must be able to end (and the process
+        // exit) without waiting for them.
+        let (tx, asked) = oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("troupe-prompt".into())
+            .spawn(move || {
+                let _ = tx.send(prompter.ask(&view));
+            });
+        if spawned.is_err() {
+            self.showing = None;
+            return;
+        }
         ctx.spawn(asked.into_actor(self).map(|joined, act, ctx| {
-            // A prompter that panicked gave no answer.
+            // A prompter that panicked (dropping the sender) gave no answer.
             let answer = joined.ok().flatten();
             if let (Some(prompt), Some(answer)) = (act.showing.take(), answer) {
                 // A withdrawn prompt's answer goes out too: the hub audits it as late.
