@@ -422,3 +422,32 @@ fn acceptance_20_check_gate_policies() {
     );
     assert_eq!(out.report.status, RunStatus::Ok);
 }
+
+/// `--stage-timeout` bounds a whole execution: a model that never answers
+/// fails the stage with `Session/StageTimeout` after exactly the limit,
+/// and the run ends instead of waiting.
+#[test]
+fn a_stage_timeout_fails_a_stage_that_takes_too_long() {
+    let f = common::Fixture::linear(&[(
+        "script.yaml",
+        "stages:\n  a:\n    - { text: thinking, latency: 1h }\n",
+    )]);
+    let out = common::run::run(
+        f.path(),
+        common::run::Opts {
+            fields: vec![("task", serde_json::json!("t"))],
+            stage_timeout: Some(std::time::Duration::from_secs(30)),
+            ..common::run::Opts::default()
+        },
+    );
+    match &out.report.status {
+        troupe::runtime::summary::RunStatus::Failed { reason } => {
+            assert!(reason.contains("Session/StageTimeout"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Whole milliseconds: the limit plus tokio's one-tick timer rounding.
+    assert!(out.elapsed >= std::time::Duration::from_secs(30));
+    assert!(out.elapsed < std::time::Duration::from_secs(31));
+    assert_eq!(out.count("StageExited"), 1);
+}

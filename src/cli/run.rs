@@ -83,6 +83,11 @@ pub struct RunArgs {
     /// denied, e.g. 30s (default: no limit).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
     pub approval_timeout: Option<Duration>,
+    /// The longest one LLM stage execution may take, all its attempts,
+    /// model requests and tool calls included, e.g. 10m; past it the stage
+    /// fails with Session/StageTimeout (default: no limit).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub stage_timeout: Option<Duration>,
     #[command(flatten)]
     pub provider: ProviderArgs,
 }
@@ -215,6 +220,7 @@ pub fn run(args: RunArgs) -> Exit {
     let check_retries = settings.provider_retries;
     let check_backoff = settings.provider_backoff;
     settings.root = root;
+    settings.stage_timeout = args.stage_timeout;
     spec.settings = Arc::new(settings);
     let audit_path = args.runs_dir.join(spec.run_id.as_str()).join("audit.jsonl");
 

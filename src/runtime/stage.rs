@@ -59,6 +59,10 @@ pub struct RunSettings {
     pub tool_concurrency: usize,
     /// The project root every tool call is confined to (`--root`).
     pub root: PathBuf,
+    /// The longest an LLM stage execution may take, all attempts, model
+    /// requests and tool calls included (`--stage-timeout`); past it the
+    /// stage fails with `Session/StageTimeout`.
+    pub stage_timeout: Option<Duration>,
 }
 
 impl Default for RunSettings {
@@ -73,6 +77,7 @@ impl Default for RunSettings {
             provider_max_wait: Duration::from_secs(60),
             tool_concurrency: 4,
             root: PathBuf::from("."),
+            stage_timeout: None,
         }
     }
 }
@@ -316,7 +321,27 @@ impl StageRun {
             attempts,
             usage,
         } = match &self.stage.kind {
-            StageKind::Llm(def) => self.run_llm(def, &progress).await,
+            StageKind::Llm(def) => match self.settings.stage_timeout {
+                None => self.run_llm(def, &progress).await,
+                Some(limit) => {
+                    match tokio::time::timeout(limit, self.run_llm(def, &progress)).await {
+                        Ok(ended) => ended,
+                        Err(_) => {
+                            // Whatever was in flight is dropped; its tools are
+                            // cancelled (child processes killed).
+                            self.cancel.cancel();
+                            let mut ended = Ended::early(
+                                Verdict::Fail,
+                                format!(
+                                    "Session/StageTimeout: the stage took longer than {limit:?} (--stage-timeout)"
+                                ),
+                            );
+                            ended.attempts = progress.borrow().attempt;
+                            ended
+                        }
+                    }
+                }
+            },
             _ => self.run_step(&progress),
         };
         self.phase(&progress, "Exit", true);

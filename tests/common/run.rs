@@ -134,6 +134,8 @@ pub struct Opts {
     /// because a paused clock jumps ahead while they work and their
     /// timeouts would fire at once.
     pub real_time: bool,
+    /// `--stage-timeout`.
+    pub stage_timeout: Option<Duration>,
 }
 
 /// Loads the pipeline at `dir` (with its script.yaml, if any) and runs it.
@@ -170,12 +172,12 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
     let mut spec = RunSpec::new(Arc::clone(&pipeline), fields, provider.clone(), opts.cap);
     spec.interactors = opts.interactors.clone();
     spec.approval_timeout = opts.approval_timeout;
+    let mut settings = troupe::runtime::stage::RunSettings::default();
     if let Some(root) = &opts.root {
-        spec.settings = Arc::new(troupe::runtime::stage::RunSettings {
-            root: root.clone(),
-            ..troupe::runtime::stage::RunSettings::default()
-        });
+        settings.root = root.clone();
     }
+    settings.stage_timeout = opts.stage_timeout;
+    spec.settings = Arc::new(settings);
     let audit = spec.bus.subscribe_audit("test", 1 << 22);
     let system = actix::System::new();
     let (report, elapsed) = system.block_on(async move {
