@@ -13,6 +13,10 @@ use troupe::bench::floor::{Floor, FloorSpec};
 use troupe::bench::runner::{RunCell, Workload};
 use troupe::provider::scripted::Selector;
 
+/// The allocator of the `troupe` binary, so the bench measures what users run.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const HOLD: Duration = Duration::from_secs(60);
 
 fn cancel_latency(c: &mut Criterion) {

@@ -14,6 +14,10 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use troupe::bench::floor::{Floor, FloorSpec};
 use troupe::bench::runner::{RunCell, Workload};
 
+/// The allocator of the `troupe` binary, so the bench measures what users run.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const CAP: usize = 256;
 
 fn fanout_runtime(c: &mut Criterion) {
