@@ -87,6 +87,8 @@ fn a_failing_sibling_reports_its_cancel_latency() {
     // so whether any is still in flight then is a race: check the shape.
     assert!(cell["cancelLatencyMs"].is_null() || cell["cancelLatencyMs"].as_f64().unwrap() >= 0.0);
     assert!(cell["floorCancelLatencyMs"].as_f64().unwrap() >= 0.0);
+    // A failing run stops early: no ratio to the ideal.
+    assert!(cell["ratioToIdeal"].is_null());
 }
 
 #[test]

@@ -394,7 +394,8 @@ struct Row {
     per_sibling_us: f64,
     floor_per_sibling_us: f64,
     ratio_to_floor: f64,
-    /// `None` at zero latency (the ideal is then 0).
+    /// `None` at zero latency (the ideal is then 0) and with
+    /// `--fail-sibling` (the run stops early).
     ideal_ms: Option<f64>,
     ratio_to_ideal: Option<f64>,
     floor_ratio_to_ideal: Option<f64>,
@@ -435,7 +436,9 @@ impl Row {
         };
         let peak = |runs: &[CellRun]| runs.iter().filter_map(|c| c.peak_rss_kib).max();
         let ideal = ideal_wall(r.width, r.cap, r.latency);
-        let ideal_ms = (!ideal.is_zero()).then_some(ideal.as_secs_f64() * 1000.0);
+        // A failing run stops early: its wall says nothing about the ideal.
+        let ideal_ms =
+            (!ideal.is_zero() && m.fail.is_none()).then_some(ideal.as_secs_f64() * 1000.0);
         let (peak_rss, floor_rss) = (peak(&r.runtime), peak(&r.floor));
         let width = r.width as f64;
         Row {
