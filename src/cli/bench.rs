@@ -278,7 +278,17 @@ fn run_matrix(args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {
                         m.repeat
                     ));
                 }
-                let run = spawn_cell(&exe, args, m, kind, (width, cap, latency), runs.path());
+                // One folder per run, removed as soon as it is read unless
+                // --keep-runs: a 100 000-sibling audit log is ~0.8 GB.
+                let dir = runs.path().join(format!(
+                    "w{width}-c{cap}-l{}us-{kind}-{}",
+                    latency.as_micros(),
+                    rep + 1
+                ));
+                let run = spawn_cell(&exe, args, m, kind, (width, cap, latency), &dir);
+                if !args.keep_runs {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
                 match run {
                     Ok(r) if kind == "floor" => result.floor.push(r),
                     Ok(r) => result.runtime.push(r),
