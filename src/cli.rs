@@ -1,6 +1,7 @@
 //! The command line: argument definitions (clap) and dispatch to one file
 //! per command. Exit codes are documented in `exit`.
 
+pub mod bench;
 pub mod exit;
 pub mod progress;
 pub mod provider;
@@ -25,6 +26,7 @@ Examples:
   troupe validate stages/code-review
   troupe show stages/fanout
   troupe show stages/code-review plan --json
+  troupe bench stages/fanout --width 1000,10000 --cap 256 --latency 0ms
 
 Exit codes:
   0    ok
@@ -63,6 +65,16 @@ pub enum Command {
     /// runs every stage execution as its own actor, writes the audit log to
     /// .troupe/runs/<workflowRunId>/audit.jsonl and prints a summary.
     Run(Box<run::RunArgs>),
+    /// Benchmark a pipeline offline against the plain-tokio floor.
+    ///
+    /// Runs the pipeline with the scripted provider and the audit log on
+    /// over a matrix of widths (ctx.width), caps and per-turn latencies,
+    /// each run in a child process of its own (so peak RSS is that run's),
+    /// alternating with the floor: the same work written directly on tokio.
+    /// Prints wall time (median), per-sibling µs, the ratios to the floor
+    /// and to the ideal ceil(N/cap) x turns x latency, peak RSS and, with
+    /// --fail-sibling, the time to cancel the siblings in flight.
+    Bench(Box<bench::BenchArgs>),
     /// Print a pipeline's graph, or one stage in full.
     ///
     /// Without a stage: stages, the next table, fan-outs, joins and caps.
@@ -84,6 +96,7 @@ pub fn run(cli: Cli) -> Exit {
     match cli.command {
         Command::Validate { pipeline, json } => validate::run(&pipeline, json),
         Command::Run(args) => run::run(*args),
+        Command::Bench(args) => bench::run(*args),
         Command::Show {
             pipeline,
             stage,

@@ -3,6 +3,7 @@
 //! providers, tools) and a thin CLI; reusable actor machinery lives in
 //! `troupe-actors`.
 
+pub mod bench;
 pub mod cli;
 pub mod definition;
 pub mod error;

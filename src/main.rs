@@ -2,6 +2,12 @@
 
 use clap::Parser;
 
+/// mimalloc, not glibc malloc: the actor thread allocates every event and
+/// the audit writer thread frees it; glibc serializes those cross-thread
+/// frees on an arena lock (see BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = troupe::cli::Cli::parse();
     troupe::cli::run(cli).into()

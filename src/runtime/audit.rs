@@ -73,7 +73,7 @@ fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64
     for delivery in sub.iter() {
         buf.clear();
         match delivery {
-            Delivery::Event(env) => serde_json::to_writer(&mut buf, &env.event.to_json(env.seq))?,
+            Delivery::Event(env) => env.event.write_json(env.seq, &mut buf)?,
             Delivery::Lagged { dropped } => serde_json::to_writer(
                 &mut buf,
                 &serde_json::json!({"event": "SubscriberLagged", "subscriber": sub.name(), "dropped": dropped}),

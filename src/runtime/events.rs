@@ -191,6 +191,84 @@ impl Event {
     }
 }
 
+/// The keys `to_json` puts first, in order.
+const HEAD_KEYS: [&str; 7] = [
+    "seq",
+    "ts",
+    "event",
+    "workflowRunId",
+    "stageExecutionId",
+    "stageId",
+    "tool",
+];
+
+impl Event {
+    /// Writes the same JSON object as `to_json(seq)`, byte for byte, without
+    /// building it first: no cloned strings, no map. The audit writer calls
+    /// this for every line, so it is on the hot path of wide fan-outs.
+    pub fn write_json<W: std::io::Write>(&self, seq: u64, out: W) -> serde_json::Result<()> {
+        serde_json::to_writer(out, &Line { seq, event: self })
+    }
+}
+
+/// One event as its audit line (see `Event::write_json`).
+struct Line<'e> {
+    seq: u64,
+    event: &'e Event,
+}
+
+impl serde::Serialize for Line<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let e = self.event;
+        let ts = rfc3339(e.ts);
+        let heads: [Option<Head<'_>>; 7] = [
+            Some(Head::Number(self.seq)),
+            Some(Head::Text(&ts)),
+            Some(Head::Text(e.name.as_str())),
+            Some(Head::Text(&e.workflow_run_id)),
+            e.stage_execution_id.as_deref().map(Head::Text),
+            e.stage_id.as_deref().map(Head::Text),
+            e.tool.as_deref().map(Head::Text),
+        ];
+        let mut map = s.serialize_map(None)?;
+        for (key, head) in HEAD_KEYS.iter().zip(&heads) {
+            let Some(head) = head else { continue };
+            // A field named like a head key replaces that key's value in
+            // place (as the map insert in `to_json` does).
+            match e.fields.get(*key) {
+                Some(v) => map.serialize_entry(key, v)?,
+                None => map.serialize_entry(key, head)?,
+            }
+        }
+        for (k, v) in &e.fields {
+            let written = HEAD_KEYS
+                .iter()
+                .zip(&heads)
+                .any(|(h, head)| head.is_some() && h == k);
+            if !written {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// The value of a head key.
+enum Head<'a> {
+    Number(u64),
+    Text(&'a str),
+}
+
+impl serde::Serialize for Head<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Head::Number(n) => s.serialize_u64(*n),
+            Head::Text(t) => s.serialize_str(t),
+        }
+    }
+}
+
 /// RFC 3339 UTC with microseconds, e.g. `2026-11-22T03:05:31.123456Z`.
 pub fn rfc3339(ts: SystemTime) -> String {
     let d = ts.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -234,6 +312,34 @@ mod tests {
         assert_eq!(rfc3339(t), "2026-11-22T03:38:51.123456Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn write_json_matches_to_json_byte_for_byte() {
+        let plain = Event::new(EventName::WorkflowStarted, "run").with("pipeline", "p");
+        let full = Event::new(EventName::ToolInvocationStarted, "run")
+            .stage("worker", "run/worker#1/1")
+            .tool("Echo")
+            .with("callId", "c\"1")
+            .with(
+                "arguments",
+                serde_json::json!({"text": "item 1", "n": [1, 2.5, null]}),
+            );
+        // Fields named like head keys: in place when the head key is
+        // written, in field order when it is not.
+        let clash = Event::new(EventName::StageExited, "run")
+            .with("tool", "from-field")
+            .with("seq", 99)
+            .with("verdict", "ok");
+        for (i, e) in [plain, full, clash].iter().enumerate() {
+            let mut fast = Vec::new();
+            e.write_json(i as u64 + 1, &mut fast).unwrap();
+            let slow = serde_json::to_vec(&e.to_json(i as u64 + 1)).unwrap();
+            assert_eq!(
+                String::from_utf8(fast).unwrap(),
+                String::from_utf8(slow).unwrap()
+            );
+        }
     }
 
     #[test]

@@ -345,14 +345,17 @@ impl StageRun {
             _ => self.run_step(&progress),
         };
         self.phase(&progress, "Exit", true);
-        let output = output.unwrap_or_else(|| parsed.clone());
+        // `output` defaults to `parsed`: share it rather than deep-copy it
+        // (a fan-out keeps every sibling's result until its join).
+        let parsed = Arc::new(parsed);
+        let output = output.map_or_else(|| Arc::clone(&parsed), Arc::new);
         let result = Arc::new(StageResult {
             stage_id: self.stage.id.clone(),
             stage_execution_id: self.ctx.stage_execution_id.clone(),
             verdict,
             reason,
-            parsed: Arc::new(parsed),
-            output: Arc::new(output),
+            parsed,
+            output,
             cap_hit,
             attempt_count: attempts,
             usage,

@@ -1,0 +1,250 @@
+//! Runs a pipeline in-process on the real runtime for a benchmark: the
+//! scripted provider (per-turn latency, injected failures), the audit log
+//! on, and — when a sibling is made to fail — a probe that measures how
+//! long cancelling the rest takes.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+use troupe_actors::{Delivery, EventBus};
+
+use crate::definition::{Pipeline, load_pipeline};
+use crate::error::Diagnostics;
+use crate::provider::script::{SCRIPT_FILE, Script};
+use crate::provider::scripted::{ScriptedProvider, Selector};
+use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
+use crate::runtime::audit::start_audit_log;
+use crate::runtime::events::{Event, EventName};
+use crate::runtime::launch::{resolve_fields, start_run};
+use crate::runtime::scheduler::RunSpec;
+use crate::runtime::summary::{RunReport, RunStatus};
+
+/// The ctx field a benchmark sets to the fan-out width.
+pub const WIDTH_FIELD: &str = "width";
+
+/// One runtime run of a benchmark cell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunCell {
+    pub width: usize,
+    pub cap: usize,
+    /// Overrides every scripted turn's latency.
+    pub latency: Duration,
+    /// Executions made to fail (`--fail-sibling`).
+    pub fail: Vec<Selector>,
+    /// Every model request of a sibling not selected by `fail` waits this
+    /// long before it is answered: keeps every sibling in flight when the
+    /// selected one fails (the cancellation bench).
+    pub hold: Option<Duration>,
+}
+
+/// What one runtime run measured.
+#[derive(Debug, Clone)]
+pub struct RunMeasure {
+    /// From starting the session to the report, after the audit log is
+    /// flushed.
+    pub wall: Duration,
+    pub report: RunReport,
+    /// From the failing sibling's `StageExited` (verdict fail) to the last
+    /// `StageCancelled`, by the events' own timestamps; `None` when nothing
+    /// failed or nothing had to be cancelled.
+    pub cancel_latency: Option<Duration>,
+    /// `StageCancelled` events seen by the probe.
+    pub cancelled: usize,
+}
+
+/// Why a benchmark run could not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error("the pipeline is invalid")]
+    Invalid(Diagnostics),
+    #[error("{0}")]
+    Input(String),
+    #[error("cannot write the audit log: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the run ended without a report")]
+    NoReport,
+}
+
+/// A loaded pipeline and its script, ready to run many times.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub pipeline: Arc<Pipeline>,
+    script: Script,
+}
+
+impl Workload {
+    /// Loads the pipeline folder and its `script.yaml` (if any). The
+    /// pipeline must declare a `width` ctx field.
+    pub fn load(dir: &Path) -> Result<Workload, RunnerError> {
+        let pipeline = Arc::new(load_pipeline(dir).map_err(RunnerError::Invalid)?);
+        if !pipeline.ctx.iter().any(|f| f.name == WIDTH_FIELD) {
+            return Err(RunnerError::Input(format!(
+                "pipeline `{}` declares no ctx field `{WIDTH_FIELD}` for --width",
+                pipeline.id
+            )));
+        }
+        let script_path = pipeline.dir.join(SCRIPT_FILE);
+        let script = if script_path.is_file() {
+            Script::load(&script_path, &pipeline).map_err(RunnerError::Invalid)?
+        } else {
+            Script::default()
+        };
+        Ok(Workload { pipeline, script })
+    }
+
+    /// Checks that every `--fail-sibling` names a stage of the pipeline.
+    pub fn check_selectors(&self, fail: &[Selector]) -> Result<(), RunnerError> {
+        match fail
+            .iter()
+            .find(|s| self.pipeline.stage(&s.stage).is_none())
+        {
+            Some(s) => Err(RunnerError::Input(format!(
+                "--fail-sibling names unknown stage `{}`",
+                s.stage
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs once in a fresh actix system on this thread, writing the audit
+    /// log under `runs_dir`.
+    pub fn run(&self, cell: &RunCell, runs_dir: &Path) -> Result<RunMeasure, RunnerError> {
+        let pairs = [(WIDTH_FIELD.to_owned(), Value::from(cell.width))];
+        let fields = resolve_fields(&self.pipeline, &pairs, None)
+            .map_err(|d| RunnerError::Invalid(Diagnostics(d)))?;
+        let provider = ScriptedProvider::new(self.script.clone())
+            .with_latency(Some(cell.latency))
+            .with_failures(cell.fail.clone());
+        let provider: Arc<dyn Provider> = match cell.hold {
+            Some(hold) => Arc::new(Held {
+                inner: provider,
+                hold,
+                fail: cell.fail.clone(),
+            }),
+            None => Arc::new(provider),
+        };
+        let spec = RunSpec::new(Arc::clone(&self.pipeline), fields, provider, Some(cell.cap));
+        let audit_path = runs_dir.join(spec.run_id.as_str()).join("audit.jsonl");
+        let probe = if cell.fail.is_empty() {
+            None
+        } else {
+            Some(CancelProbe::start(&spec.bus)?)
+        };
+        let system = actix::System::new();
+        let measured = system.block_on(async move {
+            let sink = start_audit_log(&spec.bus, &audit_path)?;
+            let start = Instant::now();
+            let (_session, done) = start_run(spec, vec![sink]);
+            let report = done.await.map_err(|_| RunnerError::NoReport)?;
+            Ok::<_, RunnerError>((start.elapsed(), report))
+        });
+        let probed = probe.map(CancelProbe::finish).unwrap_or_default();
+        let (wall, report) = measured?;
+        Ok(RunMeasure {
+            wall,
+            report,
+            cancel_latency: probed.latency(),
+            cancelled: probed.cancelled,
+        })
+    }
+}
+
+impl RunMeasure {
+    pub fn ok(&self) -> bool {
+        matches!(self.report.status, RunStatus::Ok)
+    }
+}
+
+/// What the cancel probe saw.
+#[derive(Debug, Default, Clone, Copy)]
+struct Probed {
+    failed_at: Option<SystemTime>,
+    last_cancelled: Option<SystemTime>,
+    cancelled: usize,
+}
+
+impl Probed {
+    fn latency(&self) -> Option<Duration> {
+        let (from, to) = (self.failed_at?, self.last_cancelled?);
+        Some(to.duration_since(from).unwrap_or_default())
+    }
+}
+
+/// An audit subscriber on its own thread that keeps only the timestamps
+/// the cancel latency needs.
+struct CancelProbe {
+    handle: JoinHandle<Probed>,
+}
+
+impl CancelProbe {
+    fn start(bus: &EventBus<Event>) -> std::io::Result<CancelProbe> {
+        let sub = bus.subscribe_audit("bench-cancel-probe", 1 << 16);
+        let handle = std::thread::Builder::new()
+            .name("troupe-bench-probe".into())
+            .spawn(move || {
+                let mut seen = Probed::default();
+                for delivery in sub.iter() {
+                    let Delivery::Event(env) = delivery else {
+                        continue;
+                    };
+                    let ev = &env.event;
+                    match ev.name {
+                        EventName::StageExited
+                            if seen.failed_at.is_none()
+                                && ev.field("verdict").and_then(Value::as_str) == Some("fail") =>
+                        {
+                            seen.failed_at = Some(ev.ts);
+                        }
+                        EventName::StageCancelled => {
+                            seen.cancelled += 1;
+                            seen.last_cancelled = seen.last_cancelled.max(Some(ev.ts));
+                        }
+                        _ => {}
+                    }
+                }
+                seen
+            })?;
+        Ok(CancelProbe { handle })
+    }
+
+    fn finish(self) -> Probed {
+        self.handle.join().unwrap_or_default()
+    }
+}
+
+/// The scripted provider, with siblings that are not made to fail held in
+/// flight for `hold` before every answer.
+#[derive(Debug)]
+struct Held {
+    inner: ScriptedProvider,
+    hold: Duration,
+    fail: Vec<Selector>,
+}
+
+impl Provider for Held {
+    fn name(&self) -> &str {
+        "scripted-held"
+    }
+
+    fn complete(
+        &self,
+        request: ModelRequest,
+    ) -> futures::future::BoxFuture<'static, Result<ModelResponse, ProviderError>> {
+        use futures::FutureExt;
+        let failing = self.fail.iter().any(|s| {
+            s.stage == request.stage_id && (s.index.is_none() || s.index == request.index)
+        });
+        let hold = (request.index.is_some() && !failing).then_some(self.hold);
+        let answer = self.inner.complete(request);
+        async move {
+            if let Some(hold) = hold {
+                tokio::time::sleep(hold).await;
+            }
+            answer.await
+        }
+        .boxed()
+    }
+}
