@@ -343,6 +343,8 @@ pub struct InteractorHandle {
 
 struct Waiting {
     request: Arc<GrantRequest>,
+    /// The full arguments as JSON, for rule matching.
+    args_json: Arc<str>,
     reply: oneshot::Sender<Decision>,
 }
 
@@ -399,11 +401,11 @@ impl InteractionHub {
                     else {
                         continue;
                     };
-                    let _ = i.prompt.try_send(Prompt {
+                    i.prompt.do_send(Prompt {
                         id,
                         responder,
                         request: Arc::clone(&w.request),
-                        args_json: Arc::from(""),
+                        args_json: Arc::clone(&w.args_json),
                         hub: ctx.address().recipient(),
                     });
                 }
@@ -499,7 +501,6 @@ impl Handler<Raise> for InteractionHub {
 
     fn handle(&mut self, msg: Raise, ctx: &mut Context<Self>) {
         let request = Arc::new(msg.request);
-        let args_json: Arc<str> = Arc::from(msg.args_json);
         let names: Vec<&str> = self.interactors.iter().map(|i| i.name.as_str()).collect();
         let mut out = Vec::new();
         let id = self.arbiter.raise(
@@ -518,25 +519,11 @@ impl Handler<Raise> for InteractionHub {
         self.waiting.insert(
             id,
             Waiting {
-                request: Arc::clone(&request),
+                request,
+                args_json: Arc::from(msg.args_json),
                 reply: msg.reply,
             },
         );
-        // Prompts carry the full arguments for rule matching.
-        for cmd in &out {
-            if let ArbiterCommand::Ask { id, responder } = cmd
-                && let Some(i) = self.interactors.get(*responder)
-            {
-                i.prompt.do_send(Prompt {
-                    id: *id,
-                    responder: *responder,
-                    request: Arc::clone(&request),
-                    args_json: Arc::clone(&args_json),
-                    hub: ctx.address().recipient(),
-                });
-            }
-        }
-        out.retain(|c| !matches!(c, ArbiterCommand::Ask { .. }));
         if self.arbiter.is_open(id)
             && let Some(timeout) = self.timeout
         {

@@ -653,8 +653,8 @@ impl Planner {
         if let StageOutcome::Cancelled = &outcome {
             self.stats.entry(stage_id).or_default().cancelled += 1;
         }
-        match std::mem::replace(&mut self.current, Current::Idle) {
-            Current::Sequential { turn_id, upstream } if unit.is_none() => {
+        match (std::mem::replace(&mut self.current, Current::Idle), unit) {
+            (Current::Sequential { turn_id, upstream }, None) => {
                 out.push(PlanCommand::Emit(
                     self.event(EventName::SessionTurnEnd)
                         .with("turnId", turn_id.as_str()),
@@ -669,7 +669,7 @@ impl Planner {
                     }
                 }
             }
-            Current::Group(g) if unit.is_none() && g.joining => {
+            (Current::Group(g), None) if g.joining => {
                 // The join ended: the compound turn ends after its Exit.
                 let join_upstream = Arc::clone(&g.upstream_for_join);
                 self.current = Current::Group(g);
@@ -684,8 +684,7 @@ impl Planner {
                     }
                 }
             }
-            Current::Group(mut g) if unit.is_some_and(|u| u < g.results.len()) => {
-                let unit = unit.unwrap_or_default();
+            (Current::Group(mut g), Some(unit)) if unit < g.results.len() => {
                 let outcome = match outcome {
                     StageOutcome::Exited(exited) => {
                         let verdict = exited.result.verdict;
@@ -716,7 +715,7 @@ impl Planner {
                 self.progress(out);
             }
             // A report that belongs to no execution of this turn.
-            other => self.current = other,
+            (other, _) => self.current = other,
         }
     }
 

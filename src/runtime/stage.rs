@@ -925,18 +925,20 @@ impl StageRun {
         // Guard hooks run on every approved call and win in any mode;
         // transforms then may rewrite the arguments.
         let fields = json!({"tool": call.name, "callId": call.id, "arguments": args});
+        let hook_failed = |message: String| {
+            self.emit(
+                self.tool_event(EventName::ToolInvocationFailed, call)
+                    .with("code", HookError::CODE)
+                    .with("message", message.as_str()),
+            );
+            tool_terminal("HookFailed", message)
+        };
         match self.hook("TOOL_CALL/pre", Some(&call.name), fields).await {
             SlotOutcome::Proceed(payload) => match payload.get("arguments") {
                 Some(v @ Value::Object(_)) => Ok(v.clone()),
-                _ => {
-                    let message =
-                        "a transform hook at TOOL_CALL/pre left no `arguments` object".to_owned();
-                    self.emit(
-                        self.tool_event(EventName::ToolInvocationFailed, call)
-                            .with("code", HookError::CODE),
-                    );
-                    Err(tool_terminal("HookFailed", message))
-                }
+                _ => Err(hook_failed(
+                    "a transform hook at TOOL_CALL/pre left no `arguments` object, so the call was not run".to_owned(),
+                )),
             },
             SlotOutcome::Denied { hook, reason } => {
                 self.emit(
@@ -949,17 +951,9 @@ impl StageRun {
                     format!("guard hook `{hook}` denied this call: {reason}"),
                 ))
             }
-            SlotOutcome::Failed { hook, error } => {
-                self.emit(
-                    self.tool_event(EventName::ToolInvocationFailed, call)
-                        .with("code", HookError::CODE)
-                        .with("message", error.to_string()),
-                );
-                Err(tool_terminal(
-                    "HookFailed",
-                    format!("transform hook `{hook}` failed, so the call was not run: {error}"),
-                ))
-            }
+            SlotOutcome::Failed { hook, error } => Err(hook_failed(format!(
+                "transform hook `{hook}` failed, so the call was not run: {error}"
+            ))),
         }
     }
 
