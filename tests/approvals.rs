@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Fixture;
-use common::run::{Opts, Outcome, run};
+use common::run::{Opts, run};
 use serde_json::Value;
 use troupe::runtime::interaction::{AnswerRules, InteractorSpec};
 use troupe::runtime::summary::RunStatus;
@@ -38,19 +38,6 @@ fn opts(interactors: Vec<InteractorSpec>) -> Opts {
         interactors,
         ..Opts::default()
     }
-}
-
-/// The tool results the model saw, in order.
-fn tool_results(out: &Outcome) -> Vec<String> {
-    let requests = out.requests();
-    let last = requests.last().unwrap();
-    last.messages
-        .iter()
-        .filter_map(|m| match m {
-            troupe::runtime::transcript::Message::Tool { content, .. } => Some(content.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 #[test]
@@ -108,7 +95,7 @@ fn acceptance_30_a_grant_is_one_shot_and_bound_to_its_arguments() {
     assert_eq!(granted.len(), 2);
     assert_eq!(out.count("ToolInvocationSucceeded"), 2);
     assert_eq!(out.count("ToolCallDenied"), 1);
-    let results = tool_results(&out);
+    let results = out.tool_results();
     assert_eq!(results[0], "alpha");
     assert!(
         results[1].contains("ToolTerminal/GrantDenied"),
@@ -144,7 +131,7 @@ fn acceptance_31_deny_or_headless_gives_a_typed_denial_and_act_goes_on() {
         assert_eq!(out.named("InteractionAnswered")[0]["outcome"], outcome);
         assert_eq!(out.count("ToolCallDenied"), 1);
         assert_eq!(out.count("ToolInvocationStarted"), 0, "nothing ran");
-        let denial: Value = serde_json::from_str(&tool_results(&out)[0]).unwrap();
+        let denial: Value = serde_json::from_str(&out.tool_results()[0]).unwrap();
         assert_eq!(denial["error"]["class"], "ToolTerminal");
         assert_eq!(denial["error"]["code"], "ToolTerminal/GrantDenied");
     }
@@ -181,7 +168,7 @@ fn acceptance_32_the_first_answer_wins_and_the_other_prompt_is_withdrawn() {
     assert_eq!(answered[0]["outcome"], "answered");
     assert_eq!(answered[0]["by"], "answers:fast.yaml");
     assert_eq!(answered[0]["answer"], "approve");
-    assert_eq!(tool_results(&out)[0], "hi");
+    assert_eq!(out.tool_results()[0], "hi");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 mod common;
 
 use common::Fixture;
-use common::run::{Opts, Outcome, run};
+use common::run::{Opts, run};
 use serde_json::Value;
 use troupe::definition::load_pipeline;
 use troupe::runtime::interaction::InteractorSpec;
@@ -25,20 +25,6 @@ fn fixture(allowed: &str, hooks: &str, script: &str, files: &[(&str, &str)]) -> 
     let mut all = vec![("s.md", st.as_str()), ("script.yaml", script)];
     all.extend_from_slice(files);
     Fixture::new(&yaml, &all)
-}
-
-fn tool_results(out: &Outcome) -> Vec<String> {
-    let requests = out.requests();
-    requests
-        .last()
-        .unwrap()
-        .messages
-        .iter()
-        .filter_map(|m| match m {
-            troupe::runtime::transcript::Message::Tool { content, .. } => Some(content.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Hooks and Bash are real processes: run on the real clock.
@@ -84,7 +70,7 @@ fn acceptance_35_a_guard_hook_blocks_rm_even_when_approved() {
             .map(|e| e["outcome"].as_str().unwrap())
             .collect();
         assert_eq!(hooks, ["deny", "allow"]);
-        let results = tool_results(&out);
+        let results = out.tool_results();
         assert!(
             results[0].contains("ToolTerminal/HookDenied"),
             "{}",
@@ -108,7 +94,7 @@ fn acceptance_36_a_transform_rewrites_arguments_and_a_failing_observer_is_harmle
         RunStatus::Ok,
         "the observer's failure is not fatal"
     );
-    assert_eq!(tool_results(&out)[0], "HELLO world");
+    assert_eq!(out.tool_results()[0], "HELLO world");
     let runs: Vec<(String, String)> = out
         .named("HookInvoked")
         .iter()

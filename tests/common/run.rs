@@ -113,6 +113,21 @@ impl Outcome {
     pub fn requests(&self) -> Vec<ModelRequest> {
         self.provider.requests.lock().unwrap().clone()
     }
+
+    /// The tool results the model saw in its last request, in order.
+    pub fn tool_results(&self) -> Vec<String> {
+        let requests = self.requests();
+        let Some(last) = requests.last() else {
+            return Vec::new();
+        };
+        last.messages
+            .iter()
+            .filter_map(|m| match m {
+                troupe::runtime::transcript::Message::Tool { content, .. } => Some(content.clone()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// How to run.
