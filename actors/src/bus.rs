@@ -21,7 +21,7 @@
 //!   writer thread looping over [`Subscription::iter`] terminates.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -105,6 +105,9 @@ struct Registry<E> {
 struct Shared<E> {
     registry: Mutex<Registry<E>>,
     lagged_total: AtomicU64,
+    /// Live subscribers that receive observer events; read without the lock
+    /// so publishers can skip building observer events no one would see.
+    observers: AtomicUsize,
 }
 
 /// Cheap cloneable handle to an event bus. See the module documentation.
@@ -155,6 +158,7 @@ impl<E: BusEvent> EventBus<E> {
                     subscribers: Vec::new(),
                 }),
                 lagged_total: AtomicU64::new(0),
+                observers: AtomicUsize::new(0),
             }),
         }
     }
@@ -179,6 +183,9 @@ impl<E: BusEvent> EventBus<E> {
         let mut registry = self.lock();
         // On a closed bus the sender is dropped here, so the subscription ends at once.
         if !registry.closed {
+            if interest == Interest::All {
+                self.shared.observers.fetch_add(1, Ordering::Relaxed);
+            }
             registry.subscribers.push(Subscriber {
                 name: name.to_owned(),
                 interest,
@@ -206,10 +213,14 @@ impl<E: BusEvent> EventBus<E> {
         }
         let seq = registry.next_seq;
         registry.next_seq += 1;
-        let lagged_total = &self.shared.lagged_total;
-        registry
-            .subscribers
-            .retain_mut(|sub| deliver(sub, seq, &event, class, lagged_total));
+        let shared = &*self.shared;
+        registry.subscribers.retain_mut(|sub| {
+            let live = deliver(sub, seq, &event, class, &shared.lagged_total);
+            if !live && sub.interest == Interest::All {
+                shared.observers.fetch_sub(1, Ordering::Relaxed);
+            }
+            live
+        });
         Some(seq)
     }
 
@@ -219,6 +230,16 @@ impl<E: BusEvent> EventBus<E> {
         let mut registry = self.lock();
         registry.closed = true;
         registry.subscribers.clear();
+        self.shared.observers.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether any live subscriber receives observer events. Publishers of
+    /// observer events (progress, phase markers) check this first and skip
+    /// building events no one would see. A subscriber that was dropped counts
+    /// until the next publish prunes it, so this errs on the side of `true`.
+    #[must_use]
+    pub fn has_observers(&self) -> bool {
+        self.shared.observers.load(Ordering::Relaxed) > 0
     }
 
     /// Whether [`EventBus::close`] was called.
@@ -435,6 +456,27 @@ mod tests {
         assert_eq!(got, vec![(1, 1), (2, 2), (3, 3), (4, 4)]);
         let audit_seqs: Vec<u64> = audit.into_iter().map(|d| event(Some(d)).seq).collect();
         assert_eq!(audit_seqs, vec![1, 3]);
+    }
+
+    #[test]
+    fn has_observers_follows_observer_subscribers() {
+        let bus = EventBus::<Ev>::new();
+        let audit = bus.subscribe_audit("audit", 4);
+        assert!(
+            !bus.has_observers(),
+            "an audit-only subscriber is no observer"
+        );
+        let all = bus.subscribe("all", 4);
+        assert!(bus.has_observers());
+        drop(all);
+        // Pruned on the next publish that reaches it.
+        bus.publish(Ev::Token(1));
+        assert!(!bus.has_observers());
+        let again = bus.subscribe("again", 4);
+        assert!(bus.has_observers());
+        bus.close();
+        assert!(!bus.has_observers());
+        drop((audit, again));
     }
 
     #[test]

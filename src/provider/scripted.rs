@@ -346,7 +346,7 @@ mod tests {
                 upstream: Default::default(),
                 results: Default::default(),
                 workflow_run_id: "r".into(),
-                stage_execution_id: format!("r/{stage}/1"),
+                stage_execution_id: format!("r/{stage}/1").into(),
                 item: None,
                 index: None,
                 stage_id: stage.into(),

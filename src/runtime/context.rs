@@ -20,11 +20,11 @@ pub struct StageContext {
     pub upstream: Arc<Vec<Arc<StageResult>>>,
     /// The state slot: the latest result of every finished stage.
     pub results: Arc<BTreeMap<String, Arc<StageResult>>>,
-    pub workflow_run_id: String,
-    pub stage_execution_id: String,
+    pub workflow_run_id: Arc<str>,
+    pub stage_execution_id: Arc<str>,
     pub item: Option<Value>,
     pub index: Option<usize>,
-    pub stage_id: String,
+    pub stage_id: Arc<str>,
     pub stage_name: String,
 }
 
@@ -36,9 +36,7 @@ impl StageContext {
             _ => None,
         };
         match (key(0), key(1)) {
-            (Some("stage"), Some("id")) if path.len() == 2 => {
-                Ok(Value::String(self.stage_id.clone()))
-            }
+            (Some("stage"), Some("id")) if path.len() == 2 => Ok(Value::from(&*self.stage_id)),
             (Some("stage"), Some("name")) if path.len() == 2 => {
                 Ok(Value::String(self.stage_name.clone()))
             }
@@ -74,10 +72,10 @@ impl StageContext {
                 }
             },
             (Some("ctx"), Some("workflowRunId")) => {
-                sub(Value::String(self.workflow_run_id.clone()), &path[2..])
+                sub(Value::from(&*self.workflow_run_id), &path[2..])
             }
             (Some("ctx"), Some("stageExecutionId")) => {
-                sub(Value::String(self.stage_execution_id.clone()), &path[2..])
+                sub(Value::from(&*self.stage_execution_id), &path[2..])
             }
             (Some("ctx"), Some("item")) => {
                 let item = self
@@ -125,13 +123,10 @@ impl StageContext {
                 ),
             );
         }
-        ctx.insert(
-            "workflowRunId".into(),
-            Value::String(self.workflow_run_id.clone()),
-        );
+        ctx.insert("workflowRunId".into(), Value::from(&*self.workflow_run_id));
         ctx.insert(
             "stageExecutionId".into(),
-            Value::String(self.stage_execution_id.clone()),
+            Value::from(&*self.stage_execution_id),
         );
         if let Some(item) = &self.item {
             ctx.insert("item".into(), item.clone());

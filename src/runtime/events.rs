@@ -3,6 +3,7 @@
 //! with `seq`, `ts`, `event`, `workflowRunId`, then `stageExecutionId`,
 //! `stageId`, `tool` where they apply, then the event's own fields.
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
@@ -82,14 +83,18 @@ impl EventName {
 
     pub fn class(self) -> EventClass {
         match self {
-            EventName::Token | EventName::Progress => EventClass::Observer,
+            // Phase markers are trace, not record: SPEC §6 does not list them
+            // among the audit events, and a stage publishes fourteen of them.
+            // They reach `--events` and in-process observers, never the log.
+            EventName::Token
+            | EventName::Progress
+            | EventName::StagePreFired
+            | EventName::StagePostFired => EventClass::Observer,
             EventName::WorkflowStarted
             | EventName::WorkflowExit
             | EventName::SessionTurnStart
             | EventName::SessionTurnEnd
             | EventName::StageEntered
-            | EventName::StagePreFired
-            | EventName::StagePostFired
             | EventName::StageCheckGateResult
             | EventName::StageAssertOutcome
             | EventName::StageGranted
@@ -115,15 +120,22 @@ impl EventName {
 }
 
 /// One event. The bus assigns `seq`; `ts` is taken at creation.
+///
+/// Ids are shared (`Arc<str>`): a stage execution publishes a dozen events
+/// and a fan-out tens of thousands of executions, so cloning the run,
+/// stage and execution ids into every event was a measurable part of the
+/// per-sibling cost (BENCHMARKS.md). Field names are static.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub name: EventName,
     pub ts: SystemTime,
-    pub workflow_run_id: String,
-    pub stage_execution_id: Option<String>,
-    pub stage_id: Option<String>,
-    pub tool: Option<String>,
-    pub fields: Map<String, Value>,
+    pub workflow_run_id: Arc<str>,
+    pub stage_execution_id: Option<Arc<str>>,
+    pub stage_id: Option<Arc<str>>,
+    pub tool: Option<Arc<str>>,
+    /// The event's own fields, in insertion order; a key set twice keeps
+    /// its first position and its last value.
+    fields: Vec<(&'static str, Value)>,
 }
 
 impl BusEvent for Event {
@@ -133,36 +145,49 @@ impl BusEvent for Event {
 }
 
 impl Event {
-    pub fn new(name: EventName, workflow_run_id: &str) -> Event {
+    pub fn new(name: EventName, workflow_run_id: impl Into<Arc<str>>) -> Event {
         Event {
             name,
             ts: SystemTime::now(),
-            workflow_run_id: workflow_run_id.to_owned(),
+            workflow_run_id: workflow_run_id.into(),
             stage_execution_id: None,
             stage_id: None,
             tool: None,
-            fields: Map::new(),
+            fields: Vec::new(),
         }
     }
 
-    pub fn stage(mut self, stage_id: &str, stage_execution_id: &str) -> Event {
-        self.stage_id = Some(stage_id.to_owned());
-        self.stage_execution_id = Some(stage_execution_id.to_owned());
+    pub fn stage(
+        mut self,
+        stage_id: impl Into<Arc<str>>,
+        stage_execution_id: impl Into<Arc<str>>,
+    ) -> Event {
+        self.stage_id = Some(stage_id.into());
+        self.stage_execution_id = Some(stage_execution_id.into());
         self
     }
 
-    pub fn tool(mut self, tool: &str) -> Event {
-        self.tool = Some(tool.to_owned());
+    pub fn tool(mut self, tool: impl Into<Arc<str>>) -> Event {
+        self.tool = Some(tool.into());
         self
     }
 
-    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Event {
-        self.fields.insert(key.to_owned(), value.into());
+    pub fn with(mut self, key: &'static str, value: impl Into<Value>) -> Event {
+        let value = value.into();
+        match self.fields.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, slot)) => *slot = value,
+            None => self.fields.push((key, value)),
+        }
         self
     }
 
     pub fn field(&self, key: &str) -> Option<&Value> {
-        self.fields.get(key)
+        self.fields.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    /// The event's own fields, in order.
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &Value)> {
+        self.fields.iter().map(|(k, v)| (*k, v))
     }
 
     /// The JSON object of one audit line, keys in contract order.
@@ -171,21 +196,18 @@ impl Event {
         obj.insert("seq".into(), Value::from(seq));
         obj.insert("ts".into(), Value::String(rfc3339(self.ts)));
         obj.insert("event".into(), Value::String(self.name.as_str().to_owned()));
-        obj.insert(
-            "workflowRunId".into(),
-            Value::String(self.workflow_run_id.clone()),
-        );
+        obj.insert("workflowRunId".into(), Value::from(&*self.workflow_run_id));
         if let Some(v) = &self.stage_execution_id {
-            obj.insert("stageExecutionId".into(), Value::String(v.clone()));
+            obj.insert("stageExecutionId".into(), Value::from(&**v));
         }
         if let Some(v) = &self.stage_id {
-            obj.insert("stageId".into(), Value::String(v.clone()));
+            obj.insert("stageId".into(), Value::from(&**v));
         }
         if let Some(v) = &self.tool {
-            obj.insert("tool".into(), Value::String(v.clone()));
+            obj.insert("tool".into(), Value::from(&**v));
         }
         for (k, v) in &self.fields {
-            obj.insert(k.clone(), v.clone());
+            obj.insert((*k).to_owned(), v.clone());
         }
         Value::Object(obj)
     }
@@ -221,10 +243,11 @@ impl serde::Serialize for Line<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let e = self.event;
-        let ts = rfc3339(e.ts);
+        let mut ts_buf = [0u8; RFC3339_LEN];
+        let ts = rfc3339_into(e.ts, &mut ts_buf);
         let heads: [Option<Head<'_>>; 7] = [
             Some(Head::Number(self.seq)),
-            Some(Head::Text(&ts)),
+            Some(Head::Text(ts)),
             Some(Head::Text(e.name.as_str())),
             Some(Head::Text(&e.workflow_run_id)),
             e.stage_execution_id.as_deref().map(Head::Text),
@@ -236,7 +259,7 @@ impl serde::Serialize for Line<'_> {
             let Some(head) = head else { continue };
             // A field named like a head key replaces that key's value in
             // place (as the map insert in `to_json` does).
-            match e.fields.get(*key) {
+            match e.field(key) {
                 Some(v) => map.serialize_entry(key, v)?,
                 None => map.serialize_entry(key, head)?,
             }
@@ -271,18 +294,37 @@ impl serde::Serialize for Head<'_> {
 
 /// RFC 3339 UTC with microseconds, e.g. `2026-11-22T03:05:31.123456Z`.
 pub fn rfc3339(ts: SystemTime) -> String {
+    let mut buf = [0u8; RFC3339_LEN];
+    rfc3339_into(ts, &mut buf).to_owned()
+}
+
+/// The length of every [`rfc3339`] timestamp (years 0–9999).
+const RFC3339_LEN: usize = 27;
+
+/// Writes the [`rfc3339`] text into `buf` without allocating or going
+/// through `fmt` (the audit writer formats one per line).
+fn rfc3339_into(ts: SystemTime, buf: &mut [u8; RFC3339_LEN]) -> &str {
+    fn digits(out: &mut [u8], mut n: u64) {
+        for b in out.iter_mut().rev() {
+            *b = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    }
     let d = ts.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
     let days = i64::try_from(secs / 86_400).unwrap_or(0);
     let rem = secs % 86_400;
     let (y, m, day) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        d.subsec_micros()
-    )
+    *buf = *b"0000-00-00T00:00:00.000000Z";
+    digits(&mut buf[0..4], y.clamp(0, 9999) as u64);
+    digits(&mut buf[5..7], u64::from(m));
+    digits(&mut buf[8..10], u64::from(day));
+    digits(&mut buf[11..13], rem / 3600);
+    digits(&mut buf[14..16], (rem % 3600) / 60);
+    digits(&mut buf[17..19], rem % 60);
+    digits(&mut buf[20..26], u64::from(d.subsec_micros()));
+    // Only ASCII digits and separators were written.
+    std::str::from_utf8(buf).unwrap_or("1970-01-01T00:00:00.000000Z")
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian

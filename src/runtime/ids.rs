@@ -2,18 +2,24 @@
 //! stable `<workflowRunId>/<stageId>[#<index>]/<visit>` execution id.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// A workflow run's id: a UUIDv7, so ids sort by start time.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RunId(String);
+pub struct RunId(Arc<str>);
 
 impl RunId {
     pub fn new() -> RunId {
-        RunId(uuid::Uuid::now_v7().to_string())
+        RunId(uuid::Uuid::now_v7().to_string().into())
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The id as a shared string (events carry it without copying).
+    pub fn shared(&self) -> Arc<str> {
+        Arc::clone(&self.0)
     }
 }
 

@@ -385,9 +385,12 @@ impl InteractionHub {
     }
 
     fn event(&self, name: EventName, request: &GrantRequest, id: InteractionId) -> Event {
-        Event::new(name, &request.workflow_run_id)
-            .stage(&request.stage_id, &request.stage_execution_id)
-            .tool(&request.tool)
+        Event::new(name, request.workflow_run_id.as_str())
+            .stage(
+                request.stage_id.as_str(),
+                request.stage_execution_id.as_str(),
+            )
+            .tool(request.tool.as_str())
             .with("interactionId", id)
             .with("proposalId", request.proposal_id.as_str())
     }

@@ -2,6 +2,8 @@
 //! waits for a provider slot) to the event bus as observer-class events,
 //! which a lagging subscriber may drop.
 
+use std::sync::Arc;
+
 use troupe_actors::EventBus;
 
 use super::events::{Event, EventName};
@@ -11,16 +13,19 @@ use crate::provider::RequestObserver;
 #[derive(Debug)]
 pub struct BusObserver {
     pub bus: EventBus<Event>,
-    pub workflow_run_id: String,
-    pub stage_id: String,
-    pub stage_execution_id: String,
+    pub workflow_run_id: Arc<str>,
+    pub stage_id: Arc<str>,
+    pub stage_execution_id: Arc<str>,
     pub turn: u32,
 }
 
 impl BusObserver {
     fn event(&self, name: EventName) -> Event {
-        Event::new(name, &self.workflow_run_id)
-            .stage(&self.stage_id, &self.stage_execution_id)
+        Event::new(name, Arc::clone(&self.workflow_run_id))
+            .stage(
+                Arc::clone(&self.stage_id),
+                Arc::clone(&self.stage_execution_id),
+            )
             .with("turn", self.turn)
     }
 }

@@ -143,6 +143,9 @@ pub struct Planner {
     stats: BTreeMap<String, StageStats>,
     groups: Vec<GroupStats>,
     usage: Usage,
+    /// Whether anyone receives observer events; `Progress` is only built
+    /// when someone does.
+    observed: bool,
 }
 
 type Out = Vec<PlanCommand>;
@@ -168,7 +171,15 @@ impl Planner {
             stats: BTreeMap::new(),
             groups: Vec::new(),
             usage: Usage::default(),
+            observed: true,
         }
+    }
+
+    /// Tells the planner whether observer events (`Progress`) have anyone
+    /// to receive them. Without observers it does not build them: one per
+    /// finished sibling is a visible cost in a wide fan-out.
+    pub fn set_observed(&mut self, observed: bool) {
+        self.observed = observed;
     }
 
     /// The run's status once it is decided.
@@ -244,11 +255,11 @@ impl Planner {
             fields: Arc::clone(&self.fields),
             upstream,
             results: slot,
-            workflow_run_id: self.run_id.to_string(),
-            stage_execution_id: stage_execution_id(&self.run_id, stage, index, visit),
+            workflow_run_id: self.run_id.shared(),
+            stage_execution_id: stage_execution_id(&self.run_id, stage, index, visit).into(),
             item,
             index,
-            stage_id: stage.to_owned(),
+            stage_id: stage.into(),
             stage_name: name,
         })
     }
@@ -530,6 +541,9 @@ impl Planner {
         let Current::Group(g) = &self.current else {
             return;
         };
+        if !self.observed {
+            return;
+        }
         let c = &g.core;
         let done = c.succeeded() + c.skipped() + c.failed();
         out.push(PlanCommand::Emit(

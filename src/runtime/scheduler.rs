@@ -21,8 +21,9 @@ use super::planner::{Exec, PlanCommand, PlanEvent, Planner, Spawn};
 use super::stage::{RunSettings, StageRun};
 use super::stage_actor::{CancelStage, StageActor, StageReport, StartRequest};
 use super::summary::RunReport;
-use crate::definition::Pipeline;
+use crate::definition::{Pipeline, StageKind};
 use crate::provider::Provider;
+use crate::tools::{ToolSpec, stage_manifest};
 
 /// What the scheduler needs to run a pipeline.
 #[derive(Debug, Clone)]
@@ -63,6 +64,8 @@ pub struct Scheduler {
     planner: Planner,
     /// Live executions of the current turn.
     live: HashMap<Exec, Addr<StageActor>>,
+    /// Each LLM stage's tool manifest, built on its first execution.
+    manifests: HashMap<String, Arc<Vec<ToolSpec>>>,
     finished: bool,
     started_at: Instant,
 }
@@ -94,6 +97,7 @@ impl Scheduler {
             owner,
             planner,
             live: HashMap::new(),
+            manifests: HashMap::new(),
             finished: false,
             started_at: Instant::now(),
         }
@@ -103,6 +107,7 @@ impl Scheduler {
     /// Returns the units granted a start.
     fn step(&mut self, event: PlanEvent, ctx: &mut Context<Self>) -> Vec<usize> {
         let mut out = Vec::new();
+        self.planner.set_observed(self.spec.bus.has_observers());
         self.planner.handle(event, &mut out);
         self.carry_out(out, ctx)
     }
@@ -140,6 +145,15 @@ impl Scheduler {
             index,
             visit,
         } = spawn;
+        let tools = match (&stage.kind, self.manifests.get(&stage.id)) {
+            (StageKind::Llm(_), Some(tools)) => Arc::clone(tools),
+            (StageKind::Llm(def), None) => {
+                let tools = Arc::new(stage_manifest(def));
+                self.manifests.insert(stage.id.clone(), Arc::clone(&tools));
+                tools
+            }
+            _ => Arc::default(),
+        };
         let run = StageRun {
             pipeline: Arc::clone(&self.spec.pipeline),
             stage,
@@ -152,6 +166,7 @@ impl Scheduler {
             cancel: self.spec.cancel.child_token(),
             hub: self.hub.clone(),
             hooks: Arc::clone(&self.spec.hooks),
+            tools,
         };
         let me = ctx.address();
         let addr = match exec {

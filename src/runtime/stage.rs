@@ -36,7 +36,6 @@ use crate::error::{Code, ErrorClass, HasCode, ValidationCode};
 use crate::hooks::{HookError, HookSet, SlotOutcome};
 use crate::provider::{ModelRequest, Provider, ProviderError};
 use crate::tools::exec::ModelError;
-use crate::tools::stage_manifest;
 
 /// Knobs shared by every execution of a run.
 ///
@@ -129,6 +128,10 @@ pub struct StageRun {
     pub hub: Option<Addr<InteractionHub>>,
     /// Hooks at the message-loop slots.
     pub hooks: Arc<HookSet>,
+    /// The stage's tool manifest (`allowedTools` plus the completion
+    /// channel), built once per stage and shared by its executions; empty
+    /// for deterministic steps.
+    pub tools: Arc<Vec<crate::tools::ToolSpec>>,
 }
 
 /// Where the execution is, for the `StageCancelled` record.
@@ -204,17 +207,25 @@ enum Decision {
 
 impl StageRun {
     fn event(&self, name: EventName) -> Event {
-        Event::new(name, &self.ctx.workflow_run_id)
-            .stage(&self.stage.id, &self.ctx.stage_execution_id)
+        Event::new(name, Arc::clone(&self.ctx.workflow_run_id)).stage(
+            Arc::clone(&self.ctx.stage_id),
+            Arc::clone(&self.ctx.stage_execution_id),
+        )
     }
 
     fn emit(&self, event: Event) {
         self.bus.publish(event);
     }
 
+    /// Marks a phase boundary: the phase is remembered for `StageCancelled`,
+    /// and a `StagePreFired`/`StagePostFired` observer event is published
+    /// when anyone observes (they are not audit events; see `EventName::class`).
     fn phase(&self, progress: &Rc<RefCell<Progress>>, phase: &'static str, pre: bool) {
         if pre {
             progress.borrow_mut().phase = phase;
+        }
+        if !self.bus.has_observers() {
+            return;
         }
         let name = if pre {
             EventName::StagePreFired
@@ -235,12 +246,12 @@ impl StageRun {
         payload.insert("slot".into(), Value::from(slot));
         payload.insert(
             "workflowRunId".into(),
-            Value::from(self.ctx.workflow_run_id.as_str()),
+            Value::from(&*self.ctx.workflow_run_id),
         );
         payload.insert("stageId".into(), Value::from(self.stage.id.as_str()));
         payload.insert(
             "stageExecutionId".into(),
-            Value::from(self.ctx.stage_execution_id.as_str()),
+            Value::from(&*self.ctx.stage_execution_id),
         );
         if let Value::Object(extra) = fields {
             payload.extend(extra);
@@ -270,13 +281,18 @@ impl StageRun {
 
     /// A slot of the model loop where a guard deny or a failed transform
     /// ends Act; transforms may only rewrite `field` (if any).
+    /// The payload is built only when a hook is configured at the slot;
+    /// `Ok(None)` means nothing was rewritten.
     async fn loop_hook(
         &self,
         slot: &str,
-        fields: Value,
+        fields: impl FnOnce() -> Value,
         field: Option<&str>,
     ) -> Result<Option<Value>, (Code, String)> {
-        match self.hook(slot, None, fields).await {
+        if !self.hooks.has(slot, None) {
+            return Ok(None);
+        }
+        match self.hook(slot, None, fields()).await {
             SlotOutcome::Proceed(v) => Ok(field.and_then(|f| v.get(f).cloned())),
             SlotOutcome::Denied { hook, reason } => Err((
                 Code {
@@ -351,7 +367,7 @@ impl StageRun {
         let output = output.map_or_else(|| Arc::clone(&parsed), Arc::new);
         let result = Arc::new(StageResult {
             stage_id: self.stage.id.clone(),
-            stage_execution_id: self.ctx.stage_execution_id.clone(),
+            stage_execution_id: self.ctx.stage_execution_id.to_string(),
             verdict,
             reason,
             parsed,
@@ -374,16 +390,20 @@ impl StageRun {
 
         self.phase(&progress, "Next", true);
         let next = self.next_decision(&result);
-        let described = match &next {
-            NextDecision::End => json!({"stages": [], "execution": "sequential"}),
-            NextDecision::Stage { id, .. } => json!({"stages": [id], "execution": "sequential"}),
-            NextDecision::Parallel(plan) => json!({"execution": "parallel", "join": plan.join}),
-        };
-        self.emit(
-            self.event(EventName::StagePostFired)
-                .with("phase", "Next")
-                .with("next", described),
-        );
+        if self.bus.has_observers() {
+            let described = match &next {
+                NextDecision::End => json!({"stages": [], "execution": "sequential"}),
+                NextDecision::Stage { id, .. } => {
+                    json!({"stages": [id], "execution": "sequential"})
+                }
+                NextDecision::Parallel(plan) => json!({"execution": "parallel", "join": plan.join}),
+            };
+            self.emit(
+                self.event(EventName::StagePostFired)
+                    .with("phase", "Next")
+                    .with("next", described),
+            );
+        }
         Exited { result, next }
     }
 
@@ -452,7 +472,7 @@ impl StageRun {
         let mut prompt = prompt;
         for slot in ["RECEIVE_INPUT/pre", "RECEIVE_INPUT/post"] {
             match self
-                .loop_hook(slot, json!({"input": prompt}), Some("input"))
+                .loop_hook(slot, || json!({"input": prompt}), Some("input"))
                 .await
             {
                 Ok(Some(Value::String(input))) => prompt = input,
@@ -470,7 +490,7 @@ impl StageRun {
                 def.name, def.completion_tool
             ),
         });
-        let tools = Arc::new(stage_manifest(def));
+        let tools = Arc::clone(&self.tools);
         self.phase(progress, "Init", false);
 
         // CheckGate.
@@ -680,23 +700,25 @@ impl StageRun {
             }
             turns += 1;
             progress.borrow_mut().turn = turns;
-            let composed = json!({
-                "turn": turns,
-                "messages": transcript.messages().len(),
-                "tools": tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
-            });
+            let composed = || {
+                json!({
+                    "turn": turns,
+                    "messages": transcript.messages().len(),
+                    "tools": tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+                })
+            };
             for slot in [
                 "COMPOSE_REQUEST/pre",
                 "COMPOSE_REQUEST/post",
                 "SEND_REQUEST/pre",
             ] {
-                if let Err((code, message)) = self.loop_hook(slot, composed.clone(), None).await {
+                if let Err((code, message)) = self.loop_hook(slot, composed, None).await {
                     return ActEnd::Failed(code, message);
                 }
             }
             let request = ModelRequest {
                 stage_id: self.stage.id.clone(),
-                stage_execution_id: self.ctx.stage_execution_id.clone(),
+                stage_execution_id: self.ctx.stage_execution_id.to_string(),
                 index: self.index,
                 messages: transcript.messages().to_vec(),
                 tools: Arc::clone(tools),
@@ -705,9 +727,9 @@ impl StageRun {
                 ctx: Arc::clone(&self.ctx),
                 observer: Some(Arc::new(BusObserver {
                     bus: self.bus.clone(),
-                    workflow_run_id: self.ctx.workflow_run_id.clone(),
-                    stage_id: self.stage.id.clone(),
-                    stage_execution_id: self.ctx.stage_execution_id.clone(),
+                    workflow_run_id: Arc::clone(&self.ctx.workflow_run_id),
+                    stage_id: Arc::clone(&self.ctx.stage_id),
+                    stage_execution_id: Arc::clone(&self.ctx.stage_execution_id),
                     turn: turns,
                 })),
             };
@@ -717,16 +739,18 @@ impl StageRun {
             };
             for slot in ["SEND_REQUEST/post", "STREAM_RESPONSE/pre"] {
                 if let Err((code, message)) =
-                    self.loop_hook(slot, json!({"turn": turns}), None).await
+                    self.loop_hook(slot, || json!({"turn": turns}), None).await
                 {
                     return ActEnd::Failed(code, message);
                 }
             }
-            let streamed = json!({
-                "turn": turns,
-                "text": response.text,
-                "toolCalls": response.tool_calls.iter().map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments})).collect::<Vec<_>>(),
-            });
+            let streamed = || {
+                json!({
+                    "turn": turns,
+                    "text": response.text,
+                    "toolCalls": response.tool_calls.iter().map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments})).collect::<Vec<_>>(),
+                })
+            };
             match self
                 .loop_hook("STREAM_RESPONSE/post", streamed, Some("text"))
                 .await
@@ -777,8 +801,9 @@ impl StageRun {
                         // RENDER: guards may refuse the result; transforms
                         // cannot change it (it passed the schema).
                         for slot in ["RENDER/pre", "RENDER/post"] {
-                            if let Err((code, message)) =
-                                self.loop_hook(slot, json!({"parsed": parsed}), None).await
+                            if let Err((code, message)) = self
+                                .loop_hook(slot, || json!({"parsed": parsed}), None)
+                                .await
                             {
                                 return ActEnd::Failed(code, message);
                             }
@@ -905,7 +930,7 @@ impl StageRun {
 
     fn tool_event(&self, name: EventName, call: &ToolCall) -> Event {
         self.event(name)
-            .tool(&call.name)
+            .tool(call.name.as_str())
             .with("callId", call.id.as_str())
     }
 
@@ -922,6 +947,9 @@ impl StageRun {
         progress: &Rc<RefCell<Progress>>,
     ) -> Result<Value, String> {
         let args = self.authorize(def, call, index, progress).await?;
+        if !self.hooks.has("TOOL_CALL/pre", Some(&call.name)) {
+            return Ok(args);
+        }
         // Guard hooks run on every approved call and win in any mode;
         // transforms then may rewrite the arguments.
         let fields = json!({"tool": call.name, "callId": call.id, "arguments": args});
@@ -1003,8 +1031,8 @@ impl StageRun {
             (p.attempt, p.turn, Rc::clone(&p.grants))
         };
         let request = GrantRequest {
-            workflow_run_id: self.ctx.workflow_run_id.clone(),
-            stage_execution_id: self.ctx.stage_execution_id.clone(),
+            workflow_run_id: self.ctx.workflow_run_id.to_string(),
+            stage_execution_id: self.ctx.stage_execution_id.to_string(),
             stage_id: self.stage.id.clone(),
             attempt,
             proposal_id: format!("{}#a{attempt}t{turn}c{index}", self.ctx.stage_execution_id),
@@ -1050,7 +1078,7 @@ impl StageRun {
                 ledger.mint(&request);
                 self.emit(
                     self.event(EventName::StageGranted)
-                        .tool(&call.name)
+                        .tool(call.name.as_str())
                         .with("proposalId", request.proposal_id.as_str())
                         .with("argsDigest", request.args_digest.as_str())
                         .with("by", by.as_str()),

@@ -65,9 +65,9 @@ pub struct StageActor {
     report: Recipient<StageReport>,
     progress: Rc<RefCell<Progress>>,
     bus: EventBus<Event>,
-    stage_id: String,
-    execution_id: String,
-    run_id: String,
+    stage_id: Arc<str>,
+    execution_id: Arc<str>,
+    run_id: Arc<str>,
     cancel: tokio_util::sync::CancellationToken,
     hub: Option<Addr<InteractionHub>>,
     started: bool,
@@ -97,9 +97,9 @@ impl StageActor {
             report,
             progress: Rc::default(),
             bus: run.bus.clone(),
-            stage_id: run.stage.id.clone(),
-            execution_id: run.ctx.stage_execution_id.clone(),
-            run_id: run.ctx.workflow_run_id.clone(),
+            stage_id: Arc::clone(&run.ctx.stage_id),
+            execution_id: Arc::clone(&run.ctx.stage_execution_id),
+            run_id: Arc::clone(&run.ctx.workflow_run_id),
             cancel: run.cancel.clone(),
             hub: run.hub.clone(),
             started: false,
@@ -109,6 +109,11 @@ impl StageActor {
         }
     }
 
+    fn event(&self, name: EventName) -> Event {
+        Event::new(name, Arc::clone(&self.run_id))
+            .stage(Arc::clone(&self.stage_id), Arc::clone(&self.execution_id))
+    }
+
     fn send_report(&mut self, outcome: StageOutcome) {
         if self.reported {
             return;
@@ -116,7 +121,7 @@ impl StageActor {
         self.reported = true;
         self.report.do_send(StageReport {
             unit: self.unit,
-            stage_id: self.stage_id.clone(),
+            stage_id: self.stage_id.to_string(),
             outcome,
         });
     }
@@ -144,8 +149,7 @@ impl StageActor {
     fn panicked(&self, message: String) -> Exited {
         let reason = format!("ExtensionHost/ActorPanicked: {message}");
         self.bus.publish(
-            Event::new(EventName::StageExited, &self.run_id)
-                .stage(&self.stage_id, &self.execution_id)
+            self.event(EventName::StageExited)
                 .with("verdict", "fail")
                 .with("reason", reason.as_str())
                 .with("capHit", false)
@@ -153,8 +157,8 @@ impl StageActor {
         );
         Exited {
             result: Arc::new(StageResult {
-                stage_id: self.stage_id.clone(),
-                stage_execution_id: self.execution_id.clone(),
+                stage_id: self.stage_id.to_string(),
+                stage_execution_id: self.execution_id.to_string(),
                 verdict: Verdict::Fail,
                 reason: Some(reason),
                 parsed: Arc::new(Value::Null),
@@ -202,7 +206,7 @@ impl Actor for StageActor {
         self.cancel.cancel();
         if let Some(hub) = &self.hub {
             hub.do_send(WithdrawOwner {
-                stage_execution_id: self.execution_id.clone(),
+                stage_execution_id: self.execution_id.to_string(),
             });
         }
         if self.reported {
@@ -221,15 +225,13 @@ impl Actor for StageActor {
                 .unwrap_or_else(|| "Cancellation/TurnCancelled".to_owned());
             for (id, name) in &progress.tool_calls {
                 self.bus.publish(
-                    Event::new(EventName::ToolInvocationCancelled, &self.run_id)
-                        .stage(&self.stage_id, &self.execution_id)
-                        .tool(name)
+                    self.event(EventName::ToolInvocationCancelled)
+                        .tool(name.as_str())
                         .with("callId", id.as_str()),
                 );
             }
             self.bus.publish(
-                Event::new(EventName::StageCancelled, &self.run_id)
-                    .stage(&self.stage_id, &self.execution_id)
+                self.event(EventName::StageCancelled)
                     .with("reason", reason)
                     .with("phase", progress.phase)
                     .with("attempt", progress.attempt)

@@ -13,6 +13,7 @@ use troupe::definition::load_pipeline;
 use troupe::provider::script::Script;
 use troupe::provider::scripted::{ScriptedProvider, Selector};
 use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
+use troupe::runtime::events::EventName;
 use troupe::runtime::interaction::InteractorSpec;
 use troupe::runtime::launch::start_run;
 use troupe::runtime::scheduler::RunSpec;
@@ -68,7 +69,8 @@ impl Provider for Recording {
 #[derive(Debug)]
 pub struct Outcome {
     pub report: RunReport,
-    /// Every audit event as its JSON line, in seq order.
+    /// Every audit event and phase marker (`StagePreFired`/`StagePostFired`)
+    /// as its JSON line, in seq order; tokens and progress are left out.
     pub events: Vec<Value>,
     pub provider: Arc<Recording>,
     /// Paused-clock time the run took.
@@ -193,7 +195,9 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
     }
     settings.stage_timeout = opts.stage_timeout;
     spec.settings = Arc::new(settings);
-    let audit = spec.bus.subscribe_audit("test", 1 << 22);
+    // Every event, so the phase markers (observer-class) are seen too; the
+    // queue is big enough that nothing is dropped.
+    let audit = spec.bus.subscribe("test", 1 << 22);
     let system = actix::System::new();
     let (report, elapsed) = system.block_on(async move {
         if !opts.real_time {
@@ -216,8 +220,13 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
     let events = audit
         .iter()
         .filter_map(|d| match d {
-            Delivery::Event(env) => Some(env.event.to_json(env.seq)),
-            Delivery::Lagged { .. } => None,
+            Delivery::Event(env)
+                if !matches!(env.event.name, EventName::Token | EventName::Progress) =>
+            {
+                Some(env.event.to_json(env.seq))
+            }
+            Delivery::Event(_) => None,
+            Delivery::Lagged { dropped } => panic!("the test subscriber lagged by {dropped}"),
         })
         .collect();
     Outcome {
