@@ -25,7 +25,8 @@ pub struct ModelRequest {
     pub stage_execution_id: String,
     /// Index of the sibling for map/static fan-outs.
     pub index: Option<usize>,
-    pub messages: Vec<Message>,
+    /// The stage's transcript, shared with it (not copied per turn).
+    pub messages: Arc<Vec<Message>>,
     pub tools: Arc<Vec<ToolSpec>>,
     pub completion_tool: String,
     pub completion_schema: Arc<serde_json::Value>,

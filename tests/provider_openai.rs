@@ -51,7 +51,7 @@ fn request(messages: Vec<Message>) -> ModelRequest {
         stage_id: "a".into(),
         stage_execution_id: "r/a/1".into(),
         index: None,
-        messages,
+        messages: messages.into(),
         tools: tools(),
         completion_tool: "done".into(),
         completion_schema: Arc::new(json!({"type": "object"})),

@@ -276,6 +276,55 @@ fn acceptance_24_fail_fast_cancels_running_siblings_and_drops_their_requests() {
 }
 
 #[test]
+fn fail_fast_stops_siblings_at_the_failing_exit_not_when_the_report_is_read() {
+    // Fifty siblings whose first turns all end at the same instant; the
+    // middle one fails there. Whatever order the others are woken in, none
+    // that runs after the failing Exit may do anything but be cancelled:
+    // no tool call, no further request, no Exit.
+    let worker = "  worker:\n    - { tool: Echo, args: { text: hi }, latency: 10ms }\n    - { complete: { ok: true }, latency: 10ms }\n  \"worker#25\":\n    - { fail: terminal, latency: 10ms }\n";
+    let out = run(map_fixture(50, 50, worker).path(), Opts::default());
+    assert!(matches!(out.report.status, RunStatus::Failed { .. }));
+    let failed_exit = out
+        .named("StageExited")
+        .into_iter()
+        .find(|e| e["verdict"] == "fail")
+        .expect("the failing sibling exits");
+    let failed_exec = failed_exit["stageExecutionId"].as_str().unwrap();
+    let fail_seq = failed_exit["seq"].as_u64().unwrap();
+    let after: Vec<&Value> = out
+        .events
+        .iter()
+        .filter(|e| e["seq"].as_u64().unwrap() > fail_seq)
+        .filter(|e| e["stageId"] == "worker" && e["stageExecutionId"] != failed_exec)
+        .collect();
+    for e in &after {
+        assert!(
+            ["StageCancelled", "ToolInvocationCancelled"].contains(&e["event"].as_str().unwrap()),
+            "a sibling went on after the failing Exit: {e}"
+        );
+    }
+    let cancelled = out.count("StageCancelled");
+    let exited_ok = out
+        .named("StageExited")
+        .iter()
+        .filter(|e| e["stageId"] == "worker" && e["verdict"] == "ok")
+        .count();
+    assert_eq!(
+        cancelled + exited_ok,
+        49,
+        "every other sibling ends exactly once"
+    );
+    assert!(cancelled > 0);
+    for e in out.named("StageCancelled") {
+        assert_eq!(
+            e["reason"],
+            "ExtensionHost/ParallelSiblingFailure: sibling worker#25 failed"
+        );
+    }
+    check_invariants(&out, 50);
+}
+
+#[test]
 fn acceptance_25_siblings_waiting_for_a_slot_never_start_after_failure() {
     let worker = "  worker:\n    - { complete: { ok: true }, latency: 50ms }\n  \"worker#0\":\n    - { fail: terminal }\n";
     let out = run(map_fixture(5, 2, worker).path(), Opts::default());

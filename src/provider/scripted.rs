@@ -337,7 +337,7 @@ mod tests {
             stage_id: stage.into(),
             stage_execution_id: format!("r/{stage}/1"),
             index: None,
-            messages: Vec::new(),
+            messages: std::sync::Arc::default(),
             tools: std::sync::Arc::new(Vec::new()),
             completion_tool: "done".into(),
             completion_schema: std::sync::Arc::new(serde_json::json!({"type": "object"})),

@@ -7,6 +7,9 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{RecvTimeoutError, TryRecvError};
 
 use troupe_actors::{Delivery, EventBus, Subscription};
 
@@ -67,10 +70,35 @@ pub fn start_event_stream<W: Write + Send + 'static>(
     Ok(Sink { handle, path: None })
 }
 
+/// How long written lines may wait in the buffer for more: a burst becomes
+/// one `write` instead of one per line (the kernel's share of the audit
+/// thread was a quarter of it), while a reader tailing the file — or a
+/// process killed outright — misses at most this much.
+const FLUSH_LINGER: Duration = Duration::from_millis(5);
+
 fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64> {
+    let rx = sub.receiver();
     let mut lines = 0u64;
     let mut buf = Vec::with_capacity(512);
-    for delivery in sub.iter() {
+    let mut dirty = false;
+    loop {
+        let delivery = match rx.try_recv() {
+            Ok(d) => d,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) if dirty => match rx.recv_timeout(FLUSH_LINGER) {
+                Ok(d) => d,
+                Err(RecvTimeoutError::Timeout) => {
+                    out.flush()?;
+                    dirty = false;
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            },
+            Err(TryRecvError::Empty) => match rx.recv() {
+                Ok(d) => d,
+                Err(_) => break,
+            },
+        };
         buf.clear();
         match delivery {
             Delivery::Event(env) => env.event.write_json(env.seq, &mut buf)?,
@@ -82,11 +110,7 @@ fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64
         buf.push(b'\n');
         out.write_all(&buf)?;
         lines += 1;
-        // Batch while events keep coming; flush as soon as the queue is
-        // empty, so readers (and a crash) see everything written so far.
-        if sub.receiver().is_empty() {
-            out.flush()?;
-        }
+        dirty = true;
     }
     out.flush()?;
     Ok(lines)

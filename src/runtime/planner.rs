@@ -64,6 +64,12 @@ pub struct Spawn {
     pub ctx: Arc<StageContext>,
     pub index: Option<usize>,
     pub visit: u32,
+    /// The session turn the execution belongs to; siblings of one group
+    /// share it.
+    pub turn: u64,
+    /// For siblings: the name fail-fast gives it (`worker#3`, or the stage
+    /// id of a static sibling), as in `ParallelSiblingFailure`.
+    pub sibling: Option<String>,
 }
 
 /// What the planner asks the scheduler actor to do.
@@ -276,13 +282,21 @@ impl Planner {
         out: &mut Out,
     ) {
         match self.pipeline.stage(stage_id) {
-            Some(stage) => out.push(PlanCommand::Spawn(Box::new(Spawn {
-                exec,
-                stage: stage.clone(),
-                ctx,
-                index,
-                visit,
-            }))),
+            Some(stage) => {
+                let sibling = match (&exec, &self.current) {
+                    (Exec::Unit(unit), Current::Group(g)) => Some(g.sibling_label(*unit)),
+                    _ => None,
+                };
+                out.push(PlanCommand::Spawn(Box::new(Spawn {
+                    exec,
+                    stage: stage.clone(),
+                    ctx,
+                    index,
+                    visit,
+                    turn: self.turns,
+                    sibling,
+                })));
+            }
             None => self.finish(
                 RunStatus::Failed {
                     reason: format!("internal: unknown stage `{stage_id}`"),

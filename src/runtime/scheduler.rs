@@ -19,7 +19,7 @@ use super::ids::RunId;
 use super::interaction::{InteractionHub, InteractorSpec};
 use super::planner::{Exec, PlanCommand, PlanEvent, Planner, Spawn};
 use super::stage::{RunSettings, StageRun};
-use super::stage_actor::{CancelStage, StageActor, StageReport, StartRequest};
+use super::stage_actor::{CancelStage, FailFast, StageActor, StageReport, StartRequest};
 use super::summary::RunReport;
 use crate::definition::{Pipeline, StageKind};
 use crate::provider::Provider;
@@ -62,8 +62,10 @@ pub struct Scheduler {
     hub: Option<Addr<InteractionHub>>,
     owner: Recipient<RunFinished>,
     planner: Planner,
-    /// Live executions of the current turn.
-    live: HashMap<Exec, Addr<StageActor>>,
+    /// Live executions of the current turn, with their cancellation tokens.
+    live: HashMap<Exec, (Addr<StageActor>, CancellationToken)>,
+    /// The current parallel group's fail-fast, by session turn.
+    group: Option<(u64, FailFast)>,
     /// Each LLM stage's tool manifest, built on its first execution.
     manifests: HashMap<String, Arc<Vec<ToolSpec>>>,
     finished: bool,
@@ -97,6 +99,7 @@ impl Scheduler {
             owner,
             planner,
             live: HashMap::new(),
+            group: None,
             manifests: HashMap::new(),
             finished: false,
             started_at: Instant::now(),
@@ -119,7 +122,13 @@ impl Scheduler {
                 PlanCommand::Spawn(spawn) => self.spawn(*spawn, ctx),
                 PlanCommand::Grant { unit } => granted.push(unit),
                 PlanCommand::Cancel { exec, reason } => {
-                    if let Some(addr) = self.live.get(&exec) {
+                    // A token already cancelled (fail-fast tripped by the
+                    // failing sibling, or Ctrl-C) has stopped a started
+                    // execution already, and one not yet granted is refused
+                    // when it asks: no message is needed.
+                    if let Some((addr, token)) = self.live.get(&exec)
+                        && !token.is_cancelled()
+                    {
                         addr.do_send(CancelStage { reason });
                     }
                 }
@@ -144,7 +153,27 @@ impl Scheduler {
             ctx: stage_ctx,
             index,
             visit,
+            turn,
+            sibling,
         } = spawn;
+        let fail_fast = match (exec, sibling) {
+            (Exec::Unit(_), Some(sibling)) => {
+                let group = match &self.group {
+                    Some((t, group)) if *t == turn => group.clone(),
+                    _ => {
+                        let group = FailFast::new(self.spec.cancel.child_token());
+                        self.group = Some((turn, group.clone()));
+                        group
+                    }
+                };
+                Some((group, sibling))
+            }
+            _ => None,
+        };
+        let cancel = match &fail_fast {
+            Some((group, _)) => group.token().child_token(),
+            None => self.spec.cancel.child_token(),
+        };
         let tools = match (&stage.kind, self.manifests.get(&stage.id)) {
             (StageKind::Llm(_), Some(tools)) => Arc::clone(tools),
             (StageKind::Llm(def), None) => {
@@ -163,7 +192,7 @@ impl Scheduler {
             settings: Arc::clone(&self.spec.settings),
             index,
             visit,
-            cancel: self.spec.cancel.child_token(),
+            cancel: cancel.clone(),
             hub: self.hub.clone(),
             hooks: Arc::clone(&self.spec.hooks),
             tools,
@@ -175,11 +204,12 @@ impl Scheduler {
                 Some(unit),
                 Some(me.clone().recipient()),
                 me.recipient(),
+                fail_fast,
             ),
-            Exec::Sequential | Exec::Join => StageActor::new(run, None, None, me.recipient()),
+            Exec::Sequential | Exec::Join => StageActor::new(run, None, None, me.recipient(), None),
         }
         .start();
-        self.live.insert(exec, addr);
+        self.live.insert(exec, (addr, cancel));
     }
 
     fn exec_of(&self, unit: Option<usize>) -> Exec {

@@ -143,6 +143,9 @@ pub struct Progress {
     pub tool_calls: Vec<(String, String)>,
     /// One-shot grant tokens of this execution; they die with it.
     pub grants: Rc<RefCell<GrantLedger>>,
+    /// Whether this execution ever put a call to the interactors, so a
+    /// cancelled one that never did has no prompts to withdraw.
+    pub raised: bool,
 }
 
 /// What Next() returned for a finished execution.
@@ -720,18 +723,22 @@ impl StageRun {
                 stage_id: self.stage.id.clone(),
                 stage_execution_id: self.ctx.stage_execution_id.to_string(),
                 index: self.index,
-                messages: transcript.messages().to_vec(),
+                messages: transcript.shared(),
                 tools: Arc::clone(tools),
                 completion_tool: def.completion_tool.clone(),
                 completion_schema: def.completion_schema.shared_document(),
                 ctx: Arc::clone(&self.ctx),
-                observer: Some(Arc::new(BusObserver {
-                    bus: self.bus.clone(),
-                    workflow_run_id: Arc::clone(&self.ctx.workflow_run_id),
-                    stage_id: Arc::clone(&self.ctx.stage_id),
-                    stage_execution_id: Arc::clone(&self.ctx.stage_execution_id),
-                    turn: turns,
-                })),
+                // Tokens and slot waits are observer events: skip them
+                // when no one observes.
+                observer: self.bus.has_observers().then(|| {
+                    Arc::new(BusObserver {
+                        bus: self.bus.clone(),
+                        workflow_run_id: Arc::clone(&self.ctx.workflow_run_id),
+                        stage_id: Arc::clone(&self.ctx.stage_id),
+                        stage_execution_id: Arc::clone(&self.ctx.stage_execution_id),
+                        turn: turns,
+                    }) as Arc<dyn crate::provider::RequestObserver>
+                }),
             };
             let mut response = match self.request(request, turns).await {
                 Ok(r) => r,
@@ -1043,6 +1050,7 @@ impl StageRun {
         let decision = match &self.hub {
             Some(hub) => {
                 let (reply, answer) = tokio::sync::oneshot::channel();
+                progress.borrow_mut().raised = true;
                 hub.do_send(Raise {
                     request: request.clone(),
                     args_json: args.to_string(),

@@ -56,6 +56,48 @@ pub struct CancelStage {
     pub reason: String,
 }
 
+/// Fail-fast for one parallel group (SPEC §4). The first sibling whose
+/// Exit has verdict `fail` trips it before it reports, and that strictly
+/// cancels every sibling of the group at once through the token tree (each
+/// sibling's token is a child of the group's). Without it the failure
+/// report waited in the scheduler's mailbox behind thousands of other
+/// siblings' turns, and each cancellation was one more message
+/// (BENCHMARKS.md). The scheduler still decides everything else from the
+/// report: the group's failure, no join, how the run ends.
+#[derive(Debug, Clone)]
+pub struct FailFast {
+    token: tokio_util::sync::CancellationToken,
+    /// The cancellation reason, set by the first sibling that trips it.
+    tripped_by: Arc<std::sync::OnceLock<String>>,
+}
+
+impl FailFast {
+    pub fn new(token: tokio_util::sync::CancellationToken) -> FailFast {
+        FailFast {
+            token,
+            tripped_by: Arc::default(),
+        }
+    }
+
+    /// The group's token; each sibling's token is a child of it.
+    pub fn token(&self) -> &tokio_util::sync::CancellationToken {
+        &self.token
+    }
+
+    /// The first failing sibling trips the group; later calls change nothing.
+    pub fn trip(&self, sibling: &str) {
+        let _ = self.tripped_by.set(format!(
+            "ExtensionHost/ParallelSiblingFailure: sibling {sibling} failed"
+        ));
+        self.token.cancel();
+    }
+
+    /// The `StageCancelled` reason once tripped.
+    pub fn reason(&self) -> Option<&str> {
+        self.tripped_by.get().map(String::as_str)
+    }
+}
+
 /// Runs one stage execution.
 pub struct StageActor {
     run: Option<StageRun>,
@@ -70,6 +112,8 @@ pub struct StageActor {
     run_id: Arc<str>,
     cancel: tokio_util::sync::CancellationToken,
     hub: Option<Addr<InteractionHub>>,
+    /// For siblings: the group's fail-fast, and this sibling's name in it.
+    fail_fast: Option<(FailFast, String)>,
     started: bool,
     reported: bool,
     cancel_reason: Option<String>,
@@ -90,9 +134,11 @@ impl StageActor {
         unit: Option<usize>,
         start_gate: Option<Recipient<StartRequest>>,
         report: Recipient<StageReport>,
+        fail_fast: Option<(FailFast, String)>,
     ) -> StageActor {
         StageActor {
             unit,
+            fail_fast,
             start_gate,
             report,
             progress: Rc::default(),
@@ -133,15 +179,44 @@ impl StageActor {
         run.enter();
         self.started = true;
         let progress = Rc::clone(&self.progress);
-        let fut = AssertUnwindSafe(run.execute(progress)).catch_unwind();
+        let cancelled = self.cancel.clone().cancelled_owned();
+        let execute = AssertUnwindSafe(run.execute(progress)).catch_unwind();
+        // The token is checked first on every poll: once it is cancelled the
+        // execution is dropped wherever it waits, and Exit never runs. Exit
+        // itself has no await, so an execution that reached it completes in
+        // the same poll and is never reported as both.
+        let fut = async move {
+            tokio::select! {
+                biased;
+                () = cancelled => None,
+                result = execute => Some(result),
+            }
+        };
         ctx.spawn(fut.into_actor(self).map(|result, act, ctx| {
+            let Some(result) = result else {
+                // Strictly cancelled through the token tree: `stopped`
+                // records StageCancelled.
+                ctx.stop();
+                return;
+            };
             let exited = match result {
                 Ok(exited) => exited,
                 Err(panic) => act.panicked(panic_message(&*panic)),
             };
-            act.send_report(StageOutcome::Exited(exited));
+            act.report_exited(exited);
             ctx.stop();
         }));
+    }
+
+    /// Reports a completed execution; a failed sibling first trips its
+    /// group's fail-fast, so its siblings stop before the report is read.
+    fn report_exited(&mut self, exited: Exited) {
+        if exited.result.verdict == Verdict::Fail
+            && let Some((fail_fast, sibling)) = &self.fail_fast
+        {
+            fail_fast.trip(sibling);
+        }
+        self.send_report(StageOutcome::Exited(exited));
     }
 
     /// A panic in the phases: the stage fails with a typed reason; Exit is
@@ -204,7 +279,9 @@ impl Actor for StageActor {
         // Whatever is still running belongs to a cancelled execution, and
         // no one is to be asked about its tool calls any more.
         self.cancel.cancel();
-        if let Some(hub) = &self.hub {
+        // Only an execution that raised an interaction can have prompts out;
+        // skipping the others keeps a 10 000-sibling cancel off the hub.
+        if let Some(hub) = self.hub.as_ref().filter(|_| self.progress.borrow().raised) {
             hub.do_send(WithdrawOwner {
                 stage_execution_id: self.execution_id.to_string(),
             });
@@ -213,22 +290,23 @@ impl Actor for StageActor {
             return;
         }
         if self.started {
-            let progress = self.progress.borrow().clone();
-            let calls: Vec<Value> = progress
-                .tool_calls
-                .iter()
-                .map(|(id, name)| json!({"callId": id, "tool": name}))
-                .collect();
+            let progress = self.progress.borrow();
             let reason = self
                 .cancel_reason
                 .clone()
+                .or_else(|| {
+                    let (fail_fast, _) = self.fail_fast.as_ref()?;
+                    fail_fast.reason().map(str::to_owned)
+                })
                 .unwrap_or_else(|| "Cancellation/TurnCancelled".to_owned());
+            let mut calls = Vec::with_capacity(progress.tool_calls.len());
             for (id, name) in &progress.tool_calls {
                 self.bus.publish(
                     self.event(EventName::ToolInvocationCancelled)
                         .tool(name.as_str())
                         .with("callId", id.as_str()),
                 );
+                calls.push(json!({"callId": id, "tool": name}));
             }
             self.bus.publish(
                 self.event(EventName::StageCancelled)
@@ -238,6 +316,7 @@ impl Actor for StageActor {
                     .with("turn", progress.turn)
                     .with("toolCalls", calls),
             );
+            drop(progress);
             self.send_report(StageOutcome::Cancelled);
         } else {
             self.send_report(StageOutcome::Withdrawn);
@@ -252,7 +331,7 @@ impl Drop for StageActor {
         if !self.reported {
             self.cancel.cancel();
             let exited = self.panicked("the stage actor ended without reporting".to_owned());
-            self.send_report(StageOutcome::Exited(exited));
+            self.report_exited(exited);
         }
     }
 }

@@ -1,6 +1,8 @@
 //! A stage-local transcript: the messages of one stage execution. It never
 //! crosses a stage boundary.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
 /// A tool call proposed by a model. `arguments` is the raw JSON text the
@@ -34,27 +36,34 @@ pub enum Message {
     },
 }
 
-/// The ordered messages of a stage execution.
+/// The ordered messages of a stage execution. Shared copy-on-write with
+/// the request in flight: a turn's request carries the transcript without
+/// copying it, and the next push copies only if that request is still alive.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Transcript {
-    messages: Vec<Message>,
+    messages: Arc<Vec<Message>>,
 }
 
 impl Transcript {
     pub fn new(system_prompt: String) -> Transcript {
         Transcript {
-            messages: vec![Message::System {
+            messages: Arc::new(vec![Message::System {
                 content: system_prompt,
-            }],
+            }]),
         }
     }
 
     pub fn push(&mut self, message: Message) {
-        self.messages.push(message);
+        Arc::make_mut(&mut self.messages).push(message);
     }
 
     pub fn messages(&self) -> &[Message] {
         &self.messages
+    }
+
+    /// The messages as they are now, shared (for a model request).
+    pub fn shared(&self) -> Arc<Vec<Message>> {
+        Arc::clone(&self.messages)
     }
 
     pub fn len(&self) -> usize {
