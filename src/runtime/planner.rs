@@ -72,6 +72,17 @@ pub struct Spawn {
     pub sibling: Option<String>,
 }
 
+/// Why an execution or the run was cancelled by the user (Ctrl-C).
+pub const TURN_CANCELLED: &str = "Cancellation/TurnCancelled";
+
+/// The `StageCancelled` reason of a sibling cancelled because `sibling`
+/// (its label, e.g. `worker#3`) failed. The planner and the failing
+/// sibling's `FailFast` trip both use it, so the record reads the same
+/// whichever reached the execution first.
+pub fn sibling_failed_reason(sibling: &str) -> String {
+    format!("ExtensionHost/ParallelSiblingFailure: sibling {sibling} failed")
+}
+
 /// What the planner asks the scheduler actor to do.
 #[derive(Debug)]
 pub enum PlanCommand {
@@ -80,8 +91,10 @@ pub enum PlanCommand {
     Spawn(Box<Spawn>),
     /// Let sibling `unit` start.
     Grant { unit: usize },
-    /// Cancel an execution strictly (ignored if it already ended).
-    Cancel { exec: Exec, reason: String },
+    /// Cancel an execution strictly (ignored if it already ended). The
+    /// scheduler cancels its token; the reason the execution records comes
+    /// from its group's fail-fast, else it is [`TURN_CANCELLED`].
+    Cancel { exec: Exec },
     /// Publish an event.
     Emit(Event),
     /// The run is over. `wall` is left for the caller to fill in.
@@ -450,31 +463,15 @@ impl Planner {
                 FanOutCommand::Grant { unit } => out.push(PlanCommand::Grant { unit }),
                 // A denied request is answered by not granting it.
                 FanOutCommand::Deny { .. } => {}
-                FanOutCommand::CancelUnit { unit, reason } => {
-                    let Current::Group(g) = &self.current else {
-                        continue;
-                    };
-                    let reason = match reason {
-                        CancelReason::SiblingFailed => format!(
-                            "ExtensionHost/ParallelSiblingFailure: sibling {} failed",
-                            g.failed.as_ref().map_or("?", |f| f.0.as_str())
-                        ),
-                        CancelReason::Interrupted | CancelReason::Shutdown => {
-                            "Cancellation/TurnCancelled".to_owned()
-                        }
-                    };
-                    out.push(PlanCommand::Cancel {
-                        exec: Exec::Unit(unit),
-                        reason,
-                    });
-                }
+                FanOutCommand::CancelUnit { unit, .. } => out.push(PlanCommand::Cancel {
+                    exec: Exec::Unit(unit),
+                }),
                 FanOutCommand::Withdraw { unit } => {
                     if let Current::Group(g) = &mut self.current {
                         g.stats.withdrawn += 1;
                     }
                     out.push(PlanCommand::Cancel {
                         exec: Exec::Unit(unit),
-                        reason: "withdrawn before start".to_owned(),
                     });
                 }
                 FanOutCommand::AllSucceeded => self.group_succeeded(out),
@@ -671,6 +668,25 @@ impl Planner {
         }
     }
 
+    /// A sequential execution or a join ended: follow its Next, or end the
+    /// run as cancelled when it did not complete.
+    fn turn_ended(
+        &mut self,
+        outcome: StageOutcome,
+        upstream: Arc<Vec<Arc<StageResult>>>,
+        out: &mut Out,
+    ) {
+        match outcome {
+            StageOutcome::Exited(exited) => {
+                self.record(&exited.result);
+                self.follow(exited.next, exited.result, upstream, out);
+            }
+            StageOutcome::Cancelled
+            | StageOutcome::CancelledBeforeStart
+            | StageOutcome::Withdrawn => self.finish(RunStatus::Cancelled, out),
+        }
+    }
+
     fn reported(
         &mut self,
         unit: Option<usize>,
@@ -687,30 +703,14 @@ impl Planner {
                     self.event(EventName::SessionTurnEnd)
                         .with("turnId", turn_id.as_str()),
                 ));
-                match outcome {
-                    StageOutcome::Exited(exited) => {
-                        self.record(&exited.result);
-                        self.follow(exited.next, exited.result, upstream, out);
-                    }
-                    StageOutcome::Cancelled | StageOutcome::Withdrawn => {
-                        self.finish(RunStatus::Cancelled, out);
-                    }
-                }
+                self.turn_ended(outcome, upstream, out);
             }
             (Current::Group(g), None) if g.joining => {
                 // The join ended: the compound turn ends after its Exit.
                 let join_upstream = Arc::clone(&g.upstream_for_join);
                 self.current = Current::Group(g);
                 self.end_group_turn(out);
-                match outcome {
-                    StageOutcome::Exited(exited) => {
-                        self.record(&exited.result);
-                        self.follow(exited.next, exited.result, join_upstream, out);
-                    }
-                    StageOutcome::Cancelled | StageOutcome::Withdrawn => {
-                        self.finish(RunStatus::Cancelled, out);
-                    }
-                }
+                self.turn_ended(outcome, join_upstream, out);
             }
             (Current::Group(mut g), Some(unit)) if unit < g.results.len() => {
                 let outcome = match outcome {
@@ -726,6 +726,12 @@ impl Planner {
                     }
                     StageOutcome::Cancelled => {
                         g.stats.cancelled += 1;
+                        UnitOutcome::Failed
+                    }
+                    // Granted, so the core counts it running; it never
+                    // started, so the summary counts it as never started.
+                    StageOutcome::CancelledBeforeStart => {
+                        g.stats.withdrawn += 1;
                         UnitOutcome::Failed
                     }
                     StageOutcome::Withdrawn => {
@@ -752,17 +758,12 @@ impl Planner {
             return;
         }
         self.cancelled = true;
-        let reason = "Cancellation/TurnCancelled".to_owned();
         match &mut self.current {
             Current::Idle => self.finish(RunStatus::Cancelled, out),
             Current::Sequential { .. } => out.push(PlanCommand::Cancel {
                 exec: Exec::Sequential,
-                reason,
             }),
-            Current::Group(g) if g.joining => out.push(PlanCommand::Cancel {
-                exec: Exec::Join,
-                reason,
-            }),
+            Current::Group(g) if g.joining => out.push(PlanCommand::Cancel { exec: Exec::Join }),
             Current::Group(g) => {
                 let mut cmds = Vec::new();
                 let _ = g.core.handle(
@@ -783,7 +784,7 @@ impl Planner {
         let (label, reason) = match &status {
             RunStatus::Ok => ("ok", None),
             RunStatus::Failed { reason } => ("failed", Some(reason.clone())),
-            RunStatus::Cancelled => ("cancelled", Some("Cancellation/TurnCancelled".to_owned())),
+            RunStatus::Cancelled => ("cancelled", Some(TURN_CANCELLED.to_owned())),
         };
         let mut ev = self.event(EventName::WorkflowExit).with("status", label);
         if let Some(r) = &reason {

@@ -19,7 +19,7 @@ use super::ids::RunId;
 use super::interaction::{InteractionHub, InteractorSpec};
 use super::planner::{Exec, PlanCommand, PlanEvent, Planner, Spawn};
 use super::stage::{RunSettings, StageRun};
-use super::stage_actor::{CancelStage, FailFast, StageActor, StageReport, StartRequest};
+use super::stage_actor::{FailFast, StageActor, StageReport, StartRequest};
 use super::summary::RunReport;
 use crate::definition::{Pipeline, StageKind};
 use crate::provider::Provider;
@@ -62,8 +62,8 @@ pub struct Scheduler {
     hub: Option<Addr<InteractionHub>>,
     owner: Recipient<RunFinished>,
     planner: Planner,
-    /// Live executions of the current turn, with their cancellation tokens.
-    live: HashMap<Exec, (Addr<StageActor>, CancellationToken)>,
+    /// The cancellation tokens of the current turn's live executions.
+    live: HashMap<Exec, CancellationToken>,
     /// The current parallel group's fail-fast, by session turn.
     group: Option<(u64, FailFast)>,
     /// Each LLM stage's tool manifest, built on its first execution.
@@ -121,15 +121,14 @@ impl Scheduler {
             match command {
                 PlanCommand::Spawn(spawn) => self.spawn(*spawn, ctx),
                 PlanCommand::Grant { unit } => granted.push(unit),
-                PlanCommand::Cancel { exec, reason } => {
-                    // A token already cancelled (fail-fast tripped by the
-                    // failing sibling, or Ctrl-C) has stopped a started
-                    // execution already, and one not yet granted is refused
-                    // when it asks: no message is needed.
-                    if let Some((addr, token)) = self.live.get(&exec)
-                        && !token.is_cancelled()
-                    {
-                        addr.do_send(CancelStage { reason });
+                // Usually a no-op: fail-fast was tripped by the failing
+                // sibling and Ctrl-C cancels the run's token before the
+                // planner hears of either. A started execution stops when
+                // its token is cancelled; one not yet granted is refused
+                // when it asks.
+                PlanCommand::Cancel { exec } => {
+                    if let Some(token) = self.live.get(&exec) {
+                        token.cancel();
                     }
                 }
                 PlanCommand::Emit(event) => {
@@ -156,20 +155,19 @@ impl Scheduler {
             turn,
             sibling,
         } = spawn;
-        let fail_fast = match (exec, sibling) {
-            (Exec::Unit(_), Some(sibling)) => {
-                let group = match &self.group {
-                    Some((t, group)) if *t == turn => group.clone(),
-                    _ => {
-                        let group = FailFast::new(self.spec.cancel.child_token());
-                        self.group = Some((turn, group.clone()));
-                        group
-                    }
-                };
-                Some((group, sibling))
-            }
-            _ => None,
-        };
+        // Siblings (only they have a label) share their group's fail-fast,
+        // made on the group's first spawn.
+        let fail_fast = sibling.map(|sibling| {
+            let group = match &self.group {
+                Some((t, group)) if *t == turn => group.clone(),
+                _ => {
+                    let group = FailFast::new(self.spec.cancel.child_token());
+                    self.group = Some((turn, group.clone()));
+                    group
+                }
+            };
+            (group, sibling)
+        });
         let cancel = match &fail_fast {
             Some((group, _)) => group.token().child_token(),
             None => self.spec.cancel.child_token(),
@@ -198,7 +196,7 @@ impl Scheduler {
             tools,
         };
         let me = ctx.address();
-        let addr = match exec {
+        match exec {
             Exec::Unit(unit) => StageActor::new(
                 run,
                 Some(unit),
@@ -209,7 +207,7 @@ impl Scheduler {
             Exec::Sequential | Exec::Join => StageActor::new(run, None, None, me.recipient(), None),
         }
         .start();
-        self.live.insert(exec, (addr, cancel));
+        self.live.insert(exec, cancel);
     }
 
     fn exec_of(&self, unit: Option<usize>) -> Exec {

@@ -17,6 +17,7 @@ use troupe_actors::EventBus;
 
 use super::events::{Event, EventName};
 use super::interaction::{InteractionHub, WithdrawOwner};
+use super::planner::{TURN_CANCELLED, sibling_failed_reason};
 use super::result::{StageResult, Usage, Verdict};
 use super::stage::{Exited, NextDecision, Progress, StageRun};
 
@@ -29,6 +30,9 @@ pub enum StageOutcome {
     Cancelled,
     /// Never started: the start request was refused or dropped.
     Withdrawn,
+    /// Granted a start, but cancelled (fail-fast tripped, Ctrl-C) before it
+    /// began: it never started, yet the planner had counted it running.
+    CancelledBeforeStart,
 }
 
 /// Sent once by every stage actor when it ends.
@@ -47,13 +51,6 @@ pub struct StageReport {
 pub struct StartRequest {
     pub unit: usize,
     pub reply: oneshot::Sender<()>,
-}
-
-/// Strict cancellation of one execution.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct CancelStage {
-    pub reason: String,
 }
 
 /// Fail-fast for one parallel group (SPEC §4). The first sibling whose
@@ -86,9 +83,7 @@ impl FailFast {
 
     /// The first failing sibling trips the group; later calls change nothing.
     pub fn trip(&self, sibling: &str) {
-        let _ = self.tripped_by.set(format!(
-            "ExtensionHost/ParallelSiblingFailure: sibling {sibling} failed"
-        ));
+        let _ = self.tripped_by.set(sibling_failed_reason(sibling));
         self.token.cancel();
     }
 
@@ -116,7 +111,6 @@ pub struct StageActor {
     fail_fast: Option<(FailFast, String)>,
     started: bool,
     reported: bool,
-    cancel_reason: Option<String>,
 }
 
 impl std::fmt::Debug for StageActor {
@@ -150,7 +144,6 @@ impl StageActor {
             hub: run.hub.clone(),
             started: false,
             reported: false,
-            cancel_reason: None,
             run: Some(run),
         }
     }
@@ -174,6 +167,13 @@ impl StageActor {
 
     fn begin(&mut self, ctx: &mut Context<Self>) {
         let Some(run) = self.run.take() else { return };
+        // Granted before the scheduler read the failure (or the Ctrl-C) that
+        // has cancelled it since: it never starts, and nothing is logged.
+        if self.cancel.is_cancelled() {
+            self.send_report(StageOutcome::CancelledBeforeStart);
+            ctx.stop();
+            return;
+        }
         // Entered and started together: a cancel from here on is recorded
         // as StageCancelled of an execution the log shows as entered.
         run.enter();
@@ -292,13 +292,10 @@ impl Actor for StageActor {
         if self.started {
             let progress = self.progress.borrow();
             let reason = self
-                .cancel_reason
-                .clone()
-                .or_else(|| {
-                    let (fail_fast, _) = self.fail_fast.as_ref()?;
-                    fail_fast.reason().map(str::to_owned)
-                })
-                .unwrap_or_else(|| "Cancellation/TurnCancelled".to_owned());
+                .fail_fast
+                .as_ref()
+                .and_then(|(fail_fast, _)| fail_fast.reason())
+                .unwrap_or(TURN_CANCELLED);
             let mut calls = Vec::with_capacity(progress.tool_calls.len());
             for (id, name) in &progress.tool_calls {
                 self.bus.publish(
@@ -333,16 +330,5 @@ impl Drop for StageActor {
             let exited = self.panicked("the stage actor ended without reporting".to_owned());
             self.report_exited(exited);
         }
-    }
-}
-
-impl Handler<CancelStage> for StageActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: CancelStage, ctx: &mut Context<Self>) {
-        if self.cancel_reason.is_none() {
-            self.cancel_reason = Some(msg.reason);
-        }
-        ctx.stop();
     }
 }
