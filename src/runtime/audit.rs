@@ -7,9 +7,9 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{RecvTimeoutError, TryRecvError};
+use crossbeam_channel::RecvTimeoutError;
 
 use troupe_actors::{Delivery, EventBus, Subscription};
 
@@ -67,37 +67,34 @@ pub fn start_event_stream<W: Write + Send + 'static>(
     let handle = std::thread::Builder::new()
         .name("troupe-events".into())
         .spawn(move || write_lines(sub, BufWriter::new(out)))?;
-    Ok(Sink { handle, path: None })
+    Ok(Sink::from_thread(handle))
 }
 
-/// How long written lines may wait in the buffer for more: a burst becomes
-/// one `write` instead of one per line (the kernel's share of the audit
-/// thread was a quarter of it), while a reader tailing the file — or a
-/// process killed outright — misses at most this much.
+/// The longest a written line waits in the buffer before it is flushed: a
+/// burst becomes one `write` instead of one per line (the kernel's share of
+/// the audit thread was a quarter of it), while a reader tailing the file —
+/// or a process killed outright — misses at most this much.
 const FLUSH_LINGER: Duration = Duration::from_millis(5);
 
 fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64> {
     let rx = sub.receiver();
     let mut lines = 0u64;
     let mut buf = Vec::with_capacity(512);
-    let mut dirty = false;
+    // When the oldest line not yet flushed must be flushed by.
+    let mut flush_by: Option<Instant> = None;
     loop {
-        let delivery = match rx.try_recv() {
+        let next = match flush_by {
+            Some(deadline) => rx.recv_deadline(deadline),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        let delivery = match next {
             Ok(d) => d,
-            Err(TryRecvError::Disconnected) => break,
-            Err(TryRecvError::Empty) if dirty => match rx.recv_timeout(FLUSH_LINGER) {
-                Ok(d) => d,
-                Err(RecvTimeoutError::Timeout) => {
-                    out.flush()?;
-                    dirty = false;
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            },
-            Err(TryRecvError::Empty) => match rx.recv() {
-                Ok(d) => d,
-                Err(_) => break,
-            },
+            Err(RecvTimeoutError::Timeout) => {
+                out.flush()?;
+                flush_by = None;
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
         };
         buf.clear();
         match delivery {
@@ -110,7 +107,15 @@ fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64
         buf.push(b'\n');
         out.write_all(&buf)?;
         lines += 1;
-        dirty = true;
+        match flush_by {
+            // Under a steady stream the queue is never empty: flush here.
+            Some(deadline) if Instant::now() >= deadline => {
+                out.flush()?;
+                flush_by = None;
+            }
+            Some(_) => {}
+            None => flush_by = Some(Instant::now() + FLUSH_LINGER),
+        }
     }
     out.flush()?;
     Ok(lines)
