@@ -234,9 +234,10 @@ impl Provider for Held {
         request: ModelRequest,
     ) -> futures::future::BoxFuture<'static, Result<ModelResponse, ProviderError>> {
         use futures::FutureExt;
-        let failing = self.fail.iter().any(|s| {
-            s.stage == request.stage_id && (s.index.is_none() || s.index == request.index)
-        });
+        let failing = self
+            .fail
+            .iter()
+            .any(|s| s.matches(&request.stage_id, request.index));
         let hold = (request.index.is_some() && !failing).then_some(self.hold);
         let answer = self.inner.complete(request);
         async move {

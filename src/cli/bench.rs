@@ -18,12 +18,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::Exit;
-use super::validate::print_diagnostics;
+use super::validate::{print_diagnostics, reject};
 use crate::bench::floor::{Floor, FloorSpec};
 use crate::bench::matrix::{MAX_WIDTH, parse_counts, parse_latencies, show_latency};
 use crate::bench::rss::peak_rss_kib;
 use crate::bench::runner::{RunCell, RunnerError, Workload};
 use crate::bench::{WORKER_TURNS, ideal_wall};
+use crate::error::ValidationCode;
 use crate::provider::scripted::Selector;
 
 /// Options of `troupe bench`.
@@ -44,9 +45,10 @@ pub struct BenchArgs {
     /// Runs per cell (the table shows the median).
     #[arg(long, value_name = "N", default_value = "5")]
     pub repeat: String,
-    /// Make an execution fail, e.g. worker#17, and report how long
-    /// cancelling the siblings in flight takes.
-    #[arg(long, value_name = "STAGE[#INDEX]")]
+    /// Make one sibling fail, e.g. worker#17, and report how long
+    /// cancelling the siblings in flight takes. The index must be below
+    /// every --width, or the run never fails and the bench says so.
+    #[arg(long, value_name = "STAGE#INDEX")]
     pub fail_sibling: Option<String>,
     /// Print the results as JSON on stdout.
     #[arg(long)]
@@ -83,9 +85,15 @@ struct CellRun {
     cancelled: usize,
 }
 
-fn invalid(message: &str) -> Exit {
-    eprintln!("error: Validation/InputInvalid: {message}");
-    Exit::Invalid
+/// A bad flag or flag value: reported like a pipeline's diagnostics (as
+/// JSON with `--json`), exit 2.
+fn invalid(args: &BenchArgs, message: &str) -> Exit {
+    reject(
+        &args.pipeline,
+        ValidationCode::InputInvalid,
+        message.to_owned(),
+        args.json,
+    )
 }
 
 fn parse_matrix(args: &BenchArgs) -> Result<Matrix, String> {
@@ -108,6 +116,12 @@ fn parse_matrix(args: &BenchArgs) -> Result<Matrix, String> {
         .map(Selector::parse)
         .transpose()
         .map_err(|e| format!("--fail-sibling {e}"))?;
+    // The floor fails exactly one task, so the runtime must too.
+    if let Some(f) = fail.as_ref().filter(|f| f.index.is_none()) {
+        return Err(format!(
+            "--fail-sibling `{f}` must name one sibling, as STAGE#N (e.g. worker#17)"
+        ));
+    }
     Ok(Matrix {
         widths,
         caps,
@@ -120,7 +134,7 @@ fn parse_matrix(args: &BenchArgs) -> Result<Matrix, String> {
 pub fn run(args: BenchArgs) -> Exit {
     let matrix = match parse_matrix(&args) {
         Ok(m) => m,
-        Err(e) => return invalid(&e),
+        Err(e) => return invalid(&args, &e),
     };
     let workload = match Workload::load(&args.pipeline) {
         Ok(w) => w,
@@ -128,10 +142,10 @@ pub fn run(args: BenchArgs) -> Exit {
             print_diagnostics(&args.pipeline, &diags, args.json);
             return Exit::Invalid;
         }
-        Err(e) => return invalid(&e.to_string()),
+        Err(e) => return invalid(&args, &e.to_string()),
     };
     if let Err(e) = workload.check_selectors(matrix.fail.as_slice()) {
-        return invalid(&e.to_string());
+        return invalid(&args, &e.to_string());
     }
     match args.cell.as_deref() {
         None => run_matrix(&args, &matrix, &workload),
@@ -142,7 +156,10 @@ pub fn run(args: BenchArgs) -> Exit {
 /// `--cell`: one run in this process, figures as one JSON line on stdout.
 fn run_cell(kind: &str, args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {
     let (&[width], &[cap], &[latency]) = (&m.widths[..], &m.caps[..], &m.latencies[..]) else {
-        return invalid("--cell takes exactly one --width, --cap and --latency");
+        return invalid(
+            args,
+            "--cell takes exactly one --width, --cap and --latency",
+        );
     };
     let out = match kind {
         "floor" => {
@@ -150,7 +167,7 @@ fn run_cell(kind: &str, args: &BenchArgs, m: &Matrix, workload: &Workload) -> Ex
                 width,
                 cap,
                 latency,
-                fail: m.fail.as_ref().map(|s| s.index.unwrap_or(0)),
+                fail: m.fail.as_ref().and_then(|s| s.index),
                 hold: Duration::ZERO,
             };
             match Floor::new().and_then(|f| f.run_blocking(spec)) {
@@ -169,7 +186,7 @@ fn run_cell(kind: &str, args: &BenchArgs, m: &Matrix, workload: &Workload) -> Ex
         }
         "runtime" => {
             let Some(dir) = &args.runs_dir else {
-                return invalid("--cell runtime needs --runs-dir");
+                return invalid(args, "--cell runtime needs --runs-dir");
             };
             let cell = RunCell {
                 width,
@@ -192,7 +209,12 @@ fn run_cell(kind: &str, args: &BenchArgs, m: &Matrix, workload: &Workload) -> Ex
                 }
             }
         }
-        other => return invalid(&format!("--cell `{other}`: expected runtime or floor")),
+        other => {
+            return invalid(
+                args,
+                &format!("--cell `{other}`: expected runtime or floor"),
+            );
+        }
     };
     match serde_json::to_string(&out) {
         Ok(line) => {
@@ -334,9 +356,15 @@ fn run_matrix(args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {
     } else {
         print!("{}", table(&workload.pipeline.id, m, &rows));
     }
-    // A run that failed without --fail-sibling is a broken benchmark.
-    if m.fail.is_none() && rows.iter().any(|r| !r.runtime_ok) {
-        eprintln!("error: a runtime run did not end ok; see the table");
+    // A run that failed without --fail-sibling, or did not fail with it,
+    // is a broken benchmark.
+    if rows.iter().any(|r| !r.runtime_ok) {
+        match &m.fail {
+            None => eprintln!("error: a runtime run did not end ok; see the table"),
+            Some(f) => eprintln!(
+                "error: a runtime run ended ok: `{f}` never failed (is its index below every --width?)"
+            ),
+        }
         return Exit::RunFailed;
     }
     Exit::Ok
@@ -365,13 +393,7 @@ fn spawn_cell(
         .arg("--runs-dir")
         .arg(runs_dir);
     if let Some(f) = &m.fail {
-        cmd.args([
-            "--fail-sibling",
-            &match f.index {
-                Some(i) => format!("{}#{i}", f.stage),
-                None => f.stage.clone(),
-            },
-        ]);
+        cmd.args(["--fail-sibling", &f.to_string()]);
     }
     let out = cmd
         .stdin(std::process::Stdio::null())
@@ -455,7 +477,9 @@ impl Row {
             width: r.width,
             cap: r.cap,
             latency_ms: r.latency.as_secs_f64() * 1000.0,
-            runtime_ok: m.fail.is_some() || r.runtime.iter().all(|c| c.ok),
+            // With --fail-sibling every run must have failed; a sibling
+            // that never ran (an index beyond the width) measures nothing.
+            runtime_ok: r.runtime.iter().all(|c| c.ok == m.fail.is_none()),
             runtime_wall_ms: runtime_wall,
             runtime_walls_ms: runtime_walls,
             floor_wall_ms: floor_wall,
@@ -530,7 +554,15 @@ fn table(pipeline: &str, m: &Matrix, rows: &[Row]) -> String {
             );
         }
         if !r.runtime_ok {
-            let _ = write!(out, "  (run FAILED)");
+            let _ = write!(
+                out,
+                "  {}",
+                if m.fail.is_none() {
+                    "(run FAILED)"
+                } else {
+                    "(never failed)"
+                }
+            );
         }
         let _ = writeln!(out);
     }

@@ -35,6 +35,7 @@ use crate::definition::template::{Segment, Template, line_col};
 use crate::definition::yaml::{self, Node, Pos};
 use crate::definition::{Pipeline, StageKind};
 use crate::error::{Diagnostic, Diagnostics, ValidationCode};
+use crate::provider::scripted::Selector;
 
 /// The file name looked up in a pipeline folder.
 pub const SCRIPT_FILE: &str = "script.yaml";
@@ -192,15 +193,12 @@ fn read_script(root: &Node, r: &mut FieldReader<'_>, pipeline: &Pipeline) -> Scr
         return script;
     };
     for (key, value) in entries {
-        let base = key.name.split('#').next().unwrap_or_default();
-        let index_ok = key
-            .name
-            .split_once('#')
-            .is_none_or(|(_, i)| i.parse::<usize>().is_ok());
-        let is_llm = pipeline
-            .stage(base)
-            .is_some_and(|s| matches!(s.kind, StageKind::Llm(_)));
-        if !is_llm || !index_ok {
+        let is_llm = Selector::parse(&key.name).is_ok_and(|sel| {
+            pipeline
+                .stage(&sel.stage)
+                .is_some_and(|s| matches!(s.kind, StageKind::Llm(_)))
+        });
+        if !is_llm {
             r.shape(
                 key.pos,
                 &format!("stages.{}", key.name),

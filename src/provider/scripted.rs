@@ -44,8 +44,19 @@ impl Selector {
         })
     }
 
-    fn matches(&self, stage: &str, index: Option<usize>) -> bool {
+    /// Whether the execution of `stage` (sibling `index`) is selected.
+    pub fn matches(&self, stage: &str, index: Option<usize>) -> bool {
         self.stage == stage && (self.index.is_none() || self.index == index)
+    }
+}
+
+impl std::fmt::Display for Selector {
+    /// The text `parse` reads back: `worker#17` or `review`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.index {
+            Some(i) => write!(f, "{}#{i}", self.stage),
+            None => f.write_str(&self.stage),
+        }
     }
 }
 
