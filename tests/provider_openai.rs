@@ -131,10 +131,14 @@ fn text(out: &Output) -> String {
 }
 
 /// The audit lines of the only run under `runs`.
+/// A loopback port nothing listens on (bound, then released).
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
 fn audit(runs: &std::path::Path) -> Vec<Value> {
-    let run = std::fs::read_dir(runs).unwrap().next().unwrap().unwrap();
-    std::fs::read_to_string(run.path().join("audit.jsonl"))
-        .unwrap()
+    audit_text(runs)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
@@ -374,6 +378,15 @@ async fn every_failure_is_a_typed_error() {
             ]),
             "ProviderTransient/StreamIncomplete",
         ),
+        (
+            // The same truncated stream under another content type.
+            Reply::Raw {
+                content_type: "text/plain".into(),
+                body: "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"half\"}}]}\n\n"
+                    .into(),
+            },
+            "ProviderTransient/StreamIncomplete",
+        ),
         (Reply::BreakMidStream, "ProviderTransient/ConnectionFailed"),
         (Reply::Hang, "ProviderTransient/Timeout"),
         (Reply::StreamThenHang, "ProviderTransient/Timeout"),
@@ -416,10 +429,7 @@ async fn errors_carry_retry_after_and_the_servers_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_endpoint_is_a_transient_connection_failure() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = closed_port();
     let mut c = OpenAiConfig::new(&format!("http://127.0.0.1:{port}/v1"), "X_UNSET").unwrap();
     c.model = Some("m".into());
     let result = OpenAiProvider::new(c).unwrap().complete(hello()).await;
@@ -884,10 +894,7 @@ fn the_api_key_never_appears_in_output_events_or_the_audit_log() {
 
 #[test]
 fn capability_failures_stop_the_run_before_it_starts_with_exit_2() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = closed_port();
     let runs = tempfile::tempdir().unwrap();
     let out = troupe()
         .args(["run", &stages("fanout"), "--model", "m", "--base-url"])

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::definition::duration::{parse_duration, parse_positive_duration};
 use crate::definition::{Pipeline, ProviderBlock, ProviderKind};
 use crate::provider::openai::{
     DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, DEFAULT_MAX_INFLIGHT, DEFAULT_REQUEST_TIMEOUT,
@@ -59,24 +60,12 @@ pub struct ProviderArgs {
     /// First backoff between retries, doubling up to 10 s (or up to this
     /// value when larger), with jitter; a server's Retry-After is honoured
     /// when longer [default: 500ms].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub provider_backoff: Option<Duration>,
     /// Skip the capability check at run start (endpoint reachable, model
     /// calls tools). Needs --model.
     #[arg(long)]
     pub skip_check: bool,
-}
-
-fn parse_duration_arg(s: &str) -> Result<Duration, String> {
-    crate::definition::duration::parse_duration(s)
-}
-
-fn parse_positive_duration(s: &str) -> Result<Duration, String> {
-    let d = parse_duration_arg(s)?;
-    if d.is_zero() {
-        return Err("must be above zero".to_owned());
-    }
-    Ok(d)
 }
 
 /// The chosen provider.
@@ -135,8 +124,13 @@ impl ProviderArgs {
             .as_deref()
             .or(file.api_key_env.as_deref())
             .unwrap_or(DEFAULT_API_KEY_ENV);
+        let source = match (&self.base_url, &file.base_url) {
+            (Some(_), _) => "--base-url",
+            (None, Some(_)) => "provider.baseUrl in pipeline.yaml",
+            (None, None) => "the default base URL",
+        };
         let mut config =
-            OpenAiConfig::new(base_url, key_env).map_err(|e| format!("--base-url: {e}"))?;
+            OpenAiConfig::new(base_url, key_env).map_err(|e| format!("{source}: {e}"))?;
         config.model = self.model.clone().or_else(|| file.model.clone());
         config.stream = !self.no_stream && file.stream.unwrap_or(true);
         config.max_inflight = self

@@ -39,7 +39,6 @@ fn synth(schema: &Value, depth: usize) -> Value {
     let ty = match obj.get("type") {
         Some(Value::String(t)) => t.as_str(),
         Some(Value::Array(ts)) => ts.iter().find_map(Value::as_str).unwrap_or("null"),
-        _ if obj.contains_key("properties") || obj.contains_key("required") => "object",
         _ => "object",
     };
     match ty {

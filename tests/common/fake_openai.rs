@@ -15,7 +15,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -27,8 +27,7 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-/// The probe tool of troupe's capability check.
-pub const PROBE_TOOL: &str = "troupe_probe";
+pub use troupe::provider::openai::PROBE_TOOL;
 
 /// How to answer one request.
 #[derive(Debug, Clone)]
@@ -139,10 +138,12 @@ impl Received {
 
 type Responder = Box<dyn Fn(&Received) -> Reply + Send + Sync>;
 
+/// Characters per streamed fragment.
+const FRAGMENT: usize = 4;
+
 /// Counters the tests read.
 #[derive(Debug, Default, Clone)]
 pub struct Counts {
-    pub arrived: usize,
     pub in_flight: usize,
     pub peak: usize,
     /// Requests the client abandoned before the whole reply was sent.
@@ -156,15 +157,11 @@ struct Shared {
     responder: Responder,
     received: Mutex<Vec<Received>>,
     counts: Mutex<Counts>,
-    /// Notified on every change of `counts` (blocking waiters)…
-    changed: Condvar,
-    /// …and bumped (async waiters).
+    /// Bumped on every change of `counts` (see `until`).
     tick: watch::Sender<u64>,
     models: Mutex<Vec<String>>,
     /// Every `WaitInFlight` is released once this many of them arrived.
     release_after: Mutex<usize>,
-    /// Characters per streamed fragment.
-    fragment: usize,
 }
 
 impl Shared {
@@ -172,7 +169,6 @@ impl Shared {
         {
             let mut c = self.counts.lock().unwrap();
             f(&mut c);
-            self.changed.notify_all();
         }
         self.tick.send_modify(|t| *t += 1);
     }
@@ -188,7 +184,6 @@ struct Flight {
 impl Flight {
     fn enter(shared: &Arc<Shared>) -> Flight {
         shared.bump(|c| {
-            c.arrived += 1;
             c.in_flight += 1;
             c.peak = c.peak.max(c.in_flight);
         });
@@ -236,21 +231,14 @@ impl FakeOpenAi {
 
     /// Starts a server whose responder also answers the probe.
     pub fn start_raw(responder: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> FakeOpenAi {
-        FakeOpenAi::start_with(Box::new(responder), 4)
-    }
-
-    /// With `fragment` characters per streamed fragment.
-    pub fn start_with(responder: Responder, fragment: usize) -> FakeOpenAi {
         let (tick, _) = watch::channel(0);
         let shared = Arc::new(Shared {
-            responder,
+            responder: Box::new(responder),
             received: Mutex::new(Vec::new()),
             counts: Mutex::new(Counts::default()),
-            changed: Condvar::new(),
             tick,
             models: Mutex::new(vec!["fake-model".to_owned()]),
             release_after: Mutex::new(usize::MAX),
-            fragment: fragment.max(1),
         });
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -319,21 +307,7 @@ impl FakeOpenAi {
         self.shared.counts.lock().unwrap().clone()
     }
 
-    /// Blocks (at most 20 s, then panics) until `pred` holds.
-    pub fn wait_until(&self, what: &str, pred: impl Fn(&Counts) -> bool) -> Counts {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut c = self.shared.counts.lock().unwrap();
-        loop {
-            if pred(&c) {
-                return c.clone();
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            assert!(!left.is_zero(), "timed out waiting for {what}: {c:?}");
-            c = self.shared.changed.wait_timeout(c, left).unwrap().0;
-        }
-    }
-
-    /// The async twin of `wait_until`.
+    /// Waits (at most 20 s, then panics) until `pred` holds.
     pub async fn until(&self, what: &str, pred: impl Fn(&Counts) -> bool) -> Counts {
         let mut rx = self.shared.tick.subscribe();
         let wait = async {
@@ -464,7 +438,7 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
                 &reply,
                 &model,
                 include_usage.then_some(usage),
-                shared.fragment,
+                FRAGMENT,
                 true,
             );
             sse_response(frames, flight, Tail::End)

@@ -44,7 +44,7 @@ pub(super) struct Inner {
     client: reqwest::Client,
     /// `Bearer <key>`, marked sensitive.
     auth: Option<HeaderValue>,
-    chat_url: Url,
+    pub(super) chat_url: Url,
     slots: Arc<Semaphore>,
     /// Set from the config, or by the capability check.
     pub(super) model: OnceLock<String>,
@@ -354,18 +354,13 @@ impl Inner {
             start.starts_with(b"data:") || start.starts_with(b":")
         };
         if stream && looks_like_sse && !content_type.contains("json") {
-            // An event stream under another content type.
+            // An event stream under another content type: the same rules
+            // as a streamed reply, the end-of-stream check included.
             let mut sse = SseDecoder::new();
-            let mut events = sse.push(&body).map_err(|e| sse_error(&e.0))?;
-            events.extend(sse.finish().map_err(|e| sse_error(&e.0))?);
             let mut assembly = Assembly::new();
-            for data in events {
-                if data.trim() == "[DONE]" {
-                    break;
-                }
-                assembly.apply_chunk(&data, observer)?;
-            }
-            return assembly.into_response();
+            let events = sse.push(&body).map_err(|e| sse_error(&e.0))?;
+            let done = feed(&mut assembly, events, observer)?;
+            return end_of_stream(sse, assembly, done, observer);
         }
         Assembly::from_completion(&body)?.into_response()
     }
@@ -385,7 +380,7 @@ impl Inner {
         let mut total = 0usize;
         let mut done = false;
         let mut deadline = tokio::time::Instant::now() + wait;
-        'read: loop {
+        loop {
             let next = tokio::time::timeout_at(deadline, bytes.next())
                 .await
                 .map_err(|_| timed_out(wait, "the next event of the stream"))?;
@@ -401,30 +396,51 @@ impl Inner {
             if !events.is_empty() {
                 deadline = tokio::time::Instant::now() + wait;
             }
-            for data in events {
-                if data.trim() == "[DONE]" {
-                    done = true;
-                    break 'read;
-                }
-                assembly.apply_chunk(&data, observer)?;
-            }
-        }
-        if !done && let Some(data) = sse.finish().map_err(|e| sse_error(&e.0))? {
-            if data.trim() == "[DONE]" {
+            if feed(&mut assembly, events, observer)? {
                 done = true;
-            } else {
-                assembly.apply_chunk(&data, observer)?;
+                break;
             }
         }
-        if !done && !assembly.finished() {
-            return Err(ProviderError::Transient {
-                code: "StreamIncomplete",
-                message: "the stream ended before `[DONE]` or a finish_reason".to_owned(),
-                retry_after: None,
-            });
-        }
-        assembly.into_response()
+        end_of_stream(sse, assembly, done, observer)
     }
+}
+
+/// Applies decoded SSE events to the assembly; `true` once `[DONE]` came
+/// (events after it are ignored).
+fn feed(
+    assembly: &mut Assembly,
+    events: impl IntoIterator<Item = String>,
+    observer: Option<&dyn RequestObserver>,
+) -> Result<bool, ProviderError> {
+    for data in events {
+        if data.trim() == "[DONE]" {
+            return Ok(true);
+        }
+        assembly.apply_chunk(&data, observer)?;
+    }
+    Ok(false)
+}
+
+/// Ends a stream: a last event without its blank line still counts, and a
+/// stream that stopped before `[DONE]` or a `finish_reason` is incomplete.
+fn end_of_stream(
+    mut sse: SseDecoder,
+    mut assembly: Assembly,
+    mut done: bool,
+    observer: Option<&dyn RequestObserver>,
+) -> Result<ModelResponse, ProviderError> {
+    if !done {
+        let last = sse.finish().map_err(|e| sse_error(&e.0))?;
+        done = feed(&mut assembly, last, observer)?;
+    }
+    if !done && !assembly.finished() {
+        return Err(ProviderError::Transient {
+            code: "StreamIncomplete",
+            message: "the stream ended before `[DONE]` or a finish_reason".to_owned(),
+            retry_after: None,
+        });
+    }
+    assembly.into_response()
 }
 
 fn too_large() -> ProviderError {

@@ -260,18 +260,20 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// `message` with every occurrence of `secret` replaced by `[redacted]`.
+pub fn redact_str(message: String, secret: Option<&str>) -> String {
+    match secret.filter(|s| !s.is_empty()) {
+        Some(secret) if message.contains(secret) => message.replace(secret, "[redacted]"),
+        _ => message,
+    }
+}
+
 /// Replaces every occurrence of `secret` in the error's message.
 pub fn redact(err: ProviderError, secret: Option<&str>) -> ProviderError {
-    let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+    if secret.is_none_or(str::is_empty) {
         return err;
-    };
-    let clean = |m: String| {
-        if m.contains(secret) {
-            m.replace(secret, "[redacted]")
-        } else {
-            m
-        }
-    };
+    }
+    let clean = |m: String| redact_str(m, secret);
     match err {
         ProviderError::Transient {
             code,

@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::client::OpenAiProvider;
-use super::errors::shorten;
+use super::errors::{redact_str, shorten};
 use super::wire::Assembly;
 use crate::definition::Backoff;
 use crate::error::{Code, ErrorClass, HasCode};
@@ -70,12 +70,9 @@ impl OpenAiProvider {
     /// and `backoff` bound the retries of transient failures.
     pub async fn check(&self, retries: u32, backoff: &Backoff) -> Result<CheckReport, CheckError> {
         let result = self.check_inner(retries, backoff).await;
+        let key = self.inner.config.api_key.as_ref().map(|k| k.expose());
         result.map_err(|mut e| {
-            if let Some(key) = &self.inner.config.api_key
-                && !key.expose().is_empty()
-            {
-                e.message = e.message.replace(key.expose(), "[redacted]");
-            }
+            e.message = redact_str(e.message, key);
             e
         })
     }
@@ -93,10 +90,7 @@ impl OpenAiProvider {
         let body = loop {
             let probe = probe_body(&model, forced);
             let attempt = with_retries(retries, backoff, || async {
-                let response = self
-                    .inner
-                    .post(&self.config().endpoint("chat/completions"), &probe)
-                    .await?;
+                let response = self.inner.post(&self.inner.chat_url, &probe).await?;
                 self.inner.read_all(response, 1024 * 1024, false).await
             })
             .await;
@@ -150,16 +144,10 @@ impl OpenAiProvider {
         .await;
         let body = match listed {
             Ok(body) => body,
+            // No model list at all reads as an empty one.
             Err(ProviderError::Terminal {
                 code: "NotFound", ..
-            }) => {
-                return Err(CheckError {
-                    code: "ModelRequired",
-                    message: format!("{url} lists no models, and no model was named"),
-                    hint: "pass --model NAME (or `model:` in the pipeline's provider block)"
-                        .to_owned(),
-                });
-            }
+            }) => Vec::new(),
             Err(e) => return Err(self.capability(e, "(none given)")),
         };
         let ids: Vec<String> = serde_json::from_slice::<Value>(&body)

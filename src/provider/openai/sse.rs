@@ -13,6 +13,9 @@ pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 pub struct SseDecoder {
     /// Bytes not yet forming a whole line.
     pending: Vec<u8>,
+    /// How much of `pending` is known to hold no line end, so a long line
+    /// split over many chunks is scanned once, not once per chunk.
+    scanned: usize,
     /// `data` lines of the event being read.
     data: Vec<String>,
     data_bytes: usize,
@@ -32,7 +35,7 @@ impl SseDecoder {
         self.pending.extend_from_slice(bytes);
         let mut events = Vec::new();
         let mut start = 0;
-        let mut i = 0;
+        let mut i = self.scanned;
         while i < self.pending.len() {
             let end = match self.pending[i] {
                 b'\n' => i + 1,
@@ -52,6 +55,7 @@ impl SseDecoder {
             i = end;
         }
         self.pending.drain(..start);
+        self.scanned = i - start;
         if self.pending.len() + self.data_bytes > MAX_EVENT_BYTES {
             return Err(SseError(format!(
                 "an event of the stream exceeds {} MiB",
@@ -67,6 +71,7 @@ impl SseDecoder {
         let mut events = Vec::new();
         if !self.pending.is_empty() {
             let rest = std::mem::take(&mut self.pending);
+            self.scanned = 0;
             let line = String::from_utf8_lossy(&rest).into_owned();
             self.line(line.trim_end_matches('\r'), &mut events)?;
         }
