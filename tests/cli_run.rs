@@ -180,16 +180,25 @@ fn invalid_input_exits_2() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Validation/InputInvalid") && err.contains("unknown stage(s): ghost"),
+        "{err}"
+    );
     let out = troupe()
         .args(["run", &stages("fanout"), "--parallel-cap", "0"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--parallel-cap") && err.contains("0"), "{err}");
     let out = troupe()
         .args(["run", &stages("fanout"), "--latency", "fast"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--latency") && err.contains("fast"), "{err}");
     let out = troupe()
         .args([
             "run",
@@ -198,6 +207,8 @@ fn invalid_input_exits_2() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("3 problems found"), "{err}");
 }
 
 #[test]

@@ -483,6 +483,12 @@ fn missing_folder_or_pipeline_file() {
         load_pipeline(empty.path()).unwrap_err().0[0].code,
         V::PipelineUnreadable
     );
+    // A pipeline.yaml that is there but not text is the pipeline's problem,
+    // not a stage file's.
+    std::fs::write(empty.path().join("pipeline.yaml"), b"id: \xff\xfe\n").unwrap();
+    let errs = load_pipeline(empty.path()).unwrap_err().0;
+    assert_eq!(errs[0].code, V::PipelineUnreadable, "{errs:?}");
+    assert!(errs[0].message.contains("not UTF-8"), "{errs:?}");
 }
 
 #[test]

@@ -86,8 +86,6 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                             },
                         ));
                     }
-                    // The scheduler's own counts; a dropped Progress is
-                    // corrected by the next one.
                     // A request waiting for (or getting) a provider slot.
                     EventName::Progress if e.field("providerSlot").is_some() => {
                         let waiting =
@@ -101,6 +99,8 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                             pb.set_message(c.message());
                         }
                     }
+                    // The scheduler's own counts; a dropped Progress is
+                    // corrected by the next one.
                     EventName::Progress => {
                         if let Some((pb, c)) = &mut bar {
                             let n = |k: &str| {

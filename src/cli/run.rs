@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use super::Exit;
 use super::provider::{ProviderArgs, ProviderSetup};
-use super::validate::print_diagnostics;
+use super::validate::{print_diagnostics, reject};
 use crate::definition::{Backoff, duration::parse_duration, load_pipeline};
-use crate::error::{Diagnostics, HasCode};
+use crate::error::{Diagnostics, HasCode, ValidationCode};
 use crate::provider::Provider;
 use crate::provider::openai::{CheckError, OpenAiProvider};
 use crate::provider::script::{SCRIPT_FILE, Script};
@@ -34,7 +34,7 @@ pub struct RunArgs {
     pub task: Option<String>,
     /// Sets a ctx field: key=value. JSON values (numbers, booleans, lists)
     /// are kept typed. Repeatable.
-    #[arg(long = "ctx", value_name = "KEY=VALUE", value_parser = parse_ctx_arg)]
+    #[arg(long = "ctx", value_name = "KEY=VALUE", value_parser = parse_ctx_pair)]
     pub ctx: Vec<(String, serde_json::Value)>,
     /// Most siblings of a fan-out running at once (beats pipeline.yaml's
     /// parallelCap; default 8).
@@ -45,7 +45,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub script: Option<PathBuf>,
     /// Latency added to every scripted model turn, e.g. 20ms.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub latency: Option<Duration>,
     /// Make an execution fail (scripted provider), e.g. worker#17. Repeatable.
     #[arg(long, value_name = "STAGE[#INDEX]", value_parser = Selector::parse)]
@@ -81,12 +81,12 @@ pub struct RunArgs {
     pub answers: Vec<PathBuf>,
     /// How long an approval waits for an answer before it counts as
     /// denied, e.g. 30s (default: no limit).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub approval_timeout: Option<Duration>,
     /// The longest one LLM stage execution may take, all its attempts,
     /// model requests and tool calls included, e.g. 10m; past it the stage
     /// fails with Session/StageTimeout (default: no limit).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub stage_timeout: Option<Duration>,
     #[command(flatten)]
     pub provider: ProviderArgs,
@@ -99,14 +99,6 @@ enum Ended {
     Aborted(String),
     /// The provider failed its capability check; nothing ran.
     Check(CheckError),
-}
-
-fn parse_ctx_arg(s: &str) -> Result<(String, serde_json::Value), String> {
-    parse_ctx_pair(s)
-}
-
-fn parse_duration_arg(s: &str) -> Result<Duration, String> {
-    parse_duration(s)
 }
 
 pub fn run(args: RunArgs) -> Exit {
@@ -128,17 +120,16 @@ pub fn run(args: RunArgs) -> Exit {
     if let Some(events) = &args.events
         && events != "-"
     {
-        eprintln!("error: Validation/InputInvalid: --events takes `-` (stdout)");
-        return Exit::Invalid;
+        return input_invalid(&path, "--events takes `-` (stdout)".to_owned(), args.json);
     }
     let root = match std::fs::canonicalize(&args.root) {
         Ok(r) if r.is_dir() => r,
         Ok(_) | Err(_) => {
-            eprintln!(
-                "error: Validation/InputInvalid: --root {} is not a directory",
-                args.root.display()
+            return input_invalid(
+                &path,
+                format!("--root {} is not a directory", args.root.display()),
+                args.json,
             );
-            return Exit::Invalid;
         }
     };
     let mut bad_selectors = Vec::new();
@@ -148,18 +139,18 @@ pub fn run(args: RunArgs) -> Exit {
         }
     }
     if !bad_selectors.is_empty() {
-        eprintln!(
-            "error: Validation/InputInvalid: --fail-sibling names unknown stage(s): {}",
-            bad_selectors.join(", ")
+        return input_invalid(
+            &path,
+            format!(
+                "--fail-sibling names unknown stage(s): {}",
+                bad_selectors.join(", ")
+            ),
+            args.json,
         );
-        return Exit::Invalid;
     }
     let setup = match args.provider.resolve(&pipeline) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: Validation/InputInvalid: {e}");
-            return Exit::Invalid;
-        }
+        Err(e) => return input_invalid(&path, e, args.json),
     };
     let mut settings = RunSettings::default();
     if let Some(n) = args.provider.provider_retries {
@@ -183,17 +174,15 @@ pub fn run(args: RunArgs) -> Exit {
                 (!args.fail_sibling.is_empty(), "--fail-sibling"),
             ];
             if let Some((_, flag)) = scripted_only.iter().find(|(set, _)| *set) {
-                eprintln!(
-                    "error: Validation/InputInvalid: {flag} is for the scripted provider, not openai"
+                return input_invalid(
+                    &path,
+                    format!("{flag} is for the scripted provider, not openai"),
+                    args.json,
                 );
-                return Exit::Invalid;
             }
             match OpenAiProvider::new(*config) {
                 Ok(p) => (Arc::new(p.clone()), Some((p, skip_check))),
-                Err(e) => {
-                    eprintln!("error: Validation/InputInvalid: {e}");
-                    return Exit::Invalid;
-                }
+                Err(e) => return input_invalid(&path, e.to_string(), args.json),
             }
         }
     };
@@ -201,10 +190,7 @@ pub fn run(args: RunArgs) -> Exit {
     for path in &args.answers {
         match AnswerRules::load(path) {
             Ok(rules) => interactors.push(InteractorSpec::Scripted(Arc::new(rules))),
-            Err(e) => {
-                eprintln!("error: Validation/InputInvalid: --answers {e}");
-                return Exit::Invalid;
-            }
+            Err(e) => return input_invalid(path, format!("--answers {e}"), args.json),
         }
     }
     if args.yolo {
@@ -309,6 +295,12 @@ pub fn run(args: RunArgs) -> Exit {
 }
 
 /// The scripted provider with its script, latency and injected failures.
+/// A bad flag or flag value: reported like a pipeline's diagnostics (as
+/// JSON with `--json`), exit 2.
+fn input_invalid(path: &std::path::Path, message: String, json: bool) -> Exit {
+    reject(path, ValidationCode::InputInvalid, message, json)
+}
+
 fn scripted_provider(
     args: &RunArgs,
     pipeline: &crate::definition::Pipeline,

@@ -4,11 +4,12 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::Exit;
-use super::validate::print_diagnostics;
+use super::validate::{print_diagnostics, reject};
 use crate::definition::{
     Backoff, Next, Pipeline, Siblings, Stage, StageDefinition, StageKind,
     duration::format_duration, load_pipeline,
 };
+use crate::error::ValidationCode;
 use crate::tools::stage_manifest;
 
 pub fn run(path: &Path, stage: Option<&str>, json: bool) -> Exit {
@@ -25,12 +26,16 @@ pub fn run(path: &Path, stage: Option<&str>, json: bool) -> Exit {
         Some(id) => {
             let Some(stage) = pipeline.stage(id) else {
                 let ids: Vec<&str> = pipeline.stages.iter().map(|s| s.id.as_str()).collect();
-                eprintln!(
-                    "error: Validation/UnknownStage: no stage `{id}` in {} (stages: {})",
-                    pipeline.id,
-                    ids.join(", ")
+                return reject(
+                    path,
+                    ValidationCode::UnknownStage,
+                    format!(
+                        "no stage `{id}` in {} (stages: {})",
+                        pipeline.id,
+                        ids.join(", ")
+                    ),
+                    json,
                 );
-                return Exit::Invalid;
             };
             if json {
                 print_json(&stage_json(stage));
@@ -52,9 +57,10 @@ fn print_json<T: serde::Serialize>(value: &T) {
 fn stage_json(stage: &Stage) -> serde_json::Value {
     let mut value = serde_json::to_value(stage).unwrap_or_default();
     if let (StageKind::Llm(def), Some(obj)) = (&stage.kind, value.as_object_mut()) {
+        // As the model is shown it (OpenAI function tools).
         let tools: Vec<serde_json::Value> = stage_manifest(def)
-            .into_iter()
-            .map(|t| serde_json::json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
+            .iter()
+            .map(crate::provider::openai::function_tool)
             .collect();
         obj.insert("toolManifest".into(), tools.into());
     }
@@ -158,10 +164,7 @@ pub fn graph_text(p: &Pipeline) -> String {
 /// True when `id` runs as a sibling of some parallel group.
 fn is_sibling(p: &Pipeline, id: &str) -> bool {
     p.next.values().any(|n| match n {
-        Next::Parallel(plan) => match &plan.siblings {
-            Siblings::Static(ids) => ids.iter().any(|s| s == id),
-            Siblings::Map { stage, .. } => stage == id,
-        },
+        Next::Parallel(plan) => plan.siblings.stages().iter().any(|s| s == id),
         _ => false,
     })
 }

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use super::Exit;
 use crate::definition::load_pipeline;
-use crate::error::Diagnostics;
+use crate::error::{Diagnostic, Diagnostics, ValidationCode};
 
 pub fn run(path: &Path, json: bool) -> Exit {
     match load_pipeline(path) {
@@ -40,4 +40,15 @@ pub fn print_diagnostics(path: &Path, diags: &Diagnostics, json: bool) {
         path.display(),
         if n == 1 { "" } else { "s" }
     );
+}
+
+/// One problem with the command's input (a flag, a value, a stage name):
+/// reported as `print_diagnostics` does, exit 2.
+pub fn reject(path: &Path, code: ValidationCode, message: String, json: bool) -> Exit {
+    print_diagnostics(
+        path,
+        &Diagnostics(vec![Diagnostic::new(code, message)]),
+        json,
+    );
+    Exit::Invalid
 }

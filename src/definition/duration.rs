@@ -2,6 +2,14 @@
 
 use std::time::Duration;
 
+/// [`parse_duration`] for a timeout or a wait that cannot be zero.
+pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        d if d.is_zero() => Err(format!("`{}` must be above zero", text.trim())),
+        d => Ok(d),
+    }
+}
+
 /// Parses a duration like `500ms`, `2s`, `1.5s`, `1m` or `1h`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::fields::FieldReader;
-use super::model::{FORBIDDEN_CTX, Next, Pipeline, RESERVED_CTX, Siblings, Stage, StageKind};
+use super::model::{FORBIDDEN_CTX, Next, Pipeline, RESERVED_CTX, Stage, StageKind};
 use super::pipeline_file::{PipelineDoc, StageSource, read_pipeline};
 use super::stage_file::{ParsedStage, normalize_text, parse_stage_file};
 use super::template::{Template, line_col};
@@ -34,7 +34,7 @@ pub fn load_pipeline_with(
 ) -> Result<Pipeline, Diagnostics> {
     let mut diags = Vec::new();
     let (dir, file) = locate(path).map_err(|d| Diagnostics(vec![*d]))?;
-    let text = read_bounded(&file)
+    let text = read_bounded(&file, ValidationCode::PipelineUnreadable)
         .map_err(|(code, message)| Diagnostics(vec![Diagnostic::new(code, message).file(&file)]))?;
     let text = normalize_text(&text);
     let root = yaml::parse(&text).map_err(|e| {
@@ -133,20 +133,18 @@ fn locate(path: &Path) -> Result<(PathBuf, PathBuf), Box<Diagnostic>> {
 }
 
 /// Reads at most MAX_FILE_BYTES of UTF-8 text.
-fn read_bounded(file: &Path) -> Result<String, (ValidationCode, String)> {
-    let unreadable = |e: std::io::Error| {
-        (
-            ValidationCode::StageFileUnreadable,
-            format!("cannot read: {e}"),
-        )
-    };
+/// Reads a file of at most 1 MiB of UTF-8; a file that cannot be read (or
+/// is not a regular file, or not UTF-8) is `unreadable` (the pipeline's or
+/// a stage file's code).
+fn read_bounded(
+    file: &Path,
+    unreadable_code: ValidationCode,
+) -> Result<String, (ValidationCode, String)> {
+    let unreadable = |e: std::io::Error| (unreadable_code, format!("cannot read: {e}"));
     let handle = std::fs::File::open(file).map_err(unreadable)?;
     let meta = handle.metadata().map_err(unreadable)?;
     if !meta.is_file() {
-        return Err((
-            ValidationCode::StageFileUnreadable,
-            "not a regular file".to_owned(),
-        ));
+        return Err((unreadable_code, "not a regular file".to_owned()));
     }
     if meta.len() > MAX_FILE_BYTES {
         return Err((
@@ -171,7 +169,7 @@ fn read_bounded(file: &Path) -> Result<String, (ValidationCode, String)> {
     }
     String::from_utf8(bytes).map_err(|e| {
         (
-            ValidationCode::StageFileUnreadable,
+            unreadable_code,
             format!(
                 "not UTF-8 text (invalid byte at offset {})",
                 e.utf8_error().valid_up_to()
@@ -210,7 +208,7 @@ fn load_stage_file(
         diags.push(at_ref(ValidationCode::StageFileOutsidePipeline, format!("stage file `{rel}` is outside the pipeline folder"), "keep every stage file inside the pipeline folder (no `..`, absolute paths or symlinks out)"));
         return None;
     }
-    let text = match read_bounded(&canonical) {
+    let text = match read_bounded(&canonical, ValidationCode::StageFileUnreadable) {
         Ok(text) => text,
         Err((code, message)) => {
             diags.push(Diagnostic::new(code, message).file(&path));
@@ -304,11 +302,7 @@ fn cross_check(doc: &PipelineDoc, stages: &[Stage], file: &Path, diags: &mut Vec
     }
     for (from, next) in &doc.next {
         if let Next::Parallel(plan) = next {
-            let ids: Vec<&String> = match &plan.siblings {
-                Siblings::Static(ids) => ids.iter().collect(),
-                Siblings::Map { stage, .. } => vec![stage],
-            };
-            for id in ids {
+            for id in plan.siblings.stages() {
                 if let Some(stage) = stages.iter().find(|s| &s.id == id)
                     && stage.kind.is_router()
                 {

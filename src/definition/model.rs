@@ -279,6 +279,17 @@ pub enum Siblings {
     Map { stage: String, over: Expr },
 }
 
+impl Siblings {
+    /// The stage ids the siblings run: the listed ones, or the one `map`
+    /// stage every sibling runs.
+    pub fn stages(&self) -> &[String] {
+        match self {
+            Siblings::Static(ids) => ids,
+            Siblings::Map { stage, .. } => std::slice::from_ref(stage),
+        }
+    }
+}
+
 /// A CheckGate: proceed when `when` is true, otherwise `otherwise`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Gate {

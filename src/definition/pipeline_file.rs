@@ -2,7 +2,7 @@
 //! Next() table, asserts and gates, read into located parts that the loader
 //! cross-checks once every stage file is known.
 
-use super::duration::parse_duration;
+use super::duration::parse_positive_duration;
 use super::expr::Expr;
 use super::fields::{FieldReader, is_kebab};
 use super::model::{
@@ -267,8 +267,8 @@ fn read_hook_list(
         };
         let timeout = match r.optional(item, "timeout") {
             None => Some(HOOK_TIMEOUT),
-            Some(n) => match n.as_str().map(super::duration::parse_duration) {
-                Some(Ok(d)) if !d.is_zero() => Some(d),
+            Some(n) => match n.as_str().map(super::duration::parse_positive_duration) {
+                Some(Ok(d)) => Some(d),
                 _ => {
                     r.report(
                         code,
@@ -390,23 +390,16 @@ fn read_provider(node: &Node, r: &mut FieldReader<'_>) -> Option<ProviderBlock> 
                 Some(n) => block.max_inflight = usize::try_from(n).ok(),
                 None => ok = false,
             },
-            "requestTimeout" => match r.string(value, &field).map(|t| parse_duration(&t)) {
-                Some(Ok(d)) if !d.is_zero() => block.request_timeout = Some(d),
-                Some(Ok(_)) => {
-                    ok = false;
-                    r.shape(
-                        value.pos,
-                        &field,
-                        "`provider.requestTimeout` must be above zero",
-                        "e.g. `requestTimeout: 2m`",
-                    );
+            "requestTimeout" => {
+                match r.string(value, &field).map(|t| parse_positive_duration(&t)) {
+                    Some(Ok(d)) => block.request_timeout = Some(d),
+                    Some(Err(e)) => {
+                        ok = false;
+                        r.shape(value.pos, &field, e, "e.g. `requestTimeout: 2m`");
+                    }
+                    None => ok = false,
                 }
-                Some(Err(e)) => {
-                    ok = false;
-                    r.shape(value.pos, &field, e, "e.g. `requestTimeout: 2m`");
-                }
-                None => ok = false,
-            },
+            }
             "apiKey" | "api_key" | "key" => {
                 ok = false;
                 r.shape(
@@ -446,7 +439,20 @@ fn read_ctx(node: &Node, r: &mut FieldReader<'_>, doc: &mut PipelineDoc) {
     for (key, value) in entries {
         let field = format!("ctx.{}", key.name);
         if RESERVED_CTX.contains(&key.name.as_str()) || FORBIDDEN_CTX.contains(&key.name.as_str()) {
-            r.shape(key.pos, &field, format!("`{}` is a reserved ctx name", key.name), "the runtime provides upstream, results, workflowRunId, stageExecutionId, item, index; pick another name");
+            r.shape(
+                key.pos,
+                &field,
+                format!("`{}` is a reserved ctx name", key.name),
+                format!(
+                    "reserved: {}; pick another name",
+                    RESERVED_CTX
+                        .iter()
+                        .chain(&FORBIDDEN_CTX)
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
             continue;
         }
         let mut f = CtxField {
@@ -791,10 +797,7 @@ fn read_parallel(
     let join = match node.get("join").filter(|n| n.value != Value::Null) {
         Some(n) => {
             let id = r.string(n, &format!("{field}.join"))?;
-            let sibling_ids = match &siblings {
-                Siblings::Static(ids) => ids.clone(),
-                Siblings::Map { stage, .. } => vec![stage.clone()],
-            };
+            let sibling_ids = siblings.stages().to_vec();
             doc.joins.push(JoinRef {
                 join: id.clone(),
                 pos: n.pos,

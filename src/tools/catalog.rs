@@ -12,7 +12,7 @@ pub struct ToolSpec {
     pub parameters: Value,
 }
 
-const BUILTIN_NAMES: [&str; 7] = ["Read", "Grep", "Glob", "Edit", "Write", "Bash", "Echo"];
+pub const BUILTIN_NAMES: [&str; 7] = ["Read", "Grep", "Glob", "Edit", "Write", "Bash", "Echo"];
 
 /// True when `name` is a built-in tool.
 pub fn is_builtin(name: &str) -> bool {

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::env::ToolLimits;
 use super::exec::{Stop, ToolError};
-use super::path::{relative, resolve};
+use super::path::{relative, require_regular_file, resolve};
 
 /// Prefix of the temp files, so a crash's leftovers are recognisable.
 pub const TEMP_PREFIX: &str = ".troupe-write-";
@@ -122,18 +122,7 @@ pub fn edit(
         }
         Err(e) => return Err(ToolError::io(&rel, &e)),
     };
-    if meta.is_dir() {
-        return Err(ToolError::terminal(
-            "NotAFile",
-            format!("{rel} is a directory; give a file path"),
-        ));
-    }
-    if !meta.is_file() {
-        return Err(ToolError::terminal(
-            "NotAFile",
-            format!("{rel} is not a regular file"),
-        ));
-    }
+    require_regular_file(&meta, &rel, "give a file path")?;
     if meta.len() > limits.edit_file_bytes {
         return Err(ToolError::terminal(
             "FileTooLarge",

@@ -116,6 +116,29 @@ pub fn relative(root: &Path, path: &Path) -> String {
     }
 }
 
+/// A file a tool reads or rewrites must be a regular file: a directory gets
+/// `dir_hint`, and a FIFO or a device (which would block or never end) is
+/// refused too.
+pub fn require_regular_file(
+    meta: &std::fs::Metadata,
+    rel: &str,
+    dir_hint: &str,
+) -> Result<(), ToolError> {
+    if meta.is_dir() {
+        return Err(ToolError::terminal(
+            "NotAFile",
+            format!("{rel} is a directory; {dir_hint}"),
+        ));
+    }
+    if !meta.is_file() {
+        return Err(ToolError::terminal(
+            "NotAFile",
+            format!("{rel} is not a regular file"),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

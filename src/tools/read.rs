@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::env::ToolLimits;
 use super::exec::{Stop, ToolError};
 use super::lines::{looks_binary, read_line_capped, text_capped};
-use super::path::{relative, resolve};
+use super::path::{relative, require_regular_file, resolve};
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ReadArgs {
@@ -38,19 +38,7 @@ pub fn read(
     let path = resolve(root, &args.path)?;
     let rel = relative(root, &path);
     let meta = std::fs::metadata(&path).map_err(|e| ToolError::io(&rel, &e))?;
-    if meta.is_dir() {
-        return Err(ToolError::terminal(
-            "NotAFile",
-            format!("{rel} is a directory; use Glob to list its files"),
-        ));
-    }
-    // A FIFO or a device would block or never end.
-    if !meta.is_file() {
-        return Err(ToolError::terminal(
-            "NotAFile",
-            format!("{rel} is not a regular file"),
-        ));
-    }
+    require_regular_file(&meta, &rel, "use Glob to list its files")?;
     let file = File::open(&path).map_err(|e| ToolError::io(&rel, &e))?;
     let mut reader = BufReader::with_capacity(64 * 1024, file);
     if looks_binary(&mut reader).map_err(|e| ToolError::io(&rel, &e))? {

@@ -23,8 +23,8 @@ pub struct Fixture {
 }
 
 impl Fixture {
-    /// `pipeline.yaml` plus files; stage files named `<id>.md` that are
-    /// not given are generated valid.
+    /// `pipeline.yaml` plus exactly the given files (a stage file not
+    /// given is missing).
     pub fn new(pipeline_yaml: &str, files: &[(&str, &str)]) -> Fixture {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("pipeline.yaml"), pipeline_yaml).expect("write pipeline");
