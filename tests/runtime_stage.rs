@@ -123,16 +123,8 @@ fn rejected_batch(script: &str) {
         "no call of a rejected batch runs"
     );
     assert_eq!(out.count("ToolInvocationProposed"), 0);
-    let reqs = out.requests();
-    assert_eq!(reqs.len(), 2);
-    let results: Vec<&String> = reqs[1]
-        .messages
-        .iter()
-        .filter_map(|m| match m {
-            Message::Tool { content, .. } => Some(content),
-            _ => None,
-        })
-        .collect();
+    assert_eq!(out.requests().len(), 2);
+    let results = out.tool_results();
     assert!(
         !results.is_empty() && results.iter().all(|c| c.contains("CompletionNotSole")),
         "{results:?}"

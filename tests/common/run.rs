@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use troupe::definition::load_pipeline;
 use troupe::provider::script::Script;
 use troupe::provider::scripted::{ScriptedProvider, Selector};
 use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use troupe::runtime::events::EventName;
 use troupe::runtime::interaction::InteractorSpec;
-use troupe::runtime::launch::start_run;
+use troupe::runtime::launch::{resolve_fields, start_run};
 use troupe::runtime::scheduler::RunSpec;
 use troupe::runtime::session::Cancel;
 use troupe::runtime::summary::RunReport;
@@ -177,15 +177,13 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
         requests: Mutex::new(Vec::new()),
         dropped: Arc::new(AtomicUsize::new(0)),
     });
-    let mut fields = Map::new();
-    for f in &pipeline.ctx {
-        if let Some(d) = &f.default {
-            fields.insert(f.name.clone(), d.clone());
-        }
-    }
-    for (k, v) in &opts.fields {
-        fields.insert((*k).to_owned(), v.clone());
-    }
+    let pairs: Vec<(String, Value)> = opts
+        .fields
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    let fields = resolve_fields(&pipeline, &pairs, None)
+        .unwrap_or_else(|errors| panic!("bad ctx fields for the fixture: {errors:#?}"));
     let mut spec = RunSpec::new(Arc::clone(&pipeline), fields, provider.clone(), opts.cap);
     spec.interactors = opts.interactors.clone();
     spec.approval_timeout = opts.approval_timeout;
