@@ -100,7 +100,7 @@ impl Driver {
             Some(Next::Parallel(plan)) => NextDecision::Parallel(plan.clone()),
         };
         let result = Arc::new(StageResult {
-            stage_id: stage.to_owned(),
+            stage_id: stage.into(),
             stage_execution_id: format!("{stage}/{unit:?}"),
             verdict,
             reason: (verdict == Verdict::Fail).then(|| "boom".to_owned()),
@@ -112,7 +112,7 @@ impl Driver {
         });
         self.step(PlanEvent::Reported {
             unit,
-            stage_id: stage.to_owned(),
+            stage_id: stage.into(),
             outcome: StageOutcome::Exited(Exited { result, next }),
         })
     }
@@ -120,7 +120,7 @@ impl Driver {
     fn cancelled(&mut self, unit: Option<usize>, stage: &str) -> Vec<&PlanCommand> {
         self.step(PlanEvent::Reported {
             unit,
-            stage_id: stage.to_owned(),
+            stage_id: stage.into(),
             outcome: StageOutcome::Cancelled,
         })
     }

@@ -1,15 +1,14 @@
 //! Runs a pipeline in-process on the real runtime for a benchmark: the
 //! scripted provider (per-turn latency, injected failures), the audit log
-//! on, and — when a sibling is made to fail — a probe that measures how
-//! long cancelling the rest takes.
+//! on, and — when a sibling is made to fail — how long cancelling the rest
+//! took, read back from the audit log.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
-use troupe_actors::{Delivery, EventBus};
 
 use crate::definition::{Pipeline, load_pipeline};
 use crate::error::Diagnostics;
@@ -17,7 +16,7 @@ use crate::provider::script::{SCRIPT_FILE, Script};
 use crate::provider::scripted::{ScriptedProvider, Selector};
 use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use crate::runtime::audit::start_audit_log;
-use crate::runtime::events::{Event, EventName};
+use crate::runtime::events::parse_rfc3339;
 use crate::runtime::launch::{resolve_fields, start_run};
 use crate::runtime::scheduler::RunSpec;
 use crate::runtime::summary::{RunReport, RunStatus};
@@ -51,7 +50,8 @@ pub struct RunMeasure {
     /// `StageCancelled`, by the events' own timestamps; `None` when nothing
     /// failed or nothing had to be cancelled.
     pub cancel_latency: Option<Duration>,
-    /// `StageCancelled` events seen by the probe.
+    /// `StageCancelled` events in the audit log (counted only when a
+    /// sibling was made to fail).
     pub cancelled: usize,
 }
 
@@ -128,21 +128,21 @@ impl Workload {
         };
         let spec = RunSpec::new(Arc::clone(&self.pipeline), fields, provider, Some(cell.cap));
         let audit_path = runs_dir.join(spec.run_id.as_str()).join("audit.jsonl");
-        let probe = if cell.fail.is_empty() {
-            None
-        } else {
-            Some(CancelProbe::start(&spec.bus)?)
-        };
+        let sink_path = audit_path.clone();
         let system = actix::System::new();
         let measured = system.block_on(async move {
-            let sink = start_audit_log(&spec.bus, &audit_path)?;
+            let sink = start_audit_log(&spec.bus, &sink_path)?;
             let start = Instant::now();
             let (_session, done) = start_run(spec, vec![sink]);
             let report = done.await.map_err(|_| RunnerError::NoReport)?;
             Ok::<_, RunnerError>((start.elapsed(), report))
         });
-        let probed = probe.map(CancelProbe::finish).unwrap_or_default();
         let (wall, report) = measured?;
+        let probed = if cell.fail.is_empty() {
+            Probed::default()
+        } else {
+            Probed::read(&audit_path)?
+        };
         Ok(RunMeasure {
             wall,
             report,
@@ -158,7 +158,7 @@ impl RunMeasure {
     }
 }
 
-/// What the cancel probe saw.
+/// What the audit log of a run with a failing sibling shows.
 #[derive(Debug, Default, Clone, Copy)]
 struct Probed {
     failed_at: Option<SystemTime>,
@@ -167,51 +167,42 @@ struct Probed {
 }
 
 impl Probed {
+    /// Reads the timestamps the cancel latency needs back from the audit
+    /// log, after the run: a live subscriber would be one more thread and
+    /// one more delivery per event inside the measurement.
+    fn read(audit_path: &Path) -> Result<Probed, RunnerError> {
+        let file = std::fs::File::open(audit_path)?;
+        let mut seen = Probed::default();
+        for line in BufReader::new(file).lines() {
+            let line = line?;
+            let exited = line.contains(r#""event":"StageExited""#);
+            if !exited && !line.contains(r#""event":"StageCancelled""#) {
+                continue;
+            }
+            let event: Value = serde_json::from_str(&line)
+                .map_err(|e| RunnerError::Input(format!("{}: {e}", audit_path.display())))?;
+            let ts = event["ts"]
+                .as_str()
+                .and_then(parse_rfc3339)
+                .ok_or_else(|| {
+                    RunnerError::Input(format!(
+                        "{}: a line without a valid ts",
+                        audit_path.display()
+                    ))
+                })?;
+            if !exited {
+                seen.cancelled += 1;
+                seen.last_cancelled = seen.last_cancelled.max(Some(ts));
+            } else if seen.failed_at.is_none() && event["verdict"] == "fail" {
+                seen.failed_at = Some(ts);
+            }
+        }
+        Ok(seen)
+    }
+
     fn latency(&self) -> Option<Duration> {
         let (from, to) = (self.failed_at?, self.last_cancelled?);
         Some(to.duration_since(from).unwrap_or_default())
-    }
-}
-
-/// An audit subscriber on its own thread that keeps only the timestamps
-/// the cancel latency needs.
-struct CancelProbe {
-    handle: JoinHandle<Probed>,
-}
-
-impl CancelProbe {
-    fn start(bus: &EventBus<Event>) -> std::io::Result<CancelProbe> {
-        let sub = bus.subscribe_audit("bench-cancel-probe", 1 << 16);
-        let handle = std::thread::Builder::new()
-            .name("troupe-bench-probe".into())
-            .spawn(move || {
-                let mut seen = Probed::default();
-                for delivery in sub.iter() {
-                    let Delivery::Event(env) = delivery else {
-                        continue;
-                    };
-                    let ev = &env.event;
-                    match ev.name {
-                        EventName::StageExited
-                            if seen.failed_at.is_none()
-                                && ev.field("verdict").and_then(Value::as_str) == Some("fail") =>
-                        {
-                            seen.failed_at = Some(ev.ts);
-                        }
-                        EventName::StageCancelled => {
-                            seen.cancelled += 1;
-                            seen.last_cancelled = seen.last_cancelled.max(Some(ev.ts));
-                        }
-                        _ => {}
-                    }
-                }
-                seen
-            })?;
-        Ok(CancelProbe { handle })
-    }
-
-    fn finish(self) -> Probed {
-        self.handle.join().unwrap_or_default()
     }
 }
 

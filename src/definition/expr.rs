@@ -9,6 +9,78 @@ use std::sync::Arc;
 pub struct Expr {
     source: String,
     program: Arc<cel::Program>,
+    /// The expression as a plain path (`ctx.upstream[0].parsed.items`),
+    /// when it is one: evaluated by walking the JSON. A fan-out's `over`
+    /// is such a path, and handing CEL the whole context converted 10 000
+    /// results to CEL values and back (BENCHMARKS.md).
+    path: Option<Arc<Path>>,
+}
+
+/// A variable followed by field names and list indexes.
+#[derive(Debug, PartialEq, Eq)]
+struct Path {
+    root: String,
+    steps: Vec<Step>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Field(String),
+    Index(usize),
+}
+
+impl Path {
+    /// Parses `ident ('.' ident | '[' digits ']')*` and nothing else.
+    fn parse(source: &str) -> Option<Path> {
+        fn ident(s: &str) -> Option<(&str, &str)> {
+            let end = s
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(s.len());
+            let (name, rest) = s.split_at(end);
+            let first = name.chars().next()?;
+            (first.is_ascii_alphabetic() || first == '_').then_some((name, rest))
+        }
+        let source = source.trim();
+        let (root, mut rest) = ident(source)?;
+        // CEL words that are not variables.
+        if matches!(root, "true" | "false" | "null" | "in") {
+            return None;
+        }
+        let mut steps = Vec::new();
+        while !rest.is_empty() {
+            if let Some(after) = rest.strip_prefix('.') {
+                let (name, r) = ident(after)?;
+                steps.push(Step::Field(name.to_owned()));
+                rest = r;
+            } else if let Some(after) = rest.strip_prefix('[') {
+                let (digits, r) = after.split_once(']')?;
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                steps.push(Step::Index(digits.parse().ok()?));
+                rest = r;
+            } else {
+                return None;
+            }
+        }
+        Some(Path {
+            root: root.to_owned(),
+            steps,
+        })
+    }
+
+    /// The value at the path; `None` when any step misses (CEL then
+    /// evaluates it, for its own error message).
+    fn walk<'v>(&self, vars: &[(&str, &'v serde_json::Value)]) -> Option<&'v serde_json::Value> {
+        let &(_, mut at) = vars.iter().find(|(name, _)| *name == self.root)?;
+        for step in &self.steps {
+            at = match step {
+                Step::Field(name) => at.as_object()?.get(name)?,
+                Step::Index(i) => at.as_array()?.get(*i)?,
+            };
+        }
+        Some(at)
+    }
 }
 
 impl fmt::Debug for Expr {
@@ -44,6 +116,7 @@ impl Expr {
             Ok(Ok(program)) => Ok(Expr {
                 source: source.to_owned(),
                 program: Arc::new(program),
+                path: Path::parse(source).map(Arc::new),
             }),
             Ok(Err(err)) => Err(compact_parse_error(&err.to_string())),
             Err(_) => Err("the expression parser failed on this input".to_owned()),
@@ -69,6 +142,9 @@ impl Expr {
         &self,
         vars: &[(&str, &serde_json::Value)],
     ) -> Result<serde_json::Value, ExprError> {
+        if let Some(found) = self.path.as_ref().and_then(|p| p.walk(vars)) {
+            return Ok(found.clone());
+        }
         let fail = |message: String| ExprError {
             source_text: self.source.clone(),
             message,
@@ -143,6 +219,44 @@ mod tests {
         let err = Expr::compile("size(x) >").unwrap_err();
         assert!(!err.contains('\n'));
         assert!(Expr::compile("  ").is_err());
+    }
+
+    #[test]
+    fn plain_paths_walk_the_json_and_agree_with_cel() {
+        let ctx = json!({"upstream": [{"parsed": {"items": [1, "two", {"x": 3.5}], "n": null}}]});
+        for source in [
+            "ctx.upstream[0].parsed.items",
+            "ctx.upstream[0].parsed.items[2].x",
+            "ctx.upstream[0].parsed.n",
+            " ctx.upstream ",
+        ] {
+            let e = Expr::compile(source).unwrap();
+            assert!(e.path.is_some(), "{source} is a plain path");
+            let walked = e.eval(&[("ctx", &ctx)]).unwrap();
+            let by_cel = Expr {
+                path: None,
+                ..e.clone()
+            }
+            .eval(&[("ctx", &ctx)])
+            .unwrap();
+            assert_eq!(walked, by_cel, "{source}");
+        }
+        // A miss falls through to CEL and its error.
+        for source in ["ctx.nope", "ctx.upstream[7]", "ctx.upstream.parsed"] {
+            let e = Expr::compile(source).unwrap();
+            assert!(e.eval(&[("ctx", &ctx)]).is_err(), "{source}");
+        }
+        // Anything but a plain path is CEL's.
+        for source in [
+            "ctx.a + 1",
+            "size(ctx)",
+            "ctx['a']",
+            "ctx[-1]",
+            "true",
+            "ctx.a.b()",
+        ] {
+            assert_eq!(Path::parse(source), None, "{source}");
+        }
     }
 
     #[test]

@@ -44,7 +44,10 @@ pub const SCRIPT_FILE: &str = "script.yaml";
 #[derive(Debug, Clone, Default)]
 pub struct Script {
     pub latency: Option<Duration>,
-    pub stages: HashMap<String, StageScript>,
+    stages: HashMap<String, StageScript>,
+    /// Whether any key names one sibling (`stage#index`): without one, a
+    /// sibling's lookup skips building that key.
+    indexed: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -131,6 +134,7 @@ impl Script {
     /// The turns for an execution: `stage#index` first, then `stage`.
     pub fn for_execution(&self, stage: &str, index: Option<usize>) -> Option<&StageScript> {
         index
+            .filter(|_| self.indexed)
             .and_then(|i| self.stages.get(&format!("{stage}#{i}")))
             .or_else(|| self.stages.get(stage))
     }
@@ -232,6 +236,7 @@ fn read_script(root: &Node, r: &mut FieldReader<'_>, pipeline: &Pipeline) -> Scr
             .filter_map(|(i, t)| read_turn(t, &format!("{field}[{i}]"), r))
             .collect();
         if turns.len() == items.len() {
+            script.indexed |= key.name.contains('#');
             script
                 .stages
                 .insert(key.name.clone(), StageScript { turns, repeat });

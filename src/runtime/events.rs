@@ -327,6 +327,56 @@ fn rfc3339_into(ts: SystemTime, buf: &mut [u8; RFC3339_LEN]) -> &str {
     std::str::from_utf8(buf).unwrap_or("1970-01-01T00:00:00.000000Z")
 }
 
+/// Reads back an [`rfc3339`] timestamp (the audit log's `ts`); `None` for
+/// any other shape.
+pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
+    let b = text.as_bytes();
+    if b.len() != RFC3339_LEN || &text[RFC3339_LEN - 1..] != "Z" {
+        return None;
+    }
+    let num = |range: std::ops::Range<usize>| -> Option<u64> {
+        let part = text.get(range)?;
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    let separators = [
+        (4, b'-'),
+        (7, b'-'),
+        (10, b'T'),
+        (13, b':'),
+        (16, b':'),
+        (19, b'.'),
+    ];
+    if separators.iter().any(|&(i, c)| b[i] != c) {
+        return None;
+    }
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, min, s, micros) = (num(11..13)?, num(14..16)?, num(17..19)?, num(20..26)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || h > 23 || min > 59 || s > 60 {
+        return None;
+    }
+    let days = u64::try_from(days_from_civil(y as i64, m as u32, d as u32)).ok()?;
+    let secs = days * 86_400 + h * 3600 + min * 60 + s;
+    Some(
+        UNIX_EPOCH
+            + std::time::Duration::from_secs(secs)
+            + std::time::Duration::from_micros(micros),
+    )
+}
+
+/// (year, month, day) to days since 1970-01-01: the inverse of
+/// [`civil_from_days`] (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = i64::from(if m > 2 { m - 3 } else { m + 9 });
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
 /// (Howard Hinnant's algorithm).
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
@@ -354,6 +404,28 @@ mod tests {
         assert_eq!(rfc3339(t), "2026-11-22T03:38:51.123456Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn rfc3339_reads_back_what_it_writes() {
+        for micros in [
+            0,
+            951_782_400_000_001,
+            1_795_318_731_123_456,
+            4_102_444_799_999_999,
+        ] {
+            let t = UNIX_EPOCH + Duration::from_micros(micros);
+            assert_eq!(parse_rfc3339(&rfc3339(t)), Some(t), "{}", rfc3339(t));
+        }
+        for bad in [
+            "",
+            "2026-11-22T03:38:51Z",
+            "2026-13-22T03:38:51.123456Z",
+            "2026-11-22 03:38:51.123456Z",
+            "2026-11-22T03:38:51.12345xZ",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
     }
 
     #[test]

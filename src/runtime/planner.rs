@@ -49,7 +49,7 @@ pub enum PlanEvent {
     /// sequential stage or the join.
     Reported {
         unit: Option<usize>,
-        stage_id: String,
+        stage_id: Arc<str>,
         outcome: StageOutcome,
     },
     /// Cancel the run strictly (Ctrl-C).
@@ -690,12 +690,18 @@ impl Planner {
     fn reported(
         &mut self,
         unit: Option<usize>,
-        stage_id: String,
+        stage_id: Arc<str>,
         outcome: StageOutcome,
         out: &mut Out,
     ) {
         if let StageOutcome::Cancelled = &outcome {
-            self.stats.entry(stage_id).or_default().cancelled += 1;
+            match self.stats.get_mut(&*stage_id) {
+                Some(stats) => stats.cancelled += 1,
+                None => {
+                    let stats = self.stats.entry(stage_id.to_string()).or_default();
+                    stats.cancelled += 1;
+                }
+            }
         }
         match (std::mem::replace(&mut self.current, Current::Idle), unit) {
             (Current::Sequential { turn_id, upstream }, None) => {

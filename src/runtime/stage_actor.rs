@@ -41,7 +41,7 @@ pub enum StageOutcome {
 pub struct StageReport {
     /// The unit index inside a parallel group, `None` for sequential/join.
     pub unit: Option<usize>,
-    pub stage_id: String,
+    pub stage_id: Arc<str>,
     pub outcome: StageOutcome,
 }
 
@@ -160,7 +160,7 @@ impl StageActor {
         self.reported = true;
         self.report.do_send(StageReport {
             unit: self.unit,
-            stage_id: self.stage_id.to_string(),
+            stage_id: Arc::clone(&self.stage_id),
             outcome,
         });
     }
