@@ -21,8 +21,10 @@ use crate::tools::ToolSpec;
 /// One model turn's request.
 #[derive(Debug, Clone)]
 pub struct ModelRequest {
-    pub stage_id: String,
-    pub stage_execution_id: String,
+    /// Shared with the execution: a request is cloned for every retry and
+    /// a sibling makes several, so the ids are not copied each time.
+    pub stage_id: Arc<str>,
+    pub stage_execution_id: Arc<str>,
     /// Index of the sibling for map/static fan-outs.
     pub index: Option<usize>,
     /// The stage's transcript, shared with it (not copied per turn).

@@ -97,9 +97,10 @@ impl ScriptedProvider {
             .iter()
             .any(|s| s.matches(&req.stage_id, req.index))
         {
-            let who = req
-                .index
-                .map_or(req.stage_id.clone(), |i| format!("{}#{i}", req.stage_id));
+            let who = req.index.map_or_else(
+                || req.stage_id.to_string(),
+                |i| format!("{}#{i}", req.stage_id),
+            );
             let err = ProviderError::Terminal {
                 code: "ScriptedFailure",
                 message: format!("injected failure of `{who}` (--fail-sibling)"),
@@ -120,7 +121,7 @@ impl ScriptedProvider {
         // entry answers `times` requests (with its own latency); trailing
         // failures with no answer after them keep failing as the last one.
         if !fails.is_empty() {
-            let key = (req.stage_execution_id.clone(), position);
+            let key = (req.stage_execution_id.to_string(), position);
             let seen = {
                 let mut attempts = self
                     .attempts
@@ -346,7 +347,7 @@ mod tests {
         use crate::runtime::context::StageContext;
         ModelRequest {
             stage_id: stage.into(),
-            stage_execution_id: format!("r/{stage}/1"),
+            stage_execution_id: format!("r/{stage}/1").into(),
             index: None,
             messages: std::sync::Arc::default(),
             tools: std::sync::Arc::new(Vec::new()),

@@ -720,8 +720,8 @@ impl StageRun {
                 }
             }
             let request = ModelRequest {
-                stage_id: self.stage.id.clone(),
-                stage_execution_id: self.ctx.stage_execution_id.to_string(),
+                stage_id: Arc::clone(&self.ctx.stage_id),
+                stage_execution_id: Arc::clone(&self.ctx.stage_execution_id),
                 index: self.index,
                 messages: transcript.shared(),
                 tools: Arc::clone(tools),

@@ -50,7 +50,7 @@ impl Provider for Recording {
         request: ModelRequest,
     ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>> {
         self.requests.lock().unwrap().push(request.clone());
-        let panic_here = self.panic_in.as_deref() == Some(request.stage_id.as_str());
+        let panic_here = self.panic_in.as_deref() == Some(&*request.stage_id);
         let inner = self.inner.complete(request);
         let guard = DropGuard(Arc::clone(&self.dropped), false);
         async move {
