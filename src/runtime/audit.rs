@@ -4,12 +4,12 @@
 //! reported as `SubscriberLagged`).
 
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::RecvTimeoutError;
+use crossbeam_channel::{RecvTimeoutError, TryRecvError};
 
 use troupe_actors::{Delivery, EventBus, Subscription};
 
@@ -51,7 +51,7 @@ pub fn start_audit_log(bus: &EventBus<Event>, path: &Path) -> io::Result<Sink> {
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
     let handle = std::thread::Builder::new()
         .name("troupe-audit".into())
-        .spawn(move || write_lines(sub, BufWriter::with_capacity(1 << 16, file)))?;
+        .spawn(move || write_lines(sub, file))?;
     Ok(Sink {
         handle,
         path: Some(path.to_owned()),
@@ -66,7 +66,7 @@ pub fn start_event_stream<W: Write + Send + 'static>(
     let sub = bus.subscribe("events-stream", STREAM_QUEUE);
     let handle = std::thread::Builder::new()
         .name("troupe-events".into())
-        .spawn(move || write_lines(sub, BufWriter::new(out)))?;
+        .spawn(move || write_lines(sub, out))?;
     Ok(Sink::from_thread(handle))
 }
 
@@ -76,47 +76,70 @@ pub fn start_event_stream<W: Write + Send + 'static>(
 /// or a process killed outright — misses at most this much.
 const FLUSH_LINGER: Duration = Duration::from_millis(5);
 
+/// Lines are written in batches of about this many bytes (or sooner, see
+/// [`FLUSH_LINGER`]).
+const BATCH: usize = 64 * 1024;
+
 fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64> {
     let rx = sub.receiver();
     let mut lines = 0u64;
-    let mut buf = Vec::with_capacity(512);
-    // When the oldest line not yet flushed must be flushed by.
+    // Lines formatted but not yet written; formatted in place, so each
+    // line is copied once, by the `write`.
+    let mut pending = Vec::with_capacity(BATCH + 4096);
+    // When the oldest pending line must be written by.
     let mut flush_by: Option<Instant> = None;
     loop {
-        let next = match flush_by {
-            Some(deadline) => rx.recv_deadline(deadline),
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        let delivery = match next {
+        // What is queued is taken without reading the clock; the clock and
+        // the deadline matter only when the queue runs dry.
+        let delivery = match rx.try_recv() {
             Ok(d) => d,
-            Err(RecvTimeoutError::Timeout) => {
-                out.flush()?;
-                flush_by = None;
-                continue;
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                let next = match flush_by {
+                    Some(deadline) => rx.recv_deadline(deadline),
+                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                };
+                match next {
+                    Ok(d) => d,
+                    Err(RecvTimeoutError::Timeout) => {
+                        write_out(&mut out, &mut pending)?;
+                        flush_by = None;
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
             }
-            Err(RecvTimeoutError::Disconnected) => break,
         };
-        buf.clear();
         match delivery {
-            Delivery::Event(env) => env.event.write_json(env.seq, &mut buf)?,
+            Delivery::Event(env) => env.event.write_json(env.seq, &mut pending),
             Delivery::Lagged { dropped } => serde_json::to_writer(
-                &mut buf,
+                &mut pending,
                 &serde_json::json!({"event": "SubscriberLagged", "subscriber": sub.name(), "dropped": dropped}),
             )?,
         }
-        buf.push(b'\n');
-        out.write_all(&buf)?;
+        pending.push(b'\n');
         lines += 1;
-        match flush_by {
-            // Under a steady stream the queue is never empty: flush here.
-            Some(deadline) if Instant::now() >= deadline => {
-                out.flush()?;
-                flush_by = None;
+        let due = match flush_by {
+            None => {
+                flush_by = Some(Instant::now() + FLUSH_LINGER);
+                false
             }
-            Some(_) => {}
-            None => flush_by = Some(Instant::now() + FLUSH_LINGER),
+            // Under a steady stream the queue is never empty: look at the
+            // clock every 64 lines.
+            Some(deadline) => lines % 64 == 0 && Instant::now() >= deadline,
+        };
+        if due || pending.len() >= BATCH {
+            write_out(&mut out, &mut pending)?;
+            flush_by = None;
         }
     }
-    out.flush()?;
+    write_out(&mut out, &mut pending)?;
     Ok(lines)
+}
+
+/// Writes and flushes the pending lines.
+fn write_out<W: Write>(out: &mut W, pending: &mut Vec<u8>) -> io::Result<()> {
+    out.write_all(pending)?;
+    pending.clear();
+    out.flush()
 }

@@ -225,55 +225,54 @@ const HEAD_KEYS: [&str; 7] = [
 ];
 
 impl Event {
-    /// Writes the same JSON object as `to_json(seq)`, byte for byte, without
-    /// building it first: no cloned strings, no map. The audit writer calls
-    /// this for every line, so it is on the hot path of wide fan-outs.
-    pub fn write_json<W: std::io::Write>(&self, seq: u64, out: W) -> serde_json::Result<()> {
-        serde_json::to_writer(out, &Line { seq, event: self })
-    }
-}
-
-/// One event as its audit line (see `Event::write_json`).
-struct Line<'e> {
-    seq: u64,
-    event: &'e Event,
-}
-
-impl serde::Serialize for Line<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let e = self.event;
+    /// Appends the same JSON object as `to_json(seq)`, byte for byte,
+    /// without building it first: no cloned strings, no map, and strings
+    /// that need no escaping (ids, names, timestamps: nearly all of them)
+    /// are copied whole. The audit writer calls this for every line, and in
+    /// a wide fan-out it is what bounds the writer thread (BENCHMARKS.md).
+    pub fn write_json(&self, seq: u64, out: &mut Vec<u8>) {
         let mut ts_buf = [0u8; RFC3339_LEN];
-        let ts = rfc3339_into(e.ts, &mut ts_buf);
+        let ts = rfc3339_into(self.ts, &mut ts_buf);
         let heads: [Option<Head<'_>>; 7] = [
-            Some(Head::Number(self.seq)),
+            Some(Head::Number(seq)),
             Some(Head::Text(ts)),
-            Some(Head::Text(e.name.as_str())),
-            Some(Head::Text(&e.workflow_run_id)),
-            e.stage_execution_id.as_deref().map(Head::Text),
-            e.stage_id.as_deref().map(Head::Text),
-            e.tool.as_deref().map(Head::Text),
+            Some(Head::Text(self.name.as_str())),
+            Some(Head::Text(&self.workflow_run_id)),
+            self.stage_execution_id.as_deref().map(Head::Text),
+            self.stage_id.as_deref().map(Head::Text),
+            self.tool.as_deref().map(Head::Text),
         ];
-        let mut map = s.serialize_map(None)?;
-        for (key, head) in HEAD_KEYS.iter().zip(&heads) {
+        out.push(b'{');
+        let mut first = true;
+        let mut key = |out: &mut Vec<u8>, k: &str| {
+            if !std::mem::take(&mut first) {
+                out.push(b',');
+            }
+            write_json_str(out, k);
+            out.push(b':');
+        };
+        for (k, head) in HEAD_KEYS.iter().zip(&heads) {
             let Some(head) = head else { continue };
+            key(out, k);
             // A field named like a head key replaces that key's value in
             // place (as the map insert in `to_json` does).
-            match e.field(key) {
-                Some(v) => map.serialize_entry(key, v)?,
-                None => map.serialize_entry(key, head)?,
+            match (self.field(k), head) {
+                (Some(v), _) => write_json_value(out, v),
+                (None, Head::Number(n)) => write_u64(out, *n),
+                (None, Head::Text(t)) => write_json_str(out, t),
             }
         }
-        for (k, v) in &e.fields {
+        for (k, v) in &self.fields {
             let written = HEAD_KEYS
                 .iter()
                 .zip(&heads)
                 .any(|(h, head)| head.is_some() && h == k);
             if !written {
-                map.serialize_entry(k, v)?;
+                key(out, k);
+                write_json_value(out, v);
             }
         }
-        map.end()
+        out.push(b'}');
     }
 }
 
@@ -283,13 +282,95 @@ enum Head<'a> {
     Text(&'a str),
 }
 
-impl serde::Serialize for Head<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Head::Number(n) => s.serialize_u64(*n),
-            Head::Text(t) => s.serialize_str(t),
+/// `value` as compact JSON, as `serde_json::to_writer` writes it.
+fn write_json_value(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(n) => match n.as_u64() {
+            Some(n) => write_u64(out, n),
+            // Negative and float numbers: serde_json's own formatting.
+            None => out.extend_from_slice(n.to_string().as_bytes()),
+        },
+        Value::String(s) => write_json_str(out, s),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json_value(out, item);
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => {
+            out.push(b'{');
+            for (i, (k, v)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json_str(out, k);
+                out.push(b':');
+                write_json_value(out, v);
+            }
+            out.push(b'}');
         }
     }
+}
+
+/// A JSON string: copied whole when nothing in it needs escaping, else
+/// escaped by serde_json (which escapes `"`, `\\` and bytes below 0x20).
+fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    if needs_escape(s.as_bytes()) {
+        // Writing into a Vec cannot fail, and a &str always serializes.
+        let _ = serde_json::to_writer(&mut *out, s);
+    } else {
+        out.reserve(s.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    }
+}
+
+/// Whether any byte is `"`, `\\` or below 0x20, eight bytes at a time
+/// (the classic has-zero-byte / has-less-than word tricks, exact as a
+/// yes/no answer).
+fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        let v = u64::from_ne_bytes(w);
+        if v.wrapping_sub(ONES * 0x20) & !v & HIGH != 0
+            || has_zero(v ^ (ONES * u64::from(b'"')))
+            || has_zero(v ^ (ONES * u64::from(b'\\')))
+        {
+            return true;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+}
+
+/// Decimal digits of `n`, without `fmt`.
+fn write_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
 }
 
 /// RFC 3339 UTC with microseconds, e.g. `2026-11-22T03:05:31.123456Z`.
@@ -429,6 +510,28 @@ mod tests {
     }
 
     #[test]
+    fn needs_escape_finds_every_byte_that_needs_it_at_every_offset() {
+        for len in 0..20 {
+            let clean = "a".repeat(len);
+            assert!(!needs_escape(clean.as_bytes()), "{len}");
+            assert!(!needs_escape("é ~\u{7f}ü !#[]{}".as_bytes()));
+            for at in 0..len {
+                for bad in (0u8..0x20).chain([b'"', b'\\']) {
+                    let mut bytes = clean.clone().into_bytes();
+                    bytes[at] = bad;
+                    assert!(needs_escape(&bytes), "byte {bad:#x} at {at} of {len}");
+                }
+                // Next to the bad bytes, but fine.
+                for fine in [0x20u8, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xff] {
+                    let mut bytes = clean.clone().into_bytes();
+                    bytes[at] = fine;
+                    assert!(!needs_escape(&bytes), "byte {fine:#x} at {at} of {len}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn write_json_matches_to_json_byte_for_byte() {
         let plain = Event::new(EventName::WorkflowStarted, "run").with("pipeline", "p");
         let full = Event::new(EventName::ToolInvocationStarted, "run")
@@ -445,9 +548,19 @@ mod tests {
             .with("tool", "from-field")
             .with("seq", 99)
             .with("verdict", "ok");
-        for (i, e) in [plain, full, clash].iter().enumerate() {
+        // Everything that must be escaped, in keys, values and ids, and
+        // numbers serde_json formats itself.
+        let awkward = Event::new(EventName::ToolInvocationFailed, "r\"un\\")
+            .stage("st\u{1}age", "exé/\n/1")
+            .tool("To\tol")
+            .with("message", "line 1\nline \"2\"\r\u{7f}\u{1f} — ünïcødé, and a long tail past sixteen bytes \\")
+            .with(
+                "nested",
+                serde_json::json!({"k\"ey": ["\u{0}", -3, 1.5e300, 0.1, u64::MAX, i64::MIN, true, {}], "": []}),
+            );
+        for (i, e) in [plain, full, clash, awkward].iter().enumerate() {
             let mut fast = Vec::new();
-            e.write_json(i as u64 + 1, &mut fast).unwrap();
+            e.write_json(i as u64 + 1, &mut fast);
             let slow = serde_json::to_vec(&e.to_json(i as u64 + 1)).unwrap();
             assert_eq!(
                 String::from_utf8(fast).unwrap(),
