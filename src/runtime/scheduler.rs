@@ -59,7 +59,9 @@ pub struct CancelRun;
 /// The scheduler actor.
 pub struct Scheduler {
     spec: RunSpec,
-    hub: Option<Addr<InteractionHub>>,
+    /// Shared by every execution: cloning an `Addr` allocates (actix gives
+    /// each sender its own parking slot), an `Arc` clone does not.
+    hub: Option<Arc<Addr<InteractionHub>>>,
     owner: Recipient<RunFinished>,
     planner: Planner,
     /// The cancellation tokens of the current turn's live executions.
@@ -95,7 +97,7 @@ impl Scheduler {
         );
         Scheduler {
             spec,
-            hub,
+            hub: hub.map(Arc::new),
             owner,
             planner,
             live: HashMap::new(),

@@ -125,7 +125,7 @@ pub struct StageRun {
     pub cancel: CancellationToken,
     /// Where out-of-envelope calls are put to the interactors; `None`
     /// denies them (headless).
-    pub hub: Option<Addr<InteractionHub>>,
+    pub hub: Option<Arc<Addr<InteractionHub>>>,
     /// Hooks at the message-loop slots.
     pub hooks: Arc<HookSet>,
     /// The stage's tool manifest (`allowedTools` plus the completion

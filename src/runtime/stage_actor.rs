@@ -106,7 +106,7 @@ pub struct StageActor {
     execution_id: Arc<str>,
     run_id: Arc<str>,
     cancel: tokio_util::sync::CancellationToken,
-    hub: Option<Addr<InteractionHub>>,
+    hub: Option<Arc<Addr<InteractionHub>>>,
     /// For siblings: the group's fail-fast, and this sibling's name in it.
     fail_fast: Option<(FailFast, String)>,
     started: bool,
