@@ -153,7 +153,9 @@ impl Event {
             stage_execution_id: None,
             stage_id: None,
             tool: None,
-            fields: Vec::new(),
+            // Room for the most any audit event has (StageExited and
+            // StageCancelled have five): no event grows its list twice.
+            fields: Vec::with_capacity(6),
         }
     }
 

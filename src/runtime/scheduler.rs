@@ -63,6 +63,9 @@ pub struct Scheduler {
     /// each sender its own parking slot), an `Arc` clone does not.
     hub: Option<Arc<Addr<InteractionHub>>>,
     owner: Recipient<RunFinished>,
+    /// Where executions ask to start and report, made once: an actix
+    /// `Addr` or `Recipient` allocates on every clone, an `Arc` does not.
+    links: Option<(Arc<Recipient<StartRequest>>, Arc<Recipient<StageReport>>)>,
     planner: Planner,
     /// The cancellation tokens of the current turn's live executions.
     live: HashMap<Exec, CancellationToken>,
@@ -99,6 +102,7 @@ impl Scheduler {
             spec,
             hub: hub.map(Arc::new),
             owner,
+            links: None,
             planner,
             live: HashMap::new(),
             group: None,
@@ -197,16 +201,16 @@ impl Scheduler {
             hooks: Arc::clone(&self.spec.hooks),
             tools,
         };
-        let me = ctx.address();
+        let (gate, report) = self
+            .links
+            .get_or_insert_with(|| {
+                let me = ctx.address();
+                (Arc::new(me.clone().recipient()), Arc::new(me.recipient()))
+            })
+            .clone();
         match exec {
-            Exec::Unit(unit) => StageActor::new(
-                run,
-                Some(unit),
-                Some(me.clone().recipient()),
-                me.recipient(),
-                fail_fast,
-            ),
-            Exec::Sequential | Exec::Join => StageActor::new(run, None, None, me.recipient(), None),
+            Exec::Unit(unit) => StageActor::new(run, Some(unit), Some(gate), report, fail_fast),
+            Exec::Sequential | Exec::Join => StageActor::new(run, None, None, report, None),
         }
         .start();
         self.live.insert(exec, cancel);

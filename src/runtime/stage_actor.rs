@@ -98,8 +98,8 @@ pub struct StageActor {
     run: Option<StageRun>,
     unit: Option<usize>,
     /// For siblings: where to ask for permission to start.
-    start_gate: Option<Recipient<StartRequest>>,
-    report: Recipient<StageReport>,
+    start_gate: Option<Arc<Recipient<StartRequest>>>,
+    report: Arc<Recipient<StageReport>>,
     progress: Rc<RefCell<Progress>>,
     bus: EventBus<Event>,
     stage_id: Arc<str>,
@@ -126,8 +126,8 @@ impl StageActor {
     pub fn new(
         run: StageRun,
         unit: Option<usize>,
-        start_gate: Option<Recipient<StartRequest>>,
-        report: Recipient<StageReport>,
+        start_gate: Option<Arc<Recipient<StartRequest>>>,
+        report: Arc<Recipient<StageReport>>,
         fail_fast: Option<(FailFast, String)>,
     ) -> StageActor {
         StageActor {
