@@ -4,7 +4,7 @@
 //! provider's reply would carry them.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -63,7 +63,9 @@ impl std::fmt::Display for Selector {
 /// Offline provider driven by a script.
 #[derive(Debug, Default)]
 pub struct ScriptedProvider {
-    script: Script,
+    /// Shared with the requests in flight, which render their reply only
+    /// once their latency has passed.
+    script: Arc<Script>,
     /// `--latency`: overrides every turn's latency.
     latency: Option<Duration>,
     /// `--fail-sibling`: executions whose every request fails terminally.
@@ -75,7 +77,7 @@ pub struct ScriptedProvider {
 impl ScriptedProvider {
     pub fn new(script: Script) -> ScriptedProvider {
         ScriptedProvider {
-            script,
+            script: Arc::new(script),
             ..ScriptedProvider::default()
         }
     }
@@ -90,7 +92,20 @@ impl ScriptedProvider {
         self
     }
 
+    /// The answer and its latency, rendered at once.
+    #[cfg(test)]
     fn answer(&self, req: &ModelRequest) -> (Result<ModelResponse, ProviderError>, Duration) {
+        let (decision, latency) = self.decide(req);
+        let result = match decision {
+            Decision::Ready(result) => result,
+            Decision::Render { position } => render(&self.script, req, position),
+        };
+        (result, latency)
+    }
+
+    /// Everything about a request's answer but the reply itself: injected
+    /// failures (counted now, in request order) and the latency.
+    fn decide(&self, req: &ModelRequest) -> (Decision, Duration) {
         let default_latency = self.latency.or(self.script.latency).unwrap_or_default();
         if self
             .fail
@@ -105,7 +120,7 @@ impl ScriptedProvider {
                 code: "ScriptedFailure",
                 message: format!("injected failure of `{who}` (--fail-sibling)"),
             };
-            return (Err(err), default_latency);
+            return (Decision::Ready(Err(err)), default_latency);
         }
         let position = req.turns_so_far();
         let script = self.script.for_execution(&req.stage_id, req.index);
@@ -159,52 +174,77 @@ impl ScriptedProvider {
                         message,
                     }
                 };
-                return (Err(err), latency);
+                return (Decision::Ready(Err(err)), latency);
             }
         }
-        let resolve = |path: &[crate::definition::template::Segment]| req.ctx.resolve(path);
-        let call = |i: usize, name: &str, args: serde_json::Value| ToolCall {
-            id: format!("call_{}_{i}", position + 1),
-            name: name.to_owned(),
-            arguments: args.to_string(),
-        };
-        let mut response = ModelResponse::default();
-        let rendered: Result<(), String> = (|| {
-            match turn.map(|t| &t.reply) {
-                None => response.tool_calls.push(call(
-                    0,
-                    &req.completion_tool,
-                    synthesize(&req.completion_schema),
-                )),
-                Some(Reply::Text(t)) => {
-                    response.text = Some(t.render_with(resolve).map_err(|e| e.to_string())?)
-                }
-                Some(Reply::Calls(calls)) => {
-                    for (i, c) in calls.iter().enumerate() {
-                        response
-                            .tool_calls
-                            .push(call(i, &c.tool, c.args.render(&resolve)?));
-                    }
-                }
-                Some(Reply::Complete(payload)) => response.tool_calls.push(call(
-                    0,
-                    &req.completion_tool,
-                    payload.render(&resolve)?,
-                )),
-                Some(Reply::Fail { .. }) => {}
-            }
-            Ok(())
-        })();
-        if let Err(message) = rendered {
-            let err = ProviderError::Terminal {
-                code: "ScriptTemplate",
-                message: format!("script for `{}`: {message}", req.stage_id),
-            };
-            return (Err(err), latency);
-        }
-        response.usage = estimate_usage(&req.messages, &response);
-        (Ok(response), latency)
+        (Decision::Render { position }, latency)
     }
+}
+
+/// What [`ScriptedProvider::decide`] settled.
+#[derive(Debug)]
+enum Decision {
+    Ready(Result<ModelResponse, ProviderError>),
+    /// Render the script's answer at this position.
+    Render {
+        position: usize,
+    },
+}
+
+/// The script's reply at `position`, rendered against the request's
+/// context: tool-call arguments serialized to JSON text as a real
+/// provider's reply carries them. It runs after the latency, as a real
+/// reply arrives after it, so a request cancelled while it waits never
+/// builds one.
+fn render(
+    script: &Script,
+    req: &ModelRequest,
+    position: usize,
+) -> Result<ModelResponse, ProviderError> {
+    let turn = script
+        .for_execution(&req.stage_id, req.index)
+        .and_then(|s| locate(s, position).0);
+    let resolve = |path: &[crate::definition::template::Segment]| req.ctx.resolve(path);
+    let call = |i: usize, name: &str, args: serde_json::Value| ToolCall {
+        id: format!("call_{}_{i}", position + 1),
+        name: name.to_owned(),
+        arguments: args.to_string(),
+    };
+    let mut response = ModelResponse::default();
+    let rendered: Result<(), String> = (|| {
+        match turn.map(|t| &t.reply) {
+            None => response.tool_calls.push(call(
+                0,
+                &req.completion_tool,
+                synthesize(&req.completion_schema),
+            )),
+            Some(Reply::Text(t)) => {
+                response.text = Some(t.render_with(resolve).map_err(|e| e.to_string())?)
+            }
+            Some(Reply::Calls(calls)) => {
+                for (i, c) in calls.iter().enumerate() {
+                    response
+                        .tool_calls
+                        .push(call(i, &c.tool, c.args.render(&resolve)?));
+                }
+            }
+            Some(Reply::Complete(payload)) => {
+                response
+                    .tool_calls
+                    .push(call(0, &req.completion_tool, payload.render(&resolve)?))
+            }
+            Some(Reply::Fail { .. }) => {}
+        }
+        Ok(())
+    })();
+    if let Err(message) = rendered {
+        return Err(ProviderError::Terminal {
+            code: "ScriptTemplate",
+            message: format!("script for `{}`: {message}", req.stage_id),
+        });
+    }
+    response.usage = estimate_usage(&req.messages, &response);
+    Ok(response)
 }
 
 /// An injected failure and how it answers.
@@ -296,12 +336,16 @@ impl Provider for ScriptedProvider {
         &self,
         request: ModelRequest,
     ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>> {
-        let (result, latency) = self.answer(&request);
+        let (decision, latency) = self.decide(&request);
+        let script = Arc::clone(&self.script);
         async move {
             if !latency.is_zero() {
                 tokio::time::sleep(latency).await;
             }
-            result
+            match decision {
+                Decision::Ready(result) => result,
+                Decision::Render { position } => render(&script, &request, position),
+            }
         }
         .boxed()
     }

@@ -67,9 +67,19 @@ pub struct Spawn {
     /// The session turn the execution belongs to; siblings of one group
     /// share it.
     pub turn: u64,
-    /// For siblings: the name fail-fast gives it (`worker#3`, or the stage
-    /// id of a static sibling), as in `ParallelSiblingFailure`.
-    pub sibling: Option<String>,
+    /// Whether it is a sibling of a parallel group (its fail-fast name is
+    /// [`sibling_label`] of its stage and index).
+    pub sibling: bool,
+}
+
+/// The name fail-fast gives a sibling, as in `ParallelSiblingFailure`:
+/// `worker#3` for a map sibling, the stage id for a static one (which has
+/// no index). Derived where it is needed rather than stored per sibling.
+pub fn sibling_label(stage_id: &str, index: Option<usize>) -> String {
+    match index {
+        Some(i) => format!("{stage_id}#{i}"),
+        None => stage_id.to_owned(),
+    }
 }
 
 /// Why an execution or the run was cancelled by the user (Ctrl-C).
@@ -129,10 +139,8 @@ impl Group {
     }
 
     fn sibling_label(&self, unit: usize) -> String {
-        match &self.plan.siblings {
-            Siblings::Static(ids) => ids.get(unit).cloned().unwrap_or_default(),
-            Siblings::Map { stage, .. } => format!("{stage}#{unit}"),
-        }
+        let index = matches!(self.plan.siblings, Siblings::Map { .. }).then_some(unit);
+        sibling_label(self.sibling_stage(unit), index)
     }
 }
 
@@ -296,10 +304,7 @@ impl Planner {
     ) {
         match self.pipeline.stage(stage_id) {
             Some(stage) => {
-                let sibling = match (&exec, &self.current) {
-                    (Exec::Unit(unit), Current::Group(g)) => Some(g.sibling_label(*unit)),
-                    _ => None,
-                };
+                let sibling = matches!((&exec, &self.current), (Exec::Unit(_), Current::Group(_)));
                 out.push(PlanCommand::Spawn(Box::new(Spawn {
                     exec,
                     stage: stage.clone(),

@@ -161,21 +161,18 @@ impl Scheduler {
             turn,
             sibling,
         } = spawn;
-        // Siblings (only they have a label) share their group's fail-fast,
-        // made on the group's first spawn.
-        let fail_fast = sibling.map(|sibling| {
-            let group = match &self.group {
-                Some((t, group)) if *t == turn => group.clone(),
-                _ => {
-                    let group = FailFast::new(self.spec.cancel.child_token());
-                    self.group = Some((turn, group.clone()));
-                    group
-                }
-            };
-            (group, sibling)
+        // Siblings share their group's fail-fast, made on the group's
+        // first spawn.
+        let fail_fast = sibling.then(|| match &self.group {
+            Some((t, group)) if *t == turn => group.clone(),
+            _ => {
+                let group = FailFast::new(self.spec.cancel.child_token());
+                self.group = Some((turn, group.clone()));
+                group
+            }
         });
         let cancel = match &fail_fast {
-            Some((group, _)) => group.token().child_token(),
+            Some(group) => group.token().child_token(),
             None => self.spec.cancel.child_token(),
         };
         let tools = match (&stage.kind, self.manifests.get(&stage.id)) {

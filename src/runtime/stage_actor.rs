@@ -17,7 +17,7 @@ use troupe_actors::EventBus;
 
 use super::events::{Event, EventName};
 use super::interaction::{InteractionHub, WithdrawOwner};
-use super::planner::{TURN_CANCELLED, sibling_failed_reason};
+use super::planner::{TURN_CANCELLED, sibling_failed_reason, sibling_label};
 use super::result::{StageResult, Usage, Verdict};
 use super::stage::{Exited, NextDecision, Progress, StageRun};
 
@@ -107,8 +107,10 @@ pub struct StageActor {
     run_id: Arc<str>,
     cancel: tokio_util::sync::CancellationToken,
     hub: Option<Arc<Addr<InteractionHub>>>,
-    /// For siblings: the group's fail-fast, and this sibling's name in it.
-    fail_fast: Option<(FailFast, String)>,
+    /// For siblings: the group's fail-fast.
+    fail_fast: Option<FailFast>,
+    /// For siblings: the index of a map sibling.
+    index: Option<usize>,
     started: bool,
     reported: bool,
 }
@@ -128,11 +130,12 @@ impl StageActor {
         unit: Option<usize>,
         start_gate: Option<Arc<Recipient<StartRequest>>>,
         report: Arc<Recipient<StageReport>>,
-        fail_fast: Option<(FailFast, String)>,
+        fail_fast: Option<FailFast>,
     ) -> StageActor {
         StageActor {
             unit,
             fail_fast,
+            index: run.index,
             start_gate,
             report,
             progress: Rc::default(),
@@ -212,9 +215,9 @@ impl StageActor {
     /// group's fail-fast, so its siblings stop before the report is read.
     fn report_exited(&mut self, exited: Exited) {
         if exited.result.verdict == Verdict::Fail
-            && let Some((fail_fast, sibling)) = &self.fail_fast
+            && let Some(fail_fast) = &self.fail_fast
         {
-            fail_fast.trip(sibling);
+            fail_fast.trip(&sibling_label(&self.stage_id, self.index));
         }
         self.send_report(StageOutcome::Exited(exited));
     }
@@ -294,7 +297,7 @@ impl Actor for StageActor {
             let reason = self
                 .fail_fast
                 .as_ref()
-                .and_then(|(fail_fast, _)| fail_fast.reason())
+                .and_then(FailFast::reason)
                 .unwrap_or(TURN_CANCELLED);
             let mut calls = Vec::with_capacity(progress.tool_calls.len());
             for (id, name) in &progress.tool_calls {
