@@ -126,7 +126,7 @@ fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64
             }
             // Under a steady stream the queue is never empty: look at the
             // clock every 64 lines.
-            Some(deadline) => lines % 64 == 0 && Instant::now() >= deadline,
+            Some(deadline) => lines.is_multiple_of(64) && Instant::now() >= deadline,
         };
         if due || pending.len() >= BATCH {
             write_out(&mut out, &mut pending)?;

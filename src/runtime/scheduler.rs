@@ -56,6 +56,9 @@ pub struct RunFinished(pub RunReport);
 #[rtype(result = "()")]
 pub struct CancelRun;
 
+/// Where an execution asks to start, and where it reports.
+type Links = (Arc<Recipient<StartRequest>>, Arc<Recipient<StageReport>>);
+
 /// The scheduler actor.
 pub struct Scheduler {
     spec: RunSpec,
@@ -65,7 +68,7 @@ pub struct Scheduler {
     owner: Recipient<RunFinished>,
     /// Where executions ask to start and report, made once: an actix
     /// `Addr` or `Recipient` allocates on every clone, an `Arc` does not.
-    links: Option<(Arc<Recipient<StartRequest>>, Arc<Recipient<StageReport>>)>,
+    links: Option<Links>,
     planner: Planner,
     /// The cancellation tokens of the current turn's live executions.
     live: HashMap<Exec, CancellationToken>,
