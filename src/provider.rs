@@ -30,7 +30,7 @@ pub struct ModelRequest {
     /// The stage's transcript, shared with it (not copied per turn).
     pub messages: Arc<Vec<Message>>,
     pub tools: Arc<Vec<ToolSpec>>,
-    pub completion_tool: String,
+    pub completion_tool: Arc<str>,
     pub completion_schema: Arc<serde_json::Value>,
     /// The stage's context, for providers that template replies (scripted).
     pub ctx: Arc<StageContext>,

@@ -252,7 +252,7 @@ fn llm_stage_text(d: &StageDefinition, out: &mut String) {
     }
     let _ = writeln!(out, "\ntool manifest (what the model sees):");
     for t in stage_manifest(d) {
-        let marker = if t.name == d.completion_tool {
+        let marker = if *t.name == *d.completion_tool {
             "  (completion channel)"
         } else {
             ""

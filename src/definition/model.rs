@@ -193,7 +193,8 @@ pub struct StageDefinition {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     pub allowed_tools: Vec<String>,
-    pub completion_tool: String,
+    /// Shared with every model request of the stage's executions.
+    pub completion_tool: Arc<str>,
     pub completion_schema: Schema,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inputs_schema: Option<Schema>,

@@ -241,7 +241,7 @@ pub fn parse_stage_file(
             name: name?,
             description,
             allowed_tools: allowed_tools?,
-            completion_tool: completion_tool?.0,
+            completion_tool: completion_tool?.0.into(),
             completion_schema: completion_schema?,
             inputs_schema: inputs_schema?,
             retry_policy: retry_policy?,

@@ -725,7 +725,7 @@ impl StageRun {
                 index: self.index,
                 messages: transcript.shared(),
                 tools: Arc::clone(tools),
-                completion_tool: def.completion_tool.clone(),
+                completion_tool: Arc::clone(&def.completion_tool),
                 completion_schema: def.completion_schema.shared_document(),
                 ctx: Arc::clone(&self.ctx),
                 // Tokens and slot waits are observer events: skip them
@@ -780,7 +780,7 @@ impl StageRun {
             }
             let completions = calls
                 .iter()
-                .filter(|c| c.name == def.completion_tool)
+                .filter(|c| *c.name == *def.completion_tool)
                 .count();
             if completions > 0 && calls.len() > 1 {
                 let err = ModelError::new(

@@ -20,7 +20,7 @@ pub fn stage_manifest(def: &StageDefinition) -> Vec<ToolSpec> {
         .filter_map(|t| builtin(t))
         .collect();
     tools.push(ToolSpec {
-        name: def.completion_tool.clone(),
+        name: def.completion_tool.to_string(),
         description: completion_description(def),
         parameters: def.completion_schema.document().clone(),
     });
