@@ -25,7 +25,7 @@ pub struct StageContext {
     pub item: Option<Value>,
     pub index: Option<usize>,
     pub stage_id: Arc<str>,
-    pub stage_name: String,
+    pub stage_name: Arc<str>,
 }
 
 impl StageContext {
@@ -37,9 +37,7 @@ impl StageContext {
         };
         match (key(0), key(1)) {
             (Some("stage"), Some("id")) if path.len() == 2 => Ok(Value::from(&*self.stage_id)),
-            (Some("stage"), Some("name")) if path.len() == 2 => {
-                Ok(Value::String(self.stage_name.clone()))
-            }
+            (Some("stage"), Some("name")) if path.len() == 2 => Ok(Value::from(&*self.stage_name)),
             (Some("ctx"), Some("upstream")) => match path.get(2) {
                 None => Ok(Value::Array(
                     self.upstream.iter().map(|r| r.to_json()).collect(),

@@ -72,6 +72,22 @@ pub struct Spawn {
     pub sibling: bool,
 }
 
+/// Each stage's id and the name `{{stage.name}}` shows (an LLM stage's
+/// `name`, else its id).
+fn pipeline_names(pipeline: &Pipeline) -> HashMap<String, (Arc<str>, Arc<str>)> {
+    pipeline
+        .stages
+        .iter()
+        .map(|stage| {
+            let name: Arc<str> = match &stage.kind {
+                StageKind::Llm(def) => def.name.as_str().into(),
+                _ => stage.id.as_str().into(),
+            };
+            (stage.id.clone(), (stage.id.as_str().into(), name))
+        })
+        .collect()
+}
+
 /// The name fail-fast gives a sibling, as in `ParallelSiblingFailure`:
 /// `worker#3` for a map sibling, the stage id for a static one (which has
 /// no index). Derived where it is needed rather than stored per sibling.
@@ -173,6 +189,11 @@ pub struct Planner {
     /// Whether anyone receives observer events; `Progress` is only built
     /// when someone does.
     observed: bool,
+    /// Every stage's id and display name, shared by its executions'
+    /// contexts instead of copied into each.
+    names: HashMap<String, (Arc<str>, Arc<str>)>,
+    /// The upstream of a sibling: none, shared.
+    no_upstream: Arc<Vec<Arc<StageResult>>>,
 }
 
 type Out = Vec<PlanCommand>;
@@ -184,6 +205,7 @@ impl Planner {
         fields: Arc<Map<String, Value>>,
         cap: usize,
     ) -> Planner {
+        let names = pipeline_names(&pipeline);
         Planner {
             pipeline,
             run_id,
@@ -199,6 +221,8 @@ impl Planner {
             groups: Vec::new(),
             usage: Usage::default(),
             observed: true,
+            names,
+            no_upstream: Arc::default(),
         }
     }
 
@@ -274,9 +298,9 @@ impl Planner {
         slot: Arc<BTreeMap<String, Arc<StageResult>>>,
         item: Option<Value>,
     ) -> Arc<StageContext> {
-        let name = match self.pipeline.stage(stage).map(|s| &s.kind) {
-            Some(StageKind::Llm(def)) => def.name.clone(),
-            _ => stage.to_owned(),
+        let (stage_id, name) = match self.names.get(stage) {
+            Some((id, name)) => (Arc::clone(id), Arc::clone(name)),
+            None => (stage.into(), stage.into()),
         };
         Arc::new(StageContext {
             fields: Arc::clone(&self.fields),
@@ -286,7 +310,7 @@ impl Planner {
             stage_execution_id: stage_execution_id(&self.run_id, stage, index, visit).into(),
             item,
             index,
-            stage_id: stage.into(),
+            stage_id,
             stage_name: name,
         })
     }
@@ -498,7 +522,8 @@ impl Planner {
         };
         let visit = g.visit;
         let slot = Arc::clone(&g.slot);
-        let ctx = self.context(&stage, index, visit, Arc::new(Vec::new()), slot, item);
+        let no_upstream = Arc::clone(&self.no_upstream);
+        let ctx = self.context(&stage, index, visit, no_upstream, slot, item);
         self.spawn(Exec::Unit(unit), &stage, ctx, index, visit, out);
     }
 

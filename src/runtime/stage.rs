@@ -141,8 +141,9 @@ pub struct Progress {
     pub attempt: u32,
     pub turn: u32,
     pub tool_calls: Vec<(String, String)>,
-    /// One-shot grant tokens of this execution; they die with it.
-    pub grants: Rc<RefCell<GrantLedger>>,
+    /// One-shot grant tokens of this execution; they die with it. Made on
+    /// the first call outside `allowedTools`: most executions never have one.
+    pub grants: Option<Rc<RefCell<GrantLedger>>>,
     /// Whether this execution ever put a call to the interactors, so a
     /// cancelled one that never did has no prompts to withdraw.
     pub raised: bool,
@@ -1034,8 +1035,12 @@ impl StageRun {
             return Ok(args);
         }
         let (attempt, turn, ledger) = {
-            let p = progress.borrow();
-            (p.attempt, p.turn, Rc::clone(&p.grants))
+            let mut p = progress.borrow_mut();
+            (
+                p.attempt,
+                p.turn,
+                Rc::clone(p.grants.get_or_insert_default()),
+            )
         };
         let request = GrantRequest {
             workflow_run_id: self.ctx.workflow_run_id.to_string(),
