@@ -60,7 +60,8 @@ pub enum PlanEvent {
 #[derive(Debug)]
 pub struct Spawn {
     pub exec: Exec,
-    pub stage: Stage,
+    /// Shared by every execution of the stage.
+    pub stage: Arc<Stage>,
     pub ctx: Arc<StageContext>,
     pub index: Option<usize>,
     pub visit: u32,
@@ -72,9 +73,16 @@ pub struct Spawn {
     pub sibling: bool,
 }
 
-/// Each stage's id and the name `{{stage.name}}` shows (an LLM stage's
-/// `name`, else its id).
-fn pipeline_names(pipeline: &Pipeline) -> HashMap<String, (Arc<str>, Arc<str>)> {
+/// A stage as its executions share it.
+#[derive(Debug)]
+struct Shared {
+    stage: Arc<Stage>,
+    id: Arc<str>,
+    /// What `{{stage.name}}` shows: an LLM stage's `name`, else its id.
+    name: Arc<str>,
+}
+
+fn shared_stages(pipeline: &Pipeline) -> HashMap<String, Shared> {
     pipeline
         .stages
         .iter()
@@ -83,7 +91,12 @@ fn pipeline_names(pipeline: &Pipeline) -> HashMap<String, (Arc<str>, Arc<str>)> 
                 StageKind::Llm(def) => def.name.as_str().into(),
                 _ => stage.id.as_str().into(),
             };
-            (stage.id.clone(), (stage.id.as_str().into(), name))
+            let shared = Shared {
+                stage: Arc::new(stage.clone()),
+                id: stage.id.as_str().into(),
+                name,
+            };
+            (stage.id.clone(), shared)
         })
         .collect()
 }
@@ -189,9 +202,9 @@ pub struct Planner {
     /// Whether anyone receives observer events; `Progress` is only built
     /// when someone does.
     observed: bool,
-    /// Every stage's id and display name, shared by its executions'
-    /// contexts instead of copied into each.
-    names: HashMap<String, (Arc<str>, Arc<str>)>,
+    /// Every stage, its id and its display name, shared by its executions
+    /// instead of copied into each.
+    stages: HashMap<String, Shared>,
     /// The upstream of a sibling: none, shared.
     no_upstream: Arc<Vec<Arc<StageResult>>>,
 }
@@ -205,7 +218,7 @@ impl Planner {
         fields: Arc<Map<String, Value>>,
         cap: usize,
     ) -> Planner {
-        let names = pipeline_names(&pipeline);
+        let stages = shared_stages(&pipeline);
         Planner {
             pipeline,
             run_id,
@@ -221,7 +234,7 @@ impl Planner {
             groups: Vec::new(),
             usage: Usage::default(),
             observed: true,
-            names,
+            stages,
             no_upstream: Arc::default(),
         }
     }
@@ -298,8 +311,8 @@ impl Planner {
         slot: Arc<BTreeMap<String, Arc<StageResult>>>,
         item: Option<Value>,
     ) -> Arc<StageContext> {
-        let (stage_id, name) = match self.names.get(stage) {
-            Some((id, name)) => (Arc::clone(id), Arc::clone(name)),
+        let (stage_id, name) = match self.stages.get(stage) {
+            Some(shared) => (Arc::clone(&shared.id), Arc::clone(&shared.name)),
             None => (stage.into(), stage.into()),
         };
         Arc::new(StageContext {
@@ -326,12 +339,12 @@ impl Planner {
         visit: u32,
         out: &mut Out,
     ) {
-        match self.pipeline.stage(stage_id) {
-            Some(stage) => {
+        match self.stages.get(stage_id) {
+            Some(shared) => {
                 let sibling = matches!((&exec, &self.current), (Exec::Unit(_), Current::Group(_)));
                 out.push(PlanCommand::Spawn(Box::new(Spawn {
                     exec,
-                    stage: stage.clone(),
+                    stage: Arc::clone(&shared.stage),
                     ctx,
                     index,
                     visit,

@@ -114,7 +114,7 @@ fn jitter(d: Duration) -> Duration {
 #[derive(Debug, Clone)]
 pub struct StageRun {
     pub pipeline: Arc<Pipeline>,
-    pub stage: Stage,
+    pub stage: Arc<Stage>,
     pub ctx: Arc<StageContext>,
     pub provider: Arc<dyn Provider>,
     pub bus: EventBus<Event>,
