@@ -768,9 +768,11 @@ impl StageRun {
                 Err((code, message)) => return ActEnd::Failed(code, message),
             }
             usage.add(response.usage);
-            let calls = response.tool_calls.clone();
+            // The response is used up here: its calls go to the transcript,
+            // and one copy stays to run them.
+            let calls = std::mem::take(&mut response.tool_calls);
             transcript.push(Message::Assistant {
-                content: response.text.clone(),
+                content: response.text.take(),
                 tool_calls: calls.clone(),
             });
             if calls.is_empty() {
