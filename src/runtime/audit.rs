@@ -51,7 +51,7 @@ pub fn start_audit_log(bus: &EventBus<Event>, path: &Path) -> io::Result<Sink> {
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
     let handle = std::thread::Builder::new()
         .name("troupe-audit".into())
-        .spawn(move || write_lines(sub, file))?;
+        .spawn(move || write_lines(sub, file, PACE))?;
     Ok(Sink {
         handle,
         path: Some(path.to_owned()),
@@ -66,7 +66,7 @@ pub fn start_event_stream<W: Write + Send + 'static>(
     let sub = bus.subscribe("events-stream", STREAM_QUEUE);
     let handle = std::thread::Builder::new()
         .name("troupe-events".into())
-        .spawn(move || write_lines(sub, out))?;
+        .spawn(move || write_lines(sub, out, PACE))?;
     Ok(Sink::from_thread(handle))
 }
 
@@ -80,7 +80,29 @@ const FLUSH_LINGER: Duration = Duration::from_millis(5);
 /// [`FLUSH_LINGER`]).
 const BATCH: usize = 64 * 1024;
 
-fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64> {
+/// How a sink waits for events.
+///
+/// While events keep coming, an empty queue is looked at again after
+/// `poll` instead of being waited on: a writer parked on the channel must
+/// be woken by the publisher that fills it, a futex call on the actor
+/// thread for nearly every event when the writer keeps up (BENCHMARKS.md).
+/// A sleeping writer is never woken; it finds a burst when it looks again.
+/// After `idle_polls` empty looks in a row the writer blocks on the channel
+/// until the next event, so an idle run (a model thinking for a minute)
+/// costs nothing.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    poll: Duration,
+    idle_polls: u32,
+}
+
+/// 200 µs between looks, blocking after about 5 ms with nothing to write.
+const PACE: Pace = Pace {
+    poll: Duration::from_micros(200),
+    idle_polls: 25,
+};
+
+fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W, pace: Pace) -> io::Result<u64> {
     let rx = sub.receiver();
     let mut lines = 0u64;
     // Lines formatted but not yet written; formatted in place, so each
@@ -88,12 +110,22 @@ fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64
     let mut pending = Vec::with_capacity(BATCH + 4096);
     // When the oldest pending line must be written by.
     let mut flush_by: Option<Instant> = None;
+    let mut idle = 0u32;
     loop {
         // What is queued is taken without reading the clock; the clock and
         // the deadline matter only when the queue runs dry.
         let delivery = match rx.try_recv() {
             Ok(d) => d,
             Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) if idle < pace.idle_polls => {
+                idle += 1;
+                if flush_by.is_some_and(|deadline| Instant::now() >= deadline) {
+                    write_out(&mut out, &mut pending)?;
+                    flush_by = None;
+                }
+                std::thread::sleep(pace.poll);
+                continue;
+            }
             Err(TryRecvError::Empty) => {
                 let next = match flush_by {
                     Some(deadline) => rx.recv_deadline(deadline),
@@ -110,6 +142,7 @@ fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W) -> io::Result<u64
                 }
             }
         };
+        idle = 0;
         match delivery {
             Delivery::Event(env) => env.event.write_json(env.seq, &mut pending),
             Delivery::Lagged { dropped } => serde_json::to_writer(
@@ -142,4 +175,58 @@ fn write_out<W: Write>(out: &mut W, pending: &mut Vec<u8>) -> io::Result<()> {
     out.write_all(pending)?;
     pending.clear();
     out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::runtime::events::EventName;
+
+    /// Publishes `n` events from another thread while the writer runs
+    /// with `pace`, then closes the bus; returns what was written.
+    fn written(pace: Pace, n: u64) -> (u64, Vec<u64>) {
+        let bus: EventBus<Event> = EventBus::new();
+        let sub = bus.subscribe_audit("audit-log", 16);
+        let writer = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let lines = write_lines(sub, &mut out, pace).expect("writes to memory");
+            (lines, out)
+        });
+        let run: Arc<str> = Arc::from("run");
+        for i in 0..n {
+            bus.publish(Event::new(EventName::StageEntered, Arc::clone(&run)).with("visit", i));
+        }
+        bus.close();
+        let (lines, out) = writer.join().expect("the writer ends when the bus closes");
+        let visits = out
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_slice(l).expect("a JSON line");
+                v["visit"].as_u64().expect("visit")
+            })
+            .collect();
+        (lines, visits)
+    }
+
+    #[test]
+    fn every_event_is_written_in_order_whether_the_writer_sleeps_or_blocks() {
+        let all: Vec<u64> = (0..500).collect();
+        // Never blocks: looks again after a sleep, even when idle.
+        let polling = Pace {
+            poll: Duration::from_micros(50),
+            idle_polls: u32::MAX,
+        };
+        // Blocks on the channel as soon as the queue is empty.
+        let blocking = Pace {
+            poll: Duration::from_micros(50),
+            idle_polls: 0,
+        };
+        // A queue of 16 also makes the publisher wait for the writer.
+        for pace in [polling, blocking, PACE] {
+            assert_eq!(written(pace, 500), (500, all.clone()), "{pace:?}");
+        }
+    }
 }
