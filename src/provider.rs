@@ -109,7 +109,8 @@ impl HasCode for ProviderError {
 
 /// A model backend.
 pub trait Provider: Send + Sync + std::fmt::Debug {
-    fn name(&self) -> &str;
+    /// Recorded in every `ProviderRequestStarted`.
+    fn name(&self) -> &'static str;
     fn complete(
         &self,
         request: ModelRequest,

@@ -280,6 +280,34 @@ fn acceptance_24_fail_fast_cancels_running_siblings_and_drops_their_requests() {
 }
 
 #[test]
+fn fail_fast_records_every_cancellation_before_it_tears_any_sibling_down() {
+    // Twenty siblings hold a model request for 100 ms; worker#7 fails at
+    // 10 ms. Every other sibling's StageCancelled must be published before
+    // any of their in-flight requests is dropped: the record is the cheap
+    // part of a cancellation, and the teardown of thousands of siblings
+    // must not delay the last record (BENCHMARKS.md, cancel latency).
+    let worker = "  worker:\n    - { tool: Echo, args: { text: hi }, latency: 100ms }\n    - complete: { ok: true }\n  \"worker#7\":\n    - { fail: terminal, latency: 10ms }\n";
+    let out = run(map_fixture(20, 20, worker).path(), Opts::default());
+    assert!(matches!(out.report.status, RunStatus::Failed { .. }));
+    let cancels: Vec<u64> = out
+        .named("StageCancelled")
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(cancels.len(), 19);
+    let last_cancel = *cancels.iter().max().unwrap();
+    let dropped_after = out.provider.dropped_after.lock().unwrap().clone();
+    assert_eq!(dropped_after.len(), 19, "every held request is dropped");
+    for seq in dropped_after {
+        assert!(
+            seq >= last_cancel,
+            "a request was dropped after event {seq}, before the last StageCancelled ({last_cancel})"
+        );
+    }
+    check_invariants(&out, 20);
+}
+
+#[test]
 fn fail_fast_stops_siblings_at_the_failing_exit_not_when_the_report_is_read() {
     // Fifty siblings whose first turns all end at the same instant; the
     // middle one fails there. Whatever order the others are woken in, none

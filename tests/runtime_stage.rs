@@ -95,7 +95,7 @@ fn acceptance_11_schema_failure_returns_as_tool_result_then_valid_completion_end
             tool_call_id,
             content,
         } => {
-            assert_eq!(tool_call_id, "call_1_0");
+            assert_eq!(&**tool_call_id, "call_1_0");
             assert!(
                 content.contains("Validation/CompletionSchemaMismatch")
                     && content.contains("/summary"),

@@ -242,6 +242,14 @@ impl<E: BusEvent> EventBus<E> {
         self.shared.observers.load(Ordering::Relaxed) > 0
     }
 
+    /// The sequence number of the last event published, 0 before the
+    /// first. Publishing is synchronous, so a caller on the publishing
+    /// thread can place what it does between two events.
+    #[must_use]
+    pub fn last_seq(&self) -> u64 {
+        self.lock().next_seq - 1
+    }
+
     /// Whether [`EventBus::close`] was called.
     #[must_use]
     pub fn is_closed(&self) -> bool {
@@ -443,6 +451,8 @@ mod tests {
             .map(|ev| bus.publish(ev).unwrap())
             .collect();
         assert_eq!(seqs, vec![1, 2, 3, 4]);
+        assert_eq!(bus.last_seq(), 4);
+        assert_eq!(EventBus::<Ev>::new().last_seq(), 0);
         drop(bus);
         let got: Vec<(u64, u32)> = sub
             .iter()

@@ -216,7 +216,7 @@ struct Held {
 }
 
 impl Provider for Held {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         "scripted-held"
     }
 

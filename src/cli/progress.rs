@@ -61,10 +61,12 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                 let e = &env.event;
                 match e.name {
                     EventName::SessionTurnStart
-                        if e.field("execution").and_then(|v| v.as_str()) == Some("parallel") =>
+                        if e.field("execution").as_ref().and_then(|v| v.as_str())
+                            == Some("parallel") =>
                     {
                         let width = e
                             .field("width")
+                            .as_ref()
                             .and_then(serde_json::Value::as_u64)
                             .unwrap_or(0);
                         let pb = ProgressBar::with_draw_target(
@@ -72,8 +74,9 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                             ProgressDrawTarget::stderr(),
                         );
                         pb.set_style(style.clone());
-                        let stages: Vec<&str> = e
-                            .field("stages")
+                        let stages = e.field("stages");
+                        let stages: Vec<&str> = stages
+                            .as_ref()
                             .and_then(|v| v.as_array())
                             .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
                             .unwrap_or_default();
@@ -88,8 +91,8 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                     }
                     // A request waiting for (or getting) a provider slot.
                     EventName::Progress if e.field("providerSlot").is_some() => {
-                        let waiting =
-                            e.field("providerSlot").and_then(|v| v.as_str()) == Some("waiting");
+                        let waiting = e.field("providerSlot").as_ref().and_then(|v| v.as_str())
+                            == Some("waiting");
                         if let Some((pb, c)) = &mut bar {
                             if waiting {
                                 c.provider_waiting += 1;
@@ -104,7 +107,10 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                     EventName::Progress => {
                         if let Some((pb, c)) = &mut bar {
                             let n = |k: &str| {
-                                e.field(k).and_then(serde_json::Value::as_u64).unwrap_or(0)
+                                e.field(k)
+                                    .as_ref()
+                                    .and_then(serde_json::Value::as_u64)
+                                    .unwrap_or(0)
                             };
                             c.done = n("done");
                             c.running = n("running");

@@ -206,8 +206,8 @@ fn render(
         .and_then(|s| locate(s, position).0);
     let resolve = |path: &[crate::definition::template::Segment]| req.ctx.resolve(path);
     let call = |i: usize, name: &str, args: serde_json::Value| ToolCall {
-        id: format!("call_{}_{i}", position + 1),
-        name: name.to_owned(),
+        id: format!("call_{}_{i}", position + 1).into(),
+        name: name.into(),
         arguments: args.to_string(),
     };
     let mut response = ModelResponse::default();
@@ -328,7 +328,7 @@ fn estimate_usage(messages: &[Message], response: &ModelResponse) -> Usage {
 }
 
 impl Provider for ScriptedProvider {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         "scripted"
     }
 

@@ -9,6 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 use troupe_actors::{BusEvent, EventClass};
 
+use super::result::Usage;
+
 /// Every event name the runtime emits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventName {
@@ -135,8 +137,80 @@ pub struct Event {
     pub tool: Option<Arc<str>>,
     /// The event's own fields, in insertion order; a key set twice keeps
     /// its first position and its last value.
-    fields: Vec<(&'static str, Value)>,
+    fields: Vec<(&'static str, FieldValue)>,
 }
+
+/// An event field's value. Most of what the runtime records is a name it
+/// knows statically (`"ok"`, `"Act"`, `"allowedTools"`), a string it
+/// already shares, a count, or a stage's usage: those are kept as they are
+/// and written straight to JSON, so building an event allocates no
+/// strings or maps for them — a `serde_json::Value` would (BENCHMARKS.md).
+#[derive(Debug, Clone, PartialEq)]
+pub enum FieldValue {
+    Static(&'static str),
+    Shared(Arc<str>),
+    Usage(Usage),
+    Json(Value),
+}
+
+impl FieldValue {
+    /// The value as JSON.
+    pub fn to_value(&self) -> Value {
+        match self {
+            FieldValue::Static(s) => Value::from(*s),
+            FieldValue::Shared(s) => Value::from(&**s),
+            FieldValue::Usage(u) => serde_json::to_value(u).unwrap_or(Value::Null),
+            FieldValue::Json(v) => v.clone(),
+        }
+    }
+
+    fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            FieldValue::Static(s) => write_json_str(out, s),
+            FieldValue::Shared(s) => write_json_str(out, s),
+            // Writing a plain struct into a Vec cannot fail.
+            FieldValue::Usage(u) => {
+                let _ = serde_json::to_writer(&mut *out, u);
+            }
+            FieldValue::Json(v) => write_json_value(out, v),
+        }
+    }
+}
+
+impl From<&str> for FieldValue {
+    fn from(s: &str) -> Self {
+        FieldValue::Json(Value::from(s))
+    }
+}
+
+impl From<Arc<str>> for FieldValue {
+    fn from(s: Arc<str>) -> Self {
+        FieldValue::Shared(s)
+    }
+}
+
+impl From<Usage> for FieldValue {
+    fn from(u: Usage) -> Self {
+        FieldValue::Usage(u)
+    }
+}
+
+impl From<Value> for FieldValue {
+    fn from(v: Value) -> Self {
+        FieldValue::Json(v)
+    }
+}
+
+macro_rules! json_field_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for FieldValue {
+            fn from(v: $t) -> Self {
+                FieldValue::Json(Value::from(v))
+            }
+        }
+    )*};
+}
+json_field_from!(String, bool, i32, u32, u64, usize, i64, Vec<Value>);
 
 impl BusEvent for Event {
     fn class(&self) -> EventClass {
@@ -182,25 +256,39 @@ impl Event {
     /// in and out of every call, and those copies were half of building
     /// a `StageCancelled` in the cancel profile (BENCHMARKS.md).
     #[inline(always)]
-    pub fn with(mut self, key: &'static str, value: impl Into<Value>) -> Event {
+    pub fn with(mut self, key: &'static str, value: impl Into<FieldValue>) -> Event {
         self.set(key, value.into());
         self
     }
 
+    /// [`Event::with`] for a name known when the program is built: kept
+    /// as the `&'static str` it is, where `with` would copy it into a
+    /// fresh `String`.
+    #[inline(always)]
+    pub fn with_static(mut self, key: &'static str, value: &'static str) -> Event {
+        self.set(key, FieldValue::Static(value));
+        self
+    }
+
     /// [`Event::with`] in place.
-    pub fn set(&mut self, key: &'static str, value: Value) {
+    pub fn set(&mut self, key: &'static str, value: FieldValue) {
         match self.fields.iter_mut().find(|(k, _)| *k == key) {
             Some((_, slot)) => *slot = value,
             None => self.fields.push((key, value)),
         }
     }
 
-    pub fn field(&self, key: &str) -> Option<&Value> {
+    /// A field's value as JSON.
+    pub fn field(&self, key: &str) -> Option<Value> {
+        self.field_value(key).map(FieldValue::to_value)
+    }
+
+    pub fn field_value(&self, key: &str) -> Option<&FieldValue> {
         self.fields.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
     /// The event's own fields, in order.
-    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &Value)> {
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &FieldValue)> {
         self.fields.iter().map(|(k, v)| (*k, v))
     }
 
@@ -221,7 +309,7 @@ impl Event {
             obj.insert("tool".into(), Value::from(&**v));
         }
         for (k, v) in &self.fields {
-            obj.insert((*k).to_owned(), v.clone());
+            obj.insert((*k).to_owned(), v.to_value());
         }
         Value::Object(obj)
     }
@@ -270,8 +358,8 @@ impl Event {
             key(out, k);
             // A field named like a head key replaces that key's value in
             // place (as the map insert in `to_json` does).
-            match (self.field(k), head) {
-                (Some(v), _) => write_json_value(out, v),
+            match (self.field_value(k), head) {
+                (Some(v), _) => v.write_json(out),
                 (None, Head::Number(n)) => write_u64(out, *n),
                 (None, Head::Text(t)) => write_json_str(out, t),
             }
@@ -283,7 +371,7 @@ impl Event {
                 .any(|(h, head)| head.is_some() && h == k);
             if !written {
                 key(out, k);
-                write_json_value(out, v);
+                v.write_json(out);
             }
         }
         out.push(b'}');
@@ -572,7 +660,25 @@ mod tests {
                 "nested",
                 serde_json::json!({"k\"ey": ["\u{0}", -3, 1.5e300, 0.1, u64::MAX, i64::MIN, true, {}], "": []}),
             );
-        for (i, e) in [plain, full, clash, awkward].iter().enumerate() {
+        // Values kept without a JSON value: static names, shared strings
+        // (escaped like any other), usage counts.
+        let typed = Event::new(EventName::StageExited, "run")
+            .with_static("verdict", "ok")
+            .with("reason", Arc::<str>::from("sibling \"w#1\"\n failed"))
+            .with(
+                "usage",
+                Usage {
+                    prompt_tokens: 12,
+                    completion_tokens: 3,
+                    requests: 2,
+                },
+            );
+        assert_eq!(typed.field("verdict"), Some(serde_json::json!("ok")));
+        assert_eq!(
+            typed.field("usage"),
+            Some(serde_json::json!({"promptTokens": 12, "completionTokens": 3, "requests": 2}))
+        );
+        for (i, e) in [plain, full, clash, awkward, typed].iter().enumerate() {
             let mut fast = Vec::new();
             e.write_json(i as u64 + 1, &mut fast);
             let slow = serde_json::to_vec(&e.to_json(i as u64 + 1)).unwrap();

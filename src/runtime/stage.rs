@@ -140,7 +140,7 @@ pub struct Progress {
     pub phase: &'static str,
     pub attempt: u32,
     pub turn: u32,
-    pub tool_calls: Vec<(String, String)>,
+    pub tool_calls: Vec<(Arc<str>, Arc<str>)>,
     /// One-shot grant tokens of this execution; they die with it. Made on
     /// the first call outside `allowedTools`: most executions never have one.
     pub grants: Option<Rc<RefCell<GrantLedger>>>,
@@ -236,7 +236,7 @@ impl StageRun {
         } else {
             EventName::StagePostFired
         };
-        self.emit(self.event(name).with("phase", phase));
+        self.emit(self.event(name).with_static("phase", phase));
     }
 
     /// Runs the hooks of `slot` on `payload` (the common fields are added
@@ -321,7 +321,7 @@ impl StageRun {
     pub fn enter(&self) {
         let mut entered = self
             .event(EventName::StageEntered)
-            .with("kind", self.stage.kind.kind_name())
+            .with_static("kind", self.stage.kind.kind_name())
             .with("visit", self.visit);
         if let Some(i) = self.index {
             entered = entered.with("index", i);
@@ -382,10 +382,10 @@ impl StageRun {
         });
         let mut exited = self
             .event(EventName::StageExited)
-            .with("verdict", verdict.as_str())
+            .with_static("verdict", verdict.as_str())
             .with("capHit", cap_hit)
             .with("attemptCount", attempts)
-            .with("usage", serde_json::to_value(usage).unwrap_or(Value::Null));
+            .with("usage", usage);
         if let Some(r) = &result.reason {
             exited = exited.with("reason", r.as_str());
         }
@@ -549,7 +549,7 @@ impl StageRun {
             };
             let mut outcome = self
                 .event(EventName::StageAssertOutcome)
-                .with("verdict", verdict)
+                .with_static("verdict", verdict)
                 .with("attempt", attempt)
                 .with("capHit", cap_hit);
             if let Some(r) = &reason {
@@ -630,7 +630,7 @@ impl StageRun {
             self.phase(progress, "CheckGate", true);
             self.emit(
                 self.event(EventName::StageCheckGateResult)
-                    .with("outcome", "proceed")
+                    .with_static("outcome", "proceed")
                     .with("check", 1),
             );
             self.phase(progress, "CheckGate", false);
@@ -849,7 +849,7 @@ impl StageRun {
         loop {
             self.emit(
                 self.event(EventName::ProviderRequestStarted)
-                    .with("provider", self.provider.name())
+                    .with_static("provider", self.provider.name())
                     .with("turn", turn)
                     .with("try", retry + 1),
             );
@@ -859,10 +859,7 @@ impl StageRun {
                         self.event(EventName::ProviderRequestCompleted)
                             .with("turn", turn)
                             .with("toolCalls", response.tool_calls.len())
-                            .with(
-                                "usage",
-                                serde_json::to_value(response.usage).unwrap_or(Value::Null),
-                            ),
+                            .with("usage", response.usage),
                     );
                     return Ok(response);
                 }
@@ -940,8 +937,8 @@ impl StageRun {
 
     fn tool_event(&self, name: EventName, call: &ToolCall) -> Event {
         self.event(name)
-            .tool(call.name.as_str())
-            .with("callId", call.id.as_str())
+            .tool(Arc::clone(&call.name))
+            .with("callId", Arc::clone(&call.id))
     }
 
     /// The authority stack for one proposed call (SPEC §5): the arguments
@@ -1029,10 +1026,10 @@ impl StageRun {
                 format!("there is no tool `{}`", call.name),
             ));
         }
-        if def.allowed_tools.contains(&call.name) {
+        if def.allowed_tools.iter().any(|t| **t == *call.name) {
             self.emit(
                 self.tool_event(EventName::ToolCallApproved, call)
-                    .with("by", "allowedTools"),
+                    .with_static("by", "allowedTools"),
             );
             return Ok(args);
         }
@@ -1050,7 +1047,7 @@ impl StageRun {
             stage_id: self.stage.id.clone(),
             attempt,
             proposal_id: format!("{}#a{attempt}t{turn}c{index}", self.ctx.stage_execution_id),
-            tool: call.name.clone(),
+            tool: call.name.to_string(),
             args_digest: args_digest(&args),
             args_summary: args_summary(&args),
         };
@@ -1093,7 +1090,7 @@ impl StageRun {
                 ledger.mint(&request);
                 self.emit(
                     self.event(EventName::StageGranted)
-                        .tool(call.name.as_str())
+                        .tool(Arc::clone(&call.name))
                         .with("proposalId", request.proposal_id.as_str())
                         .with("argsDigest", request.args_digest.as_str())
                         .with("by", by.as_str()),
@@ -1147,7 +1144,7 @@ impl StageRun {
         let actor = ToolCallActor.start();
         let outcome = actor
             .send(RunTool {
-                name: call.name.clone(),
+                name: Arc::clone(&call.name),
                 args,
                 env: crate::tools::ToolEnv::new(self.settings.root.clone()),
                 cancel: self.cancel.child_token(),
@@ -1193,7 +1190,7 @@ impl StageRun {
             if phase == "CheckGate" {
                 self.emit(
                     self.event(EventName::StageCheckGateResult)
-                        .with("outcome", "proceed")
+                        .with_static("outcome", "proceed")
                         .with("check", 1),
                 );
             }
@@ -1259,7 +1256,7 @@ impl StageRun {
         };
         let mut ev = self
             .event(EventName::StageAssertOutcome)
-            .with("verdict", verdict.as_str())
+            .with_static("verdict", verdict.as_str())
             .with("attempt", 1);
         if let Some(r) = &reason {
             ev = ev.with("reason", r.as_str());

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use troupe_actors::EventBus;
 
-use super::events::{Event, EventName};
+use super::events::{Event, EventName, FieldValue};
 use super::interaction::{InteractionHub, WithdrawOwner};
 use super::planner::{TURN_CANCELLED, sibling_failed_reason, sibling_label};
 use super::result::{StageResult, Usage, Verdict};
@@ -65,7 +65,7 @@ pub struct StartRequest {
 pub struct FailFast {
     token: tokio_util::sync::CancellationToken,
     /// The cancellation reason, set by the first sibling that trips it.
-    tripped_by: Arc<std::sync::OnceLock<String>>,
+    tripped_by: Arc<std::sync::OnceLock<Arc<str>>>,
 }
 
 impl FailFast {
@@ -83,13 +83,14 @@ impl FailFast {
 
     /// The first failing sibling trips the group; later calls change nothing.
     pub fn trip(&self, sibling: &str) {
-        let _ = self.tripped_by.set(sibling_failed_reason(sibling));
+        let _ = self.tripped_by.set(sibling_failed_reason(sibling).into());
         self.token.cancel();
     }
 
-    /// The `StageCancelled` reason once tripped.
-    pub fn reason(&self) -> Option<&str> {
-        self.tripped_by.get().map(String::as_str)
+    /// The `StageCancelled` reason once tripped, shared by every sibling's
+    /// record.
+    pub fn reason(&self) -> Option<&Arc<str>> {
+        self.tripped_by.get()
     }
 }
 
@@ -112,6 +113,8 @@ pub struct StageActor {
     /// For siblings: the index of a map sibling.
     index: Option<usize>,
     started: bool,
+    /// `StageCancelled` is recorded (the teardown may still be pending).
+    cancel_recorded: bool,
     reported: bool,
 }
 
@@ -146,6 +149,7 @@ impl StageActor {
             cancel: run.cancel.clone(),
             hub: run.hub.clone(),
             started: false,
+            cancel_recorded: false,
             reported: false,
             run: Some(run),
         }
@@ -182,33 +186,86 @@ impl StageActor {
         run.enter();
         self.started = true;
         let progress = Rc::clone(&self.progress);
-        let cancelled = self.cancel.clone().cancelled_owned();
-        let execute = AssertUnwindSafe(run.execute(progress)).catch_unwind();
+        let token = self.cancel.clone();
+        // Boxed so that a cancelled execution can be handed back alive and
+        // dropped later (below), and so the wrappers around it move a
+        // pointer, not the whole state machine.
+        let mut execute = Box::pin(AssertUnwindSafe(run.execute(progress)).catch_unwind());
         // The token is checked first on every poll: once it is cancelled the
-        // execution is dropped wherever it waits, and Exit never runs. Exit
-        // itself has no await, so an execution that reached it completes in
-        // the same poll and is never reported as both.
-        let fut = async move {
-            tokio::select! {
-                biased;
-                () = cancelled => None,
-                result = execute => Some(result),
-            }
+        // execution is never polled again, wherever it waits, and Exit never
+        // runs. Exit itself has no await, so an execution that reached it
+        // completes in the same poll and is never reported as both.
+        let race = async move {
+            let cancelled = token.cancelled_owned();
+            let finished = {
+                let mut cancelled = std::pin::pin!(cancelled);
+                tokio::select! {
+                    biased;
+                    () = &mut cancelled => None,
+                    result = &mut execute => Some(result),
+                }
+            };
+            finished.ok_or(execute)
         };
-        ctx.spawn(fut.into_actor(self).map(|result, act, ctx| {
-            let Some(result) = result else {
-                // Strictly cancelled through the token tree: `stopped`
-                // records StageCancelled.
+        ctx.spawn(race.into_actor(self).map(|raced, act, ctx| match raced {
+            Ok(result) => {
+                let exited = match result {
+                    Ok(exited) => exited,
+                    Err(panic) => act.panicked(panic_message(&*panic)),
+                };
+                act.report_exited(exited);
                 ctx.stop();
-                return;
-            };
-            let exited = match result {
-                Ok(exited) => exited,
-                Err(panic) => act.panicked(panic_message(&*panic)),
-            };
-            act.report_exited(exited);
-            ctx.stop();
+            }
+            Err(execution) => {
+                // Strictly cancelled through the token tree. Record it now,
+                // then let every other execution woken by the same cancel
+                // record its own before this one is torn down: dropping
+                // what it held (transcript, request, tool call) and
+                // stopping the actor cost more than the record, and done
+                // inline they would delay the last sibling's record by
+                // the teardown of all the others (BENCHMARKS.md). The
+                // execution is never polled again either way.
+                act.record_cancelled();
+                ctx.spawn(
+                    async move {
+                        tokio::task::yield_now().await;
+                        drop(execution);
+                    }
+                    .into_actor(act)
+                    .map(|(), _act, ctx| ctx.stop()),
+                );
+            }
         }));
+    }
+
+    /// Records `StageCancelled` (and `ToolInvocationCancelled` for each call
+    /// in flight) once, with the phase, attempt and turn it was in.
+    fn record_cancelled(&mut self) {
+        if std::mem::replace(&mut self.cancel_recorded, true) {
+            return;
+        }
+        let progress = self.progress.borrow();
+        let reason = match self.fail_fast.as_ref().and_then(FailFast::reason) {
+            Some(tripped) => FieldValue::Shared(Arc::clone(tripped)),
+            None => FieldValue::Static(TURN_CANCELLED),
+        };
+        let mut calls = Vec::with_capacity(progress.tool_calls.len());
+        for (id, name) in &progress.tool_calls {
+            self.bus.publish(
+                self.event(EventName::ToolInvocationCancelled)
+                    .tool(Arc::clone(name))
+                    .with("callId", Arc::clone(id)),
+            );
+            calls.push(json!({"callId": &**id, "tool": &**name}));
+        }
+        self.bus.publish(
+            self.event(EventName::StageCancelled)
+                .with("reason", reason)
+                .with_static("phase", progress.phase)
+                .with("attempt", progress.attempt)
+                .with("turn", progress.turn)
+                .with("toolCalls", calls),
+        );
     }
 
     /// Reports a completed execution; a failed sibling first trips its
@@ -293,30 +350,9 @@ impl Actor for StageActor {
             return;
         }
         if self.started {
-            let progress = self.progress.borrow();
-            let reason = self
-                .fail_fast
-                .as_ref()
-                .and_then(FailFast::reason)
-                .unwrap_or(TURN_CANCELLED);
-            let mut calls = Vec::with_capacity(progress.tool_calls.len());
-            for (id, name) in &progress.tool_calls {
-                self.bus.publish(
-                    self.event(EventName::ToolInvocationCancelled)
-                        .tool(name.as_str())
-                        .with("callId", id.as_str()),
-                );
-                calls.push(json!({"callId": id, "tool": name}));
-            }
-            self.bus.publish(
-                self.event(EventName::StageCancelled)
-                    .with("reason", reason)
-                    .with("phase", progress.phase)
-                    .with("attempt", progress.attempt)
-                    .with("turn", progress.turn)
-                    .with("toolCalls", calls),
-            );
-            drop(progress);
+            // Usually recorded already, when the token fired; not when the
+            // actor was stopped from outside (the system shutting down).
+            self.record_cancelled();
             self.send_report(StageOutcome::Cancelled);
         } else {
             self.send_report(StageOutcome::Withdrawn);

@@ -3,6 +3,7 @@
 //! child processes) and the call is recorded as cancelled.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use actix::prelude::*;
 use futures::FutureExt;
@@ -23,7 +24,7 @@ impl Actor for ToolCallActor {
 /// The request to a tool-call actor.
 #[derive(Debug)]
 pub struct RunTool {
-    pub name: String,
+    pub name: Arc<str>,
     pub args: Value,
     /// The root the call is confined to, and its caps.
     pub env: ToolEnv,
@@ -46,6 +47,21 @@ impl Handler<RunTool> for ToolCallActor {
     type Result = ResponseActFuture<Self, ToolOutcome>;
 
     fn handle(&mut self, msg: RunTool, _ctx: &mut Context<Self>) -> Self::Result {
+        // Cancelled before it ran (fail-fast tripped while the call waited
+        // for its actor to be polled): nothing is run.
+        // Its teardown waits a turn of the run queue: a fail-fast cancels
+        // thousands of calls at once, and their stage executions record
+        // their cancellation first.
+        if msg.cancel.is_cancelled() {
+            return Box::pin(
+                tokio::task::yield_now()
+                    .into_actor(self)
+                    .map(|(), _act, ctx| {
+                        ctx.stop();
+                        ToolOutcome::Cancelled
+                    }),
+            );
+        }
         let fut = async move {
             let run = AssertUnwindSafe(execute(&msg.env, &msg.name, &msg.args, &msg.cancel))
                 .catch_unwind();
@@ -63,5 +79,41 @@ impl Handler<RunTool> for ToolCallActor {
             ctx.stop();
             outcome
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn write_call(root: &Path, cancel: CancellationToken) -> ToolOutcome {
+        let args = serde_json::json!({"path": "made.txt", "content": "x"});
+        actix::System::new().block_on(async move {
+            ToolCallActor
+                .start()
+                .send(RunTool {
+                    name: "Write".into(),
+                    args,
+                    env: ToolEnv::new(root.to_path_buf()),
+                    cancel,
+                })
+                .await
+                .expect("the tool-call actor answers")
+        })
+    }
+
+    #[test]
+    fn a_call_cancelled_before_its_actor_runs_it_does_nothing() {
+        let root = tempfile::tempdir().expect("a temp folder");
+        let cancelled = CancellationToken::new();
+        cancelled.cancel();
+        assert_eq!(write_call(root.path(), cancelled), ToolOutcome::Cancelled);
+        assert!(!root.path().join("made.txt").exists());
+        // The same call, not cancelled, writes the file.
+        let outcome = write_call(root.path(), CancellationToken::new());
+        assert!(matches!(outcome, ToolOutcome::Succeeded(_)), "{outcome:?}");
+        assert!(root.path().join("made.txt").is_file());
     }
 }

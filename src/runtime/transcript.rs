@@ -6,11 +6,13 @@ use std::sync::Arc;
 use serde::Serialize;
 
 /// A tool call proposed by a model. `arguments` is the raw JSON text the
-/// model produced; it is parsed (and may fail to parse) by the stage.
+/// model produced; it is parsed (and may fail to parse) by the stage. The
+/// id and name are shared with the call's audit events and its
+/// cancellation record instead of copied into each.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ToolCall {
-    pub id: String,
-    pub name: String,
+    pub id: Arc<str>,
+    pub name: Arc<str>,
     pub arguments: String,
 }
 
@@ -31,7 +33,7 @@ pub enum Message {
         tool_calls: Vec<ToolCall>,
     },
     Tool {
-        tool_call_id: String,
+        tool_call_id: Arc<str>,
         content: String,
     },
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -13,13 +13,13 @@ use troupe::definition::load_pipeline;
 use troupe::provider::script::Script;
 use troupe::provider::scripted::{ScriptedProvider, Selector};
 use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
-use troupe::runtime::events::EventName;
+use troupe::runtime::events::{Event, EventName};
 use troupe::runtime::interaction::InteractorSpec;
 use troupe::runtime::launch::{resolve_fields, start_run};
 use troupe::runtime::scheduler::RunSpec;
 use troupe::runtime::session::Cancel;
 use troupe::runtime::summary::RunReport;
-use troupe_actors::Delivery;
+use troupe_actors::{Delivery, EventBus};
 
 /// Wraps the scripted provider: records requests, counts requests whose
 /// future was dropped before it answered (strict cancellation).
@@ -30,19 +30,32 @@ pub struct Recording {
     panic_in: Option<String>,
     pub requests: Mutex<Vec<ModelRequest>>,
     pub dropped: Arc<AtomicUsize>,
+    /// The run's bus, to place each drop among the events.
+    bus: OnceLock<EventBus<Event>>,
+    /// For every dropped request: the seq of the last event published
+    /// before the drop.
+    pub dropped_after: Arc<Mutex<Vec<u64>>>,
 }
 
-struct DropGuard(Arc<AtomicUsize>, bool);
+struct DropGuard {
+    dropped: Arc<AtomicUsize>,
+    answered: bool,
+    bus: Option<EventBus<Event>>,
+    dropped_after: Arc<Mutex<Vec<u64>>>,
+}
 impl Drop for DropGuard {
     fn drop(&mut self) {
-        if !self.1 {
-            self.0.fetch_add(1, Ordering::SeqCst);
+        if !self.answered {
+            self.dropped.fetch_add(1, Ordering::SeqCst);
+            if let Some(bus) = &self.bus {
+                self.dropped_after.lock().unwrap().push(bus.last_seq());
+            }
         }
     }
 }
 
 impl Provider for Recording {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         "recording"
     }
     fn complete(
@@ -52,13 +65,18 @@ impl Provider for Recording {
         self.requests.lock().unwrap().push(request.clone());
         let panic_here = self.panic_in.as_deref() == Some(&*request.stage_id);
         let inner = self.inner.complete(request);
-        let guard = DropGuard(Arc::clone(&self.dropped), false);
+        let guard = DropGuard {
+            dropped: Arc::clone(&self.dropped),
+            answered: false,
+            bus: self.bus.get().cloned(),
+            dropped_after: Arc::clone(&self.dropped_after),
+        };
         async move {
-            // Bind the whole guard: capturing only `guard.1` would drop it here.
+            // Bind the whole guard: capturing only one field would drop it here.
             let mut guard = guard;
             assert!(!panic_here, "provider exploded");
             let out = inner.await;
-            guard.1 = true;
+            guard.answered = true;
             out
         }
         .boxed()
@@ -176,6 +194,8 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
         panic_in: opts.panic_in.map(str::to_owned),
         requests: Mutex::new(Vec::new()),
         dropped: Arc::new(AtomicUsize::new(0)),
+        bus: OnceLock::new(),
+        dropped_after: Arc::default(),
     });
     let pairs: Vec<(String, Value)> = opts
         .fields
@@ -185,6 +205,9 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
     let fields = resolve_fields(&pipeline, &pairs, None)
         .unwrap_or_else(|errors| panic!("bad ctx fields for the fixture: {errors:#?}"));
     let mut spec = RunSpec::new(Arc::clone(&pipeline), fields, provider.clone(), opts.cap);
+    // The session closes the bus when the run ends, so this handle does
+    // not keep it open.
+    let _ = provider.bus.set(spec.bus.clone());
     spec.interactors = opts.interactors.clone();
     spec.approval_timeout = opts.approval_timeout;
     let mut settings = troupe::runtime::stage::RunSettings::default();

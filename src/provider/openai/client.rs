@@ -181,7 +181,7 @@ impl OpenAiProvider {
 }
 
 impl Provider for OpenAiProvider {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         "openai"
     }
 

@@ -356,11 +356,11 @@ impl Assembly {
             .into_values()
             .map(|c| ToolCall {
                 id: if c.id.is_empty() {
-                    fresh_call_id()
+                    fresh_call_id().into()
                 } else {
-                    c.id
+                    c.id.into()
                 },
-                name: c.name,
+                name: c.name.into(),
                 arguments: if c.arguments.trim().is_empty() {
                     "{}".to_owned()
                 } else {
@@ -432,7 +432,7 @@ mod tests {
         let calls: Vec<(&str, &str, &str)> = r
             .tool_calls
             .iter()
-            .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+            .map(|c| (&*c.id, &*c.name, c.arguments.as_str()))
             .collect();
         assert_eq!(
             calls,
