@@ -296,7 +296,10 @@ impl StageRun {
         if !self.hooks.has(slot, None) {
             return Ok(None);
         }
-        match self.hook(slot, None, fields()).await {
+        // Boxed: only a slot with hooks gets here, and the hook machinery
+        // inline made every slot's future (7+ awaits a turn) 664 bytes
+        // to build and move; boxed, 88.
+        match Box::pin(self.hook(slot, None, fields())).await {
             SlotOutcome::Proceed(v) => Ok(field.and_then(|f| v.get(f).cloned())),
             SlotOutcome::Denied { hook, reason } => Err((
                 Code {
@@ -968,7 +971,7 @@ impl StageRun {
             );
             tool_terminal("HookFailed", message)
         };
-        match self.hook("TOOL_CALL/pre", Some(&call.name), fields).await {
+        match Box::pin(self.hook("TOOL_CALL/pre", Some(&call.name), fields)).await {
             SlotOutcome::Proceed(payload) => match payload.get("arguments") {
                 Some(v @ Value::Object(_)) => Ok(v.clone()),
                 _ => Err(hook_failed(
@@ -1119,7 +1122,7 @@ impl StageRun {
         let result = self.run_tool_actor(call, args.clone()).await;
         let fields =
             json!({"tool": call.name, "callId": call.id, "arguments": args, "result": result});
-        match self.hook("TOOL_CALL/post", Some(&call.name), fields).await {
+        match Box::pin(self.hook("TOOL_CALL/post", Some(&call.name), fields)).await {
             SlotOutcome::Proceed(payload) => match payload.get("result") {
                 Some(Value::String(r)) => r.clone(),
                 _ => result,
