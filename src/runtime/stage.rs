@@ -923,6 +923,19 @@ impl StageRun {
         for (i, call) in calls.iter().enumerate() {
             approved.push(self.approve(def, call, i, progress).await);
         }
+        // One call (the common case) needs no concurrency: a bounded
+        // stream builds a FuturesUnordered, boxes the call into a task of
+        // its own and wakes through it, ~3% of a fan-out sibling's time.
+        if let [call] = calls
+            && let Some(approval) = approved.pop()
+        {
+            let content = match approval {
+                Ok(args) => self.execute_tool(call, args).await,
+                Err(content) => content,
+            };
+            progress.borrow_mut().tool_calls.clear();
+            return vec![content];
+        }
         let results = futures::stream::iter(calls.iter().zip(approved).map(
             |(call, approval)| async move {
                 match approval {
