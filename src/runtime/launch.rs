@@ -115,6 +115,7 @@ impl RunSpec {
         cap: Option<usize>,
     ) -> RunSpec {
         let cap = pipeline.effective_cap(cap);
+        crate::tools::args::prepare();
         let hooks = Arc::new(crate::hooks::HookSet::from_defs(
             &pipeline.hooks,
             &pipeline.dir,
