@@ -3,6 +3,7 @@
 //! with `seq`, `ts`, `event`, `workflowRunId`, then `stageExecutionId`,
 //! `stageId`, `tool` where they apply, then the event's own fields.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -332,7 +333,49 @@ impl Event {
     /// that need no escaping (ids, names, timestamps: nearly all of them)
     /// are copied whole. The audit writer calls this for every line, and in
     /// a wide fan-out it is what bounds the writer thread (BENCHMARKS.md).
+    /// Writes the event as one JSON object (no newline), byte for byte
+    /// what `serde_json` makes of [`Event::to_json`].
     pub fn write_json(&self, seq: u64, out: &mut Vec<u8>) {
+        if self.fields.iter().any(|(k, _)| is_head_key(k)) {
+            return self.write_json_with_clashes(seq, out);
+        }
+        // The usual line: the head keys, the event's name and the
+        // timestamp are known not to need escaping, so they are copied
+        // whole; the audit thread wrote 15 checked strings per line.
+        let mut ts_buf = [0u8; RFC3339_LEN];
+        out.extend_from_slice(b"{\"seq\":");
+        write_u64(out, seq);
+        out.extend_from_slice(b",\"ts\":\"");
+        out.extend_from_slice(rfc3339_into(self.ts, &mut ts_buf).as_bytes());
+        out.extend_from_slice(b"\",\"event\":\"");
+        out.extend_from_slice(self.name.as_str().as_bytes());
+        out.extend_from_slice(b"\",\"workflowRunId\":");
+        write_json_str(out, &self.workflow_run_id);
+        if let Some(v) = &self.stage_execution_id {
+            out.extend_from_slice(b",\"stageExecutionId\":");
+            write_json_str(out, v);
+        }
+        if let Some(v) = &self.stage_id {
+            out.extend_from_slice(b",\"stageId\":");
+            write_json_str(out, v);
+        }
+        if let Some(v) = &self.tool {
+            out.extend_from_slice(b",\"tool\":");
+            write_json_str(out, v);
+        }
+        for (k, v) in &self.fields {
+            out.push(b',');
+            write_json_str(out, k);
+            out.push(b':');
+            v.write_json(out);
+        }
+        out.push(b'}');
+    }
+
+    /// [`Event::write_json`] for an event with a field named like a head
+    /// key: it takes the head key's place when that key is written, and
+    /// its own place in field order when it is not.
+    fn write_json_with_clashes(&self, seq: u64, out: &mut Vec<u8>) {
         let mut ts_buf = [0u8; RFC3339_LEN];
         let ts = rfc3339_into(self.ts, &mut ts_buf);
         let heads: [Option<Head<'_>>; 7] = [
@@ -379,6 +422,13 @@ impl Event {
 }
 
 /// The value of a head key.
+fn is_head_key(key: &str) -> bool {
+    matches!(
+        key,
+        "seq" | "ts" | "event" | "workflowRunId" | "stageExecutionId" | "stageId" | "tool"
+    )
+}
+
 enum Head<'a> {
     Number(u64),
     Text(&'a str),
@@ -442,22 +492,24 @@ fn needs_escape(bytes: &[u8]) -> bool {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
     let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
+    let word_needs = |v: u64| {
+        v.wrapping_sub(ONES * 0x20) & !v & HIGH != 0
+            || has_zero(v ^ (ONES * u64::from(b'"')))
+            || has_zero(v ^ (ONES * u64::from(b'\\')))
+    };
     let mut words = bytes.chunks_exact(8);
     for word in &mut words {
         let mut w = [0u8; 8];
         w.copy_from_slice(word);
-        let v = u64::from_ne_bytes(w);
-        if v.wrapping_sub(ONES * 0x20) & !v & HIGH != 0
-            || has_zero(v ^ (ONES * u64::from(b'"')))
-            || has_zero(v ^ (ONES * u64::from(b'\\')))
-        {
+        if word_needs(u64::from_ne_bytes(w)) {
             return true;
         }
     }
-    words
-        .remainder()
-        .iter()
-        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+    // The tail as one word padded with spaces, which need no escaping.
+    let rest = words.remainder();
+    let mut w = [b' '; 8];
+    w[..rest.len()].copy_from_slice(rest);
+    !rest.is_empty() && word_needs(u64::from_ne_bytes(w))
 }
 
 /// Decimal digits of `n`, without `fmt`.
@@ -493,18 +545,33 @@ fn rfc3339_into(ts: SystemTime, buf: &mut [u8; RFC3339_LEN]) -> &str {
             n /= 10;
         }
     }
+    thread_local! {
+        /// The date and time of day of the last second formatted on this
+        /// thread: an audit writer formats thousands of lines a second,
+        /// and the calendar arithmetic was most of a timestamp's cost.
+        static LAST_SECOND: Cell<Option<(u64, [u8; 19])>> = const { Cell::new(None) };
+    }
     let d = ts.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    let (y, m, day) = civil_from_days(days);
+    let head = LAST_SECOND.with(|last| match last.get() {
+        Some((s, head)) if s == secs => head,
+        _ => {
+            let days = i64::try_from(secs / 86_400).unwrap_or(0);
+            let rem = secs % 86_400;
+            let (y, m, day) = civil_from_days(days);
+            let mut head = *b"0000-00-00T00:00:00";
+            digits(&mut head[0..4], y.clamp(0, 9999) as u64);
+            digits(&mut head[5..7], u64::from(m));
+            digits(&mut head[8..10], u64::from(day));
+            digits(&mut head[11..13], rem / 3600);
+            digits(&mut head[14..16], (rem % 3600) / 60);
+            digits(&mut head[17..19], rem % 60);
+            last.set(Some((secs, head)));
+            head
+        }
+    });
     *buf = *b"0000-00-00T00:00:00.000000Z";
-    digits(&mut buf[0..4], y.clamp(0, 9999) as u64);
-    digits(&mut buf[5..7], u64::from(m));
-    digits(&mut buf[8..10], u64::from(day));
-    digits(&mut buf[11..13], rem / 3600);
-    digits(&mut buf[14..16], (rem % 3600) / 60);
-    digits(&mut buf[17..19], rem % 60);
+    buf[..19].copy_from_slice(&head);
     digits(&mut buf[20..26], u64::from(d.subsec_micros()));
     // Only ASCII digits and separators were written.
     std::str::from_utf8(buf).unwrap_or("1970-01-01T00:00:00.000000Z")
@@ -587,6 +654,26 @@ mod tests {
         assert_eq!(rfc3339(t), "2026-11-22T03:38:51.123456Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000000Z");
+    }
+
+    #[test]
+    fn rfc3339_formats_each_instant_whatever_this_thread_formatted_before() {
+        // The seconds part is cached per thread: the same second, the
+        // next one, a day boundary and a step back must each be right.
+        let at = |micros: u64| rfc3339(UNIX_EPOCH + Duration::from_micros(micros));
+        let midnight = 1_795_392_000_000_000; // 2026-11-23T00:00:00
+        let cases = [
+            (midnight - 1_000_001, "2026-11-22T23:59:58.999999Z"),
+            (midnight - 1, "2026-11-22T23:59:59.999999Z"),
+            (midnight - 999_999, "2026-11-22T23:59:59.000001Z"),
+            (midnight, "2026-11-23T00:00:00.000000Z"),
+            (midnight + 5, "2026-11-23T00:00:00.000005Z"),
+            (midnight - 1, "2026-11-22T23:59:59.999999Z"),
+            (0, "1970-01-01T00:00:00.000000Z"),
+        ];
+        for (micros, want) in cases {
+            assert_eq!(at(micros), want, "{micros}");
+        }
     }
 
     #[test]
