@@ -364,6 +364,13 @@ impl Drop for StageActor {
     /// Last line of defence: an actor dropped without reporting (a panic in
     /// one of its handlers) still reports, so the run never hangs.
     fn drop(&mut self) {
+        // Dropped between its cancellation record and its teardown (the
+        // system shutting down in that turn): it ended cancelled, and its
+        // record must not be followed by an Exit.
+        if !self.reported && self.cancel_recorded {
+            self.send_report(StageOutcome::Cancelled);
+            return;
+        }
         if !self.reported {
             self.cancel.cancel();
             let exited = self.panicked("the stage actor ended without reporting".to_owned());
