@@ -128,6 +128,52 @@ fn acceptance_36_a_transform_rewrites_arguments_and_a_failing_observer_is_harmle
 }
 
 #[test]
+fn tool_call_post_hooks_rewrite_or_withhold_a_result_that_was_produced() {
+    // (hook, what the model reads as the tool's result, the hook's outcome)
+    let cases = [
+        (
+            "{ name: soften, at: TOOL_CALL/post, kind: transform, command: \"sed s/hello/bye/g\" }",
+            "bye world",
+            "transformed",
+        ),
+        (
+            "{ name: redact, at: TOOL_CALL/post, kind: guard, command: \"echo '{\\\"decision\\\":\\\"deny\\\",\\\"reason\\\":\\\"secret output\\\"}'\" }",
+            "ToolTerminal/HookDenied",
+            "deny",
+        ),
+        (
+            "{ name: broken, at: TOOL_CALL/post, kind: transform, command: \"exit 3\" }",
+            "ToolTerminal/HookFailed",
+            "failed",
+        ),
+    ];
+    for (hook, seen, outcome) in cases {
+        let f = fixture(
+            "Echo",
+            &format!("  - {hook}\n"),
+            "stages:\n  s:\n    - { tool: Echo, args: { text: hello world } }\n    - complete: { n: 1 }\n",
+            &[],
+        );
+        let out = run(f.path(), real());
+        assert_eq!(out.report.status, RunStatus::Ok, "{hook}: Act goes on");
+        // The call ran before its post hooks, whatever they decided.
+        assert_eq!(out.count("ToolInvocationSucceeded"), 1, "{hook}");
+        let result = &out.tool_results()[0];
+        if outcome == "transformed" {
+            assert_eq!(result, seen, "{hook}");
+        } else {
+            assert!(result.contains(seen), "{hook}: {result}");
+            assert!(!result.contains("hello"), "{hook}: the result leaked");
+        }
+        let runs = out.named("HookInvoked");
+        assert_eq!(runs.len(), 1, "{hook}");
+        assert_eq!(runs[0]["slot"], "TOOL_CALL/post");
+        assert_eq!(runs[0]["outcome"], outcome, "{hook}");
+        assert_eq!(runs[0]["tool"], "Echo");
+    }
+}
+
+#[test]
 fn a_guard_that_prints_garbage_denies_with_a_typed_error() {
     let f = fixture(
         "Echo",
