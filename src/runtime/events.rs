@@ -284,6 +284,7 @@ impl Event {
         self.field_value(key).map(FieldValue::to_value)
     }
 
+    /// A field's value as it is kept.
     pub fn field_value(&self, key: &str) -> Option<&FieldValue> {
         self.fields.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
@@ -328,15 +329,13 @@ const HEAD_KEYS: [&str; 7] = [
 ];
 
 impl Event {
-    /// Appends the same JSON object as `to_json(seq)`, byte for byte,
-    /// without building it first: no cloned strings, no map, and strings
-    /// that need no escaping (ids, names, timestamps: nearly all of them)
-    /// are copied whole. The audit writer calls this for every line, and in
-    /// a wide fan-out it is what bounds the writer thread (BENCHMARKS.md).
-    /// Writes the event as one JSON object (no newline), byte for byte
-    /// what `serde_json` makes of [`Event::to_json`].
+    /// Appends the same JSON object as `to_json(seq)` (no newline), byte
+    /// for byte, without building it first: no cloned strings, no map,
+    /// and strings that need no escaping (ids, names, timestamps: nearly
+    /// all of them) are copied whole. The audit writer calls this for
+    /// every line of a run (BENCHMARKS.md).
     pub fn write_json(&self, seq: u64, out: &mut Vec<u8>) {
-        if self.fields.iter().any(|(k, _)| is_head_key(k)) {
+        if self.fields.iter().any(|(k, _)| HEAD_KEYS.contains(k)) {
             return self.write_json_with_clashes(seq, out);
         }
         // The usual line: the head keys, the event's name and the
@@ -422,13 +421,6 @@ impl Event {
 }
 
 /// The value of a head key.
-fn is_head_key(key: &str) -> bool {
-    matches!(
-        key,
-        "seq" | "ts" | "event" | "workflowRunId" | "stageExecutionId" | "stageId" | "tool"
-    )
-}
-
 enum Head<'a> {
     Number(u64),
     Text(&'a str),

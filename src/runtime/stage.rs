@@ -904,8 +904,6 @@ impl StageRun {
         }
     }
 
-    /// Runs one response's tool calls concurrently (bounded); results come
-    /// back in call order.
     /// Runs one response's tool calls: approvals first, one at a time in
     /// call order (so prompts reach people in order), then the approved
     /// calls concurrently (bounded); results come back in call order.
@@ -926,29 +924,31 @@ impl StageRun {
         // One call (the common case) needs no concurrency: a bounded
         // stream builds a FuturesUnordered, boxes the call into a task of
         // its own and wakes through it, ~3% of a fan-out sibling's time.
-        if let [call] = calls
+        let results = if let [call] = calls
             && let Some(approval) = approved.pop()
         {
-            let content = match approval {
-                Ok(args) => self.execute_tool(call, args).await,
-                Err(content) => content,
-            };
-            progress.borrow_mut().tool_calls.clear();
-            return vec![content];
-        }
-        let results = futures::stream::iter(calls.iter().zip(approved).map(
-            |(call, approval)| async move {
-                match approval {
-                    Ok(args) => self.execute_tool(call, args).await,
-                    Err(content) => content,
-                }
-            },
-        ))
-        .buffered(self.settings.tool_concurrency.max(1))
-        .collect::<Vec<String>>()
-        .await;
+            vec![self.run_approved(call, approval).await]
+        } else {
+            futures::stream::iter(
+                calls
+                    .iter()
+                    .zip(approved)
+                    .map(|(call, approval)| self.run_approved(call, approval)),
+            )
+            .buffered(self.settings.tool_concurrency.max(1))
+            .collect::<Vec<String>>()
+            .await
+        };
         progress.borrow_mut().tool_calls.clear();
         results
+    }
+
+    /// Runs an approved call; a refused one's result is already made.
+    async fn run_approved(&self, call: &ToolCall, approval: Result<Value, String>) -> String {
+        match approval {
+            Ok(args) => self.execute_tool(call, args).await,
+            Err(content) => content,
+        }
     }
 
     fn tool_event(&self, name: EventName, call: &ToolCall) -> Event {

@@ -48,10 +48,9 @@ impl Handler<RunTool> for ToolCallActor {
 
     fn handle(&mut self, msg: RunTool, _ctx: &mut Context<Self>) -> Self::Result {
         // Cancelled before it ran (fail-fast tripped while the call waited
-        // for its actor to be polled): nothing is run.
-        // Its teardown waits a turn of the run queue: a fail-fast cancels
-        // thousands of calls at once, and their stage executions record
-        // their cancellation first.
+        // for its actor to be polled): nothing is run, and the teardown
+        // waits a turn of the run queue, so that the thousands of stage
+        // executions cancelled with it record their cancellation first.
         if msg.cancel.is_cancelled() {
             return Box::pin(
                 tokio::task::yield_now()
