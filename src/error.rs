@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use crate::definition::yaml::Pos;
 
-/// The eight error classes of the contract (SPEC §7).
+/// The error classes: the contract's eight, plus `Budget` (a run's token
+/// or cost budget ran out) and `Store` (the run store on disk).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum ErrorClass {
     Validation,
@@ -22,6 +23,8 @@ pub enum ErrorClass {
     Session,
     Cancellation,
     ExtensionHost,
+    Budget,
+    Store,
 }
 
 impl ErrorClass {
@@ -35,6 +38,8 @@ impl ErrorClass {
             ErrorClass::Session => "Session",
             ErrorClass::Cancellation => "Cancellation",
             ErrorClass::ExtensionHost => "ExtensionHost",
+            ErrorClass::Budget => "Budget",
+            ErrorClass::Store => "Store",
         }
     }
 }
@@ -110,6 +115,11 @@ pub enum ValidationCode {
     StageCompletionSchemaInvalid,
     /// `inputsSchema` is not a valid JSON Schema.
     StageInputsSchemaInvalid,
+    /// An upstream result fails the stage's `inputsSchema` at run time.
+    StageInputsInvalid,
+    /// `pipeline.yaml` has a key troupe does not know (a typo, or a key in
+    /// the wrong place): refused, so nothing is silently ignored.
+    UnknownKey,
     /// A `--ctx` value, a required ctx field or a CLI flag is wrong.
     InputInvalid,
     /// A `script.yaml` for the scripted provider is malformed.
@@ -143,6 +153,8 @@ impl ValidationCode {
             ValidationCode::TemplateUnresolved => "TemplateUnresolved",
             ValidationCode::StageCompletionSchemaInvalid => "StageCompletionSchemaInvalid",
             ValidationCode::StageInputsSchemaInvalid => "StageInputsSchemaInvalid",
+            ValidationCode::StageInputsInvalid => "StageInputsInvalid",
+            ValidationCode::UnknownKey => "UnknownKey",
             ValidationCode::InputInvalid => "InputInvalid",
             ValidationCode::ScriptInvalid => "ScriptInvalid",
             ValidationCode::HookInvalid => "HookInvalid",

@@ -539,9 +539,111 @@ fn provider_block_is_read_and_each_wrong_key_is_located() {
         expect.map(|(f, l)| (Some(f.to_owned()), Some(l))),
         "{errs:#?}"
     );
-    assert!(errs.iter().all(|d| d.code == V::PipelineInvalid));
+    let codes: Vec<V> = errs.iter().map(|d| d.code).collect();
+    assert_eq!(
+        codes,
+        [
+            V::PipelineInvalid,
+            V::PipelineInvalid,
+            V::PipelineInvalid,
+            V::UnknownKey,
+            V::PipelineInvalid
+        ]
+    );
+    assert_eq!(
+        errs[3]
+            .hint
+            .as_deref()
+            .map(|h| h.starts_with("did you mean `model`?")),
+        Some(true),
+        "{:?}",
+        errs[3]
+    );
     assert!(
         !format!("{errs:?}").contains("sk-1"),
         "a literal key is not echoed"
     );
+}
+
+// ------------------------------------------------ unknown keys and caps
+
+#[test]
+fn unknown_keys_anywhere_in_pipeline_yaml_are_refused_with_a_did_you_mean() {
+    let yaml = "id: demo\nentry: a\nparallelcap: 4\nctx:\n  task: { required: true, defualt: x }\nstages:\n  a: a.md\n  b: b.md\n  c: c.md\n  r: { kind: print, content: hi, contnet: typo }\nnext:\n  a: { parallel: [b, c], join: r, cpa: 2 }\n  r: end\ngates:\n  b: { when: \"true\", otherwise: defer, unless: x }\n";
+    let f = Fixture::new(
+        yaml,
+        &[
+            ("a.md", &stage_md("a", "", "Task: {{ctx.task}}")),
+            ("b.md", &stage_md("b", "", "x")),
+            ("c.md", &stage_md("c", "", "x")),
+        ],
+    );
+    let errs = errors(&f);
+    let found: Vec<(&str, u64, Option<&str>)> = errs
+        .iter()
+        .map(|d| {
+            assert_eq!(d.code, V::UnknownKey, "{d:#?}");
+            (
+                d.field.as_deref().unwrap(),
+                d.line.unwrap(),
+                d.hint.as_deref(),
+            )
+        })
+        .collect();
+    let fields: Vec<(&str, u64)> = found.iter().map(|(f, l, _)| (*f, *l)).collect();
+    assert_eq!(
+        fields,
+        [
+            ("parallelcap", 3),
+            ("ctx.task.defualt", 5),
+            ("stages.r.contnet", 10),
+            ("next.a.cpa", 12),
+            ("gates.b.unless", 15),
+        ]
+    );
+    let hint = |field: &str| found.iter().find(|f| f.0 == field).unwrap().2.unwrap();
+    assert!(hint("parallelcap").starts_with("did you mean `parallelCap`?"));
+    assert!(hint("ctx.task.defualt").starts_with("did you mean `default`?"));
+    assert!(hint("stages.r.contnet").starts_with("did you mean `content`?"));
+    assert!(hint("next.a.cpa").starts_with("did you mean `cap`?"));
+    assert!(!hint("gates.b.unless").starts_with("did you mean"));
+}
+
+#[test]
+fn a_fan_out_takes_its_own_cap_on_static_and_map_plans() {
+    let yaml = "id: demo\nentry: a\nparallelCap: 8\nstages:\n  a: a.md\n  b: b.md\n  c: c.md\n  w: w.md\nnext:\n  a: { parallel: [b, c], cap: 1 }\n  b: { parallel: { map: w, over: \"[1, 2, 3]\", cap: 2 } }\n  c: { parallel: { map: w, over: \"[1]\" }, cap: 16 }\n";
+    let f = Fixture::new(
+        yaml,
+        &[
+            ("a.md", &stage_md("a", "", "x")),
+            ("b.md", &stage_md("b", "", "x")),
+            ("c.md", &stage_md("c", "", "x")),
+            ("w.md", &stage_md("w", "", "{{ctx.item}}")),
+        ],
+    );
+    let p = load_pipeline(f.path()).unwrap();
+    let cap_of = |id: &str| match p.next_of(id) {
+        Some(troupe::definition::Next::Parallel(plan)) => plan.cap,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(cap_of("a"), Some(1));
+    assert_eq!(cap_of("b"), Some(2));
+    assert_eq!(cap_of("c"), Some(16));
+    let plan = match p.next_of("c") {
+        Some(troupe::definition::Next::Parallel(plan)) => plan.clone(),
+        _ => unreachable!(),
+    };
+    assert_eq!(plan.effective_cap(8), 8, "the run's cap bounds a fan-out's");
+    assert_eq!(plan.effective_cap(32), 16);
+
+    let twice = "id: demo\nentry: a\nstages:\n  a: a.md\n  w: w.md\nnext:\n  a: { parallel: { map: w, over: \"[1]\", cap: 2 }, cap: 3 }\n";
+    let f = Fixture::new(
+        twice,
+        &[
+            ("a.md", &stage_md("a", "", "x")),
+            ("w.md", &stage_md("w", "", "{{ctx.item}}")),
+        ],
+    );
+    let d = single(&f, V::InvalidParallelPlan, "pipeline.yaml", 7);
+    assert!(d.message.contains("cap is given twice"), "{d:#?}");
 }

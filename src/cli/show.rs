@@ -74,9 +74,10 @@ pub fn graph_text(p: &Pipeline) -> String {
         || format!("{} (default)", p.effective_cap(None)),
         |c| c.to_string(),
     );
-    let visits = p
-        .max_visits
-        .map_or_else(|| "unlimited".to_owned(), |v| v.to_string());
+    let visits = p.max_visits.map_or_else(
+        || format!("{} (default)", p.effective_max_visits()),
+        |v| v.to_string(),
+    );
     let _ = writeln!(out, "pipeline {} — {}", p.id, p.name);
     let _ = writeln!(out, "  folder      {}", p.dir.display());
     let _ = writeln!(out, "  entry       {}", p.entry);
@@ -137,7 +138,15 @@ pub fn graph_text(p: &Pipeline) -> String {
                     .join
                     .as_ref()
                     .map_or_else(|| "no join".to_owned(), |j| format!("join {j}"));
-                format!("{siblings} (cap {}) → {join}", p.effective_cap(None))
+                let cap = match plan.cap {
+                    Some(c) if c < p.effective_cap(None) => format!("cap {c}"),
+                    Some(c) => format!(
+                        "cap {} (asks {c}; the run's cap bounds it)",
+                        p.effective_cap(None)
+                    ),
+                    None => format!("cap {}", p.effective_cap(None)),
+                };
+                format!("{siblings} ({cap}) → {join}")
             }
         };
         let _ = writeln!(out, "  {:<width$}  → {arrow}", s.id);

@@ -231,6 +231,82 @@ impl<'d> FieldReader<'d> {
     }
 }
 
+impl FieldReader<'_> {
+    /// Refuses every key of the mapping `node` that is not in `known`, each
+    /// with a located `Validation/UnknownKey` and, when a known key is
+    /// close, a "did you mean". A key troupe does not read must not be
+    /// silently ignored: `cap: 2` in the wrong place would look like a cap.
+    /// `field` is the mapping's path (`""` at the root).
+    pub fn known_keys(&mut self, node: &Node, field: &str, known: &[&str]) {
+        let Some(entries) = node.as_map() else {
+            return;
+        };
+        for (key, _) in entries {
+            if !known.contains(&key.name.as_str()) {
+                self.unknown_key(key, field, known);
+            }
+        }
+    }
+
+    /// Refuses one key of the mapping at `field` (see [`Self::known_keys`]).
+    pub fn unknown_key(&mut self, key: &super::yaml::Key, field: &str, known: &[&str]) {
+        let (path, place) = if field.is_empty() {
+            (key.name.clone(), "pipeline.yaml's top level".to_owned())
+        } else {
+            (format!("{field}.{}", key.name), format!("`{field}`"))
+        };
+        let takes = format!("{place} takes {}", known.join(", "));
+        let hint = match did_you_mean(&key.name, known) {
+            Some(close) => format!("did you mean `{close}`? {takes}"),
+            None => takes,
+        };
+        self.report(
+            ValidationCode::UnknownKey,
+            key.pos,
+            &path,
+            format!("unknown key `{}` in {place}", key.name),
+            hint,
+        );
+    }
+}
+
+/// The known name closest to `name` (case-insensitive edit distance of at
+/// most a third of its length, at least 1), if any.
+pub fn did_you_mean<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+    let lower = name.to_ascii_lowercase();
+    let limit = (lower.chars().count() / 3).max(1);
+    known
+        .iter()
+        .map(|k| (edit_distance(&lower, &k.to_ascii_lowercase()), *k))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance with adjacent transpositions (optimal string
+/// alignment), over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    // Rows i-2, i-1 and i of the distance table.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        cur[0] = i;
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            cur[j] = (prev[j] + 1).min(cur[j - 1] + 1).min(prev[j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                cur[j] = cur[j].min(before[j - 2] + 1);
+            }
+        }
+        std::mem::swap(&mut before, &mut prev);
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
 /// kebab-case: lowercase ASCII letters and digits in dash-separated words.
 pub fn is_kebab(id: &str) -> bool {
     !id.is_empty()
@@ -263,6 +339,18 @@ mod tests {
         for bad in ["", "Plan", "build_a", "-a", "a-", "a--b", "a b", "é"] {
             assert!(!is_kebab(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn did_you_mean_finds_typos_and_case_slips_only() {
+        let keys = ["parallelCap", "maxVisits", "stages", "next"];
+        assert_eq!(did_you_mean("parallelcap", &keys), Some("parallelCap"));
+        assert_eq!(did_you_mean("maxVisit", &keys), Some("maxVisits"));
+        assert_eq!(did_you_mean("stgaes", &keys), Some("stages"));
+        assert_eq!(did_you_mean("cap", &keys), None);
+        assert_eq!(did_you_mean("nxt", &keys), Some("next"));
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("ab", "ba"), 1);
     }
 
     #[test]

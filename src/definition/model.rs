@@ -16,6 +16,13 @@ use super::template::Template;
 /// Default parallel cap when neither the CLI nor `pipeline.yaml` sets one.
 pub const DEFAULT_PARALLEL_CAP: usize = 8;
 
+/// Default loop guard when `pipeline.yaml` sets no `maxVisits`: a stage
+/// entered more often fails the run. A loop without a guard ran until the
+/// disk filled (a `review → plan` loop wrote 435 MB of audit log in three
+/// seconds); 25 matches the recursion limit agent frameworks such as
+/// LangGraph default to, and a pipeline that loops longer says so.
+pub const DEFAULT_MAX_VISITS: u32 = 25;
+
 /// ctx names the runtime provides; a pipeline may not declare them.
 pub const RESERVED_CTX: [&str; 6] = [
     "upstream",
@@ -89,6 +96,29 @@ pub struct ProviderBlock {
         serialize_with = "ser_opt_duration"
     )]
     pub request_timeout: Option<Duration>,
+    /// The run's budget in tokens (prompt + completion), `--max-tokens`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// The run's budget in US dollars, `--max-cost`; needs the model's price.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+    /// Prices per model, in US dollars per million tokens.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub prices: BTreeMap<String, Price>,
+}
+
+/// What a model costs, in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Price {
+    pub input: f64,
+    pub output: f64,
+}
+
+impl Price {
+    /// The cost of `input` prompt and `output` completion tokens.
+    pub fn cost(&self, input: u64, output: u64) -> f64 {
+        (input as f64 * self.input + output as f64 * self.output) / 1_000_000.0
+    }
 }
 
 fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
@@ -108,6 +138,12 @@ impl Pipeline {
         cli.or(self.parallel_cap)
             .unwrap_or(DEFAULT_PARALLEL_CAP)
             .max(1)
+    }
+
+    /// The loop guard: `maxVisits`, else [`DEFAULT_MAX_VISITS`]. A stage
+    /// entered more often fails the run.
+    pub fn effective_max_visits(&self) -> u32 {
+        self.max_visits.unwrap_or(DEFAULT_MAX_VISITS)
     }
 
     /// The Next() entry for a stage; `None` means terminal.
@@ -271,6 +307,18 @@ pub struct ParallelPlan {
     pub siblings: Siblings,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub join: Option<String>,
+    /// This fan-out's own cap (`cap:` on its `next` entry); the run's cap
+    /// still bounds it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap: Option<usize>,
+}
+
+impl ParallelPlan {
+    /// The most siblings of this fan-out running at once: its own cap,
+    /// never more than the run's.
+    pub fn effective_cap(&self, run_cap: usize) -> usize {
+        self.cap.map_or(run_cap, |c| c.min(run_cap)).max(1)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

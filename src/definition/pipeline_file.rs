@@ -81,6 +81,22 @@ pub struct PipelineDoc {
     pub provider: Option<ProviderBlock>,
 }
 
+/// The keys pipeline.yaml takes at its top level.
+const ROOT_KEYS: [&str; 12] = [
+    "id",
+    "name",
+    "entry",
+    "parallelCap",
+    "maxVisits",
+    "ctx",
+    "stages",
+    "next",
+    "assert",
+    "gates",
+    "hooks",
+    "provider",
+];
+
 /// Reads pipeline.yaml's root node. Problems go to the reader's diagnostics.
 pub fn read_pipeline(root: &Node, r: &mut FieldReader<'_>) -> PipelineDoc {
     let mut doc = PipelineDoc::default();
@@ -96,6 +112,7 @@ pub fn read_pipeline(root: &Node, r: &mut FieldReader<'_>) -> PipelineDoc {
         );
         return doc;
     }
+    r.known_keys(root, "", &ROOT_KEYS);
     if let Some(n) = r.required(
         root,
         "id",
@@ -200,6 +217,11 @@ fn read_hook_list(
             continue;
         }
         let before = r.diags.len();
+        r.known_keys(
+            item,
+            &field,
+            &["name", "at", "kind", "command", "timeout", "tools"],
+        );
         let at = match r.required_at(
             item,
             "at",
@@ -309,7 +331,7 @@ fn read_hook_list(
 }
 
 /// Keys of the `provider:` block.
-const PROVIDER_KEYS: [&str; 7] = [
+const PROVIDER_KEYS: [&str; 10] = [
     "kind",
     "baseUrl",
     "model",
@@ -317,6 +339,9 @@ const PROVIDER_KEYS: [&str; 7] = [
     "stream",
     "maxInflight",
     "requestTimeout",
+    "maxTokens",
+    "maxCost",
+    "prices",
 ];
 
 /// `provider: {kind, baseUrl, model, apiKeyEnv, stream, maxInflight,
@@ -400,6 +425,18 @@ fn read_provider(node: &Node, r: &mut FieldReader<'_>) -> Option<ProviderBlock> 
                     None => ok = false,
                 }
             }
+            "maxTokens" => match r.int(value, &field, 1, i64::MAX) {
+                Some(n) => block.max_tokens = u64::try_from(n).ok(),
+                None => ok = false,
+            },
+            "maxCost" => match read_dollars(value, &field, r) {
+                Some(c) => block.max_cost = Some(c),
+                None => ok = false,
+            },
+            "prices" => match read_prices(value, &field, r) {
+                Some(p) => block.prices = p,
+                None => ok = false,
+            },
             "apiKey" | "api_key" | "key" => {
                 ok = false;
                 r.shape(
@@ -409,18 +446,67 @@ fn read_provider(node: &Node, r: &mut FieldReader<'_>) -> Option<ProviderBlock> 
                     "keep the key in an environment variable and name it: `apiKeyEnv: OPENAI_API_KEY`",
                 );
             }
-            other => {
+            _ => {
                 ok = false;
-                r.shape(
-                    key.pos,
-                    &field,
-                    format!("unknown key `{other}` in `provider`"),
-                    format!("the provider block takes {}", PROVIDER_KEYS.join(", ")),
-                );
+                r.unknown_key(key, "provider", &PROVIDER_KEYS);
             }
         }
     }
     ok.then_some(block)
+}
+
+/// A non-negative amount of US dollars (a number; `$` and quotes refused).
+fn read_dollars(node: &Node, field: &str, r: &mut FieldReader<'_>) -> Option<f64> {
+    let amount = match &node.value {
+        Value::Int(i) => Some(*i as f64),
+        Value::Float(f) => Some(*f),
+        _ => None,
+    };
+    match amount {
+        Some(a) if a.is_finite() && a >= 0.0 => Some(a),
+        _ => {
+            r.shape(
+                node.pos,
+                field,
+                format!("`{field}` must be a non-negative number of US dollars"),
+                "e.g. `maxCost: 2.50`",
+            );
+            None
+        }
+    }
+}
+
+/// `prices: { <model>: { input: <USD per 1M>, output: <USD per 1M> } }`.
+fn read_prices(
+    node: &Node,
+    field: &str,
+    r: &mut FieldReader<'_>,
+) -> Option<BTreeMap<String, super::model::Price>> {
+    let entries = r.map(node, field)?;
+    let mut prices = BTreeMap::new();
+    let mut ok = true;
+    for (model, price) in entries {
+        let pfield = format!("{field}.{}", model.name);
+        if r.map(price, &pfield).is_none() {
+            ok = false;
+            continue;
+        }
+        r.known_keys(price, &pfield, &["input", "output"]);
+        let hint = "US dollars per million tokens, e.g. `{ input: 0.15, output: 0.60 }`";
+        let input = r
+            .required(price, "input", hint)
+            .and_then(|n| read_dollars(n, &format!("{pfield}.input"), r));
+        let output = r
+            .required(price, "output", hint)
+            .and_then(|n| read_dollars(n, &format!("{pfield}.output"), r));
+        match (input, output) {
+            (Some(input), Some(output)) => {
+                prices.insert(model.name.clone(), super::model::Price { input, output });
+            }
+            _ => ok = false,
+        }
+    }
+    ok.then_some(prices)
 }
 
 /// `[A-Za-z_][A-Za-z0-9_]*`.
@@ -464,6 +550,7 @@ fn read_ctx(node: &Node, r: &mut FieldReader<'_>, doc: &mut PipelineDoc) {
         match &value.value {
             Value::Null => {}
             Value::Map(_) => {
+                r.known_keys(value, &field, &["required", "default", "description"]);
                 if let Some(n) = r.optional(value, "required") {
                     f.required = r.bool(n, &format!("{field}.required")).unwrap_or(false);
                 }
@@ -610,6 +697,14 @@ fn read_step(
     let kind_node = r.required(node, "kind", "one of extract_json, print, if_else, switch")?;
     let kind = r.string(kind_node, &format!("{field}.kind"))?;
     let f = |name: &str| format!("{field}.{name}");
+    let keys: &[&str] = match kind.as_str() {
+        "extract_json" => &["kind", "from"],
+        "print" => &["kind", "content"],
+        "if_else" => &["kind", "condition", "then", "else"],
+        "switch" => &["kind", "on", "cases", "default"],
+        _ => &["kind"],
+    };
+    r.known_keys(node, &field, keys);
     match kind.as_str() {
         "extract_json" => {
             let from = r.required(
@@ -733,6 +828,8 @@ fn read_parallel(
         return None;
     };
     let pfield = format!("{field}.parallel");
+    r.known_keys(node, field, &["parallel", "join", "cap"]);
+    let mut cap = read_cap(node, field, r);
     let siblings = match &p.value {
         Value::Seq(items) => {
             let mut ids = Vec::new();
@@ -760,6 +857,19 @@ fn read_parallel(
             Siblings::Static(ids)
         }
         Value::Map(_) => {
+            r.known_keys(p, &pfield, &["map", "over", "cap"]);
+            if let Some(inner) = read_cap(p, &pfield, r) {
+                if cap.is_some() {
+                    r.report(
+                        plan,
+                        p.pos,
+                        &format!("{pfield}.cap"),
+                        "the fan-out's cap is given twice",
+                        format!("keep one: `{field}.cap` or `{pfield}.cap`"),
+                    );
+                }
+                cap = Some(inner);
+            }
             let stage = r
                 .required(p, "map", "the stage to run once per element")
                 .and_then(|n| stage_ref(r, n, &format!("{pfield}.map"), doc));
@@ -808,7 +918,18 @@ fn read_parallel(
         }
         None => None,
     };
-    Some(ParallelPlan { siblings, join })
+    Some(ParallelPlan {
+        siblings,
+        join,
+        cap,
+    })
+}
+
+/// A fan-out's own `cap:` (at least 1), if given.
+fn read_cap(node: &Node, field: &str, r: &mut FieldReader<'_>) -> Option<usize> {
+    let n = r.optional(node, "cap")?;
+    r.int(n, &format!("{field}.cap"), 1, 1_000_000)
+        .and_then(|v| usize::try_from(v).ok())
 }
 
 fn read_asserts(node: &Node, r: &mut FieldReader<'_>, doc: &mut PipelineDoc) {
@@ -851,6 +972,7 @@ fn read_gates(node: &Node, r: &mut FieldReader<'_>, doc: &mut PipelineDoc) {
         if r.map(value, &field).is_none() {
             continue;
         }
+        r.known_keys(value, &field, &["when", "otherwise"]);
         let when = r
             .required(value, "when", "a CEL boolean: proceed when true")
             .and_then(|n| read_expr(r, n, &format!("{field}.when"), &EXPR_VARS));
