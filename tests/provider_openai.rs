@@ -553,20 +553,31 @@ async fn the_check_fails_with_a_code_that_says_what_is_wrong() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_that_rejects_tool_choice_is_probed_again_without_it() {
+async fn a_server_that_rejects_a_forced_tool_choice_is_probed_again_with_auto() {
+    // Older vLLM: `tool_choice` must be "auto" or "none" (HTTP 400).
     let server = FakeOpenAi::start_raw(|r| {
-        if r.body.get("tool_choice").is_some() {
+        if r.body["tool_choice"] == "required" {
             Reply::status(
                 400,
-                r#"{"error":{"message":"tool_choice is not supported"}}"#,
+                r#"{"object":"error","message":"tool_choice must be 'auto' or 'none'","type":"BadRequestError","code":400}"#,
             )
         } else {
             Reply::call(PROBE_TOOL, json!({}))
         }
     });
     let p = provider(&server, |_| {});
-    p.check(0, &backoff()).await.unwrap();
-    assert_eq!(server.received().len(), 2);
+    let report = p.check(0, &backoff()).await.unwrap();
+    let probes = server.received();
+    assert_eq!(probes.len(), 2);
+    assert_eq!(probes[1].body["tool_choice"], "auto");
+    assert_eq!(report.tool_choice, "auto");
+    assert!(
+        report
+            .forced_choice_refused
+            .as_deref()
+            .is_some_and(|r| r.contains("tool_choice must be")),
+        "{report:?}"
+    );
 }
 
 // ---------------------------------------------------------- end to end
@@ -992,7 +1003,7 @@ fn fail_fast_drops_the_siblings_in_flight_requests() {
         "{:?}",
         report.status
     );
-    assert_eq!(report.stages["worker"].cancelled, 2);
+    assert_eq!(report.stage("worker").unwrap().cancelled, 2);
     assert_eq!(counts.in_flight, 0);
 }
 

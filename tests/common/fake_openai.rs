@@ -11,6 +11,12 @@
 //! flight (and the peak), and how many the client abandoned before they were
 //! answered. Gates (`Reply::WaitInFlight`) hold replies until enough
 //! requests are in flight, so ordering never depends on sleeps.
+//!
+//! Like OpenAI, it refuses (HTTP 400) every chat request that breaks the
+//! API's rules (`common/openai_rules.rs`: above all, every tool call in a
+//! transcript answered by its result), and a server that refused one
+//! fails its test when dropped unless the test expects refusals. With a
+//! [`Quirk`] it behaves as a popular local server does.
 
 #![allow(dead_code)]
 
@@ -28,6 +34,25 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 pub use troupe::provider::openai::PROBE_TOOL;
+
+use crate::common::openai_rules::{Violation, check_chat_request};
+
+/// How a local server departs from OpenAI, modelled as users meet it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Quirk {
+    /// Behaves as OpenAI does.
+    #[default]
+    None,
+    /// llama-cpp-python's server with its function-calling chat handler:
+    /// a forced `tool_choice` ("required" or a named function) is an
+    /// unhandled error (HTTP 500; the handler supports only "auto"), and a
+    /// streamed request that offers tools gets an event stream that ends
+    /// at once: no chunk, no `finish_reason`, no `[DONE]`.
+    LlamaCppPython,
+    /// Ollama's OpenAI-compatible API: tool calls come whole in one delta
+    /// and the finish reason is "stop", not "tool_calls".
+    Ollama,
+}
 
 /// How to answer one request.
 #[derive(Debug, Clone)]
@@ -162,6 +187,11 @@ struct Shared {
     models: Mutex<Vec<String>>,
     /// Every `WaitInFlight` is released once this many of them arrived.
     release_after: Mutex<usize>,
+    /// Requests refused for breaking the API's rules.
+    violations: Mutex<Vec<Violation>>,
+    /// Refusals are what the test is about (it reads `violations`).
+    expect_violations: Mutex<bool>,
+    quirk: Mutex<Quirk>,
 }
 
 impl Shared {
@@ -239,6 +269,9 @@ impl FakeOpenAi {
             tick,
             models: Mutex::new(vec!["fake-model".to_owned()]),
             release_after: Mutex::new(usize::MAX),
+            violations: Mutex::new(Vec::new()),
+            expect_violations: Mutex::new(false),
+            quirk: Mutex::new(Quirk::None),
         });
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -291,6 +324,22 @@ impl FakeOpenAi {
         self.shared.tick.send_modify(|t| *t += 1);
     }
 
+    /// Behave as a known local server does.
+    pub fn set_quirk(&self, quirk: Quirk) {
+        *self.shared.quirk.lock().unwrap() = quirk;
+    }
+
+    /// The test is about refused requests: dropping the server does not
+    /// fail it for them.
+    pub fn expect_violations(&self) {
+        *self.shared.expect_violations.lock().unwrap() = true;
+    }
+
+    /// Requests refused for breaking the API's rules.
+    pub fn violations(&self) -> Vec<Violation> {
+        self.shared.violations.lock().unwrap().clone()
+    }
+
     pub fn received(&self) -> Vec<Received> {
         self.shared.received.lock().unwrap().clone()
     }
@@ -333,6 +382,13 @@ impl Drop for FakeOpenAi {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+        let violations = self.violations();
+        if !violations.is_empty()
+            && !*self.shared.expect_violations.lock().unwrap()
+            && !std::thread::panicking()
+        {
+            panic!("the fake server refused requests that OpenAI would refuse: {violations:#?}");
+        }
     }
 }
 
@@ -366,6 +422,33 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let received = record(&shared, "/v1/chat/completions", &headers, body);
     let mut flight = Flight::enter(&shared);
+    if let Err(v) = check_chat_request(&received.body) {
+        flight.done = true;
+        let body = v.body();
+        shared.violations.lock().unwrap().push(v);
+        return json_response(400, &body);
+    }
+    let quirk = *shared.quirk.lock().unwrap();
+    let offers_tools = received.body["tools"]
+        .as_array()
+        .is_some_and(|t| !t.is_empty());
+    if quirk == Quirk::LlamaCppPython {
+        let forced = match &received.body["tool_choice"] {
+            Value::String(c) => c == "required",
+            Value::Object(_) => true,
+            _ => false,
+        };
+        if forced {
+            flight.done = true;
+            return json_response(
+                500,
+                &json!({"error": {"message": "Unhandled exception: tool_choice must be 'auto' for the chatml-function-calling handler", "type": "internal_server_error", "param": null, "code": null}}),
+            );
+        }
+        if received.streamed() && offers_tools {
+            return sse_response(Vec::new(), flight, Tail::End);
+        }
+    }
     let mut reply = (shared.responder)(&received);
     while let Reply::WaitInFlight(n, inner) = reply {
         let mut rx = shared.tick.subscribe();
@@ -431,6 +514,9 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         Reply::BreakMidStream => {
             let frames = stream_frames(&Reply::Text("thinking".into()), &model, None, 4, false);
             sse_response(frames.into_iter().take(2).collect(), flight, Tail::Break)
+        }
+        Reply::Calls(calls) if stream && quirk == Quirk::Ollama => {
+            sse_response(ollama_frames(&calls, &model), flight, Tail::End)
         }
         reply @ (Reply::Text(_) | Reply::Calls(_)) if stream => {
             let include_usage = received.body["stream_options"]["include_usage"] == true;
@@ -580,6 +666,38 @@ pub fn stream_frames(
         }
     }
     out
+}
+
+/// Ollama's stream of a tool-call reply: a role chunk, every call whole
+/// (id, name and all its arguments) in one delta, then finish reason
+/// "stop", usage and `[DONE]`.
+fn ollama_frames(calls: &[(String, String)], model: &str) -> Vec<Bytes> {
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-ollama", "object": "chat.completion.chunk", "created": 0,
+               "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let whole: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, args))| {
+            json!({"id": format!("call_{}", 100 + i), "index": i, "type": "function",
+                   "function": {"name": name, "arguments": args}})
+        })
+        .collect();
+    let events = [
+        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+        chunk(
+            json!({"role": "assistant", "content": "", "tool_calls": whole}),
+            Value::Null,
+        ),
+        chunk(json!({"role": "assistant", "content": ""}), json!("stop")),
+    ];
+    let mut frames: Vec<Bytes> = events
+        .iter()
+        .map(|e| Bytes::from(format!("data: {e}\n\n")))
+        .collect();
+    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    frames
 }
 
 /// How an SSE body ends after its frames.

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod openai_rules;
 pub mod run;
 
 use std::path::{Path, PathBuf};

@@ -171,6 +171,12 @@ pub struct Opts {
     pub real_time: bool,
     /// `--stage-timeout`.
     pub stage_timeout: Option<Duration>,
+    /// `--max-run-time`.
+    pub max_run_time: Option<Duration>,
+    /// `--max-tokens` / `--max-cost` with a price.
+    pub budget: Option<Arc<troupe::runtime::limits::Budget>>,
+    /// Every scripted turn takes this long (paused time).
+    pub latency: Option<Duration>,
 }
 
 /// Loads the pipeline at `dir` (with its script.yaml, if any) and runs it.
@@ -190,7 +196,9 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
         .map(|s| Selector::parse(s).unwrap())
         .collect();
     let provider = Arc::new(Recording {
-        inner: ScriptedProvider::new(script).with_failures(fail),
+        inner: ScriptedProvider::new(script)
+            .with_failures(fail)
+            .with_latency(opts.latency),
         panic_in: opts.panic_in.map(str::to_owned),
         requests: Mutex::new(Vec::new()),
         dropped: Arc::new(AtomicUsize::new(0)),
@@ -215,7 +223,9 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
         settings.root = root.clone();
     }
     settings.stage_timeout = opts.stage_timeout;
+    settings.budget = opts.budget.clone();
     spec.settings = Arc::new(settings);
+    spec.max_run_time = opts.max_run_time;
     // Every event, so the phase markers (observer-class) are seen too; the
     // queue is big enough that nothing is dropped.
     let audit = spec.bus.subscribe("test", 1 << 22);
@@ -247,7 +257,7 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
                 Some(env.event.to_json(env.seq))
             }
             Delivery::Event(_) => None,
-            Delivery::Lagged { dropped } => panic!("the test subscriber lagged by {dropped}"),
+            Delivery::Lagged { dropped, .. } => panic!("the test subscriber lagged by {dropped}"),
         })
         .collect();
     Outcome {

@@ -24,7 +24,10 @@ use super::errors::{redact, status_error, transport_error};
 use super::sse::SseDecoder;
 use super::wire::{Assembly, request_body};
 use crate::definition::duration::format_duration;
-use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError, RequestObserver};
+use crate::provider::{
+    ModelRequest, ModelResponse, Provider, ProviderError, ProviderInfo, ProviderNotice,
+    RequestObserver,
+};
 
 /// A reply body larger than this is refused.
 const MAX_REPLY_BYTES: usize = 32 * 1024 * 1024;
@@ -49,7 +52,37 @@ pub(super) struct Inner {
     /// Set from the config, or by the capability check.
     pub(super) model: OnceLock<String>,
     counters: Counters,
+    /// How this endpoint's streams behave; see [`Streaming`].
+    streaming: Streaming,
+    /// Told of every notice as it is raised (the CLI prints it once).
+    on_notice: OnceLock<NoticeHook>,
 }
+
+/// A callback for notices, set by whoever owns the provider.
+struct NoticeHook(Box<dyn Fn(&ProviderNotice) + Send + Sync>);
+
+impl std::fmt::Debug for NoticeHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NoticeHook")
+    }
+}
+
+/// Streams that end before `[DONE]` or a finish reason. Some local
+/// servers (llama-cpp-python's function-calling handler) answer every
+/// streamed request that offers tools with an empty stream: after the
+/// second one from an endpoint, requests to it go without streaming for
+/// the rest of the run.
+#[derive(Debug, Default)]
+struct Streaming {
+    incomplete: AtomicU64,
+    disabled: std::sync::atomic::AtomicBool,
+    /// Notices not yet handed to a stage (set with `pending`).
+    notices: std::sync::Mutex<Vec<ProviderNotice>>,
+    pending: std::sync::atomic::AtomicBool,
+}
+
+/// Incomplete streams from one endpoint before troupe stops streaming to it.
+const INCOMPLETE_STREAMS_BEFORE_FALLBACK: u64 = 2;
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -152,8 +185,22 @@ impl OpenAiProvider {
                 auth,
                 model,
                 counters: Counters::default(),
+                streaming: Streaming::default(),
+                on_notice: OnceLock::new(),
             }),
         })
+    }
+
+    /// Calls `hook` with every notice the provider raises (at most once
+    /// each), as it is raised. Set once; later calls are ignored.
+    pub fn on_notice(&self, hook: impl Fn(&ProviderNotice) + Send + Sync + 'static) {
+        let _ = self.inner.on_notice.set(NoticeHook(Box::new(hook)));
+    }
+
+    /// Whether requests still ask for a stream (the config asks for one
+    /// and the endpoint's streams have not been given up on).
+    pub fn streaming(&self) -> bool {
+        self.inner.streams()
     }
 
     pub fn config(&self) -> &OpenAiConfig {
@@ -171,7 +218,7 @@ impl OpenAiProvider {
             provider: "openai",
             base_url: self.inner.config.base_url.to_string(),
             model: self.model().map(str::to_owned),
-            stream: self.inner.config.stream,
+            stream: self.inner.streams(),
             max_inflight: self.inner.config.max_inflight,
             requests: c.requests.load(Ordering::SeqCst),
             peak_in_flight: c.peak.load(Ordering::SeqCst),
@@ -183,6 +230,23 @@ impl OpenAiProvider {
 impl Provider for OpenAiProvider {
     fn name(&self) -> &'static str {
         "openai"
+    }
+
+    fn info(&self) -> ProviderInfo {
+        ProviderInfo {
+            name: "openai",
+            model: self.model().map(str::to_owned),
+            base_url: Some(self.inner.config.base_url.to_string()),
+            stream: Some(self.inner.streams()),
+        }
+    }
+
+    fn take_notices(&self) -> Vec<ProviderNotice> {
+        let s = &self.inner.streaming;
+        if !s.pending.swap(false, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *s.notices.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn complete(
@@ -208,14 +272,55 @@ impl Inner {
             code: "ModelUnset",
             message: "no model to ask: pass --model NAME".to_owned(),
         })?;
-        let stream = self.config.stream;
+        let stream = self.streams();
         let body = request_body(model, request, stream);
         let observer = request.observer.as_deref();
         let _slot = self.slot(observer).await?;
         let _flight = InFlight::enter(&self.counters);
         self.counters.requests.fetch_add(1, Ordering::SeqCst);
         let response = self.post(&self.chat_url, &body).await?;
-        self.read_reply(response, stream, observer).await
+        let reply = self.read_reply(response, stream, observer).await;
+        if stream
+            && let Err(ProviderError::Transient {
+                code: "StreamIncomplete",
+                ..
+            }) = &reply
+        {
+            self.stream_ended_early();
+        }
+        reply
+    }
+
+    /// Whether this request asks for a stream.
+    fn streams(&self) -> bool {
+        self.config.stream && !self.streaming.disabled.load(Ordering::SeqCst)
+    }
+
+    /// Counts an incomplete stream; the one that reaches the limit turns
+    /// streaming off for the rest of the run and raises one notice.
+    fn stream_ended_early(&self) {
+        let n = self.streaming.incomplete.fetch_add(1, Ordering::SeqCst) + 1;
+        if n < INCOMPLETE_STREAMS_BEFORE_FALLBACK
+            || self.streaming.disabled.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        let notice = ProviderNotice {
+            code: "StreamingDisabled",
+            message: format!(
+                "{} ended {n} streamed replies before `[DONE]` or a finish reason; troupe asks it for plain (non-streamed) replies for the rest of this run (--no-stream does so from the start)",
+                self.config.base_url
+            ),
+        };
+        if let Some(hook) = self.on_notice.get() {
+            (hook.0)(&notice);
+        }
+        self.streaming
+            .notices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(notice);
+        self.streaming.pending.store(true, Ordering::SeqCst);
     }
 
     /// A slot of the concurrency limit; waits (and says so) when none is free.

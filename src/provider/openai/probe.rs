@@ -6,9 +6,12 @@
 //! 1. Without `--model`, `GET <base>/models`: the one model a local server
 //!    lists is used; several or none ask for `--model`.
 //! 2. One small, non-streamed chat completion offering a single tool,
-//!    `troupe_probe`, with `tool_choice: "required"` (sent again without
-//!    `tool_choice` if a server rejects that parameter). A reply with a tool
-//!    call passes; plain text, or a server that refuses tools, is
+//!    `troupe_probe`, with `tool_choice: "required"`. A server that cannot
+//!    force a tool choice answers that with an error status (llama-cpp-
+//!    python's function-calling handler: HTTP 500; older vLLM: 400): the
+//!    probe is then sent again with `tool_choice: "auto"` and an instruction
+//!    to call the tool, and the report says so. A reply with a tool call
+//!    passes; plain text, or a server that refuses tools, is
 //!    `ProviderCapability/ToolCallingRequired`.
 //!
 //! Rate limits and server errors are retried like model requests; a refused
@@ -61,6 +64,12 @@ pub struct CheckReport {
     pub model: String,
     /// The model was picked from the server's list (no `--model`).
     pub model_from_list: bool,
+    /// The `tool_choice` the passing probe used: `required`, or `auto`
+    /// when the server cannot force a tool call.
+    pub tool_choice: &'static str,
+    /// Why `required` was given up, when it was (the server's answer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forced_choice_refused: Option<String>,
 }
 
 const SERVER_HINT: &str = "tool calling must be on: llama.cpp `llama-server --jinja`, vLLM `--enable-auto-tool-choice --tool-call-parser <parser>`, Ollama a model with tool support (e.g. qwen2.5, llama3.1); or use --provider scripted";
@@ -87,18 +96,20 @@ impl OpenAiProvider {
             None => (self.pick_model(retries, backoff).await?, true),
         };
         let mut forced = true;
+        let mut refused = None;
         let body = loop {
             let probe = probe_body(&model, forced);
-            let attempt = with_retries(retries, backoff, || async {
+            // A forced probe that a server refuses with an error status is
+            // not retried as a blip: the same request fails the same way.
+            let attempt = with_retries(retries, backoff, !forced, || async {
                 let response = self.inner.post(&self.inner.chat_url, &probe).await?;
                 self.inner.read_all(response, 1024 * 1024, false).await
             })
             .await;
             match attempt {
                 Ok(body) => break body,
-                Err(ProviderError::Terminal { message, .. })
-                    if forced && message.contains("tool_choice") =>
-                {
+                Err(e) if forced && refuses_forced_choice(&e) => {
+                    refused = Some(self.inner.redact(e).to_string());
                     forced = false;
                 }
                 Err(e) => return Err(self.capability(e, &model)),
@@ -131,13 +142,15 @@ impl OpenAiProvider {
         Ok(CheckReport {
             model,
             model_from_list,
+            tool_choice: if forced { "required" } else { "auto" },
+            forced_choice_refused: refused,
         })
     }
 
     /// The one model the server lists.
     async fn pick_model(&self, retries: u32, backoff: &Backoff) -> Result<String, CheckError> {
         let url = self.config().endpoint("models");
-        let listed = with_retries(retries, backoff, || async {
+        let listed = with_retries(retries, backoff, true, || async {
             let response = self.inner.get(&url).await?;
             self.inner.read_all(response, 4 * 1024 * 1024, false).await
         })
@@ -259,12 +272,32 @@ impl OpenAiProvider {
     }
 }
 
-/// The probe request.
+/// Whether a failed forced probe means "this server cannot force a tool
+/// choice" rather than "this server is broken": any error status other
+/// than a key, quota, rate-limit, missing-model or context problem.
+fn refuses_forced_choice(e: &ProviderError) -> bool {
+    match e {
+        ProviderError::Transient { code, .. } => *code == "ServerError",
+        ProviderError::Terminal { code, .. } => !matches!(
+            *code,
+            "Unauthorized" | "NotFound" | "QuotaExceeded" | "ContextLengthExceeded"
+        ),
+        ProviderError::Capability { .. } => true,
+    }
+}
+
+/// The probe request: `tool_choice: "required"` when `forced`, else
+/// `"auto"` with a firmer instruction.
 fn probe_body(model: &str, forced: bool) -> Value {
+    let system = if forced {
+        "You are checking that tool calls work."
+    } else {
+        "You are checking that tool calls work. You must answer by calling the function you are given; never answer with text."
+    };
     let mut body = json!({
         "model": model,
         "messages": [
-            {"role": "system", "content": "You are checking that tool calls work."},
+            {"role": "system", "content": system},
             {"role": "user", "content": format!("Call the function `{PROBE_TOOL}` now, with no arguments. Do not answer with text.")}
         ],
         "tools": [{
@@ -277,17 +310,17 @@ fn probe_body(model: &str, forced: bool) -> Value {
         }],
         "stream": false
     });
-    if forced {
-        body["tool_choice"] = json!("required");
-    }
+    body["tool_choice"] = json!(if forced { "required" } else { "auto" });
     body
 }
 
 /// Runs `attempt`, retrying transient errors with `backoff` (at least the
-/// server's `Retry-After`, at most `MAX_CHECK_WAIT`).
+/// server's `Retry-After`, at most `MAX_CHECK_WAIT`); server errors (5xx)
+/// only when `server_errors`.
 async fn with_retries<T, F, Fut>(
     retries: u32,
     backoff: &Backoff,
+    server_errors: bool,
     mut attempt: F,
 ) -> Result<T, ProviderError>
 where
@@ -303,6 +336,7 @@ where
                 code, retry_after, ..
             }) if retry < retries
                 && !matches!(code, "ConnectionFailed" | "Timeout")
+                && (server_errors || code != "ServerError")
                 && retry_after.is_none_or(|a| a <= MAX_CHECK_WAIT) =>
             {
                 retry += 1;

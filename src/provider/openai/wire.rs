@@ -351,11 +351,15 @@ impl Assembly {
                 retry_after: None,
             });
         }
+        // Each call's result names it by id, so ids must be unique within
+        // the turn: a missing id, or one a server repeats (some local
+        // servers number every call `call_0`), gets a fresh one.
+        let mut seen = std::collections::HashSet::new();
         let tool_calls = self
             .calls
             .into_values()
             .map(|c| ToolCall {
-                id: if c.id.is_empty() {
+                id: if c.id.is_empty() || !seen.insert(c.id.clone()) {
                     fresh_call_id().into()
                 } else {
                     c.id.into()
@@ -469,6 +473,19 @@ mod tests {
         );
         assert!(r.tool_calls[1].id.starts_with("call_troupe_"));
         assert_eq!(r.usage.completion_tokens, 4);
+    }
+
+    #[test]
+    fn a_repeated_call_id_gets_a_fresh_one_so_each_result_names_one_call() {
+        let body = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[
+            {"id":"call_0","type":"function","function":{"name":"Echo","arguments":"{}"}},
+            {"id":"call_0","type":"function","function":{"name":"Read","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#;
+        let r = Assembly::from_completion(body)
+            .unwrap()
+            .into_response()
+            .unwrap();
+        assert_eq!(&*r.tool_calls[0].id, "call_0");
+        assert!(r.tool_calls[1].id.starts_with("call_troupe_"));
     }
 
     #[test]
