@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod exit;
+pub mod limits;
 pub mod progress;
 pub mod provider;
 pub mod run;

@@ -2,12 +2,14 @@
 //! events and the audit log.
 
 pub mod audit;
+pub mod cancel;
 pub mod context;
 pub mod events;
 pub mod extract;
 pub mod ids;
 pub mod interaction;
 pub mod launch;
+pub mod limits;
 pub mod observer;
 pub mod planner;
 pub mod result;

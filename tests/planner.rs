@@ -121,7 +121,9 @@ impl Driver {
         self.step(PlanEvent::Reported {
             unit,
             stage_id: stage.into(),
-            outcome: StageOutcome::Cancelled,
+            outcome: StageOutcome::Cancelled {
+                usage: Default::default(),
+            },
         })
     }
 
@@ -498,4 +500,30 @@ proptest! {
             RunStatus::Cancelled => prop_assert!(cancel_after.is_some()),
         }
     }
+}
+
+#[test]
+fn progress_counts_a_sibling_as_running_from_its_grant() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 2);
+    d.step(PlanEvent::Start);
+    d.exit(None, "plan", Verdict::Ok, json!({"items": [1, 2, 3, 4, 5]}));
+    let cmds = d.step(PlanEvent::StartRequested { unit: 0 });
+    let progress: Vec<&troupe::runtime::events::Event> = cmds
+        .iter()
+        .filter_map(|c| match c {
+            PlanCommand::Emit(e) if e.name == troupe::runtime::events::EventName::Progress => {
+                Some(e)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(progress.len(), 1, "a grant updates the counts");
+    let p = progress[0].to_json(0);
+    assert_eq!(p["running"], 1);
+    assert_eq!(p["done"], 0);
+    assert_eq!(
+        p["waiting"], 4,
+        "one spawned not started, three never spawned"
+    );
 }

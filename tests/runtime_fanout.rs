@@ -225,6 +225,25 @@ fn acceptance_23_map_of_50_under_cap_4() {
 }
 
 #[test]
+fn a_fan_out_with_its_own_cap_never_runs_more_siblings_than_it() {
+    let worker = "  worker:\n    - { complete: { item: \"{{ctx.item}}\" }, latency: 10ms }\n";
+    let f = map_fixture(20, 8, worker);
+    let yaml = std::fs::read_to_string(f.file("pipeline.yaml")).unwrap();
+    std::fs::write(
+        f.file("pipeline.yaml"),
+        yaml.replace("join: join }", "join: join, cap: 3 }"),
+    )
+    .unwrap();
+    let out = run(f.path(), Opts::default());
+    assert_eq!(out.report.status, RunStatus::Ok);
+    check_invariants(&out, 3);
+    assert_eq!(out.report.groups[0].cap, 3);
+    assert_eq!(out.report.groups[0].peak_running, 3);
+    let turn = &out.named("SessionTurnStart")[1];
+    assert_eq!(turn["cap"], 3);
+}
+
+#[test]
 fn acceptance_24_fail_fast_cancels_running_siblings_and_drops_their_requests() {
     // Sibling 2's model turn fails after 10 ms, while the others wait 100 ms on theirs.
     let worker = "  worker:\n    - { tool: Echo, args: { text: \"item {{ctx.item}}\" }, latency: 100ms }\n    - complete: { ok: true }\n  \"worker#2\":\n    - { fail: terminal, message: sibling two broke, latency: 10ms }\n";

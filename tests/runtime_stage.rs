@@ -325,6 +325,7 @@ fn acceptance_19_inputs_schema_rejecting_the_predecessor_is_stage_init_failed() 
     let init = out.named("StageInitFailed");
     assert_eq!(init.len(), 1);
     assert_eq!(init[0]["stageId"], "b");
+    assert_eq!(init[0]["code"], "Validation/StageInputsInvalid");
     assert!(
         init[0]["message"]
             .as_str()
@@ -442,4 +443,54 @@ fn a_stage_timeout_fails_a_stage_that_takes_too_long() {
     assert!(out.elapsed >= std::time::Duration::from_secs(30));
     assert!(out.elapsed < std::time::Duration::from_secs(31));
     assert_eq!(out.count("StageExited"), 1);
+}
+
+#[test]
+fn gates_and_asserts_on_deterministic_steps_are_evaluated() {
+    let yaml = "id: steps\nentry: talk\nctx:\n  open: { default: false }\nstages:\n  talk: talk.md\n  extract: { kind: extract_json, from: \"ctx.upstream[0].parsed.text\" }\n  report: { kind: print, content: \"score {{ctx.upstream[0].parsed.score}}\" }\nnext:\n  talk: extract\n  extract: report\nassert:\n  extract: [\"parsed.score > 5\"]\ngates:\n  report: { when: \"ctx.open\", otherwise: block }\n";
+    let script = |score: u32| {
+        format!(
+            "stages:\n  talk:\n    - complete: {{ summary: s, text: \"{{\\\"score\\\": {score}}}\" }}\n"
+        )
+    };
+    let fixture = |score| {
+        Fixture::new(
+            yaml,
+            &[
+                ("talk.md", &llm("talk", 5, 1, "none", "fail", "", "x")),
+                ("script.yaml", &script(score)),
+            ],
+        )
+    };
+    // A false assert fails the step (one attempt, no retry).
+    let out = run(fixture(2).path(), Opts::default());
+    match &out.report.status {
+        RunStatus::Failed { reason } => assert!(reason.contains("parsed.score > 5"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let asserted = out.named("StageAssertOutcome");
+    let extract = asserted.iter().find(|e| e["stageId"] == "extract").unwrap();
+    assert_eq!(extract["verdict"], "fail");
+    // A gate that does not say proceed fails the step, audited.
+    let out = run(fixture(9).path(), Opts::default());
+    match &out.report.status {
+        RunStatus::Failed { reason } => assert!(reason.contains("CheckGate: block"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let gate = out
+        .named("StageCheckGateResult")
+        .into_iter()
+        .find(|e| e["stageId"] == "report")
+        .unwrap();
+    assert_eq!(gate["outcome"], "block");
+    // Both pass: the run goes through.
+    let out = run(
+        fixture(9).path(),
+        Opts {
+            fields: vec![("open", serde_json::json!(true))],
+            ..Opts::default()
+        },
+    );
+    assert_eq!(out.report.status, RunStatus::Ok, "{:?}", out.report.status);
+    assert_eq!(out.report.results["report"].output["text"], "score 9");
 }

@@ -71,6 +71,9 @@ pub enum Delivery<E> {
     Lagged {
         /// Number of events dropped.
         dropped: u64,
+        /// The sequence number of the last event dropped: the diagnostic
+        /// takes its place in the subscriber's sequence.
+        last_seq: u64,
     },
 }
 
@@ -93,6 +96,8 @@ struct Subscriber<E> {
     sender: Sender<Delivery<E>>,
     /// Dropped since the last successful delivery; reported as `Lagged`.
     pending_dropped: u64,
+    /// The seq of the last of those.
+    pending_last_seq: u64,
     stats: Arc<SubscriberStats>,
 }
 
@@ -191,6 +196,7 @@ impl<E: BusEvent> EventBus<E> {
                 interest,
                 sender,
                 pending_dropped: 0,
+                pending_last_seq: 0,
                 stats: Arc::clone(&stats),
             });
         }
@@ -300,6 +306,7 @@ fn deliver<E>(
             if sub.pending_dropped > 0 {
                 let lagged = Delivery::Lagged {
                     dropped: sub.pending_dropped,
+                    last_seq: sub.pending_last_seq,
                 };
                 if sub.sender.send(lagged).is_err() {
                     return false;
@@ -312,11 +319,12 @@ fn deliver<E>(
             if sub.pending_dropped > 0 {
                 let lagged = Delivery::Lagged {
                     dropped: sub.pending_dropped,
+                    last_seq: sub.pending_last_seq,
                 };
                 match sub.sender.try_send(lagged) {
                     Ok(()) => sub.pending_dropped = 0,
                     Err(TrySendError::Full(_)) => {
-                        record_drop(sub, lagged_total);
+                        record_drop(sub, seq, lagged_total);
                         return true;
                     }
                     Err(TrySendError::Disconnected(_)) => return false,
@@ -325,7 +333,7 @@ fn deliver<E>(
             match sub.sender.try_send(item) {
                 Ok(()) => true,
                 Err(TrySendError::Full(_)) => {
-                    record_drop(sub, lagged_total);
+                    record_drop(sub, seq, lagged_total);
                     true
                 }
                 Err(TrySendError::Disconnected(_)) => false,
@@ -334,8 +342,9 @@ fn deliver<E>(
     }
 }
 
-fn record_drop<E>(sub: &mut Subscriber<E>, lagged_total: &AtomicU64) {
+fn record_drop<E>(sub: &mut Subscriber<E>, seq: u64, lagged_total: &AtomicU64) {
     sub.pending_dropped += 1;
+    sub.pending_last_seq = seq;
     sub.stats.dropped_total.fetch_add(1, Ordering::Relaxed);
     lagged_total.fetch_add(1, Ordering::Relaxed);
 }
@@ -460,7 +469,7 @@ mod tests {
                 Delivery::Event(env) => match *env.event {
                     Ev::Audit(n) | Ev::Token(n) => (env.seq, n),
                 },
-                Delivery::Lagged { dropped } => panic!("unexpected lag {dropped}"),
+                Delivery::Lagged { dropped, .. } => panic!("unexpected lag {dropped}"),
             })
             .collect();
         assert_eq!(got, vec![(1, 1), (2, 2), (3, 3), (4, 4)]);
@@ -519,7 +528,10 @@ mod tests {
         };
         assert_eq!(*event(slow.recv()).event, Ev::Audit(1));
         assert_eq!(*event(slow.recv()).event, Ev::Audit(2));
-        assert!(matches!(slow.recv(), Some(Delivery::Lagged { dropped: 3 })));
+        assert!(matches!(
+            slow.recv(),
+            Some(Delivery::Lagged { dropped: 3, .. })
+        ));
         let third = event(slow.recv());
         assert_eq!((third.seq, &*third.event), (6, &Ev::Audit(3)));
         assert_eq!(publisher.join().unwrap(), Some(6));
@@ -544,14 +556,14 @@ mod tests {
         bus.publish(Ev::Token(3));
         assert!(matches!(
             sub.try_recv(),
-            Some(Delivery::Lagged { dropped: 2 })
+            Some(Delivery::Lagged { dropped: 2, .. })
         ));
         assert!(sub.try_recv().is_none());
         bus.publish(Ev::Token(4));
         // Again the marker takes the only slot, so Token(4) is dropped as well.
         assert!(matches!(
             sub.try_recv(),
-            Some(Delivery::Lagged { dropped: 1 })
+            Some(Delivery::Lagged { dropped: 1, .. })
         ));
         assert_eq!(sub.dropped_total(), 4);
         // An audit event waits for the marker to be read (from another thread).
@@ -559,7 +571,10 @@ mod tests {
             let bus = bus.clone();
             thread::spawn(move || bus.publish(Ev::Audit(5)))
         };
-        assert!(matches!(sub.recv(), Some(Delivery::Lagged { dropped: 1 })));
+        assert!(matches!(
+            sub.recv(),
+            Some(Delivery::Lagged { dropped: 1, .. })
+        ));
         assert_eq!(*event(sub.recv()).event, Ev::Audit(5));
         assert_eq!(publisher.join().unwrap(), Some(6));
     }
@@ -638,7 +653,7 @@ mod tests {
                     for delivery in sub {
                         match delivery {
                             Delivery::Event(env) => seqs.push((env.seq, env.event.class())),
-                            Delivery::Lagged { dropped: n } => dropped += n,
+                            Delivery::Lagged { dropped: n, .. } => dropped += n,
                         }
                     }
                     (seqs, dropped)

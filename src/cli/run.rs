@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Exit;
+use super::limits::LimitArgs;
 use super::provider::{ProviderArgs, ProviderSetup};
 use super::validate::{print_diagnostics, reject};
 use crate::definition::{Backoff, duration::parse_duration, load_pipeline};
@@ -89,16 +90,22 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub stage_timeout: Option<Duration>,
     #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
     pub provider: ProviderArgs,
 }
 
 /// How the actor system's part of a run ended.
 enum Ended {
-    Report(RunReport),
+    /// The report, and the last `seq` the run's events used.
+    Report(Box<RunReport>, u64),
     /// The run could not start or lost its report.
     Aborted(String),
     /// The provider failed its capability check; nothing ran.
     Check(CheckError),
+    /// A flag turned out wrong once the provider was known (a budget
+    /// without a price for the model); nothing ran.
+    Invalid(String),
 }
 
 pub fn run(args: RunArgs) -> Exit {
@@ -181,7 +188,12 @@ pub fn run(args: RunArgs) -> Exit {
                 );
             }
             match OpenAiProvider::new(*config) {
-                Ok(p) => (Arc::new(p.clone()), Some((p, skip_check))),
+                Ok(p) => {
+                    // Said once, when it happens; the audit log gets a
+                    // `ProviderNotice` too.
+                    p.on_notice(|n| eprintln!("note: {}", n.message));
+                    (Arc::new(p.clone()), Some((p, skip_check)))
+                }
                 Err(e) => return input_invalid(&path, e.to_string(), args.json),
             }
         }
@@ -207,19 +219,33 @@ pub fn run(args: RunArgs) -> Exit {
     let check_backoff = settings.provider_backoff;
     settings.root = root;
     settings.stage_timeout = args.stage_timeout;
-    spec.settings = Arc::new(settings);
+    spec.max_run_time = args.limits.max_run_time;
     let audit_path = args.runs_dir.join(spec.run_id.as_str()).join("audit.jsonl");
 
     let stream_events = args.events.is_some();
     let json = args.json;
     let check = openai.clone();
+    let limits = args.limits.clone();
+    let run_pipeline = Arc::clone(&pipeline);
     let system = actix::System::new();
     let ended = system.block_on(async move {
-        if let Some((provider, false)) = &check
-            && let Err(e) = provider.check(check_retries, &check_backoff).await
-        {
-            return Ended::Check(e);
+        if let Some((provider, false)) = &check {
+            match provider.check(check_retries, &check_backoff).await {
+                Ok(report) => note_check(provider, &report),
+                Err(e) => return Ended::Check(e),
+            }
         }
+        // The budget prices the model the run actually asks, which the
+        // check may have just picked.
+        let model = match &check {
+            Some((provider, _)) => provider.model().unwrap_or_default().to_owned(),
+            None => "scripted".to_owned(),
+        };
+        match limits.budget(&run_pipeline, &model) {
+            Ok(budget) => settings.budget = budget,
+            Err(e) => return Ended::Invalid(e),
+        }
+        spec.settings = Arc::new(settings);
         let mut sinks = Vec::new();
         match start_audit_log(&spec.bus, &audit_path) {
             Ok(s) => sinks.push(s),
@@ -231,7 +257,7 @@ pub fn run(args: RunArgs) -> Exit {
             }
         }
         if stream_events {
-            match start_event_stream(&spec.bus, std::io::stdout()) {
+            match start_event_stream(&spec.bus, spec.run_id.as_str(), std::io::stdout()) {
                 Ok(s) => sinks.push(s),
                 Err(e) => return Ended::Aborted(format!("cannot stream events: {e}")),
             }
@@ -242,15 +268,16 @@ pub fn run(args: RunArgs) -> Exit {
                 Err(e) => eprintln!("warning: no progress display: {e}"),
             }
         }
+        let bus = spec.bus.clone();
         let (session, done) = start_run(spec, sinks);
         let _interrupts = Interrupts::watch(move || session.do_send(Cancel));
         match done.await {
-            Ok(report) => Ended::Report(report),
+            Ok(report) => Ended::Report(Box::new(report), bus.last_seq()),
             Err(_) => Ended::Aborted("the run ended without a report".to_owned()),
         }
     });
-    let report = match ended {
-        Ended::Report(r) => r,
+    let (report, last_seq) = match ended {
+        Ended::Report(r, seq) => (*r, seq),
         Ended::Aborted(e) => {
             eprintln!("error: Session/RunAborted: {e}");
             return Exit::RunFailed;
@@ -259,6 +286,7 @@ pub fn run(args: RunArgs) -> Exit {
             print_check_error(&e, args.json);
             return Exit::Invalid;
         }
+        Ended::Invalid(message) => return input_invalid(&path, message, args.json),
     };
     let stats = openai.as_ref().map(|(p, _)| p.stats());
     if args.json {
@@ -269,7 +297,14 @@ pub fn run(args: RunArgs) -> Exit {
                 serde_json::to_value(stats).unwrap_or(serde_json::Value::Null),
             );
         }
-        match serde_json::to_string_pretty(&value) {
+        let printed = if stream_events {
+            // The event stream is JSON lines: the summary is its last line,
+            // with the head keys every line has.
+            serde_json::to_string(&summary_line(value, &report, last_seq))
+        } else {
+            serde_json::to_string_pretty(&value)
+        };
+        match printed {
             Ok(s) => println!("{s}"),
             Err(e) => eprintln!("error: cannot serialize the report: {e}"),
         }
@@ -291,6 +326,38 @@ pub fn run(args: RunArgs) -> Exit {
         RunStatus::Ok => Exit::Ok,
         RunStatus::Failed { .. } => Exit::RunFailed,
         RunStatus::Cancelled => Exit::Interrupted,
+    }
+}
+
+/// The `--json` summary as the last line of the `--events -` stream: kind
+/// `Summary`, with the head keys (`seq` one past the run's last event).
+fn summary_line(report: serde_json::Value, run: &RunReport, last_seq: u64) -> serde_json::Value {
+    let mut line = serde_json::Map::new();
+    line.insert("seq".into(), (last_seq + 1).into());
+    line.insert(
+        "ts".into(),
+        crate::runtime::events::rfc3339(std::time::SystemTime::now()).into(),
+    );
+    line.insert("event".into(), "Summary".into());
+    line.insert("workflowRunId".into(), run.run_id.clone().into());
+    if let serde_json::Value::Object(fields) = report {
+        for (k, v) in fields {
+            if k != "runId" {
+                line.insert(k, v);
+            }
+        }
+    }
+    serde_json::Value::Object(line)
+}
+
+/// Says on stderr what the capability check found when it matters: a
+/// server that cannot force a tool call is asked with `auto`.
+fn note_check(provider: &OpenAiProvider, report: &crate::provider::openai::CheckReport) {
+    if let Some(refused) = &report.forced_choice_refused {
+        eprintln!(
+            "note: {} cannot force a tool call (tool_choice \"required\" was refused: {refused}); troupe asks with tool_choice \"auto\" and an instruction to call the completion tool",
+            provider.config().base_url
+        );
     }
 }
 

@@ -51,22 +51,25 @@ pub fn start_audit_log(bus: &EventBus<Event>, path: &Path) -> io::Result<Sink> {
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
     let handle = std::thread::Builder::new()
         .name("troupe-audit".into())
-        .spawn(move || write_lines(sub, file, PACE))?;
+        .spawn(move || write_lines(sub, file, PACE, ""))?;
     Ok(Sink {
         handle,
         path: Some(path.to_owned()),
     })
 }
 
-/// Streams every event as JSON lines to `out` (e.g. stdout).
+/// Streams every event of run `run_id` as JSON lines to `out` (e.g.
+/// stdout).
 pub fn start_event_stream<W: Write + Send + 'static>(
     bus: &EventBus<Event>,
+    run_id: &str,
     out: W,
 ) -> io::Result<Sink> {
     let sub = bus.subscribe("events-stream", STREAM_QUEUE);
+    let run_id = run_id.to_owned();
     let handle = std::thread::Builder::new()
         .name("troupe-events".into())
-        .spawn(move || write_lines(sub, out, PACE))?;
+        .spawn(move || write_lines(sub, out, PACE, &run_id))?;
     Ok(Sink::from_thread(handle))
 }
 
@@ -102,7 +105,16 @@ const PACE: Pace = Pace {
     idle_polls: 25,
 };
 
-fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W, pace: Pace) -> io::Result<u64> {
+/// Writes what `sub` receives as JSON lines. A `SubscriberLagged`
+/// diagnostic (observer events dropped for a slow reader) gets the head
+/// keys every line has: the seq of the last event it stands for, the time
+/// it was written and `run_id`.
+fn write_lines<W: Write>(
+    sub: Subscription<Event>,
+    mut out: W,
+    pace: Pace,
+    run_id: &str,
+) -> io::Result<u64> {
     let rx = sub.receiver();
     let mut lines = 0u64;
     // Lines formatted but not yet written; formatted in place, so each
@@ -145,9 +157,16 @@ fn write_lines<W: Write>(sub: Subscription<Event>, mut out: W, pace: Pace) -> io
         idle = 0;
         match delivery {
             Delivery::Event(env) => env.event.write_json(env.seq, &mut pending),
-            Delivery::Lagged { dropped } => serde_json::to_writer(
+            Delivery::Lagged { dropped, last_seq } => serde_json::to_writer(
                 &mut pending,
-                &serde_json::json!({"event": "SubscriberLagged", "subscriber": sub.name(), "dropped": dropped}),
+                &serde_json::json!({
+                    "seq": last_seq,
+                    "ts": super::events::rfc3339(std::time::SystemTime::now()),
+                    "event": "SubscriberLagged",
+                    "workflowRunId": run_id,
+                    "subscriber": sub.name(),
+                    "dropped": dropped,
+                }),
             )?,
         }
         pending.push(b'\n');
@@ -191,7 +210,7 @@ mod tests {
         let sub = bus.subscribe_audit("audit-log", 16);
         let writer = std::thread::spawn(move || {
             let mut out = Vec::new();
-            let lines = write_lines(sub, &mut out, pace).expect("writes to memory");
+            let lines = write_lines(sub, &mut out, pace, "run").expect("writes to memory");
             (lines, out)
         });
         let run: Arc<str> = Arc::from("run");
@@ -209,6 +228,54 @@ mod tests {
             })
             .collect();
         (lines, visits)
+    }
+
+    #[test]
+    fn a_lagged_reader_gets_a_diagnostic_line_with_every_head_key() {
+        let bus: EventBus<Event> = EventBus::new();
+        let sub = bus.subscribe("events-stream", 2);
+        let run: Arc<str> = Arc::from("run-1");
+        // Nobody reads yet: the third and fourth observer events are dropped.
+        for _ in 0..4 {
+            bus.publish(Event::new(EventName::Progress, Arc::clone(&run)));
+        }
+        let writer = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            write_lines(sub, &mut out, PACE, "run-1").expect("writes to memory");
+            out
+        });
+        bus.publish(Event::new(EventName::StageEntered, Arc::clone(&run)));
+        bus.close();
+        let out = writer.join().expect("the writer ends");
+        let lines: Vec<serde_json::Value> = out
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).expect("a JSON line"))
+            .collect();
+        let lagged = lines
+            .iter()
+            .find(|l| l["event"] == "SubscriberLagged")
+            .expect("a lag line");
+        assert_eq!(
+            lagged["seq"], 4,
+            "it stands where the last dropped event was"
+        );
+        assert_eq!(lagged["workflowRunId"], "run-1");
+        assert_eq!(lagged["dropped"], 2);
+        assert!(lagged["ts"].as_str().is_some_and(|t| t.ends_with('Z')));
+        let keys: Vec<&str> = lagged
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .take(4)
+            .collect();
+        assert_eq!(keys, ["seq", "ts", "event", "workflowRunId"]);
+        let seqs: Vec<u64> = lines
+            .iter()
+            .map(|l| l["seq"].as_u64().expect("seq"))
+            .collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub enum EventName {
     ProviderRequestStarted,
     ProviderRequestCompleted,
     ProviderRequestFailed,
+    /// The provider changed how it works for the rest of the run (e.g. it
+    /// stopped streaming to an endpoint whose streams end early).
+    ProviderNotice,
     /// Observer: streamed model text.
     Token,
     /// Observer: fan-out progress counters.
@@ -79,6 +82,7 @@ impl EventName {
             EventName::ProviderRequestStarted => "ProviderRequestStarted",
             EventName::ProviderRequestCompleted => "ProviderRequestCompleted",
             EventName::ProviderRequestFailed => "ProviderRequestFailed",
+            EventName::ProviderNotice => "ProviderNotice",
             EventName::Token => "Token",
             EventName::Progress => "Progress",
         }
@@ -117,7 +121,8 @@ impl EventName {
             | EventName::InteractionAnswered
             | EventName::ProviderRequestStarted
             | EventName::ProviderRequestCompleted
-            | EventName::ProviderRequestFailed => EventClass::Audit,
+            | EventName::ProviderRequestFailed
+            | EventName::ProviderNotice => EventClass::Audit,
         }
     }
 }
@@ -228,8 +233,8 @@ impl Event {
             stage_execution_id: None,
             stage_id: None,
             tool: None,
-            // Room for the most any audit event has (StageExited and
-            // StageCancelled have five): no event grows its list twice.
+            // Room for the most any audit event has (StageCancelled has
+            // six): no event grows its list twice.
             fields: Vec::with_capacity(6),
         }
     }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use actix::prelude::*;
 use serde_json::{Map, Value};
 use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 use troupe_actors::EventBus;
 
 use super::audit::Sink;
@@ -128,7 +127,8 @@ impl RunSpec {
             bus: EventBus::new(),
             settings: Arc::new(RunSettings::default()),
             cap,
-            cancel: CancellationToken::new(),
+            cancel: super::cancel::CancelScope::root(),
+            max_run_time: None,
             interactors: Vec::new(),
             approval_timeout: None,
             hooks,

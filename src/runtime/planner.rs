@@ -54,6 +54,9 @@ pub enum PlanEvent {
     },
     /// Cancel the run strictly (Ctrl-C).
     CancelRun,
+    /// A limit of the run was reached (run time, budget): cancel it
+    /// strictly, like Ctrl-C, and end it as failed with `reason`.
+    LimitReached { reason: String },
 }
 
 /// An execution to start.
@@ -111,8 +114,7 @@ pub fn sibling_label(stage_id: &str, index: Option<usize>) -> String {
     }
 }
 
-/// Why an execution or the run was cancelled by the user (Ctrl-C).
-pub const TURN_CANCELLED: &str = "Cancellation/TurnCancelled";
+pub use super::cancel::TURN_CANCELLED;
 
 /// The `StageCancelled` reason of a sibling cancelled because `sibling`
 /// (its label, e.g. `worker#3`) failed. The planner and the failing
@@ -195,7 +197,11 @@ pub struct Planner {
     turns: u64,
     current: Current,
     status: Option<RunStatus>,
-    cancelled: bool,
+    /// Set once the run is being cancelled: `None` for Ctrl-C (the run
+    /// ends cancelled), the reason for a limit (the run ends failed).
+    cancelled: Option<Option<String>>,
+    /// Extra fields of `WorkflowStarted` (provider, limits).
+    run_record: Map<String, Value>,
     stats: BTreeMap<String, StageStats>,
     groups: Vec<GroupStats>,
     usage: Usage,
@@ -229,7 +235,8 @@ impl Planner {
             turns: 0,
             current: Current::Idle,
             status: None,
-            cancelled: false,
+            cancelled: None,
+            run_record: Map::new(),
             stats: BTreeMap::new(),
             groups: Vec::new(),
             usage: Usage::default(),
@@ -244,6 +251,12 @@ impl Planner {
     /// finished sibling is a visible cost in a wide fan-out.
     pub fn set_observed(&mut self, observed: bool) {
         self.observed = observed;
+    }
+
+    /// Fields `WorkflowStarted` records besides the pipeline, its entry,
+    /// cap and ctx: the provider and the run's limits.
+    pub fn set_run_record(&mut self, record: Map<String, Value>) {
+        self.run_record = record;
     }
 
     /// The run's status once it is decided.
@@ -264,7 +277,8 @@ impl Planner {
                 stage_id,
                 outcome,
             } => self.reported(unit, stage_id, outcome, out),
-            PlanEvent::CancelRun => self.cancel_run(out),
+            PlanEvent::CancelRun => self.cancel_run(None, out),
+            PlanEvent::LimitReached { reason } => self.cancel_run(Some(reason), out),
         }
     }
 
@@ -289,12 +303,18 @@ impl Planner {
     fn visit(&mut self, stage: &str) -> Result<u32, String> {
         let n = self.visits.entry(stage.to_owned()).or_insert(0);
         *n += 1;
-        match self.pipeline.max_visits {
-            Some(max) if *n > max => Err(format!(
-                "Session/MaxVisitsExceeded: stage `{stage}` entered {n} times; maxVisits is {max}"
-            )),
-            _ => Ok(*n),
+        let max = self.pipeline.effective_max_visits();
+        if *n > max {
+            let set = if self.pipeline.max_visits.is_some() {
+                ""
+            } else {
+                " (the default; set `maxVisits` in pipeline.yaml to allow more)"
+            };
+            return Err(format!(
+                "Session/MaxVisitsExceeded: stage `{stage}` entered {n} times; maxVisits is {max}{set}"
+            ));
         }
+        Ok(*n)
     }
 
     /// The state slot as it is now, shared by whoever reads it next.
@@ -366,13 +386,20 @@ impl Planner {
             return;
         }
         let p = Arc::clone(&self.pipeline);
-        out.push(PlanCommand::Emit(
-            self.event(EventName::WorkflowStarted)
-                .with("pipeline", p.id.as_str())
-                .with("entry", p.entry.as_str())
-                .with("parallelCap", self.cap)
-                .with("ctx", Value::Object((*self.fields).clone())),
-        ));
+        let mut started = self
+            .event(EventName::WorkflowStarted)
+            .with("pipeline", p.id.as_str())
+            .with("entry", p.entry.as_str())
+            .with("parallelCap", self.cap)
+            .with("ctx", Value::Object((*self.fields).clone()));
+        for (key, value) in std::mem::take(&mut self.run_record) {
+            match key.as_str() {
+                "provider" => started = started.with("provider", value),
+                "limits" => started = started.with("limits", value),
+                _ => {}
+            }
+        }
+        out.push(PlanCommand::Emit(started));
         self.enter_sequential(&p.entry, Arc::new(Vec::new()), out);
     }
 
@@ -458,6 +485,7 @@ impl Planner {
             }
         };
         let turn_id = self.next_turn_id();
+        let cap = plan.effective_cap(self.cap);
         let stages: Vec<String> = match &plan.siblings {
             Siblings::Static(ids) => ids.clone(),
             Siblings::Map { stage, .. } => vec![format!("{stage}[{total}]")],
@@ -468,17 +496,17 @@ impl Planner {
                 .with("stages", json!(stages))
                 .with("execution", "parallel")
                 .with("width", total)
-                .with("cap", self.cap)
+                .with("cap", cap)
                 .with("join", json!(plan.join)),
         ));
-        let mut core = FanOut::new(total, self.cap);
+        let mut core = FanOut::new(total, cap);
         let mut cmds = Vec::new();
         core.start(&mut cmds);
         let stats = GroupStats {
             turn_id: turn_id.clone(),
             stage: stages.join(", "),
             width: total,
-            cap: self.cap,
+            cap,
             ..GroupStats::default()
         };
         self.current = Current::Group(Box::new(Group {
@@ -645,7 +673,10 @@ impl Planner {
                 },
                 out,
             ),
-            None => self.finish(RunStatus::Cancelled, out),
+            None => {
+                let status = self.cancelled_status();
+                self.finish(status, out)
+            }
         }
     }
 
@@ -671,8 +702,9 @@ impl Planner {
         upstream_of_result: Arc<Vec<Arc<StageResult>>>,
         out: &mut Out,
     ) {
-        if self.cancelled {
-            return self.finish(RunStatus::Cancelled, out);
+        if self.cancelled.is_some() {
+            let status = self.cancelled_status();
+            return self.finish(status, out);
         }
         if result.verdict == Verdict::Fail {
             let reason = format!(
@@ -707,7 +739,15 @@ impl Planner {
             .handle(FanOutEvent::StartRequested { unit }, &mut cmds)
             .is_ok()
         {
+            let granted = cmds
+                .iter()
+                .any(|c| matches!(c, FanOutCommand::Grant { .. }));
             self.apply(cmds, out);
+            // Counts stay live: a sibling is running from its grant, not
+            // only once the first one finishes.
+            if granted {
+                self.progress(out);
+            }
         }
     }
 
@@ -724,9 +764,12 @@ impl Planner {
                 self.record(&exited.result);
                 self.follow(exited.next, exited.result, upstream, out);
             }
-            StageOutcome::Cancelled
+            StageOutcome::Cancelled { .. }
             | StageOutcome::CancelledBeforeStart
-            | StageOutcome::Withdrawn => self.finish(RunStatus::Cancelled, out),
+            | StageOutcome::Withdrawn => {
+                let status = self.cancelled_status();
+                self.finish(status, out)
+            }
         }
     }
 
@@ -737,7 +780,8 @@ impl Planner {
         outcome: StageOutcome,
         out: &mut Out,
     ) {
-        if let StageOutcome::Cancelled = &outcome {
+        if let StageOutcome::Cancelled { usage } = &outcome {
+            self.usage.add(*usage);
             match self.stats.get_mut(&*stage_id) {
                 Some(stats) => stats.cancelled += 1,
                 None => {
@@ -773,7 +817,7 @@ impl Planner {
                             Verdict::Fail => UnitOutcome::Failed,
                         }
                     }
-                    StageOutcome::Cancelled => {
+                    StageOutcome::Cancelled { .. } => {
                         g.stats.cancelled += 1;
                         UnitOutcome::Failed
                     }
@@ -802,13 +846,29 @@ impl Planner {
         }
     }
 
-    fn cancel_run(&mut self, out: &mut Out) {
-        if self.cancelled {
+    /// How a run that is being cancelled ends: cancelled after Ctrl-C,
+    /// failed with the limit's reason after a limit.
+    fn cancelled_status(&self) -> RunStatus {
+        match &self.cancelled {
+            Some(Some(reason)) => RunStatus::Failed {
+                reason: reason.clone(),
+            },
+            _ => RunStatus::Cancelled,
+        }
+    }
+
+    /// Cancels the run strictly: `limit` is `None` for Ctrl-C, else the
+    /// reason the run then fails with.
+    fn cancel_run(&mut self, limit: Option<String>, out: &mut Out) {
+        if self.cancelled.is_some() {
             return;
         }
-        self.cancelled = true;
+        self.cancelled = Some(limit);
         match &mut self.current {
-            Current::Idle => self.finish(RunStatus::Cancelled, out),
+            Current::Idle => {
+                let status = self.cancelled_status();
+                self.finish(status, out)
+            }
             Current::Sequential { .. } => out.push(PlanCommand::Cancel {
                 exec: Exec::Sequential,
             }),
@@ -824,6 +884,19 @@ impl Planner {
                 self.apply(cmds, out);
             }
         }
+    }
+
+    /// The per-stage counts in the order the pipeline declares its stages.
+    fn stats_in_pipeline_order(&mut self) -> Vec<(String, StageStats)> {
+        let mut stats = std::mem::take(&mut self.stats);
+        let mut ordered: Vec<(String, StageStats)> = self
+            .pipeline
+            .stages
+            .iter()
+            .filter_map(|s| stats.remove_entry(&s.id))
+            .collect();
+        ordered.extend(stats);
+        ordered
     }
 
     fn finish(&mut self, status: RunStatus, out: &mut Out) {
@@ -845,10 +918,11 @@ impl Planner {
             run_id: self.run_id.to_string(),
             pipeline: self.pipeline.id.clone(),
             status,
-            stages: std::mem::take(&mut self.stats),
+            stages: self.stats_in_pipeline_order(),
             groups: std::mem::take(&mut self.groups),
             usage: self.usage,
             wall: Duration::ZERO,
+            budget: None,
             audit_path: None,
             results: std::mem::take(&mut self.results),
         })));

@@ -11,15 +11,16 @@ use std::time::Instant;
 
 use actix::prelude::*;
 use serde_json::{Map, Value};
-use tokio_util::sync::CancellationToken;
 use troupe_actors::EventBus;
+
+use super::cancel::CancelScope;
 
 use super::events::Event;
 use super::ids::RunId;
 use super::interaction::{InteractionHub, InteractorSpec};
 use super::planner::{Exec, PlanCommand, PlanEvent, Planner, Spawn};
 use super::stage::{RunSettings, StageRun};
-use super::stage_actor::{FailFast, StageActor, StageReport, StartRequest};
+use super::stage_actor::{StageActor, StageReport, StartRequest};
 use super::summary::RunReport;
 use crate::definition::{Pipeline, StageKind};
 use crate::provider::Provider;
@@ -36,7 +37,11 @@ pub struct RunSpec {
     pub settings: Arc<RunSettings>,
     /// Effective fan-out cap (CLI > pipeline.yaml > 8).
     pub cap: usize,
-    pub cancel: CancellationToken,
+    /// The run's scope in the cancellation tree.
+    pub cancel: CancelScope,
+    /// Past it the run is cancelled and fails with
+    /// `Session/RunTimeExceeded` (`--max-run-time`).
+    pub max_run_time: Option<std::time::Duration>,
     /// Who may approve out-of-envelope tool calls; empty is headless.
     pub interactors: Vec<InteractorSpec>,
     /// How long an approval may wait for an answer (`None`: forever).
@@ -56,6 +61,15 @@ pub struct RunFinished(pub RunReport);
 #[rtype(result = "()")]
 pub struct CancelRun;
 
+/// A limit of the run was reached (`--max-run-time`, the budget): cancel
+/// it strictly, like Ctrl-C, and end it as failed with `reason`
+/// (`Class/Code: message`).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct LimitReached {
+    pub reason: String,
+}
+
 /// Where an execution asks to start, and where it reports.
 type Links = (Arc<Recipient<StartRequest>>, Arc<Recipient<StageReport>>);
 
@@ -70,10 +84,10 @@ pub struct Scheduler {
     /// `Addr` or `Recipient` allocates on every clone, an `Arc` does not.
     links: Option<Links>,
     planner: Planner,
-    /// The cancellation tokens of the current turn's live executions.
-    live: HashMap<Exec, CancellationToken>,
-    /// The current parallel group's fail-fast, by session turn.
-    group: Option<(u64, FailFast)>,
+    /// The cancellation scopes of the current turn's live executions.
+    live: HashMap<Exec, CancelScope>,
+    /// The current parallel group's scope, by session turn.
+    group: Option<(u64, CancelScope)>,
     /// Each LLM stage's tool manifest, built on its first execution.
     manifests: HashMap<String, Arc<Vec<ToolSpec>>>,
     finished: bool,
@@ -95,12 +109,13 @@ impl Scheduler {
         hub: Option<Addr<InteractionHub>>,
         owner: Recipient<RunFinished>,
     ) -> Scheduler {
-        let planner = Planner::new(
+        let mut planner = Planner::new(
             Arc::clone(&spec.pipeline),
             spec.run_id.clone(),
             Arc::clone(&spec.fields),
             spec.cap,
         );
+        planner.set_run_record(run_record(&spec));
         Scheduler {
             spec,
             hub: hub.map(Arc::new),
@@ -136,8 +151,8 @@ impl Scheduler {
                 // its token is cancelled; one not yet granted is refused
                 // when it asks.
                 PlanCommand::Cancel { exec } => {
-                    if let Some(token) = self.live.get(&exec) {
-                        token.cancel();
+                    if let Some(scope) = self.live.get(&exec) {
+                        scope.token().cancel();
                     }
                 }
                 PlanCommand::Emit(event) => {
@@ -145,6 +160,7 @@ impl Scheduler {
                 }
                 PlanCommand::Finish(mut report) => {
                     report.wall = self.started_at.elapsed();
+                    report.budget = self.spec.settings.budget.as_ref().map(|b| b.report());
                     self.finished = true;
                     self.owner.do_send(RunFinished(*report));
                     ctx.stop();
@@ -164,19 +180,19 @@ impl Scheduler {
             turn,
             sibling,
         } = spawn;
-        // Siblings share their group's fail-fast, made on the group's
-        // first spawn.
-        let fail_fast = sibling.then(|| match &self.group {
+        // Siblings share their group's scope, made on the group's first
+        // spawn.
+        let group = sibling.then(|| match &self.group {
             Some((t, group)) if *t == turn => group.clone(),
             _ => {
-                let group = FailFast::new(self.spec.cancel.child_token());
+                let group = self.spec.cancel.child();
                 self.group = Some((turn, group.clone()));
                 group
             }
         });
-        let cancel = match &fail_fast {
-            Some(group) => group.token().child_token(),
-            None => self.spec.cancel.child_token(),
+        let scope = match &group {
+            Some(group) => group.child(),
+            None => self.spec.cancel.child(),
         };
         let tools = match (&stage.kind, self.manifests.get(&stage.id)) {
             (StageKind::Llm(_), Some(tools)) => Arc::clone(tools),
@@ -196,7 +212,7 @@ impl Scheduler {
             settings: Arc::clone(&self.spec.settings),
             index,
             visit,
-            cancel: cancel.clone(),
+            cancel: scope.token().clone(),
             hub: self.hub.clone(),
             hooks: Arc::clone(&self.spec.hooks),
             tools,
@@ -209,11 +225,39 @@ impl Scheduler {
             })
             .clone();
         match exec {
-            Exec::Unit(unit) => StageActor::new(run, Some(unit), Some(gate), report, fail_fast),
-            Exec::Sequential | Exec::Join => StageActor::new(run, None, None, report, None),
+            Exec::Unit(unit) => {
+                StageActor::new(run, Some(unit), Some(gate), report, scope.clone(), group)
+            }
+            Exec::Sequential | Exec::Join => {
+                StageActor::new(run, None, None, report, scope.clone(), None)
+            }
         }
         .start();
-        self.live.insert(exec, cancel);
+        self.live.insert(exec, scope);
+    }
+
+    /// Ends the run by its budget once the meter has tripped (the watcher
+    /// spawned at start does the same when no report comes).
+    fn check_budget(&mut self, ctx: &mut Context<Self>) {
+        let over = self
+            .spec
+            .settings
+            .budget
+            .as_ref()
+            .and_then(|b| b.exceeded());
+        if let Some(over) = over {
+            use crate::error::HasCode;
+            self.limit_reached(format!("{}: {over}", over.code()), ctx);
+        }
+    }
+
+    /// A limit was reached: cancel the run strictly; it ends failed.
+    fn limit_reached(&mut self, reason: String, ctx: &mut Context<Self>) {
+        if self.finished || self.spec.cancel.is_cancelled() {
+            return;
+        }
+        self.spec.cancel.cancel(reason.as_str());
+        self.step(PlanEvent::LimitReached { reason }, ctx);
     }
 
     fn exec_of(&self, unit: Option<usize>) -> Exec {
@@ -232,7 +276,7 @@ impl Drop for Scheduler {
         if self.finished {
             return;
         }
-        self.spec.cancel.cancel();
+        self.spec.cancel.token().cancel();
         let mut out = Vec::new();
         self.planner.abandon(
             "ExtensionHost/ActorPanicked: the scheduler stopped unexpectedly".to_owned(),
@@ -260,14 +304,60 @@ impl Actor for Scheduler {
         // Many siblings report at once; let the mailbox grow with the cap.
         ctx.set_mailbox_capacity(self.spec.cap.saturating_mul(4).max(64));
         self.started_at = Instant::now();
+        // The budget's meter wakes the scheduler when it trips; the
+        // scheduler decides what that does to the run.
+        if let Some(budget) = &self.spec.settings.budget {
+            let budget = Arc::clone(budget);
+            ctx.spawn(async move { budget.tripped().await }.into_actor(self).map(
+                |over, _act, ctx| {
+                    use crate::error::HasCode;
+                    ctx.notify(LimitReached {
+                        reason: format!("{}: {over}", over.code()),
+                    });
+                },
+            ));
+        }
         self.step(PlanEvent::Start, ctx);
     }
+}
+
+/// What `WorkflowStarted` records besides the pipeline: the provider
+/// (never its key) and the run's limits.
+fn run_record(spec: &RunSpec) -> Map<String, Value> {
+    let mut record = Map::new();
+    record.insert(
+        "provider".to_owned(),
+        serde_json::to_value(spec.provider.info()).unwrap_or(Value::Null),
+    );
+    let mut limits = Map::new();
+    limits.insert(
+        "maxVisits".to_owned(),
+        spec.pipeline.effective_max_visits().into(),
+    );
+    if let Some(d) = spec.max_run_time {
+        limits.insert(
+            "maxRunTime".to_owned(),
+            crate::definition::duration::format_duration(d).into(),
+        );
+    }
+    if let Some(budget) = &spec.settings.budget {
+        let report = budget.report();
+        if let Some(t) = report.max_tokens {
+            limits.insert("maxTokens".to_owned(), t.into());
+        }
+        if let Some(c) = report.max_cost {
+            limits.insert("maxCost".to_owned(), c.into());
+        }
+    }
+    record.insert("limits".to_owned(), Value::Object(limits));
+    record
 }
 
 impl Handler<StartRequest> for Scheduler {
     type Result = ();
 
     fn handle(&mut self, msg: StartRequest, ctx: &mut Context<Self>) {
+        self.check_budget(ctx);
         let granted = self.step(PlanEvent::StartRequested { unit: msg.unit }, ctx);
         if granted.contains(&msg.unit) {
             let _ = msg.reply.send(());
@@ -280,6 +370,9 @@ impl Handler<StageReport> for Scheduler {
     type Result = ();
 
     fn handle(&mut self, msg: StageReport, ctx: &mut Context<Self>) {
+        // A stage trips the budget before it reports: the trip is decided
+        // first, whichever message the mailbox delivers first.
+        self.check_budget(ctx);
         let exec = self.exec_of(msg.unit);
         self.live.remove(&exec);
         self.step(
@@ -300,7 +393,15 @@ impl Handler<CancelRun> for Scheduler {
         if self.finished {
             return;
         }
-        self.spec.cancel.cancel();
+        self.spec.cancel.cancel(super::cancel::TURN_CANCELLED);
         self.step(PlanEvent::CancelRun, ctx);
+    }
+}
+
+impl Handler<LimitReached> for Scheduler {
+    type Result = ();
+
+    fn handle(&mut self, msg: LimitReached, ctx: &mut Context<Self>) {
+        self.limit_reached(msg.reason, ctx);
     }
 }

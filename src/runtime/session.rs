@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 
 use super::audit::Sink;
 use super::interaction::start_hub;
-use super::scheduler::{CancelRun, RunFinished, RunSpec, Scheduler};
+use super::scheduler::{CancelRun, LimitReached, RunFinished, RunSpec, Scheduler};
 use super::summary::RunReport;
 
 /// Start the run; the report arrives on `reply` when it is over.
@@ -62,6 +62,17 @@ impl Handler<StartRun> for Session {
         );
         let scheduler =
             Scheduler::new(self.spec.clone(), Some(hub), ctx.address().recipient()).start();
+        if let Some(limit) = self.spec.max_run_time {
+            let scheduler = scheduler.clone();
+            ctx.run_later(limit, move |_act, _ctx| {
+                scheduler.do_send(LimitReached {
+                    reason: format!(
+                        "Session/RunTimeExceeded: the run took longer than {} (--max-run-time)",
+                        crate::definition::duration::format_duration(limit)
+                    ),
+                });
+            });
+        }
         self.scheduler = Some(scheduler);
     }
 }

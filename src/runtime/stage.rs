@@ -24,6 +24,7 @@ use super::extract::extract_json;
 use super::interaction::{
     Decision as Grant, GrantLedger, GrantRequest, InteractionHub, Raise, args_digest, args_summary,
 };
+use super::limits::Budget;
 use super::observer::BusObserver;
 use super::result::{StageResult, Usage, Verdict};
 use super::tool_call::{RunTool, ToolCallActor, ToolOutcome};
@@ -62,6 +63,8 @@ pub struct RunSettings {
     /// requests and tool calls included (`--stage-timeout`); past it the
     /// stage fails with `Session/StageTimeout`.
     pub stage_timeout: Option<Duration>,
+    /// The run's token and cost meter (`--max-tokens`, `--max-cost`).
+    pub budget: Option<Arc<Budget>>,
 }
 
 impl Default for RunSettings {
@@ -77,6 +80,7 @@ impl Default for RunSettings {
             tool_concurrency: 4,
             root: PathBuf::from("."),
             stage_timeout: None,
+            budget: None,
         }
     }
 }
@@ -147,6 +151,9 @@ pub struct Progress {
     /// Whether this execution ever put a call to the interactors, so a
     /// cancelled one that never did has no prompts to withdraw.
     pub raised: bool,
+    /// What its model requests used so far (a cancelled execution reports
+    /// it, so the run's totals include it).
+    pub usage: Usage,
 }
 
 /// What Next() returned for a finished execution.
@@ -365,7 +372,7 @@ impl StageRun {
                     }
                 }
             },
-            _ => self.run_step(&progress),
+            _ => self.run_step(&progress).await,
         };
         self.phase(&progress, "Exit", true);
         // `output` defaults to `parsed`: share it rather than deep-copy it
@@ -453,7 +460,7 @@ impl StageRun {
             for (i, up) in self.ctx.upstream.iter().enumerate() {
                 if let Err(errors) = schema.check(&up.to_json()) {
                     self.phase(progress, "Setup", false);
-                    let code = ValidationCode::StageDefinitionInvalid.code();
+                    let code = ValidationCode::StageInputsInvalid.code();
                     return self.init_failed(
                         code,
                         format!(
@@ -501,7 +508,12 @@ impl StageRun {
         self.phase(progress, "Init", false);
 
         // CheckGate.
-        match self.check_gate(def, progress).await {
+        let policy = GatePolicy {
+            resolution: def.resolution_policy,
+            max_checks: def.retry_policy.max_attempts,
+            backoff: def.retry_policy.backoff,
+        };
+        match self.check_gate(policy, progress).await {
             GateEnd::Proceed => {}
             GateEnd::Skip(reason) => {
                 return Ended::early(Verdict::Skipped, reason);
@@ -628,7 +640,9 @@ impl StageRun {
         Decision::Ok
     }
 
-    async fn check_gate(&self, def: &StageDefinition, progress: &Rc<RefCell<Progress>>) -> GateEnd {
+    /// CheckGate: evaluates `gates.<stage>` (if any) and answers a gate
+    /// that does not say proceed by `policy`: re-check later, fail, skip.
+    async fn check_gate(&self, policy: GatePolicy, progress: &Rc<RefCell<Progress>>) -> GateEnd {
         let Some(gate) = self.pipeline.gates.get(&self.stage.id) else {
             self.phase(progress, "CheckGate", true);
             self.emit(
@@ -656,7 +670,7 @@ impl StageRun {
                 .with("check", check)
                 .with(
                     "resolutionPolicy",
-                    serde_json::to_value(def.resolution_policy).unwrap_or(Value::Null),
+                    serde_json::to_value(policy.resolution).unwrap_or(Value::Null),
                 );
             ev = match &outcome {
                 Ok(o) => ev.with("outcome", *o),
@@ -668,7 +682,7 @@ impl StageRun {
                 Ok(o) => o,
                 Err(e) => return GateEnd::Fail(e),
             };
-            match (outcome, def.resolution_policy) {
+            match (outcome, policy.resolution) {
                 ("proceed", _) => return GateEnd::Proceed,
                 (o, ResolutionPolicy::Skip) => return GateEnd::Skip(format!("CheckGate: {o}")),
                 (o, ResolutionPolicy::Fail) => return GateEnd::Fail(format!("CheckGate: {o}")),
@@ -676,12 +690,12 @@ impl StageRun {
                     return GateEnd::Fail("CheckGate: block".to_owned());
                 }
                 (_, ResolutionPolicy::RetryLater) => {
-                    if check >= def.retry_policy.max_attempts {
+                    if check >= policy.max_checks {
                         return GateEnd::Fail(format!(
                             "CheckGate: still deferred after {check} checks"
                         ));
                     }
-                    let wait = def.retry_policy.backoff.delay(check);
+                    let wait = policy.backoff.delay(check);
                     if !wait.is_zero() {
                         tokio::time::sleep(wait).await;
                     }
@@ -744,7 +758,7 @@ impl StageRun {
                     }) as Arc<dyn crate::provider::RequestObserver>
                 }),
             };
-            let mut response = match self.request(request, turns).await {
+            let mut response = match self.request(request, turns, usage, progress).await {
                 Ok(r) => r,
                 Err(e) => return ActEnd::Failed(e.code(), e.to_string()),
             };
@@ -770,7 +784,6 @@ impl StageRun {
                 Ok(_) => {}
                 Err((code, message)) => return ActEnd::Failed(code, message),
             }
-            usage.add(response.usage);
             // The response is used up here: its calls go to the transcript,
             // and one copy stays to run them.
             let calls = std::mem::take(&mut response.tool_calls);
@@ -811,6 +824,15 @@ impl StageRun {
                 let call = &calls[0];
                 match parse_completion(def, &call.arguments) {
                     Ok(parsed) => {
+                        // Every call in a transcript is answered, this one
+                        // too: a retry (Assert, a failed RENDER guard)
+                        // sends the transcript again, and a strict server
+                        // refuses an assistant message whose `tool_calls`
+                        // are not each followed by their result.
+                        transcript.push(Message::Tool {
+                            tool_call_id: call.id.clone(),
+                            content: COMPLETION_ACCEPTED.to_owned(),
+                        });
                         // RENDER: guards may refuse the result; transforms
                         // cannot change it (it passed the schema).
                         for slot in ["RENDER/pre", "RENDER/post"] {
@@ -842,21 +864,54 @@ impl StageRun {
         }
     }
 
-    /// One provider request with transient retries, audited.
+    /// One provider request with transient retries, audited. Every try
+    /// counts as a request in `usage`, a failed one too; no try starts
+    /// once the run's budget is spent.
     async fn request(
         &self,
         request: ModelRequest,
         turn: u32,
+        usage: &mut Usage,
+        progress: &Rc<RefCell<Progress>>,
     ) -> Result<crate::provider::ModelResponse, ProviderError> {
         let mut retry = 0u32;
         loop {
+            if let Some(budget) = &self.settings.budget
+                && !budget.allows_request()
+            {
+                // The scheduler is cancelling the run: no new request
+                // starts, and this execution waits to be dropped.
+                self.cancel.cancelled().await;
+                std::future::pending::<()>().await;
+            }
             self.emit(
                 self.event(EventName::ProviderRequestStarted)
                     .with_static("provider", self.provider.name())
                     .with("turn", turn)
                     .with("try", retry + 1),
             );
-            match self.provider.complete(request.clone()).await {
+            let outcome = self.provider.complete(request.clone()).await;
+            for notice in self.provider.take_notices() {
+                self.emit(
+                    self.event(EventName::ProviderNotice)
+                        .with_static("provider", self.provider.name())
+                        .with_static("code", notice.code)
+                        .with("message", notice.message),
+                );
+            }
+            let spent = match &outcome {
+                Ok(response) => response.usage,
+                Err(_) => Usage {
+                    requests: 1,
+                    ..Usage::default()
+                },
+            };
+            usage.add(spent);
+            progress.borrow_mut().usage.add(spent);
+            if let Some(budget) = &self.settings.budget {
+                budget.record(spent);
+            }
+            match outcome {
                 Ok(response) => {
                     self.emit(
                         self.event(EventName::ProviderRequestCompleted)
@@ -1199,18 +1254,20 @@ impl StageRun {
         }
     }
 
-    /// Deterministic steps: the same phases and events, no model.
-    fn run_step(&self, progress: &Rc<RefCell<Progress>>) -> Ended {
-        for phase in ["Setup", "Init", "CheckGate"] {
+    /// Deterministic steps: the same phases and events, no model. Their
+    /// gate and asserts are evaluated as an LLM stage's are, with one
+    /// attempt: a gate that does not say proceed, or a false assert,
+    /// fails the step.
+    async fn run_step(&self, progress: &Rc<RefCell<Progress>>) -> Ended {
+        for phase in ["Setup", "Init"] {
             self.phase(progress, phase, true);
-            if phase == "CheckGate" {
-                self.emit(
-                    self.event(EventName::StageCheckGateResult)
-                        .with_static("outcome", "proceed")
-                        .with("check", 1),
-                );
-            }
             self.phase(progress, phase, false);
+        }
+        progress.borrow_mut().attempt = 1;
+        match self.check_gate(STEP_GATE, progress).await {
+            GateEnd::Proceed => {}
+            GateEnd::Skip(reason) => return Ended::early(Verdict::Skipped, reason),
+            GateEnd::Fail(reason) => return Ended::early(Verdict::Fail, reason),
         }
         self.phase(progress, "Act", true);
         let ctx = &self.ctx;
@@ -1267,7 +1324,13 @@ impl StageRun {
         self.phase(progress, "Act", false);
         self.phase(progress, "Assert", true);
         let (verdict, reason, parsed, output) = match outcome {
-            Ok((parsed, output)) => (Verdict::Ok, None, parsed, output),
+            Ok((parsed, output)) => match self.assert_payload(&parsed, 1) {
+                Decision::Ok => (Verdict::Ok, None, parsed, output),
+                // One attempt: a false assert fails the step.
+                Decision::Retry(reason) | Decision::Fail(reason) => {
+                    (Verdict::Fail, Some(reason), parsed, output)
+                }
+            },
             Err(reason) => (Verdict::Fail, Some(reason), Value::Null, None),
         };
         let mut ev = self
@@ -1296,6 +1359,28 @@ enum GateEnd {
     Skip(String),
     Fail(String),
 }
+
+/// How a stage answers a gate that does not say proceed.
+#[derive(Debug, Clone, Copy)]
+struct GatePolicy {
+    resolution: ResolutionPolicy,
+    /// Checks in all, for `retry-later`.
+    max_checks: u32,
+    backoff: Backoff,
+}
+
+/// Deterministic steps have no resolution or retry policy: a gate that
+/// does not say proceed fails the step at once.
+const STEP_GATE: GatePolicy = GatePolicy {
+    resolution: ResolutionPolicy::Fail,
+    max_checks: 1,
+    backoff: Backoff::None,
+};
+
+/// The result of an accepted completion call, as the model reads it when
+/// the attempt is retried.
+pub const COMPLETION_ACCEPTED: &str =
+    "accepted: the result matches the schema; the stage checks it next";
 
 /// Parses a completion call's arguments against the completion schema.
 fn parse_completion(def: &StageDefinition, arguments: &str) -> Result<Value, ModelError> {

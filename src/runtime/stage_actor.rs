@@ -15,9 +15,10 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use troupe_actors::EventBus;
 
+use super::cancel::{CancelScope, TURN_CANCELLED};
 use super::events::{Event, EventName, FieldValue};
 use super::interaction::{InteractionHub, WithdrawOwner};
-use super::planner::{TURN_CANCELLED, sibling_failed_reason, sibling_label};
+use super::planner::{sibling_failed_reason, sibling_label};
 use super::result::{StageResult, Usage, Verdict};
 use super::stage::{Exited, NextDecision, Progress, StageRun};
 
@@ -26,8 +27,9 @@ use super::stage::{Exited, NextDecision, Progress, StageRun};
 pub enum StageOutcome {
     /// Exit ran (verdict ok, fail or skipped).
     Exited(Exited),
-    /// Strictly cancelled after it started: no Exit.
-    Cancelled,
+    /// Strictly cancelled after it started: no Exit. `usage` is what its
+    /// model requests had used by then.
+    Cancelled { usage: Usage },
     /// Never started: the start request was refused or dropped.
     Withdrawn,
     /// Granted a start, but cancelled (fail-fast tripped, Ctrl-C) before it
@@ -53,47 +55,6 @@ pub struct StartRequest {
     pub reply: oneshot::Sender<()>,
 }
 
-/// Fail-fast for one parallel group (SPEC §4). The first sibling whose
-/// Exit has verdict `fail` trips it before it reports, and that strictly
-/// cancels every sibling of the group at once through the token tree (each
-/// sibling's token is a child of the group's). Without it the failure
-/// report waited in the scheduler's mailbox behind thousands of other
-/// siblings' turns, and each cancellation was one more message
-/// (BENCHMARKS.md). The scheduler still decides everything else from the
-/// report: the group's failure, no join, how the run ends.
-#[derive(Debug, Clone)]
-pub struct FailFast {
-    token: tokio_util::sync::CancellationToken,
-    /// The cancellation reason, set by the first sibling that trips it.
-    tripped_by: Arc<std::sync::OnceLock<Arc<str>>>,
-}
-
-impl FailFast {
-    pub fn new(token: tokio_util::sync::CancellationToken) -> FailFast {
-        FailFast {
-            token,
-            tripped_by: Arc::default(),
-        }
-    }
-
-    /// The group's token; each sibling's token is a child of it.
-    pub fn token(&self) -> &tokio_util::sync::CancellationToken {
-        &self.token
-    }
-
-    /// The first failing sibling trips the group; later calls change nothing.
-    pub fn trip(&self, sibling: &str) {
-        let _ = self.tripped_by.set(sibling_failed_reason(sibling).into());
-        self.token.cancel();
-    }
-
-    /// The `StageCancelled` reason once tripped, shared by every sibling's
-    /// record.
-    pub fn reason(&self) -> Option<&Arc<str>> {
-        self.tripped_by.get()
-    }
-}
-
 /// Runs one stage execution.
 pub struct StageActor {
     run: Option<StageRun>,
@@ -106,10 +67,12 @@ pub struct StageActor {
     stage_id: Arc<str>,
     execution_id: Arc<str>,
     run_id: Arc<str>,
-    cancel: tokio_util::sync::CancellationToken,
+    /// The execution's own scope in the cancellation tree.
+    scope: CancelScope,
     hub: Option<Arc<Addr<InteractionHub>>>,
-    /// For siblings: the group's fail-fast.
-    fail_fast: Option<FailFast>,
+    /// For siblings: the group's scope, which a failed sibling cancels so
+    /// the others stop at once (the scheduler still decides the failure).
+    group: Option<CancelScope>,
     /// For siblings: the index of a map sibling.
     index: Option<usize>,
     started: bool,
@@ -133,11 +96,13 @@ impl StageActor {
         unit: Option<usize>,
         start_gate: Option<Arc<Recipient<StartRequest>>>,
         report: Arc<Recipient<StageReport>>,
-        fail_fast: Option<FailFast>,
+        scope: CancelScope,
+        group: Option<CancelScope>,
     ) -> StageActor {
         StageActor {
             unit,
-            fail_fast,
+            group,
+            scope,
             index: run.index,
             start_gate,
             report,
@@ -146,7 +111,6 @@ impl StageActor {
             stage_id: Arc::clone(&run.ctx.stage_id),
             execution_id: Arc::clone(&run.ctx.stage_execution_id),
             run_id: Arc::clone(&run.ctx.workflow_run_id),
-            cancel: run.cancel.clone(),
             hub: run.hub.clone(),
             started: false,
             cancel_recorded: false,
@@ -176,7 +140,7 @@ impl StageActor {
         let Some(run) = self.run.take() else { return };
         // Granted before the scheduler read the failure (or the Ctrl-C) that
         // has cancelled it since: it never starts, and nothing is logged.
-        if self.cancel.is_cancelled() {
+        if self.scope.is_cancelled() {
             self.send_report(StageOutcome::CancelledBeforeStart);
             ctx.stop();
             return;
@@ -186,7 +150,7 @@ impl StageActor {
         run.enter();
         self.started = true;
         let progress = Rc::clone(&self.progress);
-        let token = self.cancel.clone();
+        let token = self.scope.token().clone();
         // Boxed so that a cancelled execution can be handed back alive and
         // dropped later (below), and so the wrappers around it move a
         // pointer, not the whole state machine.
@@ -245,8 +209,8 @@ impl StageActor {
             return;
         }
         let progress = self.progress.borrow();
-        let reason = match self.fail_fast.as_ref().and_then(FailFast::reason) {
-            Some(tripped) => FieldValue::Shared(Arc::clone(tripped)),
+        let reason = match self.scope.reason() {
+            Some(reason) => FieldValue::Shared(reason),
             None => FieldValue::Static(TURN_CANCELLED),
         };
         let mut calls = Vec::with_capacity(progress.tool_calls.len());
@@ -264,7 +228,8 @@ impl StageActor {
                 .with_static("phase", progress.phase)
                 .with("attempt", progress.attempt)
                 .with("turn", progress.turn)
-                .with("toolCalls", calls),
+                .with("toolCalls", calls)
+                .with("usage", progress.usage),
         );
     }
 
@@ -272,11 +237,21 @@ impl StageActor {
     /// group's fail-fast, so its siblings stop before the report is read.
     fn report_exited(&mut self, exited: Exited) {
         if exited.result.verdict == Verdict::Fail
-            && let Some(fail_fast) = &self.fail_fast
+            && let Some(group) = &self.group
         {
-            fail_fast.trip(&sibling_label(&self.stage_id, self.index));
+            group.cancel(sibling_failed_reason(&sibling_label(
+                &self.stage_id,
+                self.index,
+            )));
         }
         self.send_report(StageOutcome::Exited(exited));
+    }
+
+    /// The report of a cancelled execution, with what it had used.
+    fn cancelled(&self) -> StageOutcome {
+        StageOutcome::Cancelled {
+            usage: self.progress.borrow().usage,
+        }
     }
 
     /// A panic in the phases: the stage fails with a typed reason; Exit is
@@ -338,7 +313,7 @@ impl Actor for StageActor {
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         // Whatever is still running belongs to a cancelled execution, and
         // no one is to be asked about its tool calls any more.
-        self.cancel.cancel();
+        self.scope.token().cancel();
         // Only an execution that raised an interaction can have prompts out;
         // skipping the others keeps a 10 000-sibling cancel off the hub.
         if let Some(hub) = self.hub.as_ref().filter(|_| self.progress.borrow().raised) {
@@ -353,7 +328,7 @@ impl Actor for StageActor {
             // Usually recorded already, when the token fired; not when the
             // actor was stopped from outside (the system shutting down).
             self.record_cancelled();
-            self.send_report(StageOutcome::Cancelled);
+            self.send_report(self.cancelled());
         } else {
             self.send_report(StageOutcome::Withdrawn);
         }
@@ -368,11 +343,11 @@ impl Drop for StageActor {
         // system shutting down in that turn): it ended cancelled, and its
         // record must not be followed by an Exit.
         if !self.reported && self.cancel_recorded {
-            self.send_report(StageOutcome::Cancelled);
+            self.send_report(self.cancelled());
             return;
         }
         if !self.reported {
-            self.cancel.cancel();
+            self.scope.token().cancel();
             let exited = self.panicked("the stage actor ended without reporting".to_owned());
             self.report_exited(exited);
         }

@@ -61,11 +61,17 @@ pub struct RunReport {
     pub pipeline: String,
     #[serde(flatten)]
     pub status: RunStatus,
-    pub stages: BTreeMap<String, StageStats>,
+    /// Per stage, in the order the pipeline declares its stages (a JSON
+    /// object keyed by stage id, in that order).
+    #[serde(serialize_with = "ser_ordered")]
+    pub stages: Vec<(String, StageStats)>,
     pub groups: Vec<GroupStats>,
     pub usage: Usage,
     #[serde(serialize_with = "ser_ms", rename = "wallMs")]
     pub wall: Duration,
+    /// Spent vs budget, when the run had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<super::limits::BudgetReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit_path: Option<PathBuf>,
     /// The state slot at the end: latest result per stage.
@@ -77,7 +83,42 @@ fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
+fn ser_ordered<S: serde::Serializer>(
+    stages: &[(String, StageStats)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(stages.len()))?;
+    for (id, stats) in stages {
+        map.serialize_entry(id, stats)?;
+    }
+    map.end()
+}
+
+/// A wall time as people read it: milliseconds below a second, seconds
+/// with three decimals above.
+pub fn human_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        let ms = d.as_secs_f64() * 1000.0;
+        if ms < 10.0 {
+            format!("{ms:.2}ms")
+        } else {
+            format!("{ms:.0}ms")
+        }
+    } else {
+        format!("{:.3}s", d.as_secs_f64())
+    }
+}
+
 impl RunReport {
+    /// The counts of one stage.
+    pub fn stage(&self, id: &str) -> Option<&StageStats> {
+        self.stages
+            .iter()
+            .find(|(s, _)| s == id)
+            .map(|(_, stats)| stats)
+    }
+
     /// The human summary.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
@@ -122,10 +163,45 @@ impl RunReport {
             "model requests {}, tokens {} in / {} out",
             self.usage.requests, self.usage.prompt_tokens, self.usage.completion_tokens
         );
-        let _ = writeln!(out, "wall time {:.3}s", self.wall.as_secs_f64());
+        if let Some(b) = &self.budget {
+            let _ = writeln!(out, "{}", budget_line(b));
+        }
+        let _ = writeln!(out, "wall time {}", human_duration(self.wall));
         if let Some(p) = &self.audit_path {
             let _ = writeln!(out, "audit log {}", p.display());
         }
         out
+    }
+}
+
+/// `budget: 1234 of 5000 tokens, $0.0123 of $1.00`.
+fn budget_line(b: &super::limits::BudgetReport) -> String {
+    let mut parts = Vec::new();
+    match b.max_tokens {
+        Some(max) => parts.push(format!("{} of {max} tokens", b.spent_tokens)),
+        None => parts.push(format!("{} tokens", b.spent_tokens)),
+    }
+    match (b.spent_cost, b.max_cost) {
+        (Some(spent), Some(max)) => parts.push(format!("${spent:.4} of ${max:.2}")),
+        (Some(spent), None) => parts.push(format!("${spent:.4}")),
+        _ => {}
+    }
+    let mut line = format!("budget: {}", parts.join(", "));
+    if let Some(code) = &b.exceeded {
+        line.push_str(&format!(" — {code}"));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_runs_print_milliseconds_long_ones_seconds() {
+        assert_eq!(human_duration(Duration::from_micros(1_234)), "1.23ms");
+        assert_eq!(human_duration(Duration::from_millis(87)), "87ms");
+        assert_eq!(human_duration(Duration::from_millis(999)), "999ms");
+        assert_eq!(human_duration(Duration::from_millis(1_500)), "1.500s");
     }
 }

@@ -1,0 +1,105 @@
+//! The limit flags of `troupe run` (`--max-run-time`, `--max-tokens`,
+//! `--max-cost`, `--price`) and how they combine with the pipeline's
+//! `provider:` block into the run's budget.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::definition::duration::parse_positive_duration;
+use crate::definition::{Pipeline, Price};
+use crate::runtime::limits::Budget;
+
+/// `troupe run`'s limits.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitArgs {
+    /// Cancel the run strictly (like Ctrl-C) once it has run this long,
+    /// e.g. 30m; it then fails with Session/RunTimeExceeded (exit 1).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub max_run_time: Option<Duration>,
+    /// The run's budget in tokens (prompt + completion, all model requests).
+    /// When a response takes the total over it, no new request starts and
+    /// the run is cancelled strictly: Budget/TokensExceeded (exit 1).
+    /// Beats `provider.maxTokens` in pipeline.yaml.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tokens: Option<u64>,
+    /// The run's budget in US dollars, priced by --price or the pipeline's
+    /// `provider.prices` for the run's model: Budget/CostExceeded (exit 1).
+    /// Beats `provider.maxCost`.
+    #[arg(long, value_name = "USD", value_parser = parse_dollars)]
+    pub max_cost: Option<f64>,
+    /// The model's price in US dollars per million input and output
+    /// tokens, e.g. 0.15,0.60. Beats `provider.prices.<model>`.
+    #[arg(long, value_name = "IN,OUT", value_parser = parse_price)]
+    pub price: Option<Price>,
+}
+
+impl LimitArgs {
+    /// The run's budget for `model` (flags over the pipeline's block), or
+    /// `None` when neither sets a limit. Errors are messages for
+    /// `Validation/InputInvalid`.
+    pub fn budget(&self, pipeline: &Pipeline, model: &str) -> Result<Option<Arc<Budget>>, String> {
+        let file = pipeline.provider.clone().unwrap_or_default();
+        let max_tokens = self.max_tokens.or(file.max_tokens);
+        let max_cost = self.max_cost.or(file.max_cost);
+        let price = self.price.or_else(|| file.prices.get(model).copied());
+        if max_cost.is_some() && price.is_none() {
+            let known = if file.prices.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (provider.prices has {})",
+                    file.prices.keys().cloned().collect::<Vec<_>>().join(", ")
+                )
+            };
+            return Err(format!(
+                "--max-cost needs the price of model `{model}`{known}: pass --price IN,OUT or add `provider.prices.{model}: {{input: …, output: …}}` (US dollars per million tokens)"
+            ));
+        }
+        if max_tokens.is_none() && max_cost.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(Budget::new(max_tokens, max_cost, price))))
+    }
+}
+
+/// A non-negative number of US dollars; a leading `$` is accepted.
+fn parse_dollars(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let t = t.strip_prefix('$').unwrap_or(t);
+    match t.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not an amount of US dollars (e.g. 2.50)")),
+    }
+}
+
+/// `IN,OUT` dollars per million tokens.
+fn parse_price(s: &str) -> Result<Price, String> {
+    let (input, output) = s
+        .split_once(',')
+        .ok_or_else(|| format!("`{s}`: expected IN,OUT (US dollars per million input and output tokens), e.g. 0.15,0.60"))?;
+    Ok(Price {
+        input: parse_dollars(input)?,
+        output: parse_dollars(output)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prices_and_amounts_parse_or_say_what_is_expected() {
+        assert_eq!(
+            parse_price("0.15,$0.60"),
+            Ok(Price {
+                input: 0.15,
+                output: 0.60
+            })
+        );
+        assert!(parse_price("0.15").unwrap_err().contains("IN,OUT"));
+        assert!(parse_dollars("-1").is_err());
+        assert!(parse_dollars("NaN").is_err());
+        assert_eq!(parse_dollars("$2.5"), Ok(2.5));
+    }
+}

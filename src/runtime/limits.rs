@@ -1,0 +1,221 @@
+//! The run's budget: what it may spend (`--max-tokens`, `--max-cost`).
+//! Past it the run is cancelled strictly, like Ctrl-C, but ends as failed
+//! with a typed reason (as it does past `--max-run-time`, which the
+//! session's timer enforces).
+//!
+//! The budget is a meter every model request of the run goes through: each
+//! response's usage is added as it arrives, and once the total crosses a
+//! limit no new request starts (the stage waits for the cancel instead)
+//! and the scheduler, woken by the meter, cancels the run. The meter only
+//! counts and says "over"; how the run ends is the scheduler's decision.
+
+use std::sync::Mutex;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::result::Usage;
+use crate::definition::Price;
+use crate::error::{Code, ErrorClass, HasCode};
+
+/// Why the budget stopped the run: `Budget/TokensExceeded` or
+/// `Budget/CostExceeded`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct BudgetExceeded {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl HasCode for BudgetExceeded {
+    fn code(&self) -> Code {
+        Code {
+            class: ErrorClass::Budget,
+            name: self.code,
+        }
+    }
+}
+
+/// Spent against the budget, for the summary and `--json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetReport {
+    pub spent_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// US dollars, when the model's price is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spent_cost: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+    /// The limit that stopped the run (`Budget/...`), if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exceeded: Option<String>,
+}
+
+/// The run's token and cost meter. Shared by every execution of a run.
+#[derive(Debug)]
+pub struct Budget {
+    max_tokens: Option<u64>,
+    max_cost: Option<f64>,
+    price: Option<Price>,
+    spent: Mutex<Usage>,
+    exceeded: watch::Sender<Option<BudgetExceeded>>,
+}
+
+impl Budget {
+    /// A meter with the given limits. `price` converts tokens to dollars;
+    /// a cost limit without a price is refused by the caller (the CLI).
+    pub fn new(max_tokens: Option<u64>, max_cost: Option<f64>, price: Option<Price>) -> Budget {
+        Budget {
+            max_tokens,
+            max_cost,
+            price,
+            spent: Mutex::new(Usage::default()),
+            exceeded: watch::Sender::new(None),
+        }
+    }
+
+    /// Whether a new model request may start.
+    pub fn allows_request(&self) -> bool {
+        self.exceeded.borrow().is_none()
+    }
+
+    /// Adds one response's usage; the first response that takes the total
+    /// over a limit trips the meter.
+    pub fn record(&self, usage: Usage) {
+        let total = {
+            let mut spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
+            spent.add(usage);
+            *spent
+        };
+        if !self.allows_request() {
+            return;
+        }
+        let tokens = total.prompt_tokens + total.completion_tokens;
+        let over = match (self.max_tokens, self.cost_of(total), self.max_cost) {
+            (Some(max), _, _) if tokens > max => Some(BudgetExceeded {
+                code: "TokensExceeded",
+                message: format!(
+                    "the run used {tokens} tokens, over its budget of {max} (--max-tokens)"
+                ),
+            }),
+            (_, Some(cost), Some(max)) if cost > max => Some(BudgetExceeded {
+                code: "CostExceeded",
+                message: format!(
+                    "the run spent ${cost:.4}, over its budget of ${max:.2} (--max-cost)"
+                ),
+            }),
+            _ => None,
+        };
+        if let Some(over) = over {
+            self.exceeded.send_if_modified(|slot| {
+                if slot.is_none() {
+                    *slot = Some(over);
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+    }
+
+    fn cost_of(&self, usage: Usage) -> Option<f64> {
+        self.price
+            .map(|p| p.cost(usage.prompt_tokens, usage.completion_tokens))
+    }
+
+    /// Why the meter tripped, once it has.
+    pub fn exceeded(&self) -> Option<BudgetExceeded> {
+        self.exceeded.borrow().clone()
+    }
+
+    /// Resolves once the meter trips.
+    pub async fn tripped(&self) -> BudgetExceeded {
+        let mut rx = self.exceeded.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(over) => over.clone().unwrap_or_else(unreachable_exceeded),
+            // The sender lives in `self`, so it cannot be gone while this
+            // borrow is alive; answer something typed all the same.
+            Err(_) => unreachable_exceeded(),
+        }
+    }
+
+    /// Spent vs budget so far.
+    pub fn report(&self) -> BudgetReport {
+        let spent = *self.spent.lock().unwrap_or_else(|e| e.into_inner());
+        BudgetReport {
+            spent_tokens: spent.prompt_tokens + spent.completion_tokens,
+            max_tokens: self.max_tokens,
+            spent_cost: self.cost_of(spent),
+            max_cost: self.max_cost,
+            exceeded: self
+                .exceeded
+                .borrow()
+                .as_ref()
+                .map(|e| e.code().to_string()),
+        }
+    }
+}
+
+fn unreachable_exceeded() -> BudgetExceeded {
+    BudgetExceeded {
+        code: "TokensExceeded",
+        message: "the budget meter closed".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(p: u64, c: u64) -> Usage {
+        Usage {
+            prompt_tokens: p,
+            completion_tokens: c,
+            requests: 1,
+        }
+    }
+
+    #[test]
+    fn the_response_that_crosses_the_token_budget_trips_the_meter_once() {
+        let b = Budget::new(Some(100), None, None);
+        b.record(usage(60, 40));
+        assert!(b.allows_request(), "exactly at the budget is not over it");
+        b.record(usage(1, 0));
+        assert!(!b.allows_request());
+        let r = b.report();
+        assert_eq!(r.spent_tokens, 101);
+        assert_eq!(r.exceeded.as_deref(), Some("Budget/TokensExceeded"));
+        b.record(usage(500, 0));
+        assert_eq!(b.report().spent_tokens, 601, "later usage still counts");
+    }
+
+    #[test]
+    fn cost_is_priced_per_million_tokens_in_and_out() {
+        let price = Price {
+            input: 1.0,
+            output: 4.0,
+        };
+        let b = Budget::new(None, Some(0.01), Some(price));
+        b.record(usage(2_000, 1_000));
+        assert!(b.allows_request());
+        assert_eq!(b.report().spent_cost, Some(0.006));
+        b.record(usage(2_000, 1_000));
+        assert!(!b.allows_request());
+        assert_eq!(b.report().exceeded.as_deref(), Some("Budget/CostExceeded"));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_wakes_when_the_meter_trips() {
+        let b = std::sync::Arc::new(Budget::new(Some(10), None, None));
+        let waiter = tokio::spawn({
+            let b = std::sync::Arc::clone(&b);
+            async move { b.tripped().await }
+        });
+        tokio::task::yield_now().await;
+        b.record(usage(20, 0));
+        let over = waiter.await.expect("the waiter ends");
+        assert_eq!(over.code, "TokensExceeded");
+    }
+}

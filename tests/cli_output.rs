@@ -1,0 +1,147 @@
+//! What `troupe run` prints: one stream per purpose (`--events -` keeps
+//! stdout pure JSON lines, `--json` with it adds one `Summary` line), the
+//! summary in pipeline order, short runs in milliseconds, every model
+//! request counted.
+
+// Test code: a failed unwrap is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::process::{Command, Output};
+
+use assert_cmd::cargo::CommandCargoExt;
+use common::Fixture;
+use serde_json::Value;
+
+fn troupe(args: &[&str], runs: &std::path::Path) -> Output {
+    Command::cargo_bin("troupe")
+        .unwrap()
+        .args(args)
+        .arg("--runs-dir")
+        .arg(runs)
+        .output()
+        .unwrap()
+}
+
+fn stages(name: &str) -> String {
+    format!("{}/stages/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn events_with_json_keep_stdout_json_lines_and_end_with_one_summary_line() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = troupe(
+        &[
+            "run",
+            &stages("fanout"),
+            "--ctx",
+            "width=5",
+            "--events",
+            "-",
+            "--json",
+        ],
+        runs.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line: {l}: {e}")))
+        .collect();
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["event"], "Summary");
+    assert_eq!(summary["status"], "ok");
+    assert_eq!(summary["stages"]["worker"]["ok"], 5);
+    let run_id = lines[0]["workflowRunId"].as_str().unwrap();
+    assert_eq!(summary["workflowRunId"], run_id);
+    for line in &lines {
+        let keys: Vec<&str> = line
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .take(4)
+            .collect();
+        assert_eq!(keys, ["seq", "ts", "event", "workflowRunId"], "{line}");
+    }
+    let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert_eq!(lines.iter().filter(|l| l["event"] == "Summary").count(), 1);
+}
+
+#[test]
+fn the_summary_lists_stages_in_pipeline_order_and_short_runs_in_milliseconds() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = troupe(
+        &["run", &stages("code-review"), "--task", "rename the loader"],
+        runs.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let order: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("stage "))
+        .skip(1)
+        .take_while(|l| !l.starts_with("fan-out") && !l.starts_with("model requests"))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    let pipeline =
+        troupe::definition::load_pipeline(std::path::Path::new(&stages("code-review"))).unwrap();
+    let declared: Vec<&str> = pipeline
+        .stages
+        .iter()
+        .map(|s| s.id.as_str())
+        .filter(|id| order.contains(id))
+        .collect();
+    assert_eq!(order, declared, "{stdout}");
+    assert!(order.len() >= 5, "{stdout}");
+    let wall = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("wall time "))
+        .unwrap();
+    assert!(
+        wall.ends_with("ms") && !wall.starts_with("0.000"),
+        "a short run prints milliseconds: {wall}"
+    );
+}
+
+#[test]
+fn failed_scripted_requests_count_as_model_requests() {
+    let yaml = "id: flaky\nentry: a\nstages:\n  a: a.md\n";
+    let script =
+        "stages:\n  a:\n    - { fail: transient, times: 2 }\n    - complete: { summary: done }\n";
+    let f = Fixture::new(
+        yaml,
+        &[
+            ("a.md", &common::stage_md("a", "", "Work.")),
+            ("script.yaml", script),
+        ],
+    );
+    let runs = tempfile::tempdir().unwrap();
+    let out = troupe(
+        &[
+            "run",
+            f.path().to_str().unwrap(),
+            "--json",
+            "--provider-backoff",
+            "1ms",
+        ],
+        runs.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["usage"]["requests"], 3,
+        "two failed tries and one answer"
+    );
+}
