@@ -7,6 +7,7 @@ pub mod progress;
 pub mod provider;
 pub mod run;
 pub mod show;
+pub mod signals;
 pub mod validate;
 
 use std::path::PathBuf;
@@ -33,7 +34,12 @@ Exit codes:
   1    the run failed (a stage failed, a sibling failed, maxVisits exceeded)
   2    invalid input: a pipeline that fails validation, a bad flag or value,
        or a model provider that fails the capability check (nothing ran)
-  130  interrupted (Ctrl-C)";
+  129  cancelled by SIGHUP
+  130  interrupted (Ctrl-C, SIGINT)
+  143  cancelled by SIGTERM
+       The first of these signals cancels the run strictly, flushes the
+       audit log (its last line is WorkflowExit, status cancelled) and
+       kills what Bash calls still run; a second one exits at once.";
 
 /// troupe runs LLM agent workflows as state-machine stage pipelines.
 #[derive(Debug, Parser)]

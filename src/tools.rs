@@ -11,6 +11,7 @@ pub mod exec;
 pub mod lines;
 pub mod manifest;
 pub mod path;
+pub mod process_group;
 pub mod read;
 pub mod search;
 

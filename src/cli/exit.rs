@@ -9,8 +9,12 @@ pub enum Exit {
     RunFailed,
     /// 2: invalid input (pipeline, flags, values).
     Invalid,
-    /// 130: interrupted by the user.
+    /// 130: interrupted by the user (SIGINT, Ctrl-C).
     Interrupted,
+    /// 143: cancelled by SIGTERM.
+    Terminated,
+    /// 129: cancelled by SIGHUP.
+    HungUp,
 }
 
 impl Exit {
@@ -20,6 +24,8 @@ impl Exit {
             Exit::RunFailed => 1,
             Exit::Invalid => 2,
             Exit::Interrupted => 130,
+            Exit::Terminated => 143,
+            Exit::HungUp => 129,
         }
     }
 }

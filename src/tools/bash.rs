@@ -14,14 +14,13 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
 use super::env::ToolLimits;
 use super::exec::ToolError;
+use super::process_group::GroupKill;
 
 /// After the shell exits and its group is killed, how long the pipes may
 /// stay open (held by a process that left the group) before we stop reading.
@@ -45,36 +44,6 @@ fn shell() -> &'static str {
             "/bin/sh"
         }
     })
-}
-
-/// Kills a process group with SIGKILL when dropped, unless disarmed. It is
-/// declared after the `Child`, so it drops first, while the unreaped leader
-/// still holds the group id (no chance of signalling a recycled id).
-struct GroupKill(Option<Pid>);
-
-impl GroupKill {
-    /// Only a real child's group: never 0 (our own group) or 1.
-    fn new(pid: Option<u32>) -> GroupKill {
-        GroupKill(
-            pid.and_then(|p| i32::try_from(p).ok())
-                .filter(|&p| p > 1)
-                .map(Pid::from_raw),
-        )
-    }
-
-    /// Kills the group now and disarms the guard.
-    fn kill(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            // ESRCH (the group is already gone) is the expected outcome.
-            let _ = killpg(pgid, Signal::SIGKILL);
-        }
-    }
-}
-
-impl Drop for GroupKill {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 /// One output stream: the first `cap` bytes and the total length.
