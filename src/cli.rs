@@ -6,6 +6,8 @@ pub mod exit;
 pub mod progress;
 pub mod provider;
 pub mod run;
+pub mod sandbox;
+pub mod sandbox_exec;
 pub mod show;
 pub mod signals;
 pub mod validate;
@@ -95,6 +97,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Internal: confine writes to the given folders with Landlock, then
+    /// exec the command. `Bash` runs every sandboxed shell through it.
+    #[command(hide = true)]
+    SandboxExec(sandbox_exec::SandboxExecArgs),
 }
 
 /// Runs the parsed command and returns the process exit code.
@@ -108,5 +114,6 @@ pub fn run(cli: Cli) -> Exit {
             stage,
             json,
         } => show::run(&pipeline, stage.as_deref(), json),
+        Command::SandboxExec(args) => sandbox_exec::run(args),
     }
 }

@@ -15,6 +15,12 @@ pub enum Exit {
     Terminated,
     /// 129: cancelled by SIGHUP.
     HungUp,
+    /// 126: the hidden `sandbox-exec` could not confine or start its
+    /// command (a shell's code for "cannot execute"; a `Bash` result
+    /// shows it as the exit status).
+    CannotExecute,
+    /// 127: the hidden `sandbox-exec` found no such command.
+    CommandNotFound,
 }
 
 impl Exit {
@@ -26,6 +32,8 @@ impl Exit {
             Exit::Interrupted => 130,
             Exit::Terminated => 143,
             Exit::HungUp => 129,
+            Exit::CannotExecute => 126,
+            Exit::CommandNotFound => 127,
         }
     }
 }

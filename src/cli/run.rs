@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::Exit;
 use super::provider::{ProviderArgs, ProviderSetup};
+use super::sandbox::shell_sandbox;
 use super::signals::{FirstSignal, Interrupts};
 use super::validate::{print_diagnostics, reject};
 use crate::definition::{Backoff, duration::parse_duration, load_pipeline};
@@ -24,6 +25,7 @@ use crate::runtime::scheduler::RunSpec;
 use crate::runtime::session::Cancel;
 use crate::runtime::stage::RunSettings;
 use crate::runtime::summary::{RunReport, RunStatus};
+use crate::tools::sandbox::check_env_name;
 
 /// Options of `troupe run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -89,6 +91,17 @@ pub struct RunArgs {
     /// fails with Session/StageTimeout (default: no limit).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub stage_timeout: Option<Duration>,
+    /// Pass this variable of troupe's environment on to Bash calls, whose
+    /// environment is otherwise only PATH, HOME, USER, LOGNAME, SHELL,
+    /// LANG, LANGUAGE, LC_*, TERM, TZ and TMPDIR. Repeatable.
+    #[arg(long = "pass-env", value_name = "NAME", value_parser = check_env_name, conflicts_with = "no_sandbox")]
+    pub pass_env: Vec<String>,
+    /// Run Bash calls unsandboxed: with troupe's whole environment (API
+    /// keys included) and free to write wherever troupe may. By default
+    /// their environment is scrubbed and, where the kernel has Landlock,
+    /// their writes are confined to --root and a private temp folder.
+    #[arg(long)]
+    pub no_sandbox: bool,
     #[command(flatten)]
     pub provider: ProviderArgs,
 }
@@ -206,6 +219,8 @@ pub fn run(args: RunArgs) -> Exit {
     spec.approval_timeout = args.approval_timeout;
     let check_retries = settings.provider_retries;
     let check_backoff = settings.provider_backoff;
+    let shell = shell_sandbox(args.no_sandbox, &args.pass_env, &root);
+    settings.sandbox = shell.sandbox.clone();
     settings.root = root;
     settings.stage_timeout = args.stage_timeout;
     spec.settings = Arc::new(settings);

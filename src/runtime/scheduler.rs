@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 use troupe_actors::EventBus;
 
-use super::events::Event;
+use super::events::{Event, EventName};
 use super::ids::RunId;
 use super::interaction::{InteractionHub, InteractorSpec};
 use super::planner::{Exec, PlanCommand, PlanEvent, Planner, Spawn};
@@ -141,6 +141,16 @@ impl Scheduler {
                     }
                 }
                 PlanCommand::Emit(event) => {
+                    // The shell sandbox is a setting, not a plan decision:
+                    // the run's first event records it for the audit.
+                    let event = if event.name == EventName::WorkflowStarted {
+                        event.with_static(
+                            "shellSandbox",
+                            crate::tools::sandbox::mode(self.spec.settings.sandbox.as_deref()),
+                        )
+                    } else {
+                        event
+                    };
                     self.spec.bus.publish(event);
                 }
                 PlanCommand::Finish(mut report) => {

@@ -62,6 +62,10 @@ pub struct RunSettings {
     /// requests and tool calls included (`--stage-timeout`); past it the
     /// stage fails with `Session/StageTimeout`.
     pub stage_timeout: Option<Duration>,
+    /// What `Bash` calls run under (`troupe run`: a scrubbed environment
+    /// and Landlock, unless `--no-sandbox`); `None` runs them with
+    /// troupe's whole environment, writes unconfined.
+    pub sandbox: Option<Arc<crate::tools::sandbox::ShellSandbox>>,
 }
 
 impl Default for RunSettings {
@@ -77,6 +81,7 @@ impl Default for RunSettings {
             tool_concurrency: 4,
             root: PathBuf::from("."),
             stage_timeout: None,
+            sandbox: None,
         }
     }
 }
@@ -1162,7 +1167,8 @@ impl StageRun {
             .send(RunTool {
                 name: Arc::clone(&call.name),
                 args,
-                env: crate::tools::ToolEnv::new(self.settings.root.clone()),
+                env: crate::tools::ToolEnv::new(self.settings.root.clone())
+                    .with_sandbox(self.settings.sandbox.clone()),
                 cancel: self.cancel.child_token(),
             })
             .await

@@ -1,5 +1,5 @@
 //! `Bash`: a shell command run in the root, in its own process group, with a
-//! timeout. The result carries the exit status and the capped stdout and
+//! timeout, under the run's shell sandbox if it has one. The result carries the exit status and the capped stdout and
 //! stderr; a non-zero exit is still a result (the model reads the status).
 //!
 //! Nothing outlives the call: when the shell exits, whatever it left running
@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use super::env::ToolLimits;
 use super::exec::ToolError;
 use super::process_group::GroupKill;
+use super::sandbox::ShellSandbox;
 
 /// After the shell exits and its group is killed, how long the pipes may
 /// stay open (held by a process that left the group) before we stop reading.
@@ -107,13 +108,26 @@ enum Ended {
     WaitFailed(std::io::Error),
 }
 
-pub async fn bash(root: &Path, limits: &ToolLimits, args: &BashArgs) -> Result<String, ToolError> {
+/// Runs `args.command` in `root`, under `sandbox` when there is one (a
+/// scrubbed environment, writes confined by `troupe sandbox-exec`).
+pub async fn bash(
+    root: &Path,
+    limits: &ToolLimits,
+    args: &BashArgs,
+    sandbox: Option<&ShellSandbox>,
+) -> Result<String, ToolError> {
     let timeout = args
         .timeout_ms
         .map_or(limits.bash_default_timeout, Duration::from_millis);
-    let mut child = tokio::process::Command::new(shell())
-        .arg("-c")
-        .arg(&args.command)
+    let mut command = match sandbox {
+        Some(sandbox) => sandbox.command(shell(), &args.command, root),
+        None => {
+            let mut command = tokio::process::Command::new(shell());
+            command.arg("-c").arg(&args.command);
+            command
+        }
+    };
+    let mut child = command
         .current_dir(root)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
