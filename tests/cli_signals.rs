@@ -126,6 +126,9 @@ fn start(pipeline: &Path, project: &Project, runs: &Path) -> Child {
         .arg("--runs-dir")
         .arg(runs)
         .args(["--events", "-", "--headless"])
+        // The shells' private temp folder is made here: an exit at once
+        // leaves it behind, and the test removes `runs`.
+        .env("TMPDIR", runs)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
