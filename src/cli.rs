@@ -7,7 +7,10 @@ pub mod limits;
 pub mod progress;
 pub mod provider;
 pub mod run;
+pub mod sandbox;
+pub mod sandbox_exec;
 pub mod show;
+pub mod signals;
 pub mod validate;
 
 use std::path::PathBuf;
@@ -34,7 +37,12 @@ Exit codes:
   1    the run failed (a stage failed, a sibling failed, maxVisits exceeded)
   2    invalid input: a pipeline that fails validation, a bad flag or value,
        or a model provider that fails the capability check (nothing ran)
-  130  interrupted (Ctrl-C)";
+  129  cancelled by SIGHUP
+  130  interrupted (Ctrl-C, SIGINT)
+  143  cancelled by SIGTERM
+       The first of these signals cancels the run strictly, flushes the
+       audit log (its last line is WorkflowExit, status cancelled) and
+       kills what Bash calls still run; a second one exits at once.";
 
 /// troupe runs LLM agent workflows as state-machine stage pipelines.
 #[derive(Debug, Parser)]
@@ -90,6 +98,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Internal: confine writes to the given folders with Landlock, then
+    /// exec the command. `Bash` runs every sandboxed shell through it.
+    #[command(hide = true)]
+    SandboxExec(sandbox_exec::SandboxExecArgs),
 }
 
 /// Runs the parsed command and returns the process exit code.
@@ -103,5 +115,6 @@ pub fn run(cli: Cli) -> Exit {
             stage,
             json,
         } => show::run(&pipeline, stage.as_deref(), json),
+        Command::SandboxExec(args) => sandbox_exec::run(args),
     }
 }

@@ -171,7 +171,13 @@ fn show_unknown_stage_exits_2() {
 fn help_teaches_exit_codes() {
     let out = troupe().arg("--help").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("130  interrupted"), "{text}");
+    for line in [
+        "129  cancelled by SIGHUP",
+        "130  interrupted",
+        "143  cancelled by SIGTERM",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
     assert!(
         text.contains("troupe validate stages/code-review"),
         "{text}"

@@ -9,8 +9,18 @@ pub enum Exit {
     RunFailed,
     /// 2: invalid input (pipeline, flags, values).
     Invalid,
-    /// 130: interrupted by the user.
+    /// 130: interrupted by the user (SIGINT, Ctrl-C).
     Interrupted,
+    /// 143: cancelled by SIGTERM.
+    Terminated,
+    /// 129: cancelled by SIGHUP.
+    HungUp,
+    /// 126: the hidden `sandbox-exec` could not confine or start its
+    /// command (a shell's code for "cannot execute"; a `Bash` result
+    /// shows it as the exit status).
+    CannotExecute,
+    /// 127: the hidden `sandbox-exec` found no such command.
+    CommandNotFound,
 }
 
 impl Exit {
@@ -20,6 +30,10 @@ impl Exit {
             Exit::RunFailed => 1,
             Exit::Invalid => 2,
             Exit::Interrupted => 130,
+            Exit::Terminated => 143,
+            Exit::HungUp => 129,
+            Exit::CannotExecute => 126,
+            Exit::CommandNotFound => 127,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `troupe run`: validate, pick the provider (and check an `openai` one can
-//! do the job), run a pipeline on the actor runtime, print a summary. First
-//! Ctrl-C cancels the run (exit 130) after flushing the audit log; a second
-//! one exits at once.
+//! do the job), run a pipeline on the actor runtime, print a summary. The
+//! first Ctrl-C, SIGTERM or SIGHUP cancels the run (exit 130, 143, 129)
+//! after flushing the audit log; a second one exits at once (`signals`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,6 +10,8 @@ use std::time::Duration;
 use super::Exit;
 use super::limits::LimitArgs;
 use super::provider::{ProviderArgs, ProviderSetup};
+use super::sandbox::shell_sandbox;
+use super::signals::{FirstSignal, Interrupts};
 use super::validate::{print_diagnostics, reject};
 use crate::definition::{Backoff, duration::parse_duration, load_pipeline};
 use crate::error::{Diagnostics, HasCode, ValidationCode};
@@ -24,6 +26,7 @@ use crate::runtime::scheduler::RunSpec;
 use crate::runtime::session::Cancel;
 use crate::runtime::stage::RunSettings;
 use crate::runtime::summary::{RunReport, RunStatus};
+use crate::tools::sandbox::check_env_name;
 
 /// Options of `troupe run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -89,6 +92,17 @@ pub struct RunArgs {
     /// fails with Session/StageTimeout (default: no limit).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub stage_timeout: Option<Duration>,
+    /// Pass this variable of troupe's environment on to Bash calls, whose
+    /// environment is otherwise only PATH, HOME, USER, LOGNAME, SHELL,
+    /// LANG, LANGUAGE, LC_*, TERM, TZ and TMPDIR. Repeatable.
+    #[arg(long = "pass-env", value_name = "NAME", value_parser = check_env_name, conflicts_with = "no_sandbox")]
+    pub pass_env: Vec<String>,
+    /// Run Bash calls unsandboxed: with troupe's whole environment (API
+    /// keys included) and free to write wherever troupe may. By default
+    /// their environment is scrubbed and, where the kernel has Landlock,
+    /// their writes are confined to --root and a private temp folder.
+    #[arg(long)]
+    pub no_sandbox: bool,
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]
@@ -217,6 +231,8 @@ pub fn run(args: RunArgs) -> Exit {
     spec.approval_timeout = args.approval_timeout;
     let check_retries = settings.provider_retries;
     let check_backoff = settings.provider_backoff;
+    let shell = shell_sandbox(args.no_sandbox, &args.pass_env, &root);
+    settings.sandbox = shell.sandbox.clone();
     settings.root = root;
     settings.stage_timeout = args.stage_timeout;
     spec.max_run_time = args.limits.max_run_time;
@@ -227,6 +243,8 @@ pub fn run(args: RunArgs) -> Exit {
     let check = openai.clone();
     let limits = args.limits.clone();
     let run_pipeline = Arc::clone(&pipeline);
+    let first_signal = FirstSignal::default();
+    let watched = first_signal.clone();
     let system = actix::System::new();
     let ended = system.block_on(async move {
         if let Some((provider, false)) = &check {
@@ -270,7 +288,7 @@ pub fn run(args: RunArgs) -> Exit {
         }
         let bus = spec.bus.clone();
         let (session, done) = start_run(spec, sinks);
-        let _interrupts = Interrupts::watch(move || session.do_send(Cancel));
+        let _interrupts = Interrupts::watch(watched, move || session.do_send(Cancel));
         match done.await {
             Ok(report) => Ended::Report(Box::new(report), bus.last_seq()),
             Err(_) => Ended::Aborted("the run ended without a report".to_owned()),
@@ -325,7 +343,7 @@ pub fn run(args: RunArgs) -> Exit {
     match report.status {
         RunStatus::Ok => Exit::Ok,
         RunStatus::Failed { .. } => Exit::RunFailed,
-        RunStatus::Cancelled => Exit::Interrupted,
+        RunStatus::Cancelled => first_signal.exit(),
     }
 }
 
@@ -429,83 +447,6 @@ fn print_outputs(report: &crate::runtime::summary::RunReport) {
             .and_then(serde_json::Value::as_str)
         {
             println!("\n{text}");
-        }
-    }
-}
-
-/// Watches for Ctrl-C on a thread of its own, so a busy or blocked actor
-/// thread (say, a stalled `--events` reader) can never swallow it: the
-/// first press cancels the run, the second exits at once with 130. The
-/// watcher ends when this guard is dropped.
-struct Interrupts {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Interrupts {
-    /// Returns once the handler is installed: from then on a Ctrl-C is
-    /// never lost to the default action.
-    fn watch(on_first: impl FnOnce() + Send + 'static) -> Interrupts {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-        let (ready_tx, ready) = std::sync::mpsc::channel::<bool>();
-        let thread = std::thread::Builder::new()
-            .name("troupe-signals".into())
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_io()
-                    .build();
-                let Ok(rt) = rt else {
-                    let _ = ready_tx.send(false);
-                    return;
-                };
-                rt.block_on(async move {
-                    let Ok(mut interrupts) = signal(SignalKind::interrupt()) else {
-                        let _ = ready_tx.send(false);
-                        return;
-                    };
-                    let _ = ready_tx.send(true);
-                    let mut on_first = Some(on_first);
-                    loop {
-                        tokio::select! {
-                            _ = &mut stopped => return,
-                            pressed = interrupts.recv() => {
-                                if pressed.is_none() {
-                                    return;
-                                }
-                                match on_first.take() {
-                                    Some(cancel) => {
-                                        eprintln!("\ninterrupt: cancelling the run (press Ctrl-C again to exit at once)");
-                                        cancel();
-                                    }
-                                    None => {
-                                        eprintln!("\ninterrupt: exiting at once");
-                                        std::process::exit(i32::from(Exit::Interrupted.code()));
-                                    }
-                                }
-                            }
-                        }
-                    }
-                });
-            })
-            .ok();
-        if thread.is_none() || !ready.recv().unwrap_or(false) {
-            eprintln!("warning: Ctrl-C handling is unavailable");
-        }
-        Interrupts {
-            stop: Some(stop),
-            thread,
-        }
-    }
-}
-
-impl Drop for Interrupts {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
         }
     }
 }

@@ -201,7 +201,7 @@ pub struct Planner {
     /// ends cancelled), the reason for a limit (the run ends failed).
     cancelled: Option<Option<String>>,
     /// Extra fields of `WorkflowStarted` (provider, limits).
-    run_record: Map<String, Value>,
+    run_record: Vec<(&'static str, Value)>,
     stats: BTreeMap<String, StageStats>,
     groups: Vec<GroupStats>,
     usage: Usage,
@@ -236,7 +236,7 @@ impl Planner {
             current: Current::Idle,
             status: None,
             cancelled: None,
-            run_record: Map::new(),
+            run_record: Vec::new(),
             stats: BTreeMap::new(),
             groups: Vec::new(),
             usage: Usage::default(),
@@ -255,7 +255,7 @@ impl Planner {
 
     /// Fields `WorkflowStarted` records besides the pipeline, its entry,
     /// cap and ctx: the provider and the run's limits.
-    pub fn set_run_record(&mut self, record: Map<String, Value>) {
+    pub fn set_run_record(&mut self, record: Vec<(&'static str, Value)>) {
         self.run_record = record;
     }
 
@@ -393,11 +393,7 @@ impl Planner {
             .with("parallelCap", self.cap)
             .with("ctx", Value::Object((*self.fields).clone()));
         for (key, value) in std::mem::take(&mut self.run_record) {
-            match key.as_str() {
-                "provider" => started = started.with("provider", value),
-                "limits" => started = started.with("limits", value),
-                _ => {}
-            }
+            started = started.with(key, value);
         }
         out.push(PlanCommand::Emit(started));
         self.enter_sequential(&p.entry, Arc::new(Vec::new()), out);

@@ -14,7 +14,6 @@ use serde_json::{Map, Value};
 use troupe_actors::EventBus;
 
 use super::cancel::CancelScope;
-
 use super::events::Event;
 use super::ids::RunId;
 use super::interaction::{InteractionHub, InteractorSpec};
@@ -322,13 +321,8 @@ impl Actor for Scheduler {
 }
 
 /// What `WorkflowStarted` records besides the pipeline: the provider
-/// (never its key) and the run's limits.
-fn run_record(spec: &RunSpec) -> Map<String, Value> {
-    let mut record = Map::new();
-    record.insert(
-        "provider".to_owned(),
-        serde_json::to_value(spec.provider.info()).unwrap_or(Value::Null),
-    );
+/// (never its key), the run's limits and how `Bash` is confined.
+fn run_record(spec: &RunSpec) -> Vec<(&'static str, Value)> {
     let mut limits = Map::new();
     limits.insert(
         "maxVisits".to_owned(),
@@ -349,8 +343,17 @@ fn run_record(spec: &RunSpec) -> Map<String, Value> {
             limits.insert("maxCost".to_owned(), c.into());
         }
     }
-    record.insert("limits".to_owned(), Value::Object(limits));
-    record
+    vec![
+        (
+            "provider",
+            serde_json::to_value(spec.provider.info()).unwrap_or(Value::Null),
+        ),
+        ("limits", Value::Object(limits)),
+        (
+            "shellSandbox",
+            crate::tools::sandbox::mode(spec.settings.sandbox.as_deref()).into(),
+        ),
+    ]
 }
 
 impl Handler<StartRequest> for Scheduler {

@@ -65,6 +65,10 @@ pub struct RunSettings {
     pub stage_timeout: Option<Duration>,
     /// The run's token and cost meter (`--max-tokens`, `--max-cost`).
     pub budget: Option<Arc<Budget>>,
+    /// What `Bash` calls run under (`troupe run`: a scrubbed environment
+    /// and Landlock, unless `--no-sandbox`); `None` runs them with
+    /// troupe's whole environment, writes unconfined.
+    pub sandbox: Option<Arc<crate::tools::sandbox::ShellSandbox>>,
 }
 
 impl Default for RunSettings {
@@ -81,6 +85,7 @@ impl Default for RunSettings {
             root: PathBuf::from("."),
             stage_timeout: None,
             budget: None,
+            sandbox: None,
         }
     }
 }
@@ -1217,7 +1222,8 @@ impl StageRun {
             .send(RunTool {
                 name: Arc::clone(&call.name),
                 args,
-                env: crate::tools::ToolEnv::new(self.settings.root.clone()),
+                env: crate::tools::ToolEnv::new(self.settings.root.clone())
+                    .with_sandbox(self.settings.sandbox.clone()),
                 cancel: self.cancel.child_token(),
             })
             .await

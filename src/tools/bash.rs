@@ -1,5 +1,5 @@
 //! `Bash`: a shell command run in the root, in its own process group, with a
-//! timeout. The result carries the exit status and the capped stdout and
+//! timeout, under the run's shell sandbox if it has one. The result carries the exit status and the capped stdout and
 //! stderr; a non-zero exit is still a result (the model reads the status).
 //!
 //! Nothing outlives the call: when the shell exits, whatever it left running
@@ -14,14 +14,14 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
 use super::env::ToolLimits;
 use super::exec::ToolError;
+use super::process_group::GroupKill;
+use super::sandbox::ShellSandbox;
 
 /// After the shell exits and its group is killed, how long the pipes may
 /// stay open (held by a process that left the group) before we stop reading.
@@ -45,36 +45,6 @@ fn shell() -> &'static str {
             "/bin/sh"
         }
     })
-}
-
-/// Kills a process group with SIGKILL when dropped, unless disarmed. It is
-/// declared after the `Child`, so it drops first, while the unreaped leader
-/// still holds the group id (no chance of signalling a recycled id).
-struct GroupKill(Option<Pid>);
-
-impl GroupKill {
-    /// Only a real child's group: never 0 (our own group) or 1.
-    fn new(pid: Option<u32>) -> GroupKill {
-        GroupKill(
-            pid.and_then(|p| i32::try_from(p).ok())
-                .filter(|&p| p > 1)
-                .map(Pid::from_raw),
-        )
-    }
-
-    /// Kills the group now and disarms the guard.
-    fn kill(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            // ESRCH (the group is already gone) is the expected outcome.
-            let _ = killpg(pgid, Signal::SIGKILL);
-        }
-    }
-}
-
-impl Drop for GroupKill {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 /// One output stream: the first `cap` bytes and the total length.
@@ -138,13 +108,26 @@ enum Ended {
     WaitFailed(std::io::Error),
 }
 
-pub async fn bash(root: &Path, limits: &ToolLimits, args: &BashArgs) -> Result<String, ToolError> {
+/// Runs `args.command` in `root`, under `sandbox` when there is one (a
+/// scrubbed environment, writes confined by `troupe sandbox-exec`).
+pub async fn bash(
+    root: &Path,
+    limits: &ToolLimits,
+    args: &BashArgs,
+    sandbox: Option<&ShellSandbox>,
+) -> Result<String, ToolError> {
     let timeout = args
         .timeout_ms
         .map_or(limits.bash_default_timeout, Duration::from_millis);
-    let mut child = tokio::process::Command::new(shell())
-        .arg("-c")
-        .arg(&args.command)
+    let mut command = match sandbox {
+        Some(sandbox) => sandbox.command(shell(), &args.command, root),
+        None => {
+            let mut command = tokio::process::Command::new(shell());
+            command.arg("-c").arg(&args.command);
+            command
+        }
+    };
+    let mut child = command
         .current_dir(root)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -1,10 +1,12 @@
-//! What every tool call runs against: the project root it is confined to and
-//! the caps that bound its output and its work.
+//! What every tool call runs against: the project root it is confined to,
+//! the caps that bound its output and its work, and the shell sandbox.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::exec::ToolError;
+use super::sandbox::ShellSandbox;
 
 /// Output and work caps of the built-in tools. The defaults suit a model's
 /// context window; tests lower them.
@@ -49,11 +51,15 @@ impl Default for ToolLimits {
     }
 }
 
-/// The environment of a tool call: the project root and the caps.
+/// The environment of a tool call: the project root, the caps and the
+/// shell sandbox.
 #[derive(Debug, Clone)]
 pub struct ToolEnv {
     root: PathBuf,
     pub limits: ToolLimits,
+    /// What `Bash` runs under; `None` (the default) runs it with troupe's
+    /// whole environment and unconfined writes.
+    pub sandbox: Option<Arc<ShellSandbox>>,
 }
 
 impl ToolEnv {
@@ -64,7 +70,13 @@ impl ToolEnv {
         ToolEnv {
             root: root.into(),
             limits: ToolLimits::default(),
+            sandbox: None,
         }
+    }
+
+    pub fn with_sandbox(mut self, sandbox: Option<Arc<ShellSandbox>>) -> ToolEnv {
+        self.sandbox = sandbox;
+        self
     }
 
     pub fn with_limits(mut self, limits: ToolLimits) -> ToolEnv {

@@ -140,7 +140,7 @@ pub async fn execute(
             }
             "Bash" => {
                 let a: bash::BashArgs = args::parse(name, args)?;
-                bash::bash(&root, &limits, &a).await
+                bash::bash(&root, &limits, &a, env.sandbox.as_deref()).await
             }
             other => Err(ToolError::terminal(
                 "ToolUnavailable",

@@ -1,0 +1,72 @@
+//! `troupe run`'s shell sandbox, from `--no-sandbox` and `--pass-env`: a
+//! scrubbed environment for every `Bash` call and, where the kernel has
+//! Landlock, writes confined to the root and a private temp folder. Says
+//! once on stderr when a part of it is off.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::HasCode;
+use crate::tools::sandbox::{ShellSandbox, WriteConfinement, probe, scrubbed_env};
+
+/// The run's sandbox, and the temp folder it owns.
+#[derive(Debug)]
+pub struct ShellSetup {
+    /// For `RunSettings::sandbox`; `None` with `--no-sandbox`.
+    pub sandbox: Option<Arc<ShellSandbox>>,
+    /// The shells' private temp folder (their `TMPDIR`), removed when the
+    /// run is over (not after a second signal, which exits at once).
+    _tmp: Option<tempfile::TempDir>,
+}
+
+fn notice(text: &str) {
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
+/// Builds the sandbox for a run in `root` (canonical).
+pub fn shell_sandbox(no_sandbox: bool, pass_env: &[String], root: &Path) -> ShellSetup {
+    if no_sandbox {
+        notice(
+            "note: --no-sandbox: Bash calls get troupe's whole environment and may write anywhere troupe may",
+        );
+        return ShellSetup {
+            sandbox: None,
+            _tmp: None,
+        };
+    }
+    let env = scrubbed_env(pass_env);
+    let (writes, tmp) = match confinement(root) {
+        Ok((writes, tmp)) => (Some(writes), Some(tmp)),
+        Err(why) => {
+            notice(&format!(
+                "warning: {why}: Bash calls are NOT confined to --root and may write anywhere troupe may (their environment is still scrubbed)"
+            ));
+            (None, None)
+        }
+    };
+    ShellSetup {
+        sandbox: Some(Arc::new(ShellSandbox { env, writes })),
+        _tmp: tmp,
+    }
+}
+
+/// Write confinement for `root`, once a probe showed the kernel enforces it.
+fn confinement(root: &Path) -> Result<(WriteConfinement, tempfile::TempDir), String> {
+    let launcher = std::env::current_exe()
+        .map_err(|e| format!("cannot find the troupe binary to confine Bash with: {e}"))?;
+    let tmp = tempfile::Builder::new()
+        .prefix("troupe-bash-")
+        .tempdir()
+        .map_err(|e| format!("cannot make a temp folder for Bash: {e}"))?;
+    let tmp_path = std::fs::canonicalize(tmp.path())
+        .map_err(|e| format!("cannot resolve {}: {e}", tmp.path().display()))?;
+    probe(&[root.to_owned(), tmp_path.clone()]).map_err(|e| format!("{}: {e}", e.code()))?;
+    Ok((
+        WriteConfinement {
+            launcher,
+            tmp: Some(tmp_path),
+        },
+        tmp,
+    ))
+}

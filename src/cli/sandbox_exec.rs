@@ -1,0 +1,50 @@
+//! `troupe sandbox-exec` (hidden): confines its own writes with Landlock,
+//! then execs the given command, which inherits the confinement. `Bash`
+//! starts every sandboxed shell through it, because the workspace forbids
+//! the unsafe `pre_exec` that would do this between fork and exec. Fails
+//! closed: when the kernel enforces nothing, the command never runs.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+
+use super::Exit;
+use crate::error::HasCode;
+use crate::tools::sandbox::confine_writes;
+
+/// Options of `troupe sandbox-exec`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SandboxExecArgs {
+    /// A folder the command may write beneath. Repeatable.
+    #[arg(long = "write", value_name = "DIR", required = true)]
+    pub write: Vec<PathBuf>,
+    /// The program to exec and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+pub fn run(args: SandboxExecArgs) -> Exit {
+    let mut stderr = std::io::stderr();
+    if let Err(e) = confine_writes(&args.write) {
+        let _ = writeln!(stderr, "troupe sandbox-exec: {}: {e}", e.code());
+        return Exit::CannotExecute;
+    }
+    let Some((program, rest)) = args.command.split_first() else {
+        // clap requires at least one value; kept typed all the same.
+        return Exit::Invalid;
+    };
+    // Only returns on failure; std restores SIGPIPE's default disposition
+    // (Rust ignores it) before the exec, as the shell expects.
+    let err = std::process::Command::new(program).args(rest).exec();
+    let _ = writeln!(
+        stderr,
+        "troupe sandbox-exec: cannot run {}: {err}",
+        program.to_string_lossy()
+    );
+    if err.kind() == std::io::ErrorKind::NotFound {
+        Exit::CommandNotFound
+    } else {
+        Exit::CannotExecute
+    }
+}
