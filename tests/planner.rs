@@ -13,12 +13,11 @@ use std::sync::Arc;
 use common::{Fixture, stage_md};
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use troupe::definition::{Next, Pipeline, load_pipeline};
+use troupe::definition::{Pipeline, load_pipeline};
 use troupe::runtime::ids::RunId;
-use troupe::runtime::planner::{Exec, PlanCommand, PlanEvent, Planner};
 use troupe::runtime::result::{StageResult, Usage, Verdict};
-use troupe::runtime::stage::{Exited, NextDecision};
-use troupe::runtime::stage_actor::StageOutcome;
+use troupe::runtime::scheduler::Slot as Exec;
+use troupe::runtime::scheduler::{ExecKey, PlanCommand, PlanEvent, Planner, StageOutcome};
 use troupe::runtime::summary::RunStatus;
 
 /// plan → map(worker over plan's items) → join → end, with `maxVisits`.
@@ -55,9 +54,12 @@ fn loop_pipeline(max_visits: u32) -> (Fixture, Arc<Pipeline>) {
 
 /// Drives a planner and keeps what it said.
 struct Driver {
-    pipeline: Arc<Pipeline>,
     planner: Planner,
     log: Vec<PlanCommand>,
+    /// The identity of the latest execution spawned in each slot.
+    keys: std::collections::HashMap<Exec, ExecKey>,
+    /// The next `StageExited` seq.
+    seq: u64,
 }
 
 impl Driver {
@@ -68,10 +70,12 @@ impl Driver {
             Arc::new(serde_json::Map::new()),
             cap,
         );
+        let _ = pipeline;
         Driver {
-            pipeline,
             planner,
             log: Vec::new(),
+            keys: std::collections::HashMap::new(),
+            seq: 0,
         }
     }
 
@@ -79,8 +83,39 @@ impl Driver {
         let mut out = Vec::new();
         self.planner.handle(event, &mut out);
         let from = self.log.len();
+        for c in &out {
+            if let PlanCommand::Spawn(s) = c {
+                self.keys.insert(s.exec.slot, s.exec.clone());
+            }
+        }
         self.log.extend(out);
         self.log[from..].iter().collect()
+    }
+
+    fn key(&self, unit: Option<usize>) -> ExecKey {
+        let slot = match unit {
+            Some(u) => Exec::Unit(u),
+            None if self.keys.contains_key(&Exec::Join)
+                && self.keys.get(&Exec::Join).map(|k| k.turn)
+                    >= self.keys.get(&Exec::Sequential).map(|k| k.turn) =>
+            {
+                Exec::Join
+            }
+            None => Exec::Sequential,
+        };
+        self.keys[&slot].clone()
+    }
+
+    /// A sibling asks to start.
+    fn request(&mut self, unit: usize) -> Vec<&PlanCommand> {
+        let exec = self.key(Some(unit));
+        self.step(PlanEvent::StartRequested { exec })
+    }
+
+    /// An execution reports.
+    fn report(&mut self, unit: Option<usize>, outcome: StageOutcome) -> Vec<&PlanCommand> {
+        let exec = self.key(unit);
+        self.step(PlanEvent::Reported { exec, outcome })
     }
 
     /// An Exit with the Next decision the pipeline's table gives.
@@ -91,14 +126,6 @@ impl Driver {
         verdict: Verdict,
         parsed: Value,
     ) -> Vec<&PlanCommand> {
-        let next = match self.pipeline.next_of(stage) {
-            None | Some(Next::End) => NextDecision::End,
-            Some(Next::Stage(id)) => NextDecision::Stage {
-                id: id.clone(),
-                transparent: false,
-            },
-            Some(Next::Parallel(plan)) => NextDecision::Parallel(plan.clone()),
-        };
         let result = Arc::new(StageResult {
             stage_id: stage.into(),
             stage_execution_id: format!("{stage}/{unit:?}"),
@@ -110,21 +137,18 @@ impl Driver {
             attempt_count: 1,
             usage: Usage::default(),
         });
-        self.step(PlanEvent::Reported {
-            unit,
-            stage_id: stage.into(),
-            outcome: StageOutcome::Exited(Exited { result, next }),
-        })
+        self.seq += 1;
+        let seq = self.seq;
+        self.report(unit, StageOutcome::Exited { result, seq })
     }
 
-    fn cancelled(&mut self, unit: Option<usize>, stage: &str) -> Vec<&PlanCommand> {
-        self.step(PlanEvent::Reported {
+    fn cancelled(&mut self, unit: Option<usize>, _stage: &str) -> Vec<&PlanCommand> {
+        self.report(
             unit,
-            stage_id: stage.into(),
-            outcome: StageOutcome::Cancelled {
+            StageOutcome::Cancelled {
                 usage: Default::default(),
             },
-        })
+        )
     }
 
     fn status(&self) -> Option<&RunStatus> {
@@ -135,7 +159,7 @@ impl Driver {
 fn spawned(cmds: &[&PlanCommand]) -> Vec<(Exec, String)> {
     cmds.iter()
         .filter_map(|c| match c {
-            PlanCommand::Spawn(s) => Some((s.exec, s.stage.id.clone())),
+            PlanCommand::Spawn(s) => Some((s.exec.slot, s.stage.id.clone())),
             _ => None,
         })
         .collect()
@@ -153,7 +177,7 @@ fn granted(cmds: &[&PlanCommand]) -> Vec<usize> {
 fn cancels(cmds: &[&PlanCommand]) -> Vec<Exec> {
     cmds.iter()
         .filter_map(|c| match c {
-            PlanCommand::Cancel { exec, .. } => Some(*exec),
+            PlanCommand::Cancel { slot, .. } => Some(*slot),
             _ => None,
         })
         .collect()
@@ -208,7 +232,7 @@ fn a_map_spawns_only_up_to_the_cap_and_feeds_the_rest_lazily() {
         .collect();
     assert_eq!(spawn_ctx, [json!(0), json!(1), json!(2)]);
     for u in 0..3 {
-        assert_eq!(granted(&d.step(PlanEvent::StartRequested { unit: u })), [u]);
+        assert_eq!(granted(&d.request(u)), [u]);
     }
     // One sibling ends: exactly one more is spawned, the next in order.
     let cmds = d.exit(Some(1), "worker", Verdict::Ok, json!({"summary": "ok"}));
@@ -223,7 +247,7 @@ fn the_join_starts_only_after_every_sibling_is_ok_or_skipped() {
     d.step(PlanEvent::Start);
     d.exit(None, "plan", Verdict::Ok, items(3));
     for u in 0..3 {
-        d.step(PlanEvent::StartRequested { unit: u });
+        d.request(u);
     }
     assert!(spawned(&d.exit(Some(2), "worker", Verdict::Ok, json!({}))).is_empty());
     assert!(spawned(&d.exit(Some(0), "worker", Verdict::Skipped, json!({}))).is_empty());
@@ -249,30 +273,29 @@ fn the_first_failure_cancels_running_siblings_and_nothing_starts_after_it() {
     let mut d = Driver::new(p, 3);
     d.step(PlanEvent::Start);
     d.exit(None, "plan", Verdict::Ok, items(10));
-    d.step(PlanEvent::StartRequested { unit: 0 });
-    d.step(PlanEvent::StartRequested { unit: 1 });
+    d.request(0);
+    d.request(1);
     // Unit 2 was spawned but has not asked yet.
     let cmds = d.exit(Some(0), "worker", Verdict::Fail, json!({}));
     assert!(spawned(&cmds).is_empty(), "no new sibling after a failure");
     assert_eq!(cancels(&cmds), [Exec::Unit(1), Exec::Unit(2)]);
-    assert!(emitted(&cmds).contains(&"ParallelSiblingFailure".to_owned()));
+    assert!(
+        cmds.iter()
+            .any(|c| matches!(c, PlanCommand::CancelGroup { sibling } if sibling == "worker#0")),
+        "the group's scope is cancelled with the failed sibling's name"
+    );
     // The late start request is not granted.
-    assert!(granted(&d.step(PlanEvent::StartRequested { unit: 2 })).is_empty());
+    assert!(granted(&d.request(2)).is_empty());
     // Unit 2 was withdrawn (it never started), so the group is decided
-    // once the one running sibling reports its cancel.
+    // once the one running sibling reports its cancel; the failure is
+    // recorded when the group ends.
     let cmds = d.cancelled(Some(1), "worker");
     assert!(
         finished(&cmds),
         "the run ends once every started unit reported"
     );
-    assert!(
-        d.step(PlanEvent::Reported {
-            unit: Some(2),
-            stage_id: "worker".into(),
-            outcome: StageOutcome::Withdrawn,
-        })
-        .is_empty()
-    );
+    assert!(emitted(&cmds).contains(&"ParallelSiblingFailure".to_owned()));
+    assert!(d.report(Some(2), StageOutcome::Withdrawn).is_empty());
     match d.status() {
         Some(RunStatus::Failed { reason }) => {
             assert!(
@@ -286,7 +309,7 @@ fn the_first_failure_cancels_running_siblings_and_nothing_starts_after_it() {
     assert!(
         !d.log
             .iter()
-            .any(|c| matches!(c, PlanCommand::Spawn(s) if s.exec == Exec::Join))
+            .any(|c| matches!(c, PlanCommand::Spawn(s) if s.exec.slot == Exec::Join))
     );
 }
 
@@ -314,7 +337,7 @@ fn cancel_run_during_the_join_cancels_the_join() {
     let mut d = Driver::new(p, 3);
     d.step(PlanEvent::Start);
     d.exit(None, "plan", Verdict::Ok, items(1));
-    d.step(PlanEvent::StartRequested { unit: 0 });
+    d.request(0);
     d.exit(Some(0), "worker", Verdict::Ok, json!({}));
     let cmds = d.step(PlanEvent::CancelRun);
     assert_eq!(cancels(&cmds), [Exec::Join]);
@@ -410,12 +433,12 @@ proptest! {
         let mut live: std::collections::BTreeMap<usize, Sim> = d
             .log
             .iter()
-            .filter_map(|c| match c { PlanCommand::Spawn(s) => match s.exec { Exec::Unit(u) => Some((u, Sim::Spawned)), _ => None }, _ => None })
+            .filter_map(|c| match c { PlanCommand::Spawn(s) => match s.exec.slot { Exec::Unit(u) => Some((u, Sim::Spawned)), _ => None }, _ => None })
             .collect();
         let mut ok: BTreeSet<usize> = BTreeSet::new();
         let mut ended: HashSet<usize> = HashSet::new();
         let mut stopped = false;
-        let mut join_live = d.log.iter().any(|c| matches!(c, PlanCommand::Spawn(s) if s.exec == Exec::Join));
+        let mut join_live = d.log.iter().any(|c| matches!(c, PlanCommand::Spawn(s) if s.exec.slot == Exec::Join));
         let mut steps = 0usize;
         let mut choice = choices.into_iter().cycle();
         while d.status().is_none() {
@@ -441,7 +464,7 @@ proptest! {
             let before = d.log.len();
             match live[&unit] {
                 Sim::Spawned => {
-                    let cmds = d.step(PlanEvent::StartRequested { unit });
+                    let cmds = d.request(unit);
                     if granted(&cmds).contains(&unit) {
                         prop_assert!(!stopped, "granted after a failure or cancel");
                         live.insert(unit, Sim::Running);
@@ -449,7 +472,7 @@ proptest! {
                         // Not granted: the actor reports Withdrawn.
                         live.remove(&unit);
                         ended.insert(unit);
-                        d.step(PlanEvent::Reported { unit: Some(unit), stage_id: "worker".into(), outcome: StageOutcome::Withdrawn });
+                        d.report(Some(unit), StageOutcome::Withdrawn);
                     }
                 }
                 Sim::Running => {
@@ -468,7 +491,7 @@ proptest! {
             }
             for c in &d.log[before..] {
                 match c {
-                    PlanCommand::Spawn(s) => match s.exec {
+                    PlanCommand::Spawn(s) => match s.exec.slot {
                         Exec::Unit(u) => {
                             prop_assert!(!stopped, "spawned after a failure or cancel");
                             prop_assert!(!ended.contains(&u) && !live.contains_key(&u));
@@ -480,7 +503,7 @@ proptest! {
                         }
                         Exec::Sequential => {}
                     },
-                    PlanCommand::Cancel { exec: Exec::Unit(u), .. } => {
+                    PlanCommand::Cancel { slot: Exec::Unit(u), .. } => {
                         prop_assert!(live.contains_key(u), "cancel for a unit that is not live");
                     }
                     _ => {}
@@ -508,7 +531,7 @@ fn progress_counts_a_sibling_as_running_from_its_grant() {
     let mut d = Driver::new(p, 2);
     d.step(PlanEvent::Start);
     d.exit(None, "plan", Verdict::Ok, json!({"items": [1, 2, 3, 4, 5]}));
-    let cmds = d.step(PlanEvent::StartRequested { unit: 0 });
+    let cmds = d.request(0);
     let progress: Vec<&troupe::runtime::events::Event> = cmds
         .iter()
         .filter_map(|c| match c {
@@ -525,5 +548,155 @@ fn progress_counts_a_sibling_as_running_from_its_grant() {
     assert_eq!(
         p["waiting"], 4,
         "one spawned not started, three never spawned"
+    );
+}
+
+#[test]
+fn a_cancelled_report_before_the_failure_never_names_the_wrong_sibling() {
+    // Sibling 3 failed and cancelled its group's token on its way out;
+    // sibling 1's cancellation reaches the scheduler first.
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 4);
+    d.step(PlanEvent::Start);
+    d.exit(None, "plan", Verdict::Ok, items(8));
+    for u in 0..4 {
+        d.request(u);
+    }
+    let cmds = d.cancelled(Some(1), "worker");
+    assert!(spawned(&cmds).is_empty(), "held: no sibling starts");
+    assert!(!emitted(&cmds).contains(&"ParallelSiblingFailure".to_owned()));
+    d.exit(Some(3), "worker", Verdict::Fail, json!({}));
+    d.cancelled(Some(0), "worker");
+    let cmds = d.cancelled(Some(2), "worker");
+    assert!(finished(&cmds));
+    let failure = d
+        .log
+        .iter()
+        .find_map(|c| match c {
+            PlanCommand::Emit(e) if e.name.as_str() == "ParallelSiblingFailure" => {
+                Some(e.to_json(0))
+            }
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(failure["failedSibling"], "worker#3");
+}
+
+#[test]
+fn of_two_failed_siblings_the_one_that_exited_first_is_named_whatever_the_report_order() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 4);
+    d.step(PlanEvent::Start);
+    d.exit(None, "plan", Verdict::Ok, items(4));
+    for u in 0..4 {
+        d.request(u);
+    }
+    // Sibling 2's StageExited has seq 10, sibling 1's seq 11, but sibling
+    // 1's report is read first.
+    d.seq = 10;
+    d.exit(Some(1), "worker", Verdict::Fail, json!({}));
+    d.seq = 8;
+    d.exit(Some(2), "worker", Verdict::Fail, json!({}));
+    d.cancelled(Some(0), "worker");
+    d.cancelled(Some(3), "worker");
+    let failure = d
+        .log
+        .iter()
+        .find_map(|c| match c {
+            PlanCommand::Emit(e) if e.name.as_str() == "ParallelSiblingFailure" => {
+                Some(e.to_json(0))
+            }
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(failure["failedSibling"], "worker#2");
+}
+
+#[test]
+fn a_restored_run_skips_finished_executions_and_runs_the_rest() {
+    use troupe::runtime::scheduler::Restore;
+    let (_f, p) = map_pipeline(None);
+    let run = RunId::new();
+    let mut d = Driver::new(Arc::clone(&p), 2);
+    d.planner = Planner::new(p, run.clone(), Arc::new(serde_json::Map::new()), 2);
+    let result = |stage: &str, id: String, parsed: Value| {
+        Arc::new(StageResult {
+            stage_id: stage.into(),
+            stage_execution_id: id,
+            verdict: Verdict::Ok,
+            reason: None,
+            parsed: Arc::new(parsed.clone()),
+            output: Arc::new(parsed),
+            cap_hit: false,
+            attempt_count: 1,
+            usage: Usage::default(),
+        })
+    };
+    let mut restore = Restore::default();
+    for (id, r) in [
+        (
+            format!("{run}/plan/1"),
+            result("plan", format!("{run}/plan/1"), items(5)),
+        ),
+        (
+            format!("{run}/worker#0/1"),
+            result("worker", format!("{run}/worker#0/1"), json!({"n": 0})),
+        ),
+        (
+            format!("{run}/worker#3/1"),
+            result("worker", format!("{run}/worker#3/1"), json!({"n": 3})),
+        ),
+    ] {
+        restore.results.insert(id, r);
+    }
+    restore.turns_started.insert(format!("{run}/turn/1"));
+    restore.turns_ended.insert(format!("{run}/turn/1"));
+    restore.turns_started.insert(format!("{run}/turn/2"));
+    d.planner.restore(restore);
+    let cmds = d.step(PlanEvent::Start);
+    // The plan is restored, the group resumes with siblings 1 and 2 (cap
+    // 2; 0 and 3 are done); nothing already in the log is emitted again.
+    assert_eq!(
+        spawned(&cmds),
+        [
+            (Exec::Unit(1), "worker".to_owned()),
+            (Exec::Unit(2), "worker".to_owned())
+        ]
+    );
+    assert!(
+        !emitted(&cmds)
+            .iter()
+            .any(|e| e == "SessionTurnStart" || e == "SessionTurnEnd"),
+        "{:?}",
+        emitted(&cmds)
+    );
+    d.request(1);
+    d.request(2);
+    let cmds = d.exit(Some(1), "worker", Verdict::Ok, json!({"n": 1}));
+    assert_eq!(
+        spawned(&cmds),
+        [(Exec::Unit(4), "worker".to_owned())],
+        "the freed slot skips done sibling 3"
+    );
+    d.request(4);
+    d.exit(Some(2), "worker", Verdict::Ok, json!({"n": 2}));
+    let cmds = d.exit(Some(4), "worker", Verdict::Ok, json!({"n": 4}));
+    let join = cmds
+        .iter()
+        .find_map(|c| match c {
+            PlanCommand::Spawn(s) if s.exec.slot == Exec::Join => Some(s),
+            _ => None,
+        })
+        .expect("the join starts once every sibling is done");
+    let seen: Vec<Value> = join
+        .ctx
+        .upstream
+        .iter()
+        .map(|r| r.parsed["n"].clone())
+        .collect();
+    assert_eq!(
+        seen,
+        [json!(0), json!(1), json!(2), json!(3), json!(4)],
+        "plan order"
     );
 }

@@ -985,7 +985,7 @@ fn fail_fast_drops_the_siblings_in_flight_requests() {
     let provider = OpenAiProvider::new(config).unwrap();
     let mut fields = serde_json::Map::new();
     fields.insert("width".into(), json!(3));
-    let spec = troupe::runtime::scheduler::RunSpec::new(pipeline, fields, Arc::new(provider), None);
+    let spec = troupe::runtime::spec::RunSpec::new(pipeline, fields, Arc::new(provider), None);
     let system = actix::System::new();
     let (report, counts) = system.block_on(async {
         let (_session, done) = troupe::runtime::launch::start_run(spec, Vec::new());

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use troupe::definition::{Backoff, load_pipeline};
 use troupe::provider::openai::{OpenAiConfig, OpenAiProvider};
 use troupe::runtime::launch::{resolve_fields, start_run};
-use troupe::runtime::scheduler::RunSpec;
+use troupe::runtime::spec::RunSpec;
 use troupe::runtime::stage::RunSettings;
 use troupe::runtime::summary::{RunReport, RunStatus};
 

@@ -95,6 +95,14 @@ pub enum UnitOutcome {
     Skipped,
     /// The unit failed; while the group is live this fails the group.
     Failed,
+    /// The unit stopped on a cancellation the group has not decided: a
+    /// sibling cancelled the group's token on its own way out (a
+    /// shortcut for speed), and that sibling's own report, which decides
+    /// the group, is still on its way. While any such unit is unexplained
+    /// the group holds: nothing new is spawned. If every running unit has
+    /// reported and no failure explains it, the first such unit fails the
+    /// group (its actor ended without an outcome of its own).
+    Cancelled,
 }
 
 /// Input to [`FanOut::handle`].
@@ -237,6 +245,14 @@ pub struct FanOut {
     withdrawn_units: BTreeSet<usize>,
     state: GroupState,
     escalation: Escalation,
+    /// Units finished as [`UnitOutcome::Cancelled`] while the group was
+    /// live, in report order: the group holds until one is explained.
+    unexplained: Vec<usize>,
+    /// Units finished before the group started (a resumed run's stored
+    /// results): never spawned, counted as succeeded.
+    done: BTreeSet<usize>,
+    /// Of those, the ones the feed has not passed yet.
+    done_ahead: usize,
     running: usize,
     peak_running: usize,
     cap_waits: usize,
@@ -263,6 +279,9 @@ impl FanOut {
             withdrawn_units: BTreeSet::new(),
             state: GroupState::Live,
             escalation: Escalation::new(),
+            unexplained: Vec::new(),
+            done: BTreeSet::new(),
+            done_ahead: 0,
             running: 0,
             peak_running: 0,
             cap_waits: 0,
@@ -276,6 +295,18 @@ impl FanOut {
         }
     }
 
+    /// A group of which the units in `done` already finished `Ok` (a
+    /// resumed run): they are never spawned and count as succeeded, so
+    /// the cap is spent on the others only.
+    #[must_use]
+    pub fn with_done(total: usize, cap: usize, done: impl IntoIterator<Item = usize>) -> Self {
+        let mut fan = Self::new(total, cap);
+        fan.done = done.into_iter().filter(|u| *u < total).collect();
+        fan.succeeded = fan.done.len();
+        fan.done_ahead = fan.done.len();
+        fan
+    }
+
     /// Spawns the first `min(cap, total)` units in index order, or emits
     /// `AllSucceeded` at once for an empty group. Calling it again, or after the
     /// group was cancelled, emits nothing.
@@ -287,7 +318,7 @@ impl FanOut {
         if self.state != GroupState::Live {
             return;
         }
-        if self.total == 0 {
+        if self.total == self.succeeded {
             self.state = GroupState::Succeeded;
             out.push(FanOutCommand::AllSucceeded);
             return;
@@ -389,6 +420,7 @@ impl FanOut {
         match outcome {
             UnitOutcome::Ok => self.succeeded += 1,
             UnitOutcome::Skipped => self.skipped += 1,
+            UnitOutcome::Cancelled => self.unexplained.push(unit),
             UnitOutcome::Failed => {
                 self.failed += 1;
                 self.state = GroupState::Failed { unit };
@@ -398,7 +430,18 @@ impl FanOut {
                 return Ok(());
             }
         }
-        if self.succeeded + self.skipped == self.total {
+        if let Some(&first) = self.unexplained.first() {
+            // Held: a sibling's report will explain the cancellation. If
+            // none can come any more, the first cancelled unit is the
+            // group's failure.
+            if self.running == 0 {
+                self.failed += 1;
+                self.state = GroupState::Failed { unit: first };
+                self.escalation.raise(CancelReason::SiblingFailed);
+                out.push(FanOutCommand::GroupFailed { unit: first });
+                self.cancel_in_flight(CancelReason::SiblingFailed, out);
+            }
+        } else if self.succeeded + self.skipped == self.total {
             self.state = GroupState::Succeeded;
             out.push(FanOutCommand::AllSucceeded);
         } else {
@@ -456,11 +499,16 @@ impl FanOut {
     /// Spawns waiting units while a slot is free and the group is live.
     fn feed(&mut self, out: &mut Vec<FanOutCommand>, after_wait: bool) {
         while self.state == GroupState::Live
+            && self.unexplained.is_empty()
             && self.in_flight.len() < self.cap
             && self.next_unspawned < self.total
         {
             let unit = self.next_unspawned;
             self.next_unspawned += 1;
+            if self.done.contains(&unit) {
+                self.done_ahead -= 1;
+                continue;
+            }
             self.in_flight.insert(unit, Slot::Spawned);
             if after_wait {
                 self.cap_waits += 1;
@@ -520,10 +568,17 @@ impl FanOut {
         self.in_flight.len()
     }
 
-    /// Units never spawned. Once the group is decided they never will be.
+    /// Units never spawned (and not done before the group started). Once
+    /// the group is decided they never will be.
     #[must_use]
     pub const fn waiting(&self) -> usize {
-        self.total - self.next_unspawned
+        self.total - self.next_unspawned - self.done_ahead
+    }
+
+    /// Units that finished before the group started (a resumed run).
+    #[must_use]
+    pub fn done_before(&self) -> usize {
+        self.done.len()
     }
 
     /// Units that finished `Ok` while the group was live.
@@ -586,6 +641,91 @@ impl FanOut {
     #[must_use]
     pub fn is_finished(&self) -> bool {
         self.state != GroupState::Live && self.in_flight.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod held_and_done_tests {
+    use super::*;
+
+    fn started(total: usize, cap: usize) -> (FanOut, Vec<FanOutCommand>) {
+        let mut fan = FanOut::new(total, cap);
+        let mut out = Vec::new();
+        fan.start(&mut out);
+        for u in 0..cap.min(total) {
+            fan.handle(FanOutEvent::StartRequested { unit: u }, &mut out)
+                .expect("spawned");
+        }
+        (fan, out)
+    }
+
+    fn finish(fan: &mut FanOut, unit: usize, outcome: UnitOutcome) -> Vec<FanOutCommand> {
+        let mut out = Vec::new();
+        fan.handle(FanOutEvent::Finished { unit, outcome }, &mut out)
+            .expect("a valid finish");
+        out
+    }
+
+    #[test]
+    fn a_cancelled_report_before_the_failure_holds_the_group_and_the_failure_decides() {
+        let (mut fan, _) = started(10, 3);
+        // Sibling 2 failed and cancelled the group's token; sibling 0's
+        // cancellation reaches the core first.
+        assert!(
+            finish(&mut fan, 0, UnitOutcome::Cancelled).is_empty(),
+            "held: no spawn"
+        );
+        assert_eq!(fan.state(), GroupState::Live);
+        let out = finish(&mut fan, 2, UnitOutcome::Failed);
+        assert_eq!(out[0], FanOutCommand::GroupFailed { unit: 2 });
+        assert_eq!(fan.state(), GroupState::Failed { unit: 2 });
+        assert!(
+            out.iter()
+                .all(|c| !matches!(c, FanOutCommand::Spawn { .. })),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn an_unexplained_cancellation_fails_the_group_once_nothing_runs() {
+        let (mut fan, _) = started(5, 2);
+        assert!(finish(&mut fan, 1, UnitOutcome::Cancelled).is_empty());
+        let out = finish(&mut fan, 0, UnitOutcome::Ok);
+        assert_eq!(out[0], FanOutCommand::GroupFailed { unit: 1 });
+    }
+
+    #[test]
+    fn done_units_are_never_spawned_and_count_as_succeeded() {
+        let mut fan = FanOut::with_done(6, 2, [0, 2, 3]);
+        let mut out = Vec::new();
+        fan.start(&mut out);
+        assert_eq!(
+            out,
+            [
+                FanOutCommand::Spawn { unit: 1 },
+                FanOutCommand::Spawn { unit: 4 }
+            ]
+        );
+        assert_eq!(fan.waiting(), 1, "unit 5");
+        for u in [1, 4] {
+            fan.handle(FanOutEvent::StartRequested { unit: u }, &mut out)
+                .expect("spawned");
+        }
+        assert_eq!(
+            finish(&mut fan, 1, UnitOutcome::Ok),
+            [FanOutCommand::Spawn { unit: 5 }]
+        );
+        fan.handle(FanOutEvent::StartRequested { unit: 5 }, &mut out)
+            .expect("spawned");
+        assert!(finish(&mut fan, 4, UnitOutcome::Ok).is_empty());
+        assert_eq!(
+            finish(&mut fan, 5, UnitOutcome::Ok),
+            [FanOutCommand::AllSucceeded]
+        );
+        let mut all_done = FanOut::with_done(2, 1, [0, 1]);
+        let mut out = Vec::new();
+        all_done.start(&mut out);
+        assert_eq!(out, [FanOutCommand::AllSucceeded]);
     }
 }
 

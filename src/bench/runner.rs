@@ -18,7 +18,7 @@ use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use crate::runtime::audit::start_audit_log;
 use crate::runtime::events::parse_rfc3339;
 use crate::runtime::launch::{resolve_fields, start_run};
-use crate::runtime::scheduler::RunSpec;
+use crate::runtime::spec::RunSpec;
 use crate::runtime::summary::{RunReport, RunStatus};
 
 /// The ctx field a benchmark sets to the fan-out width.

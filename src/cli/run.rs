@@ -22,8 +22,8 @@ use crate::provider::scripted::{ScriptedProvider, Selector};
 use crate::runtime::audit::{start_audit_log, start_event_stream};
 use crate::runtime::interaction::{AnswerRules, InteractorSpec};
 use crate::runtime::launch::{parse_ctx_pair, resolve_fields, start_run};
-use crate::runtime::scheduler::RunSpec;
-use crate::runtime::session::Cancel;
+use crate::runtime::session::ToSession;
+use crate::runtime::spec::RunSpec;
 use crate::runtime::stage::RunSettings;
 use crate::runtime::summary::{RunReport, RunStatus};
 use crate::tools::sandbox::check_env_name;
@@ -288,7 +288,7 @@ pub fn run(args: RunArgs) -> Exit {
         }
         let bus = spec.bus.clone();
         let (session, done) = start_run(spec, sinks);
-        let _interrupts = Interrupts::watch(watched, move || session.do_send(Cancel));
+        let _interrupts = Interrupts::watch(watched, move || session.do_send(ToSession::Cancel));
         match done.await {
             Ok(report) => Ended::Report(Box::new(report), bus.last_seq()),
             Err(_) => Ended::Aborted("the run ended without a report".to_owned()),

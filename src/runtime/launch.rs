@@ -10,8 +10,8 @@ use troupe_actors::EventBus;
 
 use super::audit::Sink;
 use super::ids::RunId;
-use super::scheduler::RunSpec;
-use super::session::{Session, StartRun};
+use super::session::{Session, ToSession};
+use super::spec::RunSpec;
 use super::stage::RunSettings;
 use super::summary::RunReport;
 use crate::definition::Pipeline;
@@ -132,6 +132,7 @@ impl RunSpec {
             interactors: Vec::new(),
             approval_timeout: None,
             hooks,
+            restore: Default::default(),
         }
     }
 }
@@ -141,6 +142,6 @@ impl RunSpec {
 pub fn start_run(spec: RunSpec, sinks: Vec<Sink>) -> (Addr<Session>, oneshot::Receiver<RunReport>) {
     let (tx, rx) = oneshot::channel();
     let session = Session::new(spec, sinks).start();
-    session.do_send(StartRun { reply: tx });
+    session.do_send(ToSession::Start { reply: tx });
     (session, rx)
 }

@@ -1,27 +1,28 @@
-//! The session actor: one per run. It owns the run's identity and the
-//! interactor set (started with the interaction hub), starts the
-//! scheduler, relays the CLI's messages (start, cancel) and, when the run is
-//! over, closes the event bus so the audit log is flushed before it answers.
+//! The session actor: one per run. It starts the interaction hub (with the
+//! run's interactors), the run's arbiters and the scheduler, relays what
+//! its owner tells it ([`ToSession`]: start, cancel), enforces
+//! `--max-run-time`, and when the run is over closes the event bus so every
+//! sink (the audit log first) is flushed before it answers.
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::audit::Sink;
 use super::interaction::start_hub;
-use super::scheduler::{CancelRun, LimitReached, RunFinished, RunSpec, Scheduler};
+use super::scheduler::{RunFinished, Scheduler, ToScheduler};
+use super::spec::RunSpec;
 use super::summary::RunReport;
 
-/// Start the run; the report arrives on `reply` when it is over.
+/// What the session is told by its owner (the CLI, a test, a library
+/// user).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct StartRun {
-    pub reply: oneshot::Sender<RunReport>,
+pub enum ToSession {
+    /// Start the run; the report arrives on `reply` when it is over.
+    Start { reply: oneshot::Sender<RunReport> },
+    /// Cancel the run strictly (the first Ctrl-C or signal).
+    Cancel,
 }
-
-/// Cancel the run strictly (first Ctrl-C).
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct Cancel;
 
 /// One run.
 #[derive(Debug)]
@@ -41,31 +42,37 @@ impl Session {
             reply: None,
         }
     }
-}
 
-impl Actor for Session {
-    type Context = Context<Self>;
-}
-
-impl Handler<StartRun> for Session {
-    type Result = ();
-
-    fn handle(&mut self, msg: StartRun, ctx: &mut Context<Self>) {
+    fn start(&mut self, reply: oneshot::Sender<RunReport>, ctx: &mut Context<Self>) {
         if self.scheduler.is_some() {
             return;
         }
-        self.reply = Some(msg.reply);
+        self.reply = Some(reply);
         let hub = start_hub(
             &self.spec.interactors,
             self.spec.approval_timeout,
             self.spec.bus.clone(),
         );
-        let scheduler =
-            Scheduler::new(self.spec.clone(), Some(hub), ctx.address().recipient()).start();
+        // Stage executions spread over one arbiter per thread; with one
+        // thread they share the session's (deterministic, paused-time
+        // tests run that way).
+        let threads = self.spec.settings.threads;
+        let arbiters = if threads > 1 {
+            (0..threads).map(|_| Arbiter::new().handle()).collect()
+        } else {
+            Vec::new()
+        };
+        let scheduler = Scheduler::new(
+            self.spec.clone(),
+            Some(hub),
+            ctx.address().recipient(),
+            arbiters,
+        )
+        .start();
         if let Some(limit) = self.spec.max_run_time {
             let scheduler = scheduler.clone();
             ctx.run_later(limit, move |_act, _ctx| {
-                scheduler.do_send(LimitReached {
+                scheduler.do_send(ToScheduler::LimitReached {
                     reason: format!(
                         "Session/RunTimeExceeded: the run took longer than {} (--max-run-time)",
                         crate::definition::duration::format_duration(limit)
@@ -77,12 +84,21 @@ impl Handler<StartRun> for Session {
     }
 }
 
-impl Handler<Cancel> for Session {
+impl Actor for Session {
+    type Context = Context<Self>;
+}
+
+impl Handler<ToSession> for Session {
     type Result = ();
 
-    fn handle(&mut self, _msg: Cancel, _ctx: &mut Context<Self>) {
-        if let Some(s) = &self.scheduler {
-            s.do_send(CancelRun);
+    fn handle(&mut self, msg: ToSession, ctx: &mut Context<Self>) {
+        match msg {
+            ToSession::Start { reply } => self.start(reply, ctx),
+            ToSession::Cancel => {
+                if let Some(s) = &self.scheduler {
+                    s.do_send(ToScheduler::CancelRun);
+                }
+            }
         }
     }
 }
@@ -97,7 +113,7 @@ impl Handler<RunFinished> for Session {
         for sink in self.sinks.drain(..) {
             let path = sink.path.clone();
             if let Err(e) = sink.finish() {
-                eprintln!("warning: event sink failed: {e}");
+                report.warnings.push(format!("an event sink failed: {e}"));
             }
             if path.is_some() {
                 report.audit_path = path;

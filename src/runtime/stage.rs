@@ -30,8 +30,7 @@ use super::result::{StageResult, Usage, Verdict};
 use super::tool_call::{RunTool, ToolCallActor, ToolOutcome};
 use super::transcript::{Message, ToolCall, Transcript};
 use crate::definition::{
-    Backoff, GateOutcome, Next, ParallelPlan, Pipeline, ResolutionPolicy, Stage, StageDefinition,
-    StageKind,
+    Backoff, GateOutcome, Pipeline, ResolutionPolicy, Stage, StageDefinition, StageKind,
 };
 use crate::error::{Code, ErrorClass, HasCode, ValidationCode};
 use crate::hooks::{HookError, HookSet, SlotOutcome};
@@ -63,6 +62,9 @@ pub struct RunSettings {
     /// requests and tool calls included (`--stage-timeout`); past it the
     /// stage fails with `Session/StageTimeout`.
     pub stage_timeout: Option<Duration>,
+    /// Arbiters (threads) the run's stage executions spread over; 1 runs
+    /// them on the session's (`--threads`).
+    pub threads: usize,
     /// The run's token and cost meter (`--max-tokens`, `--max-cost`).
     pub budget: Option<Arc<Budget>>,
     /// What `Bash` calls run under (`troupe run`: a scrubbed environment
@@ -84,6 +86,7 @@ impl Default for RunSettings {
             tool_concurrency: 4,
             root: PathBuf::from("."),
             stage_timeout: None,
+            threads: 1,
             budget: None,
             sandbox: None,
         }
@@ -159,26 +162,6 @@ pub struct Progress {
     /// What its model requests used so far (a cancelled execution reports
     /// it, so the run's totals include it).
     pub usage: Usage,
-}
-
-/// What Next() returned for a finished execution.
-#[derive(Debug, Clone)]
-pub enum NextDecision {
-    End,
-    /// Continue with a stage. `transparent` when a router chose it: the
-    /// target then sees the router's own upstream.
-    Stage {
-        id: String,
-        transparent: bool,
-    },
-    Parallel(ParallelPlan),
-}
-
-/// A completed execution (Exit ran).
-#[derive(Debug, Clone)]
-pub struct Exited {
-    pub result: Arc<StageResult>,
-    pub next: NextDecision,
 }
 
 /// The fields of a StageResult, assembled before Exit.
@@ -344,9 +327,11 @@ impl StageRun {
         self.emit(entered);
     }
 
-    /// Runs the execution, after `enter`, to Exit and Next. Never panics on
-    /// bad input; a cancelled execution is simply dropped by its owner.
-    pub async fn execute(self, progress: Rc<RefCell<Progress>>) -> Exited {
+    /// Runs the execution, after `enter`, up to Exit and builds its
+    /// StageResult; Exit's record and the report are its owner's. Never
+    /// panics on bad input; a cancelled execution is simply dropped by its
+    /// owner.
+    pub async fn execute(self, progress: Rc<RefCell<Progress>>) -> Arc<StageResult> {
         let Ended {
             verdict,
             reason,
@@ -384,7 +369,7 @@ impl StageRun {
         // (a fan-out keeps every sibling's result until its join).
         let parsed = Arc::new(parsed);
         let output = output.map_or_else(|| Arc::clone(&parsed), Arc::new);
-        let result = Arc::new(StageResult {
+        Arc::new(StageResult {
             stage_id: self.stage.id.clone(),
             stage_execution_id: self.ctx.stage_execution_id.to_string(),
             verdict,
@@ -394,59 +379,7 @@ impl StageRun {
             cap_hit,
             attempt_count: attempts,
             usage,
-        });
-        let mut exited = self
-            .event(EventName::StageExited)
-            .with_static("verdict", verdict.as_str())
-            .with("capHit", cap_hit)
-            .with("attemptCount", attempts)
-            .with("usage", usage);
-        if let Some(r) = &result.reason {
-            exited = exited.with("reason", r.as_str());
-        }
-        self.emit(exited);
-        self.phase(&progress, "Exit", false);
-
-        self.phase(&progress, "Next", true);
-        let next = self.next_decision(&result);
-        if self.bus.has_observers() {
-            let described = match &next {
-                NextDecision::End => json!({"stages": [], "execution": "sequential"}),
-                NextDecision::Stage { id, .. } => {
-                    json!({"stages": [id], "execution": "sequential"})
-                }
-                NextDecision::Parallel(plan) => json!({"execution": "parallel", "join": plan.join}),
-            };
-            self.emit(
-                self.event(EventName::StagePostFired)
-                    .with("phase", "Next")
-                    .with("next", described),
-            );
-        }
-        Exited { result, next }
-    }
-
-    fn next_decision(&self, result: &StageResult) -> NextDecision {
-        if result.verdict == Verdict::Fail {
-            return NextDecision::End;
-        }
-        if self.stage.kind.is_router() {
-            return match result.output.get("route").and_then(Value::as_str) {
-                Some(id) => NextDecision::Stage {
-                    id: id.to_owned(),
-                    transparent: true,
-                },
-                None => NextDecision::End,
-            };
-        }
-        match self.pipeline.next_of(&self.stage.id) {
-            None | Some(Next::End) => NextDecision::End,
-            Some(Next::Stage(id)) => NextDecision::Stage {
-                id: id.clone(),
-                transparent: false,
-            },
-            Some(Next::Parallel(plan)) => NextDecision::Parallel(plan.clone()),
-        }
+        })
     }
 
     /// A failure that ends the stage before Act: audited as StageInitFailed.

@@ -1,8 +1,9 @@
 //! The stage-execution actor: one per stage execution, siblings included.
 //! It asks the scheduler before starting (siblings only), runs the phases,
-//! reports once, and on strict cancellation drops the in-flight work and
-//! records `StageCancelled` with the turn and tool calls it was in. A panic
-//! in the phases becomes the stage's `ExtensionHost/ActorPanicked` failure.
+//! records the execution's end in exactly one place — `StageExited` after
+//! Exit, or `StageCancelled` after a strict cancel — and reports once. A
+//! panic in the phases becomes the stage's `ExtensionHost/ActorPanicked`
+//! failure, recorded and reported like any failed Exit.
 
 use std::cell::RefCell;
 use std::panic::AssertUnwindSafe;
@@ -18,55 +19,25 @@ use troupe_actors::EventBus;
 use super::cancel::{CancelScope, TURN_CANCELLED};
 use super::events::{Event, EventName, FieldValue};
 use super::interaction::{InteractionHub, WithdrawOwner};
-use super::planner::{sibling_failed_reason, sibling_label};
-use super::result::{StageResult, Usage, Verdict};
-use super::stage::{Exited, NextDecision, Progress, StageRun};
-
-/// How an execution ended, as reported to the scheduler.
-#[derive(Debug)]
-pub enum StageOutcome {
-    /// Exit ran (verdict ok, fail or skipped).
-    Exited(Exited),
-    /// Strictly cancelled after it started: no Exit. `usage` is what its
-    /// model requests had used by then.
-    Cancelled { usage: Usage },
-    /// Never started: the start request was refused or dropped.
-    Withdrawn,
-    /// Granted a start, but cancelled (fail-fast tripped, Ctrl-C) before it
-    /// began: it never started, yet the planner had counted it running.
-    CancelledBeforeStart,
-}
-
-/// Sent once by every stage actor when it ends.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct StageReport {
-    /// The unit index inside a parallel group, `None` for sequential/join.
-    pub unit: Option<usize>,
-    pub stage_id: Arc<str>,
-    pub outcome: StageOutcome,
-}
-
-/// A sibling's request to start; the scheduler answers on `reply` or drops it.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct StartRequest {
-    pub unit: usize,
-    pub reply: oneshot::Sender<()>,
-}
+use super::result::{StageResult, Verdict};
+use super::scheduler::{
+    ExecKey, StageOutcome, ToScheduler, next_of, sibling_failed_reason, sibling_label,
+};
+use super::stage::{Progress, StageRun};
+use crate::definition::{Pipeline, Stage};
 
 /// Runs one stage execution.
 pub struct StageActor {
     run: Option<StageRun>,
-    unit: Option<usize>,
-    /// For siblings: where to ask for permission to start.
-    start_gate: Option<Arc<Recipient<StartRequest>>>,
-    report: Arc<Recipient<StageReport>>,
+    exec: ExecKey,
+    /// Siblings ask the scheduler before they start.
+    gated: bool,
+    scheduler: Arc<Recipient<ToScheduler>>,
     progress: Rc<RefCell<Progress>>,
     bus: EventBus<Event>,
-    stage_id: Arc<str>,
-    execution_id: Arc<str>,
     run_id: Arc<str>,
+    pipeline: Arc<Pipeline>,
+    stage: Arc<Stage>,
     /// The execution's own scope in the cancellation tree.
     scope: CancelScope,
     hub: Option<Arc<Addr<InteractionHub>>>,
@@ -84,7 +55,7 @@ pub struct StageActor {
 impl std::fmt::Debug for StageActor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StageActor")
-            .field("execution_id", &self.execution_id)
+            .field("execution_id", &self.exec.id)
             .field("started", &self.started)
             .finish()
     }
@@ -93,24 +64,24 @@ impl std::fmt::Debug for StageActor {
 impl StageActor {
     pub fn new(
         run: StageRun,
-        unit: Option<usize>,
-        start_gate: Option<Arc<Recipient<StartRequest>>>,
-        report: Arc<Recipient<StageReport>>,
+        exec: ExecKey,
+        gated: bool,
+        scheduler: Arc<Recipient<ToScheduler>>,
         scope: CancelScope,
         group: Option<CancelScope>,
     ) -> StageActor {
         StageActor {
-            unit,
+            exec,
+            gated,
+            scheduler,
             group,
             scope,
             index: run.index,
-            start_gate,
-            report,
             progress: Rc::default(),
             bus: run.bus.clone(),
-            stage_id: Arc::clone(&run.ctx.stage_id),
-            execution_id: Arc::clone(&run.ctx.stage_execution_id),
             run_id: Arc::clone(&run.ctx.workflow_run_id),
+            pipeline: Arc::clone(&run.pipeline),
+            stage: Arc::clone(&run.stage),
             hub: run.hub.clone(),
             started: false,
             cancel_recorded: false,
@@ -121,7 +92,7 @@ impl StageActor {
 
     fn event(&self, name: EventName) -> Event {
         Event::new(name, Arc::clone(&self.run_id))
-            .stage(Arc::clone(&self.stage_id), Arc::clone(&self.execution_id))
+            .stage(Arc::clone(&self.exec.stage), Arc::clone(&self.exec.id))
     }
 
     fn send_report(&mut self, outcome: StageOutcome) {
@@ -129,9 +100,8 @@ impl StageActor {
             return;
         }
         self.reported = true;
-        self.report.do_send(StageReport {
-            unit: self.unit,
-            stage_id: Arc::clone(&self.stage_id),
+        self.scheduler.do_send(ToScheduler::Report {
+            exec: self.exec.clone(),
             outcome,
         });
     }
@@ -157,8 +127,9 @@ impl StageActor {
         let mut execute = Box::pin(AssertUnwindSafe(run.execute(progress)).catch_unwind());
         // The token is checked first on every poll: once it is cancelled the
         // execution is never polled again, wherever it waits, and Exit never
-        // runs. Exit itself has no await, so an execution that reached it
-        // completes in the same poll and is never reported as both.
+        // runs. The execution ends in the same poll as its Assert, and the
+        // Exit that follows has no await, so an execution is never both
+        // exited and cancelled.
         let race = async move {
             let cancelled = token.cancelled_owned();
             let finished = {
@@ -173,11 +144,11 @@ impl StageActor {
         };
         ctx.spawn(race.into_actor(self).map(|raced, act, ctx| match raced {
             Ok(result) => {
-                let exited = match result {
-                    Ok(exited) => exited,
+                let result = match result {
+                    Ok(result) => result,
                     Err(panic) => act.panicked(panic_message(&*panic)),
                 };
-                act.report_exited(exited);
+                act.exit(result);
                 ctx.stop();
             }
             Err(execution) => {
@@ -200,6 +171,47 @@ impl StageActor {
                 );
             }
         }));
+    }
+
+    /// Exit: the one place an execution's `StageExited` is recorded. A
+    /// failed sibling first cancels its group's scope, so its siblings stop
+    /// at once; the scheduler decides the failure from the report.
+    fn exit(&mut self, result: Arc<StageResult>) {
+        if result.verdict == Verdict::Fail
+            && let Some(group) = &self.group
+        {
+            group.cancel(sibling_failed_reason(&sibling_label(
+                &self.exec.stage,
+                self.index,
+            )));
+        }
+        let mut exited = self
+            .event(EventName::StageExited)
+            .with_static("verdict", result.verdict.as_str())
+            .with("capHit", result.cap_hit)
+            .with("attemptCount", result.attempt_count)
+            .with("usage", result.usage);
+        if let Some(r) = &result.reason {
+            exited = exited.with("reason", r.as_str());
+        }
+        let seq = self.bus.publish(exited).unwrap_or(0);
+        if self.bus.has_observers() {
+            let next = next_of(&self.pipeline, &self.stage, &result);
+            self.bus.publish(
+                self.event(EventName::StagePostFired)
+                    .with_static("phase", "Exit"),
+            );
+            self.bus.publish(
+                self.event(EventName::StagePreFired)
+                    .with_static("phase", "Next"),
+            );
+            self.bus.publish(
+                self.event(EventName::StagePostFired)
+                    .with_static("phase", "Next")
+                    .with("next", next.describe()),
+            );
+        }
+        self.send_report(StageOutcome::Exited { result, seq });
     }
 
     /// Records `StageCancelled` (and `ToolInvocationCancelled` for each call
@@ -233,20 +245,6 @@ impl StageActor {
         );
     }
 
-    /// Reports a completed execution; a failed sibling first trips its
-    /// group's fail-fast, so its siblings stop before the report is read.
-    fn report_exited(&mut self, exited: Exited) {
-        if exited.result.verdict == Verdict::Fail
-            && let Some(group) = &self.group
-        {
-            group.cancel(sibling_failed_reason(&sibling_label(
-                &self.stage_id,
-                self.index,
-            )));
-        }
-        self.send_report(StageOutcome::Exited(exited));
-    }
-
     /// The report of a cancelled execution, with what it had used.
     fn cancelled(&self) -> StageOutcome {
         StageOutcome::Cancelled {
@@ -254,31 +252,20 @@ impl StageActor {
         }
     }
 
-    /// A panic in the phases: the stage fails with a typed reason; Exit is
-    /// recorded so the run's record stays complete.
-    fn panicked(&self, message: String) -> Exited {
-        let reason = format!("ExtensionHost/ActorPanicked: {message}");
-        self.bus.publish(
-            self.event(EventName::StageExited)
-                .with("verdict", "fail")
-                .with("reason", reason.as_str())
-                .with("capHit", false)
-                .with("attemptCount", self.progress.borrow().attempt),
-        );
-        Exited {
-            result: Arc::new(StageResult {
-                stage_id: self.stage_id.to_string(),
-                stage_execution_id: self.execution_id.to_string(),
-                verdict: Verdict::Fail,
-                reason: Some(reason),
-                parsed: Arc::new(Value::Null),
-                output: Arc::new(Value::Null),
-                cap_hit: false,
-                attempt_count: self.progress.borrow().attempt,
-                usage: Usage::default(),
-            }),
-            next: NextDecision::End,
-        }
+    /// A panic in the phases: the stage fails with a typed reason.
+    fn panicked(&self, message: String) -> Arc<StageResult> {
+        let progress = self.progress.borrow();
+        Arc::new(StageResult {
+            stage_id: self.exec.stage.to_string(),
+            stage_execution_id: self.exec.id.to_string(),
+            verdict: Verdict::Fail,
+            reason: Some(format!("ExtensionHost/ActorPanicked: {message}")),
+            parsed: Arc::new(Value::Null),
+            output: Arc::new(Value::Null),
+            cap_hit: false,
+            attempt_count: progress.attempt,
+            usage: progress.usage,
+        })
     }
 }
 
@@ -294,20 +281,21 @@ impl Actor for StageActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        match (self.start_gate.take(), self.unit) {
-            (Some(gate), Some(unit)) => {
-                let (tx, rx) = oneshot::channel();
-                gate.do_send(StartRequest { unit, reply: tx });
-                ctx.spawn(rx.into_actor(self).map(|granted, act, ctx| match granted {
-                    Ok(()) => act.begin(ctx),
-                    Err(_) => {
-                        act.send_report(StageOutcome::Withdrawn);
-                        ctx.stop();
-                    }
-                }));
-            }
-            _ => self.begin(ctx),
+        if !self.gated {
+            return self.begin(ctx);
         }
+        let (tx, rx) = oneshot::channel();
+        self.scheduler.do_send(ToScheduler::StartRequest {
+            exec: self.exec.clone(),
+            reply: tx,
+        });
+        ctx.spawn(rx.into_actor(self).map(|granted, act, ctx| match granted {
+            Ok(()) => act.begin(ctx),
+            Err(_) => {
+                act.send_report(StageOutcome::Withdrawn);
+                ctx.stop();
+            }
+        }));
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
@@ -318,7 +306,7 @@ impl Actor for StageActor {
         // skipping the others keeps a 10 000-sibling cancel off the hub.
         if let Some(hub) = self.hub.as_ref().filter(|_| self.progress.borrow().raised) {
             hub.do_send(WithdrawOwner {
-                stage_execution_id: self.execution_id.to_string(),
+                stage_execution_id: self.exec.id.to_string(),
             });
         }
         if self.reported {
@@ -339,17 +327,18 @@ impl Drop for StageActor {
     /// Last line of defence: an actor dropped without reporting (a panic in
     /// one of its handlers) still reports, so the run never hangs.
     fn drop(&mut self) {
+        if self.reported {
+            return;
+        }
         // Dropped between its cancellation record and its teardown (the
         // system shutting down in that turn): it ended cancelled, and its
         // record must not be followed by an Exit.
-        if !self.reported && self.cancel_recorded {
+        if self.cancel_recorded {
             self.send_report(self.cancelled());
             return;
         }
-        if !self.reported {
-            self.scope.token().cancel();
-            let exited = self.panicked("the stage actor ended without reporting".to_owned());
-            self.report_exited(exited);
-        }
+        self.scope.token().cancel();
+        let result = self.panicked("the stage actor ended without reporting".to_owned());
+        self.exit(result);
     }
 }

@@ -51,6 +51,13 @@ pub struct GroupStats {
     pub never_started: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failed_sibling: Option<String>,
+    /// Siblings not run again because a resumed run had their results.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub restored: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Everything `troupe run` reports at the end.
@@ -74,9 +81,16 @@ pub struct RunReport {
     pub budget: Option<super::limits::BudgetReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit_path: Option<PathBuf>,
+    /// What went wrong without failing the run (an event sink that could
+    /// not write); the CLI prints them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// The state slot at the end: latest result per stage.
     #[serde(skip)]
     pub results: BTreeMap<String, Arc<StageResult>>,
+    /// Every StageResult of the run, in the order the executions ended.
+    #[serde(rename = "results")]
+    pub all_results: Vec<Arc<StageResult>>,
 }
 
 fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {

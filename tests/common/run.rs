@@ -16,8 +16,8 @@ use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use troupe::runtime::events::{Event, EventName};
 use troupe::runtime::interaction::InteractorSpec;
 use troupe::runtime::launch::{resolve_fields, start_run};
-use troupe::runtime::scheduler::RunSpec;
-use troupe::runtime::session::Cancel;
+use troupe::runtime::session::ToSession;
+use troupe::runtime::spec::RunSpec;
 use troupe::runtime::summary::RunReport;
 use troupe_actors::{Delivery, EventBus};
 
@@ -242,7 +242,7 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
         if let Some(after) = opts.cancel_after {
             actix::spawn(async move {
                 tokio::time::sleep(after).await;
-                session.do_send(Cancel);
+                session.do_send(ToSession::Cancel);
             });
         }
         let report = done.await.expect("run reports");

@@ -1,10 +1,21 @@
 //! The scheduler's decisions as a plain synchronous state machine: events
-//! in, commands out. It walks the Next table, counts visits against
-//! `maxVisits`, evaluates `map` lists, drives each parallel group through the
-//! [`FanOut`] core, starts the join only after every sibling is ok or
-//! skipped, and decides how the run ends. It owns the state slot
-//! (`ctx.results`), because every read of it happens at one of its
-//! decisions.
+//! in, commands out. It walks the Next table (one [`next_of`] step per
+//! Exit), counts visits against `maxVisits`, evaluates `map` lists, drives
+//! each parallel group through the [`FanOut`] core (cap, start handshake,
+//! fail-fast, join barrier), and decides how the run ends. It owns the
+//! state slot (`ctx.results`), because every read of it happens at one of
+//! its decisions.
+//!
+//! Fail-fast is decided here, from the reports alone: a sibling that
+//! failed may cancel its group's token on its way out (so the others stop
+//! at once), but a sibling's `Cancelled` report never decides the group;
+//! its failing sibling's `Exited` report does, and when several siblings
+//! failed, the one whose `StageExited` came first (lowest `seq`) is named,
+//! whatever order the reports arrive in.
+//!
+//! A resumed run hands it the stored results: an execution with a stored
+//! `ok`/`skipped` result is not run again, the walk goes on from its
+//! result, and events already in the audit log are not emitted twice.
 //!
 //! It never touches an actor, a clock or a channel: the scheduler actor
 //! feeds it messages and carries out its commands, and unit tests drive it
@@ -14,42 +25,31 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::HashSet;
+
 use serde_json::{Map, Value, json};
 use troupe_actors::{CancelReason, FanOut, FanOutCommand, FanOutEvent, GroupState, UnitOutcome};
 
-use super::context::StageContext;
-use super::events::{Event, EventName};
-use super::ids::{RunId, stage_execution_id};
-use super::result::{StageResult, Usage, Verdict};
-use super::stage::NextDecision;
-use super::stage_actor::StageOutcome;
-use super::summary::{GroupStats, RunReport, RunStatus, StageStats};
+use super::next::{NextDecision, next_of};
+use super::protocol::{ExecKey, Slot, StageOutcome, sibling_label};
 use crate::definition::{ParallelPlan, Pipeline, Siblings, Stage, StageKind};
 use crate::error::{HasCode, ValidationCode};
-
-/// Which execution of the current turn a command or report is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Exec {
-    /// The one stage of a sequential turn.
-    Sequential,
-    /// Sibling `n` of the parallel group.
-    Unit(usize),
-    /// The join of the parallel group.
-    Join,
-}
+use crate::runtime::context::StageContext;
+use crate::runtime::events::{Event, EventName};
+use crate::runtime::ids::{RunId, stage_execution_id};
+use crate::runtime::result::{StageResult, Usage, Verdict};
+use crate::runtime::summary::{GroupStats, RunReport, RunStatus, StageStats};
 
 /// What the planner is told.
 #[derive(Debug)]
 pub enum PlanEvent {
     /// The run starts at the pipeline's entry stage.
     Start,
-    /// Sibling `unit` asks to start (the start handshake).
-    StartRequested { unit: usize },
-    /// An execution ended. `unit` is the sibling index, `None` for the
-    /// sequential stage or the join.
+    /// A sibling asks to start (the start handshake).
+    StartRequested { exec: ExecKey },
+    /// An execution ended.
     Reported {
-        unit: Option<usize>,
-        stage_id: Arc<str>,
+        exec: ExecKey,
         outcome: StageOutcome,
     },
     /// Cancel the run strictly (Ctrl-C).
@@ -62,18 +62,31 @@ pub enum PlanEvent {
 /// An execution to start.
 #[derive(Debug)]
 pub struct Spawn {
-    pub exec: Exec,
+    /// Its identity: turn, slot and `stageExecutionId`.
+    pub exec: ExecKey,
     /// Shared by every execution of the stage.
     pub stage: Arc<Stage>,
     pub ctx: Arc<StageContext>,
     pub index: Option<usize>,
     pub visit: u32,
-    /// The session turn the execution belongs to; siblings of one group
-    /// share it.
-    pub turn: u64,
-    /// Whether it is a sibling of a parallel group (its fail-fast name is
-    /// [`sibling_label`] of its stage and index).
-    pub sibling: bool,
+}
+
+impl Spawn {
+    /// A sibling of a parallel group: it asks to start, and its group
+    /// shares a cancellation scope.
+    pub fn is_sibling(&self) -> bool {
+        matches!(self.exec.slot, Slot::Unit(_))
+    }
+}
+
+/// What a resumed run already has: the stored results of executions that
+/// finished (by `stageExecutionId`) and the session turns the audit log
+/// already shows as started or ended.
+#[derive(Debug, Default, Clone)]
+pub struct Restore {
+    pub results: HashMap<String, Arc<StageResult>>,
+    pub turns_started: HashSet<String>,
+    pub turns_ended: HashSet<String>,
 }
 
 /// A stage as its executions share it.
@@ -104,38 +117,22 @@ fn shared_stages(pipeline: &Pipeline) -> HashMap<String, Shared> {
         .collect()
 }
 
-/// The name fail-fast gives a sibling, as in `ParallelSiblingFailure`:
-/// `worker#3` for a map sibling, the stage id for a static one (which has
-/// no index). Derived where it is needed rather than stored per sibling.
-pub fn sibling_label(stage_id: &str, index: Option<usize>) -> String {
-    match index {
-        Some(i) => format!("{stage_id}#{i}"),
-        None => stage_id.to_owned(),
-    }
-}
-
-pub use super::cancel::TURN_CANCELLED;
-
-/// The `StageCancelled` reason of a sibling cancelled because `sibling`
-/// (its label, e.g. `worker#3`) failed. The planner and the failing
-/// sibling's `FailFast` trip both use it, so the record reads the same
-/// whichever reached the execution first.
-pub fn sibling_failed_reason(sibling: &str) -> String {
-    format!("ExtensionHost/ParallelSiblingFailure: sibling {sibling} failed")
-}
+pub use super::protocol::TURN_CANCELLED;
 
 /// What the planner asks the scheduler actor to do.
 #[derive(Debug)]
 pub enum PlanCommand {
-    /// Start a stage-execution actor. Siblings (`Exec::Unit`) must ask to
+    /// Start a stage-execution actor. Siblings (`Slot::Unit`) must ask to
     /// start before they run.
     Spawn(Box<Spawn>),
-    /// Let sibling `unit` start.
+    /// Let sibling `unit` of the current group start.
     Grant { unit: usize },
-    /// Cancel an execution strictly (ignored if it already ended). The
-    /// scheduler cancels its token; the reason the execution records comes
-    /// from its group's fail-fast, else it is [`TURN_CANCELLED`].
-    Cancel { exec: Exec },
+    /// Cancel an execution of turn `turn` strictly (ignored if it already
+    /// ended). The scheduler cancels its scope.
+    Cancel { turn: u64, slot: Slot },
+    /// The current group failed because `sibling` (its label) failed:
+    /// cancel the group's scope with that reason.
+    CancelGroup { sibling: String },
     /// Publish an event.
     Emit(Event),
     /// The run is over. `wall` is left for the caller to fill in.
@@ -157,7 +154,9 @@ struct Group {
     visit: u32,
     results: Vec<Option<Arc<StageResult>>>,
     joining: bool,
-    failed: Option<(String, String)>,
+    /// Siblings that exited with verdict `fail`, as `(seq, unit)`: the
+    /// one with the lowest `seq` is the failure the group is named by.
+    failures: Vec<(u64, usize)>,
     stats: GroupStats,
 }
 
@@ -181,6 +180,7 @@ enum Current {
     Sequential {
         turn_id: String,
         upstream: Arc<Vec<Arc<StageResult>>>,
+        stage: Arc<Stage>,
     },
     Group(Box<Group>),
 }
@@ -213,6 +213,11 @@ pub struct Planner {
     stages: HashMap<String, Shared>,
     /// The upstream of a sibling: none, shared.
     no_upstream: Arc<Vec<Arc<StageResult>>>,
+    /// What a resumed run already has.
+    restore: Restore,
+    /// Every result of the run, in the order the executions ended
+    /// (stored ones of a resumed run first).
+    all_results: Vec<Arc<StageResult>>,
 }
 
 type Out = Vec<PlanCommand>;
@@ -243,6 +248,41 @@ impl Planner {
             observed: true,
             stages,
             no_upstream: Arc::default(),
+            restore: Restore::default(),
+            all_results: Vec::new(),
+        }
+    }
+
+    /// Resumes a run: executions with a stored `ok` or `skipped` result
+    /// are not run again, and turns the audit log already shows are not
+    /// announced twice. Call before `Start`.
+    pub fn restore(&mut self, restore: Restore) {
+        self.restore = restore;
+    }
+
+    /// The stored result of an execution that need not run again.
+    fn restored(&self, id: &str) -> Option<Arc<StageResult>> {
+        self.restore
+            .results
+            .get(id)
+            .filter(|r| r.verdict != Verdict::Fail)
+            .cloned()
+    }
+
+    /// `SessionTurnStart`, unless the audit log already has it.
+    fn turn_start(&self, turn_id: &str, event: Event, out: &mut Out) {
+        if !self.restore.turns_started.contains(turn_id) {
+            out.push(PlanCommand::Emit(event));
+        }
+    }
+
+    /// `SessionTurnEnd`, unless the audit log already has it.
+    fn turn_end(&self, turn_id: &str, out: &mut Out) {
+        if !self.restore.turns_ended.contains(turn_id) {
+            out.push(PlanCommand::Emit(
+                self.event(EventName::SessionTurnEnd)
+                    .with("turnId", turn_id),
+            ));
         }
     }
 
@@ -271,12 +311,8 @@ impl Planner {
         }
         match event {
             PlanEvent::Start => self.start(out),
-            PlanEvent::StartRequested { unit } => self.start_requested(unit, out),
-            PlanEvent::Reported {
-                unit,
-                stage_id,
-                outcome,
-            } => self.reported(unit, stage_id, outcome, out),
+            PlanEvent::StartRequested { exec } => self.start_requested(exec, out),
+            PlanEvent::Reported { exec, outcome } => self.reported(exec, outcome, out),
             PlanEvent::CancelRun => self.cancel_run(None, out),
             PlanEvent::LimitReached { reason } => self.cancel_run(Some(reason), out),
         }
@@ -348,37 +384,45 @@ impl Planner {
         })
     }
 
-    /// A spawn command, or the run's failure when the stage is unknown
-    /// (the loader rules that out; this keeps a bad plan from hanging).
+    /// A spawn command (or, in a resumed run, the stored result of an
+    /// execution that finished before), or the run's failure when the
+    /// stage is unknown (the loader rules that out; this keeps a bad plan
+    /// from hanging).
     fn spawn(
         &mut self,
-        exec: Exec,
+        slot: Slot,
         stage_id: &str,
         ctx: Arc<StageContext>,
         index: Option<usize>,
         visit: u32,
         out: &mut Out,
     ) {
-        match self.stages.get(stage_id) {
-            Some(shared) => {
-                let sibling = matches!((&exec, &self.current), (Exec::Unit(_), Current::Group(_)));
-                out.push(PlanCommand::Spawn(Box::new(Spawn {
-                    exec,
-                    stage: Arc::clone(&shared.stage),
-                    ctx,
-                    index,
-                    visit,
-                    turn: self.turns,
-                    sibling,
-                })));
-            }
-            None => self.finish(
+        let Some(shared) = self.stages.get(stage_id) else {
+            return self.finish(
                 RunStatus::Failed {
                     reason: format!("internal: unknown stage `{stage_id}`"),
                 },
                 out,
-            ),
+            );
+        };
+        let exec = ExecKey {
+            turn: self.turns,
+            slot,
+            id: Arc::clone(&ctx.stage_execution_id),
+            stage: Arc::clone(&shared.id),
+        };
+        if let Some(result) = self.restored(&exec.id) {
+            // Finished before the run was interrupted: its Exit is in the
+            // store (and the log); the walk goes on from it.
+            return self.reported(exec, StageOutcome::Exited { result, seq: 0 }, out);
         }
+        out.push(PlanCommand::Spawn(Box::new(Spawn {
+            exec,
+            stage: Arc::clone(&shared.stage),
+            ctx,
+            index,
+            visit,
+        })));
     }
 
     fn start(&mut self, out: &mut Out) {
@@ -411,12 +455,12 @@ impl Planner {
             Err(reason) => return self.finish(RunStatus::Failed { reason }, out),
         };
         let turn_id = self.next_turn_id();
-        out.push(PlanCommand::Emit(
-            self.event(EventName::SessionTurnStart)
-                .with("turnId", turn_id.as_str())
-                .with("stages", json!([stage]))
-                .with("execution", "sequential"),
-        ));
+        let start = self
+            .event(EventName::SessionTurnStart)
+            .with("turnId", turn_id.as_str())
+            .with("stages", json!([stage]))
+            .with("execution", "sequential");
+        self.turn_start(&turn_id, start, out);
         let ctx = self.context(
             stage,
             None,
@@ -425,8 +469,20 @@ impl Planner {
             self.snapshot(),
             None,
         );
-        self.current = Current::Sequential { turn_id, upstream };
-        self.spawn(Exec::Sequential, stage, ctx, None, visit, out);
+        let Some(shared) = self.stages.get(stage).map(|s| Arc::clone(&s.stage)) else {
+            return self.finish(
+                RunStatus::Failed {
+                    reason: format!("internal: unknown stage `{stage}`"),
+                },
+                out,
+            );
+        };
+        self.current = Current::Sequential {
+            turn_id,
+            upstream,
+            stage: shared,
+        };
+        self.spawn(Slot::Sequential, stage, ctx, None, visit, out);
     }
 
     /// Evaluates a `map` list in the context of the stage that led here.
@@ -486,16 +542,33 @@ impl Planner {
             Siblings::Static(ids) => ids.clone(),
             Siblings::Map { stage, .. } => vec![format!("{stage}[{total}]")],
         };
-        out.push(PlanCommand::Emit(
-            self.event(EventName::SessionTurnStart)
-                .with("turnId", turn_id.as_str())
-                .with("stages", json!(stages))
-                .with("execution", "parallel")
-                .with("width", total)
-                .with("cap", cap)
-                .with("join", json!(plan.join)),
-        ));
-        let mut core = FanOut::new(total, cap);
+        let start = self
+            .event(EventName::SessionTurnStart)
+            .with("turnId", turn_id.as_str())
+            .with("stages", json!(stages))
+            .with("execution", "parallel")
+            .with("width", total)
+            .with("cap", cap)
+            .with("join", json!(plan.join));
+        self.turn_start(&turn_id, start, out);
+        // A resumed run's siblings that finished before are not run again.
+        let mut done = Vec::new();
+        let mut results = vec![None; total];
+        if !self.restore.results.is_empty() {
+            for (unit, slot) in results.iter_mut().enumerate() {
+                let (stage, index) = match &plan.siblings {
+                    Siblings::Static(ids) => (ids[unit].as_str(), None),
+                    Siblings::Map { stage, .. } => (stage.as_str(), Some(unit)),
+                };
+                let id = stage_execution_id(&self.run_id, stage, index, visit);
+                if let Some(result) = self.restored(&id) {
+                    self.record(&result);
+                    *slot = Some(result);
+                    done.push(unit);
+                }
+            }
+        }
+        let mut core = FanOut::with_done(total, cap, done);
         let mut cmds = Vec::new();
         core.start(&mut cmds);
         let stats = GroupStats {
@@ -513,9 +586,9 @@ impl Planner {
             upstream_for_join: Arc::new(Vec::new()),
             slot: self.snapshot(),
             visit,
-            results: vec![None; total],
+            results,
             joining: false,
-            failed: None,
+            failures: Vec::new(),
             stats,
         }));
         self.apply(cmds, out);
@@ -530,14 +603,16 @@ impl Planner {
                 // A denied request is answered by not granting it.
                 FanOutCommand::Deny { .. } => {}
                 FanOutCommand::CancelUnit { unit, .. } => out.push(PlanCommand::Cancel {
-                    exec: Exec::Unit(unit),
+                    turn: self.turns,
+                    slot: Slot::Unit(unit),
                 }),
                 FanOutCommand::Withdraw { unit } => {
                     if let Current::Group(g) = &mut self.current {
                         g.stats.withdrawn += 1;
                     }
                     out.push(PlanCommand::Cancel {
-                        exec: Exec::Unit(unit),
+                        turn: self.turns,
+                        slot: Slot::Unit(unit),
                     });
                 }
                 FanOutCommand::AllSucceeded => self.group_succeeded(out),
@@ -561,28 +636,38 @@ impl Planner {
         let slot = Arc::clone(&g.slot);
         let no_upstream = Arc::clone(&self.no_upstream);
         let ctx = self.context(&stage, index, visit, no_upstream, slot, item);
-        self.spawn(Exec::Unit(unit), &stage, ctx, index, visit, out);
+        self.spawn(Slot::Unit(unit), &stage, ctx, index, visit, out);
     }
 
+    /// The group failed: the scheduler cancels its scope (siblings the
+    /// fan-out core told to cancel are cancelled one by one too). Which
+    /// sibling the group is named by is settled when it ends.
     fn group_failed(&mut self, unit: usize, out: &mut Out) {
         let Current::Group(g) = &mut self.current else {
             return;
         };
-        let sibling = g.sibling_label(unit);
+        let first = g.failures.iter().min().map_or(unit, |(_, u)| *u);
+        out.push(PlanCommand::CancelGroup {
+            sibling: g.sibling_label(first),
+        });
+    }
+
+    /// The failed sibling the group is named by: the one whose Exit came
+    /// first; an actor that ended without an outcome (no Exit at all) only
+    /// when no sibling failed.
+    fn failed_sibling(g: &Group) -> Option<(String, String)> {
+        let unit = match (g.failures.iter().min(), g.core.state()) {
+            (Some((_, unit)), _) => *unit,
+            (None, GroupState::Failed { unit }) => unit,
+            (None, _) => return None,
+        };
         let reason = g
             .results
             .get(unit)
             .and_then(|r| r.as_ref())
             .and_then(|r| r.reason.clone())
-            .unwrap_or_else(|| "cancelled".to_owned());
-        g.failed = Some((sibling.clone(), reason.clone()));
-        g.stats.failed_sibling = Some(sibling.clone());
-        let ev = Event::new(EventName::ParallelSiblingFailure, self.run_id.as_str())
-            .with("code", "ExtensionHost/ParallelSiblingFailure")
-            .with("failedSibling", sibling.as_str())
-            .with("compoundTurnId", g.turn_id.as_str())
-            .with("reason", reason.as_str());
-        out.push(PlanCommand::Emit(ev));
+            .unwrap_or_else(|| "its stage actor ended without an outcome".to_owned());
+        Some((g.sibling_label(unit), reason))
     }
 
     fn group_succeeded(&mut self, out: &mut Out) {
@@ -603,7 +688,7 @@ impl Planner {
                     }
                 };
                 let ctx = self.context(&join, None, visit, upstream, self.snapshot(), None);
-                self.spawn(Exec::Join, &join, ctx, None, visit, out);
+                self.spawn(Slot::Join, &join, ctx, None, visit, out);
             }
             None => {
                 // No join: the run ends after the siblings.
@@ -642,10 +727,8 @@ impl Planner {
             stats.peak_running = g.core.peak_running();
             stats.cap_waits = g.core.cap_waits();
             stats.never_started = stats.withdrawn + g.core.waiting();
-            out.push(PlanCommand::Emit(
-                self.event(EventName::SessionTurnEnd)
-                    .with("turnId", g.turn_id.as_str()),
-            ));
+            stats.restored = g.core.done_before();
+            self.turn_end(&g.turn_id, out);
             self.groups.push(stats);
         }
     }
@@ -658,7 +741,20 @@ impl Planner {
         if g.joining || !g.core.is_finished() || g.core.state() == GroupState::Succeeded {
             return;
         }
-        let failed = g.failed.clone();
+        let failed = Self::failed_sibling(g);
+        if let Some((sibling, reason)) = &failed {
+            out.push(PlanCommand::Emit(
+                Event::new(EventName::ParallelSiblingFailure, self.run_id.as_str())
+                    .with("code", "ExtensionHost/ParallelSiblingFailure")
+                    .with("failedSibling", sibling.as_str())
+                    .with("compoundTurnId", g.turn_id.as_str())
+                    .with("reason", reason.as_str()),
+            ));
+        }
+        let failed_label = failed.as_ref().map(|(s, _)| s.clone());
+        if let Current::Group(g) = &mut self.current {
+            g.stats.failed_sibling = failed_label;
+        }
         self.end_group_turn(out);
         match failed {
             Some((sibling, reason)) => self.finish(
@@ -688,16 +784,18 @@ impl Planner {
         self.usage.add(result.usage);
         self.results
             .insert(result.stage_id.clone(), Arc::clone(result));
+        self.all_results.push(Arc::clone(result));
     }
 
-    /// Applies a finished stage's Next() decision.
+    /// Walks one step of the Next table from a finished execution.
     fn follow(
         &mut self,
-        next: NextDecision,
+        stage: &Stage,
         result: Arc<StageResult>,
         upstream_of_result: Arc<Vec<Arc<StageResult>>>,
         out: &mut Out,
     ) {
+        let next = next_of(&self.pipeline, stage, &result);
         if self.cancelled.is_some() {
             let status = self.cancelled_status();
             return self.finish(status, out);
@@ -724,7 +822,13 @@ impl Planner {
         }
     }
 
-    fn start_requested(&mut self, unit: usize, out: &mut Out) {
+    fn start_requested(&mut self, exec: ExecKey, out: &mut Out) {
+        let Slot::Unit(unit) = exec.slot else {
+            return;
+        };
+        if exec.turn != self.turns {
+            return;
+        }
         let Current::Group(g) = &mut self.current else {
             return;
         };
@@ -751,14 +855,15 @@ impl Planner {
     /// run as cancelled when it did not complete.
     fn turn_ended(
         &mut self,
+        stage: &Stage,
         outcome: StageOutcome,
         upstream: Arc<Vec<Arc<StageResult>>>,
         out: &mut Out,
     ) {
         match outcome {
-            StageOutcome::Exited(exited) => {
-                self.record(&exited.result);
-                self.follow(exited.next, exited.result, upstream, out);
+            StageOutcome::Exited { result, .. } => {
+                self.record(&result);
+                self.follow(stage, result, upstream, out);
             }
             StageOutcome::Cancelled { .. }
             | StageOutcome::CancelledBeforeStart
@@ -769,59 +874,83 @@ impl Planner {
         }
     }
 
-    fn reported(
-        &mut self,
-        unit: Option<usize>,
-        stage_id: Arc<str>,
-        outcome: StageOutcome,
-        out: &mut Out,
-    ) {
+    fn reported(&mut self, exec: ExecKey, outcome: StageOutcome, out: &mut Out) {
+        if exec.turn != self.turns {
+            // A report of an earlier turn: nothing of it is live.
+            return;
+        }
         if let StageOutcome::Cancelled { usage } = &outcome {
             self.usage.add(*usage);
-            match self.stats.get_mut(&*stage_id) {
+            match self.stats.get_mut(&*exec.stage) {
                 Some(stats) => stats.cancelled += 1,
                 None => {
-                    let stats = self.stats.entry(stage_id.to_string()).or_default();
+                    let stats = self.stats.entry(exec.stage.to_string()).or_default();
                     stats.cancelled += 1;
                 }
             }
         }
-        match (std::mem::replace(&mut self.current, Current::Idle), unit) {
-            (Current::Sequential { turn_id, upstream }, None) => {
-                out.push(PlanCommand::Emit(
-                    self.event(EventName::SessionTurnEnd)
-                        .with("turnId", turn_id.as_str()),
-                ));
-                self.turn_ended(outcome, upstream, out);
+        match (
+            std::mem::replace(&mut self.current, Current::Idle),
+            exec.slot,
+        ) {
+            (
+                Current::Sequential {
+                    turn_id,
+                    upstream,
+                    stage,
+                },
+                Slot::Sequential,
+            ) => {
+                self.turn_end(&turn_id, out);
+                self.turn_ended(&stage, outcome, upstream, out);
             }
-            (Current::Group(g), None) if g.joining => {
+            (Current::Group(g), Slot::Join) if g.joining => {
                 // The join ended: the compound turn ends after its Exit.
                 let join_upstream = Arc::clone(&g.upstream_for_join);
+                let join = g
+                    .plan
+                    .join
+                    .as_deref()
+                    .and_then(|j| self.stages.get(j))
+                    .map(|s| Arc::clone(&s.stage));
                 self.current = Current::Group(g);
                 self.end_group_turn(out);
-                self.turn_ended(outcome, join_upstream, out);
+                match join {
+                    Some(stage) => self.turn_ended(&stage, outcome, join_upstream, out),
+                    None => self.finish(
+                        RunStatus::Failed {
+                            reason: "internal: the join has no stage".to_owned(),
+                        },
+                        out,
+                    ),
+                }
             }
-            (Current::Group(mut g), Some(unit)) if unit < g.results.len() => {
+            (Current::Group(mut g), Slot::Unit(unit)) if unit < g.results.len() => {
                 let outcome = match outcome {
-                    StageOutcome::Exited(exited) => {
-                        let verdict = exited.result.verdict;
-                        self.record(&exited.result);
-                        g.results[unit] = Some(exited.result);
+                    StageOutcome::Exited { result, seq } => {
+                        let verdict = result.verdict;
+                        self.record(&result);
+                        g.results[unit] = Some(result);
                         match verdict {
                             Verdict::Ok => UnitOutcome::Ok,
                             Verdict::Skipped => UnitOutcome::Skipped,
-                            Verdict::Fail => UnitOutcome::Failed,
+                            Verdict::Fail => {
+                                g.failures.push((seq, unit));
+                                UnitOutcome::Failed
+                            }
                         }
                     }
+                    // Stopped by a cancellation: never the group's failure
+                    // by itself (see the module documentation).
                     StageOutcome::Cancelled { .. } => {
                         g.stats.cancelled += 1;
-                        UnitOutcome::Failed
+                        UnitOutcome::Cancelled
                     }
                     // Granted, so the core counts it running; it never
                     // started, so the summary counts it as never started.
                     StageOutcome::CancelledBeforeStart => {
                         g.stats.withdrawn += 1;
-                        UnitOutcome::Failed
+                        UnitOutcome::Cancelled
                     }
                     StageOutcome::Withdrawn => {
                         self.current = Current::Group(g);
@@ -866,9 +995,13 @@ impl Planner {
                 self.finish(status, out)
             }
             Current::Sequential { .. } => out.push(PlanCommand::Cancel {
-                exec: Exec::Sequential,
+                turn: self.turns,
+                slot: Slot::Sequential,
             }),
-            Current::Group(g) if g.joining => out.push(PlanCommand::Cancel { exec: Exec::Join }),
+            Current::Group(g) if g.joining => out.push(PlanCommand::Cancel {
+                turn: self.turns,
+                slot: Slot::Join,
+            }),
             Current::Group(g) => {
                 let mut cmds = Vec::new();
                 let _ = g.core.handle(
@@ -920,7 +1053,9 @@ impl Planner {
             wall: Duration::ZERO,
             budget: None,
             audit_path: None,
+            warnings: Vec::new(),
             results: std::mem::take(&mut self.results),
+            all_results: std::mem::take(&mut self.all_results),
         })));
     }
 }

@@ -1,0 +1,306 @@
+//! The scheduler actor: a thin shell around the [`Planner`], which makes
+//! every decision. It turns [`ToScheduler`] messages into planner events
+//! and carries out the planner's commands — handing executions to the
+//! [`Executor`], answering start requests, cancelling scopes, publishing
+//! events — so all scheduling state stays in one synchronous state machine
+//! and nothing is shared between actors.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::*;
+use serde_json::{Map, Value};
+
+use super::executor::{Executor, LocalExecutor};
+use super::planner::{PlanCommand, PlanEvent, Planner};
+use super::protocol::{RunFinished, Slot, ToScheduler, sibling_failed_reason};
+use crate::error::HasCode;
+use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
+use crate::runtime::interaction::InteractionHub;
+use crate::runtime::spec::RunSpec;
+
+/// The scheduler actor.
+pub struct Scheduler {
+    spec: RunSpec,
+    owner: Recipient<RunFinished>,
+    planner: Planner,
+    executor: Option<Box<dyn Executor>>,
+    hub: Option<Addr<InteractionHub>>,
+    /// The arbiters executions run on (`RunSettings::threads` > 1).
+    arbiters: Vec<ArbiterHandle>,
+    /// The scopes of the live executions, by turn and slot.
+    live: HashMap<(u64, Slot), CancelScope>,
+    /// The current parallel group's scope, by session turn.
+    group: Option<(u64, CancelScope)>,
+    finished: bool,
+    started_at: Instant,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("run_id", &self.spec.run_id)
+            .field("live", &self.live.len())
+            .finish()
+    }
+}
+
+impl Scheduler {
+    pub fn new(
+        spec: RunSpec,
+        hub: Option<Addr<InteractionHub>>,
+        owner: Recipient<RunFinished>,
+        arbiters: Vec<ArbiterHandle>,
+    ) -> Scheduler {
+        let mut planner = Planner::new(
+            Arc::clone(&spec.pipeline),
+            spec.run_id.clone(),
+            Arc::clone(&spec.fields),
+            spec.cap,
+        );
+        planner.set_run_record(run_record(&spec));
+        planner.restore(spec.restore.clone());
+        Scheduler {
+            spec,
+            owner,
+            planner,
+            executor: None,
+            hub,
+            arbiters,
+            live: HashMap::new(),
+            group: None,
+            finished: false,
+            started_at: Instant::now(),
+        }
+    }
+
+    /// Feeds one event to the planner and carries out its commands.
+    /// Returns the units granted a start.
+    fn step(&mut self, event: PlanEvent, ctx: &mut Context<Self>) -> Vec<usize> {
+        let mut out = Vec::new();
+        self.planner.set_observed(self.spec.bus.has_observers());
+        self.planner.handle(event, &mut out);
+        self.carry_out(out, ctx)
+    }
+
+    fn carry_out(&mut self, commands: Vec<PlanCommand>, ctx: &mut Context<Self>) -> Vec<usize> {
+        let mut granted = Vec::new();
+        for command in commands {
+            match command {
+                PlanCommand::Spawn(spawn) => {
+                    let scope = match (&spawn.exec.slot, &self.group) {
+                        (Slot::Unit(_), Some((turn, group))) if *turn == spawn.exec.turn => {
+                            group.child()
+                        }
+                        (Slot::Unit(_), _) => {
+                            // The group's scope, made on its first spawn.
+                            let group = self.spec.cancel.child();
+                            self.group = Some((spawn.exec.turn, group.clone()));
+                            group.child()
+                        }
+                        _ => self.spec.cancel.child(),
+                    };
+                    let group = spawn
+                        .is_sibling()
+                        .then(|| self.group.as_ref().map(|(_, g)| g.clone()))
+                        .flatten();
+                    self.live
+                        .insert((spawn.exec.turn, spawn.exec.slot), scope.clone());
+                    self.executor(ctx).start(*spawn, scope, group);
+                }
+                PlanCommand::Grant { unit } => granted.push(unit),
+                // A started execution stops when its scope is cancelled;
+                // one not yet granted is refused when it asks.
+                PlanCommand::Cancel { turn, slot } => {
+                    if let Some(scope) = self.live.get(&(turn, slot)) {
+                        scope.token().cancel();
+                    }
+                }
+                PlanCommand::CancelGroup { sibling } => {
+                    if let Some((_, group)) = &self.group {
+                        group.cancel(sibling_failed_reason(&sibling));
+                    }
+                }
+                PlanCommand::Emit(event) => {
+                    self.spec.bus.publish(event);
+                }
+                PlanCommand::Finish(mut report) => {
+                    report.wall = self.started_at.elapsed();
+                    report.budget = self.spec.settings.budget.as_ref().map(|b| b.report());
+                    self.finished = true;
+                    self.owner.do_send(RunFinished(*report));
+                    ctx.stop();
+                }
+            }
+        }
+        granted
+    }
+
+    /// The executor, made on first use (it needs the actor's address).
+    fn executor(&mut self, ctx: &mut Context<Self>) -> &mut Box<dyn Executor> {
+        let spec = &self.spec;
+        let hub = &self.hub;
+        let arbiters = &self.arbiters;
+        self.executor.get_or_insert_with(|| {
+            Box::new(LocalExecutor::new(
+                spec.clone(),
+                hub.clone(),
+                ctx.address().recipient(),
+                arbiters.clone(),
+            ))
+        })
+    }
+
+    /// Ends the run by its budget once the meter has tripped. A stage
+    /// trips the meter before it reports, so the trip is decided before
+    /// any report that follows it, whatever order the mailbox holds them
+    /// in; the watcher spawned at start does the same when no report
+    /// comes.
+    fn check_budget(&mut self, ctx: &mut Context<Self>) {
+        let over = self
+            .spec
+            .settings
+            .budget
+            .as_ref()
+            .and_then(|b| b.exceeded());
+        if let Some(over) = over {
+            self.limit_reached(format!("{}: {over}", over.code()), ctx);
+        }
+    }
+
+    /// A limit was reached: cancel the run strictly; it ends failed.
+    fn limit_reached(&mut self, reason: String, ctx: &mut Context<Self>) {
+        if self.finished || self.spec.cancel.is_cancelled() {
+            return;
+        }
+        self.spec.cancel.cancel(reason.as_str());
+        self.step(PlanEvent::LimitReached { reason }, ctx);
+    }
+}
+
+impl Drop for Scheduler {
+    /// A scheduler dropped before it reported (a panic in a handler) still
+    /// ends the run as failed, so the session and the CLI never hang.
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.spec.cancel.token().cancel();
+        let mut out = Vec::new();
+        self.planner.abandon(
+            "ExtensionHost/ActorPanicked: the scheduler stopped unexpectedly".to_owned(),
+            &mut out,
+        );
+        for command in out {
+            match command {
+                PlanCommand::Emit(event) => {
+                    self.spec.bus.publish(event);
+                }
+                PlanCommand::Finish(mut report) => {
+                    report.wall = self.started_at.elapsed();
+                    self.owner.do_send(RunFinished(*report));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Actor for Scheduler {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Many siblings report at once; let the mailbox grow with the cap.
+        ctx.set_mailbox_capacity(self.spec.cap.saturating_mul(4).max(64));
+        self.started_at = Instant::now();
+        // The budget's meter wakes the scheduler when it trips; the
+        // scheduler decides what that does to the run.
+        if let Some(budget) = &self.spec.settings.budget {
+            let budget = Arc::clone(budget);
+            ctx.spawn(async move { budget.tripped().await }.into_actor(self).map(
+                |over, _act, ctx| {
+                    ctx.notify(ToScheduler::LimitReached {
+                        reason: format!("{}: {over}", over.code()),
+                    });
+                },
+            ));
+        }
+        self.step(PlanEvent::Start, ctx);
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        for arbiter in self.arbiters.drain(..) {
+            arbiter.stop();
+        }
+    }
+}
+
+impl Handler<ToScheduler> for Scheduler {
+    type Result = ();
+
+    fn handle(&mut self, msg: ToScheduler, ctx: &mut Context<Self>) {
+        match msg {
+            ToScheduler::StartRequest { exec, reply } => {
+                self.check_budget(ctx);
+                let Slot::Unit(unit) = exec.slot else {
+                    return;
+                };
+                let granted = self.step(PlanEvent::StartRequested { exec }, ctx);
+                if granted.contains(&unit) {
+                    let _ = reply.send(());
+                }
+                // Otherwise dropping the reply withdraws the unit.
+            }
+            ToScheduler::Report { exec, outcome } => {
+                self.check_budget(ctx);
+                self.live.remove(&(exec.turn, exec.slot));
+                self.step(PlanEvent::Reported { exec, outcome }, ctx);
+            }
+            ToScheduler::CancelRun => {
+                if self.finished {
+                    return;
+                }
+                self.spec.cancel.cancel(TURN_CANCELLED);
+                self.step(PlanEvent::CancelRun, ctx);
+            }
+            ToScheduler::LimitReached { reason } => self.limit_reached(reason, ctx),
+        }
+    }
+}
+
+/// What `WorkflowStarted` records besides the pipeline: the provider
+/// (never its key), the run's limits and how `Bash` is confined.
+fn run_record(spec: &RunSpec) -> Vec<(&'static str, Value)> {
+    let mut limits = Map::new();
+    limits.insert(
+        "maxVisits".to_owned(),
+        spec.pipeline.effective_max_visits().into(),
+    );
+    if let Some(d) = spec.max_run_time {
+        limits.insert(
+            "maxRunTime".to_owned(),
+            crate::definition::duration::format_duration(d).into(),
+        );
+    }
+    if let Some(budget) = &spec.settings.budget {
+        let report = budget.report();
+        if let Some(t) = report.max_tokens {
+            limits.insert("maxTokens".to_owned(), t.into());
+        }
+        if let Some(c) = report.max_cost {
+            limits.insert("maxCost".to_owned(), c.into());
+        }
+    }
+    vec![
+        (
+            "provider",
+            serde_json::to_value(spec.provider.info()).unwrap_or(Value::Null),
+        ),
+        ("limits", Value::Object(limits)),
+        (
+            "shellSandbox",
+            crate::tools::sandbox::mode(spec.settings.sandbox.as_deref()).into(),
+        ),
+    ]
+}

@@ -1,0 +1,123 @@
+//! Where executions run: the seam between the scheduler's decisions and
+//! the machinery that carries them out. The scheduler hands each
+//! execution it decides to start to an [`Executor`]; the local pool runs
+//! it as a stage actor on one of the run's arbiters, and an executor for
+//! remote workers can take its place without the scheduler changing.
+//!
+//! Every execution an executor starts asks the scheduler before it begins
+//! (siblings), reports exactly once ([`ToScheduler::Report`]) and stops
+//! when its cancellation scope fires.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::planner::Spawn;
+use super::protocol::ToScheduler;
+use crate::definition::StageKind;
+use crate::runtime::cancel::CancelScope;
+use crate::runtime::interaction::InteractionHub;
+use crate::runtime::spec::RunSpec;
+use crate::runtime::stage::StageRun;
+use crate::runtime::stage_actor::StageActor;
+use crate::tools::{ToolSpec, stage_manifest};
+
+/// Runs the executions the scheduler starts.
+pub trait Executor: std::fmt::Debug {
+    /// Starts one execution under `scope`; `group` is its parallel
+    /// group's scope (siblings only), which a failing sibling cancels on
+    /// its way out. The execution reports to `scheduler`.
+    fn start(&mut self, spawn: Spawn, scope: CancelScope, group: Option<CancelScope>);
+}
+
+/// The local pool: each execution is a [`StageActor`], started on one of
+/// the run's arbiters in turn (on the caller's when there are none).
+pub struct LocalExecutor {
+    spec: RunSpec,
+    /// Shared by every execution: cloning an `Addr` allocates (actix gives
+    /// each sender its own parking slot), an `Arc` clone does not.
+    hub: Option<Arc<Addr<InteractionHub>>>,
+    scheduler: Arc<Recipient<ToScheduler>>,
+    /// Each LLM stage's tool manifest, built on its first execution.
+    manifests: HashMap<String, Arc<Vec<ToolSpec>>>,
+    /// The arbiters executions run on; empty runs them on the current one.
+    arbiters: Vec<ArbiterHandle>,
+    next: usize,
+}
+
+impl std::fmt::Debug for LocalExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalExecutor")
+            .field("arbiters", &self.arbiters.len())
+            .finish()
+    }
+}
+
+impl LocalExecutor {
+    pub fn new(
+        spec: RunSpec,
+        hub: Option<Addr<InteractionHub>>,
+        scheduler: Recipient<ToScheduler>,
+        arbiters: Vec<ArbiterHandle>,
+    ) -> LocalExecutor {
+        LocalExecutor {
+            spec,
+            hub: hub.map(Arc::new),
+            scheduler: Arc::new(scheduler),
+            manifests: HashMap::new(),
+            arbiters,
+            next: 0,
+        }
+    }
+
+    fn tools(&mut self, spawn: &Spawn) -> Arc<Vec<ToolSpec>> {
+        match (&spawn.stage.kind, self.manifests.get(&spawn.stage.id)) {
+            (StageKind::Llm(_), Some(tools)) => Arc::clone(tools),
+            (StageKind::Llm(def), None) => {
+                let tools = Arc::new(stage_manifest(def));
+                self.manifests
+                    .insert(spawn.stage.id.clone(), Arc::clone(&tools));
+                tools
+            }
+            _ => Arc::default(),
+        }
+    }
+}
+
+impl Executor for LocalExecutor {
+    fn start(&mut self, spawn: Spawn, scope: CancelScope, group: Option<CancelScope>) {
+        let tools = self.tools(&spawn);
+        let gated = spawn.is_sibling();
+        let Spawn {
+            exec,
+            stage,
+            ctx,
+            index,
+            visit,
+        } = spawn;
+        let run = StageRun {
+            pipeline: Arc::clone(&self.spec.pipeline),
+            stage,
+            ctx,
+            provider: Arc::clone(&self.spec.provider),
+            bus: self.spec.bus.clone(),
+            settings: Arc::clone(&self.spec.settings),
+            index,
+            visit,
+            cancel: scope.token().clone(),
+            hub: self.hub.clone(),
+            hooks: Arc::clone(&self.spec.hooks),
+            tools,
+        };
+        let scheduler = Arc::clone(&self.scheduler);
+        let make = move || StageActor::new(run, exec, gated, scheduler, scope, group);
+        if self.arbiters.is_empty() {
+            make().start();
+        } else {
+            let arbiter = &self.arbiters[self.next % self.arbiters.len()];
+            self.next = self.next.wrapping_add(1);
+            StageActor::start_in_arbiter(arbiter, move |_| make());
+        }
+    }
+}
