@@ -22,6 +22,8 @@ pub enum ErrorClass {
     Session,
     Cancellation,
     ExtensionHost,
+    /// The run store on disk: run folders and their audit logs.
+    Store,
 }
 
 impl ErrorClass {
@@ -35,6 +37,7 @@ impl ErrorClass {
             ErrorClass::Session => "Session",
             ErrorClass::Cancellation => "Cancellation",
             ErrorClass::ExtensionHost => "ExtensionHost",
+            ErrorClass::Store => "Store",
         }
     }
 }
