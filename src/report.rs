@@ -8,6 +8,7 @@ pub mod error;
 pub mod escape;
 pub mod html;
 pub mod layout;
+pub mod lines;
 pub mod read;
 pub mod store;
 pub mod summary;

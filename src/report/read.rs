@@ -9,12 +9,14 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::io::BufRead;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::error::ReportError;
+use super::lines::{Stop, for_each_line};
 use super::timeline::{
     ApprovalWait, ExecRef, Execution, Group, GroupRef, Item, Micros, Outcome, Retry, Role, RunInfo,
     RunStatus, StageRef, Timeline,
@@ -30,34 +32,30 @@ impl Timeline {
     /// Errors: `Store/AuditCorrupt` naming the line, for a line before the
     /// last that is not a JSON object, an event without a valid `event` or
     /// RFC 3339 `ts`, a read error, or a log with no event at all.
-    pub fn from_audit<R: BufRead>(mut reader: R) -> Result<Timeline, ReportError> {
+    pub fn from_audit<R: BufRead>(reader: R) -> Result<Timeline, ReportError> {
         let mut builder = Builder::default();
-        let mut buf = Vec::with_capacity(4096);
         let mut line_no = 0u64;
         // An unparsable line: fatal once another line follows it.
         let mut torn: Option<(u64, String)> = None;
-        loop {
-            buf.clear();
-            let read = reader
-                .read_until(b'\n', &mut buf)
-                .map_err(|e| corrupt(line_no + 1, format!("cannot read the log: {e}")))?;
-            if read == 0 {
-                break;
-            }
+        let read = for_each_line(reader, |line| {
             line_no += 1;
-            let text = buf.trim_ascii();
+            let text = line.trim_ascii();
             if text.is_empty() {
-                continue;
+                return Ok(());
             }
             if let Some((line, reason)) = torn.take() {
                 return Err(corrupt(line, reason));
             }
-            match serde_json::from_slice::<Line<'_>>(text) {
-                Ok(line) => builder.apply(line, line_no)?,
-                Err(e) => torn = Some((line_no, format!("not an audit event: {e}"))),
+            if let Err(reason) = builder.read(text, line_no)? {
+                torn = Some((line_no, reason));
             }
+            Ok(())
+        });
+        match read {
+            Ok(()) => builder.finish(line_no),
+            Err(Stop::Line(e)) => Err(e),
+            Err(Stop::Read(e)) => Err(corrupt(line_no + 1, format!("cannot read the log: {e}"))),
         }
-        builder.finish(line_no)
     }
 }
 
@@ -244,6 +242,30 @@ impl<'de: 'a, 'a> Visitor<'de> for TextListVisitor<'a> {
     }
 }
 
+/// The events `Builder::apply` reads fields of (its match arms); every
+/// other one counts only for its time.
+const READ_EVENTS: [&str; 13] = [
+    "WorkflowStarted",
+    "WorkflowExit",
+    "SessionTurnStart",
+    "SessionTurnEnd",
+    "ParallelSiblingFailure",
+    "StageEntered",
+    "StageExited",
+    "StageCancelled",
+    "StageAssertOutcome",
+    "ProviderRequestStarted",
+    "ProviderRequestFailed",
+    "InteractionRaised",
+    "InteractionAnswered",
+];
+
+/// `ts` and `event` read straight from the start of a line.
+struct Head<'t> {
+    ts: &'t str,
+    event: &'t str,
+}
+
 /// Folds lines into a timeline.
 #[derive(Default)]
 struct Builder {
@@ -273,25 +295,60 @@ struct Builder {
 }
 
 impl Builder {
-    fn apply(&mut self, line: Line<'_>, line_no: u64) -> Result<(), ReportError> {
+    /// Folds one non-blank line in. `Ok(Err(reason))`: the line is not an
+    /// audit event (fatal unless it is the last); `Err`: the log is
+    /// corrupt.
+    fn read(&mut self, text: &[u8], line_no: u64) -> Result<Result<(), String>, ReportError> {
+        if let Some(head) = self.skippable(text) {
+            // Only its time counts; the line must still be JSON.
+            if std::str::from_utf8(text).is_err() {
+                return Ok(Err("not an audit event: not UTF-8".to_owned()));
+            }
+            if let Err(e) = serde_json::from_slice::<IgnoredAny>(text) {
+                return Ok(Err(format!("not an audit event: {e}")));
+            }
+            self.time(head.ts, head.event, line_no)?;
+            return Ok(Ok(()));
+        }
+        match serde_json::from_slice::<Line<'_>>(text) {
+            Ok(line) => self.apply(&line, line_no).map(Ok),
+            Err(e) => Ok(Err(format!("not an audit event: {e}"))),
+        }
+    }
+
+    /// The head of a line the report reads nothing from but its time: an
+    /// event it does not draw, in the form troupe writes
+    /// (`{"seq":N,"ts":"…","event":"Name",…`), once the run id is known.
+    /// Such lines are most of a fan-out's log (tool calls, gates, model
+    /// replies); skipping their fields without matching them halves the
+    /// cost of reading them.
+    fn skippable<'t>(&self, text: &'t [u8]) -> Option<Head<'t>> {
+        self.run_id.as_ref()?;
+        let rest = text.strip_prefix(b"{\"seq\":")?;
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        let rest = rest[digits..].strip_prefix(b",\"ts\":\"")?;
+        let ts_len = rest.iter().position(|&b| b == b'"')?;
+        let (ts, rest) = rest.split_at(ts_len);
+        let rest = rest.strip_prefix(b"\",\"event\":\"")?;
+        let name_len = rest.iter().position(|&b| b == b'"')?;
+        let event = std::str::from_utf8(&rest[..name_len]).ok()?;
+        if digits == 0 || READ_EVENTS.contains(&event) || ts.contains(&b'\\') {
+            return None;
+        }
+        Some(Head {
+            ts: std::str::from_utf8(ts).ok()?,
+            event,
+        })
+    }
+
+    fn apply(&mut self, line: &Line<'_>, line_no: u64) -> Result<(), ReportError> {
         let Some(event) = text(&line.event) else {
             return Err(corrupt(line_no, "no `event` name".to_owned()));
         };
         let Some(ts) = text(&line.ts) else {
             return Err(corrupt(line_no, format!("`{event}` has no `ts`")));
         };
-        let Some(abs) = parse_micros(ts) else {
-            return Err(corrupt(
-                line_no,
-                format!("`ts` {ts:?} is not an RFC 3339 timestamp"),
-            ));
-        };
-        let t0 = *self.t0.get_or_insert(abs);
-        if self.started_at.is_none() {
-            self.started_at = Some(ts.to_owned());
-        }
-        let t = abs - t0;
-        self.last = self.last.max(t);
+        let t = self.time(ts, event, line_no)?;
         if self.run_id.is_none() {
             self.run_id = text(&line.workflow_run_id).map(str::to_owned);
         }
@@ -310,7 +367,7 @@ impl Builder {
                 });
                 self.reason = text(&line.reason).map(str::to_owned);
             }
-            "SessionTurnStart" => self.turn_start(&line, t),
+            "SessionTurnStart" => self.turn_start(line, t),
             "SessionTurnEnd" => {
                 if let Some(g) = text(&line.turn_id).and_then(|id| self.group_by_turn.get(id)) {
                     let g = *g;
@@ -330,19 +387,19 @@ impl Builder {
                     group.failed_sibling = text(&line.failed_sibling).map(str::to_owned);
                 }
             }
-            "StageEntered" => self.entered(&line, t),
+            "StageEntered" => self.entered(line, t),
             "StageExited" => {
                 let outcome = match text(&line.verdict) {
                     Some("ok") => Outcome::Ok,
                     Some("skipped") => Outcome::Skipped,
                     _ => Outcome::Failed,
                 };
-                self.ended(&line, t, outcome);
+                self.ended(line, t, outcome);
             }
-            "StageCancelled" => self.ended(&line, t, Outcome::Cancelled),
+            "StageCancelled" => self.ended(line, t, Outcome::Cancelled),
             "StageAssertOutcome" => {
                 if text(&line.verdict) == Some("retry")
-                    && let Some(exec) = self.exec_of(&line)
+                    && let Some(exec) = self.exec_of(line)
                 {
                     self.retries.push(Retry { exec, at: t });
                     if let Some(e) = self.executions.get_mut(exec as usize) {
@@ -351,7 +408,7 @@ impl Builder {
                 }
             }
             "ProviderRequestStarted" | "ProviderRequestFailed" => {
-                if let Some(exec) = self.exec_of(&line)
+                if let Some(exec) = self.exec_of(line)
                     && let Some(e) = self.executions.get_mut(exec as usize)
                 {
                     if event == "ProviderRequestStarted" {
@@ -362,7 +419,7 @@ impl Builder {
                 }
             }
             "InteractionRaised" => {
-                if let Some(exec) = self.exec_of(&line) {
+                if let Some(exec) = self.exec_of(line) {
                     if let Some(id) = count(&line.interaction_id) {
                         self.approval_by_id.insert(id, self.approvals.len());
                     }
@@ -374,10 +431,27 @@ impl Builder {
                     });
                 }
             }
-            "InteractionAnswered" => self.answered(&line, t),
+            "InteractionAnswered" => self.answered(line, t),
             _ => {}
         }
         Ok(())
+    }
+
+    /// An event's time since the first event; the first one sets time zero.
+    fn time(&mut self, ts: &str, event: &str, line_no: u64) -> Result<Micros, ReportError> {
+        let Some(abs) = parse_micros(ts) else {
+            return Err(corrupt(
+                line_no,
+                format!("`ts` {ts:?} of `{event}` is not an RFC 3339 timestamp"),
+            ));
+        };
+        let t0 = *self.t0.get_or_insert(abs);
+        if self.started_at.is_none() {
+            self.started_at = Some(ts.to_owned());
+        }
+        let t = abs - t0;
+        self.last = self.last.max(t);
+        Ok(t)
     }
 
     fn turn_start(&mut self, line: &Line<'_>, t: Micros) {
@@ -403,6 +477,11 @@ impl Builder {
             failed_sibling: None,
             siblings: Vec::new(),
         });
+        // The width is known up front: room for the siblings at once, not
+        // by doubling (bounded, as a corrupt log may claim any width).
+        let room = count(&line.width).map_or(0, |w| w.min(1 << 20) as usize);
+        self.executions.reserve(room);
+        self.exec_ids.reserve(room);
         self.group_by_turn.insert(turn_id, g);
         self.open_group = Some(g);
         self.items.push(Item::Group(g));
@@ -412,14 +491,17 @@ impl Builder {
         let Some(id) = text(&line.stage_execution_id) else {
             return;
         };
-        let key = self.key(id);
-        if self.exec_ids.contains_key(key) {
-            return;
-        }
         let Ok(exec) = ExecRef::try_from(self.executions.len()) else {
             return;
         };
-        let key: Box<str> = key.into();
+        // One hash per new execution (a duplicate `StageEntered` is rare
+        // and ignored).
+        match self.exec_ids.entry(self.key(id).into()) {
+            Entry::Occupied(_) => return,
+            Entry::Vacant(slot) => {
+                slot.insert(exec);
+            }
+        }
         let stage_name = text(&line.stage_id).unwrap_or("?");
         let stage = self.intern(stage_name);
         let index = count_u32(&line.index);
@@ -459,7 +541,6 @@ impl Builder {
             failed_requests: 0,
             retries: 0,
         });
-        self.exec_ids.insert(key, exec);
         if sibling.is_none() {
             self.items.push(Item::Execution(exec));
         }
