@@ -404,15 +404,9 @@ fn plural_y(n: u64) -> &'static str {
     if n == 1 { "y" } else { "ies" }
 }
 
-/// `worker[40] · 40 siblings, cap 8, 32 never started`.
+/// `worker[40] · cap 8, 32 never started`, `test + lint · cap 4`.
 pub(crate) fn group_label(g: &Group) -> String {
-    let mut label = format!(
-        "{} · {} sibling{}, cap {}",
-        g.label(),
-        g.width,
-        if g.width == 1 { "" } else { "s" },
-        g.cap
-    );
+    let mut label = format!("{} · cap {}", g.label(), g.cap);
     let never = g.never_started();
     if never > 0 {
         label.push_str(&format!(", {never} never started"));
@@ -438,7 +432,9 @@ fn group_row(out: &mut String, t: &Timeline, s: &Scale, g: &Group, y: f64) {
         num(y + 14.0)
     );
     let mut tip = format!(
-        "{label}; turn {} ran {}",
+        "{label}; {} sibling{} planned; turn {} ran {}",
+        g.width,
+        if g.width == 1 { "" } else { "s" },
         g.turn_id,
         fmt_duration(end - g.started)
     );
