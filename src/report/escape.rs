@@ -2,8 +2,6 @@
 //! characters XML 1.0 forbids replaced, so any stage id, pipeline name or
 //! reason from a log yields a well-formed document.
 
-use std::fmt::Write;
-
 /// Appends `text` escaped for an XML/HTML text node or a quoted attribute.
 pub fn push_escaped(out: &mut String, text: &str) {
     for c in text.chars() {
@@ -36,14 +34,6 @@ pub fn shorten(text: &str, max: usize) -> String {
     let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
     out.push('…');
     out
-}
-
-/// Appends formatted text, escaped.
-pub fn push_fmt_escaped(out: &mut String, args: std::fmt::Arguments<'_>) {
-    let mut s = String::new();
-    // Writing into a String cannot fail.
-    let _ = s.write_fmt(args);
-    push_escaped(out, &s);
 }
 
 #[cfg(test)]

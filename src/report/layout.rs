@@ -3,7 +3,7 @@
 //! wide groups binned so a picture of 100 000 siblings stays readable and
 //! bounded.
 
-use super::timeline::{ExecRef, GroupRef, Micros, Outcome, Timeline};
+use super::timeline::{ExecRef, GroupRef, Item, Micros, Outcome, Timeline};
 
 /// How many rows to spend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,11 +69,11 @@ pub fn rows(t: &Timeline, budget: RowBudget) -> Vec<Row> {
     let mut rows = Vec::new();
     for item in &t.items {
         match *item {
-            super::timeline::Item::Execution(exec) => rows.push(Row::Execution {
+            Item::Execution(exec) => rows.push(Row::Execution {
                 exec,
                 sibling: false,
             }),
-            super::timeline::Item::Group(group) => {
+            Item::Group(group) => {
                 rows.push(Row::Group { group });
                 group_rows(t, group, budget.per_group.max(1), &mut rows);
             }
@@ -136,7 +136,8 @@ fn bin(t: &Timeline, group: GroupRef, first: usize, last: usize) -> Bin {
     let siblings = t
         .groups
         .get(group as usize)
-        .map_or(&[][..], |g| &g.siblings[first..=last]);
+        .and_then(|g| g.siblings.get(first..=last))
+        .unwrap_or_default();
     for e in siblings.iter().filter_map(|&e| t.execution(e)) {
         let index = e.index.unwrap_or(0);
         b.min_index = b.min_index.min(index);

@@ -10,7 +10,7 @@ use std::fmt::Write;
 
 use super::concurrency::Concurrency;
 use super::duration::{fmt_duration, fmt_tick, tick_step};
-use super::escape::{push_escaped, shorten};
+use super::escape::{escape, push_escaped, shorten};
 use super::layout::{Bin, Row, RowBudget, rows};
 use super::timeline::{Execution, Group, Micros, Outcome, Role, Timeline};
 
@@ -170,7 +170,7 @@ fn header(out: &mut String, t: &Timeline, c: &Concurrency) {
     let _ = write!(
         out,
         " · {} · wall {}",
-        escape_str(t.run.status.as_str()),
+        escape(t.run.status.as_str()),
         fmt_duration(t.wall())
     );
     out.push_str("</text>\n<text x=\"8\" y=\"38\" class=\"sub\">started ");
@@ -188,10 +188,6 @@ fn header(out: &mut String, t: &Timeline, c: &Concurrency) {
         push_escaped(out, &shorten(reason, 110));
     }
     out.push_str("</text>\n");
-}
-
-fn escape_str(s: &str) -> String {
-    super::escape::escape(s)
 }
 
 fn legend(out: &mut String) {
@@ -467,7 +463,7 @@ fn bin_row(out: &mut String, t: &Timeline, s: &Scale, b: &Bin, y: f64) {
     let Some(g) = t.groups.get(b.group as usize) else {
         return;
     };
-    let siblings = &g.siblings[b.first..=b.last];
+    let siblings = g.siblings.get(b.first..=b.last).unwrap_or_default();
     let stage = siblings
         .first()
         .and_then(|&e| t.execution(e))
