@@ -20,8 +20,8 @@ a bar from StageEntered to its end coloured by outcome (ok, failed, skipped,
 cancelled, unfinished), retries as black ticks, approval waits hatched, and
 for a sibling the time it waited for a cap slot as a dashed line from the
 group's start. Siblings sit under their group's header; a group wider than
---rows is drawn as --rows bins of consecutive siblings. Below, the number of
-running executions over time, with each group's cap dashed.
+--rows is drawn as at most --rows bins of consecutive siblings. Below, the
+number of running executions over time, with each group's cap dashed.
 
 Exit codes:
   0    the files were written
@@ -47,8 +47,8 @@ pub struct ReportArgs {
     /// Where the run folders are (the --runs-dir of `troupe run`).
     #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
     pub runs_dir: PathBuf,
-    /// Most sibling rows per parallel group; a wider group is drawn as this
-    /// many bins of consecutive siblings.
+    /// Most sibling rows per parallel group; a wider group is drawn as at
+    /// most this many bins of consecutive siblings.
     #[arg(long, value_name = "N", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub rows: u32,
