@@ -6,6 +6,7 @@ pub mod exit;
 pub mod limits;
 pub mod progress;
 pub mod provider;
+pub mod report;
 pub mod run;
 pub mod sandbox;
 pub mod sandbox_exec;
@@ -31,6 +32,7 @@ Examples:
   troupe show stages/fanout
   troupe show stages/code-review plan --json
   troupe bench stages/fanout --width 1000,10000 --cap 256 --latency 0ms
+  troupe report <RUN_ID> --svg run.svg --html run.html
 
 Exit codes:
   0    ok
@@ -102,6 +104,16 @@ pub enum Command {
     /// exec the command. `Bash` runs every sandboxed shell through it.
     #[command(hide = true)]
     SandboxExec(sandbox_exec::SandboxExecArgs),
+    /// Draw a finished (or killed) run as a timeline: SVG and/or HTML.
+    ///
+    /// Reads <runs-dir>/<RUN_ID>/audit.jsonl and draws one row per stage
+    /// execution (siblings under their group, wide groups binned), its wait
+    /// for a cap slot, retries and approval waits, and below, the running
+    /// executions over time against each group's cap. --html adds the
+    /// run's figures and a per-stage table, in one file with nothing to
+    /// fetch.
+    #[command(after_help = report::AFTER_HELP)]
+    Report(Box<report::ReportArgs>),
 }
 
 /// Runs the parsed command and returns the process exit code.
@@ -116,5 +128,6 @@ pub fn run(cli: Cli) -> Exit {
             json,
         } => show::run(&pipeline, stage.as_deref(), json),
         Command::SandboxExec(args) => sandbox_exec::run(args),
+        Command::Report(args) => report::run(*args),
     }
 }

@@ -24,6 +24,7 @@ pub enum ErrorClass {
     Cancellation,
     ExtensionHost,
     Budget,
+    /// The run store on disk: run folders and their audit logs.
     Store,
 }
 

@@ -9,5 +9,6 @@ pub mod definition;
 pub mod error;
 pub mod hooks;
 pub mod provider;
+pub mod report;
 pub mod runtime;
 pub mod tools;

@@ -1,0 +1,154 @@
+//! `troupe report`: read a run's audit log and write its timeline as SVG
+//! and/or a self-contained HTML page.
+
+use std::path::{Path, PathBuf};
+
+use super::Exit;
+use crate::error::HasCode;
+use crate::report::{ReportError, RowBudget, SvgOptions, load_run, render_html, render_svg};
+
+/// Examples and what the picture shows, after `troupe report --help`.
+pub const AFTER_HELP: &str = "\
+Examples:
+  troupe run stages/fanout --ctx width=2000 --parallel-cap 64 --latency 5ms
+  troupe report <RUN_ID> --svg run.svg                # the id `troupe run` printed
+  troupe report <RUN_ID> --html run.html --svg run.svg
+  troupe report <RUN_ID> --html run.html --runs-dir /tmp/runs --rows 50
+
+The picture: one row per stage execution in order of first appearance, each
+a bar from StageEntered to its end coloured by outcome (ok, failed, skipped,
+cancelled, unfinished), retries as black ticks, approval waits hatched, and
+for a sibling the time it waited for a cap slot as a dashed line from the
+group's start. Siblings sit under their group's header; a group wider than
+--rows is drawn as at most --rows bins of consecutive siblings. Below, the
+number of running executions over time, with each group's cap dashed.
+
+Exit codes:
+  0    the files were written
+  2    no --svg/--html, an unknown run id (Store/RunNotFound), an unreadable
+       or corrupt audit log (Store/AuditCorrupt, with the line), or a file
+       that cannot be written (Store/WriteFailed)";
+
+/// Options of `troupe report`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReportArgs {
+    /// The run's workflowRunId: its folder name under --runs-dir (`troupe
+    /// run` prints it).
+    #[arg(value_name = "RUN_ID")]
+    pub run_id: String,
+    /// Write the timeline as an SVG picture to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Write one self-contained HTML page to FILE: the run's figures, the
+    /// timeline and a table per stage (outcomes, retries, median and max
+    /// duration, model requests).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Where the run folders are (the --runs-dir of `troupe run`).
+    #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
+    pub runs_dir: PathBuf,
+    /// Most sibling rows per parallel group; a wider group is drawn as at
+    /// most this many bins of consecutive siblings.
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub rows: u32,
+    /// Width of the picture in pixels.
+    #[arg(long, value_name = "PX", default_value_t = 1200,
+          value_parser = clap::value_parser!(u32).range(600..=20_000))]
+    pub width: u32,
+    /// Print what was written (or the error) as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One file written.
+struct Written {
+    format: &'static str,
+    path: PathBuf,
+    bytes: usize,
+}
+
+pub fn run(args: ReportArgs) -> Exit {
+    match write_report(&args) {
+        Ok(written) => {
+            print_written(&args, &written);
+            Exit::Ok
+        }
+        Err(e) => {
+            print_error(&e, args.json);
+            Exit::Invalid
+        }
+    }
+}
+
+fn write_report(args: &ReportArgs) -> Result<Vec<Written>, ReportError> {
+    if args.svg.is_none() && args.html.is_none() {
+        return Err(ReportError::NothingToWrite);
+    }
+    let timeline = load_run(&args.runs_dir, &args.run_id)?;
+    let opts = SvgOptions {
+        width: args.width,
+        rows: RowBudget {
+            per_group: args.rows as usize,
+            ..RowBudget::default()
+        },
+        xmlns: true,
+    };
+    let mut written = Vec::new();
+    if let Some(path) = &args.svg {
+        written.push(write(path, "svg", render_svg(&timeline, &opts))?);
+    }
+    if let Some(path) = &args.html {
+        written.push(write(path, "html", render_html(&timeline, &opts))?);
+    }
+    Ok(written)
+}
+
+fn write(path: &Path, format: &'static str, text: String) -> Result<Written, ReportError> {
+    std::fs::write(path, text.as_bytes()).map_err(|source| ReportError::WriteFailed {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(Written {
+        format,
+        path: path.to_owned(),
+        bytes: text.len(),
+    })
+}
+
+fn print_written(args: &ReportArgs, written: &[Written]) {
+    if args.json {
+        let files: Vec<_> = written
+            .iter()
+            .map(|w| serde_json::json!({"format": w.format, "path": w.path, "bytes": w.bytes}))
+            .collect();
+        let out = serde_json::json!({"ok": true, "runId": args.run_id, "written": files});
+        println!("{out}");
+        return;
+    }
+    for w in written {
+        println!(
+            "wrote {} ({}, {:.1} KiB)",
+            w.path.display(),
+            w.format,
+            w.bytes as f64 / 1024.0
+        );
+    }
+}
+
+/// `error: Store/RunNotFound: …` and a hint on stderr, or the same as JSON
+/// on stdout (the shape `troupe validate --json` uses).
+fn print_error(e: &ReportError, json: bool) {
+    if json {
+        let mut err = serde_json::json!({"code": e.code().to_string(), "message": e.to_string()});
+        if let Some(h) = e.hint() {
+            err["hint"] = serde_json::Value::from(h);
+        }
+        println!("{}", serde_json::json!({"ok": false, "errors": [err]}));
+        return;
+    }
+    eprintln!("error: {}: {e}", e.code());
+    if let Some(h) = e.hint() {
+        eprintln!("  hint: {h}");
+    }
+}

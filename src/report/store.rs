@@ -1,0 +1,48 @@
+//! Finds a run's audit log in the runs folder (`<runs-dir>/<run-id>/
+//! audit.jsonl`, as `troupe run` writes it) and reads it into a timeline.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use super::error::ReportError;
+use super::timeline::Timeline;
+
+/// The audit log's name inside a run folder.
+pub const AUDIT_FILE: &str = "audit.jsonl";
+
+/// Where the audit log of `run_id` would be; `None` for an id that is not
+/// a plain folder name (a path, `..`), which names no run.
+pub fn audit_path(runs_dir: &Path, run_id: &str) -> Option<PathBuf> {
+    let plain = !run_id.is_empty()
+        && run_id != "."
+        && run_id != ".."
+        && !run_id.contains(['/', '\\'])
+        && !run_id.contains('\0');
+    plain.then(|| runs_dir.join(run_id).join(AUDIT_FILE))
+}
+
+/// Reads the timeline of `run_id` from `runs_dir`.
+///
+/// Errors: `Store/RunNotFound` when the run has no audit log there,
+/// `Store/AuditCorrupt` (naming the path and line) when it cannot be read.
+pub fn load_run(runs_dir: &Path, run_id: &str) -> Result<Timeline, ReportError> {
+    let not_found = || ReportError::RunNotFound {
+        run_id: run_id.to_owned(),
+        runs_dir: runs_dir.to_owned(),
+    };
+    let path = audit_path(runs_dir, run_id).ok_or_else(not_found)?;
+    let name = path.display().to_string();
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),
+        Err(e) => {
+            return Err(ReportError::AuditCorrupt {
+                source_name: name,
+                line: 0,
+                reason: format!("cannot open: {e}"),
+            });
+        }
+    };
+    Timeline::from_audit(BufReader::with_capacity(1 << 16, file)).map_err(|e| e.in_source(&name))
+}
