@@ -92,6 +92,11 @@ pub struct RunArgs {
     /// fails with Session/StageTimeout (default: no limit).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub stage_timeout: Option<Duration>,
+    /// Threads (actix arbiters) stage executions and their tool calls run
+    /// on [default: one per core]; the scheduler, the audit writer and
+    /// the store have their own.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: Option<u32>,
     /// Pass this variable of troupe's environment on to Bash calls, whose
     /// environment is otherwise only PATH, HOME, USER, LOGNAME, SHELL,
     /// LANG, LANGUAGE, LC_*, TERM, TZ and TMPDIR. Repeatable.
@@ -235,6 +240,7 @@ pub fn run(args: RunArgs) -> Exit {
     settings.sandbox = shell.sandbox.clone();
     settings.root = root;
     settings.stage_timeout = args.stage_timeout;
+    settings.threads = args.threads.map_or_else(default_threads, |n| n as usize);
     spec.max_run_time = args.limits.max_run_time;
     let audit_path = args.runs_dir.join(spec.run_id.as_str()).join("audit.jsonl");
 
@@ -345,6 +351,11 @@ pub fn run(args: RunArgs) -> Exit {
         RunStatus::Failed { .. } => Exit::RunFailed,
         RunStatus::Cancelled => first_signal.exit(),
     }
+}
+
+/// One thread per core (at least one).
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
 /// The `--json` summary as the last line of the `--events -` stream: kind
