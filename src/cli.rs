@@ -3,11 +3,16 @@
 
 pub mod bench;
 pub mod exit;
+pub mod launch;
 pub mod limits;
+pub mod options;
+pub mod output;
 pub mod progress;
 pub mod provider;
 pub mod report;
+pub mod resume;
 pub mod run;
+pub mod runs;
 pub mod sandbox;
 pub mod sandbox_exec;
 pub mod show;
@@ -32,13 +37,18 @@ Examples:
   troupe show stages/fanout
   troupe show stages/code-review plan --json
   troupe bench stages/fanout --width 1000,10000 --cap 256 --latency 0ms
+  troupe runs                                   # every run: status, counts, duration
+  troupe runs show <RUN_ID> --stage worker#17   # one sibling's verdict and result
+  troupe resume <RUN_ID>                        # go on after Ctrl-C, kill -9, a fixed failure
   troupe report <RUN_ID> --svg run.svg --html run.html
 
 Exit codes:
   0    ok
-  1    the run failed (a stage failed, a sibling failed, maxVisits exceeded)
+  1    the run failed (a stage failed, a sibling failed, maxVisits exceeded,
+       --max-run-time or a budget reached, the store could not write)
   2    invalid input: a pipeline that fails validation, a bad flag or value,
-       or a model provider that fails the capability check (nothing ran)
+       a model provider that fails the capability check, a store that cannot
+       be used, an unknown run (nothing ran)
   129  cancelled by SIGHUP
   130  interrupted (Ctrl-C, SIGINT)
   143  cancelled by SIGTERM
@@ -74,8 +84,26 @@ pub enum Command {
     /// Validates first (exit 2 when invalid; for the openai provider, also
     /// when the endpoint is unreachable or the model cannot call tools),
     /// runs every stage execution as its own actor, writes the audit log to
-    /// .troupe/runs/<workflowRunId>/audit.jsonl and prints a summary.
+    /// .troupe/runs/<workflowRunId>/audit.jsonl, keeps every execution and
+    /// StageResult in the run store (.troupe/troupe.db) and prints a
+    /// summary.
     Run(Box<run::RunArgs>),
+    /// Continue a run that did not finish, without re-running finished work.
+    ///
+    /// For a run stopped by Ctrl-C, a signal, kill -9 or a power loss, or
+    /// one that failed and whose cause was fixed: reloads its pipeline
+    /// (refused, exit 2, when its files changed, unless --force), restores
+    /// its ctx and every stored StageResult, repairs its audit log and goes
+    /// on in the same log with the same run and execution ids. Siblings
+    /// whose results were stored are not run again; failed and unfinished
+    /// executions are. Takes the same options as `troupe run`.
+    Resume(Box<resume::ResumeArgs>),
+    /// List runs, or show, export, delete them (the run store).
+    ///
+    /// Without a command: the newest runs with their pipeline, status
+    /// (a run whose process died reads `interrupted`), start, duration and
+    /// executions ok / failed / cancelled.
+    Runs(Box<runs::RunsArgs>),
     /// Benchmark a pipeline offline against the plain-tokio floor.
     ///
     /// Runs the pipeline with the scripted provider and the audit log on
@@ -121,6 +149,8 @@ pub fn run(cli: Cli) -> Exit {
     match cli.command {
         Command::Validate { pipeline, json } => validate::run(&pipeline, json),
         Command::Run(args) => run::run(*args),
+        Command::Resume(args) => resume::run(*args),
+        Command::Runs(args) => runs::run(*args),
         Command::Bench(args) => bench::run(*args),
         Command::Show {
             pipeline,

@@ -11,4 +11,5 @@ pub mod hooks;
 pub mod provider;
 pub mod report;
 pub mod runtime;
+pub mod store;
 pub mod tools;

@@ -9,6 +9,7 @@ pub mod extract;
 pub mod ids;
 pub mod interaction;
 pub mod launch;
+pub mod ledger;
 pub mod limits;
 pub mod observer;
 pub mod result;

@@ -155,10 +155,16 @@ impl<E: BusEvent> EventBus<E> {
     /// A new, open bus with no subscribers.
     #[must_use]
     pub fn new() -> Self {
+        Self::continuing_after(0)
+    }
+
+    /// A bus whose first event gets `last_seq + 1`: a sequence continued
+    /// from an earlier one (a resumed run's audit log).
+    pub fn continuing_after(last_seq: u64) -> Self {
         Self {
             shared: Arc::new(Shared {
                 registry: Mutex::new(Registry {
-                    next_seq: 1,
+                    next_seq: last_seq + 1,
                     closed: false,
                     subscribers: Vec::new(),
                 }),

@@ -42,12 +42,27 @@ impl Sink {
     }
 }
 
-/// Starts the audit log writer at `path` (parent folders are created).
+/// Starts the audit log writer at `path` (parent folders are created),
+/// a new file.
 pub fn start_audit_log(bus: &EventBus<Event>, path: &Path) -> io::Result<Sink> {
+    open_audit_log(bus, path, false)
+}
+
+/// Starts the audit log writer at `path`, appending to what is there (a
+/// resumed run, after its log was repaired).
+pub fn continue_audit_log(bus: &EventBus<Event>, path: &Path) -> io::Result<Sink> {
+    open_audit_log(bus, path, true)
+}
+
+fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Result<Sink> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let file = File::create(path)?;
+    let file = if append {
+        std::fs::OpenOptions::new().append(true).open(path)?
+    } else {
+        File::create(path)?
+    };
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
     let handle = std::thread::Builder::new()
         .name("troupe-audit".into())

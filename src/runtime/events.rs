@@ -16,6 +16,8 @@ use super::result::Usage;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventName {
     WorkflowStarted,
+    /// A new session of a run that did not finish: `troupe resume`.
+    WorkflowResumed,
     WorkflowExit,
     SessionTurnStart,
     SessionTurnEnd,
@@ -56,6 +58,7 @@ impl EventName {
     pub fn as_str(self) -> &'static str {
         match self {
             EventName::WorkflowStarted => "WorkflowStarted",
+            EventName::WorkflowResumed => "WorkflowResumed",
             EventName::WorkflowExit => "WorkflowExit",
             EventName::SessionTurnStart => "SessionTurnStart",
             EventName::SessionTurnEnd => "SessionTurnEnd",
@@ -98,6 +101,7 @@ impl EventName {
             | EventName::StagePreFired
             | EventName::StagePostFired => EventClass::Observer,
             EventName::WorkflowStarted
+            | EventName::WorkflowResumed
             | EventName::WorkflowExit
             | EventName::SessionTurnStart
             | EventName::SessionTurnEnd

@@ -13,6 +13,11 @@ impl RunId {
         RunId(uuid::Uuid::now_v7().to_string().into())
     }
 
+    /// The id of an existing run (a resumed one keeps its id).
+    pub fn existing(id: &str) -> RunId {
+        RunId(id.into())
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -16,6 +16,16 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Reads a stored verdict; anything but `ok` or `skipped` is `fail`
+    /// (a resumed run then runs the execution again).
+    pub fn parse(s: &str) -> Verdict {
+        match s {
+            "ok" => Verdict::Ok,
+            "skipped" => Verdict::Skipped,
+            _ => Verdict::Fail,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",

@@ -67,6 +67,9 @@ pub struct RunSettings {
     pub threads: usize,
     /// The run's token and cost meter (`--max-tokens`, `--max-cost`).
     pub budget: Option<Arc<Budget>>,
+    /// Where executions' ends are made durable (the run store); `None`
+    /// keeps them in memory and the audit log only.
+    pub ledger: Option<Arc<dyn super::ledger::Ledger>>,
     /// What `Bash` calls run under (`troupe run`: a scrubbed environment
     /// and Landlock, unless `--no-sandbox`); `None` runs them with
     /// troupe's whole environment, writes unconfined.
@@ -88,6 +91,7 @@ impl Default for RunSettings {
             stage_timeout: None,
             threads: 1,
             budget: None,
+            ledger: None,
             sandbox: None,
         }
     }

@@ -9,6 +9,7 @@ use std::cell::RefCell;
 use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use actix::prelude::*;
 use futures::FutureExt;
@@ -19,6 +20,7 @@ use troupe_actors::EventBus;
 use super::cancel::{CancelScope, TURN_CANCELLED};
 use super::events::{Event, EventName, FieldValue};
 use super::interaction::{InteractionHub, WithdrawOwner};
+use super::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
 use super::result::{StageResult, Verdict};
 use super::scheduler::{
     ExecKey, StageOutcome, ToScheduler, next_of, sibling_failed_reason, sibling_label,
@@ -46,7 +48,13 @@ pub struct StageActor {
     group: Option<CancelScope>,
     /// For siblings: the index of a map sibling.
     index: Option<usize>,
+    visit: u32,
+    /// Where the execution's end is made durable before it is recorded.
+    ledger: Option<Arc<dyn Ledger>>,
+    entered_at: SystemTime,
     started: bool,
+    /// Exit ran; the result is being made durable before it is recorded.
+    exiting: bool,
     /// `StageCancelled` is recorded (the teardown may still be pending).
     cancel_recorded: bool,
     reported: bool,
@@ -77,6 +85,10 @@ impl StageActor {
             group,
             scope,
             index: run.index,
+            visit: run.visit,
+            ledger: run.settings.ledger.clone(),
+            entered_at: SystemTime::UNIX_EPOCH,
+            exiting: false,
             progress: Rc::default(),
             bus: run.bus.clone(),
             run_id: Arc::clone(&run.ctx.workflow_run_id),
@@ -119,6 +131,9 @@ impl StageActor {
         // as StageCancelled of an execution the log shows as entered.
         run.enter();
         self.started = true;
+        if self.ledger.is_some() {
+            self.entered_at = SystemTime::now();
+        }
         let progress = Rc::clone(&self.progress);
         let token = self.scope.token().clone();
         // Boxed so that a cancelled execution can be handed back alive and
@@ -148,8 +163,7 @@ impl StageActor {
                     Ok(result) => result,
                     Err(panic) => act.panicked(panic_message(&*panic)),
                 };
-                act.exit(result);
-                ctx.stop();
+                act.exit(result, ctx);
             }
             Err(execution) => {
                 // Strictly cancelled through the token tree. Record it now,
@@ -175,8 +189,11 @@ impl StageActor {
 
     /// Exit: the one place an execution's `StageExited` is recorded. A
     /// failed sibling first cancels its group's scope, so its siblings stop
-    /// at once; the scheduler decides the failure from the report.
-    fn exit(&mut self, result: Arc<StageResult>) {
+    /// at once; the scheduler decides the failure from the report. With a
+    /// ledger, an `ok`/`skipped` result is made durable before it is
+    /// recorded and reported; a failed one (run again on resume anyway) is
+    /// handed to the ledger without waiting.
+    fn exit(&mut self, result: Arc<StageResult>, ctx: &mut Context<Self>) {
         if result.verdict == Verdict::Fail
             && let Some(group) = &self.group
         {
@@ -185,6 +202,28 @@ impl StageActor {
                 self.index,
             )));
         }
+        let event = self.exited_event(&result);
+        let Some(ledger) = self.ledger.clone() else {
+            self.record_exit(event, result);
+            return ctx.stop();
+        };
+        let stored = ledger.persist(self.exit_record(&result, event.clone()));
+        if result.verdict == Verdict::Fail {
+            drop(stored);
+            self.record_exit(event, result);
+            return ctx.stop();
+        }
+        self.exiting = true;
+        ctx.spawn(stored.into_actor(self).map(move |stored, act, ctx| {
+            match stored {
+                Ok(()) => act.record_exit(event, result),
+                Err(e) => act.not_stored(&e),
+            }
+            ctx.stop();
+        }));
+    }
+
+    fn exited_event(&self, result: &StageResult) -> Event {
         let mut exited = self
             .event(EventName::StageExited)
             .with_static("verdict", result.verdict.as_str())
@@ -194,7 +233,26 @@ impl StageActor {
         if let Some(r) = &result.reason {
             exited = exited.with("reason", r.as_str());
         }
-        let seq = self.bus.publish(exited).unwrap_or(0);
+        exited
+    }
+
+    fn exit_record(&self, result: &Arc<StageResult>, event: Event) -> ExitRecord {
+        ExitRecord {
+            run_id: Arc::clone(&self.run_id),
+            stage_execution_id: Arc::clone(&self.exec.id),
+            stage_id: Arc::clone(&self.exec.stage),
+            index: self.index,
+            visit: self.visit,
+            result: Arc::clone(result),
+            entered_at: self.entered_at,
+            exited_at: SystemTime::now(),
+            event,
+        }
+    }
+
+    /// Publishes `StageExited` and reports the execution.
+    fn record_exit(&mut self, event: Event, result: Arc<StageResult>) {
+        let seq = self.bus.publish(event).unwrap_or(0);
         if self.bus.has_observers() {
             let next = next_of(&self.pipeline, &self.stage, &result);
             self.bus.publish(
@@ -212,6 +270,17 @@ impl StageActor {
             );
         }
         self.send_report(StageOutcome::Exited { result, seq });
+    }
+
+    /// The result could not be made durable, so it is not recorded as
+    /// exited (a resumed run runs the execution again): it ends cancelled,
+    /// and the run is stopped with the store's error.
+    fn not_stored(&mut self, error: &LedgerError) {
+        let reason = format!("Store/WriteFailed: the result could not be stored: {error}");
+        self.scope.cancel(reason.as_str());
+        self.record_cancelled();
+        self.send_report(self.cancelled());
+        self.scheduler.do_send(ToScheduler::LimitReached { reason });
     }
 
     /// Records `StageCancelled` (and `ToolInvocationCancelled` for each call
@@ -233,6 +302,26 @@ impl StageActor {
                     .with("callId", Arc::clone(id)),
             );
             calls.push(json!({"callId": &**id, "tool": &**name}));
+        }
+        if let Some(ledger) = &self.ledger {
+            ledger.cancelled(CancelRecord {
+                run_id: Arc::clone(&self.run_id),
+                stage_execution_id: Arc::clone(&self.exec.id),
+                stage_id: Arc::clone(&self.exec.stage),
+                index: self.index,
+                visit: self.visit,
+                reason: match &reason {
+                    FieldValue::Shared(r) => Arc::clone(r),
+                    _ => Arc::from(TURN_CANCELLED),
+                },
+                phase: progress.phase,
+                attempt: progress.attempt,
+                turn: progress.turn,
+                tool_calls: Value::Array(calls.clone()),
+                usage: progress.usage,
+                entered_at: self.entered_at,
+                cancelled_at: SystemTime::now(),
+            });
         }
         self.bus.publish(
             self.event(EventName::StageCancelled)
@@ -309,7 +398,10 @@ impl Actor for StageActor {
                 stage_execution_id: self.exec.id.to_string(),
             });
         }
-        if self.reported {
+        // Stopped while its result was being stored (the system shutting
+        // down): whether it became durable, the store knows; a resumed run
+        // repairs the log from it.
+        if self.reported || self.exiting {
             return;
         }
         if self.started {
@@ -327,7 +419,7 @@ impl Drop for StageActor {
     /// Last line of defence: an actor dropped without reporting (a panic in
     /// one of its handlers) still reports, so the run never hangs.
     fn drop(&mut self) {
-        if self.reported {
+        if self.reported || self.exiting {
             return;
         }
         // Dropped between its cancellation record and its teardown (the
@@ -338,7 +430,12 @@ impl Drop for StageActor {
             return;
         }
         self.scope.token().cancel();
+        // A failure: recorded at once (a resumed run runs it again).
         let result = self.panicked("the stage actor ended without reporting".to_owned());
-        self.exit(result);
+        let event = self.exited_event(&result);
+        if let Some(ledger) = &self.ledger {
+            drop(ledger.persist(self.exit_record(&result, event.clone())));
+        }
+        self.record_exit(event, result);
     }
 }

@@ -84,6 +84,9 @@ impl Spawn {
 /// already shows as started or ended.
 #[derive(Debug, Default, Clone)]
 pub struct Restore {
+    /// A new session of an earlier run: `WorkflowResumed` opens it
+    /// instead of `WorkflowStarted`.
+    pub resumed: bool,
     pub results: HashMap<String, Arc<StageResult>>,
     pub turns_started: HashSet<String>,
     pub turns_ended: HashSet<String>,
@@ -430,14 +433,28 @@ impl Planner {
             return;
         }
         let p = Arc::clone(&self.pipeline);
+        let opening = if self.restore.resumed {
+            EventName::WorkflowResumed
+        } else {
+            EventName::WorkflowStarted
+        };
         let mut started = self
-            .event(EventName::WorkflowStarted)
+            .event(opening)
             .with("pipeline", p.id.as_str())
             .with("entry", p.entry.as_str())
             .with("parallelCap", self.cap)
             .with("ctx", Value::Object((*self.fields).clone()));
         for (key, value) in std::mem::take(&mut self.run_record) {
             started = started.with(key, value);
+        }
+        if self.restore.resumed {
+            let stored = self
+                .restore
+                .results
+                .values()
+                .filter(|r| r.verdict != Verdict::Fail)
+                .count();
+            started = started.with("storedResults", stored);
         }
         out.push(PlanCommand::Emit(started));
         self.enter_sequential(&p.entry, Arc::new(Vec::new()), out);

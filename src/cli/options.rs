@@ -1,0 +1,118 @@
+//! The options `troupe run` and `troupe resume` share: caps, the scripted
+//! provider's knobs, output, the project root and where runs are kept,
+//! interactors, limits, threads, the shell sandbox and the provider.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::limits::LimitArgs;
+use super::provider::ProviderArgs;
+use crate::definition::duration::parse_duration;
+use crate::provider::scripted::Selector;
+use crate::tools::sandbox::check_env_name;
+
+/// The options of a run (new or resumed).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunOptions {
+    /// Most siblings of a fan-out running at once (beats pipeline.yaml's
+    /// parallelCap; default 8).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub parallel_cap: Option<u32>,
+    /// Canned model turns for the scripted provider (default: script.yaml in
+    /// the pipeline folder, if present).
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Latency added to every scripted model turn, e.g. 20ms.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub latency: Option<Duration>,
+    /// Make an execution fail (scripted provider), e.g. worker#17. Repeatable.
+    #[arg(long, value_name = "STAGE[#INDEX]", value_parser = Selector::parse)]
+    pub fail_sibling: Vec<Selector>,
+    /// Stream every event as JSON lines to stdout (`-`); the summary then
+    /// goes to stderr.
+    #[arg(long, value_name = "-")]
+    pub events: Option<String>,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// The project root the tools work in: every path a tool touches must
+    /// resolve inside it, and Bash runs there.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub root: PathBuf,
+    /// Where run folders (with audit.jsonl) are written.
+    #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
+    pub runs_dir: PathBuf,
+    /// Ask no one: a tool call outside a stage's allowedTools is denied
+    /// (unless --yolo or --answers answer it). The default when stdin is
+    /// not a terminal.
+    #[arg(long)]
+    pub headless: bool,
+    /// Approve every tool call outside allowedTools (each approval is
+    /// still a one-shot grant, audited).
+    #[arg(long)]
+    pub yolo: bool,
+    /// Answer approvals by the rules in FILE (YAML: `answers: [{stage,
+    /// tool, args, answer: approve|deny|defer|none, delay}]`, first match
+    /// wins, no match denies). Repeatable: every interactor is asked, the
+    /// first answer wins.
+    #[arg(long, value_name = "FILE")]
+    pub answers: Vec<PathBuf>,
+    /// How long an approval waits for an answer before it counts as
+    /// denied, e.g. 30s (default: no limit).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub approval_timeout: Option<Duration>,
+    /// The longest one LLM stage execution may take, all its attempts,
+    /// model requests and tool calls included, e.g. 10m; past it the stage
+    /// fails with Session/StageTimeout (default: no limit).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub stage_timeout: Option<Duration>,
+    /// Threads (actix arbiters) stage executions and their tool calls run
+    /// on [default: one per core]; the scheduler, the audit writer and
+    /// the store have their own.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: Option<u32>,
+    /// Pass this variable of troupe's environment on to Bash calls, whose
+    /// environment is otherwise only PATH, HOME, USER, LOGNAME, SHELL,
+    /// LANG, LANGUAGE, LC_*, TERM, TZ and TMPDIR. Repeatable.
+    #[arg(long = "pass-env", value_name = "NAME", value_parser = check_env_name, conflicts_with = "no_sandbox")]
+    pub pass_env: Vec<String>,
+    /// Run Bash calls unsandboxed: with troupe's whole environment (API
+    /// keys included) and free to write wherever troupe may. By default
+    /// their environment is scrubbed and, where the kernel has Landlock,
+    /// their writes are confined to --root and a private temp folder.
+    #[arg(long)]
+    pub no_sandbox: bool,
+    /// The run store (SQLite) [default: troupe.db beside --runs-dir, i.e.
+    /// .troupe/troupe.db]: every run, stage execution and StageResult,
+    /// for `troupe runs`, `troupe resume` and `troupe report`.
+    #[arg(long, value_name = "FILE")]
+    pub store: Option<PathBuf>,
+    /// Keep no run store: results live in memory and the audit log only,
+    /// and the run cannot be resumed.
+    #[arg(long, conflicts_with = "store")]
+    pub no_store: bool,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub provider: ProviderArgs,
+}
+
+impl RunOptions {
+    /// Where the run store is: `--store`, else `troupe.db` beside the runs
+    /// folder.
+    pub fn store_path(&self) -> PathBuf {
+        store_path(self.store.as_deref(), &self.runs_dir)
+    }
+}
+
+/// `store`, else `troupe.db` in the folder that holds `runs_dir`.
+pub fn store_path(store: Option<&Path>, runs_dir: &Path) -> PathBuf {
+    match store {
+        Some(p) => p.to_owned(),
+        None => runs_dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .join("troupe.db"),
+    }
+}

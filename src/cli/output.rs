@@ -1,0 +1,143 @@
+//! What `troupe run` and `troupe resume` print: the summary as text or
+//! JSON (one last `Summary` line when the event stream is on stdout), the
+//! provider line, notes from the capability check, a failed check, and
+//! the text of `print` steps.
+
+use serde_json::Value;
+
+use crate::error::HasCode;
+use crate::provider::openai::{CheckError, CheckReport, OpenAiProvider, ProviderStats};
+use crate::runtime::summary::{RunReport, RunStatus};
+
+/// Prints the run's report. With `events` on stdout, text goes to stderr
+/// and JSON becomes the stream's last line.
+pub fn print_report(
+    report: &RunReport,
+    stats: Option<&ProviderStats>,
+    json: bool,
+    events: bool,
+    last_seq: u64,
+) {
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
+    if json {
+        let mut value = serde_json::to_value(report).unwrap_or(Value::Null);
+        if let (Some(obj), Some(stats)) = (value.as_object_mut(), stats) {
+            obj.insert(
+                "provider".to_owned(),
+                serde_json::to_value(stats).unwrap_or(Value::Null),
+            );
+        }
+        let printed = if events {
+            // The event stream is JSON lines: the summary is its last line,
+            // with the head keys every line has.
+            serde_json::to_string(&summary_line(value, report, last_seq))
+        } else {
+            serde_json::to_string_pretty(&value)
+        };
+        match printed {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("error: cannot serialize the report: {e}"),
+        }
+        return;
+    }
+    let mut text = report.to_text();
+    if let Some(s) = stats {
+        text.push_str(&provider_line(s));
+    }
+    if events {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+        if let RunStatus::Ok = report.status {
+            print_outputs(report);
+        }
+    }
+}
+
+/// The report as the store keeps it: the summary without the results
+/// (those are the store's executions).
+pub fn stored_summary(report: &RunReport, stats: Option<&ProviderStats>) -> Value {
+    let mut value = serde_json::to_value(report).unwrap_or(Value::Null);
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("results");
+        if let Some(stats) = stats {
+            obj.insert(
+                "provider".to_owned(),
+                serde_json::to_value(stats).unwrap_or(Value::Null),
+            );
+        }
+    }
+    value
+}
+
+/// The `--json` summary as the last line of the `--events -` stream: kind
+/// `Summary`, with the head keys (`seq` one past the run's last event).
+fn summary_line(report: Value, run: &RunReport, last_seq: u64) -> Value {
+    let mut line = serde_json::Map::new();
+    line.insert("seq".into(), (last_seq + 1).into());
+    line.insert(
+        "ts".into(),
+        crate::runtime::events::rfc3339(std::time::SystemTime::now()).into(),
+    );
+    line.insert("event".into(), "Summary".into());
+    line.insert("workflowRunId".into(), run.run_id.clone().into());
+    if let Value::Object(fields) = report {
+        for (k, v) in fields {
+            if k != "runId" {
+                line.insert(k, v);
+            }
+        }
+    }
+    Value::Object(line)
+}
+
+/// Says on stderr what the capability check found when it matters: a
+/// server that cannot force a tool call is asked with `auto`.
+pub fn note_check(provider: &OpenAiProvider, report: &CheckReport) {
+    if let Some(refused) = &report.forced_choice_refused {
+        eprintln!(
+            "note: {} cannot force a tool call (tool_choice \"required\" was refused: {refused}); troupe asks with tool_choice \"auto\" and an instruction to call the completion tool",
+            provider.config().base_url
+        );
+    }
+}
+
+/// One summary line: where the model requests went and how the limit held.
+fn provider_line(s: &ProviderStats) -> String {
+    format!(
+        "provider openai: model {} at {} ({}), {} requests, peak {} in flight of {} allowed, {} waited for a slot\n",
+        s.model.as_deref().unwrap_or("?"),
+        s.base_url,
+        if s.stream { "streaming" } else { "no stream" },
+        s.requests,
+        s.peak_in_flight,
+        s.max_inflight,
+        s.waited_for_slot
+    )
+}
+
+/// A failed capability check, as text on stderr or JSON on stdout.
+pub fn print_check_error(e: &CheckError, json: bool) {
+    if json {
+        let v = serde_json::json!({
+            "status": "error",
+            "code": e.code().to_string(),
+            "message": e.message,
+            "hint": e.hint,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        eprintln!("error: {}: {}\n  hint: {}", e.code(), e.message, e.hint);
+    }
+}
+
+/// Prints the text of `print` steps that ran, so a run shows its report.
+fn print_outputs(report: &RunReport) {
+    for result in report.results.values() {
+        if let Some(text) = result.output.get("text").and_then(Value::as_str) {
+            println!("\n{text}");
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! `troupe resume <run-id>`: continues a run that did not finish (Ctrl-C,
+//! a signal, `kill -9`, a power loss, a failed stage whose cause was
+//! fixed). It takes the run's lock (two processes never resume one run),
+//! reloads the pipeline and refuses it when its files changed (`--force`
+//! overrides), restores the ctx and the stored results, repairs the audit
+//! log (a torn last line, exits the log lost, executions the dead process
+//! left open), and runs on: finished executions are not run again, and the
+//! run keeps its `workflowRunId` and every `stageExecutionId`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::Exit;
+use super::launch::{Launch, Resumed, execute, store_failed};
+use super::options::RunOptions;
+use super::validate::print_diagnostics;
+use crate::definition::load_pipeline;
+use crate::runtime::events::rfc3339;
+use crate::runtime::scheduler::Restore;
+use crate::store::repair::{repair, scan};
+use crate::store::{RunLock, Store, StoreError, pipeline_digest};
+
+/// Options of `troupe resume`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ResumeArgs {
+    /// The run to continue: its id, or the start of it (`troupe runs`
+    /// lists them).
+    pub run_id: String,
+    /// Resume even though the pipeline's files changed since the run
+    /// started.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub opts: RunOptions,
+}
+
+pub fn run(args: ResumeArgs) -> Exit {
+    let json = args.opts.json;
+    if args.opts.no_store {
+        return super::launch::input_invalid(
+            Path::new(&args.run_id),
+            "--no-store: a run is resumed from the store".to_owned(),
+            json,
+        );
+    }
+    let store_path = args.opts.store_path();
+    match prepare(&args, &store_path) {
+        Ok(Prepared::Ready(launch)) => execute(*launch, &args.opts),
+        Ok(Prepared::Invalid(exit)) => exit,
+        Err(e) => store_failed(&e, json),
+    }
+}
+
+enum Prepared {
+    Ready(Box<Launch>),
+    Invalid(Exit),
+}
+
+fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Prepared, StoreError> {
+    let store = Store::open(store_path)?;
+    let run = store.find_run(&args.run_id)?;
+    if run.status == "ok" {
+        return Err(StoreError::NothingToResume { id: run.id });
+    }
+    let run_dir = PathBuf::from(&run.run_dir);
+    let lock = RunLock::acquire(&run_dir, &run.id)?;
+    let dir = PathBuf::from(&run.pipeline_dir);
+    let pipeline = match load_pipeline(&dir) {
+        Ok(p) => Arc::new(p),
+        Err(diags) => {
+            print_diagnostics(&dir, &diags, args.opts.json);
+            return Ok(Prepared::Invalid(Exit::Invalid));
+        }
+    };
+    let digest = pipeline_digest(&pipeline).map_err(|detail| StoreError::Io {
+        path: dir.clone(),
+        detail,
+    })?;
+    if digest != run.digest && !args.force {
+        return Err(StoreError::PipelineChanged {
+            id: run.id.clone(),
+            dir: run.pipeline_dir.clone(),
+            was: short(&run.digest),
+            now: short(&digest),
+        });
+    }
+    let fields: Map<String, Value> = match &run.ctx {
+        Value::Object(m) => m.clone(),
+        _ => Map::new(),
+    };
+    let results = store.results(&run.id)?;
+    let audit = run_dir.join("audit.jsonl");
+    let io = |detail: String| StoreError::Io {
+        path: audit.clone(),
+        detail,
+    };
+    if !audit.exists() {
+        std::fs::write(&audit, b"").map_err(|e| io(e.to_string()))?;
+    }
+    let scanned = scan(&audit).map_err(|detail| StoreError::Corrupt {
+        path: audit.clone(),
+        detail,
+    })?;
+    let exits = store.exit_events(&run.id)?;
+    let ts = rfc3339(std::time::SystemTime::now());
+    let (repaired, scanned) = repair(&audit, scanned, &exits, &run.id, &ts).map_err(io)?;
+    if repaired.torn_cut || repaired.exits_restored > 0 || repaired.cancels_added > 0 {
+        eprintln!(
+            "note: repaired the audit log of run {}: {}{} StageExited restored from the store, {} execution(s) the stopped process left open recorded as cancelled",
+            run.id,
+            if repaired.torn_cut {
+                "a torn last line cut, "
+            } else {
+                ""
+            },
+            repaired.exits_restored,
+            repaired.cancels_added
+        );
+    }
+    let restore = Restore {
+        resumed: true,
+        results: results
+            .into_iter()
+            .map(|r| (r.stage_execution_id.clone(), r))
+            .collect::<HashMap<_, _>>(),
+        turns_started: scanned.turns_started,
+        turns_ended: scanned.turns_ended,
+    };
+    Ok(Prepared::Ready(Box::new(Launch {
+        path: dir,
+        pipeline,
+        fields,
+        resume: Some(Resumed {
+            run,
+            restore,
+            last_seq: repaired.last_seq,
+            store,
+            lock,
+            digest,
+        }),
+    })))
+}
+
+/// `sha256:0123456789ab…` for messages.
+fn short(digest: &str) -> String {
+    let cut = digest
+        .char_indices()
+        .nth(19)
+        .map_or(digest.len(), |(i, _)| i);
+    format!("{}…", &digest[..cut])
+}

@@ -1,0 +1,514 @@
+//! `troupe runs`: browse the run store — list runs, show one (per-stage
+//! verdicts, retries, cap hits, usage, StageResults, cancelled
+//! executions and where they were, the failure that stopped it), export
+//! its audit log, delete runs, and collect old ones.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::Exit;
+use super::launch::store_failed;
+use super::options::store_path;
+use crate::definition::duration::parse_positive_duration;
+use crate::runtime::events::rfc3339;
+use crate::runtime::result::Usage;
+use crate::store::lock::is_held;
+use crate::store::{Counts, ExecRow, RunRow, Store, StoreError, unix_ms};
+
+/// Where the store is, for every `runs` command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StoreArgs {
+    /// The run store [default: troupe.db beside --runs-dir].
+    #[arg(long, value_name = "FILE", global = true)]
+    pub store: Option<PathBuf>,
+    /// The runs folder (locates the default store).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = ".troupe/runs",
+        global = true
+    )]
+    pub runs_dir: PathBuf,
+    /// Print JSON on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// `troupe runs` and its commands.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunsArgs {
+    #[command(subcommand)]
+    pub command: Option<RunsCommand>,
+    /// Most runs listed, newest first.
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum RunsCommand {
+    /// One run: status, per-stage verdicts, retries, cap hits, usage, the
+    /// fan-outs, the cancelled executions and where they were, the failure
+    /// that stopped it, and every StageResult.
+    Show {
+        /// The run's id (or the start of it).
+        run_id: String,
+        /// Only this stage's executions and results: ID, or ID#INDEX for
+        /// one sibling.
+        #[arg(long, value_name = "ID[#INDEX]")]
+        stage: Option<String>,
+    },
+    /// Write the run's audit log as JSON lines (stdout, or --output).
+    Export {
+        run_id: String,
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Delete runs: their rows in the store and their folders.
+    Rm {
+        #[arg(required = true)]
+        run_ids: Vec<String>,
+    },
+    /// Delete every run that started longer ago than --older-than (not
+    /// one still running).
+    Gc {
+        /// e.g. 7d, 12h, 30m.
+        #[arg(long, value_name = "DURATION", value_parser = parse_age)]
+        older_than: Duration,
+        /// List what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+fn parse_age(s: &str) -> Result<Duration, String> {
+    if let Some(days) = s.strip_suffix('d') {
+        let n: u64 = days
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not a duration such as 7d, 12h or 30m"))?;
+        return Ok(Duration::from_secs(n.saturating_mul(86_400)));
+    }
+    parse_positive_duration(s)
+}
+
+pub fn run(args: RunsArgs) -> Exit {
+    let json = args.store.json;
+    let path = store_path(args.store.store.as_deref(), &args.store.runs_dir);
+    let done = match args.command {
+        None => list(&path, args.limit, json),
+        Some(RunsCommand::Show { run_id, stage }) => show(&path, &run_id, stage.as_deref(), json),
+        Some(RunsCommand::Export { run_id, output }) => export(&path, &run_id, output.as_deref()),
+        Some(RunsCommand::Rm { run_ids }) => remove(&path, &run_ids, json),
+        Some(RunsCommand::Gc {
+            older_than,
+            dry_run,
+        }) => gc(&path, older_than, dry_run, json),
+    };
+    match done {
+        Ok(exit) => exit,
+        Err(e) => store_failed(&e, json),
+    }
+}
+
+/// A run's status as people read it: a `running` run whose process is
+/// gone was `interrupted`.
+pub fn status_of(run: &RunRow) -> &str {
+    if run.status == "running" && !is_held(Path::new(&run.run_dir)) {
+        "interrupted"
+    } else {
+        &run.status
+    }
+}
+
+fn when(ms: i64) -> String {
+    let t = SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    let s = rfc3339(t);
+    // 2026-11-23T18:52:01.123456Z → 2026-11-23 18:52:01
+    s.get(..19).map_or(s.clone(), |d| d.replacen('T', " ", 1))
+}
+
+fn duration(run: &RunRow) -> String {
+    let end = run.ended_at.unwrap_or_else(|| unix_ms(SystemTime::now()));
+    crate::runtime::summary::human_duration(Duration::from_millis(
+        u64::try_from((end - run.started_at).max(0)).unwrap_or(0),
+    ))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Listed<'a> {
+    #[serde(flatten)]
+    run: &'a RunRow,
+    state: &'a str,
+    counts: Counts,
+}
+
+fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
+    if !path.exists() && !json {
+        println!("no runs yet ({} does not exist)", path.display());
+        return Ok(Exit::Ok);
+    }
+    let runs = if path.exists() {
+        Store::open_read_only(path)?.list_runs(limit)?
+    } else {
+        Vec::new()
+    };
+    if json {
+        let listed: Vec<Listed<'_>> = runs
+            .iter()
+            .map(|(run, counts)| Listed {
+                run,
+                state: status_of(run),
+                counts: *counts,
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "runs": listed })).unwrap_or_default()
+        );
+        return Ok(Exit::Ok);
+    }
+    println!(
+        "{:<36}  {:<16} {:<11} {:<19} {:>9}  {:>7} {:>6} {:>9}",
+        "run", "pipeline", "status", "started (UTC)", "duration", "ok", "failed", "cancelled"
+    );
+    for (run, c) in &runs {
+        println!(
+            "{:<36}  {:<16} {:<11} {:<19} {:>9}  {:>7} {:>6} {:>9}",
+            run.id,
+            run.pipeline_id,
+            status_of(run),
+            when(run.started_at),
+            duration(run),
+            c.ok + c.skipped,
+            c.failed,
+            c.cancelled
+        );
+    }
+    if runs.is_empty() {
+        println!("(no runs in {})", path.display());
+    }
+    Ok(Exit::Ok)
+}
+
+/// Per-stage figures of a run, from its executions.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StageFigures {
+    ok: u64,
+    failed: u64,
+    skipped: u64,
+    cancelled: u64,
+    retries: u64,
+    cap_hits: u64,
+    usage: Usage,
+}
+
+fn stage_figures(execs: &[ExecRow]) -> BTreeMap<&str, StageFigures> {
+    let mut stages: BTreeMap<&str, StageFigures> = BTreeMap::new();
+    for e in execs {
+        let s = stages.entry(e.stage_id.as_str()).or_default();
+        match (e.outcome.as_str(), e.verdict.as_deref()) {
+            ("exited", Some("ok")) => s.ok += 1,
+            ("exited", Some("skipped")) => s.skipped += 1,
+            ("exited", _) => s.failed += 1,
+            _ => s.cancelled += 1,
+        }
+        s.retries += u64::from(e.attempts.saturating_sub(1));
+        s.cap_hits += u64::from(e.cap_hit);
+        s.usage.add(e.usage);
+    }
+    stages
+}
+
+fn show(path: &Path, id: &str, stage: Option<&str>, json: bool) -> Result<Exit, StoreError> {
+    let store = Store::open_read_only(path)?;
+    let run = store.find_run(id)?;
+    let (stage_id, index) = match stage.map(|s| s.split_once('#')) {
+        None => (None, None),
+        Some(None) => (stage, None),
+        Some(Some((s, i))) => match i.parse::<u64>() {
+            Ok(i) => (Some(s), Some(i)),
+            Err(_) => {
+                return Ok(super::launch::input_invalid(
+                    path,
+                    format!(
+                        "--stage {}: the index after `#` must be a number",
+                        stage.unwrap_or_default()
+                    ),
+                    json,
+                ));
+            }
+        },
+    };
+    let execs = store.executions(&run.id, stage_id, index)?;
+    let state = status_of(&run);
+    let figures = stage_figures(&execs);
+    if json {
+        let value = json!({
+            "run": run,
+            "state": state,
+            "stages": figures,
+            "executions": execs,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+        return Ok(Exit::Ok);
+    }
+    print!("{}", show_text(&run, state, &figures, &execs));
+    Ok(Exit::Ok)
+}
+
+fn show_text(
+    run: &RunRow,
+    state: &str,
+    figures: &BTreeMap<&str, StageFigures>,
+    execs: &[ExecRow],
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "run {} of {}: {state}", run.id, run.pipeline_id);
+    if let Some(reason) = &run.reason {
+        let _ = writeln!(out, "  stopped by: {reason}");
+    }
+    let _ = writeln!(
+        out,
+        "  started {} UTC, {}{}",
+        when(run.started_at),
+        duration(run),
+        if run.sessions > 1 {
+            format!(
+                ", {} sessions (resumed {} times)",
+                run.sessions,
+                run.sessions - 1
+            )
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(out, "  pipeline {} ({})", run.pipeline_dir, run.digest);
+    let _ = writeln!(out, "  ctx {}", run.ctx);
+    let _ = writeln!(out, "  audit log {}/audit.jsonl", run.run_dir);
+    let _ = writeln!(
+        out,
+        "\n{:<20} {:>7} {:>6} {:>8} {:>10} {:>8} {:>8} {:>12} {:>12}",
+        "stage",
+        "ok",
+        "fail",
+        "skipped",
+        "cancelled",
+        "retries",
+        "capHits",
+        "tokens in",
+        "tokens out"
+    );
+    for (id, s) in figures {
+        let _ = writeln!(
+            out,
+            "{id:<20} {:>7} {:>6} {:>8} {:>10} {:>8} {:>8} {:>12} {:>12}",
+            s.ok,
+            s.failed,
+            s.skipped,
+            s.cancelled,
+            s.retries,
+            s.cap_hits,
+            s.usage.prompt_tokens,
+            s.usage.completion_tokens
+        );
+    }
+    if let Some(groups) = run
+        .summary
+        .as_ref()
+        .and_then(|s| s.get("groups"))
+        .and_then(Value::as_array)
+    {
+        for g in groups {
+            let _ = writeln!(
+                out,
+                "fan-out {}: {} siblings, cap {}, peak {} running, {} waited for a slot{}",
+                g["stage"].as_str().unwrap_or(""),
+                g["width"],
+                g["cap"],
+                g["peakRunning"],
+                g["capWaits"],
+                g["failedSibling"]
+                    .as_str()
+                    .map(|f| format!(", failed sibling {f}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    let cancelled: Vec<&ExecRow> = execs.iter().filter(|e| e.outcome == "cancelled").collect();
+    if !cancelled.is_empty() {
+        let _ = writeln!(out, "\ncancelled:");
+        for e in cancelled {
+            let calls = e
+                .tool_calls
+                .as_ref()
+                .and_then(Value::as_array)
+                .filter(|c| !c.is_empty())
+                .map(|c| {
+                    let names: Vec<&str> = c.iter().filter_map(|t| t["tool"].as_str()).collect();
+                    format!(", open tool calls: {}", names.join(", "))
+                })
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {}  in {} (attempt {}, turn {}){calls}, {} requests, {} tokens — {}",
+                label(e),
+                e.phase.as_deref().unwrap_or("?"),
+                e.attempts,
+                e.turn.unwrap_or(0),
+                e.usage.requests,
+                e.usage.prompt_tokens + e.usage.completion_tokens,
+                e.reason.as_deref().unwrap_or("")
+            );
+        }
+    }
+    let failed: Vec<&ExecRow> = execs
+        .iter()
+        .filter(|e| e.outcome == "exited" && e.verdict.as_deref() == Some("fail"))
+        .collect();
+    if !failed.is_empty() {
+        let _ = writeln!(out, "\nfailed:");
+        for e in failed {
+            let _ = writeln!(out, "  {}  {}", label(e), e.reason.as_deref().unwrap_or(""));
+        }
+    }
+    let results: Vec<&ExecRow> = execs.iter().filter(|e| e.outcome == "exited").collect();
+    if !results.is_empty() {
+        let _ = writeln!(out, "\nresults:");
+        for e in results {
+            let parsed = e
+                .parsed
+                .as_ref()
+                .map_or("null".to_owned(), Value::to_string);
+            let _ = writeln!(
+                out,
+                "  {:<16} {:<7} {parsed}",
+                label(e),
+                e.verdict.as_deref().unwrap_or("")
+            );
+        }
+    }
+    out
+}
+
+/// `worker#3` (visit 2: `worker#3@2`).
+fn label(e: &ExecRow) -> String {
+    let mut l = e.stage_id.clone();
+    if let Some(i) = e.index {
+        let _ = write!(l, "#{i}");
+    }
+    if e.visit > 1 {
+        let _ = write!(l, "@{}", e.visit);
+    }
+    l
+}
+
+fn export(path: &Path, id: &str, output: Option<&Path>) -> Result<Exit, StoreError> {
+    let store = Store::open_read_only(path)?;
+    let run = store.find_run(id)?;
+    let log = Path::new(&run.run_dir).join("audit.jsonl");
+    let io = |e: std::io::Error| StoreError::Io {
+        path: log.clone(),
+        detail: e.to_string(),
+    };
+    let file = std::fs::File::open(&log).map_err(io)?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut sink: Box<dyn Write> = match output {
+        Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(
+            |e| StoreError::Io {
+                path: p.to_owned(),
+                detail: e.to_string(),
+            },
+        )?)),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line).map_err(io)? == 0 {
+            break;
+        }
+        // Complete lines only: a torn last line (a killed process) is not
+        // an event.
+        if line.last() == Some(&b'\n') {
+            sink.write_all(&line).map_err(io)?;
+        }
+    }
+    sink.flush().map_err(io)?;
+    Ok(Exit::Ok)
+}
+
+fn remove(path: &Path, ids: &[String], json: bool) -> Result<Exit, StoreError> {
+    let store = Store::open(path)?;
+    let mut removed = Vec::new();
+    for id in ids {
+        let run = store.find_run(id)?;
+        delete(&store, &run)?;
+        removed.push(run.id);
+    }
+    report_removed(&removed, json);
+    Ok(Exit::Ok)
+}
+
+/// Deletes a run that no process is running: its rows, then its folder.
+fn delete(store: &Store, run: &RunRow) -> Result<(), StoreError> {
+    let dir = Path::new(&run.run_dir);
+    if is_held(dir) {
+        return Err(StoreError::RunBusy { id: run.id.clone() });
+    }
+    store.delete_run(&run.id)?;
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(StoreError::Io {
+            path: dir.to_owned(),
+            detail: e.to_string(),
+        }),
+    }
+}
+
+fn report_removed(removed: &[String], json: bool) {
+    if json {
+        println!("{}", json!({ "removed": removed }));
+    } else {
+        for id in removed {
+            println!("removed {id}");
+        }
+    }
+}
+
+fn gc(path: &Path, older_than: Duration, dry_run: bool, json: bool) -> Result<Exit, StoreError> {
+    let store = Store::open(path)?;
+    let cutoff =
+        unix_ms(SystemTime::now()) - i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+    let mut removed = Vec::new();
+    for run in store.runs_started_before(cutoff)? {
+        if is_held(Path::new(&run.run_dir)) {
+            continue;
+        }
+        if !dry_run {
+            delete(&store, &run)?;
+        }
+        removed.push(run.id);
+    }
+    if dry_run && !json {
+        for id in &removed {
+            println!("would remove {id}");
+        }
+    } else {
+        report_removed(&removed, json);
+    }
+    Ok(Exit::Ok)
+}

@@ -1,0 +1,75 @@
+//! The ledger seam: where a stage execution's end is made durable. The
+//! runtime defines what it hands over; the run store implements it.
+//!
+//! The rule it carries: an execution's `StageExited` is published only
+//! after its [`ExitRecord`] is durable, so a result the audit log (or the
+//! `--events` stream) shows as exited is never run again, whatever happens
+//! to the process afterwards. A cancellation's record is not on that path:
+//! a cancelled execution runs again when the run is resumed, so its
+//! [`CancelRecord`] is written when it can be.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use super::events::Event;
+use super::result::{StageResult, Usage};
+
+/// A finished execution: its result and the `StageExited` record it will
+/// publish once this is durable.
+#[derive(Debug, Clone)]
+pub struct ExitRecord {
+    pub run_id: Arc<str>,
+    pub stage_execution_id: Arc<str>,
+    pub stage_id: Arc<str>,
+    /// The map index of a sibling.
+    pub index: Option<usize>,
+    pub visit: u32,
+    pub result: Arc<StageResult>,
+    pub entered_at: SystemTime,
+    pub exited_at: SystemTime,
+    /// The `StageExited` record (written without its `seq`), so a log
+    /// that lost it (a process killed before its audit writer flushed)
+    /// can be repaired from the store.
+    pub event: Event,
+}
+
+/// A strictly cancelled execution, as `StageCancelled` records it.
+#[derive(Debug, Clone)]
+pub struct CancelRecord {
+    pub run_id: Arc<str>,
+    pub stage_execution_id: Arc<str>,
+    pub stage_id: Arc<str>,
+    pub index: Option<usize>,
+    pub visit: u32,
+    pub reason: Arc<str>,
+    pub phase: &'static str,
+    pub attempt: u32,
+    pub turn: u32,
+    /// The tool calls in flight, `{callId, tool}`.
+    pub tool_calls: Value,
+    pub usage: Usage,
+    pub entered_at: SystemTime,
+    pub cancelled_at: SystemTime,
+}
+
+/// Why a record could not be made durable (`Class/Code: message`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct LedgerError(pub String);
+
+/// Where executions' ends are made durable (the run store).
+pub trait Ledger: Send + Sync + std::fmt::Debug {
+    /// Makes `record` durable; resolves once it is, or with why not. The
+    /// record is handed over when this is called: a caller that does not
+    /// need to wait (a failed execution, which a resumed run runs again
+    /// anyway) drops the future. Records of many executions are written
+    /// together (one transaction per batch), so waiting here costs a
+    /// share of one commit.
+    fn persist(&self, record: ExitRecord) -> BoxFuture<'static, Result<(), LedgerError>>;
+
+    /// Records a cancellation (best effort, not waited for).
+    fn cancelled(&self, record: CancelRecord);
+}

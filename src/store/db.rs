@@ -1,0 +1,361 @@
+//! The store's reads and its run-level writes: a run begins, resumes and
+//! ends; runs are listed, found by id (or an unambiguous prefix), shown
+//! with their executions and results, and deleted. Executions' ends are
+//! written by the store's writer (`writer`), in batches.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde_json::Value;
+
+use super::error::StoreError;
+use super::rows::{Counts, ExecRow, RunRow};
+use super::schema;
+use crate::runtime::result::{StageResult, Usage, Verdict};
+
+/// Unix milliseconds of `t`.
+pub fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The project's run store.
+#[derive(Debug)]
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+const RUN_COLUMNS: &str = "id, pipeline_id, pipeline_dir, digest, ctx, cap, run_dir, status, \
+                           reason, started_at, ended_at, summary, sessions";
+
+const EXEC_COLUMNS: &str = "exec_id, stage_id, sibling, visit, outcome, verdict, reason, \
+                            attempts, cap_hit, phase, turn, tool_calls, prompt_tokens, \
+                            completion_tokens, requests, entered_at, ended_at, parsed, output";
+
+fn json_column(text: Option<String>) -> Option<Value> {
+    text.and_then(|t| serde_json::from_str(&t).ok())
+}
+
+fn run_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
+    Ok(RunRow {
+        id: r.get(0)?,
+        pipeline_id: r.get(1)?,
+        pipeline_dir: r.get(2)?,
+        digest: r.get(3)?,
+        ctx: json_column(r.get(4)?).unwrap_or(Value::Null),
+        cap: r.get::<_, i64>(5)?.max(0) as u64,
+        run_dir: r.get(6)?,
+        status: r.get(7)?,
+        reason: r.get(8)?,
+        started_at: r.get(9)?,
+        ended_at: r.get(10)?,
+        summary: json_column(r.get(11)?),
+        sessions: r.get::<_, i64>(12)?.max(0) as u64,
+    })
+}
+
+fn exec_row(r: &Row<'_>) -> rusqlite::Result<ExecRow> {
+    let count = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
+    Ok(ExecRow {
+        stage_execution_id: r.get(0)?,
+        stage_id: r.get(1)?,
+        index: r.get::<_, Option<i64>>(2)?.map(|i| i.max(0) as u64),
+        visit: r.get::<_, i64>(3)?.clamp(0, i64::from(u32::MAX)) as u32,
+        outcome: r.get(4)?,
+        verdict: r.get(5)?,
+        reason: r.get(6)?,
+        attempts: r.get::<_, i64>(7)?.clamp(0, i64::from(u32::MAX)) as u32,
+        cap_hit: r.get::<_, i64>(8)? != 0,
+        phase: r.get(9)?,
+        turn: r
+            .get::<_, Option<i64>>(10)?
+            .map(|t| t.clamp(0, i64::from(u32::MAX)) as u32),
+        tool_calls: json_column(r.get(11)?),
+        usage: Usage {
+            prompt_tokens: count(12)?,
+            completion_tokens: count(13)?,
+            requests: count(14)?,
+        },
+        entered_at: r.get(15)?,
+        ended_at: r.get(16)?,
+        parsed: json_column(r.get(17)?),
+        output: json_column(r.get(18)?),
+    })
+}
+
+impl Store {
+    /// Opens (creating when absent) the store for reading and writing.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Ok(Store {
+            conn: schema::open(path)?,
+            path: path.to_owned(),
+        })
+    }
+
+    /// Opens an existing store for reading only.
+    pub fn open_read_only(path: &Path) -> Result<Store, StoreError> {
+        Ok(Store {
+            conn: schema::open_read_only(path)?,
+            path: path.to_owned(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn err(&self, e: &rusqlite::Error) -> StoreError {
+        StoreError::sqlite(&self.path, e)
+    }
+
+    /// Records a new run, `running`.
+    pub fn begin_run(&self, run: &RunRow) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                &format!(
+                    "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+                ),
+                params![
+                    run.id,
+                    run.pipeline_id,
+                    run.pipeline_dir,
+                    run.digest,
+                    run.ctx.to_string(),
+                    i64::try_from(run.cap).unwrap_or(i64::MAX),
+                    run.run_dir,
+                    "running",
+                    Option::<String>::None,
+                    run.started_at,
+                    Option::<i64>::None,
+                    Option::<String>::None,
+                    1,
+                ],
+            )
+            .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// Marks a run `running` again for a new session (a resume).
+    pub fn resume_run(&self, id: &str, digest: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "UPDATE runs SET status = 'running', reason = NULL, ended_at = NULL, \
+                 digest = ?2, sessions = sessions + 1 WHERE id = ?1",
+                params![id, digest],
+            )
+            .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// Records how a session of the run ended.
+    pub fn end_run(
+        &self,
+        id: &str,
+        status: &str,
+        reason: Option<&str>,
+        summary: &Value,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "UPDATE runs SET status = ?2, reason = ?3, ended_at = ?4, summary = ?5 WHERE id = ?1",
+                params![
+                    id,
+                    status,
+                    reason,
+                    unix_ms(SystemTime::now()),
+                    summary.to_string()
+                ],
+            )
+            .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// The run with this id, or with the one id that starts with it.
+    pub fn find_run(&self, id: &str) -> Result<RunRow, StoreError> {
+        let exact = self
+            .conn
+            .query_row(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
+                [id],
+                run_row,
+            )
+            .optional()
+            .map_err(|e| self.err(&e))?;
+        if let Some(run) = exact {
+            return Ok(run);
+        }
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE substr(id, 1, length(?1)) = ?1 LIMIT 6"
+            ))
+            .map_err(|e| self.err(&e))?;
+        let matches: Vec<RunRow> = stmt
+            .query_map([id], run_row)
+            .map_err(|e| self.err(&e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(&e))?;
+        match matches.len() {
+            1 => Ok(matches.into_iter().next().expect("one match")),
+            0 => Err(StoreError::RunNotFound {
+                id: id.to_owned(),
+                path: self.path.clone(),
+            }),
+            _ => Err(StoreError::AmbiguousRun {
+                prefix: id.to_owned(),
+                matches: matches
+                    .iter()
+                    .map(|r| r.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    /// The newest runs first, at most `limit`, with their counts.
+    pub fn list_runs(&self, limit: usize) -> Result<Vec<(RunRow, Counts)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs ORDER BY started_at DESC, id DESC LIMIT ?1"
+            ))
+            .map_err(|e| self.err(&e))?;
+        let runs: Vec<RunRow> = stmt
+            .query_map([i64::try_from(limit).unwrap_or(i64::MAX)], run_row)
+            .map_err(|e| self.err(&e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(&e))?;
+        runs.into_iter()
+            .map(|run| {
+                let counts = self.counts(&run.id)?;
+                Ok((run, counts))
+            })
+            .collect()
+    }
+
+    /// Executions of a run by outcome.
+    pub fn counts(&self, run_id: &str) -> Result<Counts, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT outcome, verdict, count(*) FROM executions WHERE run_id = ?1 \
+                 GROUP BY outcome, verdict",
+            )
+            .map_err(|e| self.err(&e))?;
+        let mut counts = Counts::default();
+        let rows = stmt
+            .query_map([run_id], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, i64>(2)?.max(0) as u64,
+                ))
+            })
+            .map_err(|e| self.err(&e))?;
+        for row in rows {
+            let (outcome, verdict, n) = row.map_err(|e| self.err(&e))?;
+            match (outcome.as_str(), verdict.as_deref()) {
+                ("exited", Some("ok")) => counts.ok += n,
+                ("exited", Some("skipped")) => counts.skipped += n,
+                ("exited", _) => counts.failed += n,
+                _ => counts.cancelled += n,
+            }
+        }
+        Ok(counts)
+    }
+
+    /// A run's executions in the order they ended; only those of `stage`
+    /// (and sibling `index`) when given.
+    pub fn executions(
+        &self,
+        run_id: &str,
+        stage: Option<&str>,
+        index: Option<u64>,
+    ) -> Result<Vec<ExecRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {EXEC_COLUMNS} FROM executions WHERE run_id = ?1 \
+                 AND (?2 IS NULL OR stage_id = ?2) AND (?3 IS NULL OR sibling = ?3) \
+                 ORDER BY ended_at, exec_id"
+            ))
+            .map_err(|e| self.err(&e))?;
+        let index = index.map(|i| i64::try_from(i).unwrap_or(i64::MAX));
+        let rows = stmt
+            .query_map(params![run_id, stage, index], exec_row)
+            .map_err(|e| self.err(&e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(&e))?;
+        Ok(rows)
+    }
+
+    /// The results of a run's exited executions, by `stageExecutionId`:
+    /// what a resumed run does not run again (the failed ones it does).
+    pub fn results(&self, run_id: &str) -> Result<Vec<Arc<StageResult>>, StoreError> {
+        Ok(self
+            .executions(run_id, None, None)?
+            .into_iter()
+            .filter(|e| e.outcome == "exited")
+            .map(|e| {
+                let parsed = Arc::new(e.parsed.unwrap_or(Value::Null));
+                let output = e.output.map_or_else(|| Arc::clone(&parsed), Arc::new);
+                Arc::new(StageResult {
+                    stage_id: e.stage_id,
+                    stage_execution_id: e.stage_execution_id,
+                    verdict: e.verdict.as_deref().map_or(Verdict::Fail, Verdict::parse),
+                    reason: e.reason,
+                    parsed,
+                    output,
+                    cap_hit: e.cap_hit,
+                    attempt_count: e.attempts,
+                    usage: e.usage,
+                })
+            })
+            .collect())
+    }
+
+    /// The `StageExited` lines (written with `seq` 0) of a run's exited
+    /// executions, by `stageExecutionId`, for the audit log's repair.
+    pub fn exit_events(&self, run_id: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT exec_id, exit_event FROM executions WHERE run_id = ?1 \
+                 AND outcome = 'exited' AND exit_event IS NOT NULL ORDER BY ended_at, exec_id",
+            )
+            .map_err(|e| self.err(&e))?;
+        let rows = stmt
+            .query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(|e| self.err(&e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(&e))?;
+        Ok(rows)
+    }
+
+    /// Deletes a run and its executions (its folder is the caller's).
+    pub fn delete_run(&self, id: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute("DELETE FROM runs WHERE id = ?1", [id])
+            .map_err(|e| self.err(&e))?;
+        Ok(())
+    }
+
+    /// Runs that started before `before_ms` (Unix milliseconds).
+    pub fn runs_started_before(&self, before_ms: i64) -> Result<Vec<RunRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE started_at < ?1 ORDER BY started_at"
+            ))
+            .map_err(|e| self.err(&e))?;
+        let rows = stmt
+            .query_map([before_ms], run_row)
+            .map_err(|e| self.err(&e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(&e))?;
+        Ok(rows)
+    }
+}

@@ -1,0 +1,123 @@
+//! The run store's errors, each a stable `Store/<Code>` with a message
+//! that names the file and says what to do.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Code, ErrorClass, HasCode};
+
+/// Why the run store cannot do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The file is not a SQLite database, or SQLite finds it damaged.
+    #[error("{path} is not a readable troupe store: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    /// A SQLite database, but not troupe's.
+    #[error("{path} is a SQLite database of another program (it has no troupe tables)")]
+    Foreign { path: PathBuf },
+    /// Written by a newer troupe.
+    #[error("{path} has store schema {found}; this troupe reads schema {supported} and older")]
+    NewerSchema {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+    /// Another process holds the database (or the run) longer than troupe
+    /// waits.
+    #[error("{what} is locked by another troupe process")]
+    Locked { what: String },
+    /// The disk is full.
+    #[error("the disk holding {path} is full: {detail}")]
+    DiskFull { path: PathBuf, detail: String },
+    /// No run with this id.
+    #[error("no run `{id}` in {path}")]
+    RunNotFound { id: String, path: PathBuf },
+    /// Several runs start with this id prefix.
+    #[error("`{prefix}` matches several runs: {matches}")]
+    AmbiguousRun { prefix: String, matches: String },
+    /// The run is being run or resumed by a live process.
+    #[error("run `{id}` is being run by another troupe process")]
+    RunBusy { id: String },
+    /// The pipeline's files changed since the run started.
+    #[error("the pipeline in {dir} changed since run `{id}` started ({was} then, {now} now)")]
+    PipelineChanged {
+        id: String,
+        dir: String,
+        was: String,
+        now: String,
+    },
+    /// The run has nothing left to do.
+    #[error("run `{id}` already ended ok; there is nothing to resume")]
+    NothingToResume { id: String },
+    /// Any other failure to read or write.
+    #[error("cannot use the store {path}: {detail}")]
+    Io { path: PathBuf, detail: String },
+}
+
+impl StoreError {
+    /// What to do about it.
+    pub fn hint(&self) -> String {
+        match self {
+            StoreError::Corrupt { path, .. } | StoreError::Foreign { path } => format!(
+                "move {} aside (troupe starts a new store) or point --store at another file",
+                path.display()
+            ),
+            StoreError::NewerSchema { .. } => {
+                "upgrade troupe, or point --store at another file".to_owned()
+            }
+            StoreError::Locked { .. } => {
+                "wait for the other troupe to finish its write, then try again".to_owned()
+            }
+            StoreError::DiskFull { .. } => "free disk space, then resume the run".to_owned(),
+            StoreError::RunNotFound { .. } | StoreError::AmbiguousRun { .. } => {
+                "`troupe runs` lists the runs".to_owned()
+            }
+            StoreError::RunBusy { .. } => {
+                "wait for it to end (`troupe runs` shows it running)".to_owned()
+            }
+            StoreError::PipelineChanged { .. } => "restore the pipeline's files, or pass --force to resume with them as they are now (finished executions are still not run again)".to_owned(),
+            StoreError::NothingToResume { .. } => {
+                "`troupe runs show` shows its results; start a new run with `troupe run`".to_owned()
+            }
+            StoreError::Io { .. } => "check the path and its permissions".to_owned(),
+        }
+    }
+
+    /// Maps a SQLite error on `path` to its typed error.
+    pub fn sqlite(path: &Path, e: &rusqlite::Error) -> StoreError {
+        use rusqlite::ErrorCode;
+        let path = path.to_owned();
+        let detail = e.to_string();
+        match e.sqlite_error_code() {
+            Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => {
+                StoreError::Corrupt { path, detail }
+            }
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked {
+                what: path.display().to_string(),
+            },
+            Some(ErrorCode::DiskFull) => StoreError::DiskFull { path, detail },
+            _ => StoreError::Io { path, detail },
+        }
+    }
+}
+
+impl HasCode for StoreError {
+    fn code(&self) -> Code {
+        let name = match self {
+            StoreError::Corrupt { .. } => "Corrupt",
+            StoreError::Foreign { .. } => "ForeignFile",
+            StoreError::NewerSchema { .. } => "NewerSchema",
+            StoreError::Locked { .. } => "Locked",
+            StoreError::DiskFull { .. } => "DiskFull",
+            StoreError::RunNotFound { .. } => "RunNotFound",
+            StoreError::AmbiguousRun { .. } => "AmbiguousRun",
+            StoreError::RunBusy { .. } => "RunBusy",
+            StoreError::PipelineChanged { .. } => "PipelineChanged",
+            StoreError::NothingToResume { .. } => "NothingToResume",
+            StoreError::Io { .. } => "WriteFailed",
+        };
+        Code {
+            class: ErrorClass::Store,
+            name,
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! A run's lock: the process running (or resuming) a run holds an
+//! exclusive lock on `<run folder>/run.lock` for as long as it runs it.
+//! The kernel drops the lock when the process ends, however it ends, so a
+//! run whose status is still `running` but whose lock is free was left by
+//! a dead process (`interrupted`), and two processes never run the same
+//! run at once.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
+
+use super::error::StoreError;
+
+/// The lock file's name in a run's folder.
+pub const LOCK_FILE: &str = "run.lock";
+
+/// A held run lock; released when dropped (or when the process ends).
+#[derive(Debug)]
+pub struct RunLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl RunLock {
+    /// Takes the lock of the run whose folder is `run_dir` (creating the
+    /// folder), or `Store/RunBusy` when another process holds it.
+    pub fn acquire(run_dir: &Path, run_id: &str) -> Result<RunLock, StoreError> {
+        let io = |e: std::io::Error| StoreError::Io {
+            path: run_dir.join(LOCK_FILE),
+            detail: e.to_string(),
+        };
+        std::fs::create_dir_all(run_dir).map_err(io)?;
+        let path = run_dir.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => Ok(RunLock { _file: file, path }),
+            Err(TryLockError::WouldBlock) => Err(StoreError::RunBusy {
+                id: run_id.to_owned(),
+            }),
+            Err(TryLockError::Error(e)) => Err(io(e)),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Whether a live process holds the lock of the run in `run_dir`.
+pub fn is_held(run_dir: &Path) -> bool {
+    let Ok(file) = OpenOptions::new().write(true).open(run_dir.join(LOCK_FILE)) else {
+        return false;
+    };
+    match file.try_lock() {
+        // Free: taken for this check only, released as `file` drops.
+        Ok(()) => false,
+        Err(TryLockError::WouldBlock) => true,
+        Err(TryLockError::Error(_)) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_lock_is_exclusive_and_released_when_dropped() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let run = dir.path().join("run-1");
+        assert!(!is_held(&run));
+        let lock = RunLock::acquire(&run, "run-1").expect("free");
+        assert!(is_held(&run));
+        assert!(matches!(
+            RunLock::acquire(&run, "run-1"),
+            Err(StoreError::RunBusy { .. })
+        ));
+        drop(lock);
+        assert!(!is_held(&run));
+        RunLock::acquire(&run, "run-1").expect("free again");
+    }
+}

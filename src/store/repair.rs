@@ -1,0 +1,274 @@
+//! Repairing a run's audit log before a resumed session appends to it.
+//!
+//! The log is a prefix of the run's events: its writer writes them in
+//! `seq` order, so a killed process leaves complete lines up to some
+//! `seq` and at most one torn line after them. The repair cuts the torn
+//! line, then appends, each with the next `seq`:
+//! - the `StageExited` of every execution the store has as exited whose
+//!   line the log lost (it was published, so it was durable, but not yet
+//!   flushed when the process died), byte for byte as it was written;
+//! - a `StageCancelled` (reason `Session/ProcessLost`) for every
+//!   execution the log shows as entered and not ended, which the resumed
+//!   run runs again.
+//!
+//! Afterwards every execution the log shows as entered ends in exactly one
+//! of `StageExited` or `StageCancelled`, and `seq` goes on without a gap
+//! or a duplicate.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use serde_json::Value;
+
+/// What a scan of the log found.
+#[derive(Debug, Default)]
+pub struct LogScan {
+    /// The `seq` of the last complete line (0 for an empty log).
+    pub last_seq: u64,
+    /// Bytes of complete lines; anything after is a torn line.
+    pub valid_len: u64,
+    /// A torn last line was found (and will be cut).
+    pub torn: bool,
+    /// Executions entered and not ended, `stageExecutionId → stageId`.
+    pub open: BTreeMap<String, String>,
+    /// Executions whose `StageExited` is in the log.
+    pub exited: HashSet<String>,
+    /// Session turns the log shows as started, and as ended.
+    pub turns_started: HashSet<String>,
+    pub turns_ended: HashSet<String>,
+    /// The status of the last `WorkflowExit`, if any.
+    pub last_exit: Option<String>,
+}
+
+/// Reads the log at `path`. A line in the middle that is not an event is
+/// an error naming it; only the last line may be torn.
+pub fn scan(path: &Path) -> Result<LogScan, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut scan = LogScan::default();
+    let mut line = Vec::with_capacity(1024);
+    let mut offset = 0u64;
+    let mut number = 0u64;
+    loop {
+        line.clear();
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        number += 1;
+        let complete = line.last() == Some(&b'\n');
+        let parsed: Option<Value> = if complete {
+            serde_json::from_slice(&line[..n - 1]).ok()
+        } else {
+            None
+        };
+        let Some(event) = parsed.filter(|v| v["seq"].is_u64()) else {
+            // Only the last line may be torn.
+            let mut rest = [0u8; 1];
+            let more = reader
+                .read(&mut rest)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if more == 0 {
+                scan.torn = true;
+                break;
+            }
+            return Err(format!(
+                "{}:{number}: not an audit event (only a torn last line is repaired)",
+                path.display()
+            ));
+        };
+        offset += n as u64;
+        scan.valid_len = offset;
+        note(&mut scan, &event);
+    }
+    Ok(scan)
+}
+
+fn note(scan: &mut LogScan, e: &Value) {
+    scan.last_seq = e["seq"].as_u64().unwrap_or(scan.last_seq);
+    let id = e["stageExecutionId"].as_str().unwrap_or_default();
+    match e["event"].as_str().unwrap_or_default() {
+        "StageEntered" => {
+            scan.open.insert(
+                id.to_owned(),
+                e["stageId"].as_str().unwrap_or_default().to_owned(),
+            );
+        }
+        "StageExited" => {
+            scan.open.remove(id);
+            scan.exited.insert(id.to_owned());
+        }
+        "StageCancelled" => {
+            scan.open.remove(id);
+        }
+        "SessionTurnStart" => {
+            if let Some(t) = e["turnId"].as_str() {
+                scan.turns_started.insert(t.to_owned());
+            }
+        }
+        "SessionTurnEnd" => {
+            if let Some(t) = e["turnId"].as_str() {
+                scan.turns_ended.insert(t.to_owned());
+            }
+        }
+        "WorkflowExit" => scan.last_exit = e["status"].as_str().map(str::to_owned),
+        _ => {}
+    }
+}
+
+/// What the repair wrote.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Repaired {
+    /// The `seq` of the last line now in the log.
+    pub last_seq: u64,
+    pub torn_cut: bool,
+    /// `StageExited` lines restored from the store.
+    pub exits_restored: usize,
+    /// `StageCancelled` lines for executions the dead process left open.
+    pub cancels_added: usize,
+}
+
+/// Repairs the log at `path` after `scan`: cuts a torn last line, then
+/// appends the lost `StageExited` lines (`stored_exits`: the store's, by
+/// `stageExecutionId`, each written with `seq` 0) and closes the
+/// executions left open. `run_id` and `ts` go into the added records.
+pub fn repair(
+    path: &Path,
+    mut scan: LogScan,
+    stored_exits: &[(String, String)],
+    run_id: &str,
+    ts: &str,
+) -> Result<(Repaired, LogScan), String> {
+    let io = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut file = OpenOptions::new().write(true).open(path).map_err(io)?;
+    let mut repaired = Repaired {
+        torn_cut: scan.torn,
+        ..Repaired::default()
+    };
+    if scan.torn {
+        file.set_len(scan.valid_len).map_err(io)?;
+        scan.torn = false;
+    }
+    file.seek(SeekFrom::Start(scan.valid_len)).map_err(io)?;
+    let mut out = Vec::new();
+    let mut seq = scan.last_seq;
+    for (id, line) in stored_exits {
+        if scan.exited.contains(id) {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("{\"seq\":0,") else {
+            continue;
+        };
+        seq += 1;
+        out.extend_from_slice(format!("{{\"seq\":{seq},").as_bytes());
+        out.extend_from_slice(rest.trim_end().as_bytes());
+        out.push(b'\n');
+        scan.open.remove(id);
+        scan.exited.insert(id.clone());
+        repaired.exits_restored += 1;
+    }
+    for (id, stage) in std::mem::take(&mut scan.open) {
+        seq += 1;
+        let record = serde_json::json!({
+            "seq": seq,
+            "ts": ts,
+            "event": "StageCancelled",
+            "workflowRunId": run_id,
+            "stageExecutionId": id,
+            "stageId": stage,
+            "reason": "Session/ProcessLost: the process running the run ended before this execution did; the resumed run runs it again",
+            "recovered": true,
+        });
+        out.extend_from_slice(record.to_string().as_bytes());
+        out.push(b'\n');
+        repaired.cancels_added += 1;
+    }
+    file.write_all(&out).map_err(io)?;
+    file.sync_data().map_err(io)?;
+    scan.last_seq = seq;
+    scan.valid_len += out.len() as u64;
+    repaired.last_seq = seq;
+    Ok((repaired, scan))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(seq: u64, event: &str, id: &str) -> String {
+        format!(
+            "{{\"seq\":{seq},\"ts\":\"t\",\"event\":\"{event}\",\"workflowRunId\":\"r\",\"stageExecutionId\":\"{id}\",\"stageId\":\"w\"}}\n"
+        )
+    }
+
+    #[test]
+    fn a_torn_line_is_cut_lost_exits_restored_and_open_executions_closed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("audit.jsonl");
+        let mut log = String::new();
+        log += &line(1, "StageEntered", "r/w#0/1");
+        log += &line(2, "StageEntered", "r/w#1/1");
+        log += &line(3, "StageEntered", "r/w#2/1");
+        log += &line(4, "StageExited", "r/w#0/1");
+        log += "{\"seq\":5,\"ts\":\"t\",\"eve";
+        std::fs::write(&path, &log).expect("write");
+        let scan = scan(&path).expect("scan");
+        assert!(scan.torn);
+        assert_eq!(scan.last_seq, 4);
+        assert_eq!(scan.open.len(), 2);
+        // The store has w#1's exit (its line was lost); w#2 ran no Exit.
+        let stored = vec![
+            (
+                "r/w#0/1".to_owned(),
+                line(0, "StageExited", "r/w#0/1").trim_end().to_owned(),
+            ),
+            (
+                "r/w#1/1".to_owned(),
+                line(0, "StageExited", "r/w#1/1").trim_end().to_owned(),
+            ),
+        ];
+        let (repaired, scan) = repair(&path, scan, &stored, "r", "t").expect("repair");
+        assert_eq!(
+            repaired,
+            Repaired {
+                last_seq: 6,
+                torn_cut: true,
+                exits_restored: 1,
+                cancels_added: 1
+            }
+        );
+        assert!(scan.open.is_empty());
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a whole line"))
+            .collect();
+        let seqs: Vec<u64> = lines
+            .iter()
+            .map(|l| l["seq"].as_u64().expect("seq"))
+            .collect();
+        assert_eq!(seqs, [1, 2, 3, 4, 5, 6]);
+        assert_eq!(lines[4]["event"], "StageExited");
+        assert_eq!(lines[4]["stageExecutionId"], "r/w#1/1");
+        assert_eq!(lines[5]["event"], "StageCancelled");
+        assert_eq!(lines[5]["stageExecutionId"], "r/w#2/1");
+    }
+
+    #[test]
+    fn a_broken_line_in_the_middle_is_an_error_not_a_repair() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("audit.jsonl");
+        let log = format!(
+            "{}garbage\n{}",
+            line(1, "StageEntered", "a"),
+            line(2, "StageExited", "a")
+        );
+        std::fs::write(&path, log).expect("write");
+        let err = scan(&path).expect_err("refused");
+        assert!(err.contains(":2:"), "{err}");
+    }
+}

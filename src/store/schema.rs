@@ -1,0 +1,228 @@
+//! Opening the store file: SQLite in WAL mode (concurrent runs in one
+//! project read while one writes, and a committed transaction survives
+//! the process being killed), a busy timeout (two troupe processes take
+//! turns writing), and the schema, created or migrated to this troupe's
+//! version. A file that is not SQLite, a SQLite file of another program
+//! and a schema from a newer troupe are refused with typed errors.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+use super::error::StoreError;
+
+/// The schema version this troupe writes.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a write waits for another process's before `Store/Locked`.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Migrations, in order: `MIGRATIONS[i]` takes schema `i` to `i + 1`.
+const MIGRATIONS: [&str; 1] = [r#"
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE runs (
+    id           TEXT PRIMARY KEY,
+    pipeline_id  TEXT NOT NULL,
+    pipeline_dir TEXT NOT NULL,
+    digest       TEXT NOT NULL,
+    ctx          TEXT NOT NULL,
+    cap          INTEGER NOT NULL,
+    run_dir      TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    reason       TEXT,
+    started_at   INTEGER NOT NULL,
+    ended_at     INTEGER,
+    summary      TEXT,
+    sessions     INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX runs_started ON runs (started_at);
+CREATE TABLE executions (
+    run_id            TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    exec_id           TEXT NOT NULL,
+    stage_id          TEXT NOT NULL,
+    sibling           INTEGER,
+    visit             INTEGER NOT NULL,
+    outcome           TEXT NOT NULL,
+    verdict           TEXT,
+    reason            TEXT,
+    attempts          INTEGER NOT NULL,
+    cap_hit           INTEGER NOT NULL DEFAULT 0,
+    phase             TEXT,
+    turn              INTEGER,
+    tool_calls        TEXT,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    requests          INTEGER NOT NULL,
+    entered_at        INTEGER,
+    ended_at          INTEGER NOT NULL,
+    parsed            TEXT,
+    output            TEXT,
+    exit_event        TEXT,
+    PRIMARY KEY (run_id, exec_id)
+) WITHOUT ROWID;
+CREATE INDEX executions_stage ON executions (run_id, stage_id, sibling);
+"#];
+
+/// Opens (creating when absent) the store at `path` for reading and
+/// writing, with the schema at [`SCHEMA_VERSION`].
+pub fn open(path: &Path) -> Result<Connection, StoreError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Io {
+            path: path.to_owned(),
+            detail: e.to_string(),
+        })?;
+    }
+    let conn = Connection::open(path).map_err(|e| StoreError::sqlite(path, &e))?;
+    configure(&conn, path)?;
+    migrate(&conn, path)?;
+    Ok(conn)
+}
+
+/// Opens an existing store read-only (listing, showing, exporting).
+pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
+    if !path.exists() {
+        return Err(StoreError::Io {
+            path: path.to_owned(),
+            detail: "no store here yet (a `troupe run` creates it)".to_owned(),
+        });
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| StoreError::sqlite(path, &e))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| StoreError::sqlite(path, &e))?;
+    check_version(&conn, path)?;
+    Ok(conn)
+}
+
+fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let err = |e: rusqlite::Error| StoreError::sqlite(path, &e);
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
+    // WAL: readers never block the writer and a commit is one append;
+    // NORMAL sync: a committed transaction survives a killed process (it
+    // is in the OS's cache), and only a power loss can lose the last
+    // commits — whose executions a resumed run then runs again.
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(err)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Io {
+            path: path.to_owned(),
+            detail: format!("the file system does not allow WAL mode (got {mode})"),
+        });
+    }
+    conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
+        .map_err(err)
+}
+
+/// The schema version the file has: 0 for an empty database.
+fn version(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
+    let err = |e: rusqlite::Error| StoreError::sqlite(path, &e);
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(err)?;
+    if tables == 0 {
+        return Ok(0);
+    }
+    let has_meta: bool = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(err)?
+        > 0;
+    if !has_meta {
+        return Err(StoreError::Foreign {
+            path: path.to_owned(),
+        });
+    }
+    let app: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = 'app'", [], |r| r.get(0))
+        .optional()
+        .map_err(err)?;
+    if app.as_deref() != Some("troupe") {
+        return Err(StoreError::Foreign {
+            path: path.to_owned(),
+        });
+    }
+    let version: Option<String> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(err)?;
+    version
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| StoreError::Corrupt {
+            path: path.to_owned(),
+            detail: "its schema version is missing".to_owned(),
+        })
+}
+
+fn check_version(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
+    let found = version(conn, path)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            path: path.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(found)
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`], one migration per step, each
+/// in its own transaction (a second process migrating at the same time
+/// waits, then finds the work done).
+fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let err = |e: rusqlite::Error| StoreError::sqlite(path, &e);
+    loop {
+        conn.execute_batch("BEGIN IMMEDIATE").map_err(err)?;
+        let step = (|| {
+            let found = check_version(conn, path)?;
+            if found >= SCHEMA_VERSION {
+                return Ok(false);
+            }
+            let migration = MIGRATIONS[usize::try_from(found).unwrap_or(0)];
+            conn.execute_batch(migration).map_err(err)?;
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('app', 'troupe')
+                 ON CONFLICT (key) DO NOTHING",
+                [],
+            )
+            .map_err(err)?;
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [(found + 1).to_string()],
+            )
+            .map_err(err)?;
+            Ok(true)
+        })();
+        match step {
+            Ok(more) => {
+                conn.execute_batch("COMMIT").map_err(err)?;
+                if !more {
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                return Err(e);
+            }
+        }
+    }
+}

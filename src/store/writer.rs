@@ -1,0 +1,283 @@
+//! The store's writer: one thread, the only writer of executions' ends for
+//! a run, and the run's [`Ledger`]. Records arrive on a channel; the
+//! writer takes everything queued, writes it in one transaction and then
+//! answers every waiting execution, so a 100 000-wide fan-out commits in
+//! batches (group commit), not once per sibling. A batch that cannot be
+//! written (a full disk) is rolled back and every execution in it is told
+//! so: none of them is recorded as exited.
+
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::SystemTime;
+
+use crossbeam_channel::{Receiver, Sender};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use rusqlite::{Connection, params};
+use tokio::sync::oneshot;
+
+use super::db::unix_ms;
+use super::error::StoreError;
+use super::schema;
+use crate::runtime::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
+
+/// Records taken into one transaction at most.
+const MAX_BATCH: usize = 4096;
+
+enum ToStore {
+    Exit {
+        record: Box<ExitRecord>,
+        stored: Option<oneshot::Sender<Result<(), LedgerError>>>,
+    },
+    Cancel(Box<CancelRecord>),
+    /// Write what came before, then stop.
+    Close,
+}
+
+/// The writer thread's handle. [`StoreWriter::finish`] (or dropping it)
+/// ends the thread once everything sent before is written.
+#[derive(Debug)]
+pub struct StoreWriter {
+    tx: Sender<ToStore>,
+    thread: Option<JoinHandle<Result<u64, StoreError>>>,
+    path: PathBuf,
+}
+
+/// The run's [`Ledger`]: hands records to the writer thread. Cheap to
+/// clone; records sent after the writer finished are refused.
+#[derive(Debug, Clone)]
+pub struct StoreLedger {
+    tx: Sender<ToStore>,
+}
+
+impl StoreWriter {
+    /// Opens the store at `path` for the writer and starts its thread.
+    pub fn start(path: &Path) -> Result<StoreWriter, StoreError> {
+        let conn = schema::open(path)?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let thread_path = path.to_owned();
+        let thread = std::thread::Builder::new()
+            .name("troupe-store".into())
+            .spawn(move || write(conn, &rx, &thread_path))
+            .map_err(|e| StoreError::Io {
+                path: path.to_owned(),
+                detail: format!("cannot start the store's writer: {e}"),
+            })?;
+        Ok(StoreWriter {
+            tx,
+            thread: Some(thread),
+            path: path.to_owned(),
+        })
+    }
+
+    /// The ledger the run's executions write through.
+    pub fn ledger(&self) -> StoreLedger {
+        StoreLedger {
+            tx: self.tx.clone(),
+        }
+    }
+
+    /// Waits until everything sent so far is written; the records
+    /// written, or the writer's last error.
+    pub fn finish(mut self) -> Result<u64, StoreError> {
+        let _ = self.tx.send(ToStore::Close);
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(StoreError::Io {
+                path: self.path.clone(),
+                detail: "the store's writer panicked".to_owned(),
+            }),
+            None => Ok(0),
+        }
+    }
+}
+
+impl Drop for StoreWriter {
+    fn drop(&mut self) {
+        let _ = self.tx.send(ToStore::Close);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl StoreLedger {
+    fn send(&self, msg: ToStore) -> bool {
+        self.tx.send(msg).is_ok()
+    }
+}
+
+impl Ledger for StoreLedger {
+    fn persist(&self, record: ExitRecord) -> BoxFuture<'static, Result<(), LedgerError>> {
+        let (stored, answer) = oneshot::channel();
+        let sent = self.send(ToStore::Exit {
+            record: Box::new(record),
+            stored: Some(stored),
+        });
+        async move {
+            if !sent {
+                return Err(LedgerError("the store's writer has stopped".to_owned()));
+            }
+            answer
+                .await
+                .unwrap_or_else(|_| Err(LedgerError("the store's writer has stopped".to_owned())))
+        }
+        .boxed()
+    }
+
+    fn cancelled(&self, record: CancelRecord) {
+        self.send(ToStore::Cancel(Box::new(record)));
+    }
+}
+
+/// The writer loop: a blocking wait for the first record, then whatever
+/// else is queued, one transaction, the answers.
+fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u64, StoreError> {
+    let mut written = 0u64;
+    let mut last_error = None;
+    let mut batch = Vec::with_capacity(256);
+    let mut closing = false;
+    while !closing {
+        match rx.recv() {
+            Ok(ToStore::Close) | Err(_) => break,
+            Ok(first) => batch.push(first),
+        }
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(ToStore::Close) => {
+                    closing = true;
+                    break;
+                }
+                Ok(more) => batch.push(more),
+                Err(_) => break,
+            }
+        }
+        let outcome = write_batch(&mut conn, &batch).map_err(|e| StoreError::sqlite(path, &e));
+        let answer = match &outcome {
+            Ok(()) => {
+                written += batch.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                use crate::error::HasCode;
+                Err(LedgerError(format!("{}: {e}", e.code())))
+            }
+        };
+        for msg in batch.drain(..) {
+            if let ToStore::Exit {
+                stored: Some(stored),
+                ..
+            } = msg
+            {
+                let _ = stored.send(answer.clone());
+            }
+        }
+        if let Err(e) = outcome {
+            last_error = Some(e);
+        }
+    }
+    match last_error {
+        Some(e) => Err(e),
+        None => Ok(written),
+    }
+}
+
+const UPSERT_EXIT: &str = "INSERT INTO executions (run_id, exec_id, stage_id, sibling, visit, \
+    outcome, verdict, reason, attempts, cap_hit, phase, turn, tool_calls, prompt_tokens, \
+    completion_tokens, requests, entered_at, ended_at, parsed, output, exit_event) \
+    VALUES (?1, ?2, ?3, ?4, ?5, 'exited', ?6, ?7, ?8, ?9, NULL, NULL, NULL, ?10, ?11, ?12, ?13, \
+    ?14, ?15, ?16, ?17) \
+    ON CONFLICT (run_id, exec_id) DO UPDATE SET outcome = 'exited', verdict = excluded.verdict, \
+    reason = excluded.reason, attempts = excluded.attempts, cap_hit = excluded.cap_hit, \
+    phase = NULL, turn = NULL, tool_calls = NULL, prompt_tokens = excluded.prompt_tokens, \
+    completion_tokens = excluded.completion_tokens, requests = excluded.requests, \
+    entered_at = excluded.entered_at, ended_at = excluded.ended_at, parsed = excluded.parsed, \
+    output = excluded.output, exit_event = excluded.exit_event \
+    WHERE executions.outcome <> 'exited' OR executions.verdict = 'fail'";
+
+const UPSERT_CANCEL: &str = "INSERT INTO executions (run_id, exec_id, stage_id, sibling, visit, \
+    outcome, verdict, reason, attempts, cap_hit, phase, turn, tool_calls, prompt_tokens, \
+    completion_tokens, requests, entered_at, ended_at, parsed, output, exit_event) \
+    VALUES (?1, ?2, ?3, ?4, ?5, 'cancelled', NULL, ?6, ?7, 0, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
+    ?15, NULL, NULL, NULL) \
+    ON CONFLICT (run_id, exec_id) DO UPDATE SET outcome = 'cancelled', verdict = NULL, \
+    reason = excluded.reason, attempts = excluded.attempts, cap_hit = 0, phase = excluded.phase, \
+    turn = excluded.turn, tool_calls = excluded.tool_calls, \
+    prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens, \
+    requests = excluded.requests, entered_at = excluded.entered_at, ended_at = excluded.ended_at, \
+    parsed = NULL, output = NULL, exit_event = NULL \
+    WHERE executions.outcome <> 'exited' OR executions.verdict = 'fail'";
+
+fn ms(t: SystemTime) -> Option<i64> {
+    (t > SystemTime::UNIX_EPOCH).then(|| unix_ms(t))
+}
+
+fn index(i: Option<usize>) -> Option<i64> {
+    i.map(|i| i64::try_from(i).unwrap_or(i64::MAX))
+}
+
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn write_batch(conn: &mut Connection, batch: &[ToStore]) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    {
+        let mut exit = tx.prepare_cached(UPSERT_EXIT)?;
+        let mut cancel = tx.prepare_cached(UPSERT_CANCEL)?;
+        let mut line = Vec::with_capacity(512);
+        for msg in batch {
+            match msg {
+                ToStore::Exit { record: r, .. } => {
+                    let result = &r.result;
+                    line.clear();
+                    r.event.write_json(0, &mut line);
+                    let parsed = serde_json::to_string(&*result.parsed).unwrap_or_default();
+                    // `output` defaults to `parsed`: stored once.
+                    let output = (!std::sync::Arc::ptr_eq(&result.parsed, &result.output))
+                        .then(|| serde_json::to_string(&*result.output).unwrap_or_default());
+                    exit.execute(params![
+                        &*r.run_id,
+                        &*r.stage_execution_id,
+                        &*r.stage_id,
+                        index(r.index),
+                        r.visit,
+                        result.verdict.as_str(),
+                        result.reason,
+                        result.attempt_count,
+                        result.cap_hit,
+                        count(result.usage.prompt_tokens),
+                        count(result.usage.completion_tokens),
+                        count(result.usage.requests),
+                        ms(r.entered_at),
+                        unix_ms(r.exited_at),
+                        parsed,
+                        output,
+                        String::from_utf8_lossy(&line),
+                    ])?;
+                }
+                ToStore::Close => {}
+                ToStore::Cancel(r) => {
+                    cancel.execute(params![
+                        &*r.run_id,
+                        &*r.stage_execution_id,
+                        &*r.stage_id,
+                        index(r.index),
+                        r.visit,
+                        &*r.reason,
+                        r.attempt,
+                        r.phase,
+                        r.turn,
+                        r.tool_calls.to_string(),
+                        count(r.usage.prompt_tokens),
+                        count(r.usage.completion_tokens),
+                        count(r.usage.requests),
+                        ms(r.entered_at),
+                        unix_ms(r.cancelled_at),
+                    ])?;
+                }
+            }
+        }
+    }
+    tx.commit()
+}
