@@ -19,7 +19,7 @@ fn troupe(args: &[&str], runs: &std::path::Path) -> Output {
         .unwrap()
         .args(args)
         .arg("--runs-dir")
-        .arg(runs)
+        .arg(runs.join("runs"))
         .output()
         .unwrap()
 }

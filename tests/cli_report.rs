@@ -28,6 +28,9 @@ fn run_fanout(runs: &Path, extra: &[&str]) -> (String, Output) {
     let out = troupe()
         .args(["run", &stages("fanout"), "--json", "--runs-dir"])
         .arg(runs)
+        // The store in the run's own temp dir, not beside it.
+        .arg("--store")
+        .arg(runs.join("troupe.db"))
         .args(extra)
         .output()
         .unwrap();

@@ -46,7 +46,7 @@ fn every_bundled_pipeline_runs_offline_to_its_end() {
     for (name, args, expect) in cases {
         let out = troupe()
             .args(["run", &stages(name), "--runs-dir"])
-            .arg(runs.path())
+            .arg(runs.path().join("runs"))
             .args(args)
             .output()
             .unwrap();
@@ -75,7 +75,7 @@ fn json_report_and_audit_log_agree() {
             "--json",
             "--runs-dir",
         ])
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
@@ -122,7 +122,7 @@ fn fail_sibling_exits_1_join_never_entered_others_cancelled() {
             "--json",
             "--runs-dir",
         ])
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -248,7 +248,7 @@ fn events_stream_to_stdout_as_json_lines() {
             "-",
             "--runs-dir",
         ])
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
@@ -289,7 +289,7 @@ fn first_interrupt_cancels_the_run_with_exit_130_and_a_flushed_audit_log() {
         ])
         .arg(&script)
         .arg("--runs-dir")
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -330,6 +330,7 @@ fn first_interrupt_cancels_the_run_with_exit_130_and_a_flushed_audit_log() {
     );
     let audit = audit_lines(
         runs.path()
+            .join("runs")
             .join(&run_id)
             .join("audit.jsonl")
             .to_str()
@@ -358,7 +359,7 @@ fn second_ctrl_c_exits_at_once_even_when_the_run_is_stuck() {
             "-",
             "--runs-dir",
         ])
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

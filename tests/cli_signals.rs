@@ -124,7 +124,7 @@ fn start(pipeline: &Path, project: &Project, runs: &Path) -> Child {
         .arg("--root")
         .arg(project.root.path())
         .arg("--runs-dir")
-        .arg(runs)
+        .arg(runs.join("runs"))
         .args(["--events", "-", "--headless"])
         // The shells' private temp folder is made here: an exit at once
         // leaves it behind, and the test removes `runs`.
@@ -236,7 +236,7 @@ fn send(child: &Child, signal: Signal) {
 }
 
 fn audit_lines(runs: &Path, run_id: &str) -> Vec<Value> {
-    std::fs::read_to_string(runs.join(run_id).join("audit.jsonl"))
+    std::fs::read_to_string(runs.join("runs").join(run_id).join("audit.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

@@ -213,6 +213,7 @@ fn text(out: &Output) -> String {
 #[test]
 fn the_cli_reports_spent_against_the_budget_and_fails_the_run() {
     let runs = tempfile::tempdir().unwrap();
+    let runs_dir = runs.path().join("runs").to_string_lossy().into_owned();
     let dir = fanout();
     let args = [
         "run",
@@ -224,7 +225,7 @@ fn the_cli_reports_spent_against_the_budget_and_fails_the_run() {
         "--price",
         "1,2",
         "--runs-dir",
-        runs.path().to_str().unwrap(),
+        &runs_dir,
     ];
     let out = troupe(&args);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
@@ -246,6 +247,7 @@ fn the_cli_reports_spent_against_the_budget_and_fails_the_run() {
 #[test]
 fn a_cost_budget_without_a_price_is_refused_before_anything_runs() {
     let runs = tempfile::tempdir().unwrap();
+    let runs_dir = runs.path().join("runs").to_string_lossy().into_owned();
     let dir = fanout();
     let out = troupe(&[
         "run",
@@ -253,7 +255,7 @@ fn a_cost_budget_without_a_price_is_refused_before_anything_runs() {
         "--max-cost",
         "1.50",
         "--runs-dir",
-        runs.path().to_str().unwrap(),
+        &runs_dir,
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -262,7 +264,7 @@ fn a_cost_budget_without_a_price_is_refused_before_anything_runs() {
         "{stderr}"
     );
     assert!(
-        std::fs::read_dir(runs.path()).map_or(true, |mut d| d.next().is_none()),
+        std::fs::read_dir(runs.path().join("runs")).map_or(true, |mut d| d.next().is_none()),
         "nothing ran"
     );
 }
@@ -272,12 +274,13 @@ fn the_pipeline_provider_block_sets_a_budget_and_show_prints_the_loop_guard() {
     let yaml = "id: budgeted\nentry: a\nstages:\n  a: a.md\nprovider:\n  maxTokens: 10\n  prices:\n    scripted: { input: 1, output: 1 }\n";
     let f = Fixture::new(yaml, &[("a.md", &common::stage_md("a", "", "Work."))]);
     let runs = tempfile::tempdir().unwrap();
+    let runs_dir = runs.path().join("runs").to_string_lossy().into_owned();
     let out = troupe(&[
         "run",
         f.path().to_str().unwrap(),
         "--json",
         "--runs-dir",
-        runs.path().to_str().unwrap(),
+        &runs_dir,
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();

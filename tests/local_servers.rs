@@ -30,7 +30,11 @@ fn text(out: &Output) -> String {
 }
 
 fn audit(runs: &std::path::Path) -> Vec<Value> {
-    let run = std::fs::read_dir(runs).unwrap().next().unwrap().unwrap();
+    let run = std::fs::read_dir(runs.join("runs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
     std::fs::read_to_string(run.path().join("audit.jsonl"))
         .unwrap()
         .lines()
@@ -47,7 +51,7 @@ fn run_fanout(server: &FakeOpenAi, runs: &std::path::Path, extra: &[&str]) -> Ou
         .args(["run", &stages("fanout"), "--ctx", "width=4"])
         .args(["--base-url", &server.base_url()])
         .args(["--provider-backoff", "1ms", "--runs-dir"])
-        .arg(runs)
+        .arg(runs.join("runs"))
         .args(extra)
         .output()
         .unwrap()
@@ -149,7 +153,7 @@ fn workflow_started_records_the_provider_model_and_endpoint_never_the_key() {
     let out = Command::cargo_bin("troupe")
         .unwrap()
         .args(["run", &stages("fanout"), "--ctx", "width=2", "--runs-dir"])
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));

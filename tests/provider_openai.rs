@@ -145,7 +145,11 @@ fn audit(runs: &std::path::Path) -> Vec<Value> {
 }
 
 fn audit_text(runs: &std::path::Path) -> String {
-    let run = std::fs::read_dir(runs).unwrap().next().unwrap().unwrap();
+    let run = std::fs::read_dir(runs.join("runs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
     std::fs::read_to_string(run.path().join("audit.jsonl")).unwrap()
 }
 
@@ -593,7 +597,7 @@ fn run_cli(server: &FakeOpenAi, runs: &std::path::Path, pipeline: &str, extra: &
             "m",
         ])
         .args(["--provider-backoff", "10ms", "--runs-dir"])
-        .arg(runs)
+        .arg(runs.join("runs"))
         .args(extra)
         .output()
         .unwrap()
@@ -665,7 +669,7 @@ fn one_flag_points_troupe_at_a_local_server() {
     let out = troupe()
         .args(["run", &stages("fanout"), "--ctx", "width=2"])
         .args(["--base-url", &server.base_url(), "--runs-dir"])
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -865,7 +869,7 @@ fn the_api_key_never_appears_in_output_events_or_the_audit_log() {
             "-",
             "--runs-dir",
         ])
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
@@ -911,7 +915,7 @@ fn capability_failures_stop_the_run_before_it_starts_with_exit_2() {
         .args(["run", &stages("fanout"), "--model", "m", "--base-url"])
         .arg(format!("http://127.0.0.1:{port}/v1"))
         .arg("--runs-dir")
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
@@ -921,7 +925,7 @@ fn capability_failures_stop_the_run_before_it_starts_with_exit_2() {
         "{stderr}"
     );
     assert_eq!(
-        std::fs::read_dir(runs.path())
+        std::fs::read_dir(runs.path().join("runs"))
             .map(|d| d.count())
             .unwrap_or(0),
         0,
@@ -955,7 +959,7 @@ fn capability_failures_stop_the_run_before_it_starts_with_exit_2() {
             &server.base_url(),
             "--runs-dir",
         ])
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -1020,7 +1024,7 @@ fn the_pipeline_provider_block_is_read_and_flags_win() {
     let run = |extra: &[&str]| {
         troupe()
             .args(["run", fx.path().to_str().unwrap(), "--runs-dir"])
-            .arg(runs.path())
+            .arg(runs.path().join("runs"))
             .args(extra)
             .output()
             .unwrap()

@@ -701,7 +701,7 @@ fn a_scripted_stage_reads_edits_and_runs_bash_under_root() {
         .arg("--root")
         .arg(&root)
         .arg("--runs-dir")
-        .arg(runs.path())
+        .arg(runs.path().join("runs"))
         .arg("--json")
         .output()
         .unwrap();

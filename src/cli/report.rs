@@ -32,8 +32,9 @@ Exit codes:
 /// Options of `troupe report`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReportArgs {
-    /// The run's workflowRunId: its folder name under --runs-dir (`troupe
-    /// run` prints it).
+    /// The run's workflowRunId (or the start of it; `troupe runs` lists
+    /// them). Looked up in the run store, else as a folder under
+    /// --runs-dir.
     #[arg(value_name = "RUN_ID")]
     pub run_id: String,
     /// Write the timeline as an SVG picture to FILE.
@@ -47,6 +48,9 @@ pub struct ReportArgs {
     /// Where the run folders are (the --runs-dir of `troupe run`).
     #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
     pub runs_dir: PathBuf,
+    /// The run store [default: troupe.db beside --runs-dir].
+    #[arg(long, value_name = "FILE")]
+    pub store: Option<PathBuf>,
     /// Most sibling rows per parallel group; a wider group is drawn as at
     /// most this many bins of consecutive siblings.
     #[arg(long, value_name = "N", default_value_t = 100,
@@ -59,6 +63,29 @@ pub struct ReportArgs {
     /// Print what was written (or the error) as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Where the run's folder is: the run store knows (and takes an id
+/// prefix); without a store, or a run it does not have, `--runs-dir`.
+fn locate(args: &ReportArgs) -> (PathBuf, String) {
+    let path = super::options::store_path(args.store.as_deref(), &args.runs_dir);
+    let found = path
+        .exists()
+        .then(|| crate::store::Store::open_read_only(&path).ok())
+        .flatten()
+        .and_then(|store| store.find_run(&args.run_id).ok());
+    match found {
+        Some(run) => {
+            let dir = PathBuf::from(&run.run_dir);
+            match (dir.parent(), dir.file_name()) {
+                (Some(parent), Some(name)) => {
+                    (parent.to_owned(), name.to_string_lossy().into_owned())
+                }
+                _ => (args.runs_dir.clone(), args.run_id.clone()),
+            }
+        }
+        None => (args.runs_dir.clone(), args.run_id.clone()),
+    }
 }
 
 /// One file written.
@@ -85,7 +112,8 @@ fn write_report(args: &ReportArgs) -> Result<Vec<Written>, ReportError> {
     if args.svg.is_none() && args.html.is_none() {
         return Err(ReportError::NothingToWrite);
     }
-    let timeline = load_run(&args.runs_dir, &args.run_id)?;
+    let (runs_dir, run_id) = locate(args);
+    let timeline = load_run(&runs_dir, &run_id)?;
     let opts = SvgOptions {
         width: args.width,
         rows: RowBudget {

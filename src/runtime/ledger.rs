@@ -14,7 +14,6 @@ use std::time::SystemTime;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use super::events::Event;
 use super::result::{StageResult, Usage};
 
 /// A finished execution: its result and the `StageExited` record it will
@@ -30,10 +29,6 @@ pub struct ExitRecord {
     pub result: Arc<StageResult>,
     pub entered_at: SystemTime,
     pub exited_at: SystemTime,
-    /// The `StageExited` record (written without its `seq`), so a log
-    /// that lost it (a process killed before its audit writer flushed)
-    /// can be repaired from the store.
-    pub event: Event,
 }
 
 /// A strictly cancelled execution, as `StageCancelled` records it.

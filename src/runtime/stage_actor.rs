@@ -207,7 +207,7 @@ impl StageActor {
             self.record_exit(event, result);
             return ctx.stop();
         };
-        let stored = ledger.persist(self.exit_record(&result, event.clone()));
+        let stored = ledger.persist(self.exit_record(&result));
         if result.verdict == Verdict::Fail {
             drop(stored);
             self.record_exit(event, result);
@@ -236,7 +236,7 @@ impl StageActor {
         exited
     }
 
-    fn exit_record(&self, result: &Arc<StageResult>, event: Event) -> ExitRecord {
+    fn exit_record(&self, result: &Arc<StageResult>) -> ExitRecord {
         ExitRecord {
             run_id: Arc::clone(&self.run_id),
             stage_execution_id: Arc::clone(&self.exec.id),
@@ -246,7 +246,6 @@ impl StageActor {
             result: Arc::clone(result),
             entered_at: self.entered_at,
             exited_at: SystemTime::now(),
-            event,
         }
     }
 
@@ -279,8 +278,10 @@ impl StageActor {
         let reason = format!("Store/WriteFailed: the result could not be stored: {error}");
         self.scope.cancel(reason.as_str());
         self.record_cancelled();
-        self.send_report(self.cancelled());
+        // The limit first: the scheduler reads it before the report, so
+        // the run ends failed with the store's error, not cancelled.
         self.scheduler.do_send(ToScheduler::LimitReached { reason });
+        self.send_report(self.cancelled());
     }
 
     /// Records `StageCancelled` (and `ToolInvocationCancelled` for each call
@@ -434,7 +435,7 @@ impl Drop for StageActor {
         let result = self.panicked("the stage actor ended without reporting".to_owned());
         let event = self.exited_event(&result);
         if let Some(ledger) = &self.ledger {
-            drop(ledger.persist(self.exit_record(&result, event.clone())));
+            drop(ledger.persist(self.exit_record(&result)));
         }
         self.record_exit(event, result);
     }

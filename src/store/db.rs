@@ -31,9 +31,21 @@ pub struct Store {
 const RUN_COLUMNS: &str = "id, pipeline_id, pipeline_dir, digest, ctx, cap, run_dir, status, \
                            reason, started_at, ended_at, summary, sessions";
 
-const EXEC_COLUMNS: &str = "exec_id, stage_id, sibling, visit, outcome, verdict, reason, \
+const EXEC_COLUMNS: &str = "exec, stage_id, sibling, visit, outcome, verdict, reason, \
                             attempts, cap_hit, phase, turn, tool_calls, prompt_tokens, \
                             completion_tokens, requests, entered_at, ended_at, parsed, output";
+
+/// The run's key in `executions`, from its id.
+const RUN_KEY: &str = "(SELECT key FROM runs WHERE id = ?1)";
+
+/// An execution's key within its run: its `stageExecutionId` without the
+/// leading `<workflowRunId>/`, which every row of the run would repeat.
+pub fn exec_key<'a>(run_id: &str, stage_execution_id: &'a str) -> &'a str {
+    stage_execution_id
+        .strip_prefix(run_id)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .unwrap_or(stage_execution_id)
+}
 
 fn json_column(text: Option<String>) -> Option<Value> {
     text.and_then(|t| serde_json::from_str(&t).ok())
@@ -57,10 +69,10 @@ fn run_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
     })
 }
 
-fn exec_row(r: &Row<'_>) -> rusqlite::Result<ExecRow> {
+fn exec_row(run_id: &str, r: &Row<'_>) -> rusqlite::Result<ExecRow> {
     let count = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
     Ok(ExecRow {
-        stage_execution_id: r.get(0)?,
+        stage_execution_id: format!("{run_id}/{}", r.get::<_, String>(0)?),
         stage_id: r.get(1)?,
         index: r.get::<_, Option<i64>>(2)?.map(|i| i.max(0) as u64),
         visit: r.get::<_, i64>(3)?.clamp(0, i64::from(u32::MAX)) as u32,
@@ -241,8 +253,8 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT outcome, verdict, count(*) FROM executions WHERE run_id = ?1 \
-                 GROUP BY outcome, verdict",
+                "SELECT outcome, verdict, count(*) FROM executions WHERE run = \
+                 (SELECT key FROM runs WHERE id = ?1) GROUP BY outcome, verdict",
             )
             .map_err(|e| self.err(&e))?;
         let mut counts = Counts::default();
@@ -278,14 +290,14 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare(&format!(
-                "SELECT {EXEC_COLUMNS} FROM executions WHERE run_id = ?1 \
+                "SELECT {EXEC_COLUMNS} FROM executions WHERE run = {RUN_KEY} \
                  AND (?2 IS NULL OR stage_id = ?2) AND (?3 IS NULL OR sibling = ?3) \
-                 ORDER BY ended_at, exec_id"
+                 ORDER BY ended_at, exec"
             ))
             .map_err(|e| self.err(&e))?;
         let index = index.map(|i| i64::try_from(i).unwrap_or(i64::MAX));
         let rows = stmt
-            .query_map(params![run_id, stage, index], exec_row)
+            .query_map(params![run_id, stage, index], |r| exec_row(run_id, r))
             .map_err(|e| self.err(&e))?
             .collect::<Result<_, _>>()
             .map_err(|e| self.err(&e))?;
@@ -317,22 +329,19 @@ impl Store {
             .collect())
     }
 
-    /// The `StageExited` lines (written with `seq` 0) of a run's exited
-    /// executions, by `stageExecutionId`, for the audit log's repair.
+    /// The `StageExited` record of each of a run's exited executions, by
+    /// `stageExecutionId`, as the audit log has it but for its `seq` (0),
+    /// for the log's repair.
     pub fn exit_events(&self, run_id: &str) -> Result<Vec<(String, String)>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT exec_id, exit_event FROM executions WHERE run_id = ?1 \
-                 AND outcome = 'exited' AND exit_event IS NOT NULL ORDER BY ended_at, exec_id",
-            )
-            .map_err(|e| self.err(&e))?;
-        let rows = stmt
-            .query_map([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .map_err(|e| self.err(&e))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| self.err(&e))?;
-        Ok(rows)
+        Ok(self
+            .executions(run_id, None, None)?
+            .into_iter()
+            .filter(|e| e.outcome == "exited")
+            .map(|e| {
+                let line = exit_line(run_id, &e);
+                (e.stage_execution_id, line)
+            })
+            .collect())
     }
 
     /// Deletes a run and its executions (its folder is the caller's).
@@ -358,4 +367,38 @@ impl Store {
             .map_err(|e| self.err(&e))?;
         Ok(rows)
     }
+}
+
+/// The `StageExited` line of an exited execution, with `seq` 0, in the
+/// audit log's key order.
+fn exit_line(run_id: &str, e: &ExecRow) -> String {
+    let mut line = serde_json::Map::new();
+    line.insert("seq".into(), 0.into());
+    let at = UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(e.ended_at).unwrap_or(0));
+    line.insert("ts".into(), crate::runtime::events::rfc3339(at).into());
+    line.insert("event".into(), "StageExited".into());
+    line.insert("workflowRunId".into(), run_id.into());
+    line.insert(
+        "stageExecutionId".into(),
+        e.stage_execution_id.clone().into(),
+    );
+    line.insert("stageId".into(), e.stage_id.clone().into());
+    line.insert(
+        "verdict".into(),
+        e.verdict
+            .clone()
+            .unwrap_or_else(|| "fail".to_owned())
+            .into(),
+    );
+    line.insert("capHit".into(), e.cap_hit.into());
+    line.insert("attemptCount".into(), e.attempts.into());
+    line.insert(
+        "usage".into(),
+        serde_json::to_value(e.usage).unwrap_or(Value::Null),
+    );
+    if let Some(r) = &e.reason {
+        line.insert("reason".into(), r.clone().into());
+    }
+    line.insert("recovered".into(), true.into());
+    Value::Object(line).to_string()
 }

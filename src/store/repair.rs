@@ -6,7 +6,8 @@
 //! line, then appends, each with the next `seq`:
 //! - the `StageExited` of every execution the store has as exited whose
 //!   line the log lost (it was published, so it was durable, but not yet
-//!   flushed when the process died), byte for byte as it was written;
+//!   flushed when the process died), rebuilt from the stored row with
+//!   `"recovered": true`;
 //! - a `StageCancelled` (reason `Session/ProcessLost`) for every
 //!   execution the log shows as entered and not ended, which the resumed
 //!   run runs again.

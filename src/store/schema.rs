@@ -25,7 +25,8 @@ CREATE TABLE meta (
     value TEXT NOT NULL
 );
 CREATE TABLE runs (
-    id           TEXT PRIMARY KEY,
+    key          INTEGER PRIMARY KEY,
+    id           TEXT NOT NULL UNIQUE,
     pipeline_id  TEXT NOT NULL,
     pipeline_dir TEXT NOT NULL,
     digest       TEXT NOT NULL,
@@ -41,8 +42,8 @@ CREATE TABLE runs (
 );
 CREATE INDEX runs_started ON runs (started_at);
 CREATE TABLE executions (
-    run_id            TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-    exec_id           TEXT NOT NULL,
+    run               INTEGER NOT NULL REFERENCES runs (key) ON DELETE CASCADE,
+    exec              TEXT NOT NULL,
     stage_id          TEXT NOT NULL,
     sibling           INTEGER,
     visit             INTEGER NOT NULL,
@@ -61,10 +62,8 @@ CREATE TABLE executions (
     ended_at          INTEGER NOT NULL,
     parsed            TEXT,
     output            TEXT,
-    exit_event        TEXT,
-    PRIMARY KEY (run_id, exec_id)
+    PRIMARY KEY (run, exec)
 ) WITHOUT ROWID;
-CREATE INDEX executions_stage ON executions (run_id, stage_id, sibling);
 "#];
 
 /// Opens (creating when absent) the store at `path` for reading and

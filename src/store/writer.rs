@@ -6,7 +6,9 @@
 //! written (a full disk) is rolled back and every execution in it is told
 //! so: none of them is recorded as exited.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
@@ -16,7 +18,7 @@ use futures::future::BoxFuture;
 use rusqlite::{Connection, params};
 use tokio::sync::oneshot;
 
-use super::db::unix_ms;
+use super::db::{exec_key, unix_ms};
 use super::error::StoreError;
 use super::schema;
 use crate::runtime::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
@@ -136,6 +138,7 @@ fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u6
     let mut written = 0u64;
     let mut last_error = None;
     let mut batch = Vec::with_capacity(256);
+    let mut keys = HashMap::new();
     let mut closing = false;
     while !closing {
         match rx.recv() {
@@ -152,7 +155,8 @@ fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u6
                 Err(_) => break,
             }
         }
-        let outcome = write_batch(&mut conn, &batch).map_err(|e| StoreError::sqlite(path, &e));
+        let outcome =
+            write_batch(&mut conn, &mut keys, &batch).map_err(|e| StoreError::sqlite(path, &e));
         let answer = match &outcome {
             Ok(()) => {
                 written += batch.len() as u64;
@@ -182,30 +186,28 @@ fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u6
     }
 }
 
-const UPSERT_EXIT: &str = "INSERT INTO executions (run_id, exec_id, stage_id, sibling, visit, \
-    outcome, verdict, reason, attempts, cap_hit, phase, turn, tool_calls, prompt_tokens, \
-    completion_tokens, requests, entered_at, ended_at, parsed, output, exit_event) \
-    VALUES (?1, ?2, ?3, ?4, ?5, 'exited', ?6, ?7, ?8, ?9, NULL, NULL, NULL, ?10, ?11, ?12, ?13, \
-    ?14, ?15, ?16, ?17) \
-    ON CONFLICT (run_id, exec_id) DO UPDATE SET outcome = 'exited', verdict = excluded.verdict, \
+const UPSERT_EXIT: &str = "INSERT INTO executions (run, exec, stage_id, sibling, visit, \
+    outcome, verdict, reason, attempts, cap_hit, prompt_tokens, completion_tokens, requests, \
+    entered_at, ended_at, parsed, output) \
+    VALUES (?1, ?2, ?3, ?4, ?5, 'exited', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) \
+    ON CONFLICT (run, exec) DO UPDATE SET outcome = 'exited', verdict = excluded.verdict, \
     reason = excluded.reason, attempts = excluded.attempts, cap_hit = excluded.cap_hit, \
     phase = NULL, turn = NULL, tool_calls = NULL, prompt_tokens = excluded.prompt_tokens, \
     completion_tokens = excluded.completion_tokens, requests = excluded.requests, \
     entered_at = excluded.entered_at, ended_at = excluded.ended_at, parsed = excluded.parsed, \
-    output = excluded.output, exit_event = excluded.exit_event \
+    output = excluded.output \
     WHERE executions.outcome <> 'exited' OR executions.verdict = 'fail'";
 
-const UPSERT_CANCEL: &str = "INSERT INTO executions (run_id, exec_id, stage_id, sibling, visit, \
-    outcome, verdict, reason, attempts, cap_hit, phase, turn, tool_calls, prompt_tokens, \
-    completion_tokens, requests, entered_at, ended_at, parsed, output, exit_event) \
-    VALUES (?1, ?2, ?3, ?4, ?5, 'cancelled', NULL, ?6, ?7, 0, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
-    ?15, NULL, NULL, NULL) \
-    ON CONFLICT (run_id, exec_id) DO UPDATE SET outcome = 'cancelled', verdict = NULL, \
+const UPSERT_CANCEL: &str = "INSERT INTO executions (run, exec, stage_id, sibling, visit, \
+    outcome, reason, attempts, phase, turn, tool_calls, prompt_tokens, completion_tokens, \
+    requests, entered_at, ended_at) \
+    VALUES (?1, ?2, ?3, ?4, ?5, 'cancelled', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+    ON CONFLICT (run, exec) DO UPDATE SET outcome = 'cancelled', verdict = NULL, \
     reason = excluded.reason, attempts = excluded.attempts, cap_hit = 0, phase = excluded.phase, \
     turn = excluded.turn, tool_calls = excluded.tool_calls, \
     prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens, \
     requests = excluded.requests, entered_at = excluded.entered_at, ended_at = excluded.ended_at, \
-    parsed = NULL, output = NULL, exit_event = NULL \
+    parsed = NULL, output = NULL \
     WHERE executions.outcome <> 'exited' OR executions.verdict = 'fail'";
 
 fn ms(t: SystemTime) -> Option<i64> {
@@ -220,25 +222,43 @@ fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn write_batch(conn: &mut Connection, batch: &[ToStore]) -> rusqlite::Result<()> {
+/// The run's key in `executions`, looked up once per run.
+fn run_key(
+    tx: &rusqlite::Transaction<'_>,
+    keys: &mut HashMap<Arc<str>, i64>,
+    run_id: &Arc<str>,
+) -> rusqlite::Result<i64> {
+    if let Some(k) = keys.get(run_id) {
+        return Ok(*k);
+    }
+    let k = tx.query_row("SELECT key FROM runs WHERE id = ?1", [&**run_id], |r| {
+        r.get(0)
+    })?;
+    keys.insert(Arc::clone(run_id), k);
+    Ok(k)
+}
+
+fn write_batch(
+    conn: &mut Connection,
+    keys: &mut HashMap<Arc<str>, i64>,
+    batch: &[ToStore],
+) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     {
         let mut exit = tx.prepare_cached(UPSERT_EXIT)?;
         let mut cancel = tx.prepare_cached(UPSERT_CANCEL)?;
-        let mut line = Vec::with_capacity(512);
         for msg in batch {
             match msg {
                 ToStore::Exit { record: r, .. } => {
                     let result = &r.result;
-                    line.clear();
-                    r.event.write_json(0, &mut line);
+                    let run = run_key(&tx, keys, &r.run_id)?;
                     let parsed = serde_json::to_string(&*result.parsed).unwrap_or_default();
                     // `output` defaults to `parsed`: stored once.
                     let output = (!std::sync::Arc::ptr_eq(&result.parsed, &result.output))
                         .then(|| serde_json::to_string(&*result.output).unwrap_or_default());
                     exit.execute(params![
-                        &*r.run_id,
-                        &*r.stage_execution_id,
+                        run,
+                        exec_key(&r.run_id, &r.stage_execution_id),
                         &*r.stage_id,
                         index(r.index),
                         r.visit,
@@ -253,14 +273,14 @@ fn write_batch(conn: &mut Connection, batch: &[ToStore]) -> rusqlite::Result<()>
                         unix_ms(r.exited_at),
                         parsed,
                         output,
-                        String::from_utf8_lossy(&line),
                     ])?;
                 }
                 ToStore::Close => {}
                 ToStore::Cancel(r) => {
+                    let run = run_key(&tx, keys, &r.run_id)?;
                     cancel.execute(params![
-                        &*r.run_id,
-                        &*r.stage_execution_id,
+                        run,
+                        exec_key(&r.run_id, &r.stage_execution_id),
                         &*r.stage_id,
                         index(r.index),
                         r.visit,
