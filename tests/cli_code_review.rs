@@ -109,7 +109,7 @@ impl Setup {
             .arg("--root")
             .arg(self.path("repo"))
             .arg("--runs-dir")
-            .arg(&runs.join("runs"))
+            .arg(runs.join("runs"))
             .args(extra)
             .output()
             .unwrap();

@@ -82,7 +82,7 @@ impl Project {
             .arg("--root")
             .arg(&self.root)
             .arg("--runs-dir")
-            .arg(&self.runs.join("runs"))
+            .arg(self.runs.join("runs"))
             .args(["--json", "--headless"])
             .args(flags)
             .envs(env.iter().copied())
