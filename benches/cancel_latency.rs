@@ -60,6 +60,8 @@ fn cancel_latency(c: &mut Criterion) {
                         latency: Duration::ZERO,
                         fail: vec![Selector::parse(&format!("worker#{last}")).expect("selector")],
                         hold: Some(HOLD),
+                        threads: 1,
+                        store: false,
                     };
                     let r = workload.run(&cell, runs.path()).expect("the run starts");
                     assert!(!r.ok(), "the run fails");

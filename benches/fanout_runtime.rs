@@ -63,6 +63,8 @@ fn fanout_runtime(c: &mut Criterion) {
                             latency: Duration::ZERO,
                             fail: Vec::new(),
                             hold: None,
+                            threads: 1,
+                            store: false,
                         };
                         let r = workload.run(&cell, runs.path()).expect("the run starts");
                         assert!(r.ok(), "the run ends ok");

@@ -19,7 +19,9 @@ use crate::runtime::audit::start_audit_log;
 use crate::runtime::events::parse_rfc3339;
 use crate::runtime::launch::{resolve_fields, start_run};
 use crate::runtime::spec::RunSpec;
+use crate::runtime::stage::RunSettings;
 use crate::runtime::summary::{RunReport, RunStatus};
+use crate::store::{RunRow, Store, StoreWriter, unix_ms};
 
 /// The ctx field a benchmark sets to the fan-out width.
 pub const WIDTH_FIELD: &str = "width";
@@ -37,6 +39,11 @@ pub struct RunCell {
     /// long before it is answered: keeps every sibling in flight when the
     /// selected one fails (the cancellation bench).
     pub hold: Option<Duration>,
+    /// Threads the stage executions spread over (`--threads`).
+    pub threads: usize,
+    /// Keep a run store (a fresh one in the runs folder), as `troupe run`
+    /// does by default.
+    pub store: bool,
 }
 
 /// What one runtime run measured.
@@ -126,15 +133,35 @@ impl Workload {
             }),
             None => Arc::new(provider),
         };
-        let spec = RunSpec::new(Arc::clone(&self.pipeline), fields, provider, Some(cell.cap));
-        let audit_path = runs_dir.join(spec.run_id.as_str()).join("audit.jsonl");
+        let mut spec = RunSpec::new(Arc::clone(&self.pipeline), fields, provider, Some(cell.cap));
+        let run_dir = runs_dir.join(spec.run_id.as_str());
+        let audit_path = run_dir.join("audit.jsonl");
         let sink_path = audit_path.clone();
+        let writer = if cell.store {
+            Some(open_store(&spec, &self.pipeline, runs_dir, &run_dir)?)
+        } else {
+            None
+        };
+        spec.settings = Arc::new(RunSettings {
+            threads: cell.threads.max(1),
+            ledger: writer
+                .as_ref()
+                .map(|w| Arc::new(w.ledger()) as Arc<dyn crate::runtime::ledger::Ledger>),
+            ..RunSettings::default()
+        });
         let system = actix::System::new();
         let measured = system.block_on(async move {
             let sink = start_audit_log(&spec.bus, &sink_path)?;
             let start = Instant::now();
             let (_session, done) = start_run(spec, vec![sink]);
             let report = done.await.map_err(|_| RunnerError::NoReport)?;
+            // Everything the store was sent is written, as `troupe run`
+            // waits for it too.
+            if let Some(writer) = writer {
+                writer
+                    .finish()
+                    .map_err(|e| RunnerError::Input(e.to_string()))?;
+            }
             Ok::<_, RunnerError>((start.elapsed(), report))
         });
         let (wall, report) = measured?;
@@ -150,6 +177,36 @@ impl Workload {
             cancelled: probed.cancelled,
         })
     }
+}
+
+/// A fresh run store in `runs_dir` with this run recorded, and its writer.
+fn open_store(
+    spec: &RunSpec,
+    pipeline: &Pipeline,
+    runs_dir: &Path,
+    run_dir: &Path,
+) -> Result<StoreWriter, RunnerError> {
+    let err = |e: crate::store::StoreError| RunnerError::Input(e.to_string());
+    let path = runs_dir.join("troupe.db");
+    let store = Store::open(&path).map_err(err)?;
+    store
+        .begin_run(&RunRow {
+            id: spec.run_id.to_string(),
+            pipeline_id: pipeline.id.clone(),
+            pipeline_dir: pipeline.dir.display().to_string(),
+            digest: String::new(),
+            ctx: Value::Object((*spec.fields).clone()),
+            cap: spec.cap as u64,
+            run_dir: run_dir.display().to_string(),
+            status: "running".to_owned(),
+            reason: None,
+            started_at: unix_ms(SystemTime::now()),
+            ended_at: None,
+            summary: None,
+            sessions: 1,
+        })
+        .map_err(err)?;
+    StoreWriter::start(&path).map_err(err)
 }
 
 impl RunMeasure {

@@ -11,7 +11,6 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use futures::future::BoxFuture;
 use serde_json::Value;
 
 use super::result::{StageResult, Usage};
@@ -55,15 +54,19 @@ pub struct CancelRecord {
 #[error("{0}")]
 pub struct LedgerError(pub String);
 
+/// What runs once a record is durable (or could not be made so), on the
+/// ledger's own thread: the execution's `StageExited` and its report, so
+/// the stage actor does not wait for the commit.
+pub type AfterCommit = Box<dyn FnOnce(Result<(), LedgerError>) + Send>;
+
 /// Where executions' ends are made durable (the run store).
 pub trait Ledger: Send + Sync + std::fmt::Debug {
-    /// Makes `record` durable; resolves once it is, or with why not. The
-    /// record is handed over when this is called: a caller that does not
-    /// need to wait (a failed execution, which a resumed run runs again
-    /// anyway) drops the future. Records of many executions are written
-    /// together (one transaction per batch), so waiting here costs a
-    /// share of one commit.
-    fn persist(&self, record: ExitRecord) -> BoxFuture<'static, Result<(), LedgerError>>;
+    /// Makes `record` durable, then calls `then` (when given) with the
+    /// outcome. Records of many executions are written together (one
+    /// transaction per batch), so a wide fan-out commits in batches; a
+    /// record handed over without `then` (a failed execution, which a
+    /// resumed run runs again anyway) is written all the same.
+    fn persist(&self, record: ExitRecord, then: Option<AfterCommit>);
 
     /// Records a cancellation (best effort, not waited for).
     fn cancelled(&self, record: CancelRecord);

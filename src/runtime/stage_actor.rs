@@ -53,8 +53,6 @@ pub struct StageActor {
     ledger: Option<Arc<dyn Ledger>>,
     entered_at: SystemTime,
     started: bool,
-    /// Exit ran; the result is being made durable before it is recorded.
-    exiting: bool,
     /// `StageCancelled` is recorded (the teardown may still be pending).
     cancel_recorded: bool,
     reported: bool,
@@ -88,7 +86,6 @@ impl StageActor {
             visit: run.visit,
             ledger: run.settings.ledger.clone(),
             entered_at: SystemTime::UNIX_EPOCH,
-            exiting: false,
             progress: Rc::default(),
             bus: run.bus.clone(),
             run_id: Arc::clone(&run.ctx.workflow_run_id),
@@ -190,9 +187,11 @@ impl StageActor {
     /// Exit: the one place an execution's `StageExited` is recorded. A
     /// failed sibling first cancels its group's scope, so its siblings stop
     /// at once; the scheduler decides the failure from the report. With a
-    /// ledger, an `ok`/`skipped` result is made durable before it is
-    /// recorded and reported; a failed one (run again on resume anyway) is
-    /// handed to the ledger without waiting.
+    /// ledger, an `ok`/`skipped` result is made durable before its
+    /// `StageExited` is published and the execution reported: both happen
+    /// on the ledger's thread once the batch holding it is committed, so
+    /// the actor hands the record over and stops. A failed result (run
+    /// again on resume anyway) is recorded at once and written unwaited.
     fn exit(&mut self, result: Arc<StageResult>, ctx: &mut Context<Self>) {
         if result.verdict == Verdict::Fail
             && let Some(group) = &self.group
@@ -202,38 +201,48 @@ impl StageActor {
                 self.index,
             )));
         }
-        let event = self.exited_event(&result);
-        let Some(ledger) = self.ledger.clone() else {
-            self.record_exit(event, result);
-            return ctx.stop();
-        };
-        let stored = ledger.persist(self.exit_record(&result));
-        if result.verdict == Verdict::Fail {
-            drop(stored);
-            self.record_exit(event, result);
-            return ctx.stop();
-        }
-        self.exiting = true;
-        ctx.spawn(stored.into_actor(self).map(move |stored, act, ctx| {
-            match stored {
-                Ok(()) => act.record_exit(event, result),
-                Err(e) => act.not_stored(&e),
+        let recorder = self.recorder(&result);
+        self.reported = true;
+        match self.ledger.clone() {
+            None => recorder.record(),
+            Some(ledger) if result.verdict == Verdict::Fail => {
+                ledger.persist(self.exit_record(&result), None);
+                recorder.record();
             }
-            ctx.stop();
-        }));
+            Some(ledger) => ledger.persist(
+                self.exit_record(&result),
+                Some(Box::new(move |stored| match stored {
+                    Ok(()) => recorder.record(),
+                    Err(e) => recorder.not_stored(&e),
+                })),
+            ),
+        }
+        ctx.stop();
     }
 
-    fn exited_event(&self, result: &StageResult) -> Event {
-        let mut exited = self
+    /// Everything recording this execution's exit needs, wherever it runs.
+    fn recorder(&self, result: &Arc<StageResult>) -> ExitRecorder {
+        let mut event = self
             .event(EventName::StageExited)
             .with_static("verdict", result.verdict.as_str())
             .with("capHit", result.cap_hit)
             .with("attemptCount", result.attempt_count)
             .with("usage", result.usage);
         if let Some(r) = &result.reason {
-            exited = exited.with("reason", r.as_str());
+            event = event.with("reason", r.as_str());
         }
-        exited
+        ExitRecorder {
+            event,
+            result: Arc::clone(result),
+            exec: self.exec.clone(),
+            run_id: Arc::clone(&self.run_id),
+            bus: self.bus.clone(),
+            scheduler: Arc::clone(&self.scheduler),
+            next: self
+                .bus
+                .has_observers()
+                .then(|| next_of(&self.pipeline, &self.stage, result).describe()),
+        }
     }
 
     fn exit_record(&self, result: &Arc<StageResult>) -> ExitRecord {
@@ -247,41 +256,6 @@ impl StageActor {
             entered_at: self.entered_at,
             exited_at: SystemTime::now(),
         }
-    }
-
-    /// Publishes `StageExited` and reports the execution.
-    fn record_exit(&mut self, event: Event, result: Arc<StageResult>) {
-        let seq = self.bus.publish(event).unwrap_or(0);
-        if self.bus.has_observers() {
-            let next = next_of(&self.pipeline, &self.stage, &result);
-            self.bus.publish(
-                self.event(EventName::StagePostFired)
-                    .with_static("phase", "Exit"),
-            );
-            self.bus.publish(
-                self.event(EventName::StagePreFired)
-                    .with_static("phase", "Next"),
-            );
-            self.bus.publish(
-                self.event(EventName::StagePostFired)
-                    .with_static("phase", "Next")
-                    .with("next", next.describe()),
-            );
-        }
-        self.send_report(StageOutcome::Exited { result, seq });
-    }
-
-    /// The result could not be made durable, so it is not recorded as
-    /// exited (a resumed run runs the execution again): it ends cancelled,
-    /// and the run is stopped with the store's error.
-    fn not_stored(&mut self, error: &LedgerError) {
-        let reason = format!("Store/WriteFailed: the result could not be stored: {error}");
-        self.scope.cancel(reason.as_str());
-        self.record_cancelled();
-        // The limit first: the scheduler reads it before the report, so
-        // the run ends failed with the store's error, not cancelled.
-        self.scheduler.do_send(ToScheduler::LimitReached { reason });
-        self.send_report(self.cancelled());
     }
 
     /// Records `StageCancelled` (and `ToolInvocationCancelled` for each call
@@ -399,10 +373,10 @@ impl Actor for StageActor {
                 stage_execution_id: self.exec.id.to_string(),
             });
         }
-        // Stopped while its result was being stored (the system shutting
-        // down): whether it became durable, the store knows; a resumed run
-        // repairs the log from it.
-        if self.reported || self.exiting {
+        // Reported, or its exit handed to the ledger (which records and
+        // reports it once stored; if the process ends first, the store
+        // knows whether it was, and a resumed run repairs the log).
+        if self.reported {
             return;
         }
         if self.started {
@@ -420,7 +394,7 @@ impl Drop for StageActor {
     /// Last line of defence: an actor dropped without reporting (a panic in
     /// one of its handlers) still reports, so the run never hangs.
     fn drop(&mut self) {
-        if self.reported || self.exiting {
+        if self.reported {
             return;
         }
         // Dropped between its cancellation record and its teardown (the
@@ -433,10 +407,80 @@ impl Drop for StageActor {
         self.scope.token().cancel();
         // A failure: recorded at once (a resumed run runs it again).
         let result = self.panicked("the stage actor ended without reporting".to_owned());
-        let event = self.exited_event(&result);
         if let Some(ledger) = &self.ledger {
-            drop(ledger.persist(self.exit_record(&result)));
+            ledger.persist(self.exit_record(&result), None);
         }
-        self.record_exit(event, result);
+        self.reported = true;
+        self.recorder(&result).record();
+    }
+}
+
+/// Records an execution's exit: `StageExited`, the observer markers that
+/// follow it, the report. It runs on the stage actor, or on the ledger's
+/// thread once the result is stored.
+struct ExitRecorder {
+    event: Event,
+    result: Arc<StageResult>,
+    exec: ExecKey,
+    run_id: Arc<str>,
+    bus: EventBus<Event>,
+    scheduler: Arc<Recipient<ToScheduler>>,
+    /// The Next decision as the `Next` marker describes it, when someone
+    /// observes.
+    next: Option<Value>,
+}
+
+impl ExitRecorder {
+    fn marker(&self, name: EventName, phase: &'static str) -> Event {
+        Event::new(name, Arc::clone(&self.run_id))
+            .stage(Arc::clone(&self.exec.stage), Arc::clone(&self.exec.id))
+            .with_static("phase", phase)
+    }
+
+    /// Publishes `StageExited` and reports the execution.
+    fn record(self) {
+        let seq = self.bus.publish(self.event.clone()).unwrap_or(0);
+        if let Some(next) = &self.next {
+            self.bus
+                .publish(self.marker(EventName::StagePostFired, "Exit"));
+            self.bus
+                .publish(self.marker(EventName::StagePreFired, "Next"));
+            self.bus.publish(
+                self.marker(EventName::StagePostFired, "Next")
+                    .with("next", next.clone()),
+            );
+        }
+        self.scheduler.do_send(ToScheduler::Report {
+            exec: self.exec,
+            outcome: StageOutcome::Exited {
+                result: self.result,
+                seq,
+            },
+        });
+    }
+
+    /// The result could not be made durable, so it is not recorded as
+    /// exited (a resumed run runs the execution again): it ends cancelled,
+    /// and the run is stopped with the store's error — the limit first, so
+    /// the scheduler reads it before the report.
+    fn not_stored(self, error: &LedgerError) {
+        let reason = format!("Store/WriteFailed: the result could not be stored: {error}");
+        self.bus.publish(
+            Event::new(EventName::StageCancelled, Arc::clone(&self.run_id))
+                .stage(Arc::clone(&self.exec.stage), Arc::clone(&self.exec.id))
+                .with("reason", reason.as_str())
+                .with_static("phase", "Exit")
+                .with("attempt", self.result.attempt_count)
+                .with("turn", 0u32)
+                .with("toolCalls", Vec::<Value>::new())
+                .with("usage", self.result.usage),
+        );
+        self.scheduler.do_send(ToScheduler::LimitReached { reason });
+        self.scheduler.do_send(ToScheduler::Report {
+            exec: self.exec,
+            outcome: StageOutcome::Cancelled {
+                usage: self.result.usage,
+            },
+        });
     }
 }

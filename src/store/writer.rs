@@ -13,15 +13,12 @@ use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use crossbeam_channel::{Receiver, Sender};
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use rusqlite::{Connection, params};
-use tokio::sync::oneshot;
 
 use super::db::{exec_key, unix_ms};
 use super::error::StoreError;
 use super::schema;
-use crate::runtime::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
+use crate::runtime::ledger::{AfterCommit, CancelRecord, ExitRecord, Ledger, LedgerError};
 
 /// Records taken into one transaction at most.
 const MAX_BATCH: usize = 4096;
@@ -29,7 +26,7 @@ const MAX_BATCH: usize = 4096;
 enum ToStore {
     Exit {
         record: Box<ExitRecord>,
-        stored: Option<oneshot::Sender<Result<(), LedgerError>>>,
+        then: Option<AfterCommit>,
     },
     Cancel(Box<CancelRecord>),
     /// Write what came before, then stop.
@@ -103,32 +100,22 @@ impl Drop for StoreWriter {
     }
 }
 
-impl StoreLedger {
-    fn send(&self, msg: ToStore) -> bool {
-        self.tx.send(msg).is_ok()
-    }
-}
-
 impl Ledger for StoreLedger {
-    fn persist(&self, record: ExitRecord) -> BoxFuture<'static, Result<(), LedgerError>> {
-        let (stored, answer) = oneshot::channel();
-        let sent = self.send(ToStore::Exit {
+    fn persist(&self, record: ExitRecord, then: Option<AfterCommit>) {
+        if let Err(crossbeam_channel::SendError(ToStore::Exit {
+            then: Some(then), ..
+        })) = self.tx.send(ToStore::Exit {
             record: Box::new(record),
-            stored: Some(stored),
-        });
-        async move {
-            if !sent {
-                return Err(LedgerError("the store's writer has stopped".to_owned()));
-            }
-            answer
-                .await
-                .unwrap_or_else(|_| Err(LedgerError("the store's writer has stopped".to_owned())))
+            then,
+        }) {
+            then(Err(LedgerError(
+                "the store's writer has stopped".to_owned(),
+            )));
         }
-        .boxed()
     }
 
     fn cancelled(&self, record: CancelRecord) {
-        self.send(ToStore::Cancel(Box::new(record)));
+        let _ = self.tx.send(ToStore::Cancel(Box::new(record)));
     }
 }
 
@@ -169,11 +156,10 @@ fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u6
         };
         for msg in batch.drain(..) {
             if let ToStore::Exit {
-                stored: Some(stored),
-                ..
+                then: Some(then), ..
             } = msg
             {
-                let _ = stored.send(answer.clone());
+                then(answer.clone());
             }
         }
         if let Err(e) = outcome {
