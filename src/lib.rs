@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod cli;
 pub mod definition;
+pub mod distributed;
 pub mod error;
 pub mod hooks;
 pub mod provider;

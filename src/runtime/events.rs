@@ -48,6 +48,9 @@ pub enum EventName {
     /// The provider changed how it works for the rest of the run (e.g. it
     /// stopped streaming to an endpoint whose streams end early).
     ProviderNotice,
+    /// A sibling's task was delivered to a worker again (the one before
+    /// was lost): it ran again from the start of its attempt.
+    SiblingRedelivered,
     /// Observer: streamed model text.
     Token,
     /// Observer: fan-out progress counters.
@@ -55,6 +58,47 @@ pub enum EventName {
 }
 
 impl EventName {
+    /// The name of an event read back from JSON (a worker's events);
+    /// `None` for a name this troupe does not emit.
+    pub fn parse(name: &str) -> Option<EventName> {
+        use EventName::*;
+        const ALL: [EventName; 32] = [
+            WorkflowStarted,
+            WorkflowResumed,
+            WorkflowExit,
+            SessionTurnStart,
+            SessionTurnEnd,
+            StageEntered,
+            StagePreFired,
+            StagePostFired,
+            StageCheckGateResult,
+            StageAssertOutcome,
+            StageGranted,
+            StageCancelled,
+            StageExited,
+            StageInitFailed,
+            ParallelSiblingFailure,
+            HookInvoked,
+            ToolInvocationProposed,
+            ToolInvocationStarted,
+            ToolInvocationSucceeded,
+            ToolInvocationFailed,
+            ToolInvocationCancelled,
+            ToolCallApproved,
+            ToolCallDenied,
+            InteractionRaised,
+            InteractionAnswered,
+            ProviderRequestStarted,
+            ProviderRequestCompleted,
+            ProviderRequestFailed,
+            ProviderNotice,
+            SiblingRedelivered,
+            Token,
+            Progress,
+        ];
+        ALL.into_iter().find(|n| n.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             EventName::WorkflowStarted => "WorkflowStarted",
@@ -86,6 +130,7 @@ impl EventName {
             EventName::ProviderRequestCompleted => "ProviderRequestCompleted",
             EventName::ProviderRequestFailed => "ProviderRequestFailed",
             EventName::ProviderNotice => "ProviderNotice",
+            EventName::SiblingRedelivered => "SiblingRedelivered",
             EventName::Token => "Token",
             EventName::Progress => "Progress",
         }
@@ -126,7 +171,8 @@ impl EventName {
             | EventName::ProviderRequestStarted
             | EventName::ProviderRequestCompleted
             | EventName::ProviderRequestFailed
-            | EventName::ProviderNotice => EventClass::Audit,
+            | EventName::ProviderNotice
+            | EventName::SiblingRedelivered => EventClass::Audit,
         }
     }
 }
@@ -320,9 +366,50 @@ impl Event {
             obj.insert("tool".into(), Value::from(&**v));
         }
         for (k, v) in &self.fields {
-            obj.insert((*k).to_owned(), v.to_value());
+            match (k.is_empty(), v) {
+                (true, FieldValue::Json(Value::Object(inline))) => {
+                    for (ik, iv) in inline {
+                        obj.insert(ik.clone(), iv.clone());
+                    }
+                }
+                _ => {
+                    obj.insert((*k).to_owned(), v.to_value());
+                }
+            }
         }
         Value::Object(obj)
+    }
+
+    /// An event read back from its JSON line (a worker's event, relayed
+    /// to the coordinator's log): the head keys as they were (`seq` is
+    /// the new bus's), the other fields kept inline in their order.
+    /// `None` for a line that is not a known event.
+    pub fn from_json(line: &Value) -> Option<Event> {
+        let obj = line.as_object()?;
+        let name = EventName::parse(obj.get("event")?.as_str()?)?;
+        let text = |k: &str| obj.get(k).and_then(Value::as_str).map(Arc::<str>::from);
+        let mut event = Event::new(name, text("workflowRunId")?);
+        if let Some(ts) = obj
+            .get("ts")
+            .and_then(Value::as_str)
+            .and_then(parse_rfc3339)
+        {
+            event.ts = ts;
+        }
+        event.stage_execution_id = text("stageExecutionId");
+        event.stage_id = text("stageId");
+        event.tool = text("tool");
+        let rest: Map<String, Value> = obj
+            .iter()
+            .filter(|(k, _)| !HEAD_KEYS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !rest.is_empty() {
+            event
+                .fields
+                .push(("", FieldValue::Json(Value::Object(rest))));
+        }
+        Some(event)
     }
 }
 
@@ -372,6 +459,16 @@ impl Event {
             write_json_str(out, v);
         }
         for (k, v) in &self.fields {
+            if let (true, FieldValue::Json(Value::Object(inline))) = (k.is_empty(), v) {
+                // Relayed fields (`from_json`), written in their order.
+                for (ik, iv) in inline {
+                    out.push(b',');
+                    write_json_str(out, ik);
+                    out.push(b':');
+                    write_json_value(out, iv);
+                }
+                continue;
+            }
             out.push(b',');
             write_json_str(out, k);
             out.push(b':');
@@ -645,6 +742,35 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_event_read_back_from_its_line_writes_the_same_line_with_its_new_seq() {
+        let event = Event::new(EventName::StageExited, "run-1")
+            .stage("worker", "run-1/worker#3/1")
+            .with_static("verdict", "ok")
+            .with("capHit", false)
+            .with("attemptCount", 2u32)
+            .with("reason", "a \"quoted\" reason");
+        let line = event.to_json(5);
+        let back = Event::from_json(&line).expect("a known event");
+        let mut written = Vec::new();
+        back.write_json(7, &mut written);
+        let mut expected = line.clone();
+        expected["seq"] = 7.into();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&written).expect("JSON"),
+            expected
+        );
+        assert_eq!(back.to_json(7), expected);
+        assert!(Event::from_json(&serde_json::json!({"event": "Nope"})).is_none());
+        for name in [
+            EventName::StageEntered,
+            EventName::ProviderNotice,
+            EventName::Progress,
+        ] {
+            assert_eq!(EventName::parse(name.as_str()), Some(name));
+        }
+    }
+
     use super::*;
     use std::time::Duration;
 
