@@ -518,11 +518,19 @@ impl WorkerHost {
         let fut = async move {
             // Every event the execution published before it reported.
             let _ = seen.wait_for(|s| *s >= until).await;
-            let events = collected
+            let mut events = collected
                 .events
                 .lock()
                 .map(|mut m| m.remove(&exec.id).unwrap_or_default())
                 .unwrap_or_default();
+            // The coordinator's log says which worker ran it.
+            for event in &mut events {
+                if event["event"] == "StageEntered"
+                    && let Some(obj) = event.as_object_mut()
+                {
+                    obj.insert("worker".to_owned(), Value::from(worker.as_str()));
+                }
+            }
             let (report, counted): (Report, fn(&mut WorkerSummary)) = match outcome {
                 StageOutcome::Exited { result, .. } => (
                     Report::Exited {
