@@ -432,6 +432,7 @@ async fn remote_siblings(
         fields: Arc::clone(&spec.fields),
         bus: spec.bus.clone(),
         ledger,
+        session: uuid::Uuid::now_v7().simple().to_string(),
     })
 }
 

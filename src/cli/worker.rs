@@ -62,6 +62,12 @@ pub struct WorkerArgs {
     /// Print errors as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Print one JSON line on stdout for every task this worker settles:
+    /// `{"worker","run","stageExecutionId","report","reported",…}` with
+    /// report `exited` (and its verdict), `cancelled`, `notStarted` or
+    /// `refused`, printed once the report is in JetStream (`reported`).
+    #[arg(long)]
+    pub task_log: bool,
     #[command(flatten)]
     pub nats: NatsArgs,
     #[command(flatten)]
@@ -140,6 +146,7 @@ pub fn run(args: WorkerArgs) -> Exit {
         pipelines,
         settings: Arc::clone(&settings),
         max_siblings: args.max_siblings as usize,
+        task_log: args.task_log,
     };
     let first = FirstSignal::default();
     let (drain_tx, drain) = tokio::sync::watch::channel(false);

@@ -38,9 +38,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use troupe_actors::EventBus;
 
-use super::nats::Nats;
+use super::nats::{Nats, publish_acked};
 use super::wire::{
-    Cancel, Report, Task, cancel_subject, cancelled_key, report_subject, task_subject,
+    CANCELLED_BUCKET, Cancel, Report, Task, cancel_subject, cancelled_key, report_subject,
+    task_subject,
 };
 use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
 use crate::runtime::events::{Event, EventName};
@@ -60,6 +61,11 @@ pub struct RemoteSiblings {
     pub fields: Arc<Map<String, Value>>,
     pub bus: EventBus<Event>,
     pub ledger: Option<Arc<dyn Ledger>>,
+    /// This coordinator process's id. A task's `Nats-Msg-Id` is its
+    /// execution id at this session: the server drops a retried publish
+    /// as a duplicate, yet a resumed run may queue the same execution
+    /// again (its first task was purged with the run's queue).
+    pub session: String,
 }
 
 impl ExecutorFactory for RemoteSiblings {
@@ -123,6 +129,14 @@ enum Cmd {
     },
     /// The scheduler granted its start: publish its task.
     Granted { exec: ExecKey, task: Box<Task> },
+    /// JetStream stored a task (`Ok` with its stream sequence) or would
+    /// not, however often asked.
+    Queued {
+        exec: ExecKey,
+        turn: u64,
+        unit: usize,
+        outcome: Result<u64, String>,
+    },
     /// The group's scope was cancelled.
     GroupCancelled { turn: u64, reason: String },
     /// An exited sibling's result is committed: record it.
@@ -150,8 +164,17 @@ struct Unit {
 #[derive(Debug, Default)]
 struct Group {
     units: HashMap<usize, Unit>,
+    /// The group's scope: cancelled by the scheduler the moment it
+    /// decides, before this loop hears of it.
+    scope: Option<CancelScope>,
     cancelled: bool,
     barrier: bool,
+}
+
+impl Group {
+    fn is_cancelled(&self) -> bool {
+        self.cancelled || self.scope.as_ref().is_some_and(CancelScope::is_cancelled)
+    }
 }
 
 struct Coordinator {
@@ -219,7 +242,25 @@ impl Coordinator {
     async fn command(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Sibling { spawn, group } => self.sibling(*spawn, group),
-            Cmd::Granted { exec, task } => self.publish(exec, *task).await,
+            Cmd::Granted { exec, task } => self.publish(exec, *task),
+            Cmd::Queued {
+                exec,
+                turn,
+                unit,
+                outcome,
+            } => match outcome {
+                Ok(sequence) => {
+                    self.by_sequence.insert(sequence, exec);
+                }
+                // A cancelled group's barrier settles it.
+                Err(_) if self.groups.get(&turn).is_some_and(Group::is_cancelled) => {}
+                Err(e) => self.fail_unit(
+                    exec,
+                    turn,
+                    unit,
+                    format!("Distributed/Unreachable: the task could not be queued: {e}"),
+                ),
+            },
             Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
             Cmd::Committed(done) => {
                 let Committed {
@@ -278,6 +319,7 @@ impl Coordinator {
             },
         );
         if new_group && let Some(group) = group {
+            g.scope = Some(group.clone());
             let tx = self.tx.clone();
             actix::spawn(async move {
                 group.token().cancelled().await;
@@ -325,8 +367,14 @@ impl Coordinator {
         });
     }
 
-    async fn publish(&mut self, exec: ExecKey, task: Task) {
-        let cancelled = self.groups.get(&task.turn).is_some_and(|g| g.cancelled);
+    /// Queues a granted sibling's task, unless its group was cancelled
+    /// since the grant (the scheduler cancels the group's scope the moment
+    /// it decides: a task is never queued after the decision). The ack is
+    /// awaited off this loop, which goes on publishing and reading
+    /// reports; a task JetStream will not take is retried (a cluster
+    /// electing a leader) and fails its sibling only when that runs out.
+    fn publish(&mut self, exec: ExecKey, task: Task) {
+        let cancelled = self.groups.get(&task.turn).is_some_and(Group::is_cancelled);
         if cancelled {
             self.done(&exec, task.turn, task.unit);
             self.scheduler.do_send(ToScheduler::Report {
@@ -347,29 +395,28 @@ impl Coordinator {
             }
         };
         let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", task.stage_execution_id.as_str());
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("{}@{}", task.stage_execution_id, self.spec.session).as_str(),
+        );
         let subject = task_subject(&task.run_id, task.turn);
-        let published = match self
-            .spec
-            .nats
-            .js
-            .publish_with_headers(subject, headers, body.into())
-            .await
-        {
-            Ok(ack) => ack.await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match published {
-            Ok(ack) => {
-                self.by_sequence.insert(ack.sequence, exec);
-            }
-            Err(e) => self.fail_unit(
+        let js = self.spec.nats.js.clone();
+        let stop = self
+            .groups
+            .get(&task.turn)
+            .and_then(|g| g.scope.as_ref())
+            .map(|scope| scope.token().clone());
+        let tx = self.tx.clone();
+        let (turn, unit) = (task.turn, task.unit);
+        actix::spawn(async move {
+            let outcome = publish_acked(&js, subject, headers, body.into(), stop.as_ref()).await;
+            let _ = tx.send(Cmd::Queued {
                 exec,
-                task.turn,
-                task.unit,
-                format!("Distributed/Unreachable: the task could not be queued: {e}"),
-            ),
-        }
+                turn,
+                unit,
+                outcome,
+            });
+        });
     }
 
     fn done(&mut self, exec: &ExecKey, turn: u64, unit: usize) -> bool {
@@ -435,13 +482,16 @@ impl Coordinator {
         }
         let run = self.spec.run_id.clone();
         // The mark first: a worker that reads it starts nothing of the group.
-        if let Ok(bucket) = self.spec.nats.cancelled().await {
-            let _ = bucket
-                .put(
-                    cancelled_key(&run, turn),
-                    reason.clone().into_bytes().into(),
-                )
-                .await;
+        if self.spec.nats.cancelled().await.is_ok() {
+            // The bucket's put, retried through a leader election.
+            let _ = publish_acked(
+                &self.spec.nats.js,
+                format!("$KV.{CANCELLED_BUCKET}.{}", cancelled_key(&run, turn)),
+                HeaderMap::new(),
+                reason.clone().into_bytes().into(),
+                None,
+            )
+            .await;
         }
         if let Ok(tasks) = self.spec.nats.tasks().await {
             let _ = tasks.purge().filter(task_subject(&run, turn)).await;
@@ -460,16 +510,15 @@ impl Coordinator {
                 .await;
         }
         let barrier = serde_json::to_vec(&Report::Barrier { turn }).unwrap_or_default();
-        let published = match self
-            .spec
-            .nats
-            .js
-            .publish(report_subject(&run), barrier.into())
-            .await
-        {
-            Ok(ack) => ack.await.is_ok(),
-            Err(_) => false,
-        };
+        let published = publish_acked(
+            &self.spec.nats.js,
+            report_subject(&run),
+            HeaderMap::new(),
+            barrier.into(),
+            None,
+        )
+        .await
+        .is_ok();
         if !published {
             // No barrier can come: treat it as passed.
             self.barrier(turn);

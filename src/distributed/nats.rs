@@ -7,7 +7,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, consumer, kv, stream};
+use tokio_util::sync::CancellationToken;
 
 use super::wire::{
     CANCELLED_BUCKET, REPORTS_STREAM, TASKS_STREAM, WORKERS_CONSUMER, coordinator_consumer,
@@ -162,6 +165,10 @@ impl NatsArgs {
     }
 }
 
+/// How long a report delivered to the coordinator may go unacknowledged
+/// before it is delivered again.
+pub const REPORT_ACK_WAIT: Duration = Duration::from_secs(10);
+
 /// A connection and the topology settings.
 #[derive(Debug, Clone)]
 pub struct Nats {
@@ -175,7 +182,8 @@ pub struct Nats {
 impl Nats {
     /// The task work queue (created when absent).
     pub async fn tasks(&self) -> Result<stream::Stream, NatsError> {
-        self.js
+        let stream = self
+            .js
             .get_or_create_stream(stream::Config {
                 name: TASKS_STREAM.to_owned(),
                 subjects: vec!["troupe.task.>".to_owned()],
@@ -186,7 +194,8 @@ impl Nats {
                 ..Default::default()
             })
             .await
-            .map_err(|e| js_error("the task stream", e))
+            .map_err(|e| js_error("the task stream", e))?;
+        self.at_least_our_replicas(stream, "the task stream").await
     }
 
     /// The workers' shared consumer of the task queue.
@@ -201,7 +210,8 @@ impl Nats {
                     ack_wait: self.lease,
                     max_deliver: 5,
                     max_ack_pending: self.max_pending,
-                    num_replicas: self.replicas,
+                    // 0: as many as the stream has.
+                    num_replicas: 0,
                     ..Default::default()
                 },
             )
@@ -211,7 +221,8 @@ impl Nats {
 
     /// The reports stream (created when absent).
     pub async fn reports(&self) -> Result<stream::Stream, NatsError> {
-        self.js
+        let stream = self
+            .js
             .get_or_create_stream(stream::Config {
                 name: REPORTS_STREAM.to_owned(),
                 subjects: vec!["troupe.report.>".to_owned()],
@@ -223,7 +234,35 @@ impl Nats {
                 ..Default::default()
             })
             .await
-            .map_err(|e| js_error("the report stream", e))
+            .map_err(|e| js_error("the report stream", e))?;
+        self.at_least_our_replicas(stream, "the report stream")
+            .await
+    }
+
+    /// A stream made by a process that asked for fewer replicas (a worker
+    /// started without `--nats-replicas`) is raised to this process's
+    /// count: the most durable setting anyone asked for wins. A stream
+    /// with more replicas is left as it is.
+    async fn at_least_our_replicas(
+        &self,
+        stream: stream::Stream,
+        what: &str,
+    ) -> Result<stream::Stream, NatsError> {
+        let config = &stream.cached_info().config;
+        if config.num_replicas >= self.replicas {
+            return Ok(stream);
+        }
+        let mut raised = config.clone();
+        raised.num_replicas = self.replicas;
+        let name = raised.name.clone();
+        self.js
+            .update_stream(raised)
+            .await
+            .map_err(|e| js_error(what, e))?;
+        self.js
+            .get_stream(name)
+            .await
+            .map_err(|e| js_error(what, e))
     }
 
     /// A run's coordinator's durable consumer of the run's reports.
@@ -240,8 +279,11 @@ impl Nats {
                     durable_name: Some(name.clone()),
                     filter_subject: report_subject(run_id),
                     ack_policy: consumer::AckPolicy::Explicit,
-                    ack_wait: Duration::from_secs(60),
-                    num_replicas: self.replicas,
+                    // A report lost on its way (the coordinator's server
+                    // went down) comes again after this; one that merely
+                    // came twice is deduplicated.
+                    ack_wait: REPORT_ACK_WAIT,
+                    num_replicas: 0,
                     ..Default::default()
                 },
             )
@@ -252,6 +294,14 @@ impl Nats {
     /// The bucket of cancelled groups (created when absent).
     pub async fn cancelled(&self) -> Result<kv::Store, NatsError> {
         if let Ok(store) = self.js.get_key_value(CANCELLED_BUCKET).await {
+            // A key-value bucket is the stream KV_<bucket>.
+            let stream = self
+                .js
+                .get_stream(format!("KV_{CANCELLED_BUCKET}"))
+                .await
+                .map_err(|e| js_error("the cancelled-groups bucket", e))?;
+            self.at_least_our_replicas(stream, "the cancelled-groups bucket")
+                .await?;
             return Ok(store);
         }
         match self
@@ -273,5 +323,55 @@ impl Nats {
                 .await
                 .map_err(|_| js_error("the cancelled-groups bucket", e)),
         }
+    }
+}
+
+/// How long a JetStream publish keeps being retried: longer than a
+/// cluster takes to elect a stream leader after losing a server.
+pub const PUBLISH_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Publishes `body` on `subject` and waits for JetStream to store it,
+/// trying again (backing off from 100 ms to 2 s) while no stream leader
+/// answers or the ack does not come, until [`PUBLISH_PATIENCE`] is spent
+/// or `stop` is cancelled. A `Nats-Msg-Id` header makes the retries
+/// harmless: the stream keeps one copy. Errors no retry can mend (a
+/// message over the server's size limit) end it at once. `Ok` holds the
+/// stream sequence.
+pub async fn publish_acked(
+    js: &jetstream::Context,
+    subject: String,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+    stop: Option<&CancellationToken>,
+) -> Result<u64, String> {
+    let deadline = tokio::time::Instant::now() + PUBLISH_PATIENCE;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let attempt = async {
+            js.publish_with_headers(subject.clone(), headers.clone(), body.clone())
+                .await?
+                .await
+        };
+        let error = match attempt.await {
+            Ok(ack) => return Ok(ack.sequence),
+            Err(e) => e,
+        };
+        let lasting = matches!(
+            error.kind(),
+            PublishErrorKind::MaxPayloadExceeded
+                | PublishErrorKind::WrongLastMessageId
+                | PublishErrorKind::WrongLastSequence
+        );
+        if lasting || tokio::time::Instant::now() + pause > deadline {
+            return Err(error.to_string());
+        }
+        match stop {
+            Some(stop) => tokio::select! {
+                () = stop.cancelled() => return Err("cancelled".to_owned()),
+                () = tokio::time::sleep(pause) => {}
+            },
+            None => tokio::time::sleep(pause).await,
+        }
+        pause = (pause * 2).min(Duration::from_secs(2));
     }
 }

@@ -148,6 +148,18 @@ pub enum Report {
 
 impl Report {
     /// The execution a report is about (`None` for a barrier).
+    /// The report's kind, as the task log and message ids name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Report::Accepted { .. } => "accepted",
+            Report::Exited { .. } => "exited",
+            Report::Cancelled { .. } => "cancelled",
+            Report::NotStarted { .. } => "notStarted",
+            Report::Refused { .. } => "refused",
+            Report::Barrier { .. } => "barrier",
+        }
+    }
+
     pub fn execution(&self) -> Option<(&str, u64, usize)> {
         match self {
             Report::Accepted {

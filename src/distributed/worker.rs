@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use async_nats::Subject;
@@ -25,7 +25,7 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, watch};
 use troupe_actors::{Delivery, EventBus};
 
-use super::nats::{Nats, NatsError};
+use super::nats::{Nats, NatsError, publish_acked};
 use super::wire::{CANCEL_ALL, Cancel, Report, Task, cancelled_key, report_subject};
 use crate::definition::{Pipeline, StageKind};
 use crate::provider::Provider;
@@ -58,6 +58,38 @@ pub struct WorkerConfig {
     pub settings: Arc<RunSettings>,
     /// Most siblings this worker runs at once.
     pub max_siblings: usize,
+    /// Print a JSON line on stdout for every task settled (`--task-log`).
+    pub task_log: bool,
+}
+
+/// The `--task-log` line of a settled task: what was reported and
+/// whether the coordinator has it (`reported: false` — NATS would not
+/// take the report — leaves the task to another delivery).
+fn log_task(enabled: bool, worker: &str, run_id: &str, report: &Report, reported: bool) {
+    if !enabled {
+        return;
+    }
+    let Some((id, _, _)) = report.execution() else {
+        return;
+    };
+    let mut line = serde_json::json!({
+        "worker": worker,
+        "run": run_id,
+        "stageExecutionId": id,
+        "report": report.kind(),
+        "reported": reported,
+    });
+    match report {
+        Report::Exited {
+            result, delivered, ..
+        } => {
+            line["verdict"] = serde_json::to_value(result.verdict).unwrap_or_default();
+            line["delivered"] = Value::from(*delivered);
+        }
+        Report::Refused { code, .. } => line["code"] = Value::from(code.as_str()),
+        _ => {}
+    }
+    println!("{line}");
 }
 
 /// What a worker did, when it stops.
@@ -135,6 +167,7 @@ pub async fn serve(
         collected,
         seen,
         in_flight: HashMap::new(),
+        cancelled_groups: HashMap::new(),
         executors: HashMap::new(),
         arbiters: arbiters.clone(),
         in_flight_count: idle_tx,
@@ -243,14 +276,19 @@ struct Offer {
 }
 
 /// Publishes a report on the run's subject (stored before it returns).
-async fn publish_report(nats: &Nats, run_id: &str, report: &Report) -> bool {
+async fn publish_report(nats: &Nats, run_id: &str, report: &Report, delivered: u64) -> bool {
     let Ok(body) = serde_json::to_vec(report) else {
         return false;
     };
-    match nats.js.publish(report_subject(run_id), body.into()).await {
-        Ok(ack) => ack.await.is_ok(),
-        Err(_) => false,
+    // One copy per report of a delivery, however often it is retried.
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some((id, _, _)) = report.execution() {
+        let kind = report.kind();
+        headers.insert("Nats-Msg-Id", format!("{id}:{kind}:{delivered}").as_str());
     }
+    publish_acked(&nats.js, report_subject(run_id), headers, body.into(), None)
+        .await
+        .is_ok()
 }
 
 /// Decides what to do with a delivered task: refuse it, skip it (its group
@@ -289,9 +327,11 @@ async fn accept(
             code: "Distributed/PipelineMismatch".to_owned(),
             message,
         };
-        if publish_report(nats, &t.run_id, &report).await {
+        let reported = publish_report(nats, &t.run_id, &report, offer.delivered).await;
+        if reported {
             let _ = nats.client.publish(offer.reply, "+ACK".into()).await;
         }
+        log_task(config.task_log, &config.name, &t.run_id, &report, reported);
         host.do_send(Count(Counted::Refused));
         return;
     }
@@ -301,7 +341,7 @@ async fn accept(
         unit: t.unit,
         worker: config.name.clone(),
     };
-    if !publish_report(nats, &t.run_id, &accepted).await {
+    if !publish_report(nats, &t.run_id, &accepted, offer.delivered).await {
         // The coordinator cannot hear about it: leave it to another try.
         let _ = nats.client.publish(offer.reply, "-NAK".into()).await;
         return;
@@ -315,9 +355,11 @@ async fn accept(
             unit: t.unit,
             worker: config.name.clone(),
         };
-        if publish_report(nats, &t.run_id, &report).await {
+        let reported = publish_report(nats, &t.run_id, &report, offer.delivered).await;
+        if reported {
             let _ = nats.client.publish(offer.reply, "+ACK".into()).await;
         }
+        log_task(config.task_log, &config.name, &t.run_id, &report, reported);
         host.do_send(Count(Counted::NotStarted));
         return;
     }
@@ -344,6 +386,9 @@ struct Start(Offer);
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 struct CancelGroup(Cancel);
+
+/// How long a worker remembers a cancelled group or an idle run.
+const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// The summary cell, shared with `serve`.
 #[derive(Debug, Message)]
@@ -374,8 +419,16 @@ struct WorkerHost {
     /// The last `seq` the collector has taken.
     seen: watch::Receiver<u64>,
     in_flight: HashMap<Arc<str>, InFlight>,
-    /// One local executor per run (its run id, ctx and pipeline).
-    executors: HashMap<String, LocalExecutor>,
+    /// Groups whose cancel was broadcast lately, with when: a task of one
+    /// that passed the bucket check just before the mark was set starts
+    /// cancelled. Kept for [`FORGET_AFTER`]; later deliveries see the
+    /// bucket's mark.
+    cancelled_groups: HashMap<(String, u64), (Instant, String)>,
+    /// One local executor per run (its run id, ctx and pipeline), with
+    /// when it last started a sibling; dropped after [`FORGET_AFTER`]
+    /// without one, so a long-lived worker does not keep every run it
+    /// ever served.
+    executors: HashMap<String, (LocalExecutor, Instant)>,
     arbiters: Vec<ArbiterHandle>,
     in_flight_count: watch::Sender<usize>,
     summary: Arc<Mutex<WorkerSummary>>,
@@ -390,6 +443,13 @@ impl Actor for WorkerHost {
 }
 
 impl WorkerHost {
+    /// Whether the task's group had its cancel broadcast here lately.
+    fn group_cancelled(&self, task: &Task) -> Option<String> {
+        self.cancelled_groups
+            .get(&(task.run_id.clone(), task.turn))
+            .map(|(_, reason)| reason.clone())
+    }
+
     fn count(&self, f: impl FnOnce(&mut WorkerSummary)) {
         if let Ok(mut s) = self.summary.lock() {
             f(&mut s);
@@ -397,6 +457,12 @@ impl WorkerHost {
     }
 
     fn executor(&mut self, task: &Task, ctx: &mut Context<Self>) -> Option<&mut LocalExecutor> {
+        let now = Instant::now();
+        let in_flight = &self.in_flight;
+        self.executors.retain(|run, (_, used)| {
+            now.duration_since(*used) < FORGET_AFTER
+                || in_flight.values().any(|f| &f.task.run_id == run)
+        });
         if !self.executors.contains_key(&task.run_id) {
             let served = self.config.pipelines.get(&task.pipeline_id)?;
             let mut spec = RunSpec::new(
@@ -410,9 +476,12 @@ impl WorkerHost {
             spec.settings = Arc::clone(&self.config.settings);
             let local =
                 LocalExecutor::new(spec, None, ctx.address().recipient(), self.arbiters.clone());
-            self.executors.insert(task.run_id.clone(), local);
+            self.executors.insert(task.run_id.clone(), (local, now));
         }
-        self.executors.get_mut(&task.run_id)
+        self.executors.get_mut(&task.run_id).map(|(local, used)| {
+            *used = now;
+            local
+        })
     }
 
     fn start(&mut self, offer: Offer, ctx: &mut Context<Self>) {
@@ -459,6 +528,10 @@ impl WorkerHost {
             visit: task.visit,
         };
         let scope = CancelScope::root();
+        if let Some(reason) = self.group_cancelled(&task) {
+            // Starts as cancelled: reported as not started.
+            scope.cancel(reason.as_str());
+        }
         // Alive: the lease is renewed every third of it while it runs.
         let ticker = tokio_util::sync::CancellationToken::new();
         {
@@ -508,6 +581,8 @@ impl WorkerHost {
         let collected = Arc::clone(&self.collected);
         let nats = self.nats.clone();
         let worker = self.config.name.clone();
+        let name = worker.clone();
+        let task_log = self.config.task_log;
         let summary = Arc::clone(&self.summary);
         let count = self.in_flight_count.clone();
         let remaining = self.in_flight.len();
@@ -565,12 +640,14 @@ impl WorkerHost {
                     |s| s.not_started += 1,
                 ),
             };
-            if publish_report(&nats, &t.run_id, &report).await {
+            let reported = publish_report(&nats, &t.run_id, &report, delivered).await;
+            if reported {
                 let _ = nats.client.publish(reply, "+ACK".into()).await;
             } else {
                 // Not reported: let another worker run it.
                 let _ = nats.client.publish(reply, "-NAK".into()).await;
             }
+            log_task(task_log, &name, &t.run_id, &report, reported);
             if let Ok(mut s) = summary.lock() {
                 counted(&mut s);
             }
@@ -608,6 +685,11 @@ impl Handler<CancelGroup> for WorkerHost {
 
     fn handle(&mut self, msg: CancelGroup, _ctx: &mut Context<Self>) {
         let c = msg.0;
+        let now = Instant::now();
+        self.cancelled_groups
+            .retain(|_, (at, _)| now.duration_since(*at) < FORGET_AFTER);
+        self.cancelled_groups
+            .insert((c.run_id.clone(), c.turn), (now, c.reason.clone()));
         for flight in self.in_flight.values() {
             if flight.task.run_id == c.run_id && flight.task.turn == c.turn {
                 flight.scope.cancel(c.reason.as_str());
