@@ -69,6 +69,12 @@ CREATE TABLE executions (
 /// Opens (creating when absent) the store at `path` for reading and
 /// writing, with the schema at [`SCHEMA_VERSION`].
 pub fn open(path: &Path) -> Result<Connection, StoreError> {
+    open_waiting(path, BUSY_TIMEOUT)
+}
+
+/// [`open`], waiting at most `busy` for another process's write before
+/// `Store/Locked` (tests wait less than [`BUSY_TIMEOUT`]).
+pub fn open_waiting(path: &Path, busy: Duration) -> Result<Connection, StoreError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Io {
             path: path.to_owned(),
@@ -76,7 +82,7 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
         })?;
     }
     let conn = Connection::open(path).map_err(|e| StoreError::sqlite(path, &e))?;
-    configure(&conn, path)?;
+    configure(&conn, path, busy)?;
     migrate(&conn, path)?;
     Ok(conn)
 }
@@ -100,9 +106,9 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+fn configure(conn: &Connection, path: &Path, busy: Duration) -> Result<(), StoreError> {
     let err = |e: rusqlite::Error| StoreError::sqlite(path, &e);
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
+    conn.busy_timeout(busy).map_err(err)?;
     // WAL: readers never block the writer and a commit is one append;
     // NORMAL sync: a committed transaction survives a killed process (it
     // is in the OS's cache), and only a power loss can lose the last
