@@ -82,7 +82,13 @@ pub fn open_waiting(path: &Path, busy: Duration) -> Result<Connection, StoreErro
         })?;
     }
     let conn = Connection::open(path).map_err(|e| StoreError::sqlite(path, &e))?;
-    configure(&conn, path, busy)?;
+    conn.busy_timeout(busy)
+        .map_err(|e| StoreError::sqlite(path, &e))?;
+    // A file that is not a troupe store (or is a newer troupe's) is
+    // refused before anything is written to it: WAL mode is a setting
+    // kept in the file, which another program may not expect.
+    check_version(&conn, path)?;
+    configure(&conn, path)?;
     migrate(&conn, path)?;
     Ok(conn)
 }
@@ -106,9 +112,8 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-fn configure(conn: &Connection, path: &Path, busy: Duration) -> Result<(), StoreError> {
+fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = |e: rusqlite::Error| StoreError::sqlite(path, &e);
-    conn.busy_timeout(busy).map_err(err)?;
     // WAL: readers never block the writer and a commit is one append;
     // NORMAL sync: a committed transaction survives a killed process (it
     // is in the OS's cache), and only a power loss can lose the last
