@@ -107,6 +107,15 @@ impl Store {
         })
     }
 
+    /// [`Store::open`], waiting at most `busy` for another process's
+    /// write before `Store/Locked`.
+    pub fn open_waiting(path: &Path, busy: std::time::Duration) -> Result<Store, StoreError> {
+        Ok(Store {
+            conn: schema::open_waiting(path, busy)?,
+            path: path.to_owned(),
+        })
+    }
+
     /// Opens an existing store for reading only.
     pub fn open_read_only(path: &Path) -> Result<Store, StoreError> {
         Ok(Store {

@@ -69,6 +69,12 @@ CREATE TABLE executions (
 /// Opens (creating when absent) the store at `path` for reading and
 /// writing, with the schema at [`SCHEMA_VERSION`].
 pub fn open(path: &Path) -> Result<Connection, StoreError> {
+    open_waiting(path, BUSY_TIMEOUT)
+}
+
+/// [`open`], waiting at most `busy` for another process's write before
+/// `Store/Locked` (tests wait less than [`BUSY_TIMEOUT`]).
+pub fn open_waiting(path: &Path, busy: Duration) -> Result<Connection, StoreError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Io {
             path: path.to_owned(),
@@ -76,6 +82,12 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
         })?;
     }
     let conn = Connection::open(path).map_err(|e| StoreError::sqlite(path, &e))?;
+    conn.busy_timeout(busy)
+        .map_err(|e| StoreError::sqlite(path, &e))?;
+    // A file that is not a troupe store (or is a newer troupe's) is
+    // refused before anything is written to it: WAL mode is a setting
+    // kept in the file, which another program may not expect.
+    check_version(&conn, path)?;
     configure(&conn, path)?;
     migrate(&conn, path)?;
     Ok(conn)
@@ -102,7 +114,6 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
 
 fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = |e: rusqlite::Error| StoreError::sqlite(path, &e);
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
     // WAL: readers never block the writer and a commit is one append;
     // NORMAL sync: a committed transaction survives a killed process (it
     // is in the OS's cache), and only a power loss can lose the last

@@ -229,7 +229,12 @@ fn write_batch(
     keys: &mut HashMap<Arc<str>, i64>,
     batch: &[ToStore],
 ) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
+    // IMMEDIATE: the write lock is taken (waiting out another process's
+    // write) before the batch reads the run's key. A deferred transaction
+    // that has read cannot wait for the lock: SQLite answers BUSY at once,
+    // and the batch would fail with Store/Locked while another troupe is
+    // writing.
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     {
         let mut exit = tx.prepare_cached(UPSERT_EXIT)?;
         let mut cancel = tx.prepare_cached(UPSERT_CANCEL)?;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod openai_rules;
+pub mod project;
 pub mod run;
 
 use std::path::{Path, PathBuf};

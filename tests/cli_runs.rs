@@ -1,0 +1,283 @@
+//! Browsing the run store through the real binary: `troupe run --json`
+//! carries every StageResult; `troupe runs` lists runs (text and JSON)
+//! with their state as people read it (`interrupted` when no process holds
+//! a `running` run); `runs show` has the per-stage table and the results,
+//! one sibling's with `--stage`; `runs export` is the audit log's whole
+//! lines; `runs rm` and `runs gc` delete rows and folders, never those of a
+//! run a process holds.
+
+// Test code: a failed unwrap is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::project::{Project, bundled, said};
+use serde_json::{Value, json};
+use troupe::store::RunLock;
+
+/// Runs `stages/fanout` at `width` to its end; its `--json` report.
+fn run_fanout(project: &Project, width: u32) -> Value {
+    let fanout = bundled("fanout");
+    let report = project.json(&[
+        "run",
+        fanout.to_str().unwrap(),
+        "--ctx",
+        &format!("width={width}"),
+        "--json",
+    ]);
+    assert_eq!(report["status"], "ok", "{report}");
+    report
+}
+
+fn stdout(project: &Project, args: &[&str]) -> String {
+    let out = project.output(args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "troupe {args:?}: {}",
+        said(&out)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The `code` of a refusal printed with `--json`, exit 2.
+fn refusal(project: &Project, args: &[&str]) -> String {
+    let out = project.output(args);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "troupe {args:?}: {}",
+        said(&out)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["code"].as_str().unwrap().to_owned()
+}
+
+/// Changes a run's row behind troupe's back (its age, its status).
+fn set(project: &Project, run_id: &str, assignment: &str) {
+    let db = rusqlite::Connection::open(project.path().join(".troupe/troupe.db")).unwrap();
+    let n = db
+        .execute(
+            &format!("UPDATE runs SET {assignment} WHERE id = ?1"),
+            [run_id],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+#[test]
+fn run_json_carries_every_stage_result() {
+    let project = Project::new();
+    let report = run_fanout(&project, 4);
+    let run_id = report["runId"].as_str().unwrap();
+    let results = report["results"].as_array().unwrap();
+    // One per StageExited of the log, with its verdict.
+    let log = project.audit(run_id);
+    let exited: Vec<&Value> = log.iter().filter(|e| e["event"] == "StageExited").collect();
+    assert_eq!(results.len(), exited.len());
+    assert_eq!(results.len(), 6, "plan, four workers, reduce");
+    for e in exited {
+        let r = results
+            .iter()
+            .find(|r| r["stageExecutionId"] == e["stageExecutionId"])
+            .unwrap_or_else(|| panic!("no result for {e}"));
+        assert_eq!(r["verdict"], e["verdict"]);
+        assert_eq!(r["stageId"], e["stageId"]);
+    }
+    let worker = |i: u32| {
+        results
+            .iter()
+            .find(|r| r["stageExecutionId"] == format!("{run_id}/worker#{i}/1"))
+            .unwrap()
+    };
+    assert_eq!(worker(2)["parsed"], json!({"item": 2, "summary": "done 2"}));
+    let plan = results.iter().find(|r| r["stageId"] == "plan").unwrap();
+    assert_eq!(plan["parsed"], json!({"items": [0, 1, 2, 3]}));
+}
+
+#[test]
+fn runs_lists_shows_and_exports_a_run() {
+    let project = Project::new();
+    // Nothing yet.
+    assert!(stdout(&project, &["runs"]).starts_with("no runs yet"));
+    assert_eq!(project.json(&["runs", "--json"]), json!({"runs": []}));
+
+    let report = run_fanout(&project, 4);
+    let run_id = report["runId"].as_str().unwrap();
+
+    // The list, as text: one row with the run's figures.
+    let text = stdout(&project, &["runs"]);
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), 1, "{text}");
+    let cells: Vec<&str> = rows[0].split_whitespace().collect();
+    assert_eq!(cells[..3], [run_id, "fanout", "ok"], "{text}");
+    assert_eq!(
+        cells[cells.len() - 3..],
+        ["6", "0", "0"],
+        "ok failed cancelled: {text}"
+    );
+    // And as JSON.
+    let listed = project.listed(run_id);
+    assert_eq!(listed["pipelineId"], "fanout");
+    assert_eq!(listed["state"], "ok");
+    assert_eq!(listed["ctx"], json!({"width": 4}));
+    assert_eq!(listed["sessions"], 1);
+    assert_eq!(
+        listed["counts"],
+        json!({"ok": 6, "failed": 0, "skipped": 0, "cancelled": 0})
+    );
+
+    // One run, as text: the per-stage table and every result.
+    let shown = stdout(&project, &["runs", "show", run_id]);
+    assert!(
+        shown.starts_with(&format!("run {run_id} of fanout: ok\n")),
+        "{shown}"
+    );
+    let table_row = |stage: &str| -> Vec<String> {
+        shown
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(stage))
+            .unwrap_or_else(|| panic!("no row for {stage}: {shown}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    // stage ok fail skipped cancelled retries capHits ...
+    assert_eq!(table_row("worker")[1..7], ["4", "0", "0", "0", "0", "0"]);
+    assert_eq!(table_row("plan")[1..3], ["1", "0"]);
+    assert_eq!(table_row("reduce")[1..3], ["1", "0"]);
+    let results: Vec<&str> = shown
+        .split("\nresults:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no results: {shown}"))
+        .lines()
+        .collect();
+    assert_eq!(results.len(), 6, "{shown}");
+    assert!(
+        results.contains(&r#"  worker#3         ok      {"item":3,"summary":"done 3"}"#),
+        "{shown}"
+    );
+
+    // One sibling only.
+    let one = stdout(&project, &["runs", "show", run_id, "--stage", "worker#3"]);
+    let results: Vec<&str> = one.split("\nresults:\n").nth(1).unwrap().lines().collect();
+    assert_eq!(
+        results,
+        [r#"  worker#3         ok      {"item":3,"summary":"done 3"}"#]
+    );
+    let one = project.json(&["runs", "show", run_id, "--stage", "worker#3", "--json"]);
+    let execs = one["executions"].as_array().unwrap();
+    assert_eq!(execs.len(), 1);
+    assert_eq!(execs[0]["stageExecutionId"], format!("{run_id}/worker#3/1"));
+    assert_eq!(execs[0]["index"], 3);
+
+    // As JSON: every execution with its parsed result, the stage figures.
+    let all = project.json(&["runs", "show", run_id, "--json"]);
+    assert_eq!(all["state"], "ok");
+    assert_eq!(all["run"]["id"], run_id);
+    assert_eq!(all["stages"]["worker"]["ok"], 4);
+    let execs = all["executions"].as_array().unwrap();
+    assert_eq!(execs.len(), 6);
+    for (r, e) in report["results"].as_array().unwrap().iter().map(|r| {
+        let e = execs
+            .iter()
+            .find(|e| e["stageExecutionId"] == r["stageExecutionId"])
+            .unwrap();
+        (r, e)
+    }) {
+        assert_eq!(e["parsed"], r["parsed"], "{}", r["stageExecutionId"]);
+        assert_eq!(e["verdict"], r["verdict"]);
+        assert_eq!(e["outcome"], "exited");
+    }
+    let workers = project.json(&["runs", "show", run_id, "--stage", "worker", "--json"]);
+    assert_eq!(workers["executions"].as_array().unwrap().len(), 4);
+
+    // Export: the audit log's whole lines; a torn last line is not one.
+    let audit = project.audit_path(run_id);
+    let log = std::fs::read_to_string(&audit).unwrap();
+    assert_eq!(stdout(&project, &["runs", "export", run_id]), log);
+    let mut torn = log.clone();
+    torn.push_str("{\"seq\":99999,\"ts\":\"2026-");
+    std::fs::write(&audit, &torn).unwrap();
+    assert_eq!(stdout(&project, &["runs", "export", run_id]), log);
+    let file = project.path().join("exported.jsonl");
+    stdout(
+        &project,
+        &["runs", "export", run_id, "--output", file.to_str().unwrap()],
+    );
+    assert_eq!(std::fs::read_to_string(file).unwrap(), log);
+
+    assert_eq!(
+        refusal(&project, &["runs", "show", "no-such-run", "--json"]),
+        "Store/RunNotFound"
+    );
+}
+
+#[test]
+fn rm_and_gc_delete_rows_and_folders_but_never_a_held_run() {
+    let project = Project::new();
+    let ids: Vec<String> = (0..3)
+        .map(|_| {
+            run_fanout(&project, 2)["runId"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    let (old, removed, held) = (&ids[0], &ids[1], &ids[2]);
+    let exists = |id: &str| project.run_dir(id).is_dir();
+    let listed = |project: &Project| -> Vec<String> {
+        project.json(&["runs", "--json"])["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // Two runs started long ago; one of them a process still holds.
+    set(&project, old, "started_at = 1000");
+    set(&project, held, "started_at = 1000, status = 'running'");
+    let lock = RunLock::acquire(&project.run_dir(held), held).unwrap();
+    assert_eq!(project.listed(held)["state"], "running");
+
+    // A dry run deletes nothing.
+    let dry = stdout(&project, &["runs", "gc", "--older-than", "1d", "--dry-run"]);
+    assert_eq!(dry, format!("would remove {old}\n"));
+    assert!(exists(old));
+    assert_eq!(listed(&project).len(), 3);
+
+    let gc = project.json(&["runs", "gc", "--older-than", "1d", "--json"]);
+    assert_eq!(gc, json!({"removed": [old]}));
+    assert!(!exists(old), "gc removed the run's folder");
+    assert_eq!(
+        refusal(&project, &["runs", "show", old, "--json"]),
+        "Store/RunNotFound"
+    );
+
+    let rm = stdout(&project, &["runs", "rm", removed]);
+    assert_eq!(rm, format!("removed {removed}\n"));
+    assert!(!exists(removed));
+    assert_eq!(listed(&project), std::slice::from_ref(held));
+    assert_eq!(
+        refusal(&project, &["runs", "rm", "no-such-run", "--json"]),
+        "Store/RunNotFound"
+    );
+
+    // The held run: neither removed nor collected while held.
+    assert_eq!(
+        refusal(&project, &["runs", "rm", held, "--json"]),
+        "Store/RunBusy"
+    );
+    assert_eq!(
+        project.json(&["runs", "gc", "--older-than", "1d", "--json"]),
+        json!({"removed": []})
+    );
+    assert!(exists(held));
+    // Released (as when its process dies), it reads as interrupted, and
+    // can go.
+    drop(lock);
+    assert_eq!(project.listed(held)["state"], "interrupted");
+    stdout(&project, &["runs", "rm", held]);
+    assert!(!exists(held));
+    assert!(listed(&project).is_empty());
+}

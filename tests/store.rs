@@ -1,0 +1,434 @@
+//! The run store through the library: a fresh store gets the schema and
+//! reopens; a file that is not SQLite, a SQLite file of another program, a
+//! schema from a newer troupe and a database another connection holds are
+//! each refused with their typed error and left as they were; the writer
+//! commits a burst of exits in a transaction or two and answers every
+//! one; an exit never replaces a stored ok result but does replace a
+//! failed or cancelled one; runs are found by id or prefix and deleted
+//! with their executions.
+
+// Test code: a failed unwrap is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, SystemTime};
+
+use rusqlite::Connection;
+use serde_json::{Value, json};
+use troupe::error::HasCode;
+use troupe::runtime::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
+use troupe::runtime::result::{StageResult, Usage, Verdict};
+use troupe::store::schema::SCHEMA_VERSION;
+use troupe::store::{RunRow, Store, StoreError, StoreWriter, unix_ms};
+
+/// A store path in a fresh temp dir (the file does not exist yet).
+fn store_path() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(".troupe/troupe.db");
+    (dir, path)
+}
+
+fn code(e: &StoreError) -> String {
+    e.code().to_string()
+}
+
+fn run_row(id: &str, started_at: i64) -> RunRow {
+    RunRow {
+        id: id.to_owned(),
+        pipeline_id: "fanout".to_owned(),
+        pipeline_dir: "stages/fanout".to_owned(),
+        digest: "sha256:00".to_owned(),
+        ctx: json!({"width": 3}),
+        cap: 4,
+        run_dir: format!(".troupe/runs/{id}"),
+        status: "running".to_owned(),
+        reason: None,
+        started_at,
+        ended_at: None,
+        summary: None,
+        sessions: 1,
+    }
+}
+
+fn exit(run: &str, index: usize, verdict: Verdict, parsed: Value) -> ExitRecord {
+    let exec_id = format!("{run}/worker#{index}/1");
+    let result = Arc::new(StageResult {
+        stage_id: "worker".to_owned(),
+        stage_execution_id: exec_id.clone(),
+        verdict,
+        reason: (verdict == Verdict::Fail).then(|| "Test/Failed: scripted".to_owned()),
+        parsed: Arc::new(parsed.clone()),
+        output: Arc::new(parsed),
+        cap_hit: false,
+        attempt_count: 1,
+        usage: Usage {
+            prompt_tokens: 10,
+            completion_tokens: 2,
+            requests: 1,
+        },
+    });
+    ExitRecord {
+        run_id: run.into(),
+        stage_execution_id: exec_id.as_str().into(),
+        stage_id: "worker".into(),
+        index: Some(index),
+        visit: 1,
+        result,
+        entered_at: SystemTime::now(),
+        exited_at: SystemTime::now(),
+    }
+}
+
+fn cancel(run: &str, index: usize) -> CancelRecord {
+    CancelRecord {
+        run_id: run.into(),
+        stage_execution_id: format!("{run}/worker#{index}/1").into(),
+        stage_id: "worker".into(),
+        index: Some(index),
+        visit: 1,
+        reason: "Session/Cancelled: the test".into(),
+        phase: "Execute",
+        attempt: 1,
+        turn: 1,
+        tool_calls: json!([]),
+        usage: Usage::default(),
+        entered_at: SystemTime::now(),
+        cancelled_at: SystemTime::now(),
+    }
+}
+
+/// Hands `record` to the ledger; the answer arrives once the writer has
+/// committed it (or could not).
+fn persist(ledger: &impl Ledger, record: ExitRecord) -> mpsc::Receiver<Result<(), LedgerError>> {
+    let (tx, rx) = mpsc::channel();
+    ledger.persist(
+        record,
+        Some(Box::new(move |answer| {
+            let _ = tx.send(answer);
+        })),
+    );
+    rx
+}
+
+/// The stored execution of sibling `index`: (outcome, verdict, parsed).
+fn stored(store: &Store, run: &str, index: u64) -> (String, Option<String>, Option<Value>) {
+    let rows = store.executions(run, Some("worker"), Some(index)).unwrap();
+    assert_eq!(rows.len(), 1, "one row per execution");
+    let row = rows.into_iter().next().unwrap();
+    (row.outcome, row.verdict, row.parsed)
+}
+
+#[test]
+fn a_fresh_store_gets_the_schema_and_reopens_with_its_runs() {
+    let (_dir, path) = store_path();
+    let store = Store::open(&path).unwrap();
+    let run = run_row("run-1", 1_000);
+    store.begin_run(&run).unwrap();
+    drop(store);
+
+    let raw = Connection::open(&path).unwrap();
+    let meta = |key: &str| -> String {
+        raw.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(meta("app"), "troupe");
+    assert_eq!(meta("schema_version"), SCHEMA_VERSION.to_string());
+    let mode: String = raw
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    drop(raw);
+
+    // Reopened (migrations find nothing to do), for writing and reading.
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.find_run("run-1").unwrap(), run);
+    drop(store);
+    let store = Store::open_read_only(&path).unwrap();
+    let listed = store.list_runs(10).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].0, run);
+}
+
+#[test]
+fn a_file_that_is_not_sqlite_is_refused_as_corrupt_and_left_alone() {
+    let (dir, _) = store_path();
+    let path = dir.path().join("troupe.db");
+    let text = "these are my notes, not a database\n".repeat(40);
+    std::fs::write(&path, &text).unwrap();
+    let e = Store::open(&path).unwrap_err();
+    assert_eq!(code(&e), "Store/Corrupt", "{e}");
+    assert!(e.to_string().contains("troupe.db"), "{e}");
+    let e = Store::open_read_only(&path).unwrap_err();
+    assert_eq!(code(&e), "Store/Corrupt", "{e}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+}
+
+#[test]
+fn a_sqlite_file_of_another_program_is_refused_as_foreign_and_left_alone() {
+    let (dir, _) = store_path();
+    for (name, setup) in [
+        (
+            "notes.db",
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes (body) VALUES ('x');",
+        ),
+        // A `meta` table is not enough: it must say it is troupe's.
+        (
+            "other-meta.db",
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT); INSERT INTO meta VALUES ('app', 'other');",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(setup)
+            .unwrap();
+        let e = Store::open(&path).unwrap_err();
+        assert_eq!(code(&e), "Store/ForeignFile", "{name}: {e}");
+        let e = Store::open_read_only(&path).unwrap_err();
+        assert_eq!(code(&e), "Store/ForeignFile", "{name}: {e}");
+        let raw = Connection::open(&path).unwrap();
+        let tables: i64 = raw
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(tables, 1, "{name}: troupe added tables to a foreign file");
+        // Nor switched it to troupe's journal mode (a setting kept in the
+        // file, which its program may not expect).
+        let mode: String = raw
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "delete", "{name}: troupe changed the journal mode");
+    }
+}
+
+#[test]
+fn a_store_of_a_newer_schema_is_refused() {
+    let (_dir, path) = store_path();
+    Store::open(&path)
+        .unwrap()
+        .begin_run(&run_row("r", 1))
+        .unwrap();
+    Connection::open(&path)
+        .unwrap()
+        .execute(
+            "UPDATE meta SET value = '99' WHERE key = 'schema_version'",
+            [],
+        )
+        .unwrap();
+    for e in [
+        Store::open(&path).unwrap_err(),
+        Store::open_read_only(&path).unwrap_err(),
+    ] {
+        assert_eq!(code(&e), "Store/NewerSchema", "{e}");
+        assert_eq!(
+            e,
+            StoreError::NewerSchema {
+                path: path.clone(),
+                found: 99,
+                supported: SCHEMA_VERSION,
+            }
+        );
+    }
+}
+
+#[test]
+fn a_store_another_connection_is_writing_is_refused_as_locked() {
+    let (_dir, path) = store_path();
+    drop(Store::open(&path).unwrap());
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // Held for the whole wait: the outcome does not depend on timing.
+    let e = Store::open_waiting(&path, Duration::from_millis(50)).unwrap_err();
+    assert_eq!(code(&e), "Store/Locked", "{e}");
+    // Readers are not blocked by a writer (WAL).
+    assert!(
+        Store::open_read_only(&path)
+            .unwrap()
+            .list_runs(1)
+            .unwrap()
+            .is_empty()
+    );
+    holder.execute_batch("ROLLBACK").unwrap();
+    Store::open_waiting(&path, Duration::from_millis(50)).unwrap();
+}
+
+/// Transactions committed into the store's write-ahead log so far: its
+/// frames that end a commit, until the first frame of an older log
+/// generation (another salt).
+fn wal_commits(db: &Path) -> usize {
+    let Ok(wal) = std::fs::read(format!("{}-wal", db.display())) else {
+        return 0;
+    };
+    if wal.len() < 32 {
+        return 0;
+    }
+    let word = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    let page = word(&wal[8..12]);
+    let salt = &wal[16..24];
+    let (mut at, mut commits) = (32, 0);
+    while at + 24 + page <= wal.len() {
+        let frame = &wal[at..at + 24];
+        if &frame[8..16] != salt {
+            break;
+        }
+        if word(&frame[4..8]) != 0 {
+            commits += 1;
+        }
+        at += 24 + page;
+    }
+    commits
+}
+
+#[test]
+fn a_burst_of_exits_is_committed_in_one_or_two_transactions() {
+    const BURST: usize = 1000;
+    let (_dir, path) = store_path();
+    // Kept open: the write-ahead log stays (the last connection to close
+    // would fold it into the database).
+    let store = Store::open(&path).unwrap();
+    store.begin_run(&run_row("r", 1)).unwrap();
+    let writer = StoreWriter::start(&path).unwrap();
+    let ledger = writer.ledger();
+    let before = wal_commits(&path);
+    assert!(before > 0, "the schema and the run are in the log");
+
+    // The test holds the write lock while the burst is handed over: the
+    // writer takes at most the first record alone before it waits; all
+    // the others are queued by the time it can commit, and go in one
+    // more transaction.
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let answers: Vec<_> = (0..BURST)
+        .map(|i| persist(&ledger, exit("r", i, Verdict::Ok, json!({ "item": i }))))
+        .collect();
+    holder.execute_batch("ROLLBACK").unwrap();
+    for (i, answer) in answers.iter().enumerate() {
+        assert_eq!(answer.recv().unwrap(), Ok(()), "worker#{i}");
+    }
+    let commits = wal_commits(&path) - before;
+    assert!(
+        (1..=2).contains(&commits),
+        "{BURST} exits took {commits} transactions"
+    );
+
+    let rows = store.executions("r", Some("worker"), None).unwrap();
+    assert_eq!(rows.len(), BURST);
+    assert!(rows.iter().all(|r| r.outcome == "exited"));
+    assert_eq!(store.counts("r").unwrap().ok, BURST as u64);
+    assert_eq!(
+        stored(&store, "r", 417).2,
+        Some(json!({ "item": 417 })),
+        "a result is stored as given"
+    );
+    assert_eq!(writer.finish(), Ok(BURST as u64));
+}
+
+#[test]
+fn an_exit_never_replaces_a_stored_ok_result_but_replaces_a_failed_or_cancelled_one() {
+    let (_dir, path) = store_path();
+    let store = Store::open(&path).unwrap();
+    store.begin_run(&run_row("r", 1)).unwrap();
+    let writer = StoreWriter::start(&path).unwrap();
+    let ledger = writer.ledger();
+    let persist = |index, verdict, parsed| {
+        persist(&ledger, exit("r", index, verdict, parsed))
+            .recv()
+            .unwrap()
+            .unwrap();
+    };
+
+    // Sibling 0 exited ok; a later exit of the same execution (a replay)
+    // and a later cancellation leave its result as it was.
+    persist(0, Verdict::Ok, json!({"v": "first"}));
+    persist(0, Verdict::Ok, json!({"v": "second"}));
+    ledger.cancelled(cancel("r", 0));
+    // Sibling 1 failed, then (resumed, the cause fixed) exited ok.
+    persist(1, Verdict::Fail, json!(null));
+    persist(1, Verdict::Ok, json!({"v": "fixed"}));
+    // Sibling 2 was cancelled, then ran to its exit.
+    ledger.cancelled(cancel("r", 2));
+    persist(2, Verdict::Ok, json!({"v": "rerun"}));
+    // Sibling 3 was only cancelled. The writer keeps the order records
+    // arrive in, so once a later exit is stored the cancellation is too.
+    ledger.cancelled(cancel("r", 3));
+    persist(4, Verdict::Ok, json!({"v": "flush"}));
+
+    let ok = |v: &str| {
+        (
+            "exited".to_owned(),
+            Some("ok".to_owned()),
+            Some(json!({ "v": v })),
+        )
+    };
+    assert_eq!(stored(&store, "r", 0), ok("first"));
+    assert_eq!(stored(&store, "r", 1), ok("fixed"));
+    assert_eq!(stored(&store, "r", 2), ok("rerun"));
+    assert_eq!(stored(&store, "r", 3), ("cancelled".to_owned(), None, None));
+
+    // What a resume restores: the exited ones, with their results.
+    let results = store.results("r").unwrap();
+    let first = results
+        .iter()
+        .find(|r| r.stage_execution_id == "r/worker#0/1")
+        .unwrap();
+    assert_eq!(*first.parsed, json!({"v": "first"}));
+    assert_eq!(first.verdict, Verdict::Ok);
+    assert_eq!(first.usage.prompt_tokens, 10);
+    assert_eq!(results.len(), 4, "sibling 3 has no result");
+    writer.finish().unwrap();
+}
+
+#[test]
+fn runs_are_found_by_id_or_prefix_and_deleted_with_their_executions() {
+    let (_dir, path) = store_path();
+    let store = Store::open(&path).unwrap();
+    let now = unix_ms(SystemTime::now());
+    store.begin_run(&run_row("abc-1", now - 60_000)).unwrap();
+    store.begin_run(&run_row("abc-2", now)).unwrap();
+    let writer = StoreWriter::start(&path).unwrap();
+    for run in ["abc-1", "abc-2"] {
+        persist(&writer.ledger(), exit(run, 0, Verdict::Ok, json!(1)))
+            .recv()
+            .unwrap()
+            .unwrap();
+    }
+    writer.finish().unwrap();
+
+    assert_eq!(store.find_run("abc-2").unwrap().id, "abc-2");
+    assert_eq!(store.find_run("abc-1").unwrap().id, "abc-1");
+    assert_eq!(
+        code(&store.find_run("abc").unwrap_err()),
+        "Store/AmbiguousRun"
+    );
+    assert_eq!(
+        code(&store.find_run("zzz").unwrap_err()),
+        "Store/RunNotFound"
+    );
+
+    let old: Vec<String> = store
+        .runs_started_before(now - 1_000)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(old, ["abc-1"]);
+
+    store.delete_run("abc-1").unwrap();
+    assert_eq!(
+        code(&store.find_run("abc-1").unwrap_err()),
+        "Store/RunNotFound"
+    );
+    assert!(store.executions("abc-1", None, None).unwrap().is_empty());
+    assert_eq!(store.find_run("abc").unwrap().id, "abc-2");
+    assert_eq!(store.executions("abc-2", None, None).unwrap().len(), 1);
+    // The deleted run's executions are gone from the file, not hidden.
+    let left: i64 = Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM executions", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(left, 1);
+}
