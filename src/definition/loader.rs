@@ -12,8 +12,8 @@ use super::model::{FORBIDDEN_CTX, Next, Pipeline, RESERVED_CTX, Stage, StageKind
 use super::pipeline_file::{PipelineDoc, StageSource, read_pipeline};
 use super::stage_file::{ParsedStage, normalize_text, parse_stage_file};
 use super::template::{Template, line_col};
-use super::yaml::{self, Pos};
-use crate::error::{Diagnostic, Diagnostics, ValidationCode};
+use super::yaml;
+use crate::error::{Diagnostic, Diagnostics, Pos, ValidationCode};
 
 /// Largest stage file or pipeline.yaml accepted.
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;

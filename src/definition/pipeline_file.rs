@@ -10,8 +10,8 @@ use super::model::{
     RESERVED_CTX, Siblings, StageKind,
 };
 use super::template::Template;
-use super::yaml::{Node, Pos, Value};
-use crate::error::ValidationCode;
+use super::yaml::{Node, Value};
+use crate::error::{Pos, ValidationCode};
 use crate::hooks::HookDef;
 use std::collections::BTreeMap;
 

@@ -8,8 +8,8 @@ use super::fields::{FieldReader, is_kebab, is_tool_name};
 use super::model::{Backoff, ResolutionPolicy, RetryPolicy, StageDefinition};
 use super::schema::Schema;
 use super::template::{Template, line_col};
-use super::yaml::{self, Node, Pos, Value};
-use crate::error::{Diagnostic, ValidationCode};
+use super::yaml::{self, Node, Value};
+use crate::error::{Diagnostic, Pos, ValidationCode};
 
 /// Largest `turnCap` / `maxAttempts` accepted: far above any sane budget,
 /// low enough that a typo like `turnCap: 10000000000` is caught.

@@ -32,9 +32,9 @@ use serde_json::Value;
 use crate::definition::duration::parse_duration;
 use crate::definition::fields::FieldReader;
 use crate::definition::template::{Segment, Template, line_col};
-use crate::definition::yaml::{self, Node, Pos};
+use crate::definition::yaml::{self, Node};
 use crate::definition::{Pipeline, StageKind};
-use crate::error::{Diagnostic, Diagnostics, ValidationCode};
+use crate::error::{Diagnostic, Diagnostics, Pos, ValidationCode};
 use crate::provider::scripted::Selector;
 
 /// The file name looked up in a pipeline folder.
