@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+use crate::definition::ToolSpec;
 use crate::error::{Code, ErrorClass, HasCode};
 use crate::runtime::context::StageContext;
 use crate::runtime::result::Usage;
 use crate::runtime::transcript::{Message, ToolCall};
-use crate::tools::ToolSpec;
 
 /// One model turn's request.
 #[derive(Debug, Clone)]

@@ -24,7 +24,7 @@ pub const PIPELINE_FILE: &str = "pipeline.yaml";
 /// Loads the pipeline at `path` (its folder, or its pipeline.yaml) with the
 /// built-in tool set.
 pub fn load_pipeline(path: &Path) -> Result<Pipeline, Diagnostics> {
-    load_pipeline_with(path, &crate::tools::is_builtin)
+    load_pipeline_with(path, &super::tool_catalog::is_builtin)
 }
 
 /// Loads a pipeline; `is_tool` says which tool names are registered.

@@ -147,7 +147,7 @@ pub struct StageRun {
     /// The stage's tool manifest (`allowedTools` plus the completion
     /// channel), built once per stage and shared by its executions; empty
     /// for deterministic steps.
-    pub tools: Arc<Vec<crate::tools::ToolSpec>>,
+    pub tools: Arc<Vec<crate::definition::ToolSpec>>,
 }
 
 /// Where the execution is, for the `StageCancelled` record.
@@ -651,7 +651,7 @@ impl StageRun {
     async fn act(
         &self,
         def: &StageDefinition,
-        tools: &Arc<Vec<crate::tools::ToolSpec>>,
+        tools: &Arc<Vec<crate::definition::ToolSpec>>,
         transcript: &mut Transcript,
         usage: &mut Usage,
         progress: &Rc<RefCell<Progress>>,
@@ -1033,7 +1033,7 @@ impl StageRun {
                 ));
             }
         };
-        if !crate::tools::is_builtin(&call.name) {
+        if !crate::definition::is_builtin(&call.name) {
             return Err(failed(
                 "UnknownTool",
                 format!("there is no tool `{}`", call.name),

@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use crate::definition::ToolSpec;
 use crate::provider::{ModelRequest, ModelResponse, ProviderError, RequestObserver};
 use crate::runtime::result::Usage;
 use crate::runtime::transcript::{Message, ToolCall};
-use crate::tools::ToolSpec;
 
 /// The request body of one model turn.
 pub fn request_body(model: &str, request: &ModelRequest, stream: bool) -> Value {
