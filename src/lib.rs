@@ -7,7 +7,6 @@ pub mod bench;
 pub mod cli;
 pub mod definition;
 pub mod error;
-pub mod hooks;
 pub mod provider;
 pub mod report;
 pub mod runtime;

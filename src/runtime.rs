@@ -6,6 +6,7 @@ pub mod cancel;
 pub mod context;
 pub mod events;
 pub mod extract;
+pub mod hooks;
 pub mod ids;
 pub mod interaction;
 pub mod launch;

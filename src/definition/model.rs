@@ -57,7 +57,7 @@ pub struct Pipeline {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub gates: BTreeMap<String, Gate>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub hooks: Vec<crate::hooks::HookDef>,
+    pub hooks: Vec<super::hooks::HookDef>,
     /// The optional `provider:` block: defaults for `troupe run`, which its
     /// flags override.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -21,6 +21,7 @@ use troupe_actors::EventBus;
 use super::context::StageContext;
 use super::events::{Event, EventName};
 use super::extract::extract_json;
+use super::hooks::{HookError, HookSet, SlotOutcome};
 use super::interaction::{
     Decision as Grant, GrantLedger, GrantRequest, InteractionHub, Raise, args_digest, args_summary,
 };
@@ -33,7 +34,6 @@ use crate::definition::{
     Backoff, GateOutcome, Pipeline, ResolutionPolicy, Stage, StageDefinition, StageKind,
 };
 use crate::error::{Code, ErrorClass, HasCode, ValidationCode};
-use crate::hooks::{HookError, HookSet, SlotOutcome};
 use crate::provider::{ModelRequest, Provider, ProviderError};
 use crate::tools::exec::ModelError;
 
