@@ -21,9 +21,9 @@ use troupe::definition::Backoff;
 use troupe::definition::ToolSpec;
 use troupe::error::HasCode;
 use troupe::provider::openai::{OpenAiConfig, OpenAiProvider};
+use troupe::provider::{Message, ToolCall};
 use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError, RequestObserver};
 use troupe::runtime::context::StageContext;
-use troupe::runtime::transcript::{Message, ToolCall};
 
 // ---------------------------------------------------------------- helpers
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::Fixture;
 use common::run::{Opts, run};
 use serde_json::json;
+use troupe::provider::Message;
 use troupe::runtime::summary::RunStatus;
-use troupe::runtime::transcript::Message;
 
 /// tokio fires a timer on the millisecond tick after its deadline, so on the
 /// paused clock every sleep of a whole number of ms lasts one tick longer.

@@ -12,9 +12,7 @@ use futures::future::BoxFuture;
 
 use super::script::{Reply, Script, StageScript, Turn};
 use super::synth::synthesize;
-use super::{ModelRequest, ModelResponse, Provider, ProviderError};
-use crate::runtime::result::Usage;
-use crate::runtime::transcript::{Message, ToolCall};
+use super::{Message, ModelRequest, ModelResponse, Provider, ProviderError, ToolCall, Usage};
 
 /// Selects executions: `stage` (every execution of it) or `stage#N`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -387,8 +385,20 @@ mod tests {
         }
     }
 
+    /// A scope these tests never render against.
+    #[derive(Debug)]
+    struct NoScope;
+
+    impl crate::provider::TemplateScope for NoScope {
+        fn resolve(
+            &self,
+            _path: &[crate::definition::template::Segment],
+        ) -> Result<serde_json::Value, String> {
+            Err("no placeholders here".to_owned())
+        }
+    }
+
     fn request(stage: &str) -> ModelRequest {
-        use crate::runtime::context::StageContext;
         ModelRequest {
             stage_id: stage.into(),
             stage_execution_id: format!("r/{stage}/1").into(),
@@ -397,17 +407,7 @@ mod tests {
             tools: std::sync::Arc::new(Vec::new()),
             completion_tool: "done".into(),
             completion_schema: std::sync::Arc::new(serde_json::json!({"type": "object"})),
-            ctx: std::sync::Arc::new(StageContext {
-                fields: Default::default(),
-                upstream: Default::default(),
-                results: Default::default(),
-                workflow_run_id: "r".into(),
-                stage_execution_id: format!("r/{stage}/1").into(),
-                item: None,
-                index: None,
-                stage_id: stage.into(),
-                stage_name: stage.into(),
-            }),
+            ctx: std::sync::Arc::new(NoScope),
             observer: None,
         }
     }

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 use troupe_actors::{BusEvent, EventClass};
 
-use super::result::Usage;
+use crate::provider::Usage;
 
 /// Every event name the runtime emits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -6,6 +6,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
+/// A result's token counts: the provider's, summed over its requests.
+pub use crate::provider::Usage;
+
 /// Assert's verdict for a completed execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -32,23 +35,6 @@ impl Verdict {
             Verdict::Fail => "fail",
             Verdict::Skipped => "skipped",
         }
-    }
-}
-
-/// Token counts reported by a provider.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Usage {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub requests: u64,
-}
-
-impl Usage {
-    pub fn add(&mut self, other: Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-        self.requests += other.requests;
     }
 }
 

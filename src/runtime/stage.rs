@@ -27,14 +27,14 @@ use super::interaction::{
 };
 use super::limits::Budget;
 use super::observer::BusObserver;
-use super::result::{StageResult, Usage, Verdict};
+use super::result::{StageResult, Verdict};
 use super::tool_call::{RunTool, ToolCallActor, ToolOutcome};
-use super::transcript::{Message, ToolCall, Transcript};
+use super::transcript::Transcript;
 use crate::definition::{
     Backoff, GateOutcome, Pipeline, ResolutionPolicy, Stage, StageDefinition, StageKind,
 };
 use crate::error::{Code, ErrorClass, HasCode, ValidationCode};
-use crate::provider::{ModelRequest, Provider, ProviderError};
+use crate::provider::{Message, ModelRequest, Provider, ProviderError, ToolCall, Usage};
 use crate::tools::exec::ModelError;
 
 /// Knobs shared by every execution of a run.
@@ -687,7 +687,7 @@ impl StageRun {
                 tools: Arc::clone(tools),
                 completion_tool: Arc::clone(&def.completion_tool),
                 completion_schema: def.completion_schema.shared_document(),
-                ctx: Arc::clone(&self.ctx),
+                ctx: Arc::clone(&self.ctx) as Arc<dyn crate::provider::TemplateScope>,
                 // Tokens and slot waits are observer events: skip them
                 // when no one observes.
                 observer: self.bus.has_observers().then(|| {

@@ -143,7 +143,7 @@ impl Outcome {
         last.messages
             .iter()
             .filter_map(|m| match m {
-                troupe::runtime::transcript::Message::Tool { content, .. } => Some(content.clone()),
+                troupe::provider::Message::Tool { content, .. } => Some(content.clone()),
                 _ => None,
             })
             .collect()

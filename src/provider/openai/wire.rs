@@ -16,9 +16,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::definition::ToolSpec;
-use crate::provider::{ModelRequest, ModelResponse, ProviderError, RequestObserver};
-use crate::runtime::result::Usage;
-use crate::runtime::transcript::{Message, ToolCall};
+use crate::provider::{
+    Message, ModelRequest, ModelResponse, ProviderError, RequestObserver, ToolCall, Usage,
+};
 
 /// The request body of one model turn.
 pub fn request_body(model: &str, request: &ModelRequest, stream: bool) -> Value {
