@@ -13,6 +13,7 @@ mod turn;
 pub mod openai;
 pub mod script;
 pub mod scripted;
+pub mod selector;
 pub mod synth;
 
 pub use backend::{Provider, ProviderInfo, ProviderNotice};

@@ -4,8 +4,10 @@
 
 pub mod args;
 pub mod bash;
+pub mod blocking;
 pub mod edit;
 pub mod env;
+pub mod error;
 pub mod exec;
 pub mod lines;
 pub mod path;
@@ -17,3 +19,4 @@ pub mod search;
 // Declared with the definitions; the scheduler's executor names them here.
 pub use crate::definition::{ToolSpec, stage_manifest};
 pub use env::{ToolEnv, ToolLimits};
+pub use error::{ModelError, ToolError};

@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
 use troupe::error::HasCode;
-use troupe::tools::exec::{ToolError, execute};
+use troupe::tools::ToolError;
+use troupe::tools::exec::execute;
 use troupe::tools::{ToolEnv, ToolLimits};
 
 /// A project root in a temp dir, inside a parent that tests may use as

@@ -35,7 +35,7 @@ use crate::definition::{
 };
 use crate::error::{Code, ErrorClass, HasCode, ValidationCode};
 use crate::provider::{Message, ModelRequest, Provider, ProviderError, ToolCall, Usage};
-use crate::tools::exec::ModelError;
+use crate::tools::ModelError;
 
 /// Knobs shared by every execution of a run.
 ///
@@ -1164,12 +1164,10 @@ impl StageRun {
                 cancel: self.cancel.child_token(),
             })
             .await
-            .unwrap_or(ToolOutcome::Failed(
-                crate::tools::exec::ToolError::Terminal {
-                    code: "ToolActorLost",
-                    message: "the tool-call actor stopped without answering".to_owned(),
-                },
-            ));
+            .unwrap_or(ToolOutcome::Failed(crate::tools::ToolError::Terminal {
+                code: "ToolActorLost",
+                message: "the tool-call actor stopped without answering".to_owned(),
+            }));
         match outcome {
             ToolOutcome::Succeeded(out) => {
                 self.emit(ev(EventName::ToolInvocationSucceeded).with("bytes", out.len()));

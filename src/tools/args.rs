@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::exec::ToolError;
+use super::error::ToolError;
 use crate::definition::builtin_tools;
 
 /// Errors listed in one message, at most.

@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
 use super::env::ToolLimits;
-use super::exec::ToolError;
+use super::error::ToolError;
 use super::process_group::GroupKill;
 use super::sandbox::ShellSandbox;
 
