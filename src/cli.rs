@@ -8,6 +8,7 @@ pub mod limits;
 pub mod options;
 pub mod output;
 pub mod progress;
+pub mod prompter;
 pub mod provider;
 pub mod report;
 pub mod resume;

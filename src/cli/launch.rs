@@ -13,6 +13,7 @@ use troupe_actors::EventBus;
 use super::Exit;
 use super::options::RunOptions;
 use super::output::{note_check, print_check_error, print_report, stored_summary};
+use super::prompter::StdinPrompter;
 use super::provider::ProviderSetup;
 use super::sandbox::shell_sandbox;
 use super::signals::{FirstSignal, Interrupts};
@@ -200,7 +201,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         interactors.push(InteractorSpec::Yolo);
     }
     if !opts.headless && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-        interactors.push(InteractorSpec::Terminal);
+        interactors.push(InteractorSpec::Terminal(Arc::new(StdinPrompter)));
     }
     let cap = opts
         .parallel_cap
