@@ -50,17 +50,17 @@ impl ScriptedProvider {
     /// The answer and its latency, rendered at once.
     #[cfg(test)]
     fn answer(&self, req: &ModelRequest) -> (Result<ModelResponse, ProviderError>, Duration) {
-        let (decision, latency) = self.decide(req);
-        let result = match decision {
-            Decision::Ready(result) => result,
-            Decision::Render { position } => render(&self.script, req, position),
+        let (planned, latency) = self.plan(req);
+        let result = match planned {
+            ReplyPlan::Ready(result) => result,
+            ReplyPlan::Render { position } => render(&self.script, req, position),
         };
         (result, latency)
     }
 
     /// Everything about a request's answer but the reply itself: injected
     /// failures (counted now, in request order) and the latency.
-    fn decide(&self, req: &ModelRequest) -> (Decision, Duration) {
+    fn plan(&self, req: &ModelRequest) -> (ReplyPlan, Duration) {
         let default_latency = self.latency.or(self.script.latency).unwrap_or_default();
         if self
             .fail
@@ -75,7 +75,7 @@ impl ScriptedProvider {
                 code: "ScriptedFailure",
                 message: format!("injected failure of `{who}` (--fail-sibling)"),
             };
-            return (Decision::Ready(Err(err)), default_latency);
+            return (ReplyPlan::Ready(Err(err)), default_latency);
         }
         let position = req.turns_so_far();
         let script = self.script.for_execution(&req.stage_id, req.index);
@@ -129,16 +129,16 @@ impl ScriptedProvider {
                         message,
                     }
                 };
-                return (Decision::Ready(Err(err)), latency);
+                return (ReplyPlan::Ready(Err(err)), latency);
             }
         }
-        (Decision::Render { position }, latency)
+        (ReplyPlan::Render { position }, latency)
     }
 }
 
-/// What [`ScriptedProvider::decide`] settled.
+/// What [`ScriptedProvider::plan`] settled.
 #[derive(Debug)]
-enum Decision {
+enum ReplyPlan {
     Ready(Result<ModelResponse, ProviderError>),
     /// Render the script's answer at this position.
     Render {
@@ -291,15 +291,15 @@ impl Provider for ScriptedProvider {
         &self,
         request: ModelRequest,
     ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>> {
-        let (decision, latency) = self.decide(&request);
+        let (planned, latency) = self.plan(&request);
         let script = Arc::clone(&self.script);
         async move {
             if !latency.is_zero() {
                 tokio::time::sleep(latency).await;
             }
-            match decision {
-                Decision::Ready(result) => result,
-                Decision::Render { position } => render(&script, &request, position),
+            match planned {
+                ReplyPlan::Ready(result) => result,
+                ReplyPlan::Render { position } => render(&script, &request, position),
             }
         }
         .boxed()

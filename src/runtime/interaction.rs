@@ -12,7 +12,7 @@ mod interactors;
 mod messages;
 
 pub use answers::{AnswerRule, AnswerRules};
-pub use grants::{Decision, GrantError, GrantLedger, GrantRequest, args_digest, args_summary};
+pub use grants::{GrantDecision, GrantError, GrantLedger, GrantRequest, args_digest, args_summary};
 pub use hub::{InteractionHub, InteractorSpec, start_hub};
 pub use interactors::{PromptView, Prompter, RuleInteractor, TerminalInteractor};
 pub use messages::{Answer, Answered, InteractorHandle, Prompt, Raise, Unprompt, WithdrawOwner};

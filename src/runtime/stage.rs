@@ -29,4 +29,4 @@ mod whereabouts;
 pub use model_loop::COMPLETION_ACCEPTED;
 pub use run::StageRun;
 pub use settings::RunSettings;
-pub use whereabouts::Progress;
+pub use whereabouts::Whereabouts;

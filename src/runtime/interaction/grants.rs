@@ -24,7 +24,7 @@ pub struct GrantRequest {
 
 /// The hub's decision on a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub enum GrantDecision {
     Approved { by: String },
     Denied { reason: String },
 }

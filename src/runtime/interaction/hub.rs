@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use troupe_actors::{Arbiter, ArbiterCommand, EventBus, InteractionId, Unanswered};
 
 use super::answers::AnswerRules;
-use super::grants::{Decision, GrantRequest};
+use super::grants::{GrantDecision, GrantRequest};
 use super::interactors::{Prompter, RuleInteractor, TerminalInteractor};
 use super::messages::{Answer, Answered, InteractorHandle, Prompt, Raise, Unprompt, WithdrawOwner};
 use crate::runtime::events::{Event, EventName};
@@ -28,7 +28,7 @@ struct Waiting {
     request: Arc<GrantRequest>,
     /// The full arguments as JSON, for rule matching.
     args_json: Arc<str>,
-    reply: oneshot::Sender<Decision>,
+    reply: oneshot::Sender<GrantDecision>,
 }
 
 /// The run's interaction hub: owns the arbiter and the interactor set.
@@ -117,11 +117,11 @@ impl InteractionHub {
                                 .with("by", by.as_str()),
                         );
                         let decision = match answer {
-                            Answer::Approve => Decision::Approved { by },
-                            Answer::Deny => Decision::Denied {
+                            Answer::Approve => GrantDecision::Approved { by },
+                            Answer::Deny => GrantDecision::Denied {
                                 reason: format!("denied by {by}"),
                             },
-                            Answer::Defer => Decision::Denied {
+                            Answer::Defer => GrantDecision::Denied {
                                 reason: format!("deferred by {by}"),
                             },
                         };
@@ -151,7 +151,7 @@ impl InteractionHub {
                             self.event(EventName::InteractionAnswered, &w.request, id)
                                 .with("outcome", outcome),
                         );
-                        let _ = w.reply.send(Decision::Denied { reason });
+                        let _ = w.reply.send(GrantDecision::Denied { reason });
                         self.closed.insert(id, w.request);
                     }
                 }

@@ -9,7 +9,7 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 use troupe_actors::{InteractionId, ResponderId};
 
-use super::grants::{Decision, GrantRequest};
+use super::grants::{GrantDecision, GrantRequest};
 
 /// An interactor's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub struct Raise {
     pub request: GrantRequest,
     /// The full arguments as JSON, for rule matching.
     pub args_json: String,
-    pub reply: oneshot::Sender<Decision>,
+    pub reply: oneshot::Sender<GrantDecision>,
 }
 
 /// An interactor's answer to interaction `id`.

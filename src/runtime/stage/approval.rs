@@ -11,15 +11,13 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::run::StageRun;
-use super::whereabouts::Progress;
+use super::whereabouts::Whereabouts;
 use crate::definition::{StageDefinition, is_builtin};
 use crate::error::{Code, ErrorClass};
 use crate::provider::ToolCall;
 use crate::runtime::events::EventName;
 use crate::runtime::hooks::{HookError, SlotOutcome};
-use crate::runtime::interaction::{
-    Decision as Grant, GrantRequest, Raise, args_digest, args_summary,
-};
+use crate::runtime::interaction::{GrantDecision, GrantRequest, Raise, args_digest, args_summary};
 use crate::tools::ModelError;
 
 impl StageRun {
@@ -33,9 +31,9 @@ impl StageRun {
         def: &StageDefinition,
         call: &ToolCall,
         index: usize,
-        progress: &Rc<RefCell<Progress>>,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
     ) -> Result<Value, String> {
-        let args = self.authorize(def, call, index, progress).await?;
+        let args = self.authorize(def, call, index, whereabouts).await?;
         if !self.hooks.has("TOOL_CALL/pre", Some(&call.name)) {
             return Ok(args);
         }
@@ -80,7 +78,7 @@ impl StageRun {
         def: &StageDefinition,
         call: &ToolCall,
         index: usize,
-        progress: &Rc<RefCell<Progress>>,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
     ) -> Result<Value, String> {
         self.emit(
             self.tool_event(EventName::ToolInvocationProposed, call)
@@ -116,7 +114,7 @@ impl StageRun {
             return Ok(args);
         }
         let (attempt, turn, ledger) = {
-            let mut p = progress.borrow_mut();
+            let mut p = whereabouts.borrow_mut();
             (
                 p.attempt,
                 p.turn,
@@ -136,17 +134,17 @@ impl StageRun {
         let decision = match &self.hub {
             Some(hub) => {
                 let (reply, answer) = tokio::sync::oneshot::channel();
-                progress.borrow_mut().raised = true;
+                whereabouts.borrow_mut().raised = true;
                 hub.do_send(Raise {
                     request: request.clone(),
                     args_json: args.to_string(),
                     reply,
                 });
-                answer.await.unwrap_or(Grant::Denied {
+                answer.await.unwrap_or(GrantDecision::Denied {
                     reason: "the interaction hub is gone".to_owned(),
                 })
             }
-            None => Grant::Denied {
+            None => GrantDecision::Denied {
                 reason: "no interactor can approve it (headless)".to_owned(),
             },
         };
@@ -166,8 +164,8 @@ impl StageRun {
             )
         };
         match decision {
-            Grant::Denied { reason } => Err(deny(reason)),
-            Grant::Approved { by } => {
+            GrantDecision::Denied { reason } => Err(deny(reason)),
+            GrantDecision::Approved { by } => {
                 let mut ledger = ledger.borrow_mut();
                 ledger.mint(&request);
                 self.emit(

@@ -8,9 +8,9 @@ use super::run::StageRun;
 use crate::error::{HasCode, ValidationCode};
 
 impl StageRun {
-    pub(super) fn assert_payload(&self, parsed: &Value, attempt: u32) -> Decision {
+    pub(super) fn assert_payload(&self, parsed: &Value, attempt: u32) -> AssertOutcome {
         let Some(exprs) = self.pipeline.asserts.get(&self.stage.id) else {
-            return Decision::Ok;
+            return AssertOutcome::Ok;
         };
         for expr in exprs {
             let ctx = self.ctx.to_expr_value(expr.source());
@@ -23,22 +23,23 @@ impl StageRun {
             match expr.eval_bool(&vars) {
                 Ok(true) => {}
                 Ok(false) => {
-                    return Decision::Retry(format!("assert `{}` is false", expr.source()));
+                    return AssertOutcome::Retry(format!("assert `{}` is false", expr.source()));
                 }
                 Err(e) => {
-                    return Decision::Fail(format!(
+                    return AssertOutcome::Fail(format!(
                         "{}: {e}",
                         ValidationCode::ExpressionFailed.code()
                     ));
                 }
             }
         }
-        Decision::Ok
+        AssertOutcome::Ok
     }
 }
 
-/// How Assert decided.
-pub(super) enum Decision {
+/// Assert's outcome for one attempt, as `StageAssertOutcome` records it:
+/// ok, retry (with the reason) or fail.
+pub(super) enum AssertOutcome {
     Ok,
     Retry(String),
     Fail(String),

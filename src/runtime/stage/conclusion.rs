@@ -7,7 +7,7 @@ use crate::provider::Usage;
 use crate::runtime::result::Verdict;
 
 /// The fields of a StageResult, assembled before Exit.
-pub(super) struct Ended {
+pub(super) struct Conclusion {
     pub(super) verdict: Verdict,
     pub(super) reason: Option<String>,
     pub(super) parsed: Value,
@@ -17,10 +17,10 @@ pub(super) struct Ended {
     pub(super) usage: Usage,
 }
 
-impl Ended {
+impl Conclusion {
     /// An execution that ended before Act produced anything.
-    pub(super) fn early(verdict: Verdict, reason: String) -> Ended {
-        Ended {
+    pub(super) fn early(verdict: Verdict, reason: String) -> Conclusion {
+        Conclusion {
             verdict,
             reason: Some(reason),
             parsed: Value::Null,

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::approval::tool_terminal;
 use super::run::StageRun;
-use super::whereabouts::Progress;
+use super::whereabouts::Whereabouts;
 use crate::definition::StageDefinition;
 use crate::error::{Code, ErrorClass, HasCode};
 use crate::provider::ToolCall;
@@ -30,15 +30,15 @@ impl StageRun {
         &self,
         def: &StageDefinition,
         calls: &[ToolCall],
-        progress: &Rc<RefCell<Progress>>,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
     ) -> Vec<String> {
-        progress.borrow_mut().tool_calls = calls
+        whereabouts.borrow_mut().tool_calls = calls
             .iter()
             .map(|c| (c.id.clone(), c.name.clone()))
             .collect();
         let mut approved = Vec::with_capacity(calls.len());
         for (i, call) in calls.iter().enumerate() {
-            approved.push(self.approve(def, call, i, progress).await);
+            approved.push(self.approve(def, call, i, whereabouts).await);
         }
         // One call (the common case) needs no concurrency: a bounded
         // stream builds a FuturesUnordered, boxes the call into a task of
@@ -58,7 +58,7 @@ impl StageRun {
             .collect::<Vec<String>>()
             .await
         };
-        progress.borrow_mut().tool_calls.clear();
+        whereabouts.borrow_mut().tool_calls.clear();
         results
     }
 

@@ -8,7 +8,7 @@ use std::rc::Rc;
 use serde_json::Value;
 
 use super::run::StageRun;
-use super::whereabouts::Progress;
+use super::whereabouts::Whereabouts;
 use crate::definition::{Backoff, GateOutcome, ResolutionPolicy};
 use crate::error::{HasCode, ValidationCode};
 use crate::runtime::events::EventName;
@@ -19,21 +19,21 @@ impl StageRun {
     pub(super) async fn check_gate(
         &self,
         policy: GatePolicy,
-        progress: &Rc<RefCell<Progress>>,
-    ) -> GateEnd {
+        whereabouts: &Rc<RefCell<Whereabouts>>,
+    ) -> GateResolution {
         let Some(gate) = self.pipeline.gates.get(&self.stage.id) else {
-            self.phase(progress, "CheckGate", true);
+            self.phase(whereabouts, "CheckGate", true);
             self.emit(
                 self.event(EventName::StageCheckGateResult)
                     .with_static("outcome", "proceed")
                     .with("check", 1),
             );
-            self.phase(progress, "CheckGate", false);
-            return GateEnd::Proceed;
+            self.phase(whereabouts, "CheckGate", false);
+            return GateResolution::Proceed;
         };
         let mut check = 1u32;
         loop {
-            self.phase(progress, "CheckGate", true);
+            self.phase(whereabouts, "CheckGate", true);
             let ctx = self.ctx.to_expr_value(gate.when.source());
             let outcome = match gate.when.eval_bool(&[("ctx", &ctx)]) {
                 Ok(true) => Ok("proceed"),
@@ -55,21 +55,25 @@ impl StageRun {
                 Err(e) => ev.with("outcome", "error").with("reason", e.as_str()),
             };
             self.emit(ev);
-            self.phase(progress, "CheckGate", false);
+            self.phase(whereabouts, "CheckGate", false);
             let outcome = match outcome {
                 Ok(o) => o,
-                Err(e) => return GateEnd::Fail(e),
+                Err(e) => return GateResolution::Fail(e),
             };
             match (outcome, policy.resolution) {
-                ("proceed", _) => return GateEnd::Proceed,
-                (o, ResolutionPolicy::Skip) => return GateEnd::Skip(format!("CheckGate: {o}")),
-                (o, ResolutionPolicy::Fail) => return GateEnd::Fail(format!("CheckGate: {o}")),
+                ("proceed", _) => return GateResolution::Proceed,
+                (o, ResolutionPolicy::Skip) => {
+                    return GateResolution::Skip(format!("CheckGate: {o}"));
+                }
+                (o, ResolutionPolicy::Fail) => {
+                    return GateResolution::Fail(format!("CheckGate: {o}"));
+                }
                 ("block", ResolutionPolicy::RetryLater) => {
-                    return GateEnd::Fail("CheckGate: block".to_owned());
+                    return GateResolution::Fail("CheckGate: block".to_owned());
                 }
                 (_, ResolutionPolicy::RetryLater) => {
                     if check >= policy.max_checks {
-                        return GateEnd::Fail(format!(
+                        return GateResolution::Fail(format!(
                             "CheckGate: still deferred after {check} checks"
                         ));
                     }
@@ -84,7 +88,9 @@ impl StageRun {
     }
 }
 
-pub(super) enum GateEnd {
+/// How CheckGate resolved: go on to Act, or end the execution skipped or
+/// failed (with the reason).
+pub(super) enum GateResolution {
     Proceed,
     Skip(String),
     Fail(String),

@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::asserts::Decision;
-use super::conclusion::Ended;
-use super::gate::{GateEnd, GatePolicy};
-use super::model_loop::ActEnd;
+use super::asserts::AssertOutcome;
+use super::conclusion::Conclusion;
+use super::gate::{GatePolicy, GateResolution};
+use super::model_loop::ActOutcome;
 use super::run::StageRun;
-use super::whereabouts::Progress;
+use super::whereabouts::Whereabouts;
 use crate::definition::{StageDefinition, StageKind};
 use crate::error::{Code, HasCode, ValidationCode};
 use crate::provider::{Message, Usage};
@@ -41,8 +41,8 @@ impl StageRun {
     /// StageResult; Exit's record and the report are its owner's. Never
     /// panics on bad input; a cancelled execution is simply dropped by its
     /// owner.
-    pub async fn execute(self, progress: Rc<RefCell<Progress>>) -> Arc<StageResult> {
-        let Ended {
+    pub async fn execute(self, whereabouts: Rc<RefCell<Whereabouts>>) -> Arc<StageResult> {
+        let Conclusion {
             verdict,
             reason,
             parsed,
@@ -52,29 +52,29 @@ impl StageRun {
             usage,
         } = match &self.stage.kind {
             StageKind::Llm(def) => match self.settings.stage_timeout {
-                None => self.run_llm(def, &progress).await,
+                None => self.run_llm(def, &whereabouts).await,
                 Some(limit) => {
-                    match tokio::time::timeout(limit, self.run_llm(def, &progress)).await {
+                    match tokio::time::timeout(limit, self.run_llm(def, &whereabouts)).await {
                         Ok(ended) => ended,
                         Err(_) => {
                             // Whatever was in flight is dropped; its tools are
                             // cancelled (child processes killed).
                             self.cancel.cancel();
-                            let mut ended = Ended::early(
+                            let mut ended = Conclusion::early(
                                 Verdict::Fail,
                                 format!(
                                     "Session/StageTimeout: the stage took longer than {limit:?} (--stage-timeout)"
                                 ),
                             );
-                            ended.attempts = progress.borrow().attempt;
+                            ended.attempts = whereabouts.borrow().attempt;
                             ended
                         }
                     }
                 }
             },
-            _ => self.run_step(&progress).await,
+            _ => self.run_step(&whereabouts).await,
         };
-        self.phase(&progress, "Exit", true);
+        self.phase(&whereabouts, "Exit", true);
         // `output` defaults to `parsed`: share it rather than deep-copy it
         // (a fan-out keeps every sibling's result until its join).
         let parsed = Arc::new(parsed);
@@ -93,22 +93,26 @@ impl StageRun {
     }
 
     /// A failure that ends the stage before Act: audited as StageInitFailed.
-    fn init_failed(&self, code: Code, message: String) -> Ended {
+    fn init_failed(&self, code: Code, message: String) -> Conclusion {
         self.emit(
             self.event(EventName::StageInitFailed)
                 .with("code", code.to_string())
                 .with("message", message.as_str()),
         );
-        Ended::early(Verdict::Fail, format!("{code}: {message}"))
+        Conclusion::early(Verdict::Fail, format!("{code}: {message}"))
     }
 
-    async fn run_llm(&self, def: &Arc<StageDefinition>, progress: &Rc<RefCell<Progress>>) -> Ended {
+    async fn run_llm(
+        &self,
+        def: &Arc<StageDefinition>,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
+    ) -> Conclusion {
         // Setup: tools were resolved at load; check each upstream element.
-        self.phase(progress, "Setup", true);
+        self.phase(whereabouts, "Setup", true);
         if let Some(schema) = &def.inputs_schema {
             for (i, up) in self.ctx.upstream.iter().enumerate() {
                 if let Err(errors) = schema.check(&up.to_json()) {
-                    self.phase(progress, "Setup", false);
+                    self.phase(whereabouts, "Setup", false);
                     let code = ValidationCode::StageInputsInvalid.code();
                     return self.init_failed(
                         code,
@@ -120,15 +124,15 @@ impl StageRun {
                 }
             }
         }
-        self.phase(progress, "Setup", false);
+        self.phase(whereabouts, "Setup", false);
 
         // Init: render once; fresh transcript; manifest with the completion channel.
-        self.phase(progress, "Init", true);
+        self.phase(whereabouts, "Init", true);
         let ctx = Arc::clone(&self.ctx);
         let prompt = match def.body.render_with(|p| ctx.resolve(p)) {
             Ok(p) => p,
             Err(e) => {
-                self.phase(progress, "Init", false);
+                self.phase(whereabouts, "Init", false);
                 return self.init_failed(ValidationCode::TemplateUnresolved.code(), e.to_string());
             }
         };
@@ -141,7 +145,7 @@ impl StageRun {
                 Ok(Some(Value::String(input))) => prompt = input,
                 Ok(_) => {}
                 Err((code, message)) => {
-                    self.phase(progress, "Init", false);
+                    self.phase(whereabouts, "Init", false);
                     return self.init_failed(code, message);
                 }
             }
@@ -154,7 +158,7 @@ impl StageRun {
             ),
         });
         let tools = Arc::clone(&self.tools);
-        self.phase(progress, "Init", false);
+        self.phase(whereabouts, "Init", false);
 
         // CheckGate.
         let policy = GatePolicy {
@@ -162,13 +166,13 @@ impl StageRun {
             max_checks: def.retry_policy.max_attempts,
             backoff: def.retry_policy.backoff,
         };
-        match self.check_gate(policy, progress).await {
-            GateEnd::Proceed => {}
-            GateEnd::Skip(reason) => {
-                return Ended::early(Verdict::Skipped, reason);
+        match self.check_gate(policy, whereabouts).await {
+            GateResolution::Proceed => {}
+            GateResolution::Skip(reason) => {
+                return Conclusion::early(Verdict::Skipped, reason);
             }
-            GateEnd::Fail(reason) => {
-                return Ended::early(Verdict::Fail, reason);
+            GateResolution::Fail(reason) => {
+                return Conclusion::early(Verdict::Fail, reason);
             }
         }
 
@@ -176,40 +180,42 @@ impl StageRun {
         let mut usage = Usage::default();
         let mut attempt = 1u32;
         loop {
-            progress.borrow_mut().attempt = attempt;
-            self.phase(progress, "Act", true);
+            whereabouts.borrow_mut().attempt = attempt;
+            self.phase(whereabouts, "Act", true);
             let end = self
-                .act(def, &tools, &mut transcript, &mut usage, progress)
+                .act(def, &tools, &mut transcript, &mut usage, whereabouts)
                 .await;
-            self.phase(progress, "Act", false);
+            self.phase(whereabouts, "Act", false);
 
-            self.phase(progress, "Assert", true);
+            self.phase(whereabouts, "Assert", true);
             let (decision, parsed, cap_hit) = match end {
-                ActEnd::Completed(parsed) => (self.assert_payload(&parsed, attempt), parsed, false),
-                ActEnd::CapHit => (
-                    Decision::Retry(format!(
+                ActOutcome::Completed(parsed) => {
+                    (self.assert_payload(&parsed, attempt), parsed, false)
+                }
+                ActOutcome::CapHit => (
+                    AssertOutcome::Retry(format!(
                         "turnCap {} reached without a valid `{}` call",
                         def.turn_cap, def.completion_tool
                     )),
                     Value::Null,
                     true,
                 ),
-                ActEnd::Failed(code, message) => (
-                    Decision::Fail(format!("{code}: {message}")),
+                ActOutcome::Failed(code, message) => (
+                    AssertOutcome::Fail(format!("{code}: {message}")),
                     Value::Null,
                     false,
                 ),
             };
             let decision = match decision {
-                Decision::Retry(reason) if attempt >= def.retry_policy.max_attempts => {
-                    Decision::Fail(format!("RetryExhausted: {reason}"))
+                AssertOutcome::Retry(reason) if attempt >= def.retry_policy.max_attempts => {
+                    AssertOutcome::Fail(format!("RetryExhausted: {reason}"))
                 }
                 other => other,
             };
             let (verdict, reason) = match &decision {
-                Decision::Ok => ("ok", None),
-                Decision::Retry(r) => ("retry", Some(r.clone())),
-                Decision::Fail(r) => ("fail", Some(r.clone())),
+                AssertOutcome::Ok => ("ok", None),
+                AssertOutcome::Retry(r) => ("retry", Some(r.clone())),
+                AssertOutcome::Fail(r) => ("fail", Some(r.clone())),
             };
             let mut outcome = self
                 .event(EventName::StageAssertOutcome)
@@ -220,10 +226,10 @@ impl StageRun {
                 outcome = outcome.with("reason", r.as_str());
             }
             self.emit(outcome);
-            self.phase(progress, "Assert", false);
+            self.phase(whereabouts, "Assert", false);
             match decision {
-                Decision::Ok => {
-                    return Ended {
+                AssertOutcome::Ok => {
+                    return Conclusion {
                         verdict: Verdict::Ok,
                         reason: None,
                         parsed,
@@ -233,8 +239,8 @@ impl StageRun {
                         usage,
                     };
                 }
-                Decision::Fail(reason) => {
-                    return Ended {
+                AssertOutcome::Fail(reason) => {
+                    return Conclusion {
                         verdict: Verdict::Fail,
                         reason: Some(reason),
                         parsed,
@@ -244,7 +250,7 @@ impl StageRun {
                         usage,
                     };
                 }
-                Decision::Retry(reason) => {
+                AssertOutcome::Retry(reason) => {
                     let wait = def.retry_policy.backoff.delay(attempt);
                     if !wait.is_zero() {
                         tokio::time::sleep(wait).await;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::run::StageRun;
-use super::whereabouts::Progress;
+use super::whereabouts::Whereabouts;
 use crate::definition::{StageDefinition, ToolSpec};
 use crate::error::{Code, ErrorClass, HasCode};
 use crate::provider::{Message, ModelRequest, RequestObserver, TemplateScope, Usage};
@@ -27,15 +27,15 @@ impl StageRun {
         tools: &Arc<Vec<ToolSpec>>,
         transcript: &mut Transcript,
         usage: &mut Usage,
-        progress: &Rc<RefCell<Progress>>,
-    ) -> ActEnd {
+        whereabouts: &Rc<RefCell<Whereabouts>>,
+    ) -> ActOutcome {
         let mut turns = 0u32;
         loop {
             if turns >= def.turn_cap {
-                return ActEnd::CapHit;
+                return ActOutcome::CapHit;
             }
             turns += 1;
-            progress.borrow_mut().turn = turns;
+            whereabouts.borrow_mut().turn = turns;
             let composed = || {
                 json!({
                     "turn": turns,
@@ -49,7 +49,7 @@ impl StageRun {
                 "SEND_REQUEST/pre",
             ] {
                 if let Err((code, message)) = self.loop_hook(slot, composed, None).await {
-                    return ActEnd::Failed(code, message);
+                    return ActOutcome::Failed(code, message);
                 }
             }
             let request = ModelRequest {
@@ -73,15 +73,15 @@ impl StageRun {
                     }) as Arc<dyn RequestObserver>
                 }),
             };
-            let mut response = match self.request(request, turns, usage, progress).await {
+            let mut response = match self.request(request, turns, usage, whereabouts).await {
                 Ok(r) => r,
-                Err(e) => return ActEnd::Failed(e.code(), e.to_string()),
+                Err(e) => return ActOutcome::Failed(e.code(), e.to_string()),
             };
             for slot in ["SEND_REQUEST/post", "STREAM_RESPONSE/pre"] {
                 if let Err((code, message)) =
                     self.loop_hook(slot, || json!({"turn": turns}), None).await
                 {
-                    return ActEnd::Failed(code, message);
+                    return ActOutcome::Failed(code, message);
                 }
             }
             let streamed = || {
@@ -97,7 +97,7 @@ impl StageRun {
             {
                 Ok(Some(Value::String(text))) => response.text = Some(text),
                 Ok(_) => {}
-                Err((code, message)) => return ActEnd::Failed(code, message),
+                Err((code, message)) => return ActOutcome::Failed(code, message),
             }
             // The response is used up here: its calls go to the transcript,
             // and one copy stays to run them.
@@ -155,10 +155,10 @@ impl StageRun {
                                 .loop_hook(slot, || json!({"parsed": parsed}), None)
                                 .await
                             {
-                                return ActEnd::Failed(code, message);
+                                return ActOutcome::Failed(code, message);
                             }
                         }
-                        return ActEnd::Completed(parsed);
+                        return ActOutcome::Completed(parsed);
                     }
                     Err(err) => {
                         transcript.push(Message::Tool {
@@ -169,7 +169,7 @@ impl StageRun {
                     }
                 }
             }
-            let results = self.run_tools(def, &calls, progress).await;
+            let results = self.run_tools(def, &calls, whereabouts).await;
             for (call, content) in calls.iter().zip(results) {
                 transcript.push(Message::Tool {
                     tool_call_id: call.id.clone(),
@@ -181,7 +181,7 @@ impl StageRun {
 }
 
 /// How Act ended.
-pub(super) enum ActEnd {
+pub(super) enum ActOutcome {
     Completed(Value),
     CapHit,
     Failed(Code, String),

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::run::StageRun;
-use super::whereabouts::Progress;
+use super::whereabouts::Whereabouts;
 use crate::error::HasCode;
 use crate::provider::{ModelRequest, ModelResponse, ProviderError, Usage};
 use crate::runtime::events::EventName;
@@ -20,7 +20,7 @@ impl StageRun {
         request: ModelRequest,
         turn: u32,
         usage: &mut Usage,
-        progress: &Rc<RefCell<Progress>>,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
     ) -> Result<ModelResponse, ProviderError> {
         let mut retry = 0u32;
         loop {
@@ -55,7 +55,7 @@ impl StageRun {
                 },
             };
             usage.add(spent);
-            progress.borrow_mut().usage.add(spent);
+            whereabouts.borrow_mut().usage.add(spent);
             if let Some(budget) = &self.settings.budget {
                 budget.record(spent);
             }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use troupe_actors::EventBus;
 
 use super::settings::RunSettings;
-use super::whereabouts::Progress;
+use super::whereabouts::Whereabouts;
 use crate::definition::{Pipeline, Stage, ToolSpec};
 use crate::provider::{Provider, ToolCall};
 use crate::runtime::context::StageContext;
@@ -58,9 +58,14 @@ impl StageRun {
     /// Marks a phase boundary: the phase is remembered for `StageCancelled`,
     /// and a `StagePreFired`/`StagePostFired` observer event is published
     /// when anyone observes (they are not audit events; see `EventName::class`).
-    pub(super) fn phase(&self, progress: &Rc<RefCell<Progress>>, phase: &'static str, pre: bool) {
+    pub(super) fn phase(
+        &self,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
+        phase: &'static str,
+        pre: bool,
+    ) {
         if pre {
-            progress.borrow_mut().phase = phase;
+            whereabouts.borrow_mut().phase = phase;
         }
         if !self.bus.has_observers() {
             return;

@@ -7,11 +7,11 @@ use std::rc::Rc;
 
 use serde_json::{Value, json};
 
-use super::asserts::Decision;
-use super::conclusion::Ended;
-use super::gate::{GateEnd, STEP_GATE};
+use super::asserts::AssertOutcome;
+use super::conclusion::Conclusion;
+use super::gate::{GateResolution, STEP_GATE};
 use super::run::StageRun;
-use super::whereabouts::Progress;
+use super::whereabouts::Whereabouts;
 use crate::definition::StageKind;
 use crate::definition::expr::{Expr, json_kind};
 use crate::error::{HasCode, ValidationCode};
@@ -25,18 +25,18 @@ impl StageRun {
     /// gate and asserts are evaluated as an LLM stage's are, with one
     /// attempt: a gate that does not say proceed, or a false assert,
     /// fails the step.
-    pub(super) async fn run_step(&self, progress: &Rc<RefCell<Progress>>) -> Ended {
+    pub(super) async fn run_step(&self, whereabouts: &Rc<RefCell<Whereabouts>>) -> Conclusion {
         for phase in ["Setup", "Init"] {
-            self.phase(progress, phase, true);
-            self.phase(progress, phase, false);
+            self.phase(whereabouts, phase, true);
+            self.phase(whereabouts, phase, false);
         }
-        progress.borrow_mut().attempt = 1;
-        match self.check_gate(STEP_GATE, progress).await {
-            GateEnd::Proceed => {}
-            GateEnd::Skip(reason) => return Ended::early(Verdict::Skipped, reason),
-            GateEnd::Fail(reason) => return Ended::early(Verdict::Fail, reason),
+        whereabouts.borrow_mut().attempt = 1;
+        match self.check_gate(STEP_GATE, whereabouts).await {
+            GateResolution::Proceed => {}
+            GateResolution::Skip(reason) => return Conclusion::early(Verdict::Skipped, reason),
+            GateResolution::Fail(reason) => return Conclusion::early(Verdict::Fail, reason),
         }
-        self.phase(progress, "Act", true);
+        self.phase(whereabouts, "Act", true);
         let ctx = &self.ctx;
         let eval = |expr: &Expr| -> Result<Value, String> {
             let c = ctx.to_expr_value(expr.source());
@@ -88,13 +88,13 @@ impl StageRun {
             }),
             StageKind::Llm(_) => Err("internal: an LLM stage reached the step runner".to_owned()),
         };
-        self.phase(progress, "Act", false);
-        self.phase(progress, "Assert", true);
+        self.phase(whereabouts, "Act", false);
+        self.phase(whereabouts, "Assert", true);
         let (verdict, reason, parsed, output) = match outcome {
             Ok((parsed, output)) => match self.assert_payload(&parsed, 1) {
-                Decision::Ok => (Verdict::Ok, None, parsed, output),
+                AssertOutcome::Ok => (Verdict::Ok, None, parsed, output),
                 // One attempt: a false assert fails the step.
-                Decision::Retry(reason) | Decision::Fail(reason) => {
+                AssertOutcome::Retry(reason) | AssertOutcome::Fail(reason) => {
                     (Verdict::Fail, Some(reason), parsed, output)
                 }
             },
@@ -108,8 +108,8 @@ impl StageRun {
             ev = ev.with("reason", r.as_str());
         }
         self.emit(ev);
-        self.phase(progress, "Assert", false);
-        Ended {
+        self.phase(whereabouts, "Assert", false);
+        Conclusion {
             verdict,
             reason,
             parsed,

@@ -12,7 +12,7 @@ use crate::runtime::interaction::GrantLedger;
 
 /// Where the execution is, for the `StageCancelled` record.
 #[derive(Debug, Clone, Default)]
-pub struct Progress {
+pub struct Whereabouts {
     pub phase: &'static str,
     pub attempt: u32,
     pub turn: u32,
