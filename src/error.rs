@@ -98,7 +98,8 @@ pub enum ValidationCode {
     PipelineUnreadable,
     /// `pipeline.yaml` is not valid YAML or has a wrong shape.
     PipelineInvalid,
-    /// A stage file fails the stage-definition rules (SPEC §1.1).
+    /// A stage file fails the stage-definition rules (its
+    /// frontmatter fields, their types and values).
     StageDefinitionInvalid,
     /// A stage file cannot be read: missing, not a file, not UTF-8.
     StageFileUnreadable,

@@ -1,4 +1,4 @@
-//! Tool approvals and interactors (ACCEPTANCE 29–33), in-process on paused
+//! Tool approvals and interactors, in-process on paused
 //! time with scripted interactors: the authority stack, one-shot grants,
 //! first answer wins, withdrawal on cancel, late answers audited.
 

@@ -1,4 +1,4 @@
-//! One stage execution on the real runtime (ACCEPTANCE 10–20), on paused
+//! One stage execution on the real runtime, on paused
 //! time with the scripted provider; observed through the audit events and
 //! the requests the provider received.
 

@@ -1,9 +1,10 @@
-#![allow(clippy::unwrap_used)]
 //! The built-in tools through their one entry point (`execute`), against
 //! real temp directories and real processes: happy paths, root confinement,
 //! .gitignore, caps and truncation notes, atomic writes, Bash timeouts and
 //! cancellation killing the whole process group; and one run through the
 //! `troupe` binary where a scripted stage reads and edits a file.
+
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! `pipeline.yaml` (SPEC §1.2): the state machine's header, stage table,
+//! `pipeline.yaml`: the state machine's header, stage table,
 //! Next() table, asserts and gates, read into located parts that the loader
 //! cross-checks once every stage file is known.
 

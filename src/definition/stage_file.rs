@@ -1,5 +1,5 @@
 //! One stage definition file (`*.md`): YAML frontmatter between `---` lines,
-//! then the system-prompt template body (SPEC §1.1).
+//! then the system-prompt template body.
 
 use std::path::Path;
 

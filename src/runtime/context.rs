@@ -1,4 +1,5 @@
-//! StageContext (SPEC §2, §3.1): what a stage execution may read. Built at
+//! StageContext: what a stage execution may read through `ctx.*` and
+//! `stage.*` in its templates and expressions. Built at
 //! Setup from shared, immutable pieces so a 100 000-wide fan-out does not
 //! copy the state slot per sibling.
 

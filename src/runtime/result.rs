@@ -1,4 +1,4 @@
-//! StageResult (SPEC §3.6): what a finished stage execution hands to Next(),
+//! StageResult: what a finished stage execution hands to Next(),
 //! the state slot and its successors.
 
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! What the model produced is passed on as it is, even when it is wrong: a
 //! tool call whose arguments are not JSON or that names no tool reaches the
 //! stage, which answers the model with a typed tool error on the same
-//! transcript (SPEC §3.4, §7). What the *server* got wrong — a body that is
+//! transcript. What the *server* got wrong — a body that is
 //! not a completion, no choices — is a `ProviderTransient` error that the
 //! stage retries.
 

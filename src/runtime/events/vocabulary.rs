@@ -92,8 +92,9 @@ impl EventName {
 
     pub fn class(self) -> EventClass {
         match self {
-            // Phase markers are trace, not record: SPEC §6 does not list them
-            // among the audit events, and a stage publishes fourteen of them.
+            // Phase markers are trace, not record: they are not audit events
+            // (ARCHITECTURE.md, Events and audit), and a stage publishes
+            // fourteen of them.
             // They reach `--events` and in-process observers, never the log.
             EventName::Token
             | EventName::Progress

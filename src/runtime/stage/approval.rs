@@ -21,7 +21,7 @@ use crate::runtime::interaction::{GrantDecision, GrantRequest, Raise, args_diges
 use crate::tools::ModelError;
 
 impl StageRun {
-    /// The authority stack for one proposed call (SPEC §5): the arguments
+    /// The authority stack for one proposed call: the arguments
     /// must be a JSON object and the tool must exist; a call in
     /// `allowedTools` is approved; any other raises a `grantStageTool`
     /// interaction whose approval mints a one-shot token that this call

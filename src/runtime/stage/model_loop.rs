@@ -20,7 +20,8 @@ use crate::runtime::transcript::Transcript;
 use crate::tools::ModelError;
 
 impl StageRun {
-    /// The message loop (SPEC §3.4).
+    /// Act: the message loop, one model turn per iteration, until a
+    /// completion is accepted, the turn cap is reached or a step fails.
     pub(super) async fn act(
         &self,
         def: &StageDefinition,
