@@ -2,6 +2,10 @@
 //! actor runtime. This crate holds the domain (definitions, runtime,
 //! providers, tools) and a thin CLI; reusable actor machinery lives in
 //! `troupe-actors`.
+//!
+//! Layers, lowest first; a module imports only its own layer and those
+//! below (`tests/layering.rs` checks it): `error` → `definition` →
+//! `provider`, `tools` → `runtime` → `store`, `report`, `bench` → `cli`.
 
 pub mod bench;
 pub mod cli;

@@ -1,5 +1,6 @@
 //! The actor runtime: sessions, the scheduler, stage executions, tool calls,
-//! events and the audit log.
+//! hooks, approvals, events and the audit log. It writes nothing to the
+//! terminal: prompts and messages are the CLI's.
 
 pub mod audit;
 pub mod cancel;
