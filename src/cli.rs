@@ -21,6 +21,7 @@ pub mod sandbox_exec;
 pub mod show;
 pub mod signals;
 pub mod validate;
+pub mod worker;
 
 pub use command::{Cli, Command, run};
 pub use exit::Exit;

@@ -33,7 +33,8 @@ impl Pos {
 }
 
 /// The error classes: the contract's eight, plus `Budget` (a run's token
-/// or cost budget ran out) and `Store` (the run store on disk).
+/// or cost budget ran out), `Store` (the run store on disk) and
+/// `Distributed` (siblings run by workers over NATS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum ErrorClass {
     Validation,
@@ -47,6 +48,8 @@ pub enum ErrorClass {
     Budget,
     /// The run store on disk: run folders and their audit logs.
     Store,
+    /// Runs spread over workers through NATS.
+    Distributed,
 }
 
 impl ErrorClass {
@@ -62,6 +65,7 @@ impl ErrorClass {
             ErrorClass::ExtensionHost => "ExtensionHost",
             ErrorClass::Budget => "Budget",
             ErrorClass::Store => "Store",
+            ErrorClass::Distributed => "Distributed",
         }
     }
 }

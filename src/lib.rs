@@ -5,11 +5,13 @@
 //!
 //! Layers, lowest first; a module imports only its own layer and those
 //! below (`tests/layering.rs` checks it): `error` → `definition` →
-//! `provider`, `tools` → `runtime` → `store`, `report`, `bench` → `cli`.
+//! `provider`, `tools` → `runtime` → `store`, `report`, `bench`,
+//! `distributed` → `cli`.
 
 pub mod bench;
 pub mod cli;
 pub mod definition;
+pub mod distributed;
 pub mod error;
 pub mod provider;
 pub mod report;

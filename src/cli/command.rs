@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use super::exit::Exit;
-use super::{bench, report, resume, runs, sandbox_exec, show, validate};
+use super::{bench, report, resume, runs, sandbox_exec, show, validate, worker};
 
 const AFTER_HELP: &str = "\
 A pipeline is a folder: pipeline.yaml (entry, stages, next table) plus one
@@ -24,6 +24,8 @@ Examples:
   troupe runs show <RUN_ID> --stage worker#17   # one sibling's verdict and result
   troupe resume <RUN_ID>                        # go on after Ctrl-C, kill -9, a fixed failure
   troupe report <RUN_ID> --svg run.svg --html run.html
+  troupe worker stages/fanout --nats nats://127.0.0.1:4222     # serve siblings
+  troupe run stages/fanout --nats nats://127.0.0.1:4222         # siblings on workers
 
 Exit codes:
   0    ok
@@ -87,6 +89,16 @@ pub enum Command {
     /// (a run whose process died reads `interrupted`), start, duration and
     /// executions ok / failed / cancelled.
     Runs(Box<runs::RunsArgs>),
+    /// Serve fan-out siblings of distributed runs from a NATS JetStream
+    /// work queue.
+    ///
+    /// Takes sibling tasks of the given pipelines from the queue that
+    /// `troupe run --nats URL` fills, runs each on the same stage actors as
+    /// a local run with this worker's own provider and tools, and reports
+    /// them back. A task of a pipeline whose files differ from this
+    /// worker's copy is refused. The first Ctrl-C or SIGTERM stops taking
+    /// tasks and lets those in flight finish.
+    Worker(Box<worker::WorkerArgs>),
     /// Benchmark a pipeline offline against the plain-tokio floor.
     ///
     /// Runs the pipeline with the scripted provider and the audit log on
@@ -134,6 +146,7 @@ pub fn run(cli: Cli) -> Exit {
         Command::Run(args) => super::run::run(*args),
         Command::Resume(args) => resume::run(*args),
         Command::Runs(args) => runs::run(*args),
+        Command::Worker(args) => worker::run(*args),
         Command::Bench(args) => bench::run(*args),
         Command::Show {
             pipeline,

@@ -14,7 +14,7 @@ use super::Exit;
 use super::options::RunOptions;
 use super::output::{note_check, print_check_error, print_report, stored_summary};
 use super::prompter::StdinPrompter;
-use super::provider::ProviderSetup;
+use super::provider::{ProviderArgs, ProviderSetup};
 use super::sandbox::shell_sandbox;
 use super::signals::{FirstSignal, Interrupts};
 use super::validate::{print_diagnostics, reject};
@@ -147,49 +147,17 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             json,
         );
     }
-    let setup = match opts.provider.resolve(&pipeline) {
-        Ok(s) => s,
-        Err(e) => return input_invalid(&path, e, json),
+    let settings = provider_settings(&opts.provider);
+    let knobs = ScriptedKnobs {
+        script: opts.script.as_deref(),
+        latency: opts.latency,
+        fail: &opts.fail_sibling,
     };
-    let mut settings = RunSettings::default();
-    if let Some(n) = opts.provider.provider_retries {
-        settings.provider_retries = n;
-    }
-    if let Some(d) = opts.provider.provider_backoff {
-        settings.provider_backoff = Backoff::Exponential {
-            initial: d,
-            max: d.max(std::time::Duration::from_secs(10)),
-        };
-    }
-    let (provider, openai): (Arc<dyn Provider>, Option<(OpenAiProvider, bool)>) = match setup {
-        ProviderSetup::Scripted => match scripted_provider(opts, &pipeline) {
-            Ok(p) => (Arc::new(p), None),
-            Err(exit) => return exit,
-        },
-        ProviderSetup::Openai { config, skip_check } => {
-            let scripted_only = [
-                (opts.script.is_some(), "--script"),
-                (opts.latency.is_some(), "--latency"),
-                (!opts.fail_sibling.is_empty(), "--fail-sibling"),
-            ];
-            if let Some((_, flag)) = scripted_only.iter().find(|(set, _)| *set) {
-                return input_invalid(
-                    &path,
-                    format!("{flag} is for the scripted provider, not openai"),
-                    json,
-                );
-            }
-            match OpenAiProvider::new(*config) {
-                Ok(p) => {
-                    // Said once, when it happens; the audit log gets a
-                    // `ProviderNotice` too.
-                    p.on_notice(|n| eprintln!("note: {}", n.message));
-                    (Arc::new(p.clone()), Some((p, skip_check)))
-                }
-                Err(e) => return input_invalid(&path, e.to_string(), json),
-            }
-        }
+    let (provider, openai) = match make_provider(&opts.provider, &knobs, &pipeline, &path, json) {
+        Ok(p) => p,
+        Err(exit) => return exit,
     };
+    let mut settings = settings;
     let mut interactors = Vec::new();
     for answers in &opts.answers {
         match AnswerRules::load(answers) {
@@ -252,6 +220,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
     let first_signal = FirstSignal::default();
     let watched = first_signal.clone();
     let kept_pipeline = Arc::clone(&pipeline);
+    let nats_args = opts.nats.clone();
     let kept_dir = run_dir.clone();
     let system = actix::System::new();
     let (ended, kept) = system.block_on(async move {
@@ -283,6 +252,14 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         settings.ledger = kept
             .as_ref()
             .map(|k| Arc::new(k.writer.ledger()) as Arc<dyn crate::runtime::ledger::Ledger>);
+        // Across machines: fan-out siblings go to the workers' queue.
+        if nats_args.nats.is_some() {
+            match remote_siblings(&nats_args, &spec, &kept_pipeline, settings.ledger.clone()).await
+            {
+                Ok(remote) => spec.executor = Some(Arc::new(remote)),
+                Err(e) => return (LaunchOutcome::Invalid(format!("{}: {e}", e.code())), kept),
+            }
+        }
         spec.settings = Arc::new(settings);
         let mut sinks = Vec::new();
         let audit = if resuming {
@@ -436,23 +413,119 @@ fn end_in_store(
     (!warnings.is_empty()).then(|| format!("the run store: {}", warnings.join("; ")))
 }
 
-/// The scripted provider with its script, latency and injected failures.
-fn scripted_provider(opts: &RunOptions, pipeline: &Pipeline) -> Result<ScriptedProvider, Exit> {
-    let script_path = opts.script.clone().or_else(|| {
-        let p = pipeline.dir.join(SCRIPT_FILE);
-        p.is_file().then_some(p)
-    });
-    let script = match &script_path {
-        Some(p) => match Script::load(p, pipeline) {
-            Ok(s) => s,
-            Err(diags) => {
-                print_diagnostics(p, &diags, opts.json);
-                return Err(Exit::Invalid);
+/// The executor that sends the run's fan-out siblings to the workers.
+async fn remote_siblings(
+    args: &crate::distributed::NatsArgs,
+    spec: &RunSpec,
+    pipeline: &Pipeline,
+    ledger: Option<Arc<dyn crate::runtime::ledger::Ledger>>,
+) -> Result<crate::distributed::RemoteSiblings, crate::distributed::NatsError> {
+    let nats = args.connect(&format!("troupe run {}", spec.run_id)).await?;
+    // The topology first, so a misconfigured server fails here, not
+    // halfway through a fan-out.
+    nats.tasks().await?;
+    nats.reports().await?;
+    nats.cancelled().await?;
+    let digest = pipeline_digest(pipeline).map_err(|message| crate::distributed::NatsError {
+        code: "PipelineUnreadable",
+        message,
+    })?;
+    Ok(crate::distributed::RemoteSiblings {
+        nats,
+        run_id: spec.run_id.to_string(),
+        pipeline_id: pipeline.id.clone(),
+        digest,
+        fields: Arc::clone(&spec.fields),
+        bus: spec.bus.clone(),
+        ledger,
+    })
+}
+
+/// The scripted provider's knobs (`--script`, `--latency`,
+/// `--fail-sibling`).
+#[derive(Debug, Clone, Copy)]
+pub struct ScriptedKnobs<'a> {
+    pub script: Option<&'a Path>,
+    pub latency: Option<std::time::Duration>,
+    pub fail: &'a [crate::provider::selector::Selector],
+}
+
+/// The retry knobs of `--provider-retries` and `--provider-backoff` on
+/// default settings.
+pub fn provider_settings(args: &ProviderArgs) -> RunSettings {
+    let mut settings = RunSettings::default();
+    if let Some(n) = args.provider_retries {
+        settings.provider_retries = n;
+    }
+    if let Some(d) = args.provider_backoff {
+        settings.provider_backoff = Backoff::Exponential {
+            initial: d,
+            max: d.max(std::time::Duration::from_secs(10)),
+        };
+    }
+    settings
+}
+
+/// A chosen provider, and (openai) the provider again with whether to
+/// check it before the run.
+pub type Chosen = (Arc<dyn Provider>, Option<(OpenAiProvider, bool)>);
+
+/// The provider the flags (and the pipeline's block) choose: scripted,
+/// with its knobs, or an openai one not yet checked (with whether to
+/// check it). A bad flag is reported and its exit returned.
+pub fn make_provider(
+    args: &ProviderArgs,
+    knobs: &ScriptedKnobs<'_>,
+    pipeline: &Pipeline,
+    path: &Path,
+    json: bool,
+) -> Result<Chosen, Exit> {
+    let setup = args
+        .resolve(pipeline)
+        .map_err(|e| input_invalid(path, e, json))?;
+    match setup {
+        ProviderSetup::Scripted => {
+            let script_path = knobs.script.map(Path::to_owned).or_else(|| {
+                let p = pipeline.dir.join(SCRIPT_FILE);
+                p.is_file().then_some(p)
+            });
+            let script = match &script_path {
+                Some(p) => match Script::load(p, pipeline) {
+                    Ok(s) => s,
+                    Err(diags) => {
+                        print_diagnostics(p, &diags, json);
+                        return Err(Exit::Invalid);
+                    }
+                },
+                None => Script::default(),
+            };
+            let provider = ScriptedProvider::new(script)
+                .with_latency(knobs.latency)
+                .with_failures(knobs.fail.to_vec());
+            Ok((Arc::new(provider), None))
+        }
+        ProviderSetup::Openai { config, skip_check } => {
+            let scripted_only = [
+                (knobs.script.is_some(), "--script"),
+                (knobs.latency.is_some(), "--latency"),
+                (!knobs.fail.is_empty(), "--fail-sibling"),
+            ];
+            if let Some((_, flag)) = scripted_only.iter().find(|(set, _)| *set) {
+                return Err(input_invalid(
+                    path,
+                    format!("{flag} is for the scripted provider, not openai"),
+                    json,
+                ));
             }
-        },
-        None => Script::default(),
-    };
-    Ok(ScriptedProvider::new(script)
-        .with_latency(opts.latency)
-        .with_failures(opts.fail_sibling.clone()))
+            match OpenAiProvider::new(*config) {
+                Ok(p) => {
+                    // Said once, when it happens; the audit log gets a
+                    // `ProviderNotice` too.
+                    p.on_notice(|n| eprintln!("note: {}", n.message));
+                    Ok((Arc::new(p.clone()), Some((p, skip_check))))
+                }
+                Err(e) => Err(input_invalid(path, e.to_string(), json)),
+            }
+        }
+    }
 }

@@ -92,6 +92,8 @@ pub struct RunOptions {
     #[arg(long, conflicts_with = "store")]
     pub no_store: bool,
     #[command(flatten)]
+    pub nats: crate::distributed::NatsArgs,
+    #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]
     pub provider: ProviderArgs,

@@ -91,6 +91,9 @@ fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Prepared, StoreError>
         Value::Object(m) => m.clone(),
         _ => Map::new(),
     };
+    if args.opts.nats.nats.is_some() {
+        store_arrived(&args.opts.nats, &run.id, &store)?;
+    }
     let results = store.results(&run.id)?;
     let audit = run_dir.join("audit.jsonl");
     let io = |detail: String| StoreError::Io {
@@ -151,4 +154,45 @@ fn short(digest: &str) -> String {
         .nth(19)
         .map_or(digest.len(), |(i, _)| i);
     format!("{}…", &digest[..cut])
+}
+
+/// A distributed run: the results workers reported while no coordinator
+/// read them are stored first, so the resumed run does not run them again.
+fn store_arrived(
+    nats: &crate::distributed::NatsArgs,
+    run_id: &str,
+    store: &Store,
+) -> Result<(), StoreError> {
+    let io = |detail: String| StoreError::Io {
+        path: store.path().to_owned(),
+        detail,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| io(e.to_string()))?;
+    let arrived = runtime
+        .block_on(async {
+            let nats = nats.connect(&format!("troupe resume {run_id}")).await?;
+            crate::distributed::coordinator::take_arrived(&nats, run_id).await
+        })
+        .map_err(|e| io(format!("{}: {e}", crate::error::HasCode::code(&e))))?;
+    if arrived.is_empty() {
+        return Ok(());
+    }
+    let writer = crate::store::StoreWriter::start(store.path())?;
+    let ledger = writer.ledger();
+    for result in &arrived {
+        crate::runtime::ledger::Ledger::persist(
+            &ledger,
+            crate::distributed::coordinator::exit_record(run_id, result),
+            None,
+        );
+    }
+    writer.finish()?;
+    eprintln!(
+        "note: {} result(s) workers reported while the run had no coordinator were stored",
+        arrived.len()
+    );
+    Ok(())
 }

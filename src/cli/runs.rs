@@ -285,14 +285,10 @@ fn show_text(
         "  started {} UTC, {}{}",
         when(run.started_at),
         duration(run),
-        if run.sessions > 1 {
-            format!(
-                ", {} sessions (resumed {} times)",
-                run.sessions,
-                run.sessions - 1
-            )
-        } else {
-            String::new()
+        match run.sessions {
+            0 | 1 => String::new(),
+            2 => ", 2 sessions (resumed once)".to_owned(),
+            n => format!(", {n} sessions (resumed {} times)", n - 1),
         }
     );
     let _ = writeln!(out, "  pipeline {} ({})", run.pipeline_dir, run.digest);

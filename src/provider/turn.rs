@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::message::{Message, ToolCall};
 use super::scope::TemplateScope;
@@ -63,7 +63,7 @@ pub struct ModelResponse {
 }
 
 /// Token counts reported by a provider.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
     pub prompt_tokens: u64,

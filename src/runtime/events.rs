@@ -1,8 +1,10 @@
 //! Runtime events: the vocabulary (names, classes, the event and its
-//! fields), its encoding as audit lines, and the timestamps those carry.
+//! fields), its encoding as audit lines (and decoding, for events relayed
+//! from workers), and the timestamps those carry.
 //! See ARCHITECTURE.md, Events and audit.
 
 mod clock;
+mod decode;
 mod encode;
 mod vocabulary;
 

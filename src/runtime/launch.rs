@@ -133,6 +133,7 @@ impl RunSpec {
             approval_timeout: None,
             hooks,
             restore: Default::default(),
+            executor: None,
         }
     }
 }

@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A result's token counts: the provider's, summed over its requests.
 pub use crate::provider::Usage;
 
 /// Assert's verdict for a completed execution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
     Ok,
@@ -39,7 +39,7 @@ impl Verdict {
 }
 
 /// The result of one completed stage execution.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StageResult {
     pub stage_id: String,

@@ -12,7 +12,7 @@ use super::cancel::CancelScope;
 use super::events::Event;
 use super::ids::RunId;
 use super::interaction::InteractorSpec;
-use super::scheduler::Restore;
+use super::scheduler::{ExecutorFactory, Restore};
 use super::stage::RunSettings;
 use crate::definition::Pipeline;
 use crate::provider::Provider;
@@ -43,4 +43,6 @@ pub struct RunSpec {
     /// A resumed run's stored results and logged turns (empty for a new
     /// run).
     pub restore: Restore,
+    /// Where fan-out siblings run when not here (`None`: the local pool).
+    pub executor: Option<Arc<dyn ExecutorFactory>>,
 }

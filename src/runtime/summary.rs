@@ -161,6 +161,9 @@ impl RunReport {
                 "fan-out {}: {} siblings, cap {}, peak {} running, {} waited for a slot",
                 g.stage, g.width, g.cap, g.peak_running, g.cap_waits
             );
+            if g.restored > 0 {
+                let _ = write!(out, ", {} restored", g.restored);
+            }
             if g.cancelled > 0 || g.never_started > 0 {
                 let _ = write!(
                     out,

@@ -9,7 +9,7 @@ use super::clock::{RFC3339_LEN, rfc3339, rfc3339_into};
 use super::vocabulary::{Event, FieldValue};
 
 /// The keys `to_json` puts first, in order.
-const HEAD_KEYS: [&str; 7] = [
+pub(super) const HEAD_KEYS: [&str; 7] = [
     "seq",
     "ts",
     "event",
@@ -37,7 +37,16 @@ impl Event {
             obj.insert("tool".into(), Value::from(&**v));
         }
         for (k, v) in &self.fields {
-            obj.insert((*k).to_owned(), v.to_value());
+            match (k.is_empty(), v) {
+                (true, FieldValue::Json(Value::Object(inline))) => {
+                    for (ik, iv) in inline {
+                        obj.insert(ik.clone(), iv.clone());
+                    }
+                }
+                _ => {
+                    obj.insert((*k).to_owned(), v.to_value());
+                }
+            }
         }
         Value::Object(obj)
     }
@@ -76,6 +85,16 @@ impl Event {
             write_json_str(out, v);
         }
         for (k, v) in &self.fields {
+            if let (true, FieldValue::Json(Value::Object(inline))) = (k.is_empty(), v) {
+                // Relayed fields (`from_json`), written in their order.
+                for (ik, iv) in inline {
+                    out.push(b',');
+                    write_json_str(out, ik);
+                    out.push(b':');
+                    write_json_value(out, iv);
+                }
+                continue;
+            }
             out.push(b',');
             write_json_str(out, k);
             out.push(b':');

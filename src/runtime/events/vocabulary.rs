@@ -47,6 +47,9 @@ pub enum EventName {
     /// The provider changed how it works for the rest of the run (e.g. it
     /// stopped streaming to an endpoint whose streams end early).
     ProviderNotice,
+    /// A sibling's task was delivered to a worker again (the one before
+    /// was lost): it ran again from the start of its attempt.
+    SiblingRedelivered,
     /// Observer: streamed model text.
     Token,
     /// Observer: fan-out progress counters.
@@ -54,6 +57,47 @@ pub enum EventName {
 }
 
 impl EventName {
+    /// The name of an event read back from JSON (a worker's events);
+    /// `None` for a name this troupe does not emit.
+    pub fn parse(name: &str) -> Option<EventName> {
+        use EventName::*;
+        const ALL: [EventName; 32] = [
+            WorkflowStarted,
+            WorkflowResumed,
+            WorkflowExit,
+            SessionTurnStart,
+            SessionTurnEnd,
+            StageEntered,
+            StagePreFired,
+            StagePostFired,
+            StageCheckGateResult,
+            StageAssertOutcome,
+            StageGranted,
+            StageCancelled,
+            StageExited,
+            StageInitFailed,
+            ParallelSiblingFailure,
+            HookInvoked,
+            ToolInvocationProposed,
+            ToolInvocationStarted,
+            ToolInvocationSucceeded,
+            ToolInvocationFailed,
+            ToolInvocationCancelled,
+            ToolCallApproved,
+            ToolCallDenied,
+            InteractionRaised,
+            InteractionAnswered,
+            ProviderRequestStarted,
+            ProviderRequestCompleted,
+            ProviderRequestFailed,
+            ProviderNotice,
+            SiblingRedelivered,
+            Token,
+            Progress,
+        ];
+        ALL.into_iter().find(|n| n.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             EventName::WorkflowStarted => "WorkflowStarted",
@@ -85,6 +129,7 @@ impl EventName {
             EventName::ProviderRequestCompleted => "ProviderRequestCompleted",
             EventName::ProviderRequestFailed => "ProviderRequestFailed",
             EventName::ProviderNotice => "ProviderNotice",
+            EventName::SiblingRedelivered => "SiblingRedelivered",
             EventName::Token => "Token",
             EventName::Progress => "Progress",
         }
@@ -126,7 +171,8 @@ impl EventName {
             | EventName::ProviderRequestStarted
             | EventName::ProviderRequestCompleted
             | EventName::ProviderRequestFailed
-            | EventName::ProviderNotice => EventClass::Audit,
+            | EventName::ProviderNotice
+            | EventName::SiblingRedelivered => EventClass::Audit,
         }
     }
 }

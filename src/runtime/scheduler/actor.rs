@@ -143,12 +143,16 @@ impl Scheduler {
         let hub = &self.hub;
         let arbiters = &self.arbiters;
         self.executor.get_or_insert_with(|| {
-            Box::new(LocalExecutor::new(
+            let local = LocalExecutor::new(
                 spec.clone(),
                 hub.clone(),
                 ctx.address().recipient(),
                 arbiters.clone(),
-            ))
+            );
+            match &spec.executor {
+                Some(factory) => factory.make(local, ctx.address().recipient()),
+                None => Box::new(local),
+            }
         })
     }
 

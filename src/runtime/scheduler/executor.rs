@@ -23,6 +23,13 @@ use crate::runtime::stage::StageRun;
 use crate::runtime::stage_actor::StageActor;
 use crate::tools::{ToolSpec, stage_manifest};
 
+/// Makes a run's executor once the scheduler can be addressed: the run's
+/// way to put its executions somewhere else than the local pool (workers
+/// over NATS). `local` runs what stays here.
+pub trait ExecutorFactory: Send + Sync + std::fmt::Debug {
+    fn make(&self, local: LocalExecutor, scheduler: Recipient<ToScheduler>) -> Box<dyn Executor>;
+}
+
 /// Runs the executions the scheduler starts.
 pub trait Executor: std::fmt::Debug {
     /// Starts one execution under `scope`; `group` is its parallel

@@ -1,0 +1,12 @@
+//! Fan-out siblings spread over machines through NATS JetStream: the
+//! coordinator's executor (`troupe run --nats`), the worker
+//! (`troupe worker`), the connection and topology, and what travels
+//! between them. See ARCHITECTURE.md, "Across machines".
+
+pub mod coordinator;
+pub mod nats;
+pub mod wire;
+pub mod worker;
+
+pub use coordinator::RemoteSiblings;
+pub use nats::{Nats, NatsArgs, NatsError};

@@ -1,0 +1,775 @@
+//! The coordinator's side of a distributed run (`troupe run --nats`): the
+//! executor that sends fan-out siblings to the workers' queue instead of
+//! the local pool. Everything else stays with the coordinator: the
+//! scheduler (the cap, fail-fast, the join), sequential stages and joins,
+//! the store and the audit log.
+//!
+//! - **Publishing.** A sibling the scheduler spawns asks it to start on
+//!   its own behalf (the start handshake); once granted, its task is
+//!   published on the group's subject, deduplicated by its
+//!   `stageExecutionId`. The scheduler's cap therefore bounds the tasks of
+//!   a group in the queue or on workers.
+//! - **Reports.** Workers report on the run's report subject, read by the
+//!   run's durable consumer in order. An exited sibling's result is
+//!   stored first (the ledger), then its events — relayed from the worker,
+//!   in order, the last its `StageExited` — are published into the run's
+//!   log and the scheduler gets the report; only then is the report
+//!   acknowledged, so a coordinator killed in between finds it again.
+//!   Results are deduplicated by `stageExecutionId` (a task runs at least
+//!   once: a lost worker's task is delivered again).
+//! - **Cancelling a group** (fail-fast, Ctrl-C, a limit): the group is
+//!   marked cancelled in a bucket workers read before they start a task,
+//!   its queued tasks are purged, a cancel is broadcast (workers cancel
+//!   the siblings in flight strictly and report them cancelled), and a
+//!   barrier is published on the report subject. A worker reports
+//!   `Accepted` before it reads the mark, so a sibling not accepted by the
+//!   barrier never started: the scheduler is told so at once. Siblings
+//!   accepted before it are waited for (at most two leases, for a worker
+//!   that died holding one).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use async_nats::HeaderMap;
+use futures::StreamExt;
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use troupe_actors::EventBus;
+
+use super::nats::Nats;
+use super::wire::{
+    Cancel, Report, Task, cancel_subject, cancelled_key, report_subject, task_subject,
+};
+use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
+use crate::runtime::events::{Event, EventName};
+use crate::runtime::ledger::{ExitRecord, Ledger};
+use crate::runtime::result::{StageResult, Usage, Verdict};
+use crate::runtime::scheduler::{
+    ExecKey, Executor, ExecutorFactory, LocalExecutor, Slot, Spawn, StageOutcome, ToScheduler,
+};
+
+/// Makes a run's remote executor.
+#[derive(Debug, Clone)]
+pub struct RemoteSiblings {
+    pub nats: Nats,
+    pub run_id: String,
+    pub pipeline_id: String,
+    pub digest: String,
+    pub fields: Arc<Map<String, Value>>,
+    pub bus: EventBus<Event>,
+    pub ledger: Option<Arc<dyn Ledger>>,
+}
+
+impl ExecutorFactory for RemoteSiblings {
+    fn make(&self, local: LocalExecutor, scheduler: Recipient<ToScheduler>) -> Box<dyn Executor> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        let coordinator = Coordinator {
+            spec: self.clone(),
+            scheduler,
+            tx: tx.clone(),
+            groups: HashMap::new(),
+            resolved: HashSet::new(),
+            by_sequence: HashMap::new(),
+        };
+        actix::spawn(coordinator.run(rx, shutdown.clone()));
+        Box::new(RemoteExecutor {
+            local,
+            tx,
+            shutdown,
+        })
+    }
+}
+
+/// Siblings to the workers, everything else to the local pool.
+struct RemoteExecutor {
+    local: LocalExecutor,
+    tx: mpsc::UnboundedSender<Cmd>,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for RemoteExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteExecutor").finish()
+    }
+}
+
+impl Drop for RemoteExecutor {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Executor for RemoteExecutor {
+    fn start(&mut self, spawn: Spawn, scope: CancelScope, group: Option<CancelScope>) {
+        if !spawn.is_sibling() {
+            return self.local.start(spawn, scope, group);
+        }
+        let _ = self.tx.send(Cmd::Sibling {
+            spawn: Box::new(spawn),
+            group,
+        });
+    }
+}
+
+/// What the coordinator loop is told.
+enum Cmd {
+    /// The scheduler spawned a sibling.
+    Sibling {
+        spawn: Box<Spawn>,
+        group: Option<CancelScope>,
+    },
+    /// The scheduler granted its start: publish its task.
+    Granted { exec: ExecKey, task: Box<Task> },
+    /// The group's scope was cancelled.
+    GroupCancelled { turn: u64, reason: String },
+    /// An exited sibling's result is committed: record it.
+    Committed(Box<Committed>),
+    /// The cancelled group's wait for siblings accepted before the barrier
+    /// is over: whatever did not report was lost with its worker.
+    GiveUp { turn: u64 },
+}
+
+/// An exited sibling whose result is committed.
+struct Committed {
+    exec: ExecKey,
+    result: Arc<StageResult>,
+    events: Vec<Value>,
+    acker: Option<async_nats::jetstream::message::Acker>,
+}
+
+#[derive(Debug, Default)]
+struct Unit {
+    exec: Option<ExecKey>,
+    accepted: bool,
+    done: bool,
+}
+
+#[derive(Debug, Default)]
+struct Group {
+    units: HashMap<usize, Unit>,
+    cancelled: bool,
+    barrier: bool,
+}
+
+struct Coordinator {
+    spec: RemoteSiblings,
+    scheduler: Recipient<ToScheduler>,
+    tx: mpsc::UnboundedSender<Cmd>,
+    groups: HashMap<u64, Group>,
+    /// Executions whose end was recorded (a task runs at least once).
+    resolved: HashSet<String>,
+    /// The task stream's sequence of each published task, for the
+    /// advisory of a task no worker finished.
+    by_sequence: HashMap<u64, ExecKey>,
+}
+
+/// `ExecKey` of a report, from the group's unit or rebuilt.
+fn exec_of(units: &HashMap<usize, Unit>, unit: usize) -> Option<ExecKey> {
+    units.get(&unit).and_then(|u| u.exec.clone())
+}
+
+impl Coordinator {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>, shutdown: CancellationToken) {
+        let consumer = match self.spec.nats.coordinator_consumer(&self.spec.run_id).await {
+            Ok(c) => c,
+            Err(e) => return self.abort(format!("{e}")),
+        };
+        let mut reports = match consumer.messages().await {
+            Ok(m) => m,
+            Err(e) => return self.abort(format!("cannot read the run's reports: {e}")),
+        };
+        let advisory = format!(
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
+            super::wire::TASKS_STREAM,
+            super::wire::WORKERS_CONSUMER
+        );
+        let mut abandoned = self.spec.nats.client.subscribe(advisory).await.ok();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => self.command(cmd).await,
+                    None => return,
+                },
+                msg = reports.next() => match msg {
+                    Some(Ok(msg)) => self.report(msg).await,
+                    Some(Err(_)) => continue,
+                    None => return self.abort("the run's report stream ended".to_owned()),
+                },
+                Some(advisory) = async {
+                    match &mut abandoned {
+                        Some(sub) => sub.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => self.abandoned(&advisory.payload),
+            }
+        }
+    }
+
+    /// NATS failed under the run: it cannot go on.
+    fn abort(&self, why: String) {
+        self.scheduler.do_send(ToScheduler::LimitReached {
+            reason: format!("Distributed/Unreachable: {why}"),
+        });
+    }
+
+    async fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Sibling { spawn, group } => self.sibling(*spawn, group),
+            Cmd::Granted { exec, task } => self.publish(exec, *task).await,
+            Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
+            Cmd::Committed(done) => {
+                let Committed {
+                    exec,
+                    result,
+                    events,
+                    acker,
+                } = *done;
+                self.record_exit(exec, result, events);
+                if let Some(acker) = acker {
+                    let _ = acker.ack().await;
+                }
+            }
+            Cmd::GiveUp { turn } => {
+                let lost: Vec<ExecKey> = self
+                    .groups
+                    .get_mut(&turn)
+                    .map(|g| {
+                        g.units
+                            .values_mut()
+                            .filter(|u| !u.done)
+                            .filter_map(|u| {
+                                u.done = true;
+                                u.exec.clone()
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for exec in lost {
+                    self.scheduler.do_send(ToScheduler::Report {
+                        exec,
+                        outcome: StageOutcome::Cancelled {
+                            usage: Usage::default(),
+                        },
+                    });
+                }
+            }
+        }
+    }
+
+    /// A sibling to send: ask the scheduler to start it, as the sibling
+    /// would, and publish it once granted.
+    fn sibling(&mut self, spawn: Spawn, group: Option<CancelScope>) {
+        let turn = spawn.exec.turn;
+        let unit = match spawn.exec.slot {
+            Slot::Unit(u) => u,
+            _ => return,
+        };
+        let new_group = !self.groups.contains_key(&turn);
+        let g = self.groups.entry(turn).or_default();
+        g.units.insert(
+            unit,
+            Unit {
+                exec: Some(spawn.exec.clone()),
+                ..Unit::default()
+            },
+        );
+        if new_group && let Some(group) = group {
+            let tx = self.tx.clone();
+            actix::spawn(async move {
+                group.token().cancelled().await;
+                let reason = group
+                    .reason()
+                    .map_or_else(|| TURN_CANCELLED.to_owned(), |r| r.to_string());
+                let _ = tx.send(Cmd::GroupCancelled { turn, reason });
+            });
+        }
+        let task = Task {
+            run_id: self.spec.run_id.clone(),
+            turn,
+            unit,
+            stage_execution_id: spawn.exec.id.to_string(),
+            stage_id: spawn.exec.stage.to_string(),
+            index: spawn.index,
+            visit: spawn.visit,
+            item: spawn.ctx.item.clone(),
+            pipeline_id: self.spec.pipeline_id.clone(),
+            digest: self.spec.digest.clone(),
+            fields: (*self.spec.fields).clone(),
+            slot: (*spawn.ctx.results).clone(),
+        };
+        let (reply, granted) = tokio::sync::oneshot::channel();
+        self.scheduler.do_send(ToScheduler::StartRequest {
+            exec: spawn.exec.clone(),
+            reply,
+        });
+        let tx = self.tx.clone();
+        let scheduler = self.scheduler.clone();
+        let exec = spawn.exec;
+        actix::spawn(async move {
+            match granted.await {
+                Ok(()) => {
+                    let _ = tx.send(Cmd::Granted {
+                        exec,
+                        task: Box::new(task),
+                    });
+                }
+                Err(_) => scheduler.do_send(ToScheduler::Report {
+                    exec,
+                    outcome: StageOutcome::Withdrawn,
+                }),
+            }
+        });
+    }
+
+    async fn publish(&mut self, exec: ExecKey, task: Task) {
+        let cancelled = self.groups.get(&task.turn).is_some_and(|g| g.cancelled);
+        if cancelled {
+            self.done(&exec, task.turn, task.unit);
+            self.scheduler.do_send(ToScheduler::Report {
+                exec,
+                outcome: StageOutcome::CancelledBeforeStart,
+            });
+            return;
+        }
+        let body = match serde_json::to_vec(&task) {
+            Ok(b) => b,
+            Err(e) => {
+                return self.fail_unit(
+                    exec,
+                    task.turn,
+                    task.unit,
+                    format!("Distributed/TaskInvalid: {e}"),
+                );
+            }
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", task.stage_execution_id.as_str());
+        let subject = task_subject(&task.run_id, task.turn);
+        let published = match self
+            .spec
+            .nats
+            .js
+            .publish_with_headers(subject, headers, body.into())
+            .await
+        {
+            Ok(ack) => ack.await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match published {
+            Ok(ack) => {
+                self.by_sequence.insert(ack.sequence, exec);
+            }
+            Err(e) => self.fail_unit(
+                exec,
+                task.turn,
+                task.unit,
+                format!("Distributed/Unreachable: the task could not be queued: {e}"),
+            ),
+        }
+    }
+
+    fn done(&mut self, exec: &ExecKey, turn: u64, unit: usize) -> bool {
+        let first = self.resolved.insert(exec.id.to_string());
+        if let Some(u) = self
+            .groups
+            .get_mut(&turn)
+            .and_then(|g| g.units.get_mut(&unit))
+        {
+            u.done = true;
+        }
+        first
+    }
+
+    /// A sibling that cannot run here or there: it fails (with a
+    /// `StageEntered`/`StageExited` pair, so the log stays whole).
+    fn fail_unit(&mut self, exec: ExecKey, turn: u64, unit: usize, reason: String) {
+        if !self.done(&exec, turn, unit) {
+            return;
+        }
+        let result = Arc::new(StageResult {
+            stage_id: exec.stage.to_string(),
+            stage_execution_id: exec.id.to_string(),
+            verdict: Verdict::Fail,
+            reason: Some(reason.clone()),
+            parsed: Arc::new(Value::Null),
+            output: Arc::new(Value::Null),
+            cap_hit: false,
+            attempt_count: 0,
+            usage: Usage::default(),
+        });
+        let run: Arc<str> = Arc::from(self.spec.run_id.as_str());
+        let event = |name| {
+            Event::new(name, Arc::clone(&run)).stage(Arc::clone(&exec.stage), Arc::clone(&exec.id))
+        };
+        self.spec
+            .bus
+            .publish(event(EventName::StageEntered).with_static("kind", "llm"));
+        let seq = self
+            .spec
+            .bus
+            .publish(
+                event(EventName::StageExited)
+                    .with_static("verdict", "fail")
+                    .with("capHit", false)
+                    .with("attemptCount", 0u32)
+                    .with("usage", Usage::default())
+                    .with("reason", reason.as_str()),
+            )
+            .unwrap_or(0);
+        self.scheduler.do_send(ToScheduler::Report {
+            exec,
+            outcome: StageOutcome::Exited { result, seq },
+        });
+    }
+
+    async fn cancel_group(&mut self, turn: u64, reason: String) {
+        let Some(g) = self.groups.get_mut(&turn) else {
+            return;
+        };
+        if std::mem::replace(&mut g.cancelled, true) {
+            return;
+        }
+        let run = self.spec.run_id.clone();
+        // The mark first: a worker that reads it starts nothing of the group.
+        if let Ok(bucket) = self.spec.nats.cancelled().await {
+            let _ = bucket
+                .put(
+                    cancelled_key(&run, turn),
+                    reason.clone().into_bytes().into(),
+                )
+                .await;
+        }
+        if let Ok(tasks) = self.spec.nats.tasks().await {
+            let _ = tasks.purge().filter(task_subject(&run, turn)).await;
+        }
+        let cancel = Cancel {
+            run_id: run.clone(),
+            turn,
+            reason,
+        };
+        if let Ok(body) = serde_json::to_vec(&cancel) {
+            let _ = self
+                .spec
+                .nats
+                .client
+                .publish(cancel_subject(&run), body.into())
+                .await;
+        }
+        let barrier = serde_json::to_vec(&Report::Barrier { turn }).unwrap_or_default();
+        let published = match self
+            .spec
+            .nats
+            .js
+            .publish(report_subject(&run), barrier.into())
+            .await
+        {
+            Ok(ack) => ack.await.is_ok(),
+            Err(_) => false,
+        };
+        if !published {
+            // No barrier can come: treat it as passed.
+            self.barrier(turn);
+        }
+        let tx = self.tx.clone();
+        let wait = self.spec.nats.lease * 2;
+        actix::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = tx.send(Cmd::GiveUp { turn });
+        });
+    }
+
+    /// The barrier of a cancelled group: siblings not accepted by now
+    /// never started.
+    fn barrier(&mut self, turn: u64) {
+        let Some(g) = self.groups.get_mut(&turn) else {
+            return;
+        };
+        g.barrier = true;
+        let never: Vec<ExecKey> = g
+            .units
+            .values_mut()
+            .filter(|u| !u.done && !u.accepted)
+            .filter_map(|u| {
+                u.done = true;
+                u.exec.clone()
+            })
+            .collect();
+        for exec in never {
+            self.resolved.insert(exec.id.to_string());
+            self.scheduler.do_send(ToScheduler::Report {
+                exec,
+                outcome: StageOutcome::CancelledBeforeStart,
+            });
+        }
+    }
+
+    /// The advisory of a task delivered as often as the consumer allows
+    /// without a worker finishing it: the sibling fails.
+    fn abandoned(&mut self, payload: &[u8]) {
+        let seq = serde_json::from_slice::<Value>(payload)
+            .ok()
+            .and_then(|v| v["stream_seq"].as_u64());
+        if let Some(exec) = seq.and_then(|s| self.by_sequence.remove(&s))
+            && let Slot::Unit(unit) = exec.slot
+        {
+            let turn = exec.turn;
+            self.fail_unit(
+                exec,
+                turn,
+                unit,
+                "Distributed/TaskAbandoned: the task was delivered to workers as often as allowed and none finished it".to_owned(),
+            );
+        }
+    }
+
+    async fn report(&mut self, msg: async_nats::jetstream::Message) {
+        let report: Report = match serde_json::from_slice(&msg.payload) {
+            Ok(r) => r,
+            Err(_) => {
+                // Not a report: nothing to do with it.
+                let _ = msg.ack().await;
+                return;
+            }
+        };
+        if let Report::Barrier { turn } = report {
+            self.barrier(turn);
+            let _ = msg.ack().await;
+            return;
+        }
+        let Some((id, turn, unit)) = report.execution() else {
+            let _ = msg.ack().await;
+            return;
+        };
+        let known = self
+            .groups
+            .get(&turn)
+            .and_then(|g| exec_of(&g.units, unit))
+            .filter(|e| &*e.id == id);
+        let resolved = self.resolved.contains(id);
+        match report {
+            Report::Accepted { .. } => {
+                if let Some(u) = self
+                    .groups
+                    .get_mut(&turn)
+                    .and_then(|g| g.units.get_mut(&unit))
+                {
+                    u.accepted = true;
+                }
+                let _ = msg.ack().await;
+            }
+            Report::Exited {
+                result,
+                events,
+                delivered,
+                worker,
+                ..
+            } => {
+                if resolved {
+                    let _ = msg.ack().await;
+                    return;
+                }
+                let Some(exec) = known else {
+                    // A sibling of another session (before a resume): store
+                    // it all the same, a resumed run will find it.
+                    if let Some(ledger) = &self.spec.ledger
+                        && result.verdict != Verdict::Fail
+                    {
+                        ledger.persist(exit_record(&self.spec.run_id, &result), None);
+                    }
+                    let _ = msg.ack().await;
+                    return;
+                };
+                self.done(&exec, turn, unit);
+                if delivered > 1 {
+                    self.spec.bus.publish(
+                        Event::new(EventName::SiblingRedelivered, self.spec.run_id.as_str())
+                            .stage(Arc::clone(&exec.stage), Arc::clone(&exec.id))
+                            .with("delivered", delivered)
+                            .with("worker", worker),
+                    );
+                }
+                let (_, acker) = msg.split();
+                match (&self.spec.ledger, result.verdict) {
+                    (Some(ledger), Verdict::Ok | Verdict::Skipped) => {
+                        let tx = self.tx.clone();
+                        let scheduler = self.scheduler.clone();
+                        let stored = Arc::clone(&result);
+                        ledger.persist(
+                            exit_record(&self.spec.run_id, &result),
+                            Some(Box::new(move |outcome| {
+                                // A result that could not be stored is not
+                                // recorded: the run stops with the store's
+                                // error and a resume runs it again.
+                                if let Err(e) = outcome {
+                                    scheduler.do_send(ToScheduler::LimitReached {
+                                        reason: format!(
+                                            "Store/WriteFailed: the result could not be stored: {e}"
+                                        ),
+                                    });
+                                    scheduler.do_send(ToScheduler::Report {
+                                        exec,
+                                        outcome: StageOutcome::Cancelled {
+                                            usage: stored.usage,
+                                        },
+                                    });
+                                    return;
+                                }
+                                let _ = tx.send(Cmd::Committed(Box::new(Committed {
+                                    exec,
+                                    result: stored,
+                                    events,
+                                    acker: Some(acker),
+                                })));
+                            })),
+                        );
+                    }
+                    (ledger, _) => {
+                        if let Some(ledger) = ledger {
+                            ledger.persist(exit_record(&self.spec.run_id, &result), None);
+                        }
+                        self.record_exit(exec, result, events);
+                        let _ = acker.ack().await;
+                    }
+                }
+            }
+            Report::Cancelled { usage, events, .. } => {
+                if let Some(exec) = known.filter(|_| !resolved) {
+                    self.done(&exec, turn, unit);
+                    self.relay(&events);
+                    self.scheduler.do_send(ToScheduler::Report {
+                        exec,
+                        outcome: StageOutcome::Cancelled { usage },
+                    });
+                }
+                let _ = msg.ack().await;
+            }
+            Report::NotStarted { .. } => {
+                if let Some(exec) = known.filter(|_| !resolved) {
+                    self.done(&exec, turn, unit);
+                    self.scheduler.do_send(ToScheduler::Report {
+                        exec,
+                        outcome: StageOutcome::CancelledBeforeStart,
+                    });
+                }
+                let _ = msg.ack().await;
+            }
+            Report::Refused {
+                code,
+                message,
+                worker,
+                ..
+            } => {
+                if let Some(exec) = known.filter(|_| !resolved) {
+                    self.fail_unit(
+                        exec,
+                        turn,
+                        unit,
+                        format!("{code}: worker {worker}: {message}"),
+                    );
+                }
+                let _ = msg.ack().await;
+            }
+            Report::Barrier { .. } => {}
+        }
+    }
+
+    /// Publishes a worker's events of one execution into the run's log,
+    /// in order; the `seq` of the last.
+    fn relay(&self, events: &[Value]) -> u64 {
+        let mut last = 0;
+        for line in events {
+            if let Some(event) = Event::from_json(line) {
+                last = self.spec.bus.publish(event).unwrap_or(last);
+            }
+        }
+        last
+    }
+
+    /// An exited sibling, stored: its events into the log, its report to
+    /// the scheduler.
+    fn record_exit(&self, exec: ExecKey, result: Arc<StageResult>, events: Vec<Value>) {
+        let seq = self.relay(&events);
+        self.scheduler.do_send(ToScheduler::Report {
+            exec,
+            outcome: StageOutcome::Exited { result, seq },
+        });
+    }
+}
+
+/// The store's record of a result that came from a worker.
+pub fn exit_record(run_id: &str, result: &Arc<StageResult>) -> ExitRecord {
+    let (stage_id, index) = match result.stage_execution_id.rsplit('/').nth(1) {
+        Some(label) => match label.split_once('#') {
+            Some((s, i)) => (s.to_owned(), i.parse().ok()),
+            None => (label.to_owned(), None),
+        },
+        None => (result.stage_id.clone(), None),
+    };
+    let visit = result
+        .stage_execution_id
+        .rsplit('/')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let now = std::time::SystemTime::now();
+    ExitRecord {
+        run_id: Arc::from(run_id),
+        stage_execution_id: Arc::from(result.stage_execution_id.as_str()),
+        stage_id: Arc::from(stage_id.as_str()),
+        index,
+        visit,
+        result: Arc::clone(result),
+        entered_at: std::time::SystemTime::UNIX_EPOCH,
+        exited_at: now,
+    }
+}
+
+/// Before a run's coordinator resumes: the results workers reported while
+/// no coordinator was reading (exited `ok`/`skipped`, to be stored so the
+/// resumed run does not run them again); every report is acknowledged and
+/// the run's queued tasks are purged (the resumed run publishes again
+/// only what has no stored result).
+pub async fn take_arrived(
+    nats: &Nats,
+    run_id: &str,
+) -> Result<Vec<Arc<StageResult>>, super::NatsError> {
+    let consumer = nats.coordinator_consumer(run_id).await?;
+    let mut results = Vec::new();
+    loop {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(std::time::Duration::from_millis(300))
+            .messages()
+            .await
+            .map_err(|e| super::NatsError {
+                code: "JetStream",
+                message: format!("cannot read the run's reports: {e}"),
+            })?;
+        let mut got = 0;
+        while let Some(Ok(msg)) = batch.next().await {
+            got += 1;
+            if let Ok(Report::Exited { result, .. }) =
+                serde_json::from_slice::<Report>(&msg.payload)
+                && result.verdict != Verdict::Fail
+            {
+                results.push(result);
+            }
+            let _ = msg.ack().await;
+        }
+        if got == 0 {
+            break;
+        }
+    }
+    if let Ok(tasks) = nats.tasks().await {
+        let _ = tasks
+            .purge()
+            .filter(super::wire::run_tasks_subject(run_id))
+            .await;
+    }
+    Ok(results)
+}

@@ -1,0 +1,277 @@
+//! Reaching NATS: the connection options both sides share (`--nats` and
+//! its credentials and TLS), and the JetStream topology a distributed run
+//! needs, created when absent: the task work queue with the workers'
+//! shared durable consumer, the reports stream, and the bucket of
+//! cancelled groups.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, kv, stream};
+
+use super::wire::{
+    CANCELLED_BUCKET, REPORTS_STREAM, TASKS_STREAM, WORKERS_CONSUMER, coordinator_consumer,
+    report_subject,
+};
+use crate::error::{Code, ErrorClass, HasCode};
+
+/// Why NATS could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct NatsError {
+    /// `Unreachable`, `Unauthorized`, `JetStream`, `Credentials`.
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl HasCode for NatsError {
+    fn code(&self) -> Code {
+        Code {
+            class: ErrorClass::Distributed,
+            name: self.code,
+        }
+    }
+}
+
+fn js_error(what: &str, e: impl std::fmt::Display) -> NatsError {
+    NatsError {
+        code: "JetStream",
+        message: format!("{what}: {e}"),
+    }
+}
+
+/// The NATS flags of `troupe run` and `troupe worker`.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "Across machines (NATS JetStream)")]
+pub struct NatsArgs {
+    /// The NATS server(s), e.g. nats://127.0.0.1:4222 (comma-separated
+    /// for a cluster). With `troupe run`, fan-out siblings go to the
+    /// workers serving the pipeline instead of running here.
+    #[arg(long, value_name = "URL")]
+    pub nats: Option<String>,
+    /// The NATS user.
+    #[arg(long, value_name = "NAME", requires = "nats_password_env")]
+    pub nats_user: Option<String>,
+    /// The environment variable holding the NATS user's password (never
+    /// the password itself on the command line).
+    #[arg(long, value_name = "VAR", requires = "nats_user")]
+    pub nats_password_env: Option<String>,
+    /// A NATS credentials file (JWT and nkey seed).
+    #[arg(long, value_name = "FILE", conflicts_with = "nats_user")]
+    pub nats_creds: Option<PathBuf>,
+    /// A CA certificate (PEM) to verify the server's TLS certificate.
+    #[arg(long, value_name = "FILE")]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for mutual TLS, with --nats-tls-key.
+    #[arg(long, value_name = "FILE", requires = "nats_tls_key")]
+    pub nats_tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "nats_tls_cert")]
+    pub nats_tls_key: Option<PathBuf>,
+    /// Refuse a connection without TLS.
+    #[arg(long)]
+    pub nats_require_tls: bool,
+    /// Replicas of troupe's streams in a JetStream cluster (1 for a single
+    /// server; 3 survives the loss of one node).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=5))]
+    pub nats_replicas: u32,
+    /// How long a worker holds a task without a sign of life before it is
+    /// delivered to another worker (a lost worker's siblings run again).
+    /// Workers send progress well within it.
+    #[arg(long, value_name = "DURATION", default_value = "30s",
+          value_parser = crate::definition::duration::parse_positive_duration)]
+    pub nats_lease: Duration,
+    /// Most sibling tasks delivered and not yet finished across the whole
+    /// cluster (the shared consumer's max-ack-pending).
+    #[arg(long, value_name = "N", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub nats_max_pending: u32,
+}
+
+impl NatsArgs {
+    /// Connects, as `name` (shown by the server).
+    pub async fn connect(&self, name: &str) -> Result<Nats, NatsError> {
+        let Some(url) = &self.nats else {
+            return Err(NatsError {
+                code: "Unreachable",
+                message: "no --nats URL".to_owned(),
+            });
+        };
+        let mut options = async_nats::ConnectOptions::new()
+            .name(name)
+            .connection_timeout(Duration::from_secs(10))
+            .retry_on_initial_connect()
+            .max_reconnects(None);
+        if let Some(creds) = &self.nats_creds {
+            options = options
+                .credentials_file(creds)
+                .await
+                .map_err(|e| NatsError {
+                    code: "Credentials",
+                    message: format!("--nats-creds {}: {e}", creds.display()),
+                })?;
+        }
+        if let (Some(user), Some(var)) = (&self.nats_user, &self.nats_password_env) {
+            let password = std::env::var(var).map_err(|_| NatsError {
+                code: "Credentials",
+                message: format!("--nats-password-env: ${var} is not set"),
+            })?;
+            options = options.user_and_password(user.clone(), password);
+        }
+        if let Some(ca) = &self.nats_tls_ca {
+            options = options.add_root_certificates(ca.clone());
+        }
+        if let (Some(cert), Some(key)) = (&self.nats_tls_cert, &self.nats_tls_key) {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        if self.nats_require_tls {
+            options = options.require_tls(true);
+        }
+        let servers: Vec<String> = url.split(',').map(|s| s.trim().to_owned()).collect();
+        let connect = options.connect(servers.as_slice());
+        let client = match tokio::time::timeout(Duration::from_secs(15), connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                let text = e.to_string();
+                let code = if text.to_ascii_lowercase().contains("auth") {
+                    "Unauthorized"
+                } else {
+                    "Unreachable"
+                };
+                return Err(NatsError {
+                    code,
+                    message: format!("cannot connect to {url}: {text}"),
+                });
+            }
+            Err(_) => {
+                return Err(NatsError {
+                    code: "Unreachable",
+                    message: format!("no NATS server answered at {url} within 15s"),
+                });
+            }
+        };
+        let js = jetstream::new(client.clone());
+        Ok(Nats {
+            client,
+            js,
+            replicas: self.nats_replicas as usize,
+            lease: self.nats_lease,
+            max_pending: i64::from(self.nats_max_pending),
+        })
+    }
+}
+
+/// A connection and the topology settings.
+#[derive(Debug, Clone)]
+pub struct Nats {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub replicas: usize,
+    pub lease: Duration,
+    pub max_pending: i64,
+}
+
+impl Nats {
+    /// The task work queue (created when absent).
+    pub async fn tasks(&self) -> Result<stream::Stream, NatsError> {
+        self.js
+            .get_or_create_stream(stream::Config {
+                name: TASKS_STREAM.to_owned(),
+                subjects: vec!["troupe.task.>".to_owned()],
+                retention: stream::RetentionPolicy::WorkQueue,
+                num_replicas: self.replicas,
+                duplicate_window: Duration::from_secs(120),
+                description: Some("troupe: sibling tasks waiting for a worker".to_owned()),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| js_error("the task stream", e))
+    }
+
+    /// The workers' shared consumer of the task queue.
+    pub async fn workers_consumer(&self) -> Result<consumer::PullConsumer, NatsError> {
+        self.tasks()
+            .await?
+            .get_or_create_consumer(
+                WORKERS_CONSUMER,
+                consumer::pull::Config {
+                    durable_name: Some(WORKERS_CONSUMER.to_owned()),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: self.lease,
+                    max_deliver: 5,
+                    max_ack_pending: self.max_pending,
+                    num_replicas: self.replicas,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| js_error("the workers' consumer", e))
+    }
+
+    /// The reports stream (created when absent).
+    pub async fn reports(&self) -> Result<stream::Stream, NatsError> {
+        self.js
+            .get_or_create_stream(stream::Config {
+                name: REPORTS_STREAM.to_owned(),
+                subjects: vec!["troupe.report.>".to_owned()],
+                retention: stream::RetentionPolicy::Limits,
+                max_age: Duration::from_secs(7 * 24 * 3600),
+                num_replicas: self.replicas,
+                duplicate_window: Duration::from_secs(120),
+                description: Some("troupe: reports from workers to run coordinators".to_owned()),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| js_error("the report stream", e))
+    }
+
+    /// A run's coordinator's durable consumer of the run's reports.
+    pub async fn coordinator_consumer(
+        &self,
+        run_id: &str,
+    ) -> Result<consumer::PullConsumer, NatsError> {
+        let name = coordinator_consumer(run_id);
+        self.reports()
+            .await?
+            .get_or_create_consumer(
+                &name,
+                consumer::pull::Config {
+                    durable_name: Some(name.clone()),
+                    filter_subject: report_subject(run_id),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: Duration::from_secs(60),
+                    num_replicas: self.replicas,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| js_error("the run's report consumer", e))
+    }
+
+    /// The bucket of cancelled groups (created when absent).
+    pub async fn cancelled(&self) -> Result<kv::Store, NatsError> {
+        if let Ok(store) = self.js.get_key_value(CANCELLED_BUCKET).await {
+            return Ok(store);
+        }
+        match self
+            .js
+            .create_key_value(kv::Config {
+                bucket: CANCELLED_BUCKET.to_owned(),
+                description: "troupe: cancelled groups, read before a task starts".to_owned(),
+                max_age: Duration::from_secs(7 * 24 * 3600),
+                num_replicas: self.replicas,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(store) => Ok(store),
+            // Another process made it first.
+            Err(e) => self
+                .js
+                .get_key_value(CANCELLED_BUCKET)
+                .await
+                .map_err(|_| js_error("the cancelled-groups bucket", e)),
+        }
+    }
+}

@@ -1,0 +1,636 @@
+//! A worker (`troupe worker`): serves the pipelines it was given by taking
+//! sibling tasks from the shared work queue and running each on the same
+//! stage actors as a local run, with its own provider and tools.
+//!
+//! For each task it is delivered, the worker: refuses it when it has
+//! another copy of the pipeline (the digests differ) or none at all;
+//! reports `Accepted`; reads the group's cancelled mark (a worker that
+//! comes late starts nothing of a cancelled group); runs the sibling,
+//! telling the queue it is alive every third of the lease so a long agent
+//! is not delivered to another worker; and reports how it ended with the
+//! execution's audit events, in order, before it acknowledges the task. A
+//! cancel broadcast cancels the group's siblings in flight strictly. On
+//! the first Ctrl-C or SIGTERM it takes no new task and lets those in
+//! flight finish; a task it never finishes is delivered to another worker
+//! once its lease runs out.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use async_nats::Subject;
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::{Semaphore, watch};
+use troupe_actors::{Delivery, EventBus};
+
+use super::nats::{Nats, NatsError};
+use super::wire::{CANCEL_ALL, Cancel, Report, Task, cancelled_key, report_subject};
+use crate::definition::{Pipeline, StageKind};
+use crate::provider::Provider;
+use crate::runtime::cancel::CancelScope;
+use crate::runtime::context::StageContext;
+use crate::runtime::events::Event;
+use crate::runtime::ids::RunId;
+use crate::runtime::scheduler::{
+    ExecKey, Executor, LocalExecutor, Slot, Spawn, StageOutcome, ToScheduler,
+};
+use crate::runtime::spec::RunSpec;
+use crate::runtime::stage::RunSettings;
+
+/// A pipeline a worker serves, with the digest of its files.
+#[derive(Debug, Clone)]
+pub struct Served {
+    pub pipeline: Arc<Pipeline>,
+    pub digest: String,
+    /// The model provider its siblings use.
+    pub provider: Arc<dyn Provider>,
+}
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Shown in reports (`worker`) and to the NATS server.
+    pub name: String,
+    /// By pipeline id.
+    pub pipelines: HashMap<String, Served>,
+    pub settings: Arc<RunSettings>,
+    /// Most siblings this worker runs at once.
+    pub max_siblings: usize,
+}
+
+/// What a worker did, when it stops.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerSummary {
+    pub finished: u64,
+    pub cancelled: u64,
+    pub refused: u64,
+    pub not_started: u64,
+}
+
+/// Events of the executions in flight, by `stageExecutionId`, collected
+/// from the worker's bus on a thread of their own.
+#[derive(Debug, Default)]
+struct Collected {
+    events: Mutex<HashMap<Arc<str>, Vec<Value>>>,
+}
+
+/// Runs the worker until `drain` says stop (then lets the siblings in
+/// flight finish). Call inside an actix system.
+pub async fn serve(
+    nats: Nats,
+    config: WorkerConfig,
+    mut drain: watch::Receiver<bool>,
+) -> Result<WorkerSummary, NatsError> {
+    let consumer = nats.workers_consumer().await?;
+    let cancelled = nats.cancelled().await?;
+    nats.reports().await?;
+    let bus: EventBus<Event> = EventBus::new();
+    let collected = Arc::new(Collected::default());
+    let (seen_tx, seen) = watch::channel(0u64);
+    let sub = bus.subscribe_audit("worker-reports", 1 << 16);
+    {
+        let collected = Arc::clone(&collected);
+        std::thread::Builder::new()
+            .name("troupe-worker-events".into())
+            .spawn(move || {
+                for delivery in sub.iter() {
+                    if let Delivery::Event(env) = delivery {
+                        if let Some(id) = &env.event.stage_execution_id {
+                            let mut line = env.event.to_json(0);
+                            if let Some(obj) = line.as_object_mut() {
+                                obj.remove("seq");
+                            }
+                            collected
+                                .events
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .entry(Arc::clone(id))
+                                .or_default()
+                                .push(line);
+                        }
+                        let _ = seen_tx.send(env.seq);
+                    }
+                }
+            })
+            .map_err(|e| NatsError {
+                code: "Worker",
+                message: format!("cannot start the event collector: {e}"),
+            })?;
+    }
+    let slots = Arc::new(Semaphore::new(config.max_siblings.max(1)));
+    let arbiters: Vec<ArbiterHandle> = if config.settings.threads > 1 {
+        (0..config.settings.threads)
+            .map(|_| Arbiter::new().handle())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let (idle_tx, mut idle) = watch::channel(0usize);
+    let host = WorkerHost {
+        nats: nats.clone(),
+        config: config.clone(),
+        bus: bus.clone(),
+        collected,
+        seen,
+        in_flight: HashMap::new(),
+        executors: HashMap::new(),
+        arbiters: arbiters.clone(),
+        in_flight_count: idle_tx,
+        summary: Arc::default(),
+    }
+    .start();
+    let summary = host.send(Summary).await.unwrap_or_default();
+
+    // Cancels reach the siblings in flight.
+    let cancels = nats
+        .client
+        .subscribe(CANCEL_ALL)
+        .await
+        .map_err(|e| NatsError {
+            code: "Unreachable",
+            message: format!("cannot subscribe to cancels: {e}"),
+        })?;
+    {
+        let host = host.clone();
+        actix::spawn(async move {
+            let mut cancels = cancels;
+            while let Some(msg) = cancels.next().await {
+                if let Ok(cancel) = serde_json::from_slice::<Cancel>(&msg.payload) {
+                    host.do_send(CancelGroup(cancel));
+                }
+            }
+        });
+    }
+
+    // Take tasks while there is room and no drain.
+    loop {
+        if *drain.borrow() {
+            break;
+        }
+        let first = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = drain.changed() => continue,
+        };
+        let mut permits = vec![first];
+        while permits.len() < config.max_siblings.max(1) {
+            match Arc::clone(&slots).try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        let batch = consumer
+            .fetch()
+            .max_messages(permits.len())
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await;
+        let mut batch = match batch {
+            Ok(b) => b,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        while let Some(msg) = batch.next().await {
+            let Ok(msg) = msg else { continue };
+            let Some(permit) = permits.pop() else { break };
+            let delivered = msg.info().map_or(1, |i| i.delivered.max(1) as u64);
+            let Some(reply) = msg.reply.clone() else {
+                continue;
+            };
+            let task: Task = match serde_json::from_slice(&msg.payload) {
+                Ok(t) => t,
+                Err(_) => {
+                    // Not a task: never deliver it again.
+                    let _ = nats.client.publish(reply, "+TERM".into()).await;
+                    continue;
+                }
+            };
+            let offer = Offer {
+                task,
+                reply,
+                delivered,
+                permit: Some(permit),
+            };
+            accept(&nats, &config, &cancelled, &host, offer).await;
+        }
+    }
+    // Drain: the siblings in flight finish (or the lease hands them on).
+    while *idle.borrow() > 0 {
+        if idle.changed().await.is_err() {
+            break;
+        }
+    }
+    for arbiter in arbiters {
+        arbiter.stop();
+    }
+    let summary = summary.lock().map(|s| *s).unwrap_or_default();
+    Ok(summary)
+}
+
+/// A delivered task and what answering it needs.
+#[derive(Debug)]
+struct Offer {
+    task: Task,
+    reply: Subject,
+    delivered: u64,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Publishes a report on the run's subject (stored before it returns).
+async fn publish_report(nats: &Nats, run_id: &str, report: &Report) -> bool {
+    let Ok(body) = serde_json::to_vec(report) else {
+        return false;
+    };
+    match nats.js.publish(report_subject(run_id), body.into()).await {
+        Ok(ack) => ack.await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Decides what to do with a delivered task: refuse it, skip it (its group
+/// was cancelled) or start it.
+async fn accept(
+    nats: &Nats,
+    config: &WorkerConfig,
+    cancelled: &async_nats::jetstream::kv::Store,
+    host: &Addr<WorkerHost>,
+    offer: Offer,
+) {
+    let t = &offer.task;
+    let mismatch = match config.pipelines.get(&t.pipeline_id) {
+        None => Some(format!(
+            "this worker does not serve pipeline `{}` (it serves {})",
+            t.pipeline_id,
+            config
+                .pipelines
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        Some(s) if s.digest != t.digest => Some(format!(
+            "this worker's copy of pipeline `{}` differs from the run's ({} here, {} in the run)",
+            t.pipeline_id, s.digest, t.digest
+        )),
+        Some(_) => None,
+    };
+    if let Some(message) = mismatch {
+        let report = Report::Refused {
+            stage_execution_id: t.stage_execution_id.clone(),
+            turn: t.turn,
+            unit: t.unit,
+            worker: config.name.clone(),
+            code: "Distributed/PipelineMismatch".to_owned(),
+            message,
+        };
+        if publish_report(nats, &t.run_id, &report).await {
+            let _ = nats.client.publish(offer.reply, "+ACK".into()).await;
+        }
+        host.do_send(Count(Counted::Refused));
+        return;
+    }
+    let accepted = Report::Accepted {
+        stage_execution_id: t.stage_execution_id.clone(),
+        turn: t.turn,
+        unit: t.unit,
+        worker: config.name.clone(),
+    };
+    if !publish_report(nats, &t.run_id, &accepted).await {
+        // The coordinator cannot hear about it: leave it to another try.
+        let _ = nats.client.publish(offer.reply, "-NAK".into()).await;
+        return;
+    }
+    // After `Accepted`: a mark set before this read is seen, and a
+    // coordinator's barrier after the mark comes after `Accepted`.
+    if let Ok(Some(_)) = cancelled.get(cancelled_key(&t.run_id, t.turn)).await {
+        let report = Report::NotStarted {
+            stage_execution_id: t.stage_execution_id.clone(),
+            turn: t.turn,
+            unit: t.unit,
+            worker: config.name.clone(),
+        };
+        if publish_report(nats, &t.run_id, &report).await {
+            let _ = nats.client.publish(offer.reply, "+ACK".into()).await;
+        }
+        host.do_send(Count(Counted::NotStarted));
+        return;
+    }
+    host.do_send(Start(offer));
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Counted {
+    Refused,
+    NotStarted,
+}
+
+/// Counts what the fetch loop decided alone.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct Count(Counted);
+
+/// Start a delivered task.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct Start(Offer);
+
+/// A group was cancelled.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct CancelGroup(Cancel);
+
+/// The summary cell, shared with `serve`.
+#[derive(Debug, Message)]
+#[rtype(result = "Arc<Mutex<WorkerSummary>>")]
+struct Summary;
+
+/// A sibling running here.
+#[derive(Debug)]
+struct InFlight {
+    task: Task,
+    reply: Subject,
+    delivered: u64,
+    scope: CancelScope,
+    /// Released when the sibling's report is out.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Ends the progress ticker.
+    ticker: tokio_util::sync::CancellationToken,
+}
+
+/// The worker's stand-in for a scheduler: its stage actors ask it to
+/// start (always yes: the coordinator decided) and report to it; it turns
+/// reports into NATS messages.
+struct WorkerHost {
+    nats: Nats,
+    config: WorkerConfig,
+    bus: EventBus<Event>,
+    collected: Arc<Collected>,
+    /// The last `seq` the collector has taken.
+    seen: watch::Receiver<u64>,
+    in_flight: HashMap<Arc<str>, InFlight>,
+    /// One local executor per run (its run id, ctx and pipeline).
+    executors: HashMap<String, LocalExecutor>,
+    arbiters: Vec<ArbiterHandle>,
+    in_flight_count: watch::Sender<usize>,
+    summary: Arc<Mutex<WorkerSummary>>,
+}
+
+impl Actor for WorkerHost {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(4096);
+    }
+}
+
+impl WorkerHost {
+    fn count(&self, f: impl FnOnce(&mut WorkerSummary)) {
+        if let Ok(mut s) = self.summary.lock() {
+            f(&mut s);
+        }
+    }
+
+    fn executor(&mut self, task: &Task, ctx: &mut Context<Self>) -> Option<&mut LocalExecutor> {
+        if !self.executors.contains_key(&task.run_id) {
+            let served = self.config.pipelines.get(&task.pipeline_id)?;
+            let mut spec = RunSpec::new(
+                Arc::clone(&served.pipeline),
+                task.fields.clone(),
+                Arc::clone(&served.provider),
+                None,
+            );
+            spec.run_id = RunId::existing(&task.run_id);
+            spec.bus = self.bus.clone();
+            spec.settings = Arc::clone(&self.config.settings);
+            let local =
+                LocalExecutor::new(spec, None, ctx.address().recipient(), self.arbiters.clone());
+            self.executors.insert(task.run_id.clone(), local);
+        }
+        self.executors.get_mut(&task.run_id)
+    }
+
+    fn start(&mut self, offer: Offer, ctx: &mut Context<Self>) {
+        let Offer {
+            task,
+            reply,
+            delivered,
+            permit,
+        } = offer;
+        let Some(served) = self.config.pipelines.get(&task.pipeline_id).cloned() else {
+            return;
+        };
+        let Some(stage) = served.pipeline.stage(&task.stage_id).cloned() else {
+            return;
+        };
+        let name: Arc<str> = match &stage.kind {
+            StageKind::Llm(def) => def.name.as_str().into(),
+            _ => stage.id.as_str().into(),
+        };
+        let id: Arc<str> = Arc::from(task.stage_execution_id.as_str());
+        let stage_id: Arc<str> = Arc::from(task.stage_id.as_str());
+        let context = Arc::new(StageContext {
+            fields: Arc::new(task.fields.clone()),
+            upstream: Arc::default(),
+            results: Arc::new(task.slot.clone()),
+            workflow_run_id: Arc::from(task.run_id.as_str()),
+            stage_execution_id: Arc::clone(&id),
+            item: task.item.clone(),
+            index: task.index,
+            stage_id: Arc::clone(&stage_id),
+            stage_name: name,
+        });
+        let exec = ExecKey {
+            turn: task.turn,
+            slot: Slot::Unit(task.unit),
+            id: Arc::clone(&id),
+            stage: stage_id,
+        };
+        let spawn = Spawn {
+            exec,
+            stage: Arc::new(stage),
+            ctx: context,
+            index: task.index,
+            visit: task.visit,
+        };
+        let scope = CancelScope::root();
+        // Alive: the lease is renewed every third of it while it runs.
+        let ticker = tokio_util::sync::CancellationToken::new();
+        {
+            let ticker = ticker.clone();
+            let client = self.nats.client.clone();
+            let reply = reply.clone();
+            let every = (self.nats.lease / 3).max(Duration::from_millis(100));
+            actix::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = ticker.cancelled() => return,
+                        () = tokio::time::sleep(every) => {
+                            let _ = client.publish(reply.clone(), "+WPI".into()).await;
+                        }
+                    }
+                }
+            });
+        }
+        let in_flight = InFlight {
+            task: task.clone(),
+            reply,
+            delivered,
+            scope: scope.clone(),
+            _permit: permit,
+            ticker,
+        };
+        self.in_flight.insert(Arc::clone(&id), in_flight);
+        self.in_flight_count.send_replace(self.in_flight.len());
+        match self.executor(&task, ctx) {
+            Some(local) => local.start(spawn, scope, None),
+            None => {
+                self.in_flight.remove(&id);
+                self.in_flight_count.send_replace(self.in_flight.len());
+            }
+        }
+    }
+
+    /// An execution ended: report it with its events, then acknowledge
+    /// its task.
+    fn report(&mut self, exec: ExecKey, outcome: StageOutcome, ctx: &mut Context<Self>) {
+        let Some(flight) = self.in_flight.remove(&exec.id) else {
+            return;
+        };
+        flight.ticker.cancel();
+        let until = self.bus.last_seq();
+        let mut seen = self.seen.clone();
+        let collected = Arc::clone(&self.collected);
+        let nats = self.nats.clone();
+        let worker = self.config.name.clone();
+        let summary = Arc::clone(&self.summary);
+        let count = self.in_flight_count.clone();
+        let remaining = self.in_flight.len();
+        let t = flight.task;
+        let reply = flight.reply;
+        let delivered = flight.delivered;
+        let permit = flight._permit;
+        let fut = async move {
+            // Every event the execution published before it reported.
+            let _ = seen.wait_for(|s| *s >= until).await;
+            let mut events = collected
+                .events
+                .lock()
+                .map(|mut m| m.remove(&exec.id).unwrap_or_default())
+                .unwrap_or_default();
+            // The coordinator's log says which worker ran it.
+            for event in &mut events {
+                if event["event"] == "StageEntered"
+                    && let Some(obj) = event.as_object_mut()
+                {
+                    obj.insert("worker".to_owned(), Value::from(worker.as_str()));
+                }
+            }
+            let (report, counted): (Report, fn(&mut WorkerSummary)) = match outcome {
+                StageOutcome::Exited { result, .. } => (
+                    Report::Exited {
+                        stage_execution_id: t.stage_execution_id.clone(),
+                        turn: t.turn,
+                        unit: t.unit,
+                        worker,
+                        delivered,
+                        result,
+                        events,
+                    },
+                    |s| s.finished += 1,
+                ),
+                StageOutcome::Cancelled { usage } => (
+                    Report::Cancelled {
+                        stage_execution_id: t.stage_execution_id.clone(),
+                        turn: t.turn,
+                        unit: t.unit,
+                        worker,
+                        usage,
+                        events,
+                    },
+                    |s| s.cancelled += 1,
+                ),
+                StageOutcome::CancelledBeforeStart | StageOutcome::Withdrawn => (
+                    Report::NotStarted {
+                        stage_execution_id: t.stage_execution_id.clone(),
+                        turn: t.turn,
+                        unit: t.unit,
+                        worker,
+                    },
+                    |s| s.not_started += 1,
+                ),
+            };
+            if publish_report(&nats, &t.run_id, &report).await {
+                let _ = nats.client.publish(reply, "+ACK".into()).await;
+            } else {
+                // Not reported: let another worker run it.
+                let _ = nats.client.publish(reply, "-NAK".into()).await;
+            }
+            if let Ok(mut s) = summary.lock() {
+                counted(&mut s);
+            }
+            drop(permit);
+            count.send_replace(remaining);
+        };
+        ctx.spawn(fut.into_actor(self));
+    }
+}
+
+impl Handler<ToScheduler> for WorkerHost {
+    type Result = ();
+
+    fn handle(&mut self, msg: ToScheduler, ctx: &mut Context<Self>) {
+        match msg {
+            ToScheduler::StartRequest { reply, .. } => {
+                let _ = reply.send(());
+            }
+            ToScheduler::Report { exec, outcome } => self.report(exec, outcome, ctx),
+            ToScheduler::CancelRun | ToScheduler::LimitReached { .. } => {}
+        }
+    }
+}
+
+impl Handler<Start> for WorkerHost {
+    type Result = ();
+
+    fn handle(&mut self, msg: Start, ctx: &mut Context<Self>) {
+        self.start(msg.0, ctx);
+    }
+}
+
+impl Handler<CancelGroup> for WorkerHost {
+    type Result = ();
+
+    fn handle(&mut self, msg: CancelGroup, _ctx: &mut Context<Self>) {
+        let c = msg.0;
+        for flight in self.in_flight.values() {
+            if flight.task.run_id == c.run_id && flight.task.turn == c.turn {
+                flight.scope.cancel(c.reason.as_str());
+            }
+        }
+    }
+}
+
+impl Handler<Count> for WorkerHost {
+    type Result = ();
+
+    fn handle(&mut self, msg: Count, _ctx: &mut Context<Self>) {
+        self.count(|s| match msg.0 {
+            Counted::Refused => s.refused += 1,
+            Counted::NotStarted => s.not_started += 1,
+        });
+    }
+}
+
+impl Handler<Summary> for WorkerHost {
+    type Result = MessageResult<Summary>;
+
+    fn handle(&mut self, _msg: Summary, _ctx: &mut Context<Self>) -> Self::Result {
+        MessageResult(Arc::clone(&self.summary))
+    }
+}
