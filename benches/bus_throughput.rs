@@ -8,8 +8,8 @@
 //!   reported as lag, so the publisher must not slow down;
 //! - `slow_audit`: audit events with that slow subscriber: audit events
 //!   are never dropped, for any subscriber, so publishing runs at the slow
-//!   subscriber's pace once its queue is full (SPEC §6). Fewer events, so
-//!   the bench ends; read it as time per event.
+//!   subscriber's pace once its queue is full (ARCHITECTURE.md, Events and
+//!   audit). Fewer events, so the bench ends; read it as time per event.
 
 use std::hint::black_box;
 use std::thread::JoinHandle;

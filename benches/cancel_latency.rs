@@ -11,7 +11,7 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use troupe::bench::floor::{Floor, FloorSpec};
 use troupe::bench::runner::{RunCell, Workload};
-use troupe::provider::scripted::Selector;
+use troupe::provider::selector::Selector;
 
 /// The allocator of the `troupe` binary, so the bench measures what users run.
 #[global_allocator]

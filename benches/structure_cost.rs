@@ -1,7 +1,7 @@
 //! What the runtime's structure costs with none of the work: the lower
 //! bound any runtime built to troupe's design pays on this machine.
 //!
-//! Per sibling it does only what the design card and SPEC §6 require of
+//! Per sibling it does only what troupe's design (ARCHITECTURE.md) requires of
 //! the `fanout` worker, and nothing of the workload itself (no provider,
 //! no templates, no JSON parsing, no schema):
 //! - one actix actor for the stage execution, started by a coordinator

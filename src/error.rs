@@ -9,7 +9,28 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::definition::yaml::Pos;
+/// A position in a source file, 1-based. `line == 0` means unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Pos {
+    pub line: u64,
+    pub column: u64,
+}
+
+impl Pos {
+    pub fn new(line: u64, column: u64) -> Self {
+        Self { line, column }
+    }
+
+    /// Shifts a position found in an embedded document (frontmatter) by the
+    /// number of lines that precede it in the file.
+    pub fn offset_lines(self, lines: u64) -> Self {
+        if self.line == 0 {
+            self
+        } else {
+            Self::new(self.line + lines, self.column)
+        }
+    }
+}
 
 /// The error classes: the contract's eight, plus `Budget` (a run's token
 /// or cost budget ran out), `Store` (the run store on disk) and
@@ -81,7 +102,8 @@ pub enum ValidationCode {
     PipelineUnreadable,
     /// `pipeline.yaml` is not valid YAML or has a wrong shape.
     PipelineInvalid,
-    /// A stage file fails the stage-definition rules (SPEC §1.1).
+    /// A stage file fails the stage-definition rules (its
+    /// frontmatter fields, their types and values).
     StageDefinitionInvalid,
     /// A stage file cannot be read: missing, not a file, not UTF-8.
     StageFileUnreadable,

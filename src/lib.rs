@@ -2,13 +2,17 @@
 //! actor runtime. This crate holds the domain (definitions, runtime,
 //! providers, tools) and a thin CLI; reusable actor machinery lives in
 //! `troupe-actors`.
+//!
+//! Layers, lowest first; a module imports only its own layer and those
+//! below (`tests/layering.rs` checks it): `error` → `definition` →
+//! `provider`, `tools` → `runtime` → `store`, `report`, `bench`,
+//! `distributed` → `cli`.
 
 pub mod bench;
 pub mod cli;
 pub mod definition;
 pub mod distributed;
 pub mod error;
-pub mod hooks;
 pub mod provider;
 pub mod report;
 pub mod runtime;

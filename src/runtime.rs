@@ -1,11 +1,13 @@
 //! The actor runtime: sessions, the scheduler, stage executions, tool calls,
-//! events and the audit log.
+//! hooks, approvals, events and the audit log. It writes nothing to the
+//! terminal: prompts and messages are the CLI's.
 
 pub mod audit;
 pub mod cancel;
 pub mod context;
 pub mod events;
 pub mod extract;
+pub mod hooks;
 pub mod ids;
 pub mod interaction;
 pub mod launch;

@@ -1,4 +1,4 @@
-//! Tool approvals and interactors (ACCEPTANCE 29–33), in-process on paused
+//! Tool approvals and interactors, in-process on paused
 //! time with scripted interactors: the authority stack, one-shot grants,
 //! first answer wins, withdrawal on cancel, late answers audited.
 
@@ -214,8 +214,8 @@ fn acceptance_33_fail_fast_withdraws_a_pending_prompt_everywhere() {
 fn acceptance_33_a_late_answer_from_the_terminal_is_ignored_and_audited() {
     use troupe::runtime::events::Event;
     use troupe::runtime::interaction::{
-        Answer, Decision, GrantRequest, InteractionHub, InteractorHandle, PromptView, Prompter,
-        Raise, TerminalInteractor, WithdrawOwner,
+        Answer, GrantDecision, GrantRequest, InteractionHub, InteractorHandle, PromptView,
+        Prompter, Raise, TerminalInteractor, WithdrawOwner,
     };
     use troupe_actors::{Delivery, EventBus};
 
@@ -312,10 +312,10 @@ fn acceptance_33_a_late_answer_from_the_terminal_is_ignored_and_audited() {
             (first, second)
         }
     });
-    assert!(matches!(decisions.0, Decision::Denied { .. }));
+    assert!(matches!(decisions.0, GrantDecision::Denied { .. }));
     assert_eq!(
         decisions.1,
-        Decision::Approved {
+        GrantDecision::Approved {
             by: "terminal".into()
         }
     );

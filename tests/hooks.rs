@@ -1,4 +1,4 @@
-//! Hooks (ACCEPTANCE 35–36): guard, transform and observer commands at the
+//! Hooks: guard, transform and observer commands at the
 //! message-loop slots, run for real with `sh`, in-process on the runtime.
 
 #![allow(clippy::unwrap_used)]

@@ -13,7 +13,7 @@ use troupe::definition::template::Template;
 use troupe::definition::{load_pipeline, yaml};
 
 fn is_tool(name: &str) -> bool {
-    troupe::tools::is_builtin(name)
+    troupe::definition::is_builtin(name)
 }
 
 /// Fragments that exercise YAML and template edge cases when spliced.

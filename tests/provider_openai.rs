@@ -18,12 +18,12 @@ use assert_cmd::cargo::CommandCargoExt;
 use fake_openai::{FakeOpenAi, PROBE_TOOL, Received, Reply, pipeline_responder};
 use serde_json::{Value, json};
 use troupe::definition::Backoff;
+use troupe::definition::ToolSpec;
 use troupe::error::HasCode;
 use troupe::provider::openai::{OpenAiConfig, OpenAiProvider};
+use troupe::provider::{Message, ToolCall};
 use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError, RequestObserver};
 use troupe::runtime::context::StageContext;
-use troupe::runtime::transcript::{Message, ToolCall};
-use troupe::tools::ToolSpec;
 
 // ---------------------------------------------------------------- helpers
 
@@ -37,7 +37,7 @@ fn provider(server: &FakeOpenAi, tune: impl FnOnce(&mut OpenAiConfig)) -> OpenAi
 
 fn tools() -> Arc<Vec<ToolSpec>> {
     Arc::new(vec![
-        troupe::tools::catalog::builtin("Echo").unwrap(),
+        troupe::definition::tool_catalog::builtin("Echo").unwrap(),
         ToolSpec {
             name: "done".into(),
             description: "Finish.".into(),

@@ -1,5 +1,5 @@
 //! Sequential runs, fan-outs, joins, fail-fast and cancellation on the real
-//! runtime (ACCEPTANCE 21–28), plus invariants checked as properties over
+//! runtime, plus invariants checked as properties over
 //! random widths, caps, latencies and failure points.
 
 // Test code: a failed unwrap is a failed test with its location.

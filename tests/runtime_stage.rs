@@ -1,4 +1,4 @@
-//! One stage execution on the real runtime (ACCEPTANCE 10–20), on paused
+//! One stage execution on the real runtime, on paused
 //! time with the scripted provider; observed through the audit events and
 //! the requests the provider received.
 
@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::Fixture;
 use common::run::{Opts, run};
 use serde_json::json;
+use troupe::provider::Message;
 use troupe::runtime::summary::RunStatus;
-use troupe::runtime::transcript::Message;
 
 /// tokio fires a timer on the millisecond tick after its deadline, so on the
 /// paused clock every sleep of a whole number of ms lasts one tick longer.

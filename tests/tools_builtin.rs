@@ -1,9 +1,10 @@
-#![allow(clippy::unwrap_used)]
 //! The built-in tools through their one entry point (`execute`), against
 //! real temp directories and real processes: happy paths, root confinement,
 //! .gitignore, caps and truncation notes, atomic writes, Bash timeouts and
 //! cancellation killing the whole process group; and one run through the
 //! `troupe` binary where a scripted stage reads and edits a file.
+
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -17,7 +18,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
 use troupe::error::HasCode;
-use troupe::tools::exec::{ToolError, execute};
+use troupe::tools::ToolError;
+use troupe::tools::exec::execute;
 use troupe::tools::{ToolEnv, ToolLimits};
 
 /// A project root in a temp dir, inside a parent that tests may use as

@@ -1,4 +1,4 @@
-//! Load-time validation (SPEC §1, ACCEPTANCE 1–9): every `Validation/*` code
+//! Load-time validation: every `Validation/*` code
 //! has a failing fixture with an assertion on the code and the location.
 
 // Test code: a failed unwrap is a failed test with its location.

@@ -5,6 +5,7 @@
 //! and (with `--fail-sibling`) the cancellation latency.
 
 pub mod args;
+pub mod cell;
 pub mod orchestrate;
 pub mod render;
 

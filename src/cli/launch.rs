@@ -13,6 +13,7 @@ use troupe_actors::EventBus;
 use super::Exit;
 use super::options::RunOptions;
 use super::output::{note_check, print_check_error, print_report, stored_summary};
+use super::prompter::StdinPrompter;
 use super::provider::{ProviderArgs, ProviderSetup};
 use super::sandbox::shell_sandbox;
 use super::signals::{FirstSignal, Interrupts};
@@ -58,7 +59,7 @@ pub struct Resumed {
 }
 
 /// How the actor system's part of a run ended.
-enum Ended {
+enum LaunchOutcome {
     /// The report, and the last `seq` the run's events used.
     Report(Box<RunReport>, u64),
     /// The run could not start or lost its report.
@@ -168,7 +169,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         interactors.push(InteractorSpec::Yolo);
     }
     if !opts.headless && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-        interactors.push(InteractorSpec::Terminal);
+        interactors.push(InteractorSpec::Terminal(Arc::new(StdinPrompter)));
     }
     let cap = opts
         .parallel_cap
@@ -226,7 +227,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         if let Some((provider, false)) = &check {
             match provider.check(check_retries, &check_backoff).await {
                 Ok(report) => note_check(provider, &report),
-                Err(e) => return (Ended::Check(e), None),
+                Err(e) => return (LaunchOutcome::Check(e), None),
             }
         }
         // The budget prices the model the run actually asks, which the
@@ -237,13 +238,13 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         };
         match limits.budget(&run_pipeline, &model) {
             Ok(budget) => settings.budget = budget,
-            Err(e) => return (Ended::Invalid(e), None),
+            Err(e) => return (LaunchOutcome::Invalid(e), None),
         }
         // The store, the run's lock, the writer: before anything runs.
         let kept = if keeping {
             match keep(store, &spec, &kept_pipeline, &kept_dir, resume) {
                 Ok(kept) => Some(kept),
-                Err(e) => return (Ended::Store(e), None),
+                Err(e) => return (LaunchOutcome::Store(e), None),
             }
         } else {
             None
@@ -256,7 +257,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             match remote_siblings(&nats_args, &spec, &kept_pipeline, settings.ledger.clone()).await
             {
                 Ok(remote) => spec.executor = Some(Arc::new(remote)),
-                Err(e) => return (Ended::Invalid(format!("{}: {e}", e.code())), kept),
+                Err(e) => return (LaunchOutcome::Invalid(format!("{}: {e}", e.code())), kept),
             }
         }
         spec.settings = Arc::new(settings);
@@ -270,13 +271,18 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             Ok(s) => sinks.push(s),
             Err(e) => {
                 let why = format!("cannot write the audit log {}: {e}", audit_path.display());
-                return (Ended::Aborted(why), kept);
+                return (LaunchOutcome::Aborted(why), kept);
             }
         }
         if stream_events {
             match start_event_stream(&spec.bus, spec.run_id.as_str(), std::io::stdout()) {
                 Ok(s) => sinks.push(s),
-                Err(e) => return (Ended::Aborted(format!("cannot stream events: {e}")), kept),
+                Err(e) => {
+                    return (
+                        LaunchOutcome::Aborted(format!("cannot stream events: {e}")),
+                        kept,
+                    );
+                }
             }
         }
         if !stream_events && !json && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -289,14 +295,14 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         let (session, done) = start_run(spec, sinks);
         let _interrupts = Interrupts::watch(watched, move || session.do_send(ToSession::Cancel));
         let ended = match done.await {
-            Ok(report) => Ended::Report(Box::new(report), bus.last_seq()),
-            Err(_) => Ended::Aborted("the run ended without a report".to_owned()),
+            Ok(report) => LaunchOutcome::Report(Box::new(report), bus.last_seq()),
+            Err(_) => LaunchOutcome::Aborted("the run ended without a report".to_owned()),
         };
         (ended, kept)
     });
     let (mut report, last_seq) = match ended {
-        Ended::Report(r, seq) => (*r, seq),
-        Ended::Aborted(e) => {
+        LaunchOutcome::Report(r, seq) => (*r, seq),
+        LaunchOutcome::Aborted(e) => {
             eprintln!("error: Session/RunAborted: {e}");
             if let Some(kept) = kept {
                 let reason = format!("Session/RunAborted: {e}");
@@ -304,12 +310,12 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             }
             return Exit::RunFailed;
         }
-        Ended::Check(e) => {
+        LaunchOutcome::Check(e) => {
             print_check_error(&e, json);
             return Exit::Invalid;
         }
-        Ended::Invalid(message) => return input_invalid(&path, message, json),
-        Ended::Store(e) => return store_failed(&e, json),
+        LaunchOutcome::Invalid(message) => return input_invalid(&path, message, json),
+        LaunchOutcome::Store(e) => return store_failed(&e, json),
     };
     let stats = openai.as_ref().map(|(p, _)| p.stats());
     if let Some(kept) = kept {
@@ -442,7 +448,7 @@ async fn remote_siblings(
 pub struct ScriptedKnobs<'a> {
     pub script: Option<&'a Path>,
     pub latency: Option<std::time::Duration>,
-    pub fail: &'a [crate::provider::scripted::Selector],
+    pub fail: &'a [crate::provider::selector::Selector],
 }
 
 /// The retry knobs of `--provider-retries` and `--provider-backoff` on

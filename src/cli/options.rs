@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::limits::LimitArgs;
 use super::provider::ProviderArgs;
 use crate::definition::duration::parse_duration;
-use crate::provider::scripted::Selector;
+use crate::provider::selector::Selector;
 use crate::tools::sandbox::check_env_name;
 
 /// The options of a run (new or resumed).

@@ -16,8 +16,8 @@ use super::Exit;
 use super::launch::store_failed;
 use super::options::store_path;
 use crate::definition::duration::parse_positive_duration;
+use crate::provider::Usage;
 use crate::runtime::events::rfc3339;
-use crate::runtime::result::Usage;
 use crate::store::lock::is_held;
 use crate::store::{Counts, ExecRow, RunRow, Store, StoreError, unix_ms};
 

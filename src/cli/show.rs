@@ -5,12 +5,12 @@ use std::path::Path;
 
 use super::Exit;
 use super::validate::{print_diagnostics, reject};
+use crate::definition::stage_manifest;
 use crate::definition::{
     Backoff, Next, Pipeline, Siblings, Stage, StageDefinition, StageKind,
     duration::format_duration, load_pipeline,
 };
 use crate::error::ValidationCode;
-use crate::tools::stage_manifest;
 
 pub fn run(path: &Path, stage: Option<&str>, json: bool) -> Exit {
     let pipeline = match load_pipeline(path) {

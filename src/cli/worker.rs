@@ -22,7 +22,7 @@ use crate::definition::load_pipeline;
 use crate::distributed::NatsArgs;
 use crate::distributed::worker::{Served, WorkerConfig, serve};
 use crate::error::HasCode;
-use crate::provider::scripted::Selector;
+use crate::provider::selector::Selector;
 use crate::store::pipeline_digest;
 use crate::tools::sandbox::check_env_name;
 

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::yaml::{Node, Pos, Value};
-use crate::error::{Diagnostic, ValidationCode};
+use super::yaml::{Node, Value};
+use crate::error::{Diagnostic, Pos, ValidationCode};
 
 /// Reads fields of one file, collecting diagnostics.
 #[derive(Debug)]

@@ -12,8 +12,8 @@ use super::model::{FORBIDDEN_CTX, Next, Pipeline, RESERVED_CTX, Stage, StageKind
 use super::pipeline_file::{PipelineDoc, StageSource, read_pipeline};
 use super::stage_file::{ParsedStage, normalize_text, parse_stage_file};
 use super::template::{Template, line_col};
-use super::yaml::{self, Pos};
-use crate::error::{Diagnostic, Diagnostics, ValidationCode};
+use super::yaml;
+use crate::error::{Diagnostic, Diagnostics, Pos, ValidationCode};
 
 /// Largest stage file or pipeline.yaml accepted.
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
@@ -24,7 +24,7 @@ pub const PIPELINE_FILE: &str = "pipeline.yaml";
 /// Loads the pipeline at `path` (its folder, or its pipeline.yaml) with the
 /// built-in tool set.
 pub fn load_pipeline(path: &Path) -> Result<Pipeline, Diagnostics> {
-    load_pipeline_with(path, &crate::tools::is_builtin)
+    load_pipeline_with(path, &super::tool_catalog::is_builtin)
 }
 
 /// Loads a pipeline; `is_tool` says which tool names are registered.

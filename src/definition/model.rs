@@ -33,7 +33,8 @@ pub const RESERVED_CTX: [&str; 6] = [
     "index",
 ];
 
-/// ctx names that exist at run time but are not addressable (SPEC §2).
+/// ctx names that exist at run time but are not addressable from templates
+/// or expressions.
 pub const FORBIDDEN_CTX: [&str; 2] = ["attempts", "host"];
 
 /// A loaded pipeline (the state machine).
@@ -57,7 +58,7 @@ pub struct Pipeline {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub gates: BTreeMap<String, Gate>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub hooks: Vec<crate::hooks::HookDef>,
+    pub hooks: Vec<super::hooks::HookDef>,
     /// The optional `provider:` block: defaults for `troupe run`, which its
     /// flags override.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -178,7 +179,7 @@ pub struct Stage {
     pub kind: StageKind,
 }
 
-/// What a stage does: call a model, or one deterministic step (SPEC §1.3).
+/// What a stage does: call a model, or one deterministic step.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum StageKind {
@@ -220,7 +221,7 @@ impl StageKind {
     }
 }
 
-/// An LLM stage definition (a `*.md` file, SPEC §1.1).
+/// An LLM stage definition (a `*.md` file).
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StageDefinition {

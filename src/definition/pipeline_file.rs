@@ -1,18 +1,18 @@
-//! `pipeline.yaml` (SPEC §1.2): the state machine's header, stage table,
+//! `pipeline.yaml`: the state machine's header, stage table,
 //! Next() table, asserts and gates, read into located parts that the loader
 //! cross-checks once every stage file is known.
 
 use super::duration::parse_positive_duration;
 use super::expr::Expr;
 use super::fields::{FieldReader, is_kebab};
+use super::hooks::{HookDef, HookKind, TURN_STAGES, is_slot};
 use super::model::{
     CtxField, FORBIDDEN_CTX, Gate, GateOutcome, Next, ParallelPlan, ProviderBlock, ProviderKind,
     RESERVED_CTX, Siblings, StageKind,
 };
 use super::template::Template;
-use super::yaml::{Node, Pos, Value};
-use crate::error::ValidationCode;
-use crate::hooks::HookDef;
+use super::yaml::{Node, Value};
+use crate::error::{Pos, ValidationCode};
 use std::collections::BTreeMap;
 
 /// Variables every expression sees.
@@ -229,7 +229,7 @@ fn read_hook_list(
             "a slot such as TOOL_CALL/pre",
         ) {
             Some(n) => match n.as_str() {
-                Some(s) if crate::hooks::is_slot(s) => Some(s.to_owned()),
+                Some(s) if is_slot(s) => Some(s.to_owned()),
                 _ => {
                     r.report(
                         code,
@@ -238,7 +238,7 @@ fn read_hook_list(
                         format!("`{}` is not a hook slot", text_or_kind(n)),
                         format!(
                             "use <stage>/pre or <stage>/post with <stage> one of {}",
-                            crate::hooks::TURN_STAGES.join(", ")
+                            TURN_STAGES.join(", ")
                         ),
                     );
                     None
@@ -252,7 +252,7 @@ fn read_hook_list(
             &format!("{field}.kind"),
             "guard, transform or observer",
         ) {
-            Some(n) => match n.as_str().and_then(crate::hooks::HookKind::parse) {
+            Some(n) => match n.as_str().and_then(HookKind::parse) {
                 Some(k) => Some(k),
                 None => {
                     r.report(

@@ -1,5 +1,5 @@
 //! One stage definition file (`*.md`): YAML frontmatter between `---` lines,
-//! then the system-prompt template body (SPEC §1.1).
+//! then the system-prompt template body.
 
 use std::path::Path;
 
@@ -8,8 +8,9 @@ use super::fields::{FieldReader, is_kebab, is_tool_name};
 use super::model::{Backoff, ResolutionPolicy, RetryPolicy, StageDefinition};
 use super::schema::Schema;
 use super::template::{Template, line_col};
-use super::yaml::{self, Node, Pos, Value};
-use crate::error::{Diagnostic, ValidationCode};
+use super::tool_catalog::BUILTIN_NAMES;
+use super::yaml::{self, Node, Value};
+use crate::error::{Diagnostic, Pos, ValidationCode};
 
 /// Largest `turnCap` / `maxAttempts` accepted: far above any sane budget,
 /// low enough that a typo like `turnCap: 10000000000` is caught.
@@ -275,7 +276,7 @@ fn check_tools(
     let mut out: Vec<String> = Vec::with_capacity(tools.len());
     for (tool, pos) in tools {
         if !is_tool(&tool) {
-            let names = crate::tools::catalog::BUILTIN_NAMES;
+            let names = BUILTIN_NAMES;
             let hint = match names.iter().find(|n| n.eq_ignore_ascii_case(&tool)) {
                 Some(name) => format!("did you mean `{name}`? tool names are case-sensitive"),
                 None => format!("built-in tools: {}", names.join(", ")),
@@ -440,7 +441,7 @@ mod tests {
 
     fn parse(text: &str) -> (Option<ParsedStage>, Vec<Diagnostic>) {
         let mut diags = Vec::new();
-        let tool = |n: &str| crate::tools::is_builtin(n);
+        let tool = |n: &str| crate::definition::is_builtin(n);
         let parsed = parse_stage_file(Path::new("plan.md"), text, &tool, &mut diags);
         (parsed, diags)
     }

@@ -1,4 +1,4 @@
-//! `{{ ... }}` templates (SPEC §2): parsed at load so bad placeholders fail
+//! `{{ ... }}` templates: parsed at load so bad placeholders fail
 //! validation, rendered once at Init against a StageContext value.
 //!
 //! A placeholder is a path: `ctx.task`, `ctx.upstream[0].parsed.summary`,

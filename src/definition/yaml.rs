@@ -11,28 +11,7 @@ use std::fmt;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
-/// A position in a source file, 1-based. `line == 0` means unknown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-pub struct Pos {
-    pub line: u64,
-    pub column: u64,
-}
-
-impl Pos {
-    pub fn new(line: u64, column: u64) -> Self {
-        Self { line, column }
-    }
-
-    /// Shifts a position found in an embedded document (frontmatter) by the
-    /// number of lines that precede it in the file.
-    pub fn offset_lines(self, lines: u64) -> Self {
-        if self.line == 0 {
-            self
-        } else {
-            Self::new(self.line + lines, self.column)
-        }
-    }
-}
+use crate::error::Pos;
 
 impl fmt::Display for Pos {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

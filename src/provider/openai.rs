@@ -1,4 +1,4 @@
-//! The `openai` provider (SPEC §8): any OpenAI-compatible
+//! The `openai` provider: any OpenAI-compatible
 //! `/v1/chat/completions` endpoint — hosted APIs, llama.cpp's server,
 //! Ollama, vLLM, LM Studio.
 //!

@@ -29,13 +29,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::selector::Selector;
 use crate::definition::duration::parse_duration;
 use crate::definition::fields::FieldReader;
 use crate::definition::template::{Segment, Template, line_col};
-use crate::definition::yaml::{self, Node, Pos};
+use crate::definition::yaml::{self, Node};
 use crate::definition::{Pipeline, StageKind};
-use crate::error::{Diagnostic, Diagnostics, ValidationCode};
-use crate::provider::scripted::Selector;
+use crate::error::{Diagnostic, Diagnostics, Pos, ValidationCode};
 
 /// The file name looked up in a pipeline folder.
 pub const SCRIPT_FILE: &str = "script.yaml";

@@ -11,54 +11,9 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::script::{Reply, Script, StageScript, Turn};
+use super::selector::Selector;
 use super::synth::synthesize;
-use super::{ModelRequest, ModelResponse, Provider, ProviderError};
-use crate::runtime::result::Usage;
-use crate::runtime::transcript::{Message, ToolCall};
-
-/// Selects executions: `stage` (every execution of it) or `stage#N`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Selector {
-    pub stage: String,
-    pub index: Option<usize>,
-}
-
-impl Selector {
-    /// Parses `worker#17` or `review`.
-    pub fn parse(text: &str) -> Result<Selector, String> {
-        let (stage, index) = match text.split_once('#') {
-            Some((s, i)) => (
-                s,
-                Some(i.parse::<usize>().map_err(|_| {
-                    format!("`{text}`: the part after `#` must be a sibling index")
-                })?),
-            ),
-            None => (text, None),
-        };
-        if stage.is_empty() {
-            return Err(format!("`{text}` names no stage"));
-        }
-        Ok(Selector {
-            stage: stage.to_owned(),
-            index,
-        })
-    }
-
-    /// Whether the execution of `stage` (sibling `index`) is selected.
-    pub fn matches(&self, stage: &str, index: Option<usize>) -> bool {
-        self.stage == stage && (self.index.is_none() || self.index == index)
-    }
-}
-
-impl std::fmt::Display for Selector {
-    /// The text `parse` reads back: `worker#17` or `review`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.index {
-            Some(i) => write!(f, "{}#{i}", self.stage),
-            None => f.write_str(&self.stage),
-        }
-    }
-}
+use super::{Message, ModelRequest, ModelResponse, Provider, ProviderError, ToolCall, Usage};
 
 /// Offline provider driven by a script.
 #[derive(Debug, Default)]
@@ -95,17 +50,17 @@ impl ScriptedProvider {
     /// The answer and its latency, rendered at once.
     #[cfg(test)]
     fn answer(&self, req: &ModelRequest) -> (Result<ModelResponse, ProviderError>, Duration) {
-        let (decision, latency) = self.decide(req);
-        let result = match decision {
-            Decision::Ready(result) => result,
-            Decision::Render { position } => render(&self.script, req, position),
+        let (planned, latency) = self.plan(req);
+        let result = match planned {
+            ReplyPlan::Ready(result) => result,
+            ReplyPlan::Render { position } => render(&self.script, req, position),
         };
         (result, latency)
     }
 
     /// Everything about a request's answer but the reply itself: injected
     /// failures (counted now, in request order) and the latency.
-    fn decide(&self, req: &ModelRequest) -> (Decision, Duration) {
+    fn plan(&self, req: &ModelRequest) -> (ReplyPlan, Duration) {
         let default_latency = self.latency.or(self.script.latency).unwrap_or_default();
         if self
             .fail
@@ -120,7 +75,7 @@ impl ScriptedProvider {
                 code: "ScriptedFailure",
                 message: format!("injected failure of `{who}` (--fail-sibling)"),
             };
-            return (Decision::Ready(Err(err)), default_latency);
+            return (ReplyPlan::Ready(Err(err)), default_latency);
         }
         let position = req.turns_so_far();
         let script = self.script.for_execution(&req.stage_id, req.index);
@@ -174,16 +129,16 @@ impl ScriptedProvider {
                         message,
                     }
                 };
-                return (Decision::Ready(Err(err)), latency);
+                return (ReplyPlan::Ready(Err(err)), latency);
             }
         }
-        (Decision::Render { position }, latency)
+        (ReplyPlan::Render { position }, latency)
     }
 }
 
-/// What [`ScriptedProvider::decide`] settled.
+/// What [`ScriptedProvider::plan`] settled.
 #[derive(Debug)]
-enum Decision {
+enum ReplyPlan {
     Ready(Result<ModelResponse, ProviderError>),
     /// Render the script's answer at this position.
     Render {
@@ -336,15 +291,15 @@ impl Provider for ScriptedProvider {
         &self,
         request: ModelRequest,
     ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>> {
-        let (decision, latency) = self.decide(&request);
+        let (planned, latency) = self.plan(&request);
         let script = Arc::clone(&self.script);
         async move {
             if !latency.is_zero() {
                 tokio::time::sleep(latency).await;
             }
-            match decision {
-                Decision::Ready(result) => result,
-                Decision::Render { position } => render(&script, &request, position),
+            match planned {
+                ReplyPlan::Ready(result) => result,
+                ReplyPlan::Render { position } => render(&script, &request, position),
             }
         }
         .boxed()
@@ -387,8 +342,20 @@ mod tests {
         }
     }
 
+    /// A scope these tests never render against.
+    #[derive(Debug)]
+    struct NoScope;
+
+    impl crate::provider::TemplateScope for NoScope {
+        fn resolve(
+            &self,
+            _path: &[crate::definition::template::Segment],
+        ) -> Result<serde_json::Value, String> {
+            Err("no placeholders here".to_owned())
+        }
+    }
+
     fn request(stage: &str) -> ModelRequest {
-        use crate::runtime::context::StageContext;
         ModelRequest {
             stage_id: stage.into(),
             stage_execution_id: format!("r/{stage}/1").into(),
@@ -397,42 +364,8 @@ mod tests {
             tools: std::sync::Arc::new(Vec::new()),
             completion_tool: "done".into(),
             completion_schema: std::sync::Arc::new(serde_json::json!({"type": "object"})),
-            ctx: std::sync::Arc::new(StageContext {
-                fields: Default::default(),
-                upstream: Default::default(),
-                results: Default::default(),
-                workflow_run_id: "r".into(),
-                stage_execution_id: format!("r/{stage}/1").into(),
-                item: None,
-                index: None,
-                stage_id: stage.into(),
-                stage_name: stage.into(),
-            }),
+            ctx: std::sync::Arc::new(NoScope),
             observer: None,
         }
-    }
-
-    #[test]
-    fn selectors() {
-        assert_eq!(
-            Selector::parse("worker#17").unwrap(),
-            Selector {
-                stage: "worker".into(),
-                index: Some(17)
-            }
-        );
-        assert_eq!(Selector::parse("review").unwrap().index, None);
-        assert!(Selector::parse("worker#x").is_err());
-        assert!(Selector::parse("#3").is_err());
-        assert!(
-            Selector::parse("worker#3")
-                .unwrap()
-                .matches("worker", Some(3))
-        );
-        assert!(
-            !Selector::parse("worker#3")
-                .unwrap()
-                .matches("worker", Some(4))
-        );
     }
 }

@@ -1,4 +1,5 @@
-//! StageContext (SPEC §2, §3.1): what a stage execution may read. Built at
+//! StageContext: what a stage execution may read through `ctx.*` and
+//! `stage.*` in its templates and expressions. Built at
 //! Setup from shared, immutable pieces so a 100 000-wide fan-out does not
 //! copy the state slot per sibling.
 
@@ -9,6 +10,7 @@ use serde_json::{Map, Value};
 
 use super::result::StageResult;
 use crate::definition::template::{Segment, lookup};
+use crate::provider::TemplateScope;
 
 /// Everything a stage execution can read through `ctx.*` and `stage.*`.
 #[derive(Debug, Clone)]
@@ -136,6 +138,14 @@ impl StageContext {
     }
 }
 
+/// Providers that template their replies (scripted) read the context
+/// through this, without naming the runtime.
+impl TemplateScope for StageContext {
+    fn resolve(&self, path: &[Segment]) -> Result<Value, String> {
+        StageContext::resolve(self, path)
+    }
+}
+
 fn sub(value: Value, rest: &[Segment]) -> Result<Value, String> {
     lookup(&value, rest).cloned()
 }
@@ -153,7 +163,8 @@ fn resolve_in_result(result: &StageResult, rest: &[Segment]) -> Result<Value, St
 mod tests {
     use super::*;
     use crate::definition::template::Template;
-    use crate::runtime::result::{Usage, Verdict};
+    use crate::provider::Usage;
+    use crate::runtime::result::Verdict;
     use serde_json::json;
 
     fn ctx() -> StageContext {

@@ -1,4 +1,4 @@
-//! Run and stage-execution identifiers (SPEC §3.7): a UUIDv7 run id and the
+//! Run and stage-execution identifiers: a UUIDv7 run id and the
 //! stable `<workflowRunId>/<stageId>[#<index>]/<visit>` execution id.
 
 use std::fmt;

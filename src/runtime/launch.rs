@@ -115,7 +115,7 @@ impl RunSpec {
     ) -> RunSpec {
         let cap = pipeline.effective_cap(cap);
         crate::tools::args::prepare();
-        let hooks = Arc::new(crate::hooks::HookSet::from_defs(
+        let hooks = Arc::new(super::hooks::HookSet::from_defs(
             &pipeline.hooks,
             &pipeline.dir,
         ));

@@ -13,7 +13,8 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-use super::result::{StageResult, Usage};
+use super::result::StageResult;
+use crate::provider::Usage;
 
 /// A finished execution: its result and the `StageExited` record it will
 /// publish once this is durable.

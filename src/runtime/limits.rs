@@ -14,9 +14,9 @@ use std::sync::Mutex;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::result::Usage;
 use crate::definition::Price;
 use crate::error::{Code, ErrorClass, HasCode};
+use crate::provider::Usage;
 
 /// Why the budget stopped the run: `Budget/TokensExceeded` or
 /// `Budget/CostExceeded`.

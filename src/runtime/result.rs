@@ -1,10 +1,13 @@
-//! StageResult (SPEC §3.6): what a finished stage execution hands to Next(),
+//! StageResult: what a finished stage execution hands to Next(),
 //! the state slot and its successors.
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// A result's token counts: the provider's, summed over its requests.
+pub use crate::provider::Usage;
 
 /// Assert's verdict for a completed execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,23 +35,6 @@ impl Verdict {
             Verdict::Fail => "fail",
             Verdict::Skipped => "skipped",
         }
-    }
-}
-
-/// Token counts reported by a provider.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Usage {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub requests: u64,
-}
-
-impl Usage {
-    pub fn add(&mut self, other: Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-        self.requests += other.requests;
     }
 }
 

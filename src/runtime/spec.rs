@@ -39,7 +39,7 @@ pub struct RunSpec {
     pub approval_timeout: Option<Duration>,
     /// Hooks at the message-loop slots (the pipeline's, plus any a library
     /// user adds).
-    pub hooks: Arc<crate::hooks::HookSet>,
+    pub hooks: Arc<super::hooks::HookSet>,
     /// A resumed run's stored results and logged turns (empty for a new
     /// run).
     pub restore: Restore,

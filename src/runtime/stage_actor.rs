@@ -25,7 +25,7 @@ use super::result::{StageResult, Verdict};
 use super::scheduler::{
     ExecKey, StageOutcome, ToScheduler, next_of, sibling_failed_reason, sibling_label,
 };
-use super::stage::{Progress, StageRun};
+use super::stage::{StageRun, Whereabouts};
 use crate::definition::{Pipeline, Stage};
 
 /// Runs one stage execution.
@@ -35,7 +35,7 @@ pub struct StageActor {
     /// Siblings ask the scheduler before they start.
     gated: bool,
     scheduler: Arc<Recipient<ToScheduler>>,
-    progress: Rc<RefCell<Progress>>,
+    whereabouts: Rc<RefCell<Whereabouts>>,
     bus: EventBus<Event>,
     run_id: Arc<str>,
     pipeline: Arc<Pipeline>,
@@ -86,7 +86,7 @@ impl StageActor {
             visit: run.visit,
             ledger: run.settings.ledger.clone(),
             entered_at: SystemTime::UNIX_EPOCH,
-            progress: Rc::default(),
+            whereabouts: Rc::default(),
             bus: run.bus.clone(),
             run_id: Arc::clone(&run.ctx.workflow_run_id),
             pipeline: Arc::clone(&run.pipeline),
@@ -131,12 +131,12 @@ impl StageActor {
         if self.ledger.is_some() {
             self.entered_at = SystemTime::now();
         }
-        let progress = Rc::clone(&self.progress);
+        let whereabouts = Rc::clone(&self.whereabouts);
         let token = self.scope.token().clone();
         // Boxed so that a cancelled execution can be handed back alive and
         // dropped later (below), and so the wrappers around it move a
         // pointer, not the whole state machine.
-        let mut execute = Box::pin(AssertUnwindSafe(run.execute(progress)).catch_unwind());
+        let mut execute = Box::pin(AssertUnwindSafe(run.execute(whereabouts)).catch_unwind());
         // The token is checked first on every poll: once it is cancelled the
         // execution is never polled again, wherever it waits, and Exit never
         // runs. The execution ends in the same poll as its Assert, and the
@@ -264,13 +264,13 @@ impl StageActor {
         if std::mem::replace(&mut self.cancel_recorded, true) {
             return;
         }
-        let progress = self.progress.borrow();
+        let whereabouts = self.whereabouts.borrow();
         let reason = match self.scope.reason() {
             Some(reason) => FieldValue::Shared(reason),
             None => FieldValue::Static(TURN_CANCELLED),
         };
-        let mut calls = Vec::with_capacity(progress.tool_calls.len());
-        for (id, name) in &progress.tool_calls {
+        let mut calls = Vec::with_capacity(whereabouts.tool_calls.len());
+        for (id, name) in &whereabouts.tool_calls {
             self.bus.publish(
                 self.event(EventName::ToolInvocationCancelled)
                     .tool(Arc::clone(name))
@@ -289,11 +289,11 @@ impl StageActor {
                     FieldValue::Shared(r) => Arc::clone(r),
                     _ => Arc::from(TURN_CANCELLED),
                 },
-                phase: progress.phase,
-                attempt: progress.attempt,
-                turn: progress.turn,
+                phase: whereabouts.phase,
+                attempt: whereabouts.attempt,
+                turn: whereabouts.turn,
                 tool_calls: Value::Array(calls.clone()),
-                usage: progress.usage,
+                usage: whereabouts.usage,
                 entered_at: self.entered_at,
                 cancelled_at: SystemTime::now(),
             });
@@ -301,24 +301,24 @@ impl StageActor {
         self.bus.publish(
             self.event(EventName::StageCancelled)
                 .with("reason", reason)
-                .with_static("phase", progress.phase)
-                .with("attempt", progress.attempt)
-                .with("turn", progress.turn)
+                .with_static("phase", whereabouts.phase)
+                .with("attempt", whereabouts.attempt)
+                .with("turn", whereabouts.turn)
                 .with("toolCalls", calls)
-                .with("usage", progress.usage),
+                .with("usage", whereabouts.usage),
         );
     }
 
     /// The report of a cancelled execution, with what it had used.
     fn cancelled(&self) -> StageOutcome {
         StageOutcome::Cancelled {
-            usage: self.progress.borrow().usage,
+            usage: self.whereabouts.borrow().usage,
         }
     }
 
     /// A panic in the phases: the stage fails with a typed reason.
     fn panicked(&self, message: String) -> Arc<StageResult> {
-        let progress = self.progress.borrow();
+        let whereabouts = self.whereabouts.borrow();
         Arc::new(StageResult {
             stage_id: self.exec.stage.to_string(),
             stage_execution_id: self.exec.id.to_string(),
@@ -327,8 +327,8 @@ impl StageActor {
             parsed: Arc::new(Value::Null),
             output: Arc::new(Value::Null),
             cap_hit: false,
-            attempt_count: progress.attempt,
-            usage: progress.usage,
+            attempt_count: whereabouts.attempt,
+            usage: whereabouts.usage,
         })
     }
 }
@@ -368,7 +368,11 @@ impl Actor for StageActor {
         self.scope.token().cancel();
         // Only an execution that raised an interaction can have prompts out;
         // skipping the others keeps a 10 000-sibling cancel off the hub.
-        if let Some(hub) = self.hub.as_ref().filter(|_| self.progress.borrow().raised) {
+        if let Some(hub) = self
+            .hub
+            .as_ref()
+            .filter(|_| self.whereabouts.borrow().raised)
+        {
             hub.do_send(WithdrawOwner {
                 stage_execution_id: self.exec.id.to_string(),
             });

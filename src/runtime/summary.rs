@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::result::{StageResult, Usage};
+use super::result::StageResult;
+use crate::provider::Usage;
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

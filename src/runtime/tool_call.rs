@@ -11,7 +11,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::tools::ToolEnv;
-use crate::tools::exec::{ToolError, execute};
+use crate::tools::ToolError;
+use crate::tools::exec::execute;
 
 /// Runs one tool call, then stops.
 #[derive(Debug, Default)]

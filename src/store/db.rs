@@ -13,7 +13,8 @@ use serde_json::Value;
 use super::error::StoreError;
 use super::rows::{Counts, ExecRow, RunRow};
 use super::schema;
-use crate::runtime::result::{StageResult, Usage, Verdict};
+use crate::provider::Usage;
+use crate::runtime::result::{StageResult, Verdict};
 
 /// Unix milliseconds of `t`.
 pub fn unix_ms(t: SystemTime) -> i64 {

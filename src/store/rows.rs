@@ -4,7 +4,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::runtime::result::Usage;
+use crate::provider::Usage;
 
 /// A run as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -8,8 +8,8 @@ use std::sync::LazyLock;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::catalog::builtin_tools;
-use super::exec::ToolError;
+use super::error::ToolError;
+use crate::definition::builtin_tools;
 
 /// Errors listed in one message, at most.
 const MAX_ERRORS: usize = 5;

@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
 use super::env::ToolLimits;
-use super::exec::ToolError;
+use super::error::ToolError;
 use super::process_group::GroupKill;
 use super::sandbox::ShellSandbox;
 
@@ -102,7 +102,7 @@ fn describe(status: ExitStatus) -> String {
 }
 
 /// How the wait ended.
-enum Ended {
+enum WaitOutcome {
     Exited { status: ExitStatus, drained: bool },
     TimedOut,
     WaitFailed(std::io::Error),
@@ -168,18 +168,18 @@ pub async fn bash(
                         group.kill();
                         grace.as_mut().reset(Instant::now() + PIPE_GRACE);
                     }
-                    Err(e) => break Ended::WaitFailed(e),
+                    Err(e) => break WaitOutcome::WaitFailed(e),
                 },
                 () = &mut io, if !io_done => io_done = true,
-                () = &mut timer, if status.is_none() => break Ended::TimedOut,
+                () = &mut timer, if status.is_none() => break WaitOutcome::TimedOut,
                 () = &mut grace, if status.is_some() && !io_done => {
                     if let Some(status) = status {
-                        break Ended::Exited { status, drained: false };
+                        break WaitOutcome::Exited { status, drained: false };
                     }
                 }
             }
             if let (Some(status), true) = (status, io_done) {
-                break Ended::Exited {
+                break WaitOutcome::Exited {
                     status,
                     drained: true,
                 };
@@ -188,7 +188,7 @@ pub async fn bash(
     };
 
     match ended {
-        Ended::Exited { status, drained } => {
+        WaitOutcome::Exited { status, drained } => {
             let mut text = describe(status);
             text.push('\n');
             let sections: Vec<String> = [out.render("stdout", cap), err.render("stderr", cap)]
@@ -206,7 +206,7 @@ pub async fn bash(
             }
             Ok(text)
         }
-        Ended::TimedOut => {
+        WaitOutcome::TimedOut => {
             group.kill();
             let mut message = format!(
                 "command timed out after {} ms; its process group was killed",
@@ -224,7 +224,7 @@ pub async fn bash(
             }
             Err(ToolError::transient("Timeout", message))
         }
-        Ended::WaitFailed(e) => {
+        WaitOutcome::WaitFailed(e) => {
             group.kill();
             Err(ToolError::terminal(
                 "IoError",

@@ -12,8 +12,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use super::blocking::Stop;
 use super::env::ToolLimits;
-use super::exec::{Stop, ToolError};
+use super::error::ToolError;
 use super::path::{relative, require_regular_file, resolve};
 
 /// Prefix of the temp files, so a crash's leftovers are recognisable.

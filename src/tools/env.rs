@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::exec::ToolError;
+use super::error::ToolError;
 use super::sandbox::ShellSandbox;
 
 /// Output and work caps of the built-in tools. The defaults suit a model's

@@ -7,7 +7,7 @@
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
-use super::exec::ToolError;
+use super::error::ToolError;
 
 /// Symlinks followed while resolving one path, as Linux's `MAXSYMLINKS`.
 const MAX_SYMLINK_HOPS: usize = 40;

@@ -9,8 +9,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use super::blocking::Stop;
 use super::env::ToolLimits;
-use super::exec::{Stop, ToolError};
+use super::error::ToolError;
 use super::lines::{looks_binary, read_line_capped, text_capped};
 use super::path::{relative, require_regular_file, resolve};
 

@@ -12,8 +12,9 @@ use ignore::WalkBuilder;
 use regex::RegexBuilder;
 use serde::Deserialize;
 
+use super::blocking::Stop;
 use super::env::ToolLimits;
-use super::exec::{Stop, ToolError};
+use super::error::ToolError;
 use super::lines::{looks_binary, read_line_capped, text_capped};
 use super::path::{relative, resolve};
 

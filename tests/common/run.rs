@@ -11,7 +11,8 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use troupe::definition::load_pipeline;
 use troupe::provider::script::Script;
-use troupe::provider::scripted::{ScriptedProvider, Selector};
+use troupe::provider::scripted::ScriptedProvider;
+use troupe::provider::selector::Selector;
 use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use troupe::runtime::events::{Event, EventName};
 use troupe::runtime::interaction::InteractorSpec;
@@ -143,7 +144,7 @@ impl Outcome {
         last.messages
             .iter()
             .filter_map(|m| match m {
-                troupe::runtime::transcript::Message::Tool { content, .. } => Some(content.clone()),
+                troupe::provider::Message::Tool { content, .. } => Some(content.clone()),
                 _ => None,
             })
             .collect()

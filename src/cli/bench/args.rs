@@ -1,17 +1,15 @@
-//! `troupe bench`'s arguments: the options, the matrix they describe
+//! `troupe bench`'s arguments: the options and the matrix they describe
 //! (widths, caps, latencies, threads, store on/off, repeats, a failing
-//! sibling), and what one child run reports.
+//! sibling).
 
 use std::path::PathBuf;
 use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 
 use crate::bench::matrix::{MAX_WIDTH, parse_counts, parse_latencies};
 use crate::cli::Exit;
 use crate::cli::validate::reject;
 use crate::error::ValidationCode;
-use crate::provider::scripted::Selector;
+use crate::provider::selector::Selector;
 
 /// Options of `troupe bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -68,17 +66,6 @@ pub(super) struct Matrix {
     pub(super) stores: Vec<bool>,
     pub(super) repeat: usize,
     pub(super) fail: Option<Selector>,
-}
-
-/// What one child run prints: one JSON object.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct CellRun {
-    pub(super) wall_us: u64,
-    pub(super) ok: bool,
-    pub(super) peak_rss_kib: Option<u64>,
-    pub(super) cancel_latency_us: Option<u64>,
-    pub(super) cancelled: usize,
 }
 
 /// A bad flag or flag value: reported like a pipeline's diagnostics (as

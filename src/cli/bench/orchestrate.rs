@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::args::{BenchArgs, CellRun, Matrix, invalid, parse_matrix};
+use super::args::{BenchArgs, Matrix, invalid, parse_matrix};
+use super::cell::{CellResult, CellRun};
 use super::render::{Row, table};
 use crate::bench::WORKER_TURNS;
 use crate::bench::floor::{Floor, FloorSpec};
@@ -128,18 +129,6 @@ fn run_cell(kind: &str, args: &BenchArgs, m: &Matrix, workload: &Workload) -> Ex
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// One cell's runs, runtime and floor.
-#[derive(Debug, Clone)]
-pub(super) struct CellResult {
-    pub(super) width: usize,
-    pub(super) cap: usize,
-    pub(super) latency: Duration,
-    pub(super) threads: usize,
-    pub(super) store: bool,
-    pub(super) runtime: Vec<CellRun>,
-    pub(super) floor: Vec<CellRun>,
 }
 
 fn run_matrix(args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {

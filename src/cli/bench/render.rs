@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::args::{CellRun, Matrix};
-use super::orchestrate::CellResult;
+use super::args::Matrix;
+use super::cell::{CellResult, CellRun};
 use crate::bench::ideal_wall;
 use crate::bench::matrix::show_latency;
 

@@ -1,4 +1,4 @@
-//! The capability check at run start (SPEC §8): before any stage runs, make
+//! The capability check at run start: before any stage runs, make
 //! sure the endpoint answers and the model can call tools, so a wrong URL,
 //! key or model fails in a second with a message that says what to do —
 //! not halfway through a fan-out.

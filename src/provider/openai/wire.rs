@@ -5,7 +5,7 @@
 //! What the model produced is passed on as it is, even when it is wrong: a
 //! tool call whose arguments are not JSON or that names no tool reaches the
 //! stage, which answers the model with a typed tool error on the same
-//! transcript (SPEC §3.4, §7). What the *server* got wrong — a body that is
+//! transcript. What the *server* got wrong — a body that is
 //! not a completion, no choices — is a `ProviderTransient` error that the
 //! stage retries.
 
@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::provider::{ModelRequest, ModelResponse, ProviderError, RequestObserver};
-use crate::runtime::result::Usage;
-use crate::runtime::transcript::{Message, ToolCall};
-use crate::tools::ToolSpec;
+use crate::definition::ToolSpec;
+use crate::provider::{
+    Message, ModelRequest, ModelResponse, ProviderError, RequestObserver, ToolCall, Usage,
+};
 
 /// The request body of one model turn.
 pub fn request_body(model: &str, request: &ModelRequest, stream: bool) -> Value {

@@ -1,5 +1,7 @@
 //! The built-in tool catalog: each tool's name, description and JSON Schema
-//! for its arguments, as a model sees them in the tool manifest.
+//! for its arguments, as a model sees them in the tool manifest. A
+//! declaration the loader checks `allowedTools` against; `tools` holds the
+//! implementations.
 
 use serde::Serialize;
 use serde_json::{Value, json};

@@ -1,8 +1,8 @@
-//! The tool manifest of a stage: its allowed tools plus the stage-local
-//! completion channel, which is always present (SPEC §3.2).
+//! The tool manifest of a stage, part of its contract: its allowed tools
+//! plus the stage-local completion channel, which every LLM stage has.
 
-use super::catalog::{ToolSpec, builtin};
-use crate::definition::StageDefinition;
+use super::model::StageDefinition;
+use super::tool_catalog::{ToolSpec, builtin};
 
 /// The description given to the completion channel.
 pub fn completion_description(def: &StageDefinition) -> String {

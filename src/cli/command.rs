@@ -1,0 +1,159 @@
+//! The command line's grammar (clap): the subcommands with their help and
+//! exit codes, and dispatch to one file per command.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use super::exit::Exit;
+use super::{bench, report, resume, runs, sandbox_exec, show, validate, worker};
+
+const AFTER_HELP: &str = "\
+A pipeline is a folder: pipeline.yaml (entry, stages, next table) plus one
+markdown file per LLM stage (YAML frontmatter + prompt body).
+
+Examples:
+  troupe run stages/code-review --task 'rename the config loader'
+  troupe run stages/fanout --ctx width=10000 --parallel-cap 256
+  troupe run stages/fanout --base-url http://127.0.0.1:8080/v1   # a local model
+  troupe validate stages/code-review
+  troupe show stages/fanout
+  troupe show stages/code-review plan --json
+  troupe bench stages/fanout --width 1000,10000 --cap 256 --latency 0ms
+  troupe runs                                   # every run: status, counts, duration
+  troupe runs show <RUN_ID> --stage worker#17   # one sibling's verdict and result
+  troupe resume <RUN_ID>                        # go on after Ctrl-C, kill -9, a fixed failure
+  troupe report <RUN_ID> --svg run.svg --html run.html
+  troupe worker stages/fanout --nats nats://127.0.0.1:4222     # serve siblings
+  troupe run stages/fanout --nats nats://127.0.0.1:4222         # siblings on workers
+
+Exit codes:
+  0    ok
+  1    the run failed (a stage failed, a sibling failed, maxVisits exceeded,
+       --max-run-time or a budget reached, the store could not write)
+  2    invalid input: a pipeline that fails validation, a bad flag or value,
+       a model provider that fails the capability check, a store that cannot
+       be used, an unknown run (nothing ran)
+  129  cancelled by SIGHUP
+  130  interrupted (Ctrl-C, SIGINT)
+  143  cancelled by SIGTERM
+       The first of these signals cancels the run strictly, flushes the
+       audit log (its last line is WorkflowExit, status cancelled) and
+       kills what Bash calls still run; a second one exits at once.";
+
+/// troupe runs LLM agent workflows as state-machine stage pipelines.
+#[derive(Debug, Parser)]
+#[command(name = "troupe", version, about, long_about = None, after_help = AFTER_HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check a pipeline folder and report every problem at once.
+    ///
+    /// Prints `ok: <id> (<n> stages)` and exits 0, or prints each error with
+    /// its stable code (e.g. Validation/StageJoinDangling), file, line,
+    /// column, field and a hint, and exits 2.
+    Validate {
+        /// The pipeline folder (or its pipeline.yaml).
+        pipeline: PathBuf,
+        /// Print the result as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a pipeline on the actor runtime: offline (scripted provider) or
+    /// against any OpenAI-compatible endpoint (--base-url).
+    ///
+    /// Validates first (exit 2 when invalid; for the openai provider, also
+    /// when the endpoint is unreachable or the model cannot call tools),
+    /// runs every stage execution as its own actor, writes the audit log to
+    /// .troupe/runs/<workflowRunId>/audit.jsonl, keeps every execution and
+    /// StageResult in the run store (.troupe/troupe.db) and prints a
+    /// summary.
+    Run(Box<super::run::RunArgs>),
+    /// Continue a run that did not finish, without re-running finished work.
+    ///
+    /// For a run stopped by Ctrl-C, a signal, kill -9 or a power loss, or
+    /// one that failed and whose cause was fixed: reloads its pipeline
+    /// (refused, exit 2, when its files changed, unless --force), restores
+    /// its ctx and every stored StageResult, repairs its audit log and goes
+    /// on in the same log with the same run and execution ids. Siblings
+    /// whose results were stored are not run again; failed and unfinished
+    /// executions are. Takes the same options as `troupe run`.
+    Resume(Box<resume::ResumeArgs>),
+    /// List runs, or show, export, delete them (the run store).
+    ///
+    /// Without a command: the newest runs with their pipeline, status
+    /// (a run whose process died reads `interrupted`), start, duration and
+    /// executions ok / failed / cancelled.
+    Runs(Box<runs::RunsArgs>),
+    /// Serve fan-out siblings of distributed runs from a NATS JetStream
+    /// work queue.
+    ///
+    /// Takes sibling tasks of the given pipelines from the queue that
+    /// `troupe run --nats URL` fills, runs each on the same stage actors as
+    /// a local run with this worker's own provider and tools, and reports
+    /// them back. A task of a pipeline whose files differ from this
+    /// worker's copy is refused. The first Ctrl-C or SIGTERM stops taking
+    /// tasks and lets those in flight finish.
+    Worker(Box<worker::WorkerArgs>),
+    /// Benchmark a pipeline offline against the plain-tokio floor.
+    ///
+    /// Runs the pipeline with the scripted provider and the audit log on
+    /// over a matrix of widths (ctx.width), caps and per-turn latencies,
+    /// each run in a child process of its own (so peak RSS is that run's),
+    /// alternating with the floor: the same work written directly on tokio.
+    /// Prints wall time (median), per-sibling µs, the ratios to the floor
+    /// and to the ideal ceil(N/cap) x turns x latency, peak RSS and, with
+    /// --fail-sibling, the time to cancel the siblings in flight.
+    Bench(Box<bench::BenchArgs>),
+    /// Print a pipeline's graph, or one stage in full.
+    ///
+    /// Without a stage: stages, the next table, fan-outs, joins and caps.
+    /// With a stage: every frontmatter field, the tool manifest the model
+    /// sees (allowed tools plus the completion channel) and the prompt body.
+    Show {
+        /// The pipeline folder (or its pipeline.yaml).
+        pipeline: PathBuf,
+        /// A stage id to show in full.
+        stage: Option<String>,
+        /// Print as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Internal: confine writes to the given folders with Landlock, then
+    /// exec the command. `Bash` runs every sandboxed shell through it.
+    #[command(hide = true)]
+    SandboxExec(sandbox_exec::SandboxExecArgs),
+    /// Draw a finished (or killed) run as a timeline: SVG and/or HTML.
+    ///
+    /// Reads <runs-dir>/<RUN_ID>/audit.jsonl and draws one row per stage
+    /// execution (siblings under their group, wide groups binned), its wait
+    /// for a cap slot, retries and approval waits, and below, the running
+    /// executions over time against each group's cap. --html adds the
+    /// run's figures and a per-stage table, in one file with nothing to
+    /// fetch.
+    #[command(after_help = report::AFTER_HELP)]
+    Report(Box<report::ReportArgs>),
+}
+
+/// Runs the parsed command and returns the process exit code.
+pub fn run(cli: Cli) -> Exit {
+    match cli.command {
+        Command::Validate { pipeline, json } => validate::run(&pipeline, json),
+        Command::Run(args) => super::run::run(*args),
+        Command::Resume(args) => resume::run(*args),
+        Command::Runs(args) => runs::run(*args),
+        Command::Worker(args) => worker::run(*args),
+        Command::Bench(args) => bench::run(*args),
+        Command::Show {
+            pipeline,
+            stage,
+            json,
+        } => show::run(&pipeline, stage.as_deref(), json),
+        Command::SandboxExec(args) => sandbox_exec::run(args),
+        Command::Report(args) => report::run(*args),
+    }
+}

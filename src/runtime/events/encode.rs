@@ -1,0 +1,376 @@
+//! An event as one audit line: a JSON object with `seq`, `ts`, `event`,
+//! `workflowRunId`, then `stageExecutionId`, `stageId`, `tool` where they
+//! apply, then the event's own fields. `to_json` builds it as a value;
+//! `write_json` writes the same bytes straight into a buffer.
+
+use serde_json::{Map, Value};
+
+use super::clock::{RFC3339_LEN, rfc3339, rfc3339_into};
+use super::vocabulary::{Event, FieldValue};
+
+/// The keys `to_json` puts first, in order.
+pub(super) const HEAD_KEYS: [&str; 7] = [
+    "seq",
+    "ts",
+    "event",
+    "workflowRunId",
+    "stageExecutionId",
+    "stageId",
+    "tool",
+];
+
+impl Event {
+    /// The JSON object of one audit line, keys in contract order.
+    pub fn to_json(&self, seq: u64) -> Value {
+        let mut obj = Map::with_capacity(self.fields.len() + 7);
+        obj.insert("seq".into(), Value::from(seq));
+        obj.insert("ts".into(), Value::String(rfc3339(self.ts)));
+        obj.insert("event".into(), Value::String(self.name.as_str().to_owned()));
+        obj.insert("workflowRunId".into(), Value::from(&*self.workflow_run_id));
+        if let Some(v) = &self.stage_execution_id {
+            obj.insert("stageExecutionId".into(), Value::from(&**v));
+        }
+        if let Some(v) = &self.stage_id {
+            obj.insert("stageId".into(), Value::from(&**v));
+        }
+        if let Some(v) = &self.tool {
+            obj.insert("tool".into(), Value::from(&**v));
+        }
+        for (k, v) in &self.fields {
+            match (k.is_empty(), v) {
+                (true, FieldValue::Json(Value::Object(inline))) => {
+                    for (ik, iv) in inline {
+                        obj.insert(ik.clone(), iv.clone());
+                    }
+                }
+                _ => {
+                    obj.insert((*k).to_owned(), v.to_value());
+                }
+            }
+        }
+        Value::Object(obj)
+    }
+
+    /// Appends the same JSON object as `to_json(seq)` (no newline), byte
+    /// for byte, without building it first: no cloned strings, no map,
+    /// and strings that need no escaping (ids, names, timestamps: nearly
+    /// all of them) are copied whole. The audit writer calls this for
+    /// every line of a run (BENCHMARKS.md).
+    pub fn write_json(&self, seq: u64, out: &mut Vec<u8>) {
+        if self.fields.iter().any(|(k, _)| HEAD_KEYS.contains(k)) {
+            return self.write_json_with_clashes(seq, out);
+        }
+        // The usual line: the head keys, the event's name and the
+        // timestamp are known not to need escaping, so they are copied
+        // whole; the audit thread wrote 15 checked strings per line.
+        let mut ts_buf = [0u8; RFC3339_LEN];
+        out.extend_from_slice(b"{\"seq\":");
+        write_u64(out, seq);
+        out.extend_from_slice(b",\"ts\":\"");
+        out.extend_from_slice(rfc3339_into(self.ts, &mut ts_buf).as_bytes());
+        out.extend_from_slice(b"\",\"event\":\"");
+        out.extend_from_slice(self.name.as_str().as_bytes());
+        out.extend_from_slice(b"\",\"workflowRunId\":");
+        write_json_str(out, &self.workflow_run_id);
+        if let Some(v) = &self.stage_execution_id {
+            out.extend_from_slice(b",\"stageExecutionId\":");
+            write_json_str(out, v);
+        }
+        if let Some(v) = &self.stage_id {
+            out.extend_from_slice(b",\"stageId\":");
+            write_json_str(out, v);
+        }
+        if let Some(v) = &self.tool {
+            out.extend_from_slice(b",\"tool\":");
+            write_json_str(out, v);
+        }
+        for (k, v) in &self.fields {
+            if let (true, FieldValue::Json(Value::Object(inline))) = (k.is_empty(), v) {
+                // Relayed fields (`from_json`), written in their order.
+                for (ik, iv) in inline {
+                    out.push(b',');
+                    write_json_str(out, ik);
+                    out.push(b':');
+                    write_json_value(out, iv);
+                }
+                continue;
+            }
+            out.push(b',');
+            write_json_str(out, k);
+            out.push(b':');
+            v.write_json(out);
+        }
+        out.push(b'}');
+    }
+
+    /// [`Event::write_json`] for an event with a field named like a head
+    /// key: it takes the head key's place when that key is written, and
+    /// its own place in field order when it is not.
+    fn write_json_with_clashes(&self, seq: u64, out: &mut Vec<u8>) {
+        let mut ts_buf = [0u8; RFC3339_LEN];
+        let ts = rfc3339_into(self.ts, &mut ts_buf);
+        let heads: [Option<Head<'_>>; 7] = [
+            Some(Head::Number(seq)),
+            Some(Head::Text(ts)),
+            Some(Head::Text(self.name.as_str())),
+            Some(Head::Text(&self.workflow_run_id)),
+            self.stage_execution_id.as_deref().map(Head::Text),
+            self.stage_id.as_deref().map(Head::Text),
+            self.tool.as_deref().map(Head::Text),
+        ];
+        out.push(b'{');
+        let mut first = true;
+        let mut key = |out: &mut Vec<u8>, k: &str| {
+            if !std::mem::take(&mut first) {
+                out.push(b',');
+            }
+            write_json_str(out, k);
+            out.push(b':');
+        };
+        for (k, head) in HEAD_KEYS.iter().zip(&heads) {
+            let Some(head) = head else { continue };
+            key(out, k);
+            // A field named like a head key replaces that key's value in
+            // place (as the map insert in `to_json` does).
+            match (self.field_value(k), head) {
+                (Some(v), _) => v.write_json(out),
+                (None, Head::Number(n)) => write_u64(out, *n),
+                (None, Head::Text(t)) => write_json_str(out, t),
+            }
+        }
+        for (k, v) in &self.fields {
+            let written = HEAD_KEYS
+                .iter()
+                .zip(&heads)
+                .any(|(h, head)| head.is_some() && h == k);
+            if !written {
+                key(out, k);
+                v.write_json(out);
+            }
+        }
+        out.push(b'}');
+    }
+}
+
+/// The value of a head key.
+enum Head<'a> {
+    Number(u64),
+    Text(&'a str),
+}
+
+/// `value` as compact JSON, as `serde_json::to_writer` writes it.
+fn write_json_value(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(n) => match n.as_u64() {
+            Some(n) => write_u64(out, n),
+            // Negative and float numbers: serde_json's own formatting.
+            None => out.extend_from_slice(n.to_string().as_bytes()),
+        },
+        Value::String(s) => write_json_str(out, s),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json_value(out, item);
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => {
+            out.push(b'{');
+            for (i, (k, v)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json_str(out, k);
+                out.push(b':');
+                write_json_value(out, v);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+/// A JSON string: copied whole when nothing in it needs escaping, else
+/// escaped by serde_json (which escapes `"`, `\\` and bytes below 0x20).
+fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    if needs_escape(s.as_bytes()) {
+        // Writing into a Vec cannot fail, and a &str always serializes.
+        let _ = serde_json::to_writer(&mut *out, s);
+    } else {
+        out.reserve(s.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    }
+}
+
+impl FieldValue {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            FieldValue::Static(s) => write_json_str(out, s),
+            FieldValue::Shared(s) => write_json_str(out, s),
+            // Writing a plain struct into a Vec cannot fail.
+            FieldValue::Usage(u) => {
+                let _ = serde_json::to_writer(&mut *out, u);
+            }
+            FieldValue::Json(v) => write_json_value(out, v),
+        }
+    }
+}
+
+/// Whether any byte is `"`, `\\` or below 0x20, eight bytes at a time
+/// (the classic has-zero-byte / has-less-than word tricks, exact as a
+/// yes/no answer).
+fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
+    let word_needs = |v: u64| {
+        v.wrapping_sub(ONES * 0x20) & !v & HIGH != 0
+            || has_zero(v ^ (ONES * u64::from(b'"')))
+            || has_zero(v ^ (ONES * u64::from(b'\\')))
+    };
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        if word_needs(u64::from_ne_bytes(w)) {
+            return true;
+        }
+    }
+    // The tail as one word padded with spaces, which need no escaping.
+    let rest = words.remainder();
+    let mut w = [b' '; 8];
+    w[..rest.len()].copy_from_slice(rest);
+    !rest.is_empty() && word_needs(u64::from_ne_bytes(w))
+}
+
+/// Decimal digits of `n`, without `fmt`.
+fn write_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::provider::Usage;
+    use crate::runtime::events::EventName;
+
+    #[test]
+    fn needs_escape_finds_every_byte_that_needs_it_at_every_offset() {
+        for len in 0..20 {
+            let clean = "a".repeat(len);
+            assert!(!needs_escape(clean.as_bytes()), "{len}");
+            assert!(!needs_escape("é ~\u{7f}ü !#[]{}".as_bytes()));
+            for at in 0..len {
+                for bad in (0u8..0x20).chain([b'"', b'\\']) {
+                    let mut bytes = clean.clone().into_bytes();
+                    bytes[at] = bad;
+                    assert!(needs_escape(&bytes), "byte {bad:#x} at {at} of {len}");
+                }
+                // Next to the bad bytes, but fine.
+                for fine in [0x20u8, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xff] {
+                    let mut bytes = clean.clone().into_bytes();
+                    bytes[at] = fine;
+                    assert!(!needs_escape(&bytes), "byte {fine:#x} at {at} of {len}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn write_json_matches_to_json_byte_for_byte() {
+        let plain = Event::new(EventName::WorkflowStarted, "run").with("pipeline", "p");
+        let full = Event::new(EventName::ToolInvocationStarted, "run")
+            .stage("worker", "run/worker#1/1")
+            .tool("Echo")
+            .with("callId", "c\"1")
+            .with(
+                "arguments",
+                serde_json::json!({"text": "item 1", "n": [1, 2.5, null]}),
+            );
+        // Fields named like head keys: in place when the head key is
+        // written, in field order when it is not.
+        let clash = Event::new(EventName::StageExited, "run")
+            .with("tool", "from-field")
+            .with("seq", 99)
+            .with("verdict", "ok");
+        // Everything that must be escaped, in keys, values and ids, and
+        // numbers serde_json formats itself.
+        let awkward = Event::new(EventName::ToolInvocationFailed, "r\"un\\")
+            .stage("st\u{1}age", "exé/\n/1")
+            .tool("To\tol")
+            .with("message", "line 1\nline \"2\"\r\u{7f}\u{1f} — ünïcødé, and a long tail past sixteen bytes \\")
+            .with(
+                "nested",
+                serde_json::json!({"k\"ey": ["\u{0}", -3, 1.5e300, 0.1, u64::MAX, i64::MIN, true, {}], "": []}),
+            );
+        // Values kept without a JSON value: static names, shared strings
+        // (escaped like any other), usage counts.
+        let typed = Event::new(EventName::StageExited, "run")
+            .with_static("verdict", "ok")
+            .with("reason", Arc::<str>::from("sibling \"w#1\"\n failed"))
+            .with(
+                "usage",
+                Usage {
+                    prompt_tokens: 12,
+                    completion_tokens: 3,
+                    requests: 2,
+                },
+            );
+        assert_eq!(typed.field("verdict"), Some(serde_json::json!("ok")));
+        assert_eq!(
+            typed.field("usage"),
+            Some(serde_json::json!({"promptTokens": 12, "completionTokens": 3, "requests": 2}))
+        );
+        for (i, e) in [plain, full, clash, awkward, typed].iter().enumerate() {
+            let mut fast = Vec::new();
+            e.write_json(i as u64 + 1, &mut fast);
+            let slow = serde_json::to_vec(&e.to_json(i as u64 + 1)).unwrap();
+            assert_eq!(
+                String::from_utf8(fast).unwrap(),
+                String::from_utf8(slow).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn json_keys_in_contract_order() {
+        let e = Event::new(EventName::ToolInvocationStarted, "run")
+            .stage("worker", "run/worker#1/1")
+            .tool("Echo")
+            .with("callId", "c1");
+        let v = e.to_json(7);
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            [
+                "seq",
+                "ts",
+                "event",
+                "workflowRunId",
+                "stageExecutionId",
+                "stageId",
+                "tool",
+                "callId"
+            ]
+        );
+    }
+}

@@ -1,0 +1,339 @@
+//! The runtime's event vocabulary: every event name and its class (audit
+//! events are never dropped; observer events such as tokens and progress
+//! may be), and the event itself with its typed fields. How an event is
+//! written as a JSON line is `encode`'s.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde_json::Value;
+use troupe_actors::{BusEvent, EventClass};
+
+use crate::provider::Usage;
+
+/// Every event name the runtime emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventName {
+    WorkflowStarted,
+    /// A new session of a run that did not finish: `troupe resume`.
+    WorkflowResumed,
+    WorkflowExit,
+    SessionTurnStart,
+    SessionTurnEnd,
+    StageEntered,
+    StagePreFired,
+    StagePostFired,
+    StageCheckGateResult,
+    StageAssertOutcome,
+    StageGranted,
+    StageCancelled,
+    StageExited,
+    StageInitFailed,
+    ParallelSiblingFailure,
+    /// One hook run: slot, kind, outcome.
+    HookInvoked,
+    ToolInvocationProposed,
+    ToolInvocationStarted,
+    ToolInvocationSucceeded,
+    ToolInvocationFailed,
+    ToolInvocationCancelled,
+    ToolCallApproved,
+    ToolCallDenied,
+    InteractionRaised,
+    InteractionAnswered,
+    ProviderRequestStarted,
+    ProviderRequestCompleted,
+    ProviderRequestFailed,
+    /// The provider changed how it works for the rest of the run (e.g. it
+    /// stopped streaming to an endpoint whose streams end early).
+    ProviderNotice,
+    /// A sibling's task was delivered to a worker again (the one before
+    /// was lost): it ran again from the start of its attempt.
+    SiblingRedelivered,
+    /// Observer: streamed model text.
+    Token,
+    /// Observer: fan-out progress counters.
+    Progress,
+}
+
+impl EventName {
+    /// The name of an event read back from JSON (a worker's events);
+    /// `None` for a name this troupe does not emit.
+    pub fn parse(name: &str) -> Option<EventName> {
+        use EventName::*;
+        const ALL: [EventName; 32] = [
+            WorkflowStarted,
+            WorkflowResumed,
+            WorkflowExit,
+            SessionTurnStart,
+            SessionTurnEnd,
+            StageEntered,
+            StagePreFired,
+            StagePostFired,
+            StageCheckGateResult,
+            StageAssertOutcome,
+            StageGranted,
+            StageCancelled,
+            StageExited,
+            StageInitFailed,
+            ParallelSiblingFailure,
+            HookInvoked,
+            ToolInvocationProposed,
+            ToolInvocationStarted,
+            ToolInvocationSucceeded,
+            ToolInvocationFailed,
+            ToolInvocationCancelled,
+            ToolCallApproved,
+            ToolCallDenied,
+            InteractionRaised,
+            InteractionAnswered,
+            ProviderRequestStarted,
+            ProviderRequestCompleted,
+            ProviderRequestFailed,
+            ProviderNotice,
+            SiblingRedelivered,
+            Token,
+            Progress,
+        ];
+        ALL.into_iter().find(|n| n.as_str() == name)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventName::WorkflowStarted => "WorkflowStarted",
+            EventName::WorkflowResumed => "WorkflowResumed",
+            EventName::WorkflowExit => "WorkflowExit",
+            EventName::SessionTurnStart => "SessionTurnStart",
+            EventName::SessionTurnEnd => "SessionTurnEnd",
+            EventName::StageEntered => "StageEntered",
+            EventName::StagePreFired => "StagePreFired",
+            EventName::StagePostFired => "StagePostFired",
+            EventName::StageCheckGateResult => "StageCheckGateResult",
+            EventName::StageAssertOutcome => "StageAssertOutcome",
+            EventName::StageGranted => "StageGranted",
+            EventName::StageCancelled => "StageCancelled",
+            EventName::StageExited => "StageExited",
+            EventName::StageInitFailed => "StageInitFailed",
+            EventName::ParallelSiblingFailure => "ParallelSiblingFailure",
+            EventName::HookInvoked => "HookInvoked",
+            EventName::ToolInvocationProposed => "ToolInvocationProposed",
+            EventName::ToolInvocationStarted => "ToolInvocationStarted",
+            EventName::ToolInvocationSucceeded => "ToolInvocationSucceeded",
+            EventName::ToolInvocationFailed => "ToolInvocationFailed",
+            EventName::ToolInvocationCancelled => "ToolInvocationCancelled",
+            EventName::ToolCallApproved => "ToolCallApproved",
+            EventName::ToolCallDenied => "ToolCallDenied",
+            EventName::InteractionRaised => "InteractionRaised",
+            EventName::InteractionAnswered => "InteractionAnswered",
+            EventName::ProviderRequestStarted => "ProviderRequestStarted",
+            EventName::ProviderRequestCompleted => "ProviderRequestCompleted",
+            EventName::ProviderRequestFailed => "ProviderRequestFailed",
+            EventName::ProviderNotice => "ProviderNotice",
+            EventName::SiblingRedelivered => "SiblingRedelivered",
+            EventName::Token => "Token",
+            EventName::Progress => "Progress",
+        }
+    }
+
+    pub fn class(self) -> EventClass {
+        match self {
+            // Phase markers are trace, not record: they are not audit events
+            // (ARCHITECTURE.md, Events and audit), and a stage publishes
+            // fourteen of them.
+            // They reach `--events` and in-process observers, never the log.
+            EventName::Token
+            | EventName::Progress
+            | EventName::StagePreFired
+            | EventName::StagePostFired => EventClass::Observer,
+            EventName::WorkflowStarted
+            | EventName::WorkflowResumed
+            | EventName::WorkflowExit
+            | EventName::SessionTurnStart
+            | EventName::SessionTurnEnd
+            | EventName::StageEntered
+            | EventName::StageCheckGateResult
+            | EventName::StageAssertOutcome
+            | EventName::StageGranted
+            | EventName::StageCancelled
+            | EventName::StageExited
+            | EventName::StageInitFailed
+            | EventName::ParallelSiblingFailure
+            | EventName::HookInvoked
+            | EventName::ToolInvocationProposed
+            | EventName::ToolInvocationStarted
+            | EventName::ToolInvocationSucceeded
+            | EventName::ToolInvocationFailed
+            | EventName::ToolInvocationCancelled
+            | EventName::ToolCallApproved
+            | EventName::ToolCallDenied
+            | EventName::InteractionRaised
+            | EventName::InteractionAnswered
+            | EventName::ProviderRequestStarted
+            | EventName::ProviderRequestCompleted
+            | EventName::ProviderRequestFailed
+            | EventName::ProviderNotice
+            | EventName::SiblingRedelivered => EventClass::Audit,
+        }
+    }
+}
+
+/// One event. The bus assigns `seq`; `ts` is taken at creation.
+///
+/// Ids are shared (`Arc<str>`): a stage execution publishes a dozen events
+/// and a fan-out tens of thousands of executions, so cloning the run,
+/// stage and execution ids into every event was a measurable part of the
+/// per-sibling cost (BENCHMARKS.md). Field names are static.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub name: EventName,
+    pub ts: SystemTime,
+    pub workflow_run_id: Arc<str>,
+    pub stage_execution_id: Option<Arc<str>>,
+    pub stage_id: Option<Arc<str>>,
+    pub tool: Option<Arc<str>>,
+    /// The event's own fields, in insertion order; a key set twice keeps
+    /// its first position and its last value.
+    pub(super) fields: Vec<(&'static str, FieldValue)>,
+}
+
+/// An event field's value. Most of what the runtime records is a name it
+/// knows statically (`"ok"`, `"Act"`, `"allowedTools"`), a string it
+/// already shares, a count, or a stage's usage: those are kept as they are
+/// and written straight to JSON, so building an event allocates no
+/// strings or maps for them — a `serde_json::Value` would (BENCHMARKS.md).
+#[derive(Debug, Clone, PartialEq)]
+pub enum FieldValue {
+    Static(&'static str),
+    Shared(Arc<str>),
+    Usage(Usage),
+    Json(Value),
+}
+
+impl FieldValue {
+    /// The value as JSON.
+    pub fn to_value(&self) -> Value {
+        match self {
+            FieldValue::Static(s) => Value::from(*s),
+            FieldValue::Shared(s) => Value::from(&**s),
+            FieldValue::Usage(u) => serde_json::to_value(u).unwrap_or(Value::Null),
+            FieldValue::Json(v) => v.clone(),
+        }
+    }
+}
+
+impl From<&str> for FieldValue {
+    fn from(s: &str) -> Self {
+        FieldValue::Json(Value::from(s))
+    }
+}
+
+impl From<Arc<str>> for FieldValue {
+    fn from(s: Arc<str>) -> Self {
+        FieldValue::Shared(s)
+    }
+}
+
+impl From<Usage> for FieldValue {
+    fn from(u: Usage) -> Self {
+        FieldValue::Usage(u)
+    }
+}
+
+impl From<Value> for FieldValue {
+    fn from(v: Value) -> Self {
+        FieldValue::Json(v)
+    }
+}
+
+macro_rules! json_field_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for FieldValue {
+            fn from(v: $t) -> Self {
+                FieldValue::Json(Value::from(v))
+            }
+        }
+    )*};
+}
+json_field_from!(String, bool, i32, u32, u64, usize, i64, Vec<Value>);
+
+impl BusEvent for Event {
+    fn class(&self) -> EventClass {
+        self.name.class()
+    }
+}
+
+impl Event {
+    pub fn new(name: EventName, workflow_run_id: impl Into<Arc<str>>) -> Event {
+        Event {
+            name,
+            ts: SystemTime::now(),
+            workflow_run_id: workflow_run_id.into(),
+            stage_execution_id: None,
+            stage_id: None,
+            tool: None,
+            // Room for the most any audit event has (StageCancelled has
+            // six): no event grows its list twice.
+            fields: Vec::with_capacity(6),
+        }
+    }
+
+    #[inline(always)]
+    pub fn stage(
+        mut self,
+        stage_id: impl Into<Arc<str>>,
+        stage_execution_id: impl Into<Arc<str>>,
+    ) -> Event {
+        self.stage_id = Some(stage_id.into());
+        self.stage_execution_id = Some(stage_execution_id.into());
+        self
+    }
+
+    #[inline(always)]
+    pub fn tool(mut self, tool: impl Into<Arc<str>>) -> Event {
+        self.tool = Some(tool.into());
+        self
+    }
+
+    /// Adds a field (a key set twice keeps its first position and its last
+    /// value). Always inlined, with the work in [`Event::set`]: a
+    /// by-value builder call that is not inlined moves the whole event
+    /// in and out of every call, and those copies were half of building
+    /// a `StageCancelled` in the cancel profile (BENCHMARKS.md).
+    #[inline(always)]
+    pub fn with(mut self, key: &'static str, value: impl Into<FieldValue>) -> Event {
+        self.set(key, value.into());
+        self
+    }
+
+    /// [`Event::with`] for a name known when the program is built: kept
+    /// as the `&'static str` it is, where `with` would copy it into a
+    /// fresh `String`.
+    #[inline(always)]
+    pub fn with_static(mut self, key: &'static str, value: &'static str) -> Event {
+        self.set(key, FieldValue::Static(value));
+        self
+    }
+
+    /// [`Event::with`] in place.
+    pub fn set(&mut self, key: &'static str, value: FieldValue) {
+        match self.fields.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, slot)) => *slot = value,
+            None => self.fields.push((key, value)),
+        }
+    }
+
+    /// A field's value as JSON.
+    pub fn field(&self, key: &str) -> Option<Value> {
+        self.field_value(key).map(FieldValue::to_value)
+    }
+
+    /// A field's value as it is kept.
+    pub fn field_value(&self, key: &str) -> Option<&FieldValue> {
+        self.fields.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    /// The event's own fields, in order.
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &FieldValue)> {
+        self.fields.iter().map(|(k, v)| (*k, v))
+    }
+}

@@ -1,0 +1,230 @@
+//! A hook command declared in `pipeline.yaml`: `sh -c` in the pipeline
+//! folder, the payload as JSON on stdin, the answer as JSON on stdout,
+//! within its timeout. A crash, a hang or garbage is a typed error, never
+//! a hung run.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::hook::{Hook, HookError, HookReply};
+use crate::definition::hooks::{HookDef, HookKind};
+
+/// Output read from a hook command, at most.
+const MAX_OUTPUT: usize = 1 << 20;
+
+/// A hook command: payload on stdin, answer on stdout.
+#[derive(Debug, Clone)]
+pub struct CommandHook {
+    pub def: HookDef,
+    pub dir: PathBuf,
+}
+
+impl Hook for CommandHook {
+    fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    fn kind(&self) -> HookKind {
+        self.def.kind
+    }
+
+    fn wants_tool(&self, tool: &str) -> bool {
+        self.def.tools.is_empty() || self.def.tools.iter().any(|t| t == tool)
+    }
+
+    fn call(
+        &self,
+        _slot: &str,
+        payload: Arc<Value>,
+    ) -> BoxFuture<'static, Result<HookReply, HookError>> {
+        let hook = self.clone();
+        async move { hook.run(&payload).await }.boxed()
+    }
+}
+
+impl CommandHook {
+    async fn run(&self, payload: &Value) -> Result<HookReply, HookError> {
+        let name = self.def.name.clone();
+        let work = async {
+            let mut child = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(&self.def.command)
+                .current_dir(&self.dir)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| HookError::Spawn {
+                    hook: name.clone(),
+                    message: e.to_string(),
+                })?;
+            let input = serde_json::to_vec(payload).unwrap_or_default();
+            let mut stdin = child.stdin.take();
+            let mut stdout = child.stdout.take();
+            let mut stderr = child.stderr.take();
+            // Write, read and wait together: a hook that does not read its
+            // input, or writes a lot, cannot deadlock us.
+            let write = async {
+                if let Some(mut s) = stdin.take() {
+                    // A hook may ignore its input and exit: a broken pipe is fine.
+                    let _ = s.write_all(&input).await;
+                }
+            };
+            let (_, out, err, status) = tokio::join!(
+                write,
+                read_capped(stdout.take()),
+                read_capped(stderr.take()),
+                child.wait()
+            );
+            let status = status.map_err(|e| HookError::Failed {
+                hook: name.clone(),
+                message: e.to_string(),
+            })?;
+            Ok::<_, HookError>((status, out, err))
+        };
+        let (status, out, err) = match tokio::time::timeout(self.def.timeout, work).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(HookError::Timeout {
+                    hook: name,
+                    timeout: self.def.timeout,
+                });
+            }
+        };
+        if !status.success() {
+            let stderr = String::from_utf8_lossy(&err);
+            return Err(HookError::Exit {
+                hook: name,
+                status: status.to_string(),
+                stderr: stderr.trim().chars().take(300).collect(),
+            });
+        }
+        let text = String::from_utf8_lossy(&out);
+        let text = text.trim();
+        let garbage = |expected: &'static str| HookError::Garbage {
+            hook: self.def.name.clone(),
+            expected,
+            found: text.chars().take(120).collect(),
+        };
+        match self.def.kind {
+            HookKind::Observer => Ok(HookReply::Allow),
+            HookKind::Guard => {
+                if text.is_empty() {
+                    return Ok(HookReply::Allow);
+                }
+                let v: Value = serde_json::from_str(text)
+                    .map_err(|_| garbage(r#"{"decision":"allow"|"deny","reason":…}"#))?;
+                match v.get("decision").and_then(Value::as_str) {
+                    Some("allow") => Ok(HookReply::Allow),
+                    Some("deny") => Ok(HookReply::Deny {
+                        reason: v
+                            .get("reason")
+                            .and_then(Value::as_str)
+                            .unwrap_or("denied by a guard hook")
+                            .to_owned(),
+                    }),
+                    _ => Err(garbage(r#"{"decision":"allow"|"deny","reason":…}"#)),
+                }
+            }
+            HookKind::Transform => {
+                if text.is_empty() {
+                    return Ok(HookReply::Allow);
+                }
+                match serde_json::from_str::<Value>(text) {
+                    Ok(v @ Value::Object(_)) => Ok(HookReply::Replace(v)),
+                    _ => Err(garbage("the rewritten payload as a JSON object")),
+                }
+            }
+        }
+    }
+}
+
+/// Reads a pipe to its end, keeping at most [`MAX_OUTPUT`] bytes.
+async fn read_capped<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>) -> Vec<u8> {
+    let mut buf = Vec::new();
+    if let Some(p) = pipe {
+        let _ = p.take(MAX_OUTPUT as u64).read_to_end(&mut buf).await;
+    }
+    buf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn hook(kind: HookKind, command: &str) -> CommandHook {
+        CommandHook {
+            def: HookDef {
+                name: command.chars().take(20).collect(),
+                at: "TOOL_CALL/pre".into(),
+                kind,
+                command: command.into(),
+                timeout: Duration::from_secs(5),
+                tools: vec![],
+            },
+            dir: std::env::temp_dir(),
+        }
+    }
+
+    fn run(h: &CommandHook, payload: Value) -> Result<HookReply, HookError> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(h.run(&payload))
+    }
+
+    #[test]
+    fn a_guard_reads_stdin_and_answers_on_stdout() {
+        let g = hook(
+            HookKind::Guard,
+            r#"if grep -q '"rm '; then echo '{"decision":"deny","reason":"no rm"}'; else echo '{"decision":"allow"}'; fi"#,
+        );
+        assert_eq!(
+            run(&g, json!({"arguments": {"command": "rm -rf x"}})).unwrap(),
+            HookReply::Deny {
+                reason: "no rm".into()
+            }
+        );
+        assert_eq!(
+            run(&g, json!({"arguments": {"command": "ls"}})).unwrap(),
+            HookReply::Allow
+        );
+    }
+
+    #[test]
+    fn crashes_garbage_and_hangs_are_typed_errors() {
+        let crash = hook(HookKind::Guard, "echo boom >&2; exit 3");
+        match run(&crash, json!({})) {
+            Err(HookError::Exit { stderr, .. }) => assert_eq!(stderr, "boom"),
+            other => panic!("{other:?}"),
+        }
+        let garbage = hook(HookKind::Transform, "echo not json");
+        assert!(matches!(
+            run(&garbage, json!({})),
+            Err(HookError::Garbage { .. })
+        ));
+        let mut hang = hook(HookKind::Guard, "sleep 30");
+        hang.def.timeout = Duration::from_millis(100);
+        assert!(matches!(
+            run(&hang, json!({})),
+            Err(HookError::Timeout { .. })
+        ));
+    }
+
+    #[test]
+    fn a_hook_that_ignores_a_large_input_does_not_deadlock() {
+        let h = hook(HookKind::Observer, "exit 0");
+        let big = json!({"x": "y".repeat(4 << 20)});
+        assert_eq!(run(&h, big).unwrap(), HookReply::Allow);
+    }
+}

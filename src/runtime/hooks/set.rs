@@ -1,0 +1,154 @@
+//! The hooks of a run by slot, and running one slot: guards first (the
+//! first deny short-circuits), then transforms (chained, each sees the
+//! previous one's payload), then observers (best effort: a failure is
+//! audited, never fatal).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::command::CommandHook;
+use super::hook::{Hook, HookError, HookReply};
+use crate::definition::hooks::{HookDef, HookKind};
+
+/// What running a slot's hooks came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SlotOutcome {
+    /// Go on with this payload (rewritten by transforms, if any).
+    Proceed(Value),
+    /// A guard said no (or failed: guards fail closed).
+    Denied { hook: String, reason: String },
+    /// A transform failed; the payload cannot be trusted.
+    Failed { hook: String, error: HookError },
+}
+
+/// One hook run, for the audit log.
+#[derive(Debug, Clone)]
+pub struct HookRun {
+    pub hook: String,
+    pub kind: HookKind,
+    /// `allow`, `deny`, `transformed`, `ok` or `failed`.
+    pub outcome: &'static str,
+    pub error: Option<String>,
+}
+
+/// The hooks of a run, by slot.
+#[derive(Debug, Clone, Default)]
+pub struct HookSet {
+    by_slot: HashMap<String, Vec<Arc<dyn Hook>>>,
+}
+
+impl HookSet {
+    /// The command hooks declared in a pipeline.
+    pub fn from_defs(defs: &[HookDef], dir: &std::path::Path) -> HookSet {
+        let mut set = HookSet::default();
+        for def in defs {
+            set.add(
+                &def.at,
+                Arc::new(CommandHook {
+                    def: def.clone(),
+                    dir: dir.to_owned(),
+                }),
+            );
+        }
+        set
+    }
+
+    /// Adds a hook at `slot` (e.g. `TOOL_CALL/pre`).
+    pub fn add(&mut self, slot: &str, hook: Arc<dyn Hook>) {
+        self.by_slot.entry(slot.to_owned()).or_default().push(hook);
+    }
+
+    /// Whether any hook listens at `slot` (for `tool`, at TOOL_CALL).
+    pub fn has(&self, slot: &str, tool: Option<&str>) -> bool {
+        self.by_slot
+            .get(slot)
+            .is_some_and(|hooks| hooks.iter().any(|h| tool.is_none_or(|t| h.wants_tool(t))))
+    }
+
+    /// Runs the slot's hooks in order: guards, transforms, observers.
+    /// `log` receives one entry per hook run.
+    pub async fn run(
+        &self,
+        slot: &str,
+        tool: Option<&str>,
+        payload: Value,
+        log: &mut Vec<HookRun>,
+    ) -> SlotOutcome {
+        let Some(hooks) = self.by_slot.get(slot) else {
+            return SlotOutcome::Proceed(payload);
+        };
+        let wanted = |kind: HookKind| {
+            hooks
+                .iter()
+                .filter(move |h| h.kind() == kind && tool.is_none_or(|t| h.wants_tool(t)))
+        };
+        let mut payload = Arc::new(payload);
+        for hook in wanted(HookKind::Guard) {
+            let reply = hook.call(slot, Arc::clone(&payload)).await;
+            let (outcome, denied, error) = match reply {
+                Ok(HookReply::Deny { reason }) => ("deny", Some(reason), None),
+                Ok(_) => ("allow", None, None),
+                Err(e) => (
+                    "failed",
+                    Some(format!("{}: {e}", HookError::CODE)),
+                    Some(e.to_string()),
+                ),
+            };
+            log.push(HookRun {
+                hook: hook.name().to_owned(),
+                kind: HookKind::Guard,
+                outcome,
+                error,
+            });
+            if let Some(reason) = denied {
+                return SlotOutcome::Denied {
+                    hook: hook.name().to_owned(),
+                    reason,
+                };
+            }
+        }
+        for hook in wanted(HookKind::Transform) {
+            match hook.call(slot, Arc::clone(&payload)).await {
+                Ok(HookReply::Replace(v)) => {
+                    log.push(HookRun {
+                        hook: hook.name().to_owned(),
+                        kind: HookKind::Transform,
+                        outcome: "transformed",
+                        error: None,
+                    });
+                    payload = Arc::new(v);
+                }
+                Ok(_) => log.push(HookRun {
+                    hook: hook.name().to_owned(),
+                    kind: HookKind::Transform,
+                    outcome: "ok",
+                    error: None,
+                }),
+                Err(error) => {
+                    log.push(HookRun {
+                        hook: hook.name().to_owned(),
+                        kind: HookKind::Transform,
+                        outcome: "failed",
+                        error: Some(error.to_string()),
+                    });
+                    return SlotOutcome::Failed {
+                        hook: hook.name().to_owned(),
+                        error,
+                    };
+                }
+            }
+        }
+        for hook in wanted(HookKind::Observer) {
+            let result = hook.call(slot, Arc::clone(&payload)).await;
+            log.push(HookRun {
+                hook: hook.name().to_owned(),
+                kind: HookKind::Observer,
+                outcome: if result.is_ok() { "ok" } else { "failed" },
+                error: result.err().map(|e| e.to_string()),
+            });
+        }
+        SlotOutcome::Proceed(Arc::unwrap_or_clone(payload))
+    }
+}

@@ -1,0 +1,211 @@
+//! The interactors that answer approvals: by rule (`--answers FILE`) or
+//! approving all (`--yolo`), and a person through a [`Prompter`] (the CLI
+//! supplies the terminal's), one prompt at a time.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+use troupe_actors::InteractionId;
+
+use super::answers::AnswerRules;
+use super::messages::{Answer, Answered, Prompt, Unprompt};
+
+/// Answers by rule (`--answers FILE`), or approves everything (`--yolo`).
+pub struct RuleInteractor {
+    rules: Option<AnswerRules>,
+    /// Prompts withdrawn before their (delayed) answer went out.
+    withdrawn: HashSet<InteractionId>,
+}
+
+impl std::fmt::Debug for RuleInteractor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuleInteractor")
+            .field("rules", &self.rules.as_ref().map(|r| r.name.as_str()))
+            .finish()
+    }
+}
+
+impl RuleInteractor {
+    /// Answers by `rules`.
+    pub fn scripted(rules: AnswerRules) -> RuleInteractor {
+        RuleInteractor {
+            rules: Some(rules),
+            withdrawn: HashSet::new(),
+        }
+    }
+
+    /// Approves every request at once.
+    pub fn yolo() -> RuleInteractor {
+        RuleInteractor {
+            rules: None,
+            withdrawn: HashSet::new(),
+        }
+    }
+}
+
+impl Actor for RuleInteractor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Prompt> for RuleInteractor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Prompt, ctx: &mut Context<Self>) {
+        let (answer, delay) = match &self.rules {
+            Some(rules) => rules.answer_for(&msg.request, &msg.args_json),
+            None => (Some(Answer::Approve), Duration::ZERO),
+        };
+        let Some(answer) = answer else { return };
+        let reply = Answered {
+            id: msg.id,
+            responder: msg.responder,
+            answer,
+        };
+        if delay.is_zero() {
+            msg.hub.do_send(reply);
+        } else {
+            ctx.run_later(delay, move |act, _| {
+                if !act.withdrawn.remove(&reply.id) {
+                    msg.hub.do_send(reply);
+                }
+            });
+        }
+    }
+}
+
+impl Handler<Unprompt> for RuleInteractor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Unprompt, _ctx: &mut Context<Self>) {
+        if self.rules.is_some() {
+            self.withdrawn.insert(msg.id);
+        }
+    }
+}
+
+/// What a terminal prompt shows.
+#[derive(Debug, Clone)]
+pub struct PromptView {
+    pub stage_id: String,
+    pub stage_execution_id: String,
+    pub tool: String,
+    pub args_summary: String,
+    /// Prompts queued behind this one.
+    pub waiting: usize,
+}
+
+/// Asks a person; blocking. The CLI's implementation prompts on the
+/// terminal (`cli::prompter`); tests inject their own.
+pub trait Prompter: Send + Sync + 'static {
+    /// `None` when no answer can be had (end of input).
+    fn ask(&self, view: &PromptView) -> Option<Answer>;
+    /// Tells the person a prompt they are looking at no longer matters;
+    /// called while `ask` may be blocked on another thread.
+    fn withdrawn(&self, view: &PromptView);
+}
+
+/// One prompt at a time on a person's terminal; the rest queue in order,
+/// and a withdrawn prompt leaves the queue (or, if showing, is marked so).
+pub struct TerminalInteractor {
+    queue: VecDeque<Prompt>,
+    showing: Option<Prompt>,
+    prompter: Arc<dyn Prompter>,
+}
+
+impl std::fmt::Debug for TerminalInteractor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TerminalInteractor")
+            .field("queued", &self.queue.len())
+            .finish()
+    }
+}
+
+impl TerminalInteractor {
+    pub fn new(prompter: Arc<dyn Prompter>) -> TerminalInteractor {
+        TerminalInteractor {
+            queue: VecDeque::new(),
+            showing: None,
+            prompter,
+        }
+    }
+
+    fn view(prompt: &Prompt, waiting: usize) -> PromptView {
+        PromptView {
+            stage_id: prompt.request.stage_id.clone(),
+            stage_execution_id: prompt.request.stage_execution_id.clone(),
+            tool: prompt.request.tool.clone(),
+            args_summary: prompt.request.args_summary.clone(),
+            waiting,
+        }
+    }
+
+    /// Shows the next prompt on a blocking thread; the prompter comes back
+    /// with the answer.
+    fn show_next(&mut self, ctx: &mut Context<Self>) {
+        if self.showing.is_some() {
+            return;
+        }
+        let Some(prompt) = self.queue.pop_front() else {
+            return;
+        };
+        let view = Self::view(&prompt, self.queue.len());
+        self.showing = Some(prompt);
+        let prompter = Arc::clone(&self.prompter);
+        // A plain thread, not the runtime's blocking pool: a person may
+        // never answer, and the run must be able to end (and the process
+        // exit) without waiting for them.
+        let (tx, asked) = oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("troupe-prompt".into())
+            .spawn(move || {
+                let _ = tx.send(prompter.ask(&view));
+            });
+        if spawned.is_err() {
+            self.showing = None;
+            return;
+        }
+        ctx.spawn(asked.into_actor(self).map(|joined, act, ctx| {
+            // A prompter that panicked (dropping the sender) gave no answer.
+            let answer = joined.ok().flatten();
+            if let (Some(prompt), Some(answer)) = (act.showing.take(), answer) {
+                // A withdrawn prompt's answer goes out too: the hub audits it as late.
+                prompt.hub.do_send(Answered {
+                    id: prompt.id,
+                    responder: prompt.responder,
+                    answer,
+                });
+            }
+            act.show_next(ctx);
+        }));
+    }
+}
+
+impl Actor for TerminalInteractor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Prompt> for TerminalInteractor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Prompt, ctx: &mut Context<Self>) {
+        self.queue.push_back(msg);
+        self.show_next(ctx);
+    }
+}
+
+impl Handler<Unprompt> for TerminalInteractor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Unprompt, _ctx: &mut Context<Self>) {
+        self.queue.retain(|p| p.id != msg.id);
+        if let Some(showing) = &self.showing
+            && showing.id == msg.id
+        {
+            self.prompter
+                .withdrawn(&Self::view(showing, self.queue.len()));
+        }
+    }
+}

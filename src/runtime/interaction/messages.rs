@@ -1,0 +1,87 @@
+//! The messages of an approval, by direction: to the hub (a stage raises
+//! a request, an interactor answers, a stage execution withdraws its
+//! requests) and to an interactor (put a prompt to it, take it away), with
+//! an interactor's answer and the handle the hub reaches an interactor by.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+use troupe_actors::{InteractionId, ResponderId};
+
+use super::grants::{GrantDecision, GrantRequest};
+
+/// An interactor's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    Approve,
+    Deny,
+    /// Not now: treated as a denial of this proposal.
+    Defer,
+}
+
+impl Answer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Answer::Approve => "approve",
+            Answer::Deny => "deny",
+            Answer::Defer => "defer",
+        }
+    }
+}
+
+// To the hub.
+
+/// Raise a `grantStageTool` interaction; the decision arrives on `reply`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Raise {
+    pub request: GrantRequest,
+    /// The full arguments as JSON, for rule matching.
+    pub args_json: String,
+    pub reply: oneshot::Sender<GrantDecision>,
+}
+
+/// An interactor's answer to interaction `id`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Answered {
+    pub id: InteractionId,
+    pub responder: ResponderId,
+    pub answer: Answer,
+}
+
+/// A stage execution ended: withdraw its open interactions everywhere.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct WithdrawOwner {
+    pub stage_execution_id: String,
+}
+
+// To an interactor.
+
+/// Put interaction `id` to an interactor.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct Prompt {
+    pub id: InteractionId,
+    pub responder: ResponderId,
+    pub request: Arc<GrantRequest>,
+    pub args_json: Arc<str>,
+    pub hub: Recipient<Answered>,
+}
+
+/// Take interaction `id`'s prompt away from an interactor.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct Unprompt {
+    pub id: InteractionId,
+}
+
+/// An interactor as the hub knows it.
+#[derive(Debug, Clone)]
+pub struct InteractorHandle {
+    pub name: String,
+    pub prompt: Recipient<Prompt>,
+    pub unprompt: Recipient<Unprompt>,
+}

@@ -1,0 +1,205 @@
+//! Approving one proposed tool call: its arguments must be a JSON object
+//! and the tool must exist; a call in `allowedTools` is approved, any
+//! other is put to the interactors, whose approval mints a one-shot grant
+//! that this call consumes; TOOL_CALL/pre guards then have the last word.
+//! A refused call's result is the typed error the model reads.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::run::StageRun;
+use super::whereabouts::Whereabouts;
+use crate::definition::{StageDefinition, is_builtin};
+use crate::error::{Code, ErrorClass};
+use crate::provider::ToolCall;
+use crate::runtime::events::EventName;
+use crate::runtime::hooks::{HookError, SlotOutcome};
+use crate::runtime::interaction::{GrantDecision, GrantRequest, Raise, args_digest, args_summary};
+use crate::tools::ModelError;
+
+impl StageRun {
+    /// The authority stack for one proposed call: the arguments
+    /// must be a JSON object and the tool must exist; a call in
+    /// `allowedTools` is approved; any other raises a `grantStageTool`
+    /// interaction whose approval mints a one-shot token that this call
+    /// consumes. `Err` holds the typed result the model gets instead.
+    pub(super) async fn approve(
+        &self,
+        def: &StageDefinition,
+        call: &ToolCall,
+        index: usize,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
+    ) -> Result<Value, String> {
+        let args = self.authorize(def, call, index, whereabouts).await?;
+        if !self.hooks.has("TOOL_CALL/pre", Some(&call.name)) {
+            return Ok(args);
+        }
+        // Guard hooks run on every approved call and win in any mode;
+        // transforms then may rewrite the arguments.
+        let fields = json!({"tool": call.name, "callId": call.id, "arguments": args});
+        let hook_failed = |message: String| {
+            self.emit(
+                self.tool_event(EventName::ToolInvocationFailed, call)
+                    .with("code", HookError::CODE)
+                    .with("message", message.as_str()),
+            );
+            tool_terminal("HookFailed", message)
+        };
+        match Box::pin(self.hook("TOOL_CALL/pre", Some(&call.name), fields)).await {
+            SlotOutcome::Proceed(payload) => match payload.get("arguments") {
+                Some(v @ Value::Object(_)) => Ok(v.clone()),
+                _ => Err(hook_failed(
+                    "a transform hook at TOOL_CALL/pre left no `arguments` object, so the call was not run".to_owned(),
+                )),
+            },
+            SlotOutcome::Denied { hook, reason } => {
+                self.emit(
+                    self.tool_event(EventName::ToolCallDenied, call)
+                        .with("by", format!("hook:{hook}"))
+                        .with("reason", reason.as_str()),
+                );
+                Err(tool_terminal(
+                    "HookDenied",
+                    format!("guard hook `{hook}` denied this call: {reason}"),
+                ))
+            }
+            SlotOutcome::Failed { hook, error } => Err(hook_failed(format!(
+                "transform hook `{hook}` failed, so the call was not run: {error}"
+            ))),
+        }
+    }
+
+    /// The SM decision for one call: allowedTools, or a one-shot grant.
+    async fn authorize(
+        &self,
+        def: &StageDefinition,
+        call: &ToolCall,
+        index: usize,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
+    ) -> Result<Value, String> {
+        self.emit(
+            self.tool_event(EventName::ToolInvocationProposed, call)
+                .with("arguments", call.arguments.as_str()),
+        );
+        let failed = |name: &'static str, message: String| {
+            self.emit(
+                self.tool_event(EventName::ToolInvocationFailed, call)
+                    .with("code", format!("ToolTerminal/{name}")),
+            );
+            tool_terminal(name, message)
+        };
+        let args: Value = match serde_json::from_str(&call.arguments) {
+            Ok(v @ Value::Object(_)) => v,
+            Ok(_) | Err(_) => {
+                return Err(failed(
+                    "InvalidArguments",
+                    "tool arguments must be a JSON object".to_owned(),
+                ));
+            }
+        };
+        if !is_builtin(&call.name) {
+            return Err(failed(
+                "UnknownTool",
+                format!("there is no tool `{}`", call.name),
+            ));
+        }
+        if def.allowed_tools.iter().any(|t| **t == *call.name) {
+            self.emit(
+                self.tool_event(EventName::ToolCallApproved, call)
+                    .with_static("by", "allowedTools"),
+            );
+            return Ok(args);
+        }
+        let (attempt, turn, ledger) = {
+            let mut p = whereabouts.borrow_mut();
+            (
+                p.attempt,
+                p.turn,
+                Rc::clone(p.grants.get_or_insert_default()),
+            )
+        };
+        let request = GrantRequest {
+            workflow_run_id: self.ctx.workflow_run_id.to_string(),
+            stage_execution_id: self.ctx.stage_execution_id.to_string(),
+            stage_id: self.stage.id.clone(),
+            attempt,
+            proposal_id: format!("{}#a{attempt}t{turn}c{index}", self.ctx.stage_execution_id),
+            tool: call.name.to_string(),
+            args_digest: args_digest(&args),
+            args_summary: args_summary(&args),
+        };
+        let decision = match &self.hub {
+            Some(hub) => {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                whereabouts.borrow_mut().raised = true;
+                hub.do_send(Raise {
+                    request: request.clone(),
+                    args_json: args.to_string(),
+                    reply,
+                });
+                answer.await.unwrap_or(GrantDecision::Denied {
+                    reason: "the interaction hub is gone".to_owned(),
+                })
+            }
+            None => GrantDecision::Denied {
+                reason: "no interactor can approve it (headless)".to_owned(),
+            },
+        };
+        let deny = |reason: String| {
+            self.emit(
+                self.tool_event(EventName::ToolCallDenied, call)
+                    .with("proposalId", request.proposal_id.as_str())
+                    .with("reason", reason.as_str()),
+            );
+            tool_terminal(
+                "GrantDenied",
+                format!(
+                    "`{}` is outside this stage's allowedTools and was not granted ({reason}); continue with the allowed tools: {}",
+                    call.name,
+                    def.allowed_tools.join(", ")
+                ),
+            )
+        };
+        match decision {
+            GrantDecision::Denied { reason } => Err(deny(reason)),
+            GrantDecision::Approved { by } => {
+                let mut ledger = ledger.borrow_mut();
+                ledger.mint(&request);
+                self.emit(
+                    self.event(EventName::StageGranted)
+                        .tool(Arc::clone(&call.name))
+                        .with("proposalId", request.proposal_id.as_str())
+                        .with("argsDigest", request.args_digest.as_str())
+                        .with("by", by.as_str()),
+                );
+                match ledger.consume(&request.proposal_id, &call.name, &request.args_digest) {
+                    Ok(()) => {
+                        self.emit(
+                            self.tool_event(EventName::ToolCallApproved, call)
+                                .with("by", "grant")
+                                .with("proposalId", request.proposal_id.as_str()),
+                        );
+                        Ok(args)
+                    }
+                    Err(e) => Err(deny(e.to_string())),
+                }
+            }
+        }
+    }
+}
+
+/// The `{class, code, message}` result of a `ToolTerminal/<name>` error, as
+/// the model reads it.
+pub(super) fn tool_terminal(name: &'static str, message: impl Into<String>) -> String {
+    ModelError::new(
+        Code {
+            class: ErrorClass::ToolTerminal,
+            name,
+        },
+        message,
+    )
+    .to_content()
+}

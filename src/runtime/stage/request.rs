@@ -1,0 +1,109 @@
+//! One provider request of a turn, with its transient retries: audited
+//! try by try, counted in the execution's usage and the run's budget, and
+//! never started once the budget is spent.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::run::StageRun;
+use super::whereabouts::Whereabouts;
+use crate::error::HasCode;
+use crate::provider::{ModelRequest, ModelResponse, ProviderError, Usage};
+use crate::runtime::events::EventName;
+
+impl StageRun {
+    /// One provider request with transient retries, audited. Every try
+    /// counts as a request in `usage`, a failed one too; no try starts
+    /// once the run's budget is spent.
+    pub(super) async fn request(
+        &self,
+        request: ModelRequest,
+        turn: u32,
+        usage: &mut Usage,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
+    ) -> Result<ModelResponse, ProviderError> {
+        let mut retry = 0u32;
+        loop {
+            if let Some(budget) = &self.settings.budget
+                && !budget.allows_request()
+            {
+                // The scheduler is cancelling the run: no new request
+                // starts, and this execution waits to be dropped.
+                self.cancel.cancelled().await;
+                std::future::pending::<()>().await;
+            }
+            self.emit(
+                self.event(EventName::ProviderRequestStarted)
+                    .with_static("provider", self.provider.name())
+                    .with("turn", turn)
+                    .with("try", retry + 1),
+            );
+            let outcome = self.provider.complete(request.clone()).await;
+            for notice in self.provider.take_notices() {
+                self.emit(
+                    self.event(EventName::ProviderNotice)
+                        .with_static("provider", self.provider.name())
+                        .with_static("code", notice.code)
+                        .with("message", notice.message),
+                );
+            }
+            let spent = match &outcome {
+                Ok(response) => response.usage,
+                Err(_) => Usage {
+                    requests: 1,
+                    ..Usage::default()
+                },
+            };
+            usage.add(spent);
+            whereabouts.borrow_mut().usage.add(spent);
+            if let Some(budget) = &self.settings.budget {
+                budget.record(spent);
+            }
+            match outcome {
+                Ok(response) => {
+                    self.emit(
+                        self.event(EventName::ProviderRequestCompleted)
+                            .with("turn", turn)
+                            .with("toolCalls", response.tool_calls.len())
+                            .with("usage", response.usage),
+                    );
+                    return Ok(response);
+                }
+                Err(err) => {
+                    let wait = match &err {
+                        ProviderError::Transient { retry_after, .. }
+                            if retry < self.settings.provider_retries =>
+                        {
+                            self.settings.retry_wait(retry + 1, *retry_after)
+                        }
+                        _ => None,
+                    };
+                    let mut failed = self
+                        .event(EventName::ProviderRequestFailed)
+                        .with("turn", turn)
+                        .with("code", err.code().to_string())
+                        .with("message", err.to_string())
+                        .with("retrying", wait.is_some());
+                    if let ProviderError::Transient {
+                        retry_after: Some(after),
+                        ..
+                    } = &err
+                    {
+                        failed = failed.with("retryAfterMs", after.as_millis() as u64);
+                    }
+                    if let Some(wait) = wait {
+                        failed = failed.with("waitMs", wait.as_millis() as u64);
+                    }
+                    self.emit(failed);
+                    let Some(wait) = wait else {
+                        return Err(err);
+                    };
+                    retry += 1;
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+        }
+    }
+}

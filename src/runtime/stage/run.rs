@@ -1,0 +1,86 @@
+//! What one stage execution needs (`StageRun`), and how it records
+//! itself: the events it publishes and the phase markers around each
+//! phase.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use actix::Addr;
+use tokio_util::sync::CancellationToken;
+use troupe_actors::EventBus;
+
+use super::settings::RunSettings;
+use super::whereabouts::Whereabouts;
+use crate::definition::{Pipeline, Stage, ToolSpec};
+use crate::provider::{Provider, ToolCall};
+use crate::runtime::context::StageContext;
+use crate::runtime::events::{Event, EventName};
+use crate::runtime::hooks::HookSet;
+use crate::runtime::interaction::InteractionHub;
+
+/// Everything one execution needs; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StageRun {
+    pub pipeline: Arc<Pipeline>,
+    pub stage: Arc<Stage>,
+    pub ctx: Arc<StageContext>,
+    pub provider: Arc<dyn Provider>,
+    pub bus: EventBus<Event>,
+    pub settings: Arc<RunSettings>,
+    pub index: Option<usize>,
+    pub visit: u32,
+    /// Cancelled when the execution is strictly cancelled; tool calls watch it.
+    pub cancel: CancellationToken,
+    /// Where out-of-envelope calls are put to the interactors; `None`
+    /// denies them (headless).
+    pub hub: Option<Arc<Addr<InteractionHub>>>,
+    /// Hooks at the message-loop slots.
+    pub hooks: Arc<HookSet>,
+    /// The stage's tool manifest (`allowedTools` plus the completion
+    /// channel), built once per stage and shared by its executions; empty
+    /// for deterministic steps.
+    pub tools: Arc<Vec<ToolSpec>>,
+}
+
+impl StageRun {
+    pub(super) fn event(&self, name: EventName) -> Event {
+        Event::new(name, Arc::clone(&self.ctx.workflow_run_id)).stage(
+            Arc::clone(&self.ctx.stage_id),
+            Arc::clone(&self.ctx.stage_execution_id),
+        )
+    }
+
+    pub(super) fn emit(&self, event: Event) {
+        self.bus.publish(event);
+    }
+
+    /// Marks a phase boundary: the phase is remembered for `StageCancelled`,
+    /// and a `StagePreFired`/`StagePostFired` observer event is published
+    /// when anyone observes (they are not audit events; see `EventName::class`).
+    pub(super) fn phase(
+        &self,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
+        phase: &'static str,
+        pre: bool,
+    ) {
+        if pre {
+            whereabouts.borrow_mut().phase = phase;
+        }
+        if !self.bus.has_observers() {
+            return;
+        }
+        let name = if pre {
+            EventName::StagePreFired
+        } else {
+            EventName::StagePostFired
+        };
+        self.emit(self.event(name).with_static("phase", phase));
+    }
+
+    pub(super) fn tool_event(&self, name: EventName, call: &ToolCall) -> Event {
+        self.event(name)
+            .tool(Arc::clone(&call.name))
+            .with("callId", Arc::clone(&call.id))
+    }
+}

@@ -1,0 +1,29 @@
+//! Where a running execution is (phase, attempt, turn, the tool calls in
+//! flight) and what it holds and has used: shared between the execution
+//! and the actor that owns it, which records it if the execution is
+//! cancelled.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::provider::Usage;
+use crate::runtime::interaction::GrantLedger;
+
+/// Where the execution is, for the `StageCancelled` record.
+#[derive(Debug, Clone, Default)]
+pub struct Whereabouts {
+    pub phase: &'static str,
+    pub attempt: u32,
+    pub turn: u32,
+    pub tool_calls: Vec<(Arc<str>, Arc<str>)>,
+    /// One-shot grant tokens of this execution; they die with it. Made on
+    /// the first call outside `allowedTools`: most executions never have one.
+    pub grants: Option<Rc<RefCell<GrantLedger>>>,
+    /// Whether this execution ever put a call to the interactors, so a
+    /// cancelled one that never did has no prompts to withdraw.
+    pub raised: bool,
+    /// What its model requests used so far (a cancelled execution reports
+    /// it, so the run's totals include it).
+    pub usage: Usage,
+}
