@@ -474,8 +474,12 @@ impl WorkerHost {
             spec.run_id = RunId::existing(&task.run_id);
             spec.bus = self.bus.clone();
             spec.settings = Arc::clone(&self.config.settings);
-            let local =
-                LocalExecutor::new(spec, None, ctx.address().recipient(), self.arbiters.clone());
+            let local = LocalExecutor::new(
+                spec.kit(),
+                None,
+                ctx.address().recipient(),
+                self.arbiters.clone(),
+            );
             self.executors.insert(task.run_id.clone(), (local, now));
         }
         self.executors.get_mut(&task.run_id).map(|(local, used)| {

@@ -12,7 +12,7 @@ use super::cancel::CancelScope;
 use super::events::Event;
 use super::ids::RunId;
 use super::interaction::InteractorSpec;
-use super::scheduler::{ExecutorFactory, Restore};
+use super::scheduler::{ExecutorFactory, Restore, StageKit};
 use super::stage::RunSettings;
 use crate::definition::Pipeline;
 use crate::provider::Provider;
@@ -45,4 +45,17 @@ pub struct RunSpec {
     pub restore: Restore,
     /// Where fan-out siblings run when not here (`None`: the local pool).
     pub executor: Option<Arc<dyn ExecutorFactory>>,
+}
+
+impl RunSpec {
+    /// What every execution of this run shares.
+    pub fn kit(&self) -> StageKit {
+        StageKit {
+            pipeline: Arc::clone(&self.pipeline),
+            provider: Arc::clone(&self.provider),
+            bus: self.bus.clone(),
+            settings: Arc::clone(&self.settings),
+            hooks: Arc::clone(&self.hooks),
+        }
+    }
 }

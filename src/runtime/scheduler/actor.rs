@@ -144,7 +144,7 @@ impl Scheduler {
         let arbiters = &self.arbiters;
         self.executor.get_or_insert_with(|| {
             let local = LocalExecutor::new(
-                spec.clone(),
+                spec.kit(),
                 hub.clone(),
                 ctx.address().recipient(),
                 arbiters.clone(),

@@ -15,13 +15,18 @@ use actix::prelude::*;
 
 use super::planner::Spawn;
 use super::protocol::ToScheduler;
+use crate::definition::Pipeline;
 use crate::definition::StageKind;
+use crate::provider::Provider;
 use crate::runtime::cancel::CancelScope;
+use crate::runtime::events::Event;
+use crate::runtime::hooks::HookSet;
 use crate::runtime::interaction::InteractionHub;
-use crate::runtime::spec::RunSpec;
+use crate::runtime::stage::RunSettings;
 use crate::runtime::stage::StageRun;
 use crate::runtime::stage_actor::StageActor;
 use crate::tools::{ToolSpec, stage_manifest};
+use troupe_actors::EventBus;
 
 /// Makes a run's executor once the scheduler can be addressed: the run's
 /// way to put its executions somewhere else than the local pool (workers
@@ -38,10 +43,20 @@ pub trait Executor: std::fmt::Debug {
     fn start(&mut self, spawn: Spawn, scope: CancelScope, group: Option<CancelScope>);
 }
 
+/// What every execution of a run shares, whichever executor starts it.
+#[derive(Debug, Clone)]
+pub struct StageKit {
+    pub pipeline: Arc<Pipeline>,
+    pub provider: Arc<dyn Provider>,
+    pub bus: EventBus<Event>,
+    pub settings: Arc<RunSettings>,
+    pub hooks: Arc<HookSet>,
+}
+
 /// The local pool: each execution is a [`StageActor`], started on one of
 /// the run's arbiters in turn (on the caller's when there are none).
 pub struct LocalExecutor {
-    spec: RunSpec,
+    kit: StageKit,
     /// Shared by every execution: cloning an `Addr` allocates (actix gives
     /// each sender its own parking slot), an `Arc` clone does not.
     hub: Option<Arc<Addr<InteractionHub>>>,
@@ -63,13 +78,13 @@ impl std::fmt::Debug for LocalExecutor {
 
 impl LocalExecutor {
     pub fn new(
-        spec: RunSpec,
+        kit: StageKit,
         hub: Option<Addr<InteractionHub>>,
         scheduler: Recipient<ToScheduler>,
         arbiters: Vec<ArbiterHandle>,
     ) -> LocalExecutor {
         LocalExecutor {
-            spec,
+            kit,
             hub: hub.map(Arc::new),
             scheduler: Arc::new(scheduler),
             manifests: HashMap::new(),
@@ -104,17 +119,17 @@ impl Executor for LocalExecutor {
             visit,
         } = spawn;
         let run = StageRun {
-            pipeline: Arc::clone(&self.spec.pipeline),
+            pipeline: Arc::clone(&self.kit.pipeline),
             stage,
             ctx,
-            provider: Arc::clone(&self.spec.provider),
-            bus: self.spec.bus.clone(),
-            settings: Arc::clone(&self.spec.settings),
+            provider: Arc::clone(&self.kit.provider),
+            bus: self.kit.bus.clone(),
+            settings: Arc::clone(&self.kit.settings),
             index,
             visit,
             cancel: scope.token().clone(),
             hub: self.hub.clone(),
-            hooks: Arc::clone(&self.spec.hooks),
+            hooks: Arc::clone(&self.kit.hooks),
             tools,
         };
         let scheduler = Arc::clone(&self.scheduler);
