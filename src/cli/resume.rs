@@ -20,7 +20,7 @@ use super::validate::print_diagnostics;
 use crate::definition::load_pipeline;
 use crate::runtime::events::rfc3339;
 use crate::runtime::scheduler::Restore;
-use crate::store::repair::{repair, scan};
+use crate::store::repair::{LostExit, repair, scan};
 use crate::store::{RunLock, Store, StoreError, pipeline_digest};
 
 /// Options of `troupe resume`.
@@ -91,9 +91,11 @@ fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Prepared, StoreError>
         Value::Object(m) => m.clone(),
         _ => Map::new(),
     };
-    if args.opts.nats.nats.is_some() {
-        store_arrived(&args.opts.nats, &run.id, &store)?;
-    }
+    let arrived = if args.opts.nats.nats.is_some() {
+        store_arrived(&args.opts.nats, &run.id, &store)?
+    } else {
+        Vec::new()
+    };
     let results = store.results(&run.id)?;
     let audit = run_dir.join("audit.jsonl");
     let io = |detail: String| StoreError::Io {
@@ -107,7 +109,14 @@ fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Prepared, StoreError>
         path: audit.clone(),
         detail,
     })?;
-    let exits = store.exit_events(&run.id)?;
+    // A result a worker reported while no coordinator read it goes into
+    // the log with the events the worker recorded, not a bare recovery.
+    let mut exits = store.exit_events(&run.id)?;
+    for exit in &mut exits {
+        if let Some(found) = arrived.iter().find(|a| a.id == exit.id) {
+            exit.lines.clone_from(&found.lines);
+        }
+    }
     let ts = rfc3339(std::time::SystemTime::now());
     let (repaired, scanned) = repair(&audit, scanned, &exits, &run.id, &ts).map_err(io)?;
     if repaired.torn_cut || repaired.exits_restored > 0 || repaired.cancels_added > 0 {
@@ -158,11 +167,12 @@ fn short(digest: &str) -> String {
 
 /// A distributed run: the results workers reported while no coordinator
 /// read them are stored first, so the resumed run does not run them again.
+/// Returns each with the events its worker recorded, for the log.
 fn store_arrived(
     nats: &crate::distributed::NatsArgs,
     run_id: &str,
     store: &Store,
-) -> Result<(), StoreError> {
+) -> Result<Vec<LostExit>, StoreError> {
     let io = |detail: String| StoreError::Io {
         path: store.path().to_owned(),
         detail,
@@ -178,11 +188,11 @@ fn store_arrived(
         })
         .map_err(|e| io(format!("{}: {e}", crate::error::HasCode::code(&e))))?;
     if arrived.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let writer = crate::store::StoreWriter::start(store.path())?;
     let ledger = writer.ledger();
-    for result in &arrived {
+    for (result, _) in &arrived {
         crate::runtime::ledger::Ledger::persist(
             &ledger,
             crate::distributed::coordinator::exit_record(run_id, result),
@@ -194,5 +204,11 @@ fn store_arrived(
         "note: {} result(s) workers reported while the run had no coordinator were stored",
         arrived.len()
     );
-    Ok(())
+    Ok(arrived
+        .into_iter()
+        .map(|(result, events)| LostExit {
+            id: result.stage_execution_id.to_string(),
+            lines: events,
+        })
+        .collect())
 }

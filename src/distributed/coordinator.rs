@@ -785,7 +785,7 @@ pub fn exit_record(run_id: &str, result: &Arc<StageResult>) -> ExitRecord {
 pub async fn take_arrived(
     nats: &Nats,
     run_id: &str,
-) -> Result<Vec<Arc<StageResult>>, super::NatsError> {
+) -> Result<Vec<(Arc<StageResult>, Vec<Value>)>, super::NatsError> {
     let consumer = nats.coordinator_consumer(run_id).await?;
     let mut results = Vec::new();
     loop {
@@ -802,11 +802,11 @@ pub async fn take_arrived(
         let mut got = 0;
         while let Some(Ok(msg)) = batch.next().await {
             got += 1;
-            if let Ok(Report::Exited { result, .. }) =
+            if let Ok(Report::Exited { result, events, .. }) =
                 serde_json::from_slice::<Report>(&msg.payload)
                 && result.verdict != Verdict::Fail
             {
-                results.push(result);
+                results.push((result, events));
             }
             let _ = msg.ack().await;
         }

@@ -11,6 +11,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::error::StoreError;
+use super::repair::LostExit;
 use super::rows::{Counts, ExecRow, RunRow};
 use super::schema;
 use crate::provider::Usage;
@@ -339,17 +340,17 @@ impl Store {
             .collect())
     }
 
-    /// The `StageExited` record of each of a run's exited executions, by
-    /// `stageExecutionId`, as the audit log has it but for its `seq` (0),
+    /// Each of a run's exited executions as the audit log records it —
+    /// a `StageEntered` and its `StageExited`, both marked `recovered` —
     /// for the log's repair.
-    pub fn exit_events(&self, run_id: &str) -> Result<Vec<(String, String)>, StoreError> {
+    pub fn exit_events(&self, run_id: &str) -> Result<Vec<LostExit>, StoreError> {
         Ok(self
             .executions(run_id, None, None)?
             .into_iter()
             .filter(|e| e.outcome == "exited")
-            .map(|e| {
-                let line = exit_line(run_id, &e);
-                (e.stage_execution_id, line)
+            .map(|e| LostExit {
+                lines: vec![entered_line(run_id, &e), exit_line(run_id, &e)],
+                id: e.stage_execution_id,
             })
             .collect())
     }
@@ -379,9 +380,32 @@ impl Store {
     }
 }
 
-/// The `StageExited` line of an exited execution, with `seq` 0, in the
-/// audit log's key order.
-fn exit_line(run_id: &str, e: &ExecRow) -> String {
+/// The `StageEntered` record of a stored execution, in the audit log's key
+/// order.
+fn entered_line(run_id: &str, e: &ExecRow) -> Value {
+    let mut line = serde_json::Map::new();
+    line.insert("seq".into(), 0.into());
+    let at_ms = e.entered_at.unwrap_or(e.ended_at);
+    let at = UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(at_ms).unwrap_or(0));
+    line.insert("ts".into(), crate::runtime::events::rfc3339(at).into());
+    line.insert("event".into(), "StageEntered".into());
+    line.insert("workflowRunId".into(), run_id.into());
+    line.insert(
+        "stageExecutionId".into(),
+        e.stage_execution_id.clone().into(),
+    );
+    line.insert("stageId".into(), e.stage_id.clone().into());
+    line.insert("visit".into(), e.visit.into());
+    if let Some(i) = e.index {
+        line.insert("index".into(), i.into());
+    }
+    line.insert("recovered".into(), true.into());
+    Value::Object(line)
+}
+
+/// The `StageExited` record of an exited execution, in the audit log's key
+/// order.
+fn exit_line(run_id: &str, e: &ExecRow) -> Value {
     let mut line = serde_json::Map::new();
     line.insert("seq".into(), 0.into());
     let at = UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(e.ended_at).unwrap_or(0));
@@ -410,5 +434,5 @@ fn exit_line(run_id: &str, e: &ExecRow) -> String {
         line.insert("reason".into(), r.clone().into());
     }
     line.insert("recovered".into(), true.into());
-    Value::Object(line).to_string()
+    Value::Object(line)
 }

@@ -7,7 +7,10 @@
 //! - the `StageExited` of every execution the store has as exited whose
 //!   line the log lost (it was published, so it was durable, but not yet
 //!   flushed when the process died), rebuilt from the stored row with
-//!   `"recovered": true`;
+//!   `"recovered": true` — preceded by a recovered `StageEntered` when the
+//!   log lost that too, so every execution in the log is entered before it
+//!   ends; for a distributed run, a result a worker reported while no
+//!   coordinator read it brings all the events the worker recorded;
 //! - a `StageCancelled` (reason `Session/ProcessLost`) for every
 //!   execution the log shows as entered and not ended, which the resumed
 //!   run runs again.
@@ -133,14 +136,26 @@ pub struct Repaired {
     pub cancels_added: usize,
 }
 
+/// An execution the store has as exited whose `StageExited` the log may
+/// have lost: its records in order, the last its `StageExited` (their
+/// `seq` is replaced). From the store these are a recovered
+/// `StageEntered` and `StageExited`; for a result a worker reported while
+/// the run had no coordinator, every event the worker recorded.
+#[derive(Debug, Clone)]
+pub struct LostExit {
+    pub id: String,
+    pub lines: Vec<Value>,
+}
+
 /// Repairs the log at `path` after `scan`: cuts a torn last line, then
-/// appends the lost `StageExited` lines (`stored_exits`: the store's, by
-/// `stageExecutionId`, each written with `seq` 0) and closes the
-/// executions left open. `run_id` and `ts` go into the added records.
+/// appends the records of each execution in `lost` whose `StageExited` the
+/// log does not have (leaving out a `StageEntered` the log already has),
+/// and closes the executions left open. `run_id` and `ts` go into the
+/// added records.
 pub fn repair(
     path: &Path,
     mut scan: LogScan,
-    stored_exits: &[(String, String)],
+    lost: &[LostExit],
     run_id: &str,
     ts: &str,
 ) -> Result<(Repaired, LogScan), String> {
@@ -157,19 +172,31 @@ pub fn repair(
     file.seek(SeekFrom::Start(scan.valid_len)).map_err(io)?;
     let mut out = Vec::new();
     let mut seq = scan.last_seq;
-    for (id, line) in stored_exits {
-        if scan.exited.contains(id) {
+    for exit in lost {
+        if scan.exited.contains(&exit.id) {
             continue;
         }
-        let Some(rest) = line.strip_prefix("{\"seq\":0,") else {
-            continue;
-        };
-        seq += 1;
-        out.extend_from_slice(format!("{{\"seq\":{seq},").as_bytes());
-        out.extend_from_slice(rest.trim_end().as_bytes());
-        out.push(b'\n');
-        scan.open.remove(id);
-        scan.exited.insert(id.clone());
+        let entered = scan.open.contains_key(&exit.id);
+        for line in &exit.lines {
+            let Value::Object(fields) = line else {
+                continue;
+            };
+            if entered && fields.get("event").and_then(Value::as_str) == Some("StageEntered") {
+                continue;
+            }
+            seq += 1;
+            let mut record = serde_json::Map::with_capacity(fields.len() + 1);
+            record.insert("seq".into(), seq.into());
+            for (k, v) in fields {
+                if k != "seq" {
+                    record.insert(k.clone(), v.clone());
+                }
+            }
+            out.extend_from_slice(Value::Object(record).to_string().as_bytes());
+            out.push(b'\n');
+        }
+        scan.open.remove(&exit.id);
+        scan.exited.insert(exit.id.clone());
         repaired.exits_restored += 1;
     }
     for (id, stage) in std::mem::take(&mut scan.open) {
@@ -206,6 +233,49 @@ mod tests {
         )
     }
 
+    /// As the store gives it: a recovered entry and the exit.
+    fn lost(id: &str) -> LostExit {
+        let record = |event: &str| serde_json::from_str(&line(0, event, id)).expect("a record");
+        LostExit {
+            id: id.to_owned(),
+            lines: vec![record("StageEntered"), record("StageExited")],
+        }
+    }
+
+    #[test]
+    fn an_execution_the_log_lost_entirely_is_entered_before_it_exits() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("audit.jsonl");
+        std::fs::write(&path, line(1, "StageEntered", "r/w#0/1")).expect("write");
+        let scan = scan(&path).expect("scan");
+        let (repaired, scan) = repair(&path, scan, &[lost("r/w#1/1")], "r", "t").expect("repair");
+        assert_eq!(repaired.exits_restored, 1);
+        assert_eq!(repaired.cancels_added, 1);
+        assert!(scan.open.is_empty());
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<(u64, String, String)> = text
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).expect("a whole line");
+                (
+                    v["seq"].as_u64().expect("seq"),
+                    v["event"].as_str().expect("event").to_owned(),
+                    v["stageExecutionId"].as_str().expect("id").to_owned(),
+                )
+            })
+            .collect();
+        let expect = |seq: u64, event: &str, id: &str| (seq, event.to_owned(), id.to_owned());
+        assert_eq!(
+            lines,
+            [
+                expect(1, "StageEntered", "r/w#0/1"),
+                expect(2, "StageEntered", "r/w#1/1"),
+                expect(3, "StageExited", "r/w#1/1"),
+                expect(4, "StageCancelled", "r/w#0/1"),
+            ]
+        );
+    }
+
     #[test]
     fn a_torn_line_is_cut_lost_exits_restored_and_open_executions_closed() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -222,16 +292,7 @@ mod tests {
         assert_eq!(scan.last_seq, 4);
         assert_eq!(scan.open.len(), 2);
         // The store has w#1's exit (its line was lost); w#2 ran no Exit.
-        let stored = vec![
-            (
-                "r/w#0/1".to_owned(),
-                line(0, "StageExited", "r/w#0/1").trim_end().to_owned(),
-            ),
-            (
-                "r/w#1/1".to_owned(),
-                line(0, "StageExited", "r/w#1/1").trim_end().to_owned(),
-            ),
-        ];
+        let stored = vec![lost("r/w#0/1"), lost("r/w#1/1")];
         let (repaired, scan) = repair(&path, scan, &stored, "r", "t").expect("repair");
         assert_eq!(
             repaired,
