@@ -12,5 +12,5 @@ pub mod stage_file;
 pub mod template;
 pub mod yaml;
 
-pub use loader::{load_pipeline, load_pipeline_with};
+pub use loader::{load_pipeline, load_pipeline_text, load_pipeline_with};
 pub use model::*;

@@ -32,11 +32,24 @@ pub fn load_pipeline_with(
     path: &Path,
     is_tool: &dyn Fn(&str) -> bool,
 ) -> Result<Pipeline, Diagnostics> {
-    let mut diags = Vec::new();
     let (dir, file) = locate(path).map_err(|d| Diagnostics(vec![*d]))?;
     let text = read_bounded(&file, ValidationCode::PipelineUnreadable)
         .map_err(|(code, message)| Diagnostics(vec![Diagnostic::new(code, message).file(&file)]))?;
-    let text = normalize_text(&text);
+    load_pipeline_text(&dir, &file, &text, is_tool)
+}
+
+/// Loads a pipeline from the text of its pipeline.yaml (`file` names it in
+/// diagnostics); stage files are read from `dir`. The file-based loaders
+/// end here; fuzzing and tests call it with text that is not on disk.
+pub fn load_pipeline_text(
+    dir: &Path,
+    file: &Path,
+    text: &str,
+    is_tool: &dyn Fn(&str) -> bool,
+) -> Result<Pipeline, Diagnostics> {
+    let mut diags = Vec::new();
+    let (dir, file) = (dir.to_owned(), file.to_owned());
+    let text = normalize_text(text);
     let root = yaml::parse(&text).map_err(|e| {
         Diagnostics(vec![
             Diagnostic::new(

@@ -148,10 +148,18 @@ impl Script {
         };
         let text =
             std::fs::read_to_string(file).map_err(|e| one(format!("cannot read script: {e}")))?;
+        Script::parse_str(file, &text, pipeline)
+    }
+
+    /// Parses script text (`file` names it in diagnostics), checking its
+    /// stage keys against the pipeline.
+    pub fn parse_str(file: &Path, text: &str, pipeline: &Pipeline) -> Result<Script, Diagnostics> {
         if text.len() > 16 * 1024 * 1024 {
-            return Err(one("script is over 16 MiB".to_owned()));
+            return Err(Diagnostics(vec![
+                Diagnostic::new(ValidationCode::ScriptInvalid, "script is over 16 MiB").file(file),
+            ]));
         }
-        let root = yaml::parse(&text).map_err(|e| {
+        let root = yaml::parse(text).map_err(|e| {
             Diagnostics(vec![
                 Diagnostic::new(
                     ValidationCode::ScriptInvalid,
