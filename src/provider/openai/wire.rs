@@ -304,7 +304,7 @@ impl Assembly {
                 (Some(id), Some(existing))
                     if !id.is_empty() && !existing.id.is_empty() && existing.id != *id =>
                 {
-                    self.calls.keys().next_back().map_or(0, |k| k + 1)
+                    self.fresh_index()
                 }
                 _ => position,
             },
@@ -324,6 +324,18 @@ impl Assembly {
             if let Some(args) = &f.arguments {
                 partial.arguments.push_str(&arguments_text(args));
             }
+        }
+    }
+
+    /// An index after every call's, or the lowest free one when a server
+    /// already used `usize::MAX` (adding one there overflowed, and wrapped
+    /// into call 0 in a release build, merging two calls).
+    fn fresh_index(&self) -> usize {
+        match self.calls.keys().next_back() {
+            None => 0,
+            Some(&last) => last
+                .checked_add(1)
+                .unwrap_or_else(|| (0..).find(|i| !self.calls.contains_key(i)).unwrap_or(last)),
         }
     }
 
