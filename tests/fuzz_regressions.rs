@@ -4,7 +4,9 @@
 // Test code: a failed unwrap is a failed test with its location.
 #![allow(clippy::unwrap_used)]
 
+use serde_json::json;
 use troupe::provider::openai::Assembly;
+use troupe::runtime::extract::extract_json;
 
 /// fuzz target `openai_reply`: a call at index `usize::MAX`, then calls
 /// without an index whose ids differ. The next free index was `last + 1`,
@@ -34,4 +36,28 @@ fn tool_call_after_index_usize_max_gets_its_own_slot() {
             ("z", "A", "{}")
         ]
     );
+}
+
+/// fuzz target `extract_json`: every `{` walked to the end of the text on
+/// its own, so a reply of 1 MiB of `{` took over an hour (quadratic).
+#[test]
+fn unclosed_braces_are_scanned_in_linear_time() {
+    let text = "{".repeat(1 << 20);
+    assert_eq!(extract_json(&text), None);
+}
+
+/// The same scan with a real object behind the unclosed braces: the
+/// linear scan still finds it.
+#[test]
+fn object_behind_many_unclosed_braces_is_still_found() {
+    let text = format!("{}{{\"a\": 1}}", "{ ".repeat(100_000));
+    assert_eq!(extract_json(&text), Some(json!({"a": 1})));
+}
+
+/// Deep nesting that never parses (serde_json stops at 128 levels): each
+/// level was walked and parsed again.
+#[test]
+fn deep_unparsable_nesting_is_scanned_in_linear_time() {
+    let text = format!("{}{}", "[1,".repeat(100_000), "]".repeat(100_000));
+    assert_eq!(extract_json(&text), None);
 }

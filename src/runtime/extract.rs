@@ -1,6 +1,8 @@
 //! `extract_json`: pull JSON out of model text — raw JSON, fenced blocks, or
 //! objects/arrays embedded in prose. Several blocks become an array.
 
+use std::collections::HashMap;
+
 use serde_json::Value;
 
 /// Every JSON value found in `text`, or `None` when there is none.
@@ -40,52 +42,94 @@ pub fn extract_json(text: &str) -> Option<Value> {
     }
 }
 
+/// Work budget of the span scan, in bytes examined (brackets walked plus
+/// spans handed to the JSON parser) per byte of text. Prose with a few JSON
+/// blocks uses about 2; serde_json's nesting limit (128) keeps even deep
+/// spans that fail to parse near 130. Past the budget the scan stops with
+/// what it found: hostile text costs time linear in its length, never
+/// quadratic (1 MiB of `{` took over an hour before).
+const WORK_PER_BYTE: usize = 256;
+
 fn scan_balanced(text: &str) -> Vec<Value> {
     let bytes = text.as_bytes();
     let mut out = Vec::new();
+    let mut brackets = Brackets {
+        bytes,
+        closing: HashMap::new(),
+        budget: WORK_PER_BYTE.saturating_mul(bytes.len()),
+    };
     let mut i = 0;
-    while i < bytes.len() {
+    while i < bytes.len() && brackets.budget > 0 {
         if (bytes[i] == b'{' || bytes[i] == b'[')
-            && let Some(end) = matching_end(bytes, i)
-            && let Ok(v) = serde_json::from_str::<Value>(&text[i..=end])
+            && let Some(end) = brackets.closing(i)
         {
-            out.push(v);
-            i = end + 1;
-            continue;
+            brackets.budget = brackets.budget.saturating_sub(end + 1 - i);
+            if let Ok(v) = serde_json::from_str::<Value>(&text[i..=end]) {
+                out.push(v);
+                i = end + 1;
+                continue;
+            }
         }
         i += 1;
     }
     out
 }
 
-/// Index of the bracket closing the one at `start`, honouring strings.
-fn matching_end(bytes: &[u8], start: usize) -> Option<usize> {
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for (i, &b) in bytes.iter().enumerate().skip(start) {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
+/// Finds the bracket closing an opening one, honouring strings, and
+/// remembers every pair it walks past.
+struct Brackets<'t> {
+    bytes: &'t [u8],
+    /// Closing index (or none) of each opening bracket a walk has passed
+    /// outside a string. A walk outside a string at a bracket reads the
+    /// rest of the text exactly as a walk starting there would, so its
+    /// answer is that walk's: no bracket is walked from twice, and a run of
+    /// thousands of unclosed `{` costs one walk, not one each.
+    closing: HashMap<usize, Option<usize>>,
+    /// Work left, in bytes.
+    budget: usize,
+}
+
+impl Brackets<'_> {
+    /// Index of the bracket closing the one at `start`.
+    fn closing(&mut self, start: usize) -> Option<usize> {
+        if let Some(&known) = self.closing.get(&start) {
+            return known;
+        }
+        let mut open = Vec::new();
+        let mut in_string = false;
+        let mut escaped = false;
+        for (i, &b) in self.bytes.iter().enumerate().skip(start) {
+            if in_string {
+                match (escaped, b) {
+                    (true, _) => escaped = false,
+                    (false, b'\\') => escaped = true,
+                    (false, b'"') => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_string = true,
+                b'{' | b'[' => open.push(i),
+                b'}' | b']' => {
+                    // `start` is pushed first and the walk ends when it is
+                    // closed, so `open` is never empty here.
+                    let Some(opened) = open.pop() else { break };
+                    self.closing.insert(opened, Some(i));
+                    if open.is_empty() {
+                        self.budget = self.budget.saturating_sub(i + 1 - start);
+                        return Some(i);
+                    }
+                }
                 _ => {}
             }
-            continue;
         }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(i);
-                }
-            }
-            _ => {}
+        self.budget = self.budget.saturating_sub(self.bytes.len() - start);
+        for opened in open {
+            self.closing.insert(opened, None);
         }
+        None
     }
-    None
 }
 
 #[cfg(test)]
