@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use serde_json::json;
-use troupe::provider::openai::Assembly;
+use troupe::provider::openai::{Assembly, SseDecoder, SseError};
 use troupe::runtime::extract::extract_json;
 
 /// fuzz target `openai_reply`: a call at index `usize::MAX`, then calls
@@ -60,4 +60,44 @@ fn object_behind_many_unclosed_braces_is_still_found() {
 fn deep_unparsable_nesting_is_scanned_in_linear_time() {
     let text = format!("{}{}", "[1,".repeat(100_000), "]".repeat(100_000));
     assert_eq!(extract_json(&text), None);
+}
+
+/// Decodes `chunks` in turn; the events, or the first error.
+fn decode_sse(chunks: &[&[u8]]) -> Result<Vec<String>, SseError> {
+    let mut d = SseDecoder::new();
+    let mut events = Vec::new();
+    for chunk in chunks {
+        events.extend(d.push(chunk)?);
+    }
+    events.extend(d.finish()?);
+    Ok(events)
+}
+
+/// Split invariance (fuzz target `sse_decoder`) past the size limit: a
+/// line still open was counted together with the event's earlier data, so
+/// a 7 MiB comment after 7 MiB of data was refused only when the stream
+/// split inside the comment.
+#[test]
+fn long_comment_after_long_data_decodes_the_same_however_split() {
+    let mut stream = b"data: ".to_vec();
+    stream.extend(std::iter::repeat_n(b'x', 7 << 20));
+    stream.extend(b"\n: ");
+    stream.extend(std::iter::repeat_n(b'c', 7 << 20));
+    stream.extend(b"\n\n");
+    let whole = decode_sse(&[&stream]);
+    assert_eq!(whole.as_ref().map(Vec::len), Ok(1));
+    let (head, tail) = stream.split_at(stream.len() - 10);
+    assert_eq!(decode_sse(&[head, tail]), whole);
+}
+
+/// The other side of the same limit: a line over 8 MiB is refused whether
+/// it arrives in one chunk (it was accepted) or in pieces (it was refused).
+#[test]
+fn line_over_the_limit_is_refused_however_split() {
+    let mut stream = b": ".to_vec();
+    stream.extend(std::iter::repeat_n(b'c', 9 << 20));
+    stream.extend(b"\ndata: ok\n\n");
+    assert!(decode_sse(&[&stream]).is_err());
+    let (head, tail) = stream.split_at(1 << 20);
+    assert!(decode_sse(&[head, tail]).is_err());
 }
