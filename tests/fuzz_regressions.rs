@@ -4,8 +4,12 @@
 // Test code: a failed unwrap is a failed test with its location.
 #![allow(clippy::unwrap_used)]
 
+use std::path::Path;
+
 use serde_json::json;
+use troupe::definition::load_pipeline;
 use troupe::provider::openai::{Assembly, SseDecoder, SseError};
+use troupe::provider::script::{Reply, Script};
 use troupe::runtime::extract::extract_json;
 
 /// fuzz target `openai_reply`: a call at index `usize::MAX`, then calls
@@ -100,4 +104,33 @@ fn line_over_the_limit_is_refused_however_split() {
     assert!(decode_sse(&[&stream]).is_err());
     let (head, tail) = stream.split_at(1 << 20);
     assert!(decode_sse(&[head, tail]).is_err());
+}
+
+/// fuzz target `script_file`: the `$range` limit held per range only, so
+/// eight ranges of 10 000 000 in a 100-byte script.yaml took 2.4 GB when
+/// the turn was rendered. The limit now holds for a whole turn.
+#[test]
+fn ranges_of_one_turn_share_one_element_limit() {
+    let fanout = Path::new(env!("CARGO_MANIFEST_DIR")).join("stages/fanout");
+    let pipeline = load_pipeline(&fanout).unwrap();
+    // Two ranges one element over the limit together: refused before the
+    // second is built.
+    let text = "stages:\n  plan:\n    - complete: [{$range: 1}, {$range: 10000000}]\n";
+    let script = Script::parse_str(Path::new("script.yaml"), text, &pipeline).unwrap();
+    let turn = &script.for_execution("plan", None).unwrap().turns[0];
+    let Reply::Complete(value) = &turn.reply else {
+        panic!("a complete turn: {:?}", turn.reply)
+    };
+    let err = value.render(&|_| Ok(json!(0))).unwrap_err();
+    assert!(err.contains("in one turn"), "{err}");
+    // One range of the whole limit still renders.
+    let text = "stages:\n  plan:\n    - complete: {items: {$range: 3}, more: {$range: 2}}\n";
+    let script = Script::parse_str(Path::new("script.yaml"), text, &pipeline).unwrap();
+    let Reply::Complete(value) = &script.for_execution("plan", None).unwrap().turns[0].reply else {
+        panic!("a complete turn")
+    };
+    assert_eq!(
+        value.render(&|_| Ok(json!(0))).unwrap(),
+        json!({"items": [0, 1, 2], "more": [0, 1]})
+    );
 }
