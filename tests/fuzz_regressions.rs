@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use serde_json::json;
+use troupe::definition::expr::Expr;
 use troupe::definition::load_pipeline;
 use troupe::provider::openai::{Assembly, SseDecoder, SseError};
 use troupe::provider::script::{Reply, Script};
@@ -133,4 +134,23 @@ fn ranges_of_one_turn_share_one_element_limit() {
         value.render(&|_| Ok(json!(0))).unwrap(),
         json!({"items": [0, 1, 2], "more": [0, 1]})
     );
+}
+
+/// fuzz target `cel_expr`: the CEL parser recurses once per operator of a
+/// chain with no limit, so `1+1+…` (20 000 terms, 40 KB) or `ctx[0][0]…`
+/// overflowed the stack and aborted the process; nothing can catch that.
+/// Such expressions are now refused before CEL sees them.
+#[test]
+fn long_operator_chains_are_refused_not_a_stack_overflow() {
+    for source in [
+        format!("1{}", "+1".repeat(20_000)),
+        format!("ctx{}", "[0]".repeat(5_000)),
+        format!("ctx{}", ".a".repeat(20_000)),
+        format!("1{}", " in [1]".repeat(5_000)),
+    ] {
+        let err = Expr::compile(&source).unwrap_err();
+        assert!(err.starts_with("too long"), "{err}");
+    }
+    // Everyday expressions are far below the limit.
+    Expr::compile("size(parsed.items) == int(ctx.width) && ctx.upstream[0].parsed.ok").unwrap();
 }

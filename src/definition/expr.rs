@@ -95,6 +95,27 @@ impl serde::Serialize for Expr {
     }
 }
 
+/// Most operators, brackets and dots an expression may hold. The CEL parser
+/// and evaluator recurse once per operator of a chain (`1 + 1 + …`, `a[0][0]…`)
+/// with no limit of their own: a chain of 2 000 overflowed a 2 MiB thread
+/// stack, which aborts the process (catch_unwind cannot stop it). Nesting
+/// (`size(size(…))`) the parser already limits to 96 levels.
+const MAX_OPERATORS: usize = 256;
+
+/// Operator characters (each of `==`, `&&` counts twice) and `in`s, also
+/// inside string literals: an over-count, never an under-count.
+fn operator_count(source: &str) -> usize {
+    let symbols = source
+        .bytes()
+        .filter(|b| b"+-*/%<>=!&|?.[({".contains(b))
+        .count();
+    let ins = source
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|word| *word == "in")
+        .count();
+    symbols + ins
+}
+
 /// Why an expression failed to evaluate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{source_text}`: {message}")]
@@ -110,6 +131,12 @@ impl Expr {
     pub fn compile(source: &str) -> Result<Expr, String> {
         if source.trim().is_empty() {
             return Err("empty expression".to_owned());
+        }
+        let operators = operator_count(source);
+        if operators > MAX_OPERATORS {
+            return Err(format!(
+                "too long: {operators} operators, brackets and dots, at most {MAX_OPERATORS}"
+            ));
         }
         let compiled = catch_unwind(AssertUnwindSafe(|| cel::Program::compile(source)));
         match compiled {
