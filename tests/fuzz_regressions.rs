@@ -154,3 +154,24 @@ fn long_operator_chains_are_refused_not_a_stack_overflow() {
     // Everyday expressions are far below the limit.
     Expr::compile("size(parsed.items) == int(ctx.width) && ctx.upstream[0].parsed.ok").unwrap();
 }
+
+/// Slow input for fuzz target `cel_expr`: each macro nested in another's
+/// predicate multiplies the work by its list's length, and CEL cannot stop
+/// an evaluation. Twenty nested `[1, 2].map(…)` took 43 s and 500 MB.
+#[test]
+fn deeply_nested_macros_are_refused_before_evaluation() {
+    let nested = |n: usize| format!("{}x{}", "[1, 2].map(x, ".repeat(n), ")".repeat(n));
+    // Four levels, not twenty: a debug build's CEL parser needs more stack
+    // per level than a test thread's 2 MiB holds for twenty.
+    let err = Expr::compile(&nested(4)).unwrap_err();
+    assert!(err.contains("nest deeper than 3"), "{err}");
+    // Three levels, and macros one after another, are fine.
+    let ctx = json!({"a": [[[1]]]});
+    let three = Expr::compile("ctx.a.all(x, x.all(y, y.all(z, z == 1)))").unwrap();
+    assert_eq!(three.eval(&[("ctx", &ctx)]).unwrap(), json!(true));
+    let chained = "[1, 2].map(a, a).map(b, b).map(c, c).filter(d, d > 1).exists(e, e == 2)";
+    assert_eq!(
+        Expr::compile(chained).unwrap().eval(&[]).unwrap(),
+        json!(true)
+    );
+}
