@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::json;
 use troupe::definition::expr::Expr;
-use troupe::definition::load_pipeline;
+use troupe::definition::{load_pipeline, load_pipeline_text};
 use troupe::provider::openai::{Assembly, SseDecoder, SseError};
 use troupe::provider::script::{Reply, Script};
 use troupe::runtime::extract::extract_json;
@@ -173,5 +173,32 @@ fn deeply_nested_macros_are_refused_before_evaluation() {
     assert_eq!(
         Expr::compile(chained).unwrap().eval(&[]).unwrap(),
         json!(true)
+    );
+}
+
+/// Slow input for stage files: every bad placeholder's position was found
+/// by rescanning the body from its start, so a body of 200 000 `{{a}}`
+/// (1 MiB, one line) took quadratic time to validate.
+#[test]
+fn many_bad_placeholders_are_located_in_one_pass() {
+    let head = "---\nid: a\nname: A\nallowedTools: [Read]\ncompletionTool: submit_a\ncompletionSchema: {type: object}\nretryPolicy: {maxAttempts: 1, backoff: none}\nturnCap: 5\nresolutionPolicy: fail\n---\n";
+    let n = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("a.md"),
+        format!("{head}{}", "{{a}}".repeat(n)),
+    )
+    .unwrap();
+    let yaml = "id: demo\nentry: a\nstages:\n  a: a.md\n";
+    let diags = load_pipeline_text(dir.path(), &dir.path().join("pipeline.yaml"), yaml, &|t| {
+        t == "Read"
+    })
+    .unwrap_err()
+    .0;
+    assert_eq!(diags.len(), n);
+    let last = &diags[n - 1];
+    assert_eq!(
+        (last.line, last.column),
+        (Some(11), Some(5 * (n as u64 - 1) + 1))
     );
 }
