@@ -202,3 +202,23 @@ fn many_bad_placeholders_are_located_in_one_pass() {
         (Some(11), Some(5 * (n as u64 - 1) + 1))
     );
 }
+
+/// fuzz target `extract_json` (checked against the old scan): a work budget
+/// that stopped the scan early lost the `{}` near the end of this bracket
+/// soup. The scan now needs no budget and finds what the old one found.
+#[test]
+fn bracket_soup_yields_what_the_plain_scan_found() {
+    let text = include_str!("fixtures/fuzz/extract_json_bracket_soup.txt");
+    assert_eq!(extract_json(text), Some(json!({})));
+}
+
+/// Escaped quotes outside strings make walks from different brackets read
+/// the same text in different string states; one walk per bracket was
+/// quadratic again (a walk reads each position in each state once now).
+#[test]
+fn escaped_quote_soup_is_scanned_in_linear_time() {
+    let text = "[\"\\\"".repeat(1 << 18);
+    assert_eq!(extract_json(&text), None);
+    let closed = "[\"\\\"]".repeat(1 << 17);
+    assert_eq!(extract_json(&closed), None);
+}
