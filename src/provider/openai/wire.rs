@@ -175,6 +175,9 @@ pub struct Assembly {
     usage: Option<Usage>,
     finish_reason: Option<String>,
     saw_choice: bool,
+    /// Every index below this one holds a call (calls are never removed):
+    /// where the search for a free index resumes once `usize::MAX` is taken.
+    free_from: usize,
 }
 
 fn malformed(what: impl std::fmt::Display) -> ProviderError {
@@ -329,13 +332,20 @@ impl Assembly {
 
     /// An index after every call's, or the lowest free one when a server
     /// already used `usize::MAX` (adding one there overflowed, and wrapped
-    /// into call 0 in a release build, merging two calls).
-    fn fresh_index(&self) -> usize {
+    /// into call 0 in a release build, merging two calls). The search
+    /// resumes where the last one stopped, so many such calls stay linear.
+    fn fresh_index(&mut self) -> usize {
         match self.calls.keys().next_back() {
             None => 0,
-            Some(&last) => last
-                .checked_add(1)
-                .unwrap_or_else(|| (0..).find(|i| !self.calls.contains_key(i)).unwrap_or(last)),
+            Some(&last) => match last.checked_add(1) {
+                Some(next) => next,
+                None => {
+                    while self.calls.contains_key(&self.free_from) {
+                        self.free_from += 1;
+                    }
+                    self.free_from
+                }
+            },
         }
     }
 
