@@ -16,7 +16,7 @@ pub mod tool_catalog;
 pub mod tool_manifest;
 pub mod yaml;
 
-pub use loader::{load_pipeline, load_pipeline_with};
+pub use loader::{load_pipeline, load_pipeline_text, load_pipeline_with};
 pub use model::*;
 pub use tool_catalog::{ToolSpec, builtin_tools, is_builtin};
 pub use tool_manifest::stage_manifest;

@@ -4,6 +4,8 @@ use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use cel::common::ast::{EntryExpr, Expr as Ast, IdedEntryExpr, IdedExpr};
+
 /// A compiled CEL expression with its source text.
 #[derive(Clone)]
 pub struct Expr {
@@ -95,6 +97,61 @@ impl serde::Serialize for Expr {
     }
 }
 
+/// Most operators, brackets, dots and commas an expression may hold. The
+/// CEL parser and evaluator recurse once per operator of a chain (`1 + 1 +
+/// …`, `a[0][0]…`) with no limit of their own: a chain of 2 000 overflowed
+/// a 2 MiB thread stack, which aborts the process (catch_unwind cannot stop
+/// it). Nesting (`size(size(…))`) the parser already limits to 96 levels.
+const MAX_OPERATORS: usize = 256;
+
+/// Operator characters (each of `==`, `&&` counts twice), commas and `in`s,
+/// also inside string literals: an over-count, never an under-count.
+/// Commas count so that list literals, which macros iterate, stay short.
+fn operator_count(source: &str) -> usize {
+    let symbols = source
+        .bytes()
+        .filter(|b| b"+-*/%<>=!&|?.,[({".contains(b))
+        .count();
+    let ins = source
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|word| *word == "in")
+        .count();
+    symbols + ins
+}
+
+/// Deepest nesting of macros (`all`, `exists`, `exists_one`, `map`,
+/// `filter`) allowed. Each nested level multiplies the work by its list's
+/// length: ten `[1, 2].map(x, …)` inside each other built 2^10 lists, twenty
+/// took 43 s and 500 MB, and nothing in CEL stops an evaluation.
+const MAX_MACRO_NESTING: usize = 3;
+
+/// How deeply macros nest in `e`: a macro inside another's predicate or
+/// transform, not one that feeds another its list (`a.map(…).filter(…)`).
+/// The recursion is bounded by MAX_OPERATORS.
+fn macro_nesting(e: &IdedExpr) -> usize {
+    let most =
+        |items: &mut dyn Iterator<Item = &IdedExpr>| items.map(macro_nesting).max().unwrap_or(0);
+    match &e.expr {
+        Ast::Unspecified | Ast::Ident(_) | Ast::Literal(_) => 0,
+        Ast::Select(select) => macro_nesting(&select.operand),
+        Ast::Call(call) => most(&mut call.target.as_deref().into_iter().chain(&call.args)),
+        Ast::List(list) => most(&mut list.elements.iter()),
+        Ast::Map(map) => most(&mut map.entries.iter().flat_map(entry_exprs)),
+        Ast::Struct(structure) => most(&mut structure.entries.iter().flat_map(entry_exprs)),
+        Ast::Comprehension(c) => {
+            let body = most(&mut [&c.loop_cond, &c.loop_step, &c.result].into_iter());
+            (body + 1).max(most(&mut [&c.iter_range, &c.accu_init].into_iter()))
+        }
+    }
+}
+
+fn entry_exprs(entry: &IdedEntryExpr) -> Vec<&IdedExpr> {
+    match &entry.expr {
+        EntryExpr::StructField(field) => vec![&field.value],
+        EntryExpr::MapEntry(pair) => vec![&pair.key, &pair.value],
+    }
+}
+
 /// Why an expression failed to evaluate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{source_text}`: {message}")]
@@ -111,8 +168,19 @@ impl Expr {
         if source.trim().is_empty() {
             return Err("empty expression".to_owned());
         }
+        let operators = operator_count(source);
+        if operators > MAX_OPERATORS {
+            return Err(format!(
+                "too long: {operators} operators, brackets, dots and commas, at most {MAX_OPERATORS}"
+            ));
+        }
         let compiled = catch_unwind(AssertUnwindSafe(|| cel::Program::compile(source)));
         match compiled {
+            Ok(Ok(program)) if macro_nesting(program.expression()) > MAX_MACRO_NESTING => {
+                Err(format!(
+                    "macros (all, exists, map, filter) nest deeper than {MAX_MACRO_NESTING} levels"
+                ))
+            }
             Ok(Ok(program)) => Ok(Expr {
                 source: source.to_owned(),
                 program: Arc::new(program),

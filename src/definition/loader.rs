@@ -11,7 +11,7 @@ use super::fields::FieldReader;
 use super::model::{FORBIDDEN_CTX, Next, Pipeline, RESERVED_CTX, Stage, StageKind};
 use super::pipeline_file::{PipelineDoc, StageSource, read_pipeline};
 use super::stage_file::{ParsedStage, normalize_text, parse_stage_file};
-use super::template::{Template, line_col};
+use super::template::Template;
 use super::yaml;
 use crate::error::{Diagnostic, Diagnostics, Pos, ValidationCode};
 
@@ -32,11 +32,24 @@ pub fn load_pipeline_with(
     path: &Path,
     is_tool: &dyn Fn(&str) -> bool,
 ) -> Result<Pipeline, Diagnostics> {
-    let mut diags = Vec::new();
     let (dir, file) = locate(path).map_err(|d| Diagnostics(vec![*d]))?;
     let text = read_bounded(&file, ValidationCode::PipelineUnreadable)
         .map_err(|(code, message)| Diagnostics(vec![Diagnostic::new(code, message).file(&file)]))?;
-    let text = normalize_text(&text);
+    load_pipeline_text(&dir, &file, &text, is_tool)
+}
+
+/// Loads a pipeline from the text of its pipeline.yaml (`file` names it in
+/// diagnostics); stage files are read from `dir`. The file-based loaders
+/// end here; fuzzing and tests call it with text that is not on disk.
+pub fn load_pipeline_text(
+    dir: &Path,
+    file: &Path,
+    text: &str,
+    is_tool: &dyn Fn(&str) -> bool,
+) -> Result<Pipeline, Diagnostics> {
+    let mut diags = Vec::new();
+    let (dir, file) = (dir.to_owned(), file.to_owned());
+    let text = normalize_text(text);
     let root = yaml::parse(&text).map_err(|e| {
         Diagnostics(vec![
             Diagnostic::new(
@@ -327,11 +340,12 @@ fn cross_check(doc: &PipelineDoc, stages: &[Stage], file: &Path, diags: &mut Vec
         match &stage.kind {
             StageKind::Llm(def) => {
                 let body = def.body.source();
-                let locate = |offset: usize| {
-                    let (line, column) = line_col(body, offset);
+                let mut cursor = LineCursor::new(body);
+                let mut locate = |offset: usize| {
+                    let (line, column) = cursor.at(offset);
                     Pos::new(line + def.body_line - 1, column)
                 };
-                check_placeholders(&def.body, doc, map_target, &def.file, &locate, diags);
+                check_placeholders(&def.body, doc, map_target, &def.file, &mut locate, diags);
             }
             StageKind::Print { content } => {
                 let pos = doc
@@ -339,7 +353,7 @@ fn cross_check(doc: &PipelineDoc, stages: &[Stage], file: &Path, diags: &mut Vec
                     .iter()
                     .find(|(id, _)| id == &stage.id)
                     .map_or(Pos::default(), |(_, p)| *p);
-                check_placeholders(content, doc, map_target, file, &|_| pos, diags);
+                check_placeholders(content, doc, map_target, file, &mut |_| pos, diags);
             }
             _ => {}
         }
@@ -351,14 +365,15 @@ fn check_placeholders(
     doc: &PipelineDoc,
     map_target: bool,
     file: &Path,
-    locate: &dyn Fn(usize) -> Pos,
+    locate: &mut dyn FnMut(usize) -> Pos,
     diags: &mut Vec<Diagnostic>,
 ) {
     for ph in template.placeholders() {
+        let at = locate(ph.offset);
         let report = |code: ValidationCode, message: String, hint: &str| {
             Diagnostic::new(code, message)
                 .file(file)
-                .at(locate(ph.offset))
+                .at(at)
                 .field("body")
                 .hint(hint)
         };
@@ -393,5 +408,69 @@ fn check_placeholders(
                 "templates may read only ctx.* and stage.*; environment values never reach a prompt",
             )),
         }
+    }
+}
+
+/// Line and column (1-based, columns in characters) of increasing byte
+/// offsets in one text, found in one pass: `line_col` per placeholder
+/// rescanned the text from its start, so a 1 MiB body of placeholders took
+/// quadratic time to validate.
+struct LineCursor<'t> {
+    text: &'t str,
+    offset: usize,
+    line: u64,
+    column: u64,
+}
+
+impl<'t> LineCursor<'t> {
+    fn new(text: &'t str) -> Self {
+        Self {
+            text,
+            offset: 0,
+            line: 1,
+            column: 1,
+        }
+    }
+
+    /// The position of `offset` (clamped to the text, rounded down to a
+    /// character boundary); an offset behind the last one restarts the walk.
+    fn at(&mut self, offset: usize) -> (u64, u64) {
+        let mut offset = offset.min(self.text.len());
+        while !self.text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        if offset < self.offset {
+            *self = Self::new(self.text);
+        }
+        for c in self.text[self.offset..offset].chars() {
+            if c == '\n' {
+                self.line += 1;
+                self.column = 1;
+            } else {
+                self.column += 1;
+            }
+        }
+        self.offset = offset;
+        (self.line, self.column)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::definition::template::line_col;
+
+    #[test]
+    fn line_cursor_agrees_with_line_col() {
+        let text = "ab\ncdé{{x}}\n\n😀 {{y}}\nlast";
+        let boundaries: Vec<usize> = (0..=text.len())
+            .filter(|i| text.is_char_boundary(*i))
+            .collect();
+        let mut cursor = LineCursor::new(text);
+        for &offset in &boundaries {
+            assert_eq!(cursor.at(offset), line_col(text, offset), "{offset}");
+        }
+        // Going back restarts the walk.
+        assert_eq!(cursor.at(4), line_col(text, 4));
     }
 }

@@ -4,8 +4,8 @@
 //! anywhere. Comments (`: ping`) and other fields (`event:`, `id:`) are
 //! ignored: the OpenAI stream carries everything in `data`.
 
-/// A single event larger than this is refused (a server streaming garbage
-/// without line breaks must not exhaust memory).
+/// A line, or an event's data, larger than this is refused (a server
+/// streaming garbage without line breaks must not exhaust memory).
 pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 
 /// Incremental SSE decoder.
@@ -49,6 +49,9 @@ impl SseDecoder {
                     continue;
                 }
             };
+            if i - start > MAX_EVENT_BYTES {
+                return Err(too_large());
+            }
             let line = String::from_utf8_lossy(&self.pending[start..i]).into_owned();
             self.line(&line, &mut events)?;
             start = end;
@@ -56,11 +59,12 @@ impl SseDecoder {
         }
         self.pending.drain(..start);
         self.scanned = i - start;
-        if self.pending.len() + self.data_bytes > MAX_EVENT_BYTES {
-            return Err(SseError(format!(
-                "an event of the stream exceeds {} MiB",
-                MAX_EVENT_BYTES / (1024 * 1024)
-            )));
+        // The same limits whether a line arrives whole or in pieces: a line
+        // still open is refused once it is longer than a whole one may be
+        // (counting other lines' data here refused a long comment followed
+        // by data only when the stream happened to split inside it).
+        if self.scanned > MAX_EVENT_BYTES {
+            return Err(too_large());
         }
         Ok(events)
     }
@@ -98,15 +102,20 @@ impl SseDecoder {
         if field == "data" {
             self.data_bytes += value.len();
             if self.data_bytes > MAX_EVENT_BYTES {
-                return Err(SseError(format!(
-                    "an event of the stream exceeds {} MiB",
-                    MAX_EVENT_BYTES / (1024 * 1024)
-                )));
+                return Err(too_large());
             }
             self.data.push(value.to_owned());
         }
         Ok(())
     }
+}
+
+/// A line, or an event's data, over `MAX_EVENT_BYTES`.
+fn too_large() -> SseError {
+    SseError(format!(
+        "an event of the stream exceeds {} MiB",
+        MAX_EVENT_BYTES / (1024 * 1024)
+    ))
 }
 
 #[cfg(test)]

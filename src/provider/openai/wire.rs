@@ -175,6 +175,9 @@ pub struct Assembly {
     usage: Option<Usage>,
     finish_reason: Option<String>,
     saw_choice: bool,
+    /// Every index below this one holds a call (calls are never removed):
+    /// where the search for a free index resumes once `usize::MAX` is taken.
+    free_from: usize,
 }
 
 fn malformed(what: impl std::fmt::Display) -> ProviderError {
@@ -304,7 +307,7 @@ impl Assembly {
                 (Some(id), Some(existing))
                     if !id.is_empty() && !existing.id.is_empty() && existing.id != *id =>
                 {
-                    self.calls.keys().next_back().map_or(0, |k| k + 1)
+                    self.fresh_index()
                 }
                 _ => position,
             },
@@ -324,6 +327,25 @@ impl Assembly {
             if let Some(args) = &f.arguments {
                 partial.arguments.push_str(&arguments_text(args));
             }
+        }
+    }
+
+    /// An index after every call's, or the lowest free one when a server
+    /// already used `usize::MAX` (adding one there overflowed, and wrapped
+    /// into call 0 in a release build, merging two calls). The search
+    /// resumes where the last one stopped, so many such calls stay linear.
+    fn fresh_index(&mut self) -> usize {
+        match self.calls.keys().next_back() {
+            None => 0,
+            Some(&last) => match last.checked_add(1) {
+                Some(next) => next,
+                None => {
+                    while self.calls.contains_key(&self.free_from) {
+                        self.free_from += 1;
+                    }
+                    self.free_from
+                }
+            },
         }
     }
 

@@ -1,0 +1,328 @@
+//! Properties over the fuzzed surfaces (fuzz/), small enough for CI: SSE
+//! decoding ignores how the bytes are split, extract_json finds embedded
+//! JSON and agrees with the plain scan, and no template, CEL, answers,
+//! script, reply or pipeline text panics its parser.
+
+// Test code: a failed unwrap is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
+#[path = "common/extract_reference.rs"]
+mod extract_reference;
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use troupe::definition::expr::Expr;
+use troupe::definition::template::{Template, lookup};
+use troupe::definition::{Pipeline, load_pipeline, load_pipeline_text};
+use troupe::provider::openai::{Assembly, SseDecoder, SseError};
+use troupe::provider::script::Script;
+use troupe::runtime::extract::extract_json;
+use troupe::runtime::interaction::AnswerRules;
+
+fn bundled(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("stages")
+        .join(name)
+}
+
+/// Decodes `chunks` in turn; the events, or the first error.
+fn decode<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> Result<Vec<String>, SseError> {
+    let mut d = SseDecoder::new();
+    let mut events = Vec::new();
+    for chunk in chunks {
+        events.extend(d.push(chunk)?);
+    }
+    events.extend(d.finish()?);
+    Ok(events)
+}
+
+/// `bytes` cut at the given fractions of its length.
+fn split_at_cuts<'a>(bytes: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let mut at: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+    at.sort_unstable();
+    let mut pieces = Vec::new();
+    let mut from = 0;
+    for cut in at {
+        pieces.push(&bytes[from..cut]);
+        from = cut;
+    }
+    pieces.push(&bytes[from..]);
+    pieces
+}
+
+/// One SSE line: data (with multi-byte characters), a comment, another
+/// field, or a blank line ending an event; ended by LF, CRLF or CR.
+fn sse_line() -> impl Strategy<Value = String> {
+    let body = prop_oneof![
+        "[a-z{}\":, é€😀\\[\\]]{0,12}".prop_map(|v| format!("data: {v}")),
+        "[a-z]{0,6}".prop_map(|v| format!("data:{v}")),
+        Just("data: [DONE]".to_owned()),
+        "[a-z ]{0,8}".prop_map(|c| format!(": {c}")),
+        "(event|id|retry): [a-z0-9]{0,4}",
+        Just(String::new()),
+    ];
+    (body, prop_oneof![Just("\n"), Just("\r\n"), Just("\r")]).prop_map(|(b, end)| b + end)
+}
+
+/// Text with none of the characters that start or fence JSON.
+fn prose() -> impl Strategy<Value = String> {
+    "[a-zA-Z0-9 .,:;!?'\"\\n-]{0,40}"
+}
+
+/// A JSON value of modest size.
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i32>().prop_map(Value::from),
+        "[a-z{}\\[\\]\" \\\\]{0,8}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            proptest::collection::btree_map("[a-z]{1,4}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn json_object() -> impl Strategy<Value = Value> {
+    proptest::collection::btree_map("[a-z]{1,4}", json_value(), 0..4)
+        .prop_map(|m| Value::Object(m.into_iter().collect()))
+}
+
+/// CEL pieces that splice into odd but plausible expressions.
+const CEL_FRAGMENTS: [&str; 24] = [
+    "ctx",
+    ".upstream",
+    "[0]",
+    ".parsed",
+    ".items",
+    "size(",
+    ")",
+    " == ",
+    " && ",
+    " || ",
+    "!",
+    "\"a\"",
+    "1",
+    "2.5",
+    "[",
+    "]",
+    "{",
+    "}",
+    ".map(x, x",
+    ".filter(",
+    " in ",
+    "? ",
+    ": ",
+    "int(",
+];
+
+/// Answers-file pieces.
+const ANSWER_FRAGMENTS: [&str; 12] = [
+    "answers:\n",
+    "  - ",
+    "{ ",
+    " }",
+    "answer: ",
+    "approve",
+    "deny",
+    "none",
+    "tool: ",
+    "delay: ",
+    "20ms",
+    "stage: ",
+];
+
+fn pipelines() -> &'static [Pipeline] {
+    static PIPELINES: OnceLock<Vec<Pipeline>> = OnceLock::new();
+    PIPELINES.get_or_init(|| {
+        ["code-review", "fanout", "triage"]
+            .iter()
+            .map(|p| load_pipeline(&bundled(p)).unwrap())
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sse_events_do_not_depend_on_how_the_bytes_are_split(
+        lines in proptest::collection::vec(sse_line(), 0..16),
+        cuts in proptest::collection::vec(any::<usize>(), 0..12),
+    ) {
+        let stream = lines.concat();
+        let bytes = stream.as_bytes();
+        prop_assert_eq!(decode([bytes]), decode(split_at_cuts(bytes, &cuts)));
+    }
+
+    #[test]
+    fn sse_split_invariance_holds_for_arbitrary_bytes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..512),
+        cuts in proptest::collection::vec(any::<usize>(), 0..12),
+    ) {
+        prop_assert_eq!(decode([bytes.as_slice()]), decode(split_at_cuts(&bytes, &cuts)));
+    }
+
+    #[test]
+    fn extract_json_agrees_with_the_plain_scan(text in "[a-z{}\\[\\]\":,` \\\\\\n0-9]{0,200}") {
+        prop_assert_eq!(extract_json(&text), extract_reference::extract_json(&text));
+    }
+
+    #[test]
+    fn extract_json_finds_an_object_embedded_in_prose(
+        before in prose(), object in json_object(), after in prose(), pretty in any::<bool>(),
+    ) {
+        let json = if pretty {
+            serde_json::to_string_pretty(&object).unwrap()
+        } else {
+            serde_json::to_string(&object).unwrap()
+        };
+        let text = format!("{before}{json}{after}");
+        prop_assert_eq!(extract_json(&text), Some(object));
+    }
+
+    #[test]
+    fn extract_json_finds_a_fenced_value(before in prose(), value in json_value(), after in prose()) {
+        let text = format!("{before}\n```json\n{value}\n```\n{after}");
+        prop_assert_eq!(extract_json(&text), Some(value));
+    }
+
+    #[test]
+    fn template_parse_and_render_never_panic(text in "[a-z.{}\\[\\]0-9 _-]{0,60}|\\PC{0,60}") {
+        if let Ok(t) = Template::parse(&text) {
+            let scope = json!({"ctx": {"a": [1, {"b": "x"}]}, "stage": {"id": "s"}});
+            let _ = t.render(&scope);
+            let _ = t.render_value(|p| lookup(&scope, p).cloned());
+        }
+    }
+
+    #[test]
+    fn templates_render_text_and_values_in_order(
+        parts in proptest::collection::vec(("[a-z }]{0,6}", 0usize..3), 0..6),
+    ) {
+        let scope = json!({"ctx": {"s": "str", "n": 7, "o": {"k": [1]}}});
+        let names = ["s", "n", "o"];
+        let rendered = ["str", "7", "{\"k\":[1]}"];
+        let source: String = parts.iter().map(|(t, i)| format!("{t}{{{{ctx.{}}}}}", names[*i])).collect();
+        let expected: String = parts.iter().map(|(t, i)| format!("{t}{}", rendered[*i])).collect();
+        prop_assert_eq!(Template::parse(&source).unwrap().render(&scope).unwrap(), expected);
+    }
+
+    #[test]
+    fn cel_compile_and_eval_never_panic_on_arbitrary_text(source in "\\PC{0,40}") {
+        eval_cel(&source);
+    }
+
+    #[test]
+    fn cel_compile_and_eval_never_panic_on_spliced_fragments(
+        picks in proptest::collection::vec(0usize..CEL_FRAGMENTS.len(), 1..12),
+    ) {
+        let source: String = picks.iter().map(|i| CEL_FRAGMENTS[*i]).collect();
+        eval_cel(&source);
+    }
+
+    #[test]
+    fn tool_call_arguments_reassemble_from_any_fragments(
+        arguments in "\\PC{0,40}",
+        cuts in proptest::collection::vec(any::<usize>(), 0..6),
+    ) {
+        let mut at: Vec<usize> = cuts.iter().map(|c| c % (arguments.len() + 1)).collect();
+        at.retain(|c| arguments.is_char_boundary(*c));
+        at.sort_unstable();
+        let mut a = Assembly::new();
+        let first = json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "c1", "type": "function", "function": {"name": "Echo", "arguments": ""}}
+        ]}}]});
+        a.apply_chunk(&first.to_string(), None).unwrap();
+        let mut from = 0;
+        for cut in at.into_iter().chain([arguments.len()]) {
+            let chunk = json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": &arguments[from..cut]}}
+            ]}}]});
+            a.apply_chunk(&chunk.to_string(), None).unwrap();
+            from = cut;
+        }
+        let calls = a.into_response().unwrap().tool_calls;
+        prop_assert_eq!(calls.len(), 1);
+        let expected = if arguments.trim().is_empty() { "{}" } else { arguments.as_str() };
+        prop_assert_eq!(calls[0].arguments.as_str(), expected);
+    }
+
+    #[test]
+    fn reply_assembly_never_panics(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = Assembly::from_completion(&body).and_then(Assembly::into_response);
+        let mut a = Assembly::new();
+        for line in String::from_utf8_lossy(&body).lines() {
+            if a.apply_chunk(line, None).is_err() {
+                break;
+            }
+        }
+        let _ = a.into_response();
+    }
+
+    #[test]
+    fn answers_parsing_never_panics(
+        picks in proptest::collection::vec((0usize..ANSWER_FRAGMENTS.len(), "[a-z \\n:{}-]{0,4}"), 0..16),
+        noise in "\\PC{0,40}",
+    ) {
+        let text: String = picks.iter().map(|(i, f)| format!("{}{f}", ANSWER_FRAGMENTS[*i])).collect();
+        let _ = AnswerRules::parse("a.yaml", &text);
+        let _ = AnswerRules::parse("a.yaml", &noise);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn script_parsing_never_panics_on_mutated_scripts(
+        which in 0usize..3, cut in any::<usize>(), insert in "[\\PC\\n]{0,8}",
+    ) {
+        let names = ["code-review", "fanout", "triage"];
+        let good = std::fs::read_to_string(bundled(names[which]).join("script.yaml")).unwrap();
+        let text = splice(&good, cut, &insert);
+        for pipeline in pipelines() {
+            let _ = Script::parse_str(Path::new("script.yaml"), &text, pipeline);
+        }
+    }
+
+    #[test]
+    fn pipeline_text_never_panics_the_loader(
+        which in 0usize..3, cut in any::<usize>(), insert in "[\\PC\\n]{0,8}",
+    ) {
+        let names = ["code-review", "fanout", "triage"];
+        let dir = bundled(names[which]);
+        let good = std::fs::read_to_string(dir.join("pipeline.yaml")).unwrap();
+        let text = splice(&good, cut, &insert);
+        let file = dir.join("pipeline.yaml");
+        match load_pipeline_text(&dir, &file, &text, &troupe::definition::is_builtin) {
+            Ok(p) => prop_assert!(p.stage(&p.entry).is_some()),
+            Err(d) => prop_assert!(!d.0.is_empty()),
+        }
+    }
+}
+
+/// `text` with `insert` at a char boundary near `cut`.
+fn splice(text: &str, cut: usize, insert: &str) -> String {
+    let cut = cut % (text.len() + 1);
+    let cut = (0..=cut)
+        .rev()
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0);
+    format!("{}{insert}{}", &text[..cut], &text[cut..])
+}
+
+fn eval_cel(source: &str) {
+    if let Ok(e) = Expr::compile(source) {
+        let ctx = json!({"upstream": [{"parsed": {"items": [1, 2], "v": "a"}}], "index": 0});
+        let parsed = json!({"steps": ["a"]});
+        let _ = e.variables();
+        let _ = e.eval(&[("ctx", &ctx), ("parsed", &parsed)]);
+    }
+}
