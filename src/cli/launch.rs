@@ -293,7 +293,9 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         }
         let bus = spec.bus.clone();
         let (session, done) = start_run(spec, sinks);
-        let _interrupts = Interrupts::watch(watched, move || session.do_send(ToSession::Cancel));
+        let _interrupts = Interrupts::watch(watched, "cancelling the run", move || {
+            session.do_send(ToSession::Cancel)
+        });
         let ended = match done.await {
             Ok(report) => LaunchOutcome::Report(Box::new(report), bus.last_seq()),
             Err(_) => LaunchOutcome::Aborted("the run ended without a report".to_owned()),

@@ -77,8 +77,13 @@ impl Interrupts {
     /// Returns once the handlers are installed: from then on none of the
     /// three signals is lost to its default action (which would end the
     /// process without the audit log's end). The first signal is recorded
-    /// in `first`, then `on_first` runs.
-    pub fn watch(first: FirstSignal, on_first: impl FnOnce() + Send + 'static) -> Interrupts {
+    /// in `first`, a notice says what it does (`doing`, e.g. "cancelling
+    /// the run"), then `on_first` runs.
+    pub fn watch(
+        first: FirstSignal,
+        doing: &'static str,
+        on_first: impl FnOnce() + Send + 'static,
+    ) -> Interrupts {
         use tokio::signal::unix::{SignalKind, signal};
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready) = std::sync::mpsc::channel::<bool>();
@@ -120,7 +125,7 @@ impl Interrupts {
                                     _ => "a second signal",
                                 };
                                 notice(&format!(
-                                    "{}: cancelling the run ({again} to exit at once)",
+                                    "{}: {doing} ({again} to exit at once)",
                                     signal.name()
                                 ));
                                 cancel();

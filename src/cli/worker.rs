@@ -165,10 +165,13 @@ pub fn run(args: WorkerArgs) -> Exit {
             .await
             .map_err(|e| format!("{}: {e}", e.code()))?;
         eprintln!("worker {name}: serving at {url}; Ctrl-C stops taking tasks");
-        let _interrupts = Interrupts::watch(first.clone(), move || {
-            eprintln!("worker: draining (the siblings in flight finish; Ctrl-C again exits now)");
-            let _ = drain_tx.send(true);
-        });
+        let _interrupts = Interrupts::watch(
+            first.clone(),
+            "draining: no new task, the siblings in flight finish",
+            move || {
+                let _ = drain_tx.send(true);
+            },
+        );
         serve(nats, config, drain)
             .await
             .map_err(|e| format!("{}: {e}", e.code()))
