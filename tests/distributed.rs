@@ -623,6 +623,23 @@ fn three_workers_give_the_results_one_process_gives_under_the_cap() {
         (0..24).collect::<Vec<_>>(),
         "each sibling ran once"
     );
+
+    // SIGTERM drains a worker: with nothing in flight it exits at once,
+    // saying what it ran; together they ran every sibling.
+    let mut finished = 0;
+    for mut worker in workers {
+        worker.process.signal(nix::sys::signal::Signal::SIGTERM);
+        assert!(worker.process.wait().success(), "{}", worker.name);
+        let line = worker
+            .stderr
+            .find(|l| l.contains("siblings finished"), "its summary");
+        finished += line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+    }
+    assert_eq!(finished, 24);
 }
 
 #[test]

@@ -428,6 +428,7 @@ async fn remote_siblings(
     nats.tasks().await?;
     nats.reports().await?;
     nats.cancelled().await?;
+    nats.groups().await?;
     let digest = pipeline_digest(pipeline).map_err(|message| crate::distributed::NatsError {
         code: "PipelineUnreadable",
         message,

@@ -32,7 +32,8 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use async_nats::HeaderMap;
-use futures::StreamExt;
+use futures::future::{LocalBoxFuture, Shared};
+use futures::{FutureExt, StreamExt};
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -40,8 +41,8 @@ use troupe_actors::EventBus;
 
 use super::nats::{Nats, publish_acked};
 use super::wire::{
-    CANCELLED_BUCKET, Cancel, Report, Task, cancel_subject, cancelled_key, report_subject,
-    task_subject,
+    CANCELLED_BUCKET, Cancel, GROUPS_BUCKET, GroupContext, Report, Task, cancel_subject,
+    cancelled_key, group_key, report_subject, task_subject,
 };
 use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
 use crate::runtime::events::{Event, EventName};
@@ -161,14 +162,30 @@ struct Unit {
     done: bool,
 }
 
-#[derive(Debug, Default)]
+/// Resolves once the group's context is in the bucket (every task of the
+/// group waits for it before it is queued).
+type ContextReady = Shared<LocalBoxFuture<'static, Result<(), String>>>;
+
+#[derive(Default)]
 struct Group {
     units: HashMap<usize, Unit>,
+    /// The group's [`GroupContext`] being put, made with the group.
+    context: Option<ContextReady>,
     /// The group's scope: cancelled by the scheduler the moment it
     /// decides, before this loop hears of it.
     scope: Option<CancelScope>,
     cancelled: bool,
     barrier: bool,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("units", &self.units.len())
+            .field("cancelled", &self.is_cancelled())
+            .field("barrier", &self.barrier)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Group {
@@ -318,6 +335,24 @@ impl Coordinator {
                 ..Unit::default()
             },
         );
+        if new_group {
+            let context = GroupContext {
+                fields: Arc::clone(&self.spec.fields),
+                slot: Arc::clone(&spawn.ctx.results),
+            };
+            let js = self.spec.nats.js.clone();
+            let subject = format!("$KV.{GROUPS_BUCKET}.{}", group_key(&self.spec.run_id, turn));
+            let stop = group.as_ref().map(|g| g.token().clone());
+            let put = async move {
+                let body = serde_json::to_vec(&context)
+                    .map_err(|e| format!("the group's context cannot be encoded: {e}"))?;
+                publish_acked(&js, subject, HeaderMap::new(), body.into(), stop.as_ref())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("the group's context could not be stored: {e}"))
+            };
+            g.context = Some(put.boxed_local().shared());
+        }
         if new_group && let Some(group) = group {
             g.scope = Some(group.clone());
             let tx = self.tx.clone();
@@ -340,8 +375,6 @@ impl Coordinator {
             item: spawn.ctx.item.clone(),
             pipeline_id: self.spec.pipeline_id.clone(),
             digest: self.spec.digest.clone(),
-            fields: (*self.spec.fields).clone(),
-            slot: (*spawn.ctx.results).clone(),
         };
         let (reply, granted) = tokio::sync::oneshot::channel();
         self.scheduler.do_send(ToScheduler::StartRequest {
@@ -406,10 +439,18 @@ impl Coordinator {
             .get(&task.turn)
             .and_then(|g| g.scope.as_ref())
             .map(|scope| scope.token().clone());
+        let context = self.groups.get(&task.turn).and_then(|g| g.context.clone());
         let tx = self.tx.clone();
         let (turn, unit) = (task.turn, task.unit);
         actix::spawn(async move {
-            let outcome = publish_acked(&js, subject, headers, body.into(), stop.as_ref()).await;
+            let ready = match context {
+                Some(ready) => ready.await,
+                None => Err("the group has no context".to_owned()),
+            };
+            let outcome = match ready {
+                Ok(()) => publish_acked(&js, subject, headers, body.into(), stop.as_ref()).await,
+                Err(e) => Err(e),
+            };
             let _ = tx.send(Cmd::Queued {
                 exec,
                 turn,

@@ -13,8 +13,8 @@ use async_nats::jetstream::{self, consumer, kv, stream};
 use tokio_util::sync::CancellationToken;
 
 use super::wire::{
-    CANCELLED_BUCKET, REPORTS_STREAM, TASKS_STREAM, WORKERS_CONSUMER, coordinator_consumer,
-    report_subject,
+    CANCELLED_BUCKET, GROUPS_BUCKET, REPORTS_STREAM, TASKS_STREAM, WORKERS_CONSUMER,
+    coordinator_consumer, report_subject,
 };
 use crate::error::{Code, ErrorClass, HasCode};
 
@@ -293,22 +293,47 @@ impl Nats {
 
     /// The bucket of cancelled groups (created when absent).
     pub async fn cancelled(&self) -> Result<kv::Store, NatsError> {
-        if let Ok(store) = self.js.get_key_value(CANCELLED_BUCKET).await {
+        self.bucket(
+            CANCELLED_BUCKET,
+            "the cancelled-groups bucket",
+            "troupe: cancelled groups, read before a task starts",
+        )
+        .await
+    }
+
+    /// The bucket of group contexts (created when absent): what every
+    /// sibling of a group shares, put once per group instead of into each
+    /// task.
+    pub async fn groups(&self) -> Result<kv::Store, NatsError> {
+        self.bucket(
+            GROUPS_BUCKET,
+            "the group-context bucket",
+            "troupe: each fan-out group's ctx fields and state slot, read by workers",
+        )
+        .await
+    }
+
+    async fn bucket(
+        &self,
+        name: &str,
+        what: &str,
+        description: &str,
+    ) -> Result<kv::Store, NatsError> {
+        if let Ok(store) = self.js.get_key_value(name).await {
             // A key-value bucket is the stream KV_<bucket>.
             let stream = self
                 .js
-                .get_stream(format!("KV_{CANCELLED_BUCKET}"))
+                .get_stream(format!("KV_{name}"))
                 .await
-                .map_err(|e| js_error("the cancelled-groups bucket", e))?;
-            self.at_least_our_replicas(stream, "the cancelled-groups bucket")
-                .await?;
+                .map_err(|e| js_error(what, e))?;
+            self.at_least_our_replicas(stream, what).await?;
             return Ok(store);
         }
         match self
             .js
             .create_key_value(kv::Config {
-                bucket: CANCELLED_BUCKET.to_owned(),
-                description: "troupe: cancelled groups, read before a task starts".to_owned(),
+                bucket: name.to_owned(),
+                description: description.to_owned(),
                 max_age: Duration::from_secs(7 * 24 * 3600),
                 num_replicas: self.replicas,
                 ..Default::default()
@@ -319,9 +344,9 @@ impl Nats {
             // Another process made it first.
             Err(e) => self
                 .js
-                .get_key_value(CANCELLED_BUCKET)
+                .get_key_value(name)
                 .await
-                .map_err(|_| js_error("the cancelled-groups bucket", e)),
+                .map_err(|_| js_error(what, e)),
         }
     }
 }

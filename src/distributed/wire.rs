@@ -23,6 +23,9 @@ pub const REPORTS_STREAM: &str = "TROUPE_REPORTS";
 /// Key-value bucket of cancelled groups, read by a worker before it starts
 /// a task it was delivered.
 pub const CANCELLED_BUCKET: &str = "TROUPE_CANCELLED";
+/// The key-value bucket of group contexts ([`GroupContext`]), one key
+/// per group.
+pub const GROUPS_BUCKET: &str = "TROUPE_GROUPS";
 
 /// `troupe.task.<run>.<turn>`: a group's tasks (purged by this subject
 /// when the group is cancelled).
@@ -57,6 +60,11 @@ pub const CANCEL_ALL: &str = "troupe.cancel.>";
 
 /// The cancelled-group key of `CANCELLED_BUCKET`.
 pub fn cancelled_key(run_id: &str, turn: u64) -> String {
+    group_key(run_id, turn)
+}
+
+/// `<run>.<turn>`: a group's key in [`GROUPS_BUCKET`].
+pub fn group_key(run_id: &str, turn: u64) -> String {
     format!("{run_id}.{turn}")
 }
 
@@ -77,10 +85,18 @@ pub struct Task {
     /// worker whose copy differs refuses the task.
     pub pipeline_id: String,
     pub digest: String,
+}
+
+/// What every sibling of a group shares, put once in [`GROUPS_BUCKET`]
+/// before the group's first task: a fan-out over a long list would
+/// otherwise carry the list (in the planning stage's result) in every
+/// task, and workers would spend their time decoding it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupContext {
     /// The run's ctx fields.
-    pub fields: Map<String, Value>,
+    pub fields: Arc<Map<String, Value>>,
     /// The state slot as the group saw it when it started.
-    pub slot: BTreeMap<String, Arc<StageResult>>,
+    pub slot: Arc<BTreeMap<String, Arc<StageResult>>>,
 }
 
 /// What a worker (or the coordinator) reports on a run's report subject.

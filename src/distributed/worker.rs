@@ -21,12 +21,15 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use async_nats::Subject;
 use futures::StreamExt;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::sync::{Semaphore, watch};
 use troupe_actors::{Delivery, EventBus};
 
 use super::nats::{Nats, NatsError, publish_acked};
-use super::wire::{CANCEL_ALL, Cancel, Report, Task, cancelled_key, report_subject};
+use super::wire::{
+    CANCEL_ALL, Cancel, GROUPS_BUCKET, GroupContext, Report, Task, cancelled_key, group_key,
+    report_subject,
+};
 use crate::definition::{Pipeline, StageKind};
 use crate::provider::Provider;
 use crate::runtime::cancel::CancelScope;
@@ -116,7 +119,11 @@ pub async fn serve(
     mut drain: watch::Receiver<bool>,
 ) -> Result<WorkerSummary, NatsError> {
     let consumer = nats.workers_consumer().await?;
-    let cancelled = nats.cancelled().await?;
+    let buckets = Arc::new(Buckets {
+        cancelled: nats.cancelled().await?,
+        groups: nats.groups().await?,
+        contexts: Mutex::default(),
+    });
     nats.reports().await?;
     let bus: EventBus<Event> = EventBus::new();
     let collected = Arc::new(Collected::default());
@@ -198,6 +205,7 @@ pub async fn serve(
     }
 
     // Take tasks while there is room and no drain.
+    let mut accepting = tokio::task::JoinSet::new();
     loop {
         if *drain.borrow() {
             break;
@@ -246,13 +254,29 @@ pub async fn serve(
             };
             let offer = Offer {
                 task,
+                context: None,
                 reply,
                 delivered,
                 permit: Some(permit),
             };
-            accept(&nats, &config, &cancelled, &host, offer).await;
+            // Accepting takes two round trips to the server (the report,
+            // the cancelled mark); a worker that waited on them task by
+            // task would spend its time there instead of running siblings.
+            let (nats, config, buckets, host) = (
+                nats.clone(),
+                config.clone(),
+                Arc::clone(&buckets),
+                host.clone(),
+            );
+            accepting.spawn_local(async move {
+                accept(&nats, &config, &buckets, &host, offer).await;
+            });
         }
+        while accepting.try_join_next().is_some() {}
     }
+    // Tasks being accepted are started (or handed back) before the drain
+    // counts what is in flight.
+    while accepting.join_next().await.is_some() {}
     // Drain: the siblings in flight finish (or the lease hands them on).
     while *idle.borrow() > 0 {
         if idle.changed().await.is_err() {
@@ -266,10 +290,64 @@ pub async fn serve(
     Ok(summary)
 }
 
+/// The buckets a worker reads before it starts a task, and the group
+/// contexts it has read.
+struct Buckets {
+    cancelled: async_nats::jetstream::kv::Store,
+    groups: async_nats::jetstream::kv::Store,
+    /// By group key, with when it was last used (forgotten after
+    /// [`FORGET_AFTER`]).
+    contexts: Mutex<HashMap<String, (Arc<GroupContext>, Instant)>>,
+}
+
+impl Buckets {
+    /// The context of the task's group: from memory, or read from the
+    /// bucket (which the coordinator fills before it queues the group's
+    /// first task; a replica may lag a moment behind, so a missing key is
+    /// read again for a while before the task is refused).
+    async fn context(&self, task: &Task) -> Result<Arc<GroupContext>, String> {
+        let key = group_key(&task.run_id, task.turn);
+        let now = Instant::now();
+        {
+            let mut known = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((context, used)) = known.get_mut(&key) {
+                *used = now;
+                return Ok(Arc::clone(context));
+            }
+            known.retain(|_, (_, used)| now.duration_since(*used) < FORGET_AFTER);
+        }
+        let mut wait = Duration::from_millis(50);
+        let mut last = String::from("no such key");
+        for _ in 0..12 {
+            match self.groups.get(key.as_str()).await {
+                Ok(Some(bytes)) => {
+                    let context: GroupContext = serde_json::from_slice(&bytes)
+                        .map_err(|e| format!("the group's context is not valid: {e}"))?;
+                    let context = Arc::new(context);
+                    self.contexts
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key, (Arc::clone(&context), now));
+                    return Ok(context);
+                }
+                Ok(None) => last = "no such key".to_owned(),
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(1));
+        }
+        Err(format!(
+            "the context of group {key} cannot be read from {GROUPS_BUCKET}: {last}"
+        ))
+    }
+}
+
 /// A delivered task and what answering it needs.
 #[derive(Debug)]
 struct Offer {
     task: Task,
+    /// The group's context, once read.
+    context: Option<Arc<GroupContext>>,
     reply: Subject,
     delivered: u64,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -296,9 +374,9 @@ async fn publish_report(nats: &Nats, run_id: &str, report: &Report, delivered: u
 async fn accept(
     nats: &Nats,
     config: &WorkerConfig,
-    cancelled: &async_nats::jetstream::kv::Store,
+    buckets: &Buckets,
     host: &Addr<WorkerHost>,
-    offer: Offer,
+    mut offer: Offer,
 ) {
     let t = &offer.task;
     let mismatch = match config.pipelines.get(&t.pipeline_id) {
@@ -348,7 +426,11 @@ async fn accept(
     }
     // After `Accepted`: a mark set before this read is seen, and a
     // coordinator's barrier after the mark comes after `Accepted`.
-    if let Ok(Some(_)) = cancelled.get(cancelled_key(&t.run_id, t.turn)).await {
+    if let Ok(Some(_)) = buckets
+        .cancelled
+        .get(cancelled_key(&t.run_id, t.turn))
+        .await
+    {
         let report = Report::NotStarted {
             stage_execution_id: t.stage_execution_id.clone(),
             turn: t.turn,
@@ -362,6 +444,26 @@ async fn accept(
         log_task(config.task_log, &config.name, &t.run_id, &report, reported);
         host.do_send(Count(Counted::NotStarted));
         return;
+    }
+    match buckets.context(t).await {
+        Ok(context) => offer.context = Some(context),
+        Err(message) => {
+            let report = Report::Refused {
+                stage_execution_id: t.stage_execution_id.clone(),
+                turn: t.turn,
+                unit: t.unit,
+                worker: config.name.clone(),
+                code: "Distributed/GroupContextMissing".to_owned(),
+                message,
+            };
+            let reported = publish_report(nats, &t.run_id, &report, offer.delivered).await;
+            if reported {
+                let _ = nats.client.publish(offer.reply, "+ACK".into()).await;
+            }
+            log_task(config.task_log, &config.name, &t.run_id, &report, reported);
+            host.do_send(Count(Counted::Refused));
+            return;
+        }
     }
     host.do_send(Start(offer));
 }
@@ -430,6 +532,7 @@ struct WorkerHost {
     /// ever served.
     executors: HashMap<String, (LocalExecutor, Instant)>,
     arbiters: Vec<ArbiterHandle>,
+    /// Tasks started and not yet reported (what a drain waits for).
     in_flight_count: watch::Sender<usize>,
     summary: Arc<Mutex<WorkerSummary>>,
 }
@@ -456,7 +559,12 @@ impl WorkerHost {
         }
     }
 
-    fn executor(&mut self, task: &Task, ctx: &mut Context<Self>) -> Option<&mut LocalExecutor> {
+    fn executor(
+        &mut self,
+        task: &Task,
+        fields: &Map<String, Value>,
+        ctx: &mut Context<Self>,
+    ) -> Option<&mut LocalExecutor> {
         let now = Instant::now();
         let in_flight = &self.in_flight;
         self.executors.retain(|run, (_, used)| {
@@ -467,7 +575,7 @@ impl WorkerHost {
             let served = self.config.pipelines.get(&task.pipeline_id)?;
             let mut spec = RunSpec::new(
                 Arc::clone(&served.pipeline),
-                task.fields.clone(),
+                fields.clone(),
                 Arc::clone(&served.provider),
                 None,
             );
@@ -491,10 +599,14 @@ impl WorkerHost {
     fn start(&mut self, offer: Offer, ctx: &mut Context<Self>) {
         let Offer {
             task,
+            context: group,
             reply,
             delivered,
             permit,
         } = offer;
+        let Some(group) = group else {
+            return;
+        };
         let Some(served) = self.config.pipelines.get(&task.pipeline_id).cloned() else {
             return;
         };
@@ -508,9 +620,9 @@ impl WorkerHost {
         let id: Arc<str> = Arc::from(task.stage_execution_id.as_str());
         let stage_id: Arc<str> = Arc::from(task.stage_id.as_str());
         let context = Arc::new(StageContext {
-            fields: Arc::new(task.fields.clone()),
+            fields: Arc::clone(&group.fields),
             upstream: Arc::default(),
-            results: Arc::new(task.slot.clone()),
+            results: Arc::clone(&group.slot),
             workflow_run_id: Arc::from(task.run_id.as_str()),
             stage_execution_id: Arc::clone(&id),
             item: task.item.clone(),
@@ -563,12 +675,13 @@ impl WorkerHost {
             ticker,
         };
         self.in_flight.insert(Arc::clone(&id), in_flight);
-        self.in_flight_count.send_replace(self.in_flight.len());
-        match self.executor(&task, ctx) {
+        self.in_flight_count.send_modify(|n| *n += 1);
+        match self.executor(&task, &group.fields, ctx) {
             Some(local) => local.start(spawn, scope, None),
             None => {
                 self.in_flight.remove(&id);
-                self.in_flight_count.send_replace(self.in_flight.len());
+                self.in_flight_count
+                    .send_modify(|n| *n = n.saturating_sub(1));
             }
         }
     }
@@ -589,7 +702,6 @@ impl WorkerHost {
         let task_log = self.config.task_log;
         let summary = Arc::clone(&self.summary);
         let count = self.in_flight_count.clone();
-        let remaining = self.in_flight.len();
         let t = flight.task;
         let reply = flight.reply;
         let delivered = flight.delivered;
@@ -656,7 +768,10 @@ impl WorkerHost {
                 counted(&mut s);
             }
             drop(permit);
-            count.send_replace(remaining);
+            // Counted down only now: a drain waits for the report too.
+            // (Reports finish in any order, so the count is kept by
+            // steps, not set from a length taken earlier.)
+            count.send_modify(|n| *n = n.saturating_sub(1));
         };
         ctx.spawn(fut.into_actor(self));
     }

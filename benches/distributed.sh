@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Distributed fan-out on one machine: a nats-server on loopback, W workers
+# and a coordinator, against the same run done locally. Prints, per case,
+# the wall time, siblings per second and the ratio to the ideal
+# ceil(N/cap) × turns × latency; with --fail, the time from the failing
+# sibling's StageExited to the last StageCancelled (from the audit log).
+# How it was used and what it showed: BENCHMARKS.md, "Across machines".
+#
+#   benches/distributed.sh [--width N] [--cap C] [--latency D] [--workers W]
+#                          [--repeat R] [--fail INDEX]
+#
+# Needs a release build (cargo build --release) and nats-server on PATH or
+# in $TROUPE_NATS_SERVER.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+width=10000 cap=256 latency=50ms workers=3 repeat=3 fail=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        --width) width=$2; shift 2 ;;
+        --cap) cap=$2; shift 2 ;;
+        --latency) latency=$2; shift 2 ;;
+        --workers) workers=$2; shift 2 ;;
+        --repeat) repeat=$2; shift 2 ;;
+        --fail) fail=$2; shift 2 ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+
+troupe=$PWD/target/release/troupe
+server=${TROUPE_NATS_SERVER:-$(command -v nats-server || true)}
+[ -x "$troupe" ] || { echo "build first: cargo build --release" >&2; exit 2; }
+[ -n "$server" ] || { echo "nats-server not found (PATH or TROUPE_NATS_SERVER)" >&2; exit 2; }
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# A free port, then the server; ready when it says so.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$server" -js -a 127.0.0.1 -p "$port" -sd "$work/js" 2> "$work/server.log" &
+pids+=($!)
+until grep -q "Server is ready" "$work/server.log" 2>/dev/null; do sleep 0.05; done
+url=nats://127.0.0.1:$port
+
+# Each worker may hold its share of the cap and a little more.
+per=$(( (cap + workers - 1) / workers + 8 ))
+failing=()
+[ -n "$fail" ] && failing=(--fail-sibling "worker#$fail")
+for i in $(seq 1 "$workers"); do
+    "$troupe" worker stages/fanout --nats "$url" --name "w$i" --root "$work" \
+        --max-siblings "$per" --threads 1 --latency "$latency" "${failing[@]}" \
+        > /dev/null 2> "$work/w$i.err" &
+    pids+=($!)
+done
+for i in $(seq 1 "$workers"); do
+    until grep -q "serving at" "$work/w$i.err" 2>/dev/null; do sleep 0.05; done
+done
+
+# wall ms, and for a failed run the cancel window, of one run's summary.
+measure() {
+    python3 - "$1" <<'EOF'
+import json, sys, datetime
+s = json.load(open(sys.argv[1]))
+line = f"{s['wallMs']:.0f}"
+if s["status"] != "ok":
+    def t(e):
+        return datetime.datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
+    failed = None; last = None
+    for raw in open(s["auditPath"]):
+        e = json.loads(raw)
+        if e["event"] == "StageExited" and e.get("verdict") == "fail" and failed is None:
+            failed = t(e)
+        if e["event"] == "StageCancelled":
+            last = t(e)
+    window = (last - failed) * 1000 if failed and last else float("nan")
+    line += f" {window:.1f}"
+print(line)
+EOF
+}
+
+cd "$work"
+lat_ms=$(python3 -c "import re,sys; v='$latency'; m=re.fullmatch(r'(\d+)(ms|s)', v); print(int(m[1])*(1000 if m[2]=='s' else 1))")
+ideal=$(( ( (width + cap - 1) / cap ) * 2 * lat_ms + 2 * lat_ms ))
+printf 'fanout %s wide, cap %s, latency %s, %s workers; ideal %s ms (ceil(N/cap) x 2 turns + plan and reduce)\n' \
+    "$width" "$cap" "$latency" "$workers" "$ideal"
+for mode in local distributed; do
+    for r in $(seq 1 "$repeat"); do
+        args=(run "$OLDPWD/stages/fanout" --ctx "width=$width" --parallel-cap "$cap" --latency "$latency" --json --threads 2)
+        [ "$mode" = distributed ] && args+=(--nats "$url")
+        [ "$mode" = local ] && [ -n "$fail" ] && args+=("${failing[@]}")
+        "$troupe" "${args[@]}" > "$work/summary.json" 2> "$work/run.err" || true
+        read -r wall window < <(measure "$work/summary.json") || true
+        sps=$(python3 -c "print(f'{$width / ($wall / 1000):.0f}')")
+        ratio=$(python3 -c "print(f'{$wall / $ideal:.3f}' if $ideal else '-')")
+        printf '%-12s run %s: wall %6s ms  %8s siblings/s  x ideal %s%s\n' \
+            "$mode" "$r" "$wall" "$sps" "$ratio" "${window:+  cancel window ${window} ms}"
+    done
+done
