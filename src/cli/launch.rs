@@ -71,6 +71,8 @@ enum LaunchOutcome {
     Invalid(String),
     /// The run could not be recorded in the store; nothing ran.
     Store(StoreError),
+    /// `--nats`: the server could not be used; nothing ran.
+    Nats(crate::distributed::NatsError),
 }
 
 /// A bad flag or flag value: reported like a pipeline's diagnostics (as
@@ -91,6 +93,29 @@ pub fn store_failed(e: &StoreError, json: bool) -> Exit {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         eprintln!("error: {}: {e}\n  hint: {}", e.code(), e.hint());
+    }
+    Exit::Invalid
+}
+
+/// NATS that cannot be used (`--nats`): its typed error, exit 2.
+pub fn nats_failed(e: &crate::distributed::NatsError, json: bool) -> Exit {
+    let hint = match e.code {
+        "Unauthorized" => "check --nats-user/--nats-password-env or --nats-creds",
+        "Unreachable" => {
+            "is a nats-server with JetStream (-js) running there? See README, \"Run across machines\""
+        }
+        _ => "see README, \"Run across machines\"",
+    };
+    if json {
+        let v = serde_json::json!({
+            "status": "error",
+            "code": e.code().to_string(),
+            "message": e.to_string(),
+            "hint": hint,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        eprintln!("error: {}: {e}\n  hint: {hint}", e.code());
     }
     Exit::Invalid
 }
@@ -257,7 +282,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             match remote_siblings(&nats_args, &spec, &kept_pipeline, settings.ledger.clone()).await
             {
                 Ok(remote) => spec.executor = Some(Arc::new(remote)),
-                Err(e) => return (LaunchOutcome::Invalid(format!("{}: {e}", e.code())), kept),
+                Err(e) => return (LaunchOutcome::Nats(e), kept),
             }
         }
         spec.settings = Arc::new(settings);
@@ -318,6 +343,13 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         }
         LaunchOutcome::Invalid(message) => return input_invalid(&path, message, json),
         LaunchOutcome::Store(e) => return store_failed(&e, json),
+        LaunchOutcome::Nats(e) => {
+            if let Some(kept) = kept {
+                let reason = format!("{}: {e}", e.code());
+                end_in_store(kept, &run_id, "failed", Some(&reason), &Value::Null);
+            }
+            return nats_failed(&e, json);
+        }
     };
     let stats = openai.as_ref().map(|(p, _)| p.stats());
     if let Some(kept) = kept {

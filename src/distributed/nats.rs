@@ -101,10 +101,13 @@ impl NatsArgs {
                 message: "no --nats URL".to_owned(),
             });
         };
+        // The first connection is made here, not in the background
+        // (`retry_on_initial_connect` would hide a wrong password or an
+        // absent server behind JetStream timeouts later); once connected,
+        // the client reconnects for as long as it takes.
         let mut options = async_nats::ConnectOptions::new()
             .name(name)
             .connection_timeout(Duration::from_secs(10))
-            .retry_on_initial_connect()
             .max_reconnects(None);
         if let Some(creds) = &self.nats_creds {
             options = options
@@ -137,10 +140,10 @@ impl NatsArgs {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
                 let text = e.to_string();
-                let code = if text.to_ascii_lowercase().contains("auth") {
-                    "Unauthorized"
-                } else {
-                    "Unreachable"
+                let code = match e.kind() {
+                    async_nats::ConnectErrorKind::Authentication
+                    | async_nats::ConnectErrorKind::AuthorizationViolation => "Unauthorized",
+                    _ => "Unreachable",
                 };
                 return Err(NatsError {
                     code,
