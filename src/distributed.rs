@@ -1,9 +1,12 @@
 //! Fan-out siblings spread over machines through NATS JetStream: the
 //! coordinator's executor (`troupe run --nats`), the worker
-//! (`troupe worker`), the connection and topology, and what travels
-//! between them. See ARCHITECTURE.md, "Across machines".
+//! (`troupe worker`) and its intake of delivered tasks, the results a
+//! resumed coordinator finds waiting, the connection and topology, and
+//! what travels between them. See ARCHITECTURE.md, "Across machines".
 
+pub mod arrived;
 pub mod coordinator;
+pub mod intake;
 pub mod nats;
 pub mod wire;
 pub mod worker;

@@ -184,7 +184,7 @@ fn store_arrived(
     let arrived = runtime
         .block_on(async {
             let nats = nats.connect(&format!("troupe resume {run_id}")).await?;
-            crate::distributed::coordinator::take_arrived(&nats, run_id).await
+            crate::distributed::arrived::take_arrived(&nats, run_id).await
         })
         .map_err(|e| io(format!("{}: {e}", crate::error::HasCode::code(&e))))?;
     if arrived.is_empty() {
@@ -195,7 +195,7 @@ fn store_arrived(
     for (result, _) in &arrived {
         crate::runtime::ledger::Ledger::persist(
             &ledger,
-            crate::distributed::coordinator::exit_record(run_id, result),
+            crate::distributed::arrived::exit_record(run_id, result),
             None,
         );
     }

@@ -39,6 +39,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use troupe_actors::EventBus;
 
+use super::arrived::exit_record;
 use super::nats::{Nats, publish_acked};
 use super::wire::{
     CANCELLED_BUCKET, Cancel, GROUPS_BUCKET, GroupContext, Report, Task, cancel_subject,
@@ -46,7 +47,7 @@ use super::wire::{
 };
 use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
 use crate::runtime::events::{Event, EventName};
-use crate::runtime::ledger::{ExitRecord, Ledger};
+use crate::runtime::ledger::Ledger;
 use crate::runtime::result::{StageResult, Usage, Verdict};
 use crate::runtime::scheduler::{
     ExecKey, Executor, ExecutorFactory, LocalExecutor, Slot, Spawn, StageOutcome, ToScheduler,
@@ -788,78 +789,4 @@ impl Coordinator {
             outcome: StageOutcome::Exited { result, seq },
         });
     }
-}
-
-/// The store's record of a result that came from a worker.
-pub fn exit_record(run_id: &str, result: &Arc<StageResult>) -> ExitRecord {
-    let (stage_id, index) = match result.stage_execution_id.rsplit('/').nth(1) {
-        Some(label) => match label.split_once('#') {
-            Some((s, i)) => (s.to_owned(), i.parse().ok()),
-            None => (label.to_owned(), None),
-        },
-        None => (result.stage_id.clone(), None),
-    };
-    let visit = result
-        .stage_execution_id
-        .rsplit('/')
-        .next()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    let now = std::time::SystemTime::now();
-    ExitRecord {
-        run_id: Arc::from(run_id),
-        stage_execution_id: Arc::from(result.stage_execution_id.as_str()),
-        stage_id: Arc::from(stage_id.as_str()),
-        index,
-        visit,
-        result: Arc::clone(result),
-        entered_at: std::time::SystemTime::UNIX_EPOCH,
-        exited_at: now,
-    }
-}
-
-/// Before a run's coordinator resumes: the results workers reported while
-/// no coordinator was reading (exited `ok`/`skipped`, to be stored so the
-/// resumed run does not run them again); every report is acknowledged and
-/// the run's queued tasks are purged (the resumed run publishes again
-/// only what has no stored result).
-pub async fn take_arrived(
-    nats: &Nats,
-    run_id: &str,
-) -> Result<Vec<(Arc<StageResult>, Vec<Value>)>, super::NatsError> {
-    let consumer = nats.coordinator_consumer(run_id).await?;
-    let mut results = Vec::new();
-    loop {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(1000)
-            .expires(std::time::Duration::from_millis(300))
-            .messages()
-            .await
-            .map_err(|e| super::NatsError {
-                code: "JetStream",
-                message: format!("cannot read the run's reports: {e}"),
-            })?;
-        let mut got = 0;
-        while let Some(Ok(msg)) = batch.next().await {
-            got += 1;
-            if let Ok(Report::Exited { result, events, .. }) =
-                serde_json::from_slice::<Report>(&msg.payload)
-                && result.verdict != Verdict::Fail
-            {
-                results.push((result, events));
-            }
-            let _ = msg.ack().await;
-        }
-        if got == 0 {
-            break;
-        }
-    }
-    if let Ok(tasks) = nats.tasks().await {
-        let _ = tasks
-            .purge()
-            .filter(super::wire::run_tasks_subject(run_id))
-            .await;
-    }
-    Ok(results)
 }

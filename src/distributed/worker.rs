@@ -25,13 +25,13 @@ use serde_json::{Map, Value};
 use tokio::sync::{Semaphore, watch};
 use troupe_actors::{Delivery, EventBus};
 
-use super::nats::{Nats, NatsError, publish_acked};
-use super::wire::{
-    CANCEL_ALL, Cancel, GROUPS_BUCKET, GroupContext, Report, Task, cancelled_key, group_key,
-    report_subject,
+use super::intake::{
+    Buckets, Counted, FORGET_AFTER, Intake, Offer, accept, log_task, publish_report,
 };
-use crate::definition::{Pipeline, StageKind};
-use crate::provider::Provider;
+pub use super::intake::{Served, WorkerConfig};
+use super::nats::{Nats, NatsError};
+use super::wire::{CANCEL_ALL, Cancel, Report, Task};
+use crate::definition::StageKind;
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::context::StageContext;
 use crate::runtime::events::Event;
@@ -40,60 +40,6 @@ use crate::runtime::scheduler::{
     ExecKey, Executor, LocalExecutor, Slot, Spawn, StageOutcome, ToScheduler,
 };
 use crate::runtime::spec::RunSpec;
-use crate::runtime::stage::RunSettings;
-
-/// A pipeline a worker serves, with the digest of its files.
-#[derive(Debug, Clone)]
-pub struct Served {
-    pub pipeline: Arc<Pipeline>,
-    pub digest: String,
-    /// The model provider its siblings use.
-    pub provider: Arc<dyn Provider>,
-}
-
-/// How a worker runs.
-#[derive(Debug, Clone)]
-pub struct WorkerConfig {
-    /// Shown in reports (`worker`) and to the NATS server.
-    pub name: String,
-    /// By pipeline id.
-    pub pipelines: HashMap<String, Served>,
-    pub settings: Arc<RunSettings>,
-    /// Most siblings this worker runs at once.
-    pub max_siblings: usize,
-    /// Print a JSON line on stdout for every task settled (`--task-log`).
-    pub task_log: bool,
-}
-
-/// The `--task-log` line of a settled task: what was reported and
-/// whether the coordinator has it (`reported: false` — NATS would not
-/// take the report — leaves the task to another delivery).
-fn log_task(enabled: bool, worker: &str, run_id: &str, report: &Report, reported: bool) {
-    if !enabled {
-        return;
-    }
-    let Some((id, _, _)) = report.execution() else {
-        return;
-    };
-    let mut line = serde_json::json!({
-        "worker": worker,
-        "run": run_id,
-        "stageExecutionId": id,
-        "report": report.kind(),
-        "reported": reported,
-    });
-    match report {
-        Report::Exited {
-            result, delivered, ..
-        } => {
-            line["verdict"] = serde_json::to_value(result.verdict).unwrap_or_default();
-            line["delivered"] = Value::from(*delivered);
-        }
-        Report::Refused { code, .. } => line["code"] = Value::from(code.as_str()),
-        _ => {}
-    }
-    println!("{line}");
-}
 
 /// What a worker did, when it stops.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -269,7 +215,11 @@ pub async fn serve(
                 host.clone(),
             );
             accepting.spawn_local(async move {
-                accept(&nats, &config, &buckets, &host, offer).await;
+                match accept(&nats, &config, &buckets, offer).await {
+                    Intake::Start(offer) => host.do_send(Start(*offer)),
+                    Intake::Settled(counted) => host.do_send(Count(counted)),
+                    Intake::HandedBack => {}
+                }
             });
         }
         while accepting.try_join_next().is_some() {}
@@ -290,190 +240,6 @@ pub async fn serve(
     Ok(summary)
 }
 
-/// The buckets a worker reads before it starts a task, and the group
-/// contexts it has read.
-struct Buckets {
-    cancelled: async_nats::jetstream::kv::Store,
-    groups: async_nats::jetstream::kv::Store,
-    /// By group key, with when it was last used (forgotten after
-    /// [`FORGET_AFTER`]).
-    contexts: Mutex<HashMap<String, (Arc<GroupContext>, Instant)>>,
-}
-
-impl Buckets {
-    /// The context of the task's group: from memory, or read from the
-    /// bucket (which the coordinator fills before it queues the group's
-    /// first task; a replica may lag a moment behind, so a missing key is
-    /// read again for a while before the task is refused).
-    async fn context(&self, task: &Task) -> Result<Arc<GroupContext>, String> {
-        let key = group_key(&task.run_id, task.turn);
-        let now = Instant::now();
-        {
-            let mut known = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((context, used)) = known.get_mut(&key) {
-                *used = now;
-                return Ok(Arc::clone(context));
-            }
-            known.retain(|_, (_, used)| now.duration_since(*used) < FORGET_AFTER);
-        }
-        let mut wait = Duration::from_millis(50);
-        let mut last = String::from("no such key");
-        for _ in 0..12 {
-            match self.groups.get(key.as_str()).await {
-                Ok(Some(bytes)) => {
-                    let context: GroupContext = serde_json::from_slice(&bytes)
-                        .map_err(|e| format!("the group's context is not valid: {e}"))?;
-                    let context = Arc::new(context);
-                    self.contexts
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(key, (Arc::clone(&context), now));
-                    return Ok(context);
-                }
-                Ok(None) => last = "no such key".to_owned(),
-                Err(e) => last = e.to_string(),
-            }
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_secs(1));
-        }
-        Err(format!(
-            "the context of group {key} cannot be read from {GROUPS_BUCKET}: {last}"
-        ))
-    }
-}
-
-/// A delivered task and what answering it needs.
-#[derive(Debug)]
-struct Offer {
-    task: Task,
-    /// The group's context, once read.
-    context: Option<Arc<GroupContext>>,
-    reply: Subject,
-    delivered: u64,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-/// Publishes a report on the run's subject (stored before it returns).
-async fn publish_report(nats: &Nats, run_id: &str, report: &Report, delivered: u64) -> bool {
-    let Ok(body) = serde_json::to_vec(report) else {
-        return false;
-    };
-    // One copy per report of a delivery, however often it is retried.
-    let mut headers = async_nats::HeaderMap::new();
-    if let Some((id, _, _)) = report.execution() {
-        let kind = report.kind();
-        headers.insert("Nats-Msg-Id", format!("{id}:{kind}:{delivered}").as_str());
-    }
-    publish_acked(&nats.js, report_subject(run_id), headers, body.into(), None)
-        .await
-        .is_ok()
-}
-
-/// Decides what to do with a delivered task: refuse it, skip it (its group
-/// was cancelled) or start it.
-async fn accept(
-    nats: &Nats,
-    config: &WorkerConfig,
-    buckets: &Buckets,
-    host: &Addr<WorkerHost>,
-    mut offer: Offer,
-) {
-    let t = &offer.task;
-    let mismatch = match config.pipelines.get(&t.pipeline_id) {
-        None => Some(format!(
-            "this worker does not serve pipeline `{}` (it serves {})",
-            t.pipeline_id,
-            config
-                .pipelines
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-        Some(s) if s.digest != t.digest => Some(format!(
-            "this worker's copy of pipeline `{}` differs from the run's ({} here, {} in the run)",
-            t.pipeline_id, s.digest, t.digest
-        )),
-        Some(_) => None,
-    };
-    if let Some(message) = mismatch {
-        let report = Report::Refused {
-            stage_execution_id: t.stage_execution_id.clone(),
-            turn: t.turn,
-            unit: t.unit,
-            worker: config.name.clone(),
-            code: "Distributed/PipelineMismatch".to_owned(),
-            message,
-        };
-        let reported = publish_report(nats, &t.run_id, &report, offer.delivered).await;
-        if reported {
-            let _ = nats.client.publish(offer.reply, "+ACK".into()).await;
-        }
-        log_task(config.task_log, &config.name, &t.run_id, &report, reported);
-        host.do_send(Count(Counted::Refused));
-        return;
-    }
-    let accepted = Report::Accepted {
-        stage_execution_id: t.stage_execution_id.clone(),
-        turn: t.turn,
-        unit: t.unit,
-        worker: config.name.clone(),
-    };
-    if !publish_report(nats, &t.run_id, &accepted, offer.delivered).await {
-        // The coordinator cannot hear about it: leave it to another try.
-        let _ = nats.client.publish(offer.reply, "-NAK".into()).await;
-        return;
-    }
-    // After `Accepted`: a mark set before this read is seen, and a
-    // coordinator's barrier after the mark comes after `Accepted`.
-    if let Ok(Some(_)) = buckets
-        .cancelled
-        .get(cancelled_key(&t.run_id, t.turn))
-        .await
-    {
-        let report = Report::NotStarted {
-            stage_execution_id: t.stage_execution_id.clone(),
-            turn: t.turn,
-            unit: t.unit,
-            worker: config.name.clone(),
-        };
-        let reported = publish_report(nats, &t.run_id, &report, offer.delivered).await;
-        if reported {
-            let _ = nats.client.publish(offer.reply, "+ACK".into()).await;
-        }
-        log_task(config.task_log, &config.name, &t.run_id, &report, reported);
-        host.do_send(Count(Counted::NotStarted));
-        return;
-    }
-    match buckets.context(t).await {
-        Ok(context) => offer.context = Some(context),
-        Err(message) => {
-            let report = Report::Refused {
-                stage_execution_id: t.stage_execution_id.clone(),
-                turn: t.turn,
-                unit: t.unit,
-                worker: config.name.clone(),
-                code: "Distributed/GroupContextMissing".to_owned(),
-                message,
-            };
-            let reported = publish_report(nats, &t.run_id, &report, offer.delivered).await;
-            if reported {
-                let _ = nats.client.publish(offer.reply, "+ACK".into()).await;
-            }
-            log_task(config.task_log, &config.name, &t.run_id, &report, reported);
-            host.do_send(Count(Counted::Refused));
-            return;
-        }
-    }
-    host.do_send(Start(offer));
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Counted {
-    Refused,
-    NotStarted,
-}
-
 /// Counts what the fetch loop decided alone.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -488,9 +254,6 @@ struct Start(Offer);
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 struct CancelGroup(Cancel);
-
-/// How long a worker remembers a cancelled group or an idle run.
-const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// The summary cell, shared with `serve`.
 #[derive(Debug, Message)]
