@@ -403,3 +403,26 @@ fn the_concurrency_sweep_is_exact() {
     assert_eq!(c.columns(0, 14_000, 1), [4]);
     assert_eq!(c.columns(0, 14_000, 3).iter().max(), Some(&4));
 }
+
+#[test]
+fn an_execution_run_again_after_a_resume_is_drawn_from_its_last_entry_with_its_last_end() {
+    let line = |seq: u32, ms: u32, event: &str, extra: &str| {
+        format!(
+            "{{\"seq\":{seq},\"ts\":\"2026-11-23T10:00:00.{ms:03}Z\",\"event\":\"{event}\",\"workflowRunId\":\"r\",\"stageExecutionId\":\"r/plan/1\",\"stageId\":\"plan\"{extra}}}\n"
+        )
+    };
+    let mut log = String::new();
+    log += "{\"seq\":1,\"ts\":\"2026-11-23T10:00:00.000Z\",\"event\":\"WorkflowStarted\",\"workflowRunId\":\"r\",\"pipeline\":\"p\",\"entry\":\"plan\",\"parallelCap\":2}\n";
+    log += &line(2, 10, "StageEntered", ",\"kind\":\"llm\",\"visit\":1");
+    // The process died; the repair closed it; the resumed run ran it again.
+    log += &line(3, 100, "StageCancelled", ",\"recovered\":true");
+    log += "{\"seq\":4,\"ts\":\"2026-11-23T10:00:00.500Z\",\"event\":\"WorkflowResumed\",\"workflowRunId\":\"r\"}\n";
+    log += &line(5, 600, "StageEntered", ",\"kind\":\"llm\",\"visit\":1");
+    log += &line(6, 650, "StageEntered", ",\"kind\":\"llm\",\"visit\":1");
+    log += &line(7, 900, "StageExited", ",\"verdict\":\"ok\"");
+    let t = timeline(&log);
+    assert_eq!(t.executions.len(), 1);
+    let e = &t.executions[0];
+    assert_eq!(e.outcome, Outcome::Ok, "the end that counted");
+    assert_eq!((e.entered, e.ended), (600_000, Some(900_000)));
+}

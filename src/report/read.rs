@@ -494,10 +494,22 @@ impl Builder {
         let Ok(exec) = ExecRef::try_from(self.executions.len()) else {
             return;
         };
-        // One hash per new execution (a duplicate `StageEntered` is rare
-        // and ignored).
+        // One hash per new execution. The same execution entered again
+        // after it ended ran again — a resumed run re-running what the
+        // stopped process left open, a sibling delivered to a second
+        // worker — and is drawn from its last entry, with the end that
+        // counted; a second entry while it runs is ignored.
         match self.exec_ids.entry(self.key(id).into()) {
-            Entry::Occupied(_) => return,
+            Entry::Occupied(known) => {
+                if let Some(e) = self.executions.get_mut(*known.get() as usize)
+                    && e.ended.is_some()
+                {
+                    e.entered = t;
+                    e.ended = None;
+                    e.outcome = Outcome::Unfinished;
+                }
+                return;
+            }
             Entry::Vacant(slot) => {
                 slot.insert(exec);
             }
