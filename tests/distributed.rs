@@ -12,6 +12,8 @@
 //!   no finished sibling runs again, the log's `seq` goes on unbroken.
 //! - A three-server cluster losing a server mid-fan-out still finishes.
 //! - A worker whose copy of the pipeline differs refuses the task.
+//! - A sibling working longer than its lease is kept alive by progress
+//!   acks, not delivered to another worker.
 //! - No server at the URL: a typed error, exit 2, nothing runs.
 //! - A server that wants a user and password: the wrong password is a
 //!   typed error, the right one (from the environment) runs, and the
@@ -555,4 +557,39 @@ fn no_server_at_the_url_is_a_typed_error_before_anything_runs() {
         "no sibling ran: {:?}",
         project.started()
     );
+}
+
+#[test]
+fn a_sibling_that_outlives_its_lease_is_kept_alive_not_delivered_again() {
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    // Each sibling's work takes three leases; its worker's progress acks
+    // (every third of the lease) keep the task its own.
+    let fixture = pipeline("sleep 3", None);
+    let project = Project::new();
+    let lease = ["--max-siblings", "2", "--nats-lease", "1s"];
+    let mut worker = Worker::start(
+        fixture.path(),
+        &server.url(),
+        "slow",
+        project.root(),
+        &lease,
+    );
+    let out = project
+        .run(fixture.path(), &server.url())
+        .args(["--ctx", "width=2", "--json", "--nats-lease", "1s"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let events = audit(&summary(&out));
+    check_log(&events, 4);
+    assert_eq!(named(&events, "SiblingRedelivered").count(), 0);
+    let mut started = project.started();
+    started.sort_unstable();
+    assert_eq!(started, [0, 1], "each sibling ran once");
+    for suffix in ["#0/1", "#1/1"] {
+        let line = worker.reported(suffix);
+        assert_eq!(line["report"], "exited", "{line}");
+        assert_eq!(line["delivered"], 1, "{line}");
+    }
 }
