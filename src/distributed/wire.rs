@@ -101,7 +101,11 @@ pub struct GroupContext {
 
 /// What a worker (or the coordinator) reports on a run's report subject.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
+// Adjacently tagged, the tag first: a reader decodes the body straight
+// into its variant. (Internally tagged, serde buffers the whole report -
+// an exited sibling's events and result - and decodes it twice; that was
+// the coordinator's largest cost per sibling.)
+#[serde(tag = "kind", content = "body", rename_all = "camelCase")]
 pub enum Report {
     /// A worker took the task and is about to start it.
     #[serde(rename_all = "camelCase")]
