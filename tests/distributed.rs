@@ -14,6 +14,8 @@
 //! - A worker whose copy of the pipeline differs refuses the task.
 //! - A sibling working longer than its lease is kept alive by progress
 //!   acks, not delivered to another worker.
+//! - The run's token budget counts what the workers report and stops
+//!   the run across machines.
 //! - No server at the URL: a typed error, exit 2, nothing runs.
 //! - A server that wants a user and password: the wrong password is a
 //!   typed error, the right one (from the environment) runs, and the
@@ -592,4 +594,41 @@ fn a_sibling_that_outlives_its_lease_is_kept_alive_not_delivered_again() {
         assert_eq!(line["report"], "exited", "{line}");
         assert_eq!(line["delivered"], 1, "{line}");
     }
+}
+
+#[test]
+fn the_runs_token_budget_counts_what_workers_spend_and_stops_the_run() {
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let fixture = pipeline("true", None);
+    let project = Project::new();
+    let _worker = Worker::start(
+        fixture.path(),
+        &server.url(),
+        "metered",
+        project.root(),
+        &["--max-siblings", "2"],
+    );
+    let out = project
+        .run(fixture.path(), &server.url())
+        .args(["--ctx", "width=60", "--parallel-cap", "2", "--json"])
+        .args(["--max-tokens", "1500"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let s = summary(&out);
+    let reason = s["reason"].as_str().unwrap();
+    assert!(reason.contains("Budget/TokensExceeded"), "{reason}");
+    let events = audit(&s);
+    check_log(&events, 2);
+    // Stopped by what the worker reported, long before the 60th sibling.
+    let started = project.started();
+    assert!(started.len() < 60, "{} siblings started", started.len());
+    assert_eq!(
+        named(&events, "StageEntered")
+            .filter(|e| e["stageId"] == "reduce")
+            .count(),
+        0,
+        "the join never runs"
+    );
 }

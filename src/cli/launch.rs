@@ -279,8 +279,8 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             .map(|k| Arc::new(k.writer.ledger()) as Arc<dyn crate::runtime::ledger::Ledger>);
         // Across machines: fan-out siblings go to the workers' queue.
         if nats_args.nats.is_some() {
-            match remote_siblings(&nats_args, &spec, &kept_pipeline, settings.ledger.clone()).await
-            {
+            let remote = remote_siblings(&nats_args, &spec, &kept_pipeline, &settings).await;
+            match remote {
                 Ok(remote) => spec.executor = Some(Arc::new(remote)),
                 Err(e) => return (LaunchOutcome::Nats(e), kept),
             }
@@ -452,7 +452,7 @@ async fn remote_siblings(
     args: &crate::distributed::NatsArgs,
     spec: &RunSpec,
     pipeline: &Pipeline,
-    ledger: Option<Arc<dyn crate::runtime::ledger::Ledger>>,
+    settings: &RunSettings,
 ) -> Result<crate::distributed::RemoteSiblings, crate::distributed::NatsError> {
     let nats = args.connect(&format!("troupe run {}", spec.run_id)).await?;
     // The topology first, so a misconfigured server fails here, not
@@ -472,7 +472,8 @@ async fn remote_siblings(
         digest,
         fields: Arc::clone(&spec.fields),
         bus: spec.bus.clone(),
-        ledger,
+        ledger: settings.ledger.clone(),
+        budget: settings.budget.clone(),
         session: uuid::Uuid::now_v7().simple().to_string(),
     })
 }

@@ -48,6 +48,7 @@ use super::wire::{
 use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
 use crate::runtime::events::{Event, EventName};
 use crate::runtime::ledger::Ledger;
+use crate::runtime::limits::Budget;
 use crate::runtime::result::{StageResult, Usage, Verdict};
 use crate::runtime::scheduler::{
     ExecKey, Executor, ExecutorFactory, LocalExecutor, Slot, Spawn, StageOutcome, ToScheduler,
@@ -63,6 +64,11 @@ pub struct RemoteSiblings {
     pub fields: Arc<Map<String, Value>>,
     pub bus: EventBus<Event>,
     pub ledger: Option<Arc<dyn Ledger>>,
+    /// The run's token and cost meter: the usage each sibling's worker
+    /// reports is counted when the report arrives, so `--max-tokens` and
+    /// `--max-cost` hold across machines (give or take what the siblings
+    /// in flight spend before they report).
+    pub budget: Option<Arc<Budget>>,
     /// This coordinator process's id. A task's `Nats-Msg-Id` is its
     /// execution id at this session: the server drops a retried publish
     /// as a duplicate, yet a resumed run may queue the same execution
@@ -675,6 +681,7 @@ impl Coordinator {
                     return;
                 };
                 self.done(&exec, turn, unit);
+                self.charge(result.usage);
                 if delivered > 1 {
                     self.spec.bus.publish(
                         Event::new(EventName::SiblingRedelivered, self.spec.run_id.as_str())
@@ -730,6 +737,7 @@ impl Coordinator {
             Report::Cancelled { usage, events, .. } => {
                 if let Some(exec) = known.filter(|_| !resolved) {
                     self.done(&exec, turn, unit);
+                    self.charge(usage);
                     self.relay(&events);
                     self.scheduler.do_send(ToScheduler::Report {
                         exec,
@@ -778,6 +786,16 @@ impl Coordinator {
             }
         }
         last
+    }
+
+    /// Counts what a sibling spent on its worker against the run's
+    /// budget, before the scheduler hears of the sibling: the scheduler
+    /// checks the meter before it handles a report, so a report that
+    /// takes the run over its budget stops it like a local one.
+    fn charge(&self, usage: Usage) {
+        if let Some(budget) = &self.spec.budget {
+            budget.record(usage);
+        }
     }
 
     /// An exited sibling, stored: its events into the log, its report to
