@@ -7,6 +7,9 @@
 //! The shell's processes hold a FIFO open for writing; the test reads it
 //! to know they are up (each writes a line) and to know they are gone (the
 //! reader sees end-of-file once every writer has exited). No sleeps.
+//!
+//! SIGKILL, which troupe cannot handle, leaves nothing behind either:
+//! troupe's reaper process kills the call's group once troupe is gone.
 
 #![cfg(target_os = "linux")]
 // Test code: a failed unwrap is a failed test with its location.
@@ -118,9 +121,15 @@ impl Drop for Project {
 
 /// Starts `troupe run` on `pipeline` with `--events -`.
 fn start(pipeline: &Path, project: &Project, runs: &Path) -> Child {
+    start_with(pipeline, project, runs, &[])
+}
+
+/// As `start`, with `extra` flags.
+fn start_with(pipeline: &Path, project: &Project, runs: &Path, extra: &[&str]) -> Child {
     std::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
         .arg("run")
         .arg(pipeline)
+        .args(extra)
         .arg("--root")
         .arg(project.root.path())
         .arg("--runs-dir")
@@ -322,6 +331,32 @@ fn a_second_signal_exits_at_once_with_the_first_ones_code_and_kills_the_shells()
         stderr.read_to_string(&mut rest).unwrap();
         assert_eq!(status.code(), Some(code), "{first} then {second}: {rest}");
         assert!(rest.contains("exiting at once"), "{rest}");
+        assert_all_gone(fifo, &project.marker);
+        drop(stream.thread.join().unwrap());
+    }
+}
+
+/// `kill -9` gives troupe no chance to act; its reaper sees the pipe from
+/// troupe close and kills the `Bash` call's whole process group.
+#[test]
+fn sigkill_leaves_no_shell_process_behind() {
+    for sandbox in [true, false] {
+        let project = Project::new(format!("troupe-sig9-{}-{sandbox}", std::process::id()));
+        let pipeline = pipeline(&project.command(), None);
+        let runs = tempfile::tempdir().unwrap();
+        let mut child = if sandbox {
+            start(pipeline.path(), &project, runs.path())
+        } else {
+            start_with(pipeline.path(), &project, runs.path(), &["--no-sandbox"])
+        };
+        let stream = Stream::read(child.stdout.take().unwrap());
+        let fifo = wait_until_up(&project);
+        send(&child, Signal::SIGKILL);
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
         assert_all_gone(fifo, &project.marker);
         drop(stream.thread.join().unwrap());
     }

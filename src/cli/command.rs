@@ -127,6 +127,10 @@ pub enum Command {
     /// exec the command. `Bash` runs every sandboxed shell through it.
     #[command(hide = true)]
     SandboxExec(sandbox_exec::SandboxExecArgs),
+    /// Internal: kills the process groups of `Bash` calls a troupe that
+    /// died left behind (told of them on stdin; acts when stdin closes).
+    #[command(hide = true)]
+    Reaper,
     /// Draw a finished (or killed) run as a timeline: SVG and/or HTML.
     ///
     /// Reads <runs-dir>/<RUN_ID>/audit.jsonl and draws one row per stage
@@ -141,6 +145,15 @@ pub enum Command {
 
 /// Runs the parsed command and returns the process exit code.
 pub fn run(cli: Cli) -> Exit {
+    // Commands that run `Bash` calls get a reaper, so that even `kill -9`
+    // leaves none of their processes behind.
+    if matches!(
+        cli.command,
+        Command::Run(_) | Command::Resume(_) | Command::Worker(_)
+    ) && let Ok(launcher) = std::env::current_exe()
+    {
+        crate::tools::process_group::arm_reaper(&launcher);
+    }
     match cli.command {
         Command::Validate { pipeline, json } => validate::run(&pipeline, json),
         Command::Run(args) => super::run::run(*args),
@@ -154,6 +167,10 @@ pub fn run(cli: Cli) -> Exit {
             json,
         } => show::run(&pipeline, stage.as_deref(), json),
         Command::SandboxExec(args) => sandbox_exec::run(args),
+        Command::Reaper => {
+            crate::tools::process_group::reap(std::io::stdin().lock());
+            Exit::Ok
+        }
         Command::Report(args) => report::run(*args),
     }
 }

@@ -2,8 +2,20 @@
 //! group when the call ends or is dropped, and a process-wide list of the
 //! groups still alive, so that a signal that ends troupe at once (the
 //! second Ctrl-C, SIGTERM or SIGHUP) can kill them all before it exits.
+//!
+//! `kill -9` gives troupe no chance to do that. For it, the CLI arms a
+//! **reaper**: a small process (`troupe reaper`, hidden) told each group
+//! as it starts and ends, over a pipe only troupe holds. When troupe dies,
+//! however it dies, the kernel closes the pipe; the reaper reads its end
+//! and kills every group still listed. One reaper per troupe process, not
+//! one keeper per call: a fan-out with hundreds of shells costs one small
+//! process.
 
 use std::collections::BTreeSet;
+use std::io::{BufRead, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{ChildStdin, Stdio};
 use std::sync::Mutex;
 
 use nix::sys::signal::{Signal, killpg};
@@ -22,6 +34,74 @@ fn live() -> std::sync::MutexGuard<'static, BTreeSet<i32>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The pipe to the reaper, once armed.
+static REAPER: Mutex<Option<ChildStdin>> = Mutex::new(None);
+
+/// Tells the reaper a group started (`+`) or ended (`-`). A reaper that
+/// is gone is forgotten: the groups are then killed as before, only not
+/// after a `kill -9`.
+fn tell_reaper(sign: char, pgid: i32) {
+    let mut reaper = REAPER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(pipe) = reaper.as_mut()
+        && writeln!(pipe, "{sign}{pgid}").is_err()
+    {
+        *reaper = None;
+    }
+}
+
+/// Starts the reaper (`launcher reaper`) for this process, once; later
+/// calls do nothing. Its own process group, so a Ctrl-C at the terminal
+/// does not end it before troupe is done. Returns whether one runs.
+pub fn arm_reaper(launcher: &Path) -> bool {
+    let mut reaper = REAPER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if reaper.is_some() {
+        return true;
+    }
+    let spawned = std::process::Command::new(launcher)
+        .arg("reaper")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn();
+    // The child is not waited for: it outlives us by design, and init
+    // reaps it.
+    match spawned {
+        Ok(mut child) => {
+            *reaper = child.stdin.take();
+            reaper.is_some()
+        }
+        Err(_) => false,
+    }
+}
+
+/// The reaper's side: reads `+PGID`/`-PGID` lines until the pipe closes
+/// (troupe ended), then kills every group still listed. Returns how many.
+pub fn reap(input: impl BufRead) -> usize {
+    let mut groups = BTreeSet::new();
+    for line in input.lines() {
+        let Ok(line) = line else { break };
+        let (sign, id) = line.split_at(line.len().min(1));
+        match (sign, id.parse::<i32>()) {
+            ("+", Ok(pgid)) if pgid > 1 => {
+                groups.insert(pgid);
+            }
+            ("-", Ok(pgid)) => {
+                groups.remove(&pgid);
+            }
+            _ => {}
+        }
+    }
+    for &pgid in &groups {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+    groups.len()
+}
+
 /// Kills a process group with SIGKILL when dropped, unless already killed.
 /// Declare it after the `Child`, so it drops first, while the unreaped
 /// leader still holds the group id (no chance of signalling a recycled id).
@@ -36,6 +116,7 @@ impl GroupKill {
         let pgid = pid.and_then(|p| i32::try_from(p).ok()).filter(|&p| p > 1);
         if let Some(p) = pgid {
             live().insert(p);
+            tell_reaper('+', p);
         }
         GroupKill(pgid.map(Pid::from_raw))
     }
@@ -46,6 +127,7 @@ impl GroupKill {
             // ESRCH (the group is already gone) is the expected outcome.
             let _ = killpg(pgid, Signal::SIGKILL);
             live().remove(&pgid.as_raw());
+            tell_reaper('-', pgid.as_raw());
         }
     }
 }
@@ -65,4 +147,17 @@ pub fn kill_all_groups() -> usize {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
     groups.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reaper_kills_what_is_still_listed_when_the_pipe_closes() {
+        // Groups that ended are not killed; ids that cannot be a child's
+        // group (0, 1, our own by `0`) and garbage are ignored.
+        let lines = "+4000000\n+4000001\n-4000000\n+1\n+0\nnoise\n-\n+x\n";
+        assert_eq!(reap(lines.as_bytes()), 1);
+    }
 }
