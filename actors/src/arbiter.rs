@@ -78,8 +78,9 @@ struct Open<K> {
 pub struct Arbiter<K> {
     next_id: InteractionId,
     open: BTreeMap<InteractionId, Open<K>>,
-    /// Decided interactions, so late answers can be told from unknown ids.
-    decided: BTreeSet<InteractionId>,
+    // No set of decided ids: every id below `next_id` was raised and is
+    // either open or decided, so "decided" is "issued and not open" — a
+    // run's whole history of approvals costs no memory here.
 }
 
 impl<K> Default for Arbiter<K> {
@@ -87,7 +88,6 @@ impl<K> Default for Arbiter<K> {
         Self {
             next_id: 1,
             open: BTreeMap::new(),
-            decided: BTreeSet::new(),
         }
     }
 }
@@ -110,7 +110,6 @@ impl<K: Clone + PartialEq> Arbiter<K> {
         self.next_id += 1;
         let asked: BTreeSet<ResponderId> = responders.into_iter().collect();
         if asked.is_empty() {
-            self.decided.insert(id);
             out.push(ArbiterCommand::Unanswered {
                 id,
                 why: Unanswered::NoResponder,
@@ -138,7 +137,6 @@ impl<K: Clone + PartialEq> Arbiter<K> {
                 let Some(open) = self.open.remove(&id) else {
                     return;
                 };
-                self.decided.insert(id);
                 out.push(ArbiterCommand::Answered {
                     id,
                     responder,
@@ -154,7 +152,7 @@ impl<K: Clone + PartialEq> Arbiter<K> {
             // Open, but this responder was never asked (or already
             // withdrew): not an answer to anything it holds.
             Some(_) => {}
-            None if self.decided.contains(&id) => out.push(ArbiterCommand::Late {
+            None if self.was_decided(id) => out.push(ArbiterCommand::Late {
                 id,
                 responder,
                 answer,
@@ -185,11 +183,15 @@ impl<K: Clone + PartialEq> Arbiter<K> {
         let Some(open) = self.open.remove(&id) else {
             return;
         };
-        self.decided.insert(id);
         out.push(ArbiterCommand::Unanswered { id, why });
         for responder in open.asked {
             out.push(ArbiterCommand::Withdraw { id, responder });
         }
+    }
+
+    /// Whether `id` was raised here and is decided.
+    fn was_decided(&self, id: InteractionId) -> bool {
+        id >= 1 && id < self.next_id && !self.open.contains_key(&id)
     }
 
     /// Interactions still waiting for an answer.
@@ -292,6 +294,28 @@ mod tests {
         out.clear();
         a.answer(mine, 1, "approve", &mut out);
         assert!(matches!(out[..], [C::Late { .. }]));
+    }
+
+    #[test]
+    fn a_late_answer_is_known_after_thousands_of_decisions_without_a_decided_set() {
+        let mut a: Arbiter<&str> = Arbiter::new();
+        let mut out: Vec<C<&str>> = Vec::new();
+        let first = a.raise("s", [0], &mut out);
+        for _ in 0..10_000 {
+            let id = a.raise("s", [0], &mut out);
+            a.answer(id, 0, "approve", &mut out);
+        }
+        a.answer(first, 0, "approve", &mut out);
+        out.clear();
+        // `first` is decided now; an answer to it again is late, and an id
+        // never issued is nobody's.
+        a.answer(first, 0, "deny", &mut out);
+        assert!(matches!(out[..], [C::Late { .. }]));
+        out.clear();
+        a.answer(1_000_000, 0, "approve", &mut out);
+        a.answer(0, 0, "approve", &mut out);
+        assert!(out.is_empty());
+        assert_eq!(a.open_count(), 0);
     }
 
     #[test]

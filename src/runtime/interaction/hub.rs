@@ -4,7 +4,7 @@
 //! answered, late, timed out, withdrawn, no interactor); and how a run's
 //! hub is started with its interactors.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,8 +36,10 @@ pub struct InteractionHub {
     arbiter: Arbiter<String>,
     interactors: Vec<InteractorHandle>,
     waiting: HashMap<InteractionId, Waiting>,
-    /// Requests answered or closed, kept for auditing late answers.
+    /// The last [`LATE_WINDOW`] requests answered or closed, kept for
+    /// auditing late answers (oldest first in `closed_order`).
     closed: HashMap<InteractionId, Arc<GrantRequest>>,
+    closed_order: VecDeque<InteractionId>,
     timeout: Option<Duration>,
     bus: EventBus<Event>,
 }
@@ -51,7 +53,31 @@ impl std::fmt::Debug for InteractionHub {
     }
 }
 
+/// How many decided interactions the hub remembers for a late answer's
+/// audit record. A late answer comes from a prompt that was on screen (or
+/// a delayed rule) when its interaction was decided, so it follows within
+/// a few interactions; one later than this many is ignored, as an answer
+/// to an unknown id is. Bounds the hub's memory over a long run.
+pub const LATE_WINDOW: usize = 1024;
+
 impl InteractionHub {
+    /// Remembers a decided request for a late answer's audit, forgetting
+    /// the oldest past [`LATE_WINDOW`].
+    fn remember_closed(&mut self, id: InteractionId, request: Arc<GrantRequest>) {
+        self.closed.insert(id, request);
+        self.closed_order.push_back(id);
+        while self.closed_order.len() > LATE_WINDOW {
+            if let Some(old) = self.closed_order.pop_front() {
+                self.closed.remove(&old);
+            }
+        }
+    }
+
+    /// Decided requests remembered now (at most [`LATE_WINDOW`]).
+    pub fn remembered(&self) -> usize {
+        self.closed.len()
+    }
+
     pub fn new(
         interactors: Vec<InteractorHandle>,
         timeout: Option<Duration>,
@@ -62,6 +88,7 @@ impl InteractionHub {
             interactors,
             waiting: HashMap::new(),
             closed: HashMap::new(),
+            closed_order: VecDeque::new(),
             timeout,
             bus,
         }
@@ -126,7 +153,7 @@ impl InteractionHub {
                             },
                         };
                         let _ = w.reply.send(decision);
-                        self.closed.insert(id, w.request);
+                        self.remember_closed(id, w.request);
                     }
                 }
                 ArbiterCommand::Unanswered { id, why } => {
@@ -152,7 +179,7 @@ impl InteractionHub {
                                 .with("outcome", outcome),
                         );
                         let _ = w.reply.send(GrantDecision::Denied { reason });
-                        self.closed.insert(id, w.request);
+                        self.remember_closed(id, w.request);
                     }
                 }
                 ArbiterCommand::Late {
@@ -310,4 +337,32 @@ pub fn start_hub(
         })
         .collect();
     InteractionHub::new(interactors, timeout, bus).start()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_run_remembers_only_the_last_window_of_decided_requests() {
+        let mut hub = InteractionHub::new(Vec::new(), None, EventBus::new());
+        let request = Arc::new(GrantRequest {
+            workflow_run_id: "r".to_owned(),
+            stage_execution_id: "r/s/1".to_owned(),
+            stage_id: "s".to_owned(),
+            attempt: 1,
+            proposal_id: "p".to_owned(),
+            tool: "Bash".to_owned(),
+            args_digest: "d".to_owned(),
+            args_summary: "{}".to_owned(),
+        });
+        let total = LATE_WINDOW as u64 * 3;
+        for id in 1..=total {
+            hub.remember_closed(id, Arc::clone(&request));
+        }
+        assert_eq!(hub.remembered(), LATE_WINDOW);
+        // The newest are the ones kept.
+        assert!(hub.closed.contains_key(&total));
+        assert!(!hub.closed.contains_key(&(total - LATE_WINDOW as u64)));
+    }
 }

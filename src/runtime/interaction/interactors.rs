@@ -16,8 +16,11 @@ use super::messages::{Answer, Answered, Prompt, Unprompt};
 /// Answers by rule (`--answers FILE`), or approves everything (`--yolo`).
 pub struct RuleInteractor {
     rules: Option<AnswerRules>,
-    /// Prompts withdrawn before their (delayed) answer went out.
-    withdrawn: HashSet<InteractionId>,
+    /// Prompts whose answer waits for its rule's delay; one withdrawn
+    /// meanwhile leaves the set and its answer never goes out. Only
+    /// pending answers are here, so the set is bounded by the prompts in
+    /// flight, not by the run's history.
+    pending: HashSet<InteractionId>,
 }
 
 impl std::fmt::Debug for RuleInteractor {
@@ -33,7 +36,7 @@ impl RuleInteractor {
     pub fn scripted(rules: AnswerRules) -> RuleInteractor {
         RuleInteractor {
             rules: Some(rules),
-            withdrawn: HashSet::new(),
+            pending: HashSet::new(),
         }
     }
 
@@ -41,7 +44,7 @@ impl RuleInteractor {
     pub fn yolo() -> RuleInteractor {
         RuleInteractor {
             rules: None,
-            withdrawn: HashSet::new(),
+            pending: HashSet::new(),
         }
     }
 }
@@ -67,8 +70,9 @@ impl Handler<Prompt> for RuleInteractor {
         if delay.is_zero() {
             msg.hub.do_send(reply);
         } else {
+            self.pending.insert(reply.id);
             ctx.run_later(delay, move |act, _| {
-                if !act.withdrawn.remove(&reply.id) {
+                if act.pending.remove(&reply.id) {
                     msg.hub.do_send(reply);
                 }
             });
@@ -80,9 +84,7 @@ impl Handler<Unprompt> for RuleInteractor {
     type Result = ();
 
     fn handle(&mut self, msg: Unprompt, _ctx: &mut Context<Self>) {
-        if self.rules.is_some() {
-            self.withdrawn.insert(msg.id);
-        }
+        self.pending.remove(&msg.id);
     }
 }
 
