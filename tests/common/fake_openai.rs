@@ -72,6 +72,9 @@ pub enum Reply {
     },
     /// 200 with this content type and body.
     Raw { content_type: String, body: String },
+    /// 200 with this content type and body, any bytes (a reply cut
+    /// inside a UTF-8 character).
+    Bytes { content_type: String, body: Vec<u8> },
     /// 200 `text/event-stream` with these exact events' data (no `[DONE]`
     /// is added).
     Events(Vec<String>),
@@ -489,6 +492,14 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
                 .unwrap()
         }
         Reply::Raw { content_type, body } => {
+            flight.done = true;
+            Response::builder()
+                .status(200)
+                .header("content-type", content_type)
+                .body(Body::from(body))
+                .unwrap()
+        }
+        Reply::Bytes { content_type, body } => {
             flight.done = true;
             Response::builder()
                 .status(200)
