@@ -1,21 +1,29 @@
 //! The run's interaction hub: owns the arbiter (first answer wins, the
 //! other interactors' prompts are withdrawn) and the interactor set, and
 //! audits every outcome (`InteractionRaised`, `InteractionAnswered`:
-//! answered, late, timed out, withdrawn, no interactor); and how a run's
-//! hub is started with its interactors.
+//! answered, late, timed out, withdrawn, abandoned, no interactor); and
+//! how a run's hub is started with its interactors.
+//!
+//! A decided interaction is remembered (to audit a late answer) only while
+//! an interactor it was withdrawn from may still answer: each one ends
+//! with its late answer or its `Released`, and the last one forgets it. So
+//! the hub holds the open interactions plus those still showing on some
+//! interactor, however long the run.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
-use troupe_actors::{Arbiter, ArbiterCommand, EventBus, InteractionId, Unanswered};
+use troupe_actors::{Arbiter, ArbiterCommand, EventBus, InteractionId, ResponderId, Unanswered};
 
 use super::answers::AnswerRules;
 use super::grants::{GrantDecision, GrantRequest};
 use super::interactors::{Prompter, RuleInteractor, TerminalInteractor};
-use super::messages::{Answer, Answered, InteractorHandle, Prompt, Raise, Unprompt, WithdrawOwner};
+use super::messages::{
+    Answer, Answered, InteractorHandle, Prompt, Raise, Released, Unprompt, WithdrawOwner,
+};
 use crate::runtime::events::{Event, EventName};
 
 /// Interaction `id` waited `--approval-timeout` without an answer.
@@ -31,13 +39,22 @@ struct Waiting {
     reply: oneshot::Sender<GrantDecision>,
 }
 
+/// A decided request an interactor may still answer late.
+struct Closed {
+    request: Arc<GrantRequest>,
+    /// Interactors whose prompt was withdrawn and who have not yet
+    /// answered late or released it.
+    holders: BTreeSet<ResponderId>,
+}
+
 /// The run's interaction hub: owns the arbiter and the interactor set.
 pub struct InteractionHub {
     arbiter: Arbiter<String>,
     interactors: Vec<InteractorHandle>,
     waiting: HashMap<InteractionId, Waiting>,
-    /// Requests answered or closed, kept for auditing late answers.
-    closed: HashMap<InteractionId, Arc<GrantRequest>>,
+    /// Decided requests kept for auditing late answers, while someone may
+    /// still give one.
+    closed: HashMap<InteractionId, Closed>,
     timeout: Option<Duration>,
     bus: EventBus<Event>,
 }
@@ -93,11 +110,19 @@ impl InteractionHub {
                         request: Arc::clone(&w.request),
                         args_json: Arc::clone(&w.args_json),
                         hub: ctx.address().recipient(),
+                        release: ctx.address().recipient(),
                     });
                 }
                 ArbiterCommand::Withdraw { id, responder } => {
                     if let Some(i) = self.interactors.get(responder) {
-                        i.unprompt.do_send(Unprompt { id });
+                        if let Some(c) = self.closed.get_mut(&id) {
+                            c.holders.insert(responder);
+                        }
+                        i.unprompt.do_send(Unprompt {
+                            id,
+                            responder,
+                            release: ctx.address().recipient(),
+                        });
                     }
                 }
                 ArbiterCommand::Answered {
@@ -126,7 +151,7 @@ impl InteractionHub {
                             },
                         };
                         let _ = w.reply.send(decision);
-                        self.closed.insert(id, w.request);
+                        self.closed.insert(id, Closed::new(w.request));
                     }
                 }
                 ArbiterCommand::Unanswered { id, why } => {
@@ -146,13 +171,18 @@ impl InteractionHub {
                             Unanswered::Withdrawn => {
                                 ("withdrawn", "the stage execution ended".to_owned())
                             }
+                            Unanswered::Abandoned => (
+                                "abandoned",
+                                "every interactor asked went away without an answer (end of input)"
+                                    .to_owned(),
+                            ),
                         };
                         self.bus.publish(
                             self.event(EventName::InteractionAnswered, &w.request, id)
                                 .with("outcome", outcome),
                         );
                         let _ = w.reply.send(GrantDecision::Denied { reason });
-                        self.closed.insert(id, w.request);
+                        self.closed.insert(id, Closed::new(w.request));
                     }
                 }
                 ArbiterCommand::Late {
@@ -160,20 +190,48 @@ impl InteractionHub {
                     responder,
                     answer,
                 } => {
-                    if let Some(request) = self.closed.get(&id) {
+                    if let Some(c) = self.closed.get(&id) {
                         let by = self
                             .interactors
                             .get(responder)
                             .map_or("?", |i| i.name.as_str());
                         self.bus.publish(
-                            self.event(EventName::InteractionAnswered, request, id)
+                            self.event(EventName::InteractionAnswered, &c.request, id)
                                 .with("outcome", "late")
                                 .with("answer", answer.as_str())
                                 .with("by", by),
                         );
                     }
+                    self.let_go(id, responder);
                 }
             }
+        }
+        // Decided with no prompt withdrawn (no interactor, or the only
+        // one answered): no late answer can come.
+        self.closed.retain(|_, c| !c.holders.is_empty());
+    }
+
+    /// `responder` will never answer decided request `id` again.
+    fn let_go(&mut self, id: InteractionId, responder: ResponderId) {
+        if let Some(c) = self.closed.get_mut(&id) {
+            c.holders.remove(&responder);
+            if c.holders.is_empty() {
+                self.closed.remove(&id);
+            }
+        }
+    }
+
+    /// Decided requests still remembered for a late answer.
+    pub fn remembered(&self) -> usize {
+        self.closed.len()
+    }
+}
+
+impl Closed {
+    fn new(request: Arc<GrantRequest>) -> Closed {
+        Closed {
+            request,
+            holders: BTreeSet::new(),
         }
     }
 }
@@ -226,6 +284,17 @@ impl Handler<Answered> for InteractionHub {
         let mut out = Vec::new();
         self.arbiter
             .answer(msg.id, msg.responder, msg.answer, &mut out);
+        self.carry_out(out, ctx);
+    }
+}
+
+impl Handler<Released> for InteractionHub {
+    type Result = ();
+
+    fn handle(&mut self, msg: Released, ctx: &mut Context<Self>) {
+        let mut out = Vec::new();
+        self.arbiter.release(msg.id, msg.responder, &mut out);
+        self.let_go(msg.id, msg.responder);
         self.carry_out(out, ctx);
     }
 }
@@ -310,4 +379,113 @@ pub fn start_hub(
         })
         .collect();
     InteractionHub::new(interactors, timeout, bus).start()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::runtime::interaction::AnswerRules;
+
+    /// Asks an actor how much it remembers, after everything already in
+    /// its mailbox.
+    #[derive(Message)]
+    #[rtype(result = "usize")]
+    struct Held;
+
+    impl Handler<Held> for InteractionHub {
+        type Result = usize;
+        fn handle(&mut self, _: Held, _: &mut Context<Self>) -> usize {
+            self.remembered() + self.waiting.len()
+        }
+    }
+
+    impl Handler<Held> for RuleInteractor {
+        type Result = usize;
+        fn handle(&mut self, _: Held, _: &mut Context<Self>) -> usize {
+            self.delayed()
+        }
+    }
+
+    fn handle(name: &str, a: &Addr<RuleInteractor>) -> InteractorHandle {
+        InteractorHandle {
+            name: name.to_owned(),
+            prompt: a.clone().recipient(),
+            unprompt: a.clone().recipient(),
+        }
+    }
+
+    fn request(i: usize) -> GrantRequest {
+        GrantRequest {
+            workflow_run_id: "run".into(),
+            stage_execution_id: format!("run/s/{i}"),
+            stage_id: "s".into(),
+            attempt: 1,
+            proposal_id: format!("p{i}"),
+            tool: "Bash".into(),
+            args_digest: String::new(),
+            args_summary: String::new(),
+        }
+    }
+
+    /// A thousand requests, each answered by the first of two yolo
+    /// interactors, answered late by the second, and withdrawn from an
+    /// interactor whose answer waits an hour: every late answer is still
+    /// audited, and afterwards neither the hub nor the slow interactor
+    /// remembers any of them.
+    #[test]
+    fn decided_requests_are_forgotten_once_no_late_answer_can_come() {
+        let n = 1000;
+        let bus: EventBus<Event> = EventBus::new();
+        let sub = bus.subscribe_audit("test", 1 << 16);
+        let hub_bus = bus.clone();
+        actix::System::new().block_on(async move {
+            let first = RuleInteractor::yolo().start();
+            let second = RuleInteractor::yolo().start();
+            let rules =
+                AnswerRules::parse("slow", "answers:\n  - { answer: deny, delay: 1h }\n").unwrap();
+            let slow = RuleInteractor::scripted(rules).start();
+            let hub = InteractionHub::new(
+                vec![
+                    handle("first", &first),
+                    handle("second", &second),
+                    handle("slow", &slow),
+                ],
+                None,
+                hub_bus,
+            )
+            .start();
+            for i in 0..n {
+                let (reply, decision) = oneshot::channel();
+                hub.do_send(Raise {
+                    request: request(i),
+                    args_json: "{}".into(),
+                    reply,
+                });
+                assert_eq!(
+                    decision.await.unwrap(),
+                    GrantDecision::Approved { by: "first".into() }
+                );
+            }
+            // The hub sent every withdrawal before its decision: once the
+            // interactors have read their mailboxes, their releases and
+            // late answers are in the hub's, ahead of the question.
+            assert_eq!(second.send(Held).await.unwrap(), 0);
+            assert_eq!(slow.send(Held).await.unwrap(), 0, "no delayed answer kept");
+            assert_eq!(hub.send(Held).await.unwrap(), 0, "no decided request kept");
+        });
+        bus.close();
+        let late = sub
+            .receiver()
+            .iter()
+            .filter(|d| match d {
+                troupe_actors::Delivery::Event(env) => {
+                    env.event.to_json(env.seq)["outcome"] == "late"
+                }
+                troupe_actors::Delivery::Lagged { .. } => false,
+            })
+            .count();
+        assert_eq!(late, n, "every late answer was audited");
+    }
 }
