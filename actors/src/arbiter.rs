@@ -15,6 +15,13 @@
 //! * [`Arbiter::withdraw_owner`] decides every open interaction of an owner
 //!   as [`Unanswered::Withdrawn`] and withdraws every prompt: no one is asked
 //!   to approve work that no longer exists.
+//! * [`Arbiter::release`]: a responder will never answer (its input went
+//!   away). When the last responder asked lets go, the interaction is
+//!   decided as [`Unanswered::Abandoned`] instead of waiting forever.
+//!
+//! Ids are handed out in order, so an id below the next one that is not
+//! open was decided: late answers are told from unknown ids without
+//! keeping every decided id for the whole run.
 //!
 //! Every interaction is decided exactly once; after that, nothing about it
 //! is ever asked again.
@@ -35,6 +42,8 @@ pub enum Unanswered {
     TimedOut,
     /// Its owner went away (cancelled) before anyone answered.
     Withdrawn,
+    /// Every responder asked let go of it without answering.
+    Abandoned,
 }
 
 /// What the driver must do.
@@ -78,9 +87,6 @@ struct Open<K> {
 pub struct Arbiter<K> {
     next_id: InteractionId,
     open: BTreeMap<InteractionId, Open<K>>,
-    // No set of decided ids: every id below `next_id` was raised and is
-    // either open or decided, so "decided" is "issued and not open" — a
-    // run's whole history of approvals costs no memory here.
 }
 
 impl<K> Default for Arbiter<K> {
@@ -179,6 +185,28 @@ impl<K: Clone + PartialEq> Arbiter<K> {
         }
     }
 
+    /// `responder` will never answer `id` (its input is gone). The last
+    /// responder to let go decides it as [`Unanswered::Abandoned`].
+    /// Nothing happens if `id` was decided or `responder` was not asked.
+    pub fn release<A>(
+        &mut self,
+        id: InteractionId,
+        responder: ResponderId,
+        out: &mut Vec<ArbiterCommand<A>>,
+    ) {
+        let Some(open) = self.open.get_mut(&id) else {
+            return;
+        };
+        if open.asked.remove(&responder) && open.asked.is_empty() {
+            self.close(id, Unanswered::Abandoned, out);
+        }
+    }
+
+    /// Whether `id` was raised and decided: ids are given out in order.
+    fn was_decided(&self, id: InteractionId) -> bool {
+        id >= 1 && id < self.next_id && !self.open.contains_key(&id)
+    }
+
     fn close<A>(&mut self, id: InteractionId, why: Unanswered, out: &mut Vec<ArbiterCommand<A>>) {
         let Some(open) = self.open.remove(&id) else {
             return;
@@ -187,11 +215,6 @@ impl<K: Clone + PartialEq> Arbiter<K> {
         for responder in open.asked {
             out.push(ArbiterCommand::Withdraw { id, responder });
         }
-    }
-
-    /// Whether `id` was raised here and is decided.
-    fn was_decided(&self, id: InteractionId) -> bool {
-        id >= 1 && id < self.next_id && !self.open.contains_key(&id)
     }
 
     /// Interactions still waiting for an answer.
@@ -297,28 +320,6 @@ mod tests {
     }
 
     #[test]
-    fn a_late_answer_is_known_after_thousands_of_decisions_without_a_decided_set() {
-        let mut a: Arbiter<&str> = Arbiter::new();
-        let mut out: Vec<C<&str>> = Vec::new();
-        let first = a.raise("s", [0], &mut out);
-        for _ in 0..10_000 {
-            let id = a.raise("s", [0], &mut out);
-            a.answer(id, 0, "approve", &mut out);
-        }
-        a.answer(first, 0, "approve", &mut out);
-        out.clear();
-        // `first` is decided now; an answer to it again is late, and an id
-        // never issued is nobody's.
-        a.answer(first, 0, "deny", &mut out);
-        assert!(matches!(out[..], [C::Late { .. }]));
-        out.clear();
-        a.answer(1_000_000, 0, "approve", &mut out);
-        a.answer(0, 0, "approve", &mut out);
-        assert!(out.is_empty());
-        assert_eq!(a.open_count(), 0);
-    }
-
-    #[test]
     fn an_answer_from_someone_never_asked_changes_nothing() {
         let mut a = Arbiter::new();
         let mut out: Cmds = Vec::new();
@@ -330,12 +331,56 @@ mod tests {
         assert!(a.is_open(id));
     }
 
+    #[test]
+    fn the_last_responder_to_let_go_abandons_it() {
+        let mut a = Arbiter::new();
+        let mut out: Cmds = Vec::new();
+        let id = a.raise("s1", [0, 1], &mut out);
+        out.clear();
+        a.release(id, 0, &mut out);
+        a.release(id, 7, &mut out);
+        assert!(out.is_empty(), "another responder may still answer");
+        a.release(id, 1, &mut out);
+        assert_eq!(
+            out,
+            [C::Unanswered {
+                id,
+                why: Unanswered::Abandoned
+            }],
+            "no one holds a prompt to withdraw"
+        );
+        out.clear();
+        a.release(id, 1, &mut out);
+        assert!(out.is_empty(), "decided once");
+    }
+
+    #[test]
+    fn late_answers_are_known_without_remembering_every_decided_id() {
+        let mut a = Arbiter::new();
+        let mut out: Cmds = Vec::new();
+        let first = a.raise("s1", [0], &mut out);
+        for _ in 0..10_000 {
+            let id = a.raise("s1", [0], &mut out);
+            a.time_out(id, &mut out);
+        }
+        a.time_out(first, &mut out);
+        out.clear();
+        a.answer(first, 0, "approve", &mut out);
+        assert!(matches!(out[..], [C::Late { id, .. }] if id == first));
+        out.clear();
+        a.answer(0, 0, "approve", &mut out);
+        a.answer(first + 10_001, 0, "approve", &mut out);
+        assert!(out.is_empty(), "never raised: not late, unknown");
+        assert_eq!(a.open_count(), 0);
+    }
+
     #[derive(Debug, Clone)]
     enum Step {
         Raise(u8, u8),
         Answer(u8, u8),
         TimeOut(u8),
         Withdraw(u8),
+        Release(u8, u8),
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -344,6 +389,7 @@ mod tests {
             (0u8..8, 0u8..4).prop_map(|(i, r)| Step::Answer(i, r)),
             (0u8..8).prop_map(Step::TimeOut),
             (0u8..3).prop_map(Step::Withdraw),
+            (0u8..8, 0u8..4).prop_map(|(i, r)| Step::Release(i, r)),
         ]
     }
 
@@ -364,6 +410,11 @@ mod tests {
                     Step::Answer(i, r) => if let Some(&id) = ids.get(usize::from(i)) { a.answer(id, usize::from(r), 1, &mut out) },
                     Step::TimeOut(i) => if let Some(&id) = ids.get(usize::from(i)) { a.time_out(id, &mut out) },
                     Step::Withdraw(owner) => a.withdraw_owner(&owner, &mut out),
+                    Step::Release(i, r) => if let Some(&id) = ids.get(usize::from(i)) {
+                        // The responder lets go: it holds the prompt no more.
+                        holding.remove(&(id, usize::from(r)));
+                        a.release(id, usize::from(r), &mut out);
+                    },
                 }
                 for c in out {
                     match c {

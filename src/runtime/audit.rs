@@ -2,14 +2,21 @@
 //! only, never dropped, flushed when the bus closes) and the `--events`
 //! stream (every event; observer events may be dropped under load, which is
 //! reported as `SubscriberLagged`).
+//!
+//! An audit log that cannot be written (disk full, its file removed or
+//! replaced) is not a warning: the writer says so on the sink's failure
+//! notice, naming what was lost, and the session ends the run with
+//! `Session/AuditLost` rather than keep working without a record.
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{RecvTimeoutError, TryRecvError};
+use tokio::sync::oneshot;
 
 use troupe_actors::{Delivery, EventBus, Subscription};
 
@@ -25,12 +32,24 @@ const STREAM_QUEUE: usize = 8_192;
 pub struct Sink {
     handle: JoinHandle<io::Result<u64>>,
     pub path: Option<PathBuf>,
+    /// Says why, when the sink stops writing before the bus closes.
+    failure: Option<oneshot::Receiver<String>>,
 }
 
 impl Sink {
     /// Wraps a thread that drains a subscription.
     pub fn from_thread(handle: JoinHandle<io::Result<u64>>) -> Sink {
-        Sink { handle, path: None }
+        Sink {
+            handle,
+            path: None,
+            failure: None,
+        }
+    }
+
+    /// The notice the audit writer sends when it can no longer write
+    /// (`Session/AuditLost: …`); taken once, by whoever ends the run.
+    pub fn take_failure_notice(&mut self) -> Option<oneshot::Receiver<String>> {
+        self.failure.take()
     }
 
     /// Waits until the bus is closed and everything is written; returns the
@@ -63,14 +82,80 @@ fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Resul
     } else {
         File::create(path)?
     };
+    let file = AuditFile::new(file, path)?;
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
+    let (notice, failure) = oneshot::channel();
+    let shown = path.display().to_string();
     let handle = std::thread::Builder::new()
         .name("troupe-audit".into())
-        .spawn(move || write_lines(sub, file, PACE, ""))?;
+        .spawn(move || {
+            let written = write_lines(sub, file, PACE, "");
+            if let Err(e) = &written {
+                let _ = notice.send(format!("{AUDIT_LOST}: the audit log {shown}: {e}"));
+            }
+            written
+        })?;
     Ok(Sink {
         handle,
         path: Some(path.to_owned()),
+        failure: Some(failure),
     })
+}
+
+/// The code of a run whose audit log could not be written.
+pub const AUDIT_LOST: &str = "Session/AuditLost";
+
+/// The audit log's file, which checks on every flush that its path still
+/// names it: a log removed or replaced mid-run goes on taking writes into
+/// an unlinked file, and the record would be lost without a word.
+struct AuditFile {
+    file: File,
+    path: PathBuf,
+    /// `(device, inode)` of the file as opened.
+    id: (u64, u64),
+    /// Lines already flushed to the file (lost with it if it is removed).
+    flushed: u64,
+    unflushed: u64,
+}
+
+impl AuditFile {
+    fn new(file: File, path: &Path) -> io::Result<AuditFile> {
+        let meta = file.metadata()?;
+        Ok(AuditFile {
+            file,
+            path: path.to_owned(),
+            id: (meta.dev(), meta.ino()),
+            flushed: 0,
+            unflushed: 0,
+        })
+    }
+}
+
+impl Write for AuditFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        // Lines are written whole (`write_all` of complete lines): count
+        // the newlines that went out.
+        self.unflushed += buf[..n].iter().filter(|b| **b == b'\n').count() as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()?;
+        let same = std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
+        if !same {
+            let lines = self.flushed + self.unflushed;
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "the file was removed or replaced while the run wrote it; the {lines} lines written to it are gone with it"
+                ),
+            ));
+        }
+        self.flushed += self.unflushed;
+        self.unflushed = 0;
+        Ok(())
+    }
 }
 
 /// Streams every event of run `run_id` as JSON lines to `out` (e.g.
@@ -137,6 +222,8 @@ fn write_lines<W: Write>(
     let mut pending = Vec::with_capacity(BATCH + 4096);
     // When the oldest pending line must be written by.
     let mut flush_by: Option<Instant> = None;
+    // The seq of the first pending line: what a failed write loses from.
+    let mut pending_from: Option<u64> = None;
     let mut idle = 0u32;
     loop {
         // What is queued is taken without reading the clock; the clock and
@@ -147,7 +234,7 @@ fn write_lines<W: Write>(
             Err(TryRecvError::Empty) if idle < pace.idle_polls => {
                 idle += 1;
                 if flush_by.is_some_and(|deadline| Instant::now() >= deadline) {
-                    write_out(&mut out, &mut pending)?;
+                    write_out(&mut out, &mut pending, &mut pending_from)?;
                     flush_by = None;
                 }
                 std::thread::sleep(pace.poll);
@@ -161,7 +248,7 @@ fn write_lines<W: Write>(
                 match next {
                     Ok(d) => d,
                     Err(RecvTimeoutError::Timeout) => {
-                        write_out(&mut out, &mut pending)?;
+                        write_out(&mut out, &mut pending, &mut pending_from)?;
                         flush_by = None;
                         continue;
                     }
@@ -170,6 +257,11 @@ fn write_lines<W: Write>(
             }
         };
         idle = 0;
+        let seq = match &delivery {
+            Delivery::Event(env) => env.seq,
+            Delivery::Lagged { last_seq, .. } => *last_seq,
+        };
+        pending_from.get_or_insert(seq);
         match delivery {
             Delivery::Event(env) => env.event.write_json(env.seq, &mut pending),
             Delivery::Lagged { dropped, last_seq } => serde_json::to_writer(
@@ -196,19 +288,32 @@ fn write_lines<W: Write>(
             Some(deadline) => lines.is_multiple_of(64) && Instant::now() >= deadline,
         };
         if due || pending.len() >= BATCH {
-            write_out(&mut out, &mut pending)?;
+            write_out(&mut out, &mut pending, &mut pending_from)?;
             flush_by = None;
         }
     }
-    write_out(&mut out, &mut pending)?;
+    write_out(&mut out, &mut pending, &mut pending_from)?;
     Ok(lines)
 }
 
-/// Writes and flushes the pending lines.
-fn write_out<W: Write>(out: &mut W, pending: &mut Vec<u8>) -> io::Result<()> {
-    out.write_all(pending)?;
+/// Writes and flushes the pending lines. A failure says from which seq on
+/// events are missing: the pending ones and every later one (the writer
+/// stops, and the bus drops a subscriber that stopped reading).
+fn write_out<W: Write>(
+    out: &mut W,
+    pending: &mut Vec<u8>,
+    pending_from: &mut Option<u64>,
+) -> io::Result<()> {
+    let from = pending_from.take();
+    let written = out.write_all(pending).and_then(|()| out.flush());
     pending.clear();
-    out.flush()
+    written.map_err(|e| match from {
+        Some(seq) => io::Error::new(
+            e.kind(),
+            format!("{e}; every event from seq {seq} on is missing from it"),
+        ),
+        None => e,
+    })
 }
 
 #[cfg(test)]

@@ -15,4 +15,6 @@ pub use answers::{AnswerRule, AnswerRules};
 pub use grants::{GrantDecision, GrantError, GrantLedger, GrantRequest, args_digest, args_summary};
 pub use hub::{InteractionHub, InteractorSpec, start_hub};
 pub use interactors::{PromptView, Prompter, RuleInteractor, TerminalInteractor};
-pub use messages::{Answer, Answered, InteractorHandle, Prompt, Raise, Unprompt, WithdrawOwner};
+pub use messages::{
+    Answer, Answered, InteractorHandle, Prompt, Raise, Released, Unprompt, WithdrawOwner,
+};

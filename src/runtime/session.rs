@@ -1,17 +1,18 @@
 //! The session actor: one per run. It starts the interaction hub (with the
 //! run's interactors), the run's arbiters and the scheduler, relays what
 //! its owner tells it ([`ToSession`]: start, cancel), enforces
-//! `--max-run-time`, and when the run is over closes the event bus so every
-//! sink (the audit log first) is flushed before it answers.
+//! `--max-run-time`, ends the run as `Session/AuditLost` when the audit log
+//! cannot be written, and when the run is over closes the event bus so
+//! every sink (the audit log first) is flushed before it answers.
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::audit::Sink;
+use super::audit::{AUDIT_LOST, Sink};
 use super::interaction::start_hub;
 use super::scheduler::{RunFinished, Scheduler, ToScheduler};
 use super::spec::RunSpec;
-use super::summary::RunReport;
+use super::summary::{RunReport, RunStatus};
 
 /// What the session is told by its owner (the CLI, a test, a library
 /// user).
@@ -80,6 +81,25 @@ impl Session {
                 });
             });
         }
+        // A run that can no longer be recorded stops: it ends failed, as
+        // when a limit is reached, with the writer's account of what was
+        // lost. A sink that ends normally drops its notice unsent.
+        let notices: Vec<_> = self
+            .sinks
+            .iter_mut()
+            .filter_map(Sink::take_failure_notice)
+            .collect();
+        for notice in notices {
+            let scheduler = scheduler.clone();
+            ctx.spawn(
+                async move {
+                    if let Ok(reason) = notice.await {
+                        scheduler.do_send(ToScheduler::LimitReached { reason });
+                    }
+                }
+                .into_actor(self),
+            );
+        }
         self.scheduler = Some(scheduler);
     }
 }
@@ -112,8 +132,21 @@ impl Handler<RunFinished> for Session {
         self.spec.bus.close();
         for sink in self.sinks.drain(..) {
             let path = sink.path.clone();
-            if let Err(e) = sink.finish() {
-                report.warnings.push(format!("an event sink failed: {e}"));
+            match (sink.finish(), &path) {
+                (Ok(_), _) => {}
+                // The audit log is the run's record: a run that lost part
+                // of it (the last flush failed, after the run's end) has
+                // failed, whatever its stages did.
+                (Err(e), Some(path)) => {
+                    let reason = format!("{AUDIT_LOST}: the audit log {}: {e}", path.display());
+                    if matches!(report.status, RunStatus::Ok) {
+                        report.status = RunStatus::Failed {
+                            reason: reason.clone(),
+                        };
+                    }
+                    report.warnings.push(reason);
+                }
+                (Err(e), None) => report.warnings.push(format!("an event sink failed: {e}")),
             }
             if path.is_some() {
                 report.audit_path = path;

@@ -1,21 +1,29 @@
 //! The run's interaction hub: owns the arbiter (first answer wins, the
 //! other interactors' prompts are withdrawn) and the interactor set, and
 //! audits every outcome (`InteractionRaised`, `InteractionAnswered`:
-//! answered, late, timed out, withdrawn, no interactor); and how a run's
-//! hub is started with its interactors.
+//! answered, late, timed out, withdrawn, abandoned, no interactor); and
+//! how a run's hub is started with its interactors.
+//!
+//! A decided interaction is remembered (to audit a late answer) only while
+//! an interactor it was withdrawn from may still answer: each one ends
+//! with its late answer or its `Released`, and the last one forgets it. So
+//! the hub holds the open interactions plus those still showing on some
+//! interactor, however long the run.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
-use troupe_actors::{Arbiter, ArbiterCommand, EventBus, InteractionId, Unanswered};
+use troupe_actors::{Arbiter, ArbiterCommand, EventBus, InteractionId, ResponderId, Unanswered};
 
 use super::answers::AnswerRules;
 use super::grants::{GrantDecision, GrantRequest};
 use super::interactors::{Prompter, RuleInteractor, TerminalInteractor};
-use super::messages::{Answer, Answered, InteractorHandle, Prompt, Raise, Unprompt, WithdrawOwner};
+use super::messages::{
+    Answer, Answered, InteractorHandle, Prompt, Raise, Released, Unprompt, WithdrawOwner,
+};
 use crate::runtime::events::{Event, EventName};
 
 /// Interaction `id` waited `--approval-timeout` without an answer.
@@ -31,15 +39,22 @@ struct Waiting {
     reply: oneshot::Sender<GrantDecision>,
 }
 
+/// A decided request an interactor may still answer late.
+struct Closed {
+    request: Arc<GrantRequest>,
+    /// Interactors whose prompt was withdrawn and who have not yet
+    /// answered late or released it.
+    holders: BTreeSet<ResponderId>,
+}
+
 /// The run's interaction hub: owns the arbiter and the interactor set.
 pub struct InteractionHub {
     arbiter: Arbiter<String>,
     interactors: Vec<InteractorHandle>,
     waiting: HashMap<InteractionId, Waiting>,
-    /// The last [`LATE_WINDOW`] requests answered or closed, kept for
-    /// auditing late answers (oldest first in `closed_order`).
-    closed: HashMap<InteractionId, Arc<GrantRequest>>,
-    closed_order: VecDeque<InteractionId>,
+    /// Decided requests kept for auditing late answers, while someone may
+    /// still give one.
+    closed: HashMap<InteractionId, Closed>,
     timeout: Option<Duration>,
     bus: EventBus<Event>,
 }
@@ -53,31 +68,7 @@ impl std::fmt::Debug for InteractionHub {
     }
 }
 
-/// How many decided interactions the hub remembers for a late answer's
-/// audit record. A late answer comes from a prompt that was on screen (or
-/// a delayed rule) when its interaction was decided, so it follows within
-/// a few interactions; one later than this many is ignored, as an answer
-/// to an unknown id is. Bounds the hub's memory over a long run.
-pub const LATE_WINDOW: usize = 1024;
-
 impl InteractionHub {
-    /// Remembers a decided request for a late answer's audit, forgetting
-    /// the oldest past [`LATE_WINDOW`].
-    fn remember_closed(&mut self, id: InteractionId, request: Arc<GrantRequest>) {
-        self.closed.insert(id, request);
-        self.closed_order.push_back(id);
-        while self.closed_order.len() > LATE_WINDOW {
-            if let Some(old) = self.closed_order.pop_front() {
-                self.closed.remove(&old);
-            }
-        }
-    }
-
-    /// Decided requests remembered now (at most [`LATE_WINDOW`]).
-    pub fn remembered(&self) -> usize {
-        self.closed.len()
-    }
-
     pub fn new(
         interactors: Vec<InteractorHandle>,
         timeout: Option<Duration>,
@@ -88,7 +79,6 @@ impl InteractionHub {
             interactors,
             waiting: HashMap::new(),
             closed: HashMap::new(),
-            closed_order: VecDeque::new(),
             timeout,
             bus,
         }
@@ -120,11 +110,19 @@ impl InteractionHub {
                         request: Arc::clone(&w.request),
                         args_json: Arc::clone(&w.args_json),
                         hub: ctx.address().recipient(),
+                        release: ctx.address().recipient(),
                     });
                 }
                 ArbiterCommand::Withdraw { id, responder } => {
                     if let Some(i) = self.interactors.get(responder) {
-                        i.unprompt.do_send(Unprompt { id });
+                        if let Some(c) = self.closed.get_mut(&id) {
+                            c.holders.insert(responder);
+                        }
+                        i.unprompt.do_send(Unprompt {
+                            id,
+                            responder,
+                            release: ctx.address().recipient(),
+                        });
                     }
                 }
                 ArbiterCommand::Answered {
@@ -153,7 +151,7 @@ impl InteractionHub {
                             },
                         };
                         let _ = w.reply.send(decision);
-                        self.remember_closed(id, w.request);
+                        self.closed.insert(id, Closed::new(w.request));
                     }
                 }
                 ArbiterCommand::Unanswered { id, why } => {
@@ -173,13 +171,18 @@ impl InteractionHub {
                             Unanswered::Withdrawn => {
                                 ("withdrawn", "the stage execution ended".to_owned())
                             }
+                            Unanswered::Abandoned => (
+                                "abandoned",
+                                "every interactor asked went away without an answer (end of input)"
+                                    .to_owned(),
+                            ),
                         };
                         self.bus.publish(
                             self.event(EventName::InteractionAnswered, &w.request, id)
                                 .with("outcome", outcome),
                         );
                         let _ = w.reply.send(GrantDecision::Denied { reason });
-                        self.remember_closed(id, w.request);
+                        self.closed.insert(id, Closed::new(w.request));
                     }
                 }
                 ArbiterCommand::Late {
@@ -187,20 +190,48 @@ impl InteractionHub {
                     responder,
                     answer,
                 } => {
-                    if let Some(request) = self.closed.get(&id) {
+                    if let Some(c) = self.closed.get(&id) {
                         let by = self
                             .interactors
                             .get(responder)
                             .map_or("?", |i| i.name.as_str());
                         self.bus.publish(
-                            self.event(EventName::InteractionAnswered, request, id)
+                            self.event(EventName::InteractionAnswered, &c.request, id)
                                 .with("outcome", "late")
                                 .with("answer", answer.as_str())
                                 .with("by", by),
                         );
                     }
+                    self.let_go(id, responder);
                 }
             }
+        }
+        // Decided with no prompt withdrawn (no interactor, or the only
+        // one answered): no late answer can come.
+        self.closed.retain(|_, c| !c.holders.is_empty());
+    }
+
+    /// `responder` will never answer decided request `id` again.
+    fn let_go(&mut self, id: InteractionId, responder: ResponderId) {
+        if let Some(c) = self.closed.get_mut(&id) {
+            c.holders.remove(&responder);
+            if c.holders.is_empty() {
+                self.closed.remove(&id);
+            }
+        }
+    }
+
+    /// Decided requests still remembered for a late answer.
+    pub fn remembered(&self) -> usize {
+        self.closed.len()
+    }
+}
+
+impl Closed {
+    fn new(request: Arc<GrantRequest>) -> Closed {
+        Closed {
+            request,
+            holders: BTreeSet::new(),
         }
     }
 }
@@ -253,6 +284,17 @@ impl Handler<Answered> for InteractionHub {
         let mut out = Vec::new();
         self.arbiter
             .answer(msg.id, msg.responder, msg.answer, &mut out);
+        self.carry_out(out, ctx);
+    }
+}
+
+impl Handler<Released> for InteractionHub {
+    type Result = ();
+
+    fn handle(&mut self, msg: Released, ctx: &mut Context<Self>) {
+        let mut out = Vec::new();
+        self.arbiter.release(msg.id, msg.responder, &mut out);
+        self.let_go(msg.id, msg.responder);
         self.carry_out(out, ctx);
     }
 }
@@ -341,28 +383,109 @@ pub fn start_hub(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    #![allow(clippy::unwrap_used)]
 
-    #[test]
-    fn a_long_run_remembers_only_the_last_window_of_decided_requests() {
-        let mut hub = InteractionHub::new(Vec::new(), None, EventBus::new());
-        let request = Arc::new(GrantRequest {
-            workflow_run_id: "r".to_owned(),
-            stage_execution_id: "r/s/1".to_owned(),
-            stage_id: "s".to_owned(),
-            attempt: 1,
-            proposal_id: "p".to_owned(),
-            tool: "Bash".to_owned(),
-            args_digest: "d".to_owned(),
-            args_summary: "{}".to_owned(),
-        });
-        let total = LATE_WINDOW as u64 * 3;
-        for id in 1..=total {
-            hub.remember_closed(id, Arc::clone(&request));
+    use super::*;
+    use crate::runtime::interaction::AnswerRules;
+
+    /// Asks an actor how much it remembers, after everything already in
+    /// its mailbox.
+    #[derive(Message)]
+    #[rtype(result = "usize")]
+    struct Held;
+
+    impl Handler<Held> for InteractionHub {
+        type Result = usize;
+        fn handle(&mut self, _: Held, _: &mut Context<Self>) -> usize {
+            self.remembered() + self.waiting.len()
         }
-        assert_eq!(hub.remembered(), LATE_WINDOW);
-        // The newest are the ones kept.
-        assert!(hub.closed.contains_key(&total));
-        assert!(!hub.closed.contains_key(&(total - LATE_WINDOW as u64)));
+    }
+
+    impl Handler<Held> for RuleInteractor {
+        type Result = usize;
+        fn handle(&mut self, _: Held, _: &mut Context<Self>) -> usize {
+            self.delayed()
+        }
+    }
+
+    fn handle(name: &str, a: &Addr<RuleInteractor>) -> InteractorHandle {
+        InteractorHandle {
+            name: name.to_owned(),
+            prompt: a.clone().recipient(),
+            unprompt: a.clone().recipient(),
+        }
+    }
+
+    fn request(i: usize) -> GrantRequest {
+        GrantRequest {
+            workflow_run_id: "run".into(),
+            stage_execution_id: format!("run/s/{i}"),
+            stage_id: "s".into(),
+            attempt: 1,
+            proposal_id: format!("p{i}"),
+            tool: "Bash".into(),
+            args_digest: String::new(),
+            args_summary: String::new(),
+        }
+    }
+
+    /// A thousand requests, each answered by the first of two yolo
+    /// interactors, answered late by the second, and withdrawn from an
+    /// interactor whose answer waits an hour: every late answer is still
+    /// audited, and afterwards neither the hub nor the slow interactor
+    /// remembers any of them.
+    #[test]
+    fn decided_requests_are_forgotten_once_no_late_answer_can_come() {
+        let n = 1000;
+        let bus: EventBus<Event> = EventBus::new();
+        let sub = bus.subscribe_audit("test", 1 << 16);
+        let hub_bus = bus.clone();
+        actix::System::new().block_on(async move {
+            let first = RuleInteractor::yolo().start();
+            let second = RuleInteractor::yolo().start();
+            let rules =
+                AnswerRules::parse("slow", "answers:\n  - { answer: deny, delay: 1h }\n").unwrap();
+            let slow = RuleInteractor::scripted(rules).start();
+            let hub = InteractionHub::new(
+                vec![
+                    handle("first", &first),
+                    handle("second", &second),
+                    handle("slow", &slow),
+                ],
+                None,
+                hub_bus,
+            )
+            .start();
+            for i in 0..n {
+                let (reply, decision) = oneshot::channel();
+                hub.do_send(Raise {
+                    request: request(i),
+                    args_json: "{}".into(),
+                    reply,
+                });
+                assert_eq!(
+                    decision.await.unwrap(),
+                    GrantDecision::Approved { by: "first".into() }
+                );
+            }
+            // The hub sent every withdrawal before its decision: once the
+            // interactors have read their mailboxes, their releases and
+            // late answers are in the hub's, ahead of the question.
+            assert_eq!(second.send(Held).await.unwrap(), 0);
+            assert_eq!(slow.send(Held).await.unwrap(), 0, "no delayed answer kept");
+            assert_eq!(hub.send(Held).await.unwrap(), 0, "no decided request kept");
+        });
+        bus.close();
+        let late = sub
+            .receiver()
+            .iter()
+            .filter(|d| match d {
+                troupe_actors::Delivery::Event(env) => {
+                    env.event.to_json(env.seq)["outcome"] == "late"
+                }
+                troupe_actors::Delivery::Lagged { .. } => false,
+            })
+            .count();
+        assert_eq!(late, n, "every late answer was audited");
     }
 }

@@ -11,16 +11,15 @@ use tokio::sync::oneshot;
 use troupe_actors::InteractionId;
 
 use super::answers::AnswerRules;
-use super::messages::{Answer, Answered, Prompt, Unprompt};
+use super::messages::{Answer, Answered, Prompt, Released, Unprompt};
 
 /// Answers by rule (`--answers FILE`), or approves everything (`--yolo`).
 pub struct RuleInteractor {
     rules: Option<AnswerRules>,
-    /// Prompts whose answer waits for its rule's delay; one withdrawn
-    /// meanwhile leaves the set and its answer never goes out. Only
-    /// pending answers are here, so the set is bounded by the prompts in
-    /// flight, not by the run's history.
-    pending: HashSet<InteractionId>,
+    /// Prompts whose (delayed) answer has not gone out yet; a withdrawn
+    /// one leaves the set and its answer is never sent. Holds only the
+    /// answers still on their way, however long the run.
+    delayed: HashSet<InteractionId>,
 }
 
 impl std::fmt::Debug for RuleInteractor {
@@ -36,7 +35,7 @@ impl RuleInteractor {
     pub fn scripted(rules: AnswerRules) -> RuleInteractor {
         RuleInteractor {
             rules: Some(rules),
-            pending: HashSet::new(),
+            delayed: HashSet::new(),
         }
     }
 
@@ -44,7 +43,7 @@ impl RuleInteractor {
     pub fn yolo() -> RuleInteractor {
         RuleInteractor {
             rules: None,
-            pending: HashSet::new(),
+            delayed: HashSet::new(),
         }
     }
 }
@@ -70,9 +69,9 @@ impl Handler<Prompt> for RuleInteractor {
         if delay.is_zero() {
             msg.hub.do_send(reply);
         } else {
-            self.pending.insert(reply.id);
+            self.delayed.insert(reply.id);
             ctx.run_later(delay, move |act, _| {
-                if act.pending.remove(&reply.id) {
+                if act.delayed.remove(&reply.id) {
                     msg.hub.do_send(reply);
                 }
             });
@@ -83,8 +82,21 @@ impl Handler<Prompt> for RuleInteractor {
 impl Handler<Unprompt> for RuleInteractor {
     type Result = ();
 
+    /// A delayed answer not yet sent never will be; one already sent went
+    /// out before this release.
     fn handle(&mut self, msg: Unprompt, _ctx: &mut Context<Self>) {
-        self.pending.remove(&msg.id);
+        self.delayed.remove(&msg.id);
+        msg.release.do_send(Released {
+            id: msg.id,
+            responder: msg.responder,
+        });
+    }
+}
+
+impl RuleInteractor {
+    /// Delayed answers still on their way.
+    pub fn delayed(&self) -> usize {
+        self.delayed.len()
     }
 }
 
@@ -172,13 +184,23 @@ impl TerminalInteractor {
         ctx.spawn(asked.into_actor(self).map(|joined, act, ctx| {
             // A prompter that panicked (dropping the sender) gave no answer.
             let answer = joined.ok().flatten();
-            if let (Some(prompt), Some(answer)) = (act.showing.take(), answer) {
-                // A withdrawn prompt's answer goes out too: the hub audits it as late.
-                prompt.hub.do_send(Answered {
-                    id: prompt.id,
-                    responder: prompt.responder,
-                    answer,
-                });
+            if let Some(prompt) = act.showing.take() {
+                match answer {
+                    // A withdrawn prompt's answer goes out too: the hub
+                    // audits it as late.
+                    Some(answer) => prompt.hub.do_send(Answered {
+                        id: prompt.id,
+                        responder: prompt.responder,
+                        answer,
+                    }),
+                    // The person's input went away (end of input): no
+                    // answer will ever come, and the hub must not wait
+                    // for one.
+                    None => prompt.release.do_send(Released {
+                        id: prompt.id,
+                        responder: prompt.responder,
+                    }),
+                }
             }
             act.show_next(ctx);
         }));
@@ -201,6 +223,9 @@ impl Handler<Prompt> for TerminalInteractor {
 impl Handler<Unprompt> for TerminalInteractor {
     type Result = ();
 
+    /// A prompt being shown ends when the person answers (late) or the
+    /// prompter gives up; one that was queued, or already answered, is
+    /// released at once.
     fn handle(&mut self, msg: Unprompt, _ctx: &mut Context<Self>) {
         self.queue.retain(|p| p.id != msg.id);
         if let Some(showing) = &self.showing
@@ -208,6 +233,11 @@ impl Handler<Unprompt> for TerminalInteractor {
         {
             self.prompter
                 .withdrawn(&Self::view(showing, self.queue.len()));
+            return;
         }
+        msg.release.do_send(Released {
+            id: msg.id,
+            responder: msg.responder,
+        });
     }
 }

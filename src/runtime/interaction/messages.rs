@@ -51,6 +51,18 @@ pub struct Answered {
     pub answer: Answer,
 }
 
+/// Interactor `responder` will never answer interaction `id`: its input
+/// went away before an answer, or the prompt was withdrawn and no answer
+/// of its is on the way. Every prompt an interactor is given ends with
+/// its `Answered` or its `Released` (or both), so the hub knows when a
+/// late answer can no longer come and forgets the interaction.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Released {
+    pub id: InteractionId,
+    pub responder: ResponderId,
+}
+
 /// A stage execution ended: withdraw its open interactions everywhere.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -69,13 +81,17 @@ pub struct Prompt {
     pub request: Arc<GrantRequest>,
     pub args_json: Arc<str>,
     pub hub: Recipient<Answered>,
+    pub release: Recipient<Released>,
 }
 
-/// Take interaction `id`'s prompt away from an interactor.
+/// Take interaction `id`'s prompt away from an interactor, which answers
+/// with [`Released`] once no answer of its can follow.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct Unprompt {
     pub id: InteractionId,
+    pub responder: ResponderId,
+    pub release: Recipient<Released>,
 }
 
 /// An interactor as the hub knows it.
