@@ -6,6 +6,7 @@
 
 pub mod arrived;
 pub mod coordinator;
+mod groups;
 pub mod intake;
 pub mod nats;
 pub mod wire;

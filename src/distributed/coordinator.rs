@@ -32,7 +32,6 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use async_nats::HeaderMap;
-use futures::future::{LocalBoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
@@ -40,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use troupe_actors::EventBus;
 
 use super::arrived::exit_record;
+use super::groups::{Group, Unit};
 use super::nats::{Nats, publish_acked};
 use super::wire::{
     CANCELLED_BUCKET, Cancel, GROUPS_BUCKET, GroupContext, Report, Task, cancel_subject,
@@ -160,45 +160,6 @@ struct Committed {
     result: Arc<StageResult>,
     events: Vec<Value>,
     acker: Option<async_nats::jetstream::message::Acker>,
-}
-
-#[derive(Debug, Default)]
-struct Unit {
-    exec: Option<ExecKey>,
-    accepted: bool,
-    done: bool,
-}
-
-/// Resolves once the group's context is in the bucket (every task of the
-/// group waits for it before it is queued).
-type ContextReady = Shared<LocalBoxFuture<'static, Result<(), String>>>;
-
-#[derive(Default)]
-struct Group {
-    units: HashMap<usize, Unit>,
-    /// The group's [`GroupContext`] being put, made with the group.
-    context: Option<ContextReady>,
-    /// The group's scope: cancelled by the scheduler the moment it
-    /// decides, before this loop hears of it.
-    scope: Option<CancelScope>,
-    cancelled: bool,
-    barrier: bool,
-}
-
-impl std::fmt::Debug for Group {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Group")
-            .field("units", &self.units.len())
-            .field("cancelled", &self.is_cancelled())
-            .field("barrier", &self.barrier)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Group {
-    fn is_cancelled(&self) -> bool {
-        self.cancelled || self.scope.as_ref().is_some_and(CancelScope::is_cancelled)
-    }
 }
 
 struct Coordinator {

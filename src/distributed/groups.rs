@@ -1,0 +1,55 @@
+//! What the coordinator knows of each fan-out group it sent to workers:
+//! its siblings (units) and where each is, its shared context being put,
+//! its cancellation.
+
+use std::collections::HashMap;
+
+use futures::future::{LocalBoxFuture, Shared};
+
+use crate::runtime::cancel::CancelScope;
+use crate::runtime::scheduler::ExecKey;
+
+/// One sibling of a group, by its unit number.
+#[derive(Debug, Default)]
+pub struct Unit {
+    pub exec: Option<ExecKey>,
+    /// The worker's `Accepted` came in.
+    pub accepted: bool,
+    /// Its end is recorded (or it was settled without running).
+    pub done: bool,
+}
+
+/// Resolves once the group's context is in the bucket (every task of the
+/// group waits for it before it is queued).
+pub type ContextReady = Shared<LocalBoxFuture<'static, Result<(), String>>>;
+
+#[derive(Default)]
+pub struct Group {
+    pub units: HashMap<usize, Unit>,
+    /// The group's [`GroupContext`](super::wire::GroupContext) being put, made with the group.
+    pub context: Option<ContextReady>,
+    /// The group's scope: cancelled by the scheduler the moment it
+    /// decides, before this loop hears of it.
+    pub scope: Option<CancelScope>,
+    /// Cancelled as this loop saw it (the mark and purge are done).
+    pub cancelled: bool,
+    /// Its barrier report was published.
+    pub barrier: bool,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("units", &self.units.len())
+            .field("cancelled", &self.is_cancelled())
+            .field("barrier", &self.barrier)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Group {
+    /// Cancelled by this loop or, already, by the scheduler.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled || self.scope.as_ref().is_some_and(CancelScope::is_cancelled)
+    }
+}
