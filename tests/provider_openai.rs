@@ -15,15 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use assert_cmd::cargo::CommandCargoExt;
+use common::requests::{hello, request};
 use fake_openai::{FakeOpenAi, PROBE_TOOL, Received, Reply, pipeline_responder};
 use serde_json::{Value, json};
 use troupe::definition::Backoff;
-use troupe::definition::ToolSpec;
 use troupe::error::HasCode;
 use troupe::provider::openai::{OpenAiConfig, OpenAiProvider};
 use troupe::provider::{Message, ToolCall};
-use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError, RequestObserver};
-use troupe::runtime::context::StageContext;
+use troupe::provider::{ModelResponse, Provider, ProviderError, RequestObserver};
 
 // ---------------------------------------------------------------- helpers
 
@@ -33,52 +32,6 @@ fn provider(server: &FakeOpenAi, tune: impl FnOnce(&mut OpenAiConfig)) -> OpenAi
     c.request_timeout = Duration::from_secs(10);
     tune(&mut c);
     OpenAiProvider::new(c).unwrap()
-}
-
-fn tools() -> Arc<Vec<ToolSpec>> {
-    Arc::new(vec![
-        troupe::definition::tool_catalog::builtin("Echo").unwrap(),
-        ToolSpec {
-            name: "done".into(),
-            description: "Finish.".into(),
-            parameters: json!({"type": "object", "properties": {"summary": {"type": "string"}}}),
-        },
-    ])
-}
-
-fn request(messages: Vec<Message>) -> ModelRequest {
-    ModelRequest {
-        stage_id: "a".into(),
-        stage_execution_id: "r/a/1".into(),
-        index: None,
-        messages: messages.into(),
-        tools: tools(),
-        completion_tool: "done".into(),
-        completion_schema: Arc::new(json!({"type": "object"})),
-        ctx: Arc::new(StageContext {
-            fields: Default::default(),
-            upstream: Default::default(),
-            results: Default::default(),
-            workflow_run_id: "r".into(),
-            stage_execution_id: "r/a/1".into(),
-            item: None,
-            index: None,
-            stage_id: "a".into(),
-            stage_name: "a".into(),
-        }),
-        observer: None,
-    }
-}
-
-fn hello() -> ModelRequest {
-    request(vec![
-        Message::System {
-            content: "You are a test.".into(),
-        },
-        Message::User {
-            content: "Begin.".into(),
-        },
-    ])
 }
 
 /// Records observer signals.

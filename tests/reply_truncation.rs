@@ -17,14 +17,11 @@ mod fake_openai;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::requests::hello;
 use fake_openai::{FakeOpenAi, Reply};
-use serde_json::json;
-use troupe::definition::ToolSpec;
 use troupe::error::HasCode;
-use troupe::provider::Message;
 use troupe::provider::openai::{OpenAiConfig, OpenAiProvider};
-use troupe::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
-use troupe::runtime::context::StageContext;
+use troupe::provider::{ModelResponse, Provider, ProviderError};
 
 const PLAIN: &str = concat!(
     r#"{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"#,
@@ -59,46 +56,6 @@ fn stream() -> String {
     s
 }
 
-fn request() -> ModelRequest {
-    let tools = vec![
-        troupe::definition::tool_catalog::builtin("Echo").unwrap(),
-        ToolSpec {
-            name: "done".into(),
-            description: "Finish.".into(),
-            parameters: json!({"type": "object", "properties": {"summary": {"type": "string"}}}),
-        },
-    ];
-    ModelRequest {
-        stage_id: "a".into(),
-        stage_execution_id: "r/a/1".into(),
-        index: None,
-        messages: vec![
-            Message::System {
-                content: "You are a test.".into(),
-            },
-            Message::User {
-                content: "Begin.".into(),
-            },
-        ]
-        .into(),
-        tools: Arc::new(tools),
-        completion_tool: "done".into(),
-        completion_schema: Arc::new(json!({"type": "object"})),
-        ctx: Arc::new(StageContext {
-            fields: Default::default(),
-            upstream: Default::default(),
-            results: Default::default(),
-            workflow_run_id: "r".into(),
-            stage_execution_id: "r/a/1".into(),
-            item: None,
-            index: None,
-            stage_id: "a".into(),
-            stage_name: "a".into(),
-        }),
-        observer: None,
-    }
-}
-
 /// Sends one request for every prefix of `body` (served as
 /// `content_type`), from empty to whole; returns each outcome by length.
 async fn every_prefix(
@@ -124,7 +81,7 @@ async fn every_prefix(
     let mut out = Vec::new();
     for n in 0..=len {
         *cut.lock().unwrap() = n;
-        out.push((n, provider.complete(request()).await));
+        out.push((n, provider.complete(hello()).await));
     }
     out
 }

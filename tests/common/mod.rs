@@ -4,6 +4,7 @@
 
 pub mod openai_rules;
 pub mod project;
+pub mod requests;
 pub mod run;
 
 use std::path::{Path, PathBuf};
