@@ -54,17 +54,13 @@ fn three_workers_give_the_results_one_process_gives_under_the_cap() {
     let server = Server::start(&bin);
     let fixture = pipeline("true", None);
     let project = Project::new();
-    let workers: Vec<Worker> = (1..=3)
-        .map(|i| {
-            Worker::start(
-                fixture.path(),
-                &server.url(),
-                &format!("w{i}"),
-                project.root(),
-                &["--max-siblings", "2"],
-            )
-        })
-        .collect();
+    let workers = Worker::several(
+        3,
+        fixture.path(),
+        &server.url(),
+        project.root(),
+        &["--max-siblings", "2"],
+    );
     let out = project
         .run(fixture.path(), &server.url())
         .args(["--ctx", "width=24", "--json"])
@@ -149,17 +145,13 @@ fn a_failed_sibling_cancels_the_siblings_in_flight_on_every_worker() {
         )),
     );
     // Two workers of two: the cap's four siblings are two on each.
-    let mut workers: Vec<Worker> = (1..=2)
-        .map(|i| {
-            Worker::start(
-                fixture.path(),
-                &server.url(),
-                &format!("w{i}"),
-                project.root(),
-                &["--max-siblings", "2"],
-            )
-        })
-        .collect();
+    let mut workers = Worker::several(
+        2,
+        fixture.path(),
+        &server.url(),
+        project.root(),
+        &["--max-siblings", "2"],
+    );
     let out = project
         .run(fixture.path(), &server.url())
         .args(["--ctx", "width=40", "--json"])
@@ -291,17 +283,13 @@ fn a_killed_coordinator_resumes_without_running_a_finished_sibling_again() {
         None,
     );
     let project = Project::new();
-    let mut workers: Vec<Worker> = (1..=2)
-        .map(|i| {
-            Worker::start(
-                fixture.path(),
-                &server.url(),
-                &format!("w{i}"),
-                project.root(),
-                &["--max-siblings", "2"],
-            )
-        })
-        .collect();
+    let mut workers = Worker::several(
+        2,
+        fixture.path(),
+        &server.url(),
+        project.root(),
+        &["--max-siblings", "2"],
+    );
     let mut child = project
         .run(fixture.path(), &server.url())
         .args(["--ctx", "width=16", "--events", "-"])
@@ -394,17 +382,13 @@ fn a_cluster_that_loses_a_server_mid_fan_out_finishes_the_run() {
         .join(",");
     let fixture = pipeline("while [ ! -e go ]; do sleep 0.02; done", None);
     let project = Project::new();
-    let mut workers: Vec<Worker> = (1..=2)
-        .map(|i| {
-            Worker::start(
-                fixture.path(),
-                &urls,
-                &format!("w{i}"),
-                project.root(),
-                &["--max-siblings", "2", "--nats-replicas", "3"],
-            )
-        })
-        .collect();
+    let mut workers = Worker::several(
+        2,
+        fixture.path(),
+        &urls,
+        project.root(),
+        &["--max-siblings", "2", "--nats-replicas", "3"],
+    );
     let mut child = project
         .run(fixture.path(), &urls)
         .args(["--ctx", "width=12", "--json", "--nats-replicas", "3"])

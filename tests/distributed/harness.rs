@@ -252,6 +252,19 @@ impl Worker {
         Worker::start_with_env(pipeline, url, name, root, extra, &[])
     }
 
+    /// `n` workers, `w1` to `wn`, each started as by `start`.
+    pub fn several(
+        n: usize,
+        pipeline: &Path,
+        url: &str,
+        root: &Path,
+        extra: &[&str],
+    ) -> Vec<Worker> {
+        (1..=n)
+            .map(|i| Worker::start(pipeline, url, &format!("w{i}"), root, extra))
+            .collect()
+    }
+
     /// As `start`, with `env` added to the worker's environment.
     pub fn start_with_env(
         pipeline: &Path,
