@@ -18,6 +18,7 @@ pub mod run;
 pub mod runs;
 pub mod sandbox;
 pub mod sandbox_exec;
+pub mod seal;
 pub mod show;
 pub mod signals;
 pub mod validate;

@@ -12,6 +12,7 @@ pub mod bench;
 pub mod cli;
 pub mod definition;
 pub mod distributed;
+pub mod environ;
 pub mod error;
 pub mod provider;
 pub mod report;

@@ -9,6 +9,8 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    let cli = troupe::cli::Cli::parse();
+    // First of all: hide the environment's secrets from what troupe starts.
+    let args = troupe::cli::seal::seal();
+    let cli = troupe::cli::Cli::parse_from(args);
     troupe::cli::run(cli).into()
 }

@@ -63,6 +63,10 @@ pub struct HookDef {
     /// For `TOOL_CALL` slots: only calls of these tools (all when empty).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<String>,
+    /// Variables passed on from troupe's environment besides the harmless
+    /// ones (`env: [NAME]`); a hook gets no other.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
 }
 
 mod duration_ms {

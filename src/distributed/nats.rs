@@ -119,7 +119,7 @@ impl NatsArgs {
                 })?;
         }
         if let (Some(user), Some(var)) = (&self.nats_user, &self.nats_password_env) {
-            let password = std::env::var(var).map_err(|_| NatsError {
+            let password = crate::environ::var(var).ok_or_else(|| NatsError {
                 code: "Credentials",
                 message: format!("--nats-password-env: ${var} is not set"),
             })?;

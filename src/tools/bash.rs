@@ -122,8 +122,14 @@ pub async fn bash(
     let mut command = match sandbox {
         Some(sandbox) => sandbox.command(shell(), &args.command, root),
         None => {
+            // No sandbox: the whole environment troupe was started with,
+            // which a sealed troupe no longer has in its own.
             let mut command = tokio::process::Command::new(shell());
-            command.arg("-c").arg(&args.command);
+            command
+                .arg("-c")
+                .arg(&args.command)
+                .env_clear()
+                .envs(crate::environ::vars_os());
             command
         }
     };

@@ -283,6 +283,8 @@ fn spawn_cell(
     runs_dir: &Path,
 ) -> Result<CellRun, String> {
     let mut cmd = Command::new(exe);
+    // The environment troupe was started with (a cell seals itself).
+    cmd.env_clear().envs(crate::environ::vars_os());
     cmd.arg("bench")
         .arg(&args.pipeline)
         .args(["--cell", kind])

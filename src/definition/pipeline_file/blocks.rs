@@ -43,7 +43,7 @@ fn read_hook_list(
         r.known_keys(
             item,
             &field,
-            &["name", "at", "kind", "command", "timeout", "tools"],
+            &["name", "at", "kind", "command", "timeout", "tools", "env"],
         );
         let at = match r.required_at(
             item,
@@ -135,14 +135,33 @@ fn read_hook_list(
                 .string_list(n, &format!("{field}.tools"))
                 .map(|l| l.into_iter().map(|(t, _)| t).collect()),
         };
+        let env = match r.optional(item, "env") {
+            None => Some(Vec::new()),
+            Some(n) => r.string_list(n, &format!("{field}.env")).and_then(|l| {
+                let mut names = Vec::new();
+                for (name, pos) in l {
+                    match crate::environ::check_env_name(&name) {
+                        Ok(name) => names.push(name),
+                        Err(why) => r.report(
+                            code,
+                            pos,
+                            &format!("{field}.env"),
+                            why,
+                            "name variables to pass, e.g. `env: [GITHUB_TOKEN]`; their values stay in your environment",
+                        ),
+                    }
+                }
+                Some(names)
+            }),
+        };
         let name = r
             .optional(item, "name")
             .and_then(|n| r.string(n, &format!("{field}.name")));
         if r.diags.len() != before {
             continue;
         }
-        if let (Some(at), Some(kind), Some(command), Some(timeout), Some(tools)) =
-            (at, kind, command, timeout, tools)
+        if let (Some(at), Some(kind), Some(command), Some(timeout), Some(tools), Some(env)) =
+            (at, kind, command, timeout, tools, env)
         {
             doc.hooks.push(HookDef {
                 name: name.unwrap_or_else(|| format!("{at}#{i}")),
@@ -151,6 +170,7 @@ fn read_hook_list(
                 command,
                 timeout,
                 tools,
+                env,
             });
         }
     }

@@ -72,8 +72,7 @@ impl OpenAiConfig {
     /// `api_key_env` (unset or empty: no key).
     pub fn new(base_url: &str, api_key_env: &str) -> Result<OpenAiConfig, String> {
         let base_url = parse_base_url(base_url)?;
-        let api_key = std::env::var(api_key_env)
-            .ok()
+        let api_key = crate::environ::var(api_key_env)
             .filter(|k| !k.trim().is_empty())
             .map(|k| Secret::new(k.trim()));
         Ok(OpenAiConfig {

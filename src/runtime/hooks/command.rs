@@ -55,6 +55,11 @@ impl CommandHook {
             let mut child = tokio::process::Command::new("sh")
                 .arg("-c")
                 .arg(&self.def.command)
+                // The same scrubbed environment as a shell, plus the
+                // variables the hook entry names: a hook sees no key it
+                // was not given.
+                .env_clear()
+                .envs(crate::environ::scrubbed(&self.def.env))
                 .current_dir(&self.dir)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -170,6 +175,7 @@ mod tests {
                 command: command.into(),
                 timeout: Duration::from_secs(5),
                 tools: vec![],
+                env: vec![],
             },
             dir: std::env::temp_dir(),
         }
