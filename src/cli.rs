@@ -7,6 +7,7 @@ pub mod command;
 pub mod exit;
 pub mod launch;
 pub mod limits;
+pub mod mcp;
 pub mod options;
 pub mod output;
 pub mod progress;

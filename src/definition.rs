@@ -7,6 +7,7 @@ pub mod expr;
 pub mod fields;
 pub mod hooks;
 pub mod loader;
+pub mod mcp;
 pub mod model;
 pub mod pipeline_file;
 pub mod schema;

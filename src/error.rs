@@ -50,6 +50,9 @@ pub enum ErrorClass {
     Store,
     /// Runs spread over workers through NATS.
     Distributed,
+    /// An MCP server the pipeline declares could not start, answer or
+    /// list its tools, or lacks a tool a stage allows.
+    Mcp,
 }
 
 impl ErrorClass {
@@ -66,6 +69,7 @@ impl ErrorClass {
             ErrorClass::Budget => "Budget",
             ErrorClass::Store => "Store",
             ErrorClass::Distributed => "Distributed",
+            ErrorClass::Mcp => "Mcp",
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod env;
 pub mod error;
 pub mod exec;
 pub mod lines;
+pub mod mcp;
 pub mod path;
 pub mod process_group;
 pub mod read;

@@ -233,6 +233,11 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
     let check_backoff = settings.provider_backoff;
     let shell = shell_sandbox(opts.no_sandbox, &opts.pass_env, &root);
     settings.sandbox = shell.sandbox.clone();
+    // MCP servers start (and are listed and checked) before anything runs.
+    match super::mcp::start_servers(&pipeline, &root, shell.sandbox.clone(), Some(&run_dir)) {
+        Ok(pool) => settings.mcp = pool,
+        Err(e) => return super::mcp::mcp_failed(&e, json),
+    }
     settings.root = root;
     settings.stage_timeout = opts.stage_timeout;
     settings.threads = opts.threads.map_or_else(default_threads, |n| n as usize);

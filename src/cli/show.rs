@@ -196,6 +196,14 @@ fn stage_summary(s: &Stage) -> String {
         StageKind::Print { .. } => "print".to_owned(),
         StageKind::IfElse { condition, .. } => format!("if_else `{}`", condition.source()),
         StageKind::Switch { on, .. } => format!("switch on `{}`", on.source()),
+        StageKind::Tool { tool, .. } => format!("tool {tool}"),
+        StageKind::Transform { set } => format!(
+            "transform → {}",
+            set.iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 

@@ -197,12 +197,38 @@ impl Expr {
 
     /// The top-level variables the expression reads.
     pub fn variables(&self) -> Vec<String> {
+        let bound = self.macro_variables();
         self.program
             .references()
             .variables()
             .into_iter()
+            .filter(|v| !bound.iter().any(|b| b == v))
             .map(str::to_owned)
             .collect()
+    }
+
+    /// Names a comprehension macro binds (`items.filter(x, …)`,
+    /// `map`, `all`, `exists`, `exists_one`): not variables the
+    /// expression reads from outside.
+    fn macro_variables(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for m in ["filter", "map", "all", "exists", "exists_one"] {
+            let open = format!(".{m}(");
+            let mut rest = self.source.as_str();
+            while let Some(at) = rest.find(&open) {
+                rest = &rest[at + open.len()..];
+                let name: String = rest
+                    .trim_start()
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let after = rest.trim_start()[name.len()..].trim_start();
+                if !name.is_empty() && after.starts_with(',') {
+                    out.push(name);
+                }
+            }
+        }
+        out
     }
 
     /// Evaluates with the given variables bound; the result comes back as JSON.

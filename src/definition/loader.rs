@@ -65,6 +65,10 @@ pub fn load_pipeline_text(
         let mut r = FieldReader::new(&file, 0, ValidationCode::PipelineInvalid, &mut diags);
         read_pipeline(&root, &mut r)
     };
+    // `<server>__<tool>` of a declared server passes here; whether the
+    // server has that tool is checked once it runs (`tools::mcp`).
+    let servers = &doc.mcp_servers;
+    let is_tool = &|name: &str| is_tool(name) || super::mcp::declares(name, servers);
     let mut stages = Vec::with_capacity(doc.stages.len());
     for entry in &doc.stages {
         match &entry.source {
@@ -82,6 +86,20 @@ pub fn load_pipeline_text(
                     });
                 }
             }
+        }
+    }
+    for (stage, tool, pos) in &doc.tool_steps {
+        if !is_tool(tool) {
+            diags.push(
+                Diagnostic::new(
+                    ValidationCode::UnknownTool,
+                    format!("tool step `{stage}` calls unknown tool `{tool}`"),
+                )
+                .file(&file)
+                .at(*pos)
+                .field(format!("stages.{stage}.tool"))
+                .hint("a built-in tool (Read, Grep, Glob, Edit, Write, Bash, Echo) or `<server>__<tool>` of a server under `mcpServers:`"),
+            );
         }
     }
     cross_check(&doc, &stages, &file, &mut diags);
@@ -104,6 +122,7 @@ pub fn load_pipeline_text(
         gates: doc.gates,
         hooks: doc.hooks,
         provider: doc.provider,
+        mcp_servers: doc.mcp_servers,
     })
 }
 

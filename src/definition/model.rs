@@ -63,6 +63,9 @@ pub struct Pipeline {
     /// flags override.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider: Option<ProviderBlock>,
+    /// MCP servers whose tools stages may use (`mcpServers:`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<super::mcp::McpServerDef>,
 }
 
 /// Which model provider runs the LLM stages.
@@ -202,6 +205,17 @@ pub enum StageKind {
         #[serde(skip_serializing_if = "Option::is_none")]
         default: Option<String>,
     },
+    /// Calls a built-in or MCP tool with templated arguments, no model:
+    /// every string in `args` is a template (`"{{ctx.dir}}"` alone keeps
+    /// the value's type).
+    Tool {
+        tool: String,
+        args: serde_json::Value,
+    },
+    /// Computes named values with CEL; `parsed` is their object.
+    Transform {
+        set: Vec<(String, Expr)>,
+    },
 }
 
 impl StageKind {
@@ -212,6 +226,8 @@ impl StageKind {
             StageKind::Print { .. } => "print",
             StageKind::IfElse { .. } => "if_else",
             StageKind::Switch { .. } => "switch",
+            StageKind::Tool { .. } => "tool",
+            StageKind::Transform { .. } => "transform",
         }
     }
 

@@ -3,11 +3,13 @@
 //! cross-checks once every stage file is known.
 
 mod blocks;
+mod mcp_block;
 
 use super::duration::parse_positive_duration;
 use super::expr::Expr;
 use super::fields::{FieldReader, is_kebab};
 use super::hooks::{HookDef, HookKind, TURN_STAGES, is_slot};
+use super::mcp::McpServerDef;
 use super::model::{
     CtxField, FORBIDDEN_CTX, Gate, GateOutcome, Next, ParallelPlan, ProviderBlock, ProviderKind,
     RESERVED_CTX, Siblings, StageKind,
@@ -16,6 +18,7 @@ use super::template::Template;
 use super::yaml::{Node, Value};
 use crate::error::{Pos, ValidationCode};
 use blocks::{read_hooks, read_provider};
+use mcp_block::read_mcp_servers;
 use std::collections::BTreeMap;
 
 /// Variables every expression sees.
@@ -82,10 +85,14 @@ pub struct PipelineDoc {
     pub print_templates: Vec<(String, Pos)>,
     pub hooks: Vec<HookDef>,
     pub provider: Option<ProviderBlock>,
+    pub mcp_servers: Vec<McpServerDef>,
+    /// `tool` steps: (stage, tool, position), checked once the servers
+    /// are known.
+    pub tool_steps: Vec<(String, String, Pos)>,
 }
 
 /// The keys pipeline.yaml takes at its top level.
-const ROOT_KEYS: [&str; 12] = [
+const ROOT_KEYS: [&str; 13] = [
     "id",
     "name",
     "entry",
@@ -98,6 +105,7 @@ const ROOT_KEYS: [&str; 12] = [
     "gates",
     "hooks",
     "provider",
+    "mcpServers",
 ];
 
 /// Reads pipeline.yaml's root node. Problems go to the reader's diagnostics.
@@ -172,7 +180,20 @@ pub fn read_pipeline(root: &Node, r: &mut FieldReader<'_>) -> PipelineDoc {
     if let Some(n) = r.optional(root, "provider") {
         doc.provider = read_provider(n, r);
     }
+    if let Some(n) = r.optional(root, "mcpServers") {
+        read_mcp_servers(n, r, &mut doc);
+    }
     doc
+}
+
+/// Every string inside a tool step's `args` must parse as a template.
+fn check_arg_templates(v: &serde_json::Value) -> Result<(), String> {
+    match v {
+        serde_json::Value::String(s) => Template::parse(s).map(|_| ()).map_err(|e| e.message),
+        serde_json::Value::Array(items) => items.iter().try_for_each(check_arg_templates),
+        serde_json::Value::Object(map) => map.values().try_for_each(check_arg_templates),
+        _ => Ok(()),
+    }
 }
 
 /// Default time a hook command may take.
@@ -359,7 +380,11 @@ fn read_step(
     doc: &mut PipelineDoc,
 ) -> Option<StageKind> {
     let field = format!("stages.{id}");
-    let kind_node = r.required(node, "kind", "one of extract_json, print, if_else, switch")?;
+    let kind_node = r.required(
+        node,
+        "kind",
+        "one of extract_json, print, if_else, switch, tool, transform",
+    )?;
     let kind = r.string(kind_node, &format!("{field}.kind"))?;
     let f = |name: &str| format!("{field}.{name}");
     let keys: &[&str] = match kind.as_str() {
@@ -367,6 +392,8 @@ fn read_step(
         "print" => &["kind", "content"],
         "if_else" => &["kind", "condition", "then", "else"],
         "switch" => &["kind", "on", "cases", "default"],
+        "tool" => &["kind", "tool", "args"],
+        "transform" => &["kind", "set"],
         _ => &["kind"],
     };
     r.known_keys(node, &field, keys);
@@ -447,8 +474,53 @@ fn read_step(
                 default,
             })
         }
+        "tool" => {
+            let tool = r.required(
+                node,
+                "tool",
+                "a built-in tool or `<server>__<tool>` of an MCP server",
+            )?;
+            let name = r.string(tool, &f("tool"))?;
+            doc.tool_steps.push((id.to_owned(), name.clone(), tool.pos));
+            let args = match r.optional(node, "args") {
+                None => serde_json::json!({}),
+                Some(a) if a.as_map().is_some() => a.to_json(),
+                Some(a) => {
+                    r.shape(
+                        a.pos,
+                        &f("args"),
+                        "`args` must be a mapping",
+                        "e.g. `args: { path: \"{{ctx.dir}}\" }`",
+                    );
+                    return None;
+                }
+            };
+            if let Err(e) = check_arg_templates(&args) {
+                r.report(
+                    ValidationCode::TemplateSyntax,
+                    node.pos,
+                    &f("args"),
+                    e,
+                    "close every `{{` with `}}`",
+                );
+                return None;
+            }
+            Some(StageKind::Tool { tool: name, args })
+        }
+        "transform" => {
+            let set = r.required(node, "set", "a mapping of name to CEL expression, e.g. `set: { files: \"ctx.upstream[0].parsed.entries\" }`")?;
+            let entries = r.map(set, &f("set"))?;
+            let mut out = Vec::new();
+            for (k, v) in entries {
+                out.push((
+                    k.name.clone(),
+                    read_expr(r, v, &format!("{field}.set.{}", k.name), &EXPR_VARS)?,
+                ));
+            }
+            Some(StageKind::Transform { set: out })
+        }
         other => {
-            r.report(ValidationCode::UnknownStepKind, kind_node.pos, &f("kind"), format!("unknown step kind `{other}`"), "inline steps are extract_json, print, if_else, switch; LLM stages are `id: file.md`");
+            r.report(ValidationCode::UnknownStepKind, kind_node.pos, &f("kind"), format!("unknown step kind `{other}`"), "inline steps are extract_json, print, if_else, switch, tool, transform; LLM stages are `id: file.md`");
             None
         }
     }

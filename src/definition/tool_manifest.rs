@@ -12,13 +12,22 @@ pub fn completion_description(def: &StageDefinition) -> String {
     )
 }
 
-/// Allowed tools in declaration order, then the completion channel.
+/// Allowed built-in tools in declaration order, then the completion
+/// channel.
 pub fn stage_manifest(def: &StageDefinition) -> Vec<ToolSpec> {
+    stage_manifest_with(def, Vec::new())
+}
+
+/// Allowed built-in tools in declaration order, then `mcp` (the allowed
+/// tools of the run's MCP servers, as they list them), then the completion
+/// channel.
+pub fn stage_manifest_with(def: &StageDefinition, mcp: Vec<ToolSpec>) -> Vec<ToolSpec> {
     let mut tools: Vec<ToolSpec> = def
         .allowed_tools
         .iter()
         .filter_map(|t| builtin(t))
         .collect();
+    tools.extend(mcp);
     tools.push(ToolSpec {
         name: def.completion_tool.to_string(),
         description: completion_description(def),

@@ -24,6 +24,7 @@ mod run;
 mod settings;
 mod slots;
 mod steps;
+mod tool_step;
 mod whereabouts;
 
 pub use model_loop::COMPLETION_ACCEPTED;

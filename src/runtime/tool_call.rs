@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::tools::ToolEnv;
 use crate::tools::ToolError;
-use crate::tools::exec::execute;
+use crate::tools::exec::{ToolOutput, execute_output};
 
 /// Runs one tool call, then stops.
 #[derive(Debug, Default)]
@@ -33,9 +33,9 @@ pub struct RunTool {
 }
 
 /// How a tool call ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ToolOutcome {
-    Succeeded(String),
+    Succeeded(ToolOutput),
     Failed(ToolError),
     Cancelled,
 }
@@ -63,7 +63,7 @@ impl Handler<RunTool> for ToolCallActor {
             );
         }
         let fut = async move {
-            let run = AssertUnwindSafe(execute(&msg.env, &msg.name, &msg.args, &msg.cancel))
+            let run = AssertUnwindSafe(execute_output(&msg.env, &msg.name, &msg.args, &msg.cancel))
                 .catch_unwind();
             match run.await {
                 _ if msg.cancel.is_cancelled() => ToolOutcome::Cancelled,

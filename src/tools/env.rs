@@ -60,6 +60,8 @@ pub struct ToolEnv {
     /// What `Bash` runs under; `None` (the default) runs it with troupe's
     /// whole environment and unconfined writes.
     pub sandbox: Option<Arc<ShellSandbox>>,
+    /// The run's MCP servers: tools named `server__tool` are called there.
+    pub mcp: Option<Arc<super::mcp::McpPool>>,
 }
 
 impl ToolEnv {
@@ -71,7 +73,13 @@ impl ToolEnv {
             root: root.into(),
             limits: ToolLimits::default(),
             sandbox: None,
+            mcp: None,
         }
+    }
+
+    pub fn with_mcp(mut self, mcp: Option<Arc<super::mcp::McpPool>>) -> ToolEnv {
+        self.mcp = mcp;
+        self
     }
 
     pub fn with_sandbox(mut self, sandbox: Option<Arc<ShellSandbox>>) -> ToolEnv {

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use super::blocking::blocking;
 use super::env::ToolEnv;
 use super::error::ToolError;
+pub use super::mcp::ToolOutput;
 use super::{args, bash, edit, read, search};
 
 /// Runs built-in tool `name` with parsed `args` inside `env`'s root.
@@ -21,6 +22,28 @@ pub async fn execute(
     args: &Value,
     cancel: &CancellationToken,
 ) -> Result<String, ToolError> {
+    execute_output(env, name, args, cancel)
+        .await
+        .map(|out| out.text)
+}
+
+/// [`execute`], keeping an MCP tool's structured result beside its text.
+/// A name with `__` goes to the run's MCP servers.
+pub async fn execute_output(
+    env: &ToolEnv,
+    name: &str,
+    args: &Value,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, ToolError> {
+    if crate::definition::mcp::split_tool_name(name).is_some() {
+        return match &env.mcp {
+            Some(pool) => pool.call(name, args, cancel).await,
+            None => Err(ToolError::terminal(
+                "UnknownTool",
+                format!("there is no tool `{name}` (this run has no MCP servers)"),
+            )),
+        };
+    }
     let work = async {
         args::check(name, args)?;
         if name == "Echo" {
@@ -62,7 +85,7 @@ pub async fn execute(
     tokio::select! {
         biased;
         () = cancel.cancelled() => Err(ToolError::cancelled()),
-        result = work => result,
+        result = work => result.map(|text| ToolOutput { text, structured: None }),
     }
 }
 

@@ -17,6 +17,7 @@ use super::planner::Spawn;
 use super::protocol::ToScheduler;
 use crate::definition::Pipeline;
 use crate::definition::StageKind;
+use crate::definition::tool_manifest::stage_manifest_with;
 use crate::provider::Provider;
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::events::Event;
@@ -25,7 +26,7 @@ use crate::runtime::interaction::InteractionHub;
 use crate::runtime::stage::RunSettings;
 use crate::runtime::stage::StageRun;
 use crate::runtime::stage_actor::StageActor;
-use crate::tools::{ToolSpec, stage_manifest};
+use crate::tools::ToolSpec;
 use troupe_actors::EventBus;
 
 /// Makes a run's executor once the scheduler can be addressed: the run's
@@ -62,7 +63,8 @@ pub struct LocalExecutor {
     hub: Option<Arc<Addr<InteractionHub>>>,
     scheduler: Arc<Recipient<ToScheduler>>,
     /// Each LLM stage's tool manifest, built on its first execution.
-    manifests: HashMap<String, Arc<Vec<ToolSpec>>>,
+    /// Each LLM stage's manifest, with the MCP listings' generation it was built on.
+    manifests: HashMap<String, (u64, Arc<Vec<ToolSpec>>)>,
     /// The arbiters executions run on; empty runs them on the current one.
     arbiters: Vec<ArbiterHandle>,
     next: usize,
@@ -94,12 +96,22 @@ impl LocalExecutor {
     }
 
     fn tools(&mut self, spawn: &Spawn) -> Arc<Vec<ToolSpec>> {
+        // A server that announced a changed tool list makes every manifest
+        // built before stale: executions that start later see the new one.
+        let generation = self.kit.settings.mcp.as_ref().map_or(0, |p| p.generation());
         match (&spawn.stage.kind, self.manifests.get(&spawn.stage.id)) {
-            (StageKind::Llm(_), Some(tools)) => Arc::clone(tools),
-            (StageKind::Llm(def), None) => {
-                let tools = Arc::new(stage_manifest(def));
+            (StageKind::Llm(_), Some((built, tools))) if *built == generation => Arc::clone(tools),
+            (StageKind::Llm(def), _) => {
+                let mcp = self
+                    .kit
+                    .settings
+                    .mcp
+                    .as_ref()
+                    .map(|p| p.specs(&def.allowed_tools))
+                    .unwrap_or_default();
+                let tools = Arc::new(stage_manifest_with(def, mcp));
                 self.manifests
-                    .insert(spawn.stage.id.clone(), Arc::clone(&tools));
+                    .insert(spawn.stage.id.clone(), (generation, Arc::clone(&tools)));
                 tools
             }
             _ => Arc::default(),

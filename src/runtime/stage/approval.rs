@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::run::StageRun;
 use super::whereabouts::Whereabouts;
+use crate::definition::mcp::allows;
 use crate::definition::{StageDefinition, is_builtin};
 use crate::error::{Code, ErrorClass};
 use crate::provider::ToolCall;
@@ -100,13 +101,19 @@ impl StageRun {
                 ));
             }
         };
-        if !is_builtin(&call.name) {
+        let known = is_builtin(&call.name)
+            || self
+                .settings
+                .mcp
+                .as_ref()
+                .is_some_and(|pool| pool.knows(&call.name));
+        if !known {
             return Err(failed(
                 "UnknownTool",
                 format!("there is no tool `{}`", call.name),
             ));
         }
-        if def.allowed_tools.iter().any(|t| **t == *call.name) {
+        if def.allowed_tools.iter().any(|t| allows(t, &call.name)) {
             self.emit(
                 self.tool_event(EventName::ToolCallApproved, call)
                     .with_static("by", "allowedTools"),

@@ -20,6 +20,7 @@ use crate::provider::ToolCall;
 use crate::runtime::events::EventName;
 use crate::runtime::hooks::SlotOutcome;
 use crate::runtime::tool_call::{RunTool, ToolCallActor, ToolOutcome};
+use crate::tools::exec::ToolOutput;
 use crate::tools::{ModelError, ToolEnv, ToolError};
 
 impl StageRun {
@@ -107,7 +108,8 @@ impl StageRun {
                 name: Arc::clone(&call.name),
                 args,
                 env: ToolEnv::new(self.settings.root.clone())
-                    .with_sandbox(self.settings.sandbox.clone()),
+                    .with_sandbox(self.settings.sandbox.clone())
+                    .with_mcp(self.settings.mcp.clone()),
                 cancel: self.cancel.child_token(),
             })
             .await
@@ -116,7 +118,7 @@ impl StageRun {
                 message: "the tool-call actor stopped without answering".to_owned(),
             }));
         match outcome {
-            ToolOutcome::Succeeded(out) => {
+            ToolOutcome::Succeeded(ToolOutput { text: out, .. }) => {
                 self.emit(ev(EventName::ToolInvocationSucceeded).with("bytes", out.len()));
                 out
             }

@@ -79,8 +79,14 @@ impl StageRun {
     }
 
     pub(super) fn tool_event(&self, name: EventName, call: &ToolCall) -> Event {
-        self.event(name)
+        let event = self
+            .event(name)
             .tool(Arc::clone(&call.name))
-            .with("callId", Arc::clone(&call.id))
+            .with("callId", Arc::clone(&call.id));
+        // An MCP tool names its server and its own name for the tool.
+        match crate::definition::mcp::split_tool_name(&call.name) {
+            Some((server, tool)) => event.with("mcpServer", server).with("mcpTool", tool),
+            None => event,
+        }
     }
 }

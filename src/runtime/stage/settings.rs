@@ -47,6 +47,8 @@ pub struct RunSettings {
     /// and Landlock, unless `--no-sandbox`); `None` runs them with
     /// troupe's whole environment, writes unconfined.
     pub sandbox: Option<Arc<ShellSandbox>>,
+    /// The run's MCP servers, started before any stage (`mcpServers:`).
+    pub mcp: Option<Arc<crate::tools::mcp::McpPool>>,
 }
 
 impl Default for RunSettings {
@@ -66,6 +68,7 @@ impl Default for RunSettings {
             budget: None,
             ledger: None,
             sandbox: None,
+            mcp: None,
         }
     }
 }

@@ -86,6 +86,8 @@ impl StageRun {
                     None => Err(format!("switch: no case for `{key}` and no default")),
                 }
             }),
+            StageKind::Tool { tool, args } => self.run_tool_step(tool, args).await,
+            StageKind::Transform { set } => self.run_transform(set),
             StageKind::Llm(_) => Err("internal: an LLM stage reached the step runner".to_owned()),
         };
         self.phase(whereabouts, "Act", false);

@@ -60,6 +60,40 @@ impl ShellSandbox {
     }
 }
 
+impl ShellSandbox {
+    /// The command that runs `program args…` in this sandbox's write
+    /// confinement, with the harmless variables plus those named in `env`
+    /// (an MCP server: not the shells' `--pass-env` list).
+    pub fn program_command(
+        &self,
+        program: &str,
+        args: &[String],
+        env: &[String],
+        root: &Path,
+    ) -> tokio::process::Command {
+        let mut cmd = match &self.writes {
+            Some(w) => {
+                let mut cmd = tokio::process::Command::new(&w.launcher);
+                cmd.arg("sandbox-exec");
+                cmd.arg("--write").arg(root);
+                if let Some(tmp) = &w.tmp {
+                    cmd.arg("--write").arg(tmp);
+                }
+                cmd.arg("--").arg(program);
+                cmd
+            }
+            None => tokio::process::Command::new(program),
+        };
+        cmd.args(args)
+            .env_clear()
+            .envs(crate::environ::scrubbed(env));
+        if let Some(tmp) = self.writes.as_ref().and_then(|w| w.tmp.as_ref()) {
+            cmd.env("TMPDIR", tmp);
+        }
+        cmd
+    }
+}
+
 /// The run's sandbox in one word, for the audit log (`WorkflowStarted`'s
 /// `shellSandbox`): `landlock` (environment scrubbed, writes confined),
 /// `env-only` (environment scrubbed, writes not confined) or `off`.

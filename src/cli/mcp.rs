@@ -1,0 +1,88 @@
+//! Starting a pipeline's MCP servers for `run`, `resume`, `worker`,
+//! `validate --connect` and `show`: every server started or reached and
+//! listed, every `allowedTools` entry of a server checked against its
+//! listing, before any stage runs. A failure is the server's typed
+//! `Mcp/*` error with a hint, exit 2.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Exit;
+use crate::definition::{Pipeline, StageKind};
+use crate::error::HasCode;
+use crate::tools::mcp::{McpError, McpPool, McpStart};
+use crate::tools::sandbox::ShellSandbox;
+
+/// How long a server may take to start, initialize and list its tools.
+/// `npx` fetching a package on first use is the slow case.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts the servers `pipeline` declares; `None` when it declares none.
+pub fn start_servers(
+    pipeline: &Pipeline,
+    root: &Path,
+    sandbox: Option<Arc<ShellSandbox>>,
+    log_dir: Option<&Path>,
+) -> Result<Option<Arc<McpPool>>, McpError> {
+    if pipeline.mcp_servers.is_empty() {
+        return Ok(None);
+    }
+    if let Some(dir) = log_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            McpError::new(
+                "LogUnwritable",
+                format!(
+                    "cannot make {} for the MCP servers' logs: {e}",
+                    dir.display()
+                ),
+            )
+        })?;
+    }
+    for def in &pipeline.mcp_servers {
+        if let crate::definition::mcp::McpTransport::Stdio { sandbox: false, .. } = def.transport {
+            eprintln!(
+                "note: MCP server `{}` runs without the sandbox (`sandbox: false`): it may write anywhere troupe may",
+                def.name
+            );
+        }
+    }
+    let start = McpStart {
+        root: root.to_owned(),
+        sandbox,
+        log_dir: log_dir.map(Path::to_owned),
+        start_timeout: START_TIMEOUT,
+    };
+    let pool = McpPool::start(&pipeline.mcp_servers, &start)?;
+    for stage in &pipeline.stages {
+        if let StageKind::Llm(def) = &stage.kind {
+            pool.check_allowed(&stage.id, &def.allowed_tools)?;
+        }
+    }
+    Ok(Some(pool))
+}
+
+/// An MCP server that could not be used: its typed error, exit 2.
+pub fn mcp_failed(e: &McpError, json: bool) -> Exit {
+    let hint = match e.code {
+        "ServerNotFound" => "is the command installed and on PATH?",
+        "UnknownTool" | "UnknownServer" => "`troupe validate --connect` lists every server's tools",
+        "MissingSecret" => "set the variable the block names, in troupe's environment",
+        "StartTimeout" | "InitializeFailed" => {
+            "run the server's command by hand to see it start; a sandboxed server may write only inside --root (sandbox: false lifts that)"
+        }
+        _ => "see README, \"MCP tools\"",
+    };
+    if json {
+        let v = serde_json::json!({
+            "status": "error",
+            "code": e.code().to_string(),
+            "message": e.to_string(),
+            "hint": hint,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        eprintln!("error: {}: {e}\n  hint: {hint}", e.code());
+    }
+    Exit::Invalid
+}

@@ -1,0 +1,154 @@
+//! The `tool` and `transform` steps: a tool called with templated
+//! arguments and no model (`parsed` is the structured result, or
+//! `{text}`), and named values computed with CEL (`parsed` is their
+//! object). A tool step's call is a tool call like a model's: its own
+//! tool-call actor, its audit events, the `TOOL_CALL/pre` guards, strict
+//! cancellation; no approval is asked (the pipeline's author chose it).
+
+use std::sync::Arc;
+
+use actix::Actor;
+use serde_json::{Map, Value, json};
+
+use super::run::StageRun;
+use crate::definition::expr::Expr;
+use crate::definition::template::Template;
+use crate::error::{HasCode, ValidationCode};
+use crate::provider::ToolCall;
+use crate::runtime::events::EventName;
+use crate::runtime::hooks::SlotOutcome;
+use crate::runtime::tool_call::{RunTool, ToolCallActor, ToolOutcome};
+use crate::tools::{ToolEnv, ToolError};
+
+impl StageRun {
+    /// Runs a `tool` step; `Err` is the step's failure reason.
+    pub(super) async fn run_tool_step(
+        &self,
+        tool: &str,
+        args: &Value,
+    ) -> Result<(Value, Option<Value>), String> {
+        let ctx = &self.ctx;
+        let args = render_args(args, &|t: &Template| {
+            t.render_value(|p| ctx.resolve(p))
+                .map_err(|e| format!("{}: {e}", ValidationCode::TemplateUnresolved.code()))
+        })?;
+        let call = ToolCall {
+            id: Arc::from("step"),
+            name: Arc::from(tool),
+            arguments: args.to_string(),
+        };
+        self.emit(
+            self.tool_event(EventName::ToolInvocationProposed, &call)
+                .with("arguments", call.arguments.as_str()),
+        );
+        self.emit(
+            self.tool_event(EventName::ToolCallApproved, &call)
+                .with_static("by", "toolStep"),
+        );
+        let fields = json!({"tool": tool, "callId": "step", "arguments": args});
+        let args = match Box::pin(self.hook("TOOL_CALL/pre", Some(tool), fields)).await {
+            SlotOutcome::Proceed(payload) => match payload.get("arguments") {
+                Some(v @ Value::Object(_)) => v.clone(),
+                _ => return Err("ExtensionHost/HookFailed: a transform hook at TOOL_CALL/pre left no `arguments` object".to_owned()),
+            },
+            SlotOutcome::Denied { hook, reason } => {
+                self.emit(
+                    self.tool_event(EventName::ToolCallDenied, &call)
+                        .with("by", format!("hook:{hook}"))
+                        .with("reason", reason.as_str()),
+                );
+                return Err(format!(
+                    "ExtensionHost/HookDenied: guard hook `{hook}` denied the step's call: {reason}"
+                ));
+            }
+            SlotOutcome::Failed { hook, error } => {
+                return Err(format!(
+                    "ExtensionHost/HookFailed: transform hook `{hook}` failed: {error}"
+                ));
+            }
+        };
+        let ev = |name: EventName| self.tool_event(name, &call);
+        self.emit(ev(EventName::ToolInvocationStarted));
+        let outcome = ToolCallActor
+            .start()
+            .send(RunTool {
+                name: Arc::clone(&call.name),
+                args,
+                env: ToolEnv::new(self.settings.root.clone())
+                    .with_sandbox(self.settings.sandbox.clone())
+                    .with_mcp(self.settings.mcp.clone()),
+                cancel: self.cancel.child_token(),
+            })
+            .await
+            .unwrap_or(ToolOutcome::Failed(ToolError::Terminal {
+                code: "ToolActorLost",
+                message: "the tool-call actor stopped without answering".to_owned(),
+            }));
+        match outcome {
+            ToolOutcome::Succeeded(out) => {
+                self.emit(ev(EventName::ToolInvocationSucceeded).with("bytes", out.text.len()));
+                let parsed = out.structured.unwrap_or_else(|| json!({"text": out.text}));
+                Ok((parsed, None))
+            }
+            ToolOutcome::Failed(err) => {
+                self.emit(
+                    ev(EventName::ToolInvocationFailed)
+                        .with("code", err.code().to_string())
+                        .with("message", err.to_string()),
+                );
+                Err(format!("{}: {err}", err.code()))
+            }
+            ToolOutcome::Cancelled => {
+                self.emit(ev(EventName::ToolInvocationCancelled));
+                Err("Cancellation/ToolCancelled: the step's call was cancelled".to_owned())
+            }
+        }
+    }
+
+    /// Runs a `transform` step: each expression over `ctx`.
+    pub(super) fn run_transform(
+        &self,
+        set: &[(String, Expr)],
+    ) -> Result<(Value, Option<Value>), String> {
+        let mut out = Map::new();
+        for (name, expr) in set {
+            let c = self.ctx.to_expr_value(expr.source());
+            let v = expr.eval(&[("ctx", &c)]).map_err(|e| {
+                format!("{}: `{name}`: {e}", ValidationCode::ExpressionFailed.code())
+            })?;
+            out.insert(name.clone(), v);
+        }
+        Ok((Value::Object(out), None))
+    }
+}
+
+/// Renders every string of `args` as a template.
+fn render_args(
+    args: &Value,
+    render: &dyn Fn(&Template) -> Result<Value, String>,
+) -> Result<Value, String> {
+    Ok(match args {
+        Value::String(s) => match Template::parse(s) {
+            Ok(t) => render(&t)?,
+            Err(e) => {
+                return Err(format!(
+                    "{}: {}",
+                    ValidationCode::TemplateSyntax.code(),
+                    e.message
+                ));
+            }
+        },
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .map(|v| render_args(v, render))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| Ok((k.clone(), render_args(v, render)?)))
+                .collect::<Result<_, String>>()?,
+        ),
+        other => other.clone(),
+    })
+}

@@ -1,0 +1,298 @@
+//! One connection to one server: a stdio child (in a process group of its
+//! own, under the shell sandbox unless its block says otherwise, stderr to
+//! `mcp-<name>.log`) or a Streamable HTTP session; `initialize`, then the
+//! whole tool listing (every page). The connection kills the child's group
+//! when dropped, and the reaper does after `kill -9`.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rmcp::model::{CallToolRequestParams, ClientConfig, Implementation};
+use rmcp::service::{NotificationContext, RoleClient, RunningService};
+use rmcp::transport::TokioChildProcess;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+};
+use rmcp::{ClientHandler, ServiceExt};
+use serde_json::Value;
+
+use super::listing::{ListingCell, McpTool};
+use super::result::{ToolOutput, render_json};
+use super::{McpError, McpStart};
+use crate::definition::mcp::{McpServerDef, McpTransport};
+use crate::tools::ToolError;
+use crate::tools::process_group::GroupKill;
+
+/// Answers the server's notifications: a changed tool list is fetched
+/// again for later turns; elicitations are declined (no interactor here).
+struct Handler {
+    server: String,
+    cell: Arc<ListingCell>,
+    info: ClientConfig,
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientConfig {
+        self.info.clone()
+    }
+
+    fn on_tool_list_changed(
+        &self,
+        context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        // Listed on a task of its own: this handler runs inside the
+        // connection's loop, which must go on to read the answer.
+        let peer = context.peer.clone();
+        let cell = Arc::clone(&self.cell);
+        let server = self.server.clone();
+        tokio::spawn(async move {
+            if let Ok(tools) = list(&server, &peer).await {
+                cell.replace(tools);
+            }
+        });
+        std::future::ready(())
+    }
+}
+
+async fn list(server: &str, peer: &rmcp::Peer<RoleClient>) -> Result<Vec<McpTool>, McpError> {
+    let tools = peer.list_all_tools().await.map_err(|e| {
+        McpError::new(
+            "ListFailed",
+            format!("MCP server `{server}` did not list its tools: {e}"),
+        )
+    })?;
+    tools
+        .iter()
+        .map(|t| {
+            let json = serde_json::to_value(t).unwrap_or(Value::Null);
+            McpTool::from_listed(server, &json)
+        })
+        .collect()
+}
+
+/// A live connection to one server.
+pub struct Connection {
+    server: String,
+    service: RunningService<RoleClient, Handler>,
+    dead: AtomicBool,
+    /// The stdio child's process group; killed when the connection goes.
+    _group: Option<GroupKill>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("server", &self.server)
+            .finish()
+    }
+}
+
+impl Connection {
+    /// Starts or reaches `def`, initializes and lists its tools into
+    /// `cell`.
+    pub async fn open(
+        def: &McpServerDef,
+        start: &McpStart,
+        cell: Arc<ListingCell>,
+    ) -> Result<Arc<Connection>, McpError> {
+        let handler = Handler {
+            server: def.name.clone(),
+            cell: Arc::clone(&cell),
+            info: ClientConfig::new(
+                Default::default(),
+                Implementation::new("troupe", env!("CARGO_PKG_VERSION")),
+            ),
+        };
+        let (service, group, log) = match &def.transport {
+            McpTransport::Stdio {
+                command,
+                args,
+                env,
+                sandbox,
+            } => {
+                let mut cmd = match start.sandbox.as_deref() {
+                    Some(sb) if *sandbox => sb.program_command(command, args, env, &start.root),
+                    Some(_) => {
+                        let mut c = tokio::process::Command::new(command);
+                        c.args(args).env_clear().envs(crate::environ::scrubbed(env));
+                        c
+                    }
+                    None => {
+                        let mut c = tokio::process::Command::new(command);
+                        c.args(args).env_clear().envs(crate::environ::vars_os());
+                        c
+                    }
+                };
+                cmd.current_dir(&start.root)
+                    .process_group(0)
+                    .kill_on_drop(true);
+                let (stderr, log) = match &start.log_dir {
+                    Some(dir) => {
+                        let path = dir.join(format!("mcp-{}.log", def.name));
+                        match std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(&path)
+                        {
+                            Ok(f) => (Stdio::from(f), Some(path)),
+                            Err(_) => (Stdio::null(), None),
+                        }
+                    }
+                    None => (Stdio::null(), None),
+                };
+                let (child, _) = TokioChildProcess::builder(cmd)
+                    .stderr(stderr)
+                    .spawn()
+                    .map_err(|e| {
+                        McpError::new(
+                            "ServerNotFound",
+                            format!("cannot start MCP server `{}` (`{command}`): {e}", def.name),
+                        )
+                    })?;
+                let group = GroupKill::new(child.id());
+                let served = tokio::time::timeout(start.start_timeout, handler.serve(child)).await;
+                (served, Some(group), log)
+            }
+            McpTransport::Http {
+                url,
+                headers_from_env,
+            } => {
+                let mut headers = HashMap::new();
+                for (header, var) in headers_from_env {
+                    let value = crate::environ::var(var).ok_or_else(|| {
+                        McpError::new(
+                            "MissingSecret",
+                            format!(
+                                "MCP server `{}`: header `{header}` is read from ${var}, which is not set",
+                                def.name
+                            ),
+                        )
+                    })?;
+                    let name = reqwest::header::HeaderName::from_bytes(header.as_bytes()).map_err(
+                        |_| {
+                            McpError::new(
+                                "InvalidHeader",
+                                format!("`{header}` is not a header name"),
+                            )
+                        },
+                    )?;
+                    let mut value =
+                        reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
+                            McpError::new(
+                                "InvalidHeader",
+                                format!("${var} holds characters a header cannot carry"),
+                            )
+                        })?;
+                    value.set_sensitive(true);
+                    headers.insert(name, value);
+                }
+                let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                    .custom_headers(headers);
+                let transport =
+                    StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+                let served =
+                    tokio::time::timeout(start.start_timeout, handler.serve(transport)).await;
+                (served, None, None)
+            }
+        };
+        let tail = || log.as_deref().map(log_tail).unwrap_or_default();
+        let service = match service {
+            Err(_) => {
+                return Err(McpError::new(
+                    "StartTimeout",
+                    format!(
+                        "MCP server `{}` did not answer `initialize` within {}{}",
+                        def.name,
+                        crate::definition::duration::format_duration(start.start_timeout),
+                        tail()
+                    ),
+                ));
+            }
+            Ok(Err(e)) => {
+                return Err(McpError::new(
+                    "InitializeFailed",
+                    format!(
+                        "MCP server `{}` did not initialize: {e}{}",
+                        def.name,
+                        tail()
+                    ),
+                ));
+            }
+            Ok(Ok(service)) => service,
+        };
+        let tools = tokio::time::timeout(start.start_timeout, list(&def.name, service.peer()))
+            .await
+            .map_err(|_| {
+                McpError::new(
+                    "StartTimeout",
+                    format!("MCP server `{}` did not list its tools in time", def.name),
+                )
+            })??;
+        cell.replace(tools);
+        Ok(Arc::new(Connection {
+            server: def.name.clone(),
+            service,
+            dead: AtomicBool::new(false),
+            _group: group,
+        }))
+    }
+
+    /// False once the server closed the connection or exited.
+    pub fn is_alive(&self) -> bool {
+        !self.dead.load(Ordering::Relaxed) && !self.service.is_closed()
+    }
+
+    /// One `tools/call`. Dropping the future cancels the request on the
+    /// server (`notifications/cancelled`).
+    pub async fn call(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
+        let mut params = CallToolRequestParams::new(tool.to_owned());
+        params.arguments = args.as_object().cloned();
+        match self.service.peer().call_tool(params).await {
+            Ok(result) => render_json(
+                &self.server,
+                tool,
+                &serde_json::to_value(&result).unwrap_or(Value::Null),
+            ),
+            Err(rmcp::ServiceError::McpError(e)) => Err(ToolError::terminal(
+                "McpError",
+                format!(
+                    "MCP server `{}` refused `{tool}`: {} (code {})",
+                    self.server, e.message, e.code.0
+                ),
+            )),
+            Err(
+                e @ (rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)),
+            ) => {
+                self.dead.store(true, Ordering::Relaxed);
+                Err(ToolError::transient(
+                    "ServerExited",
+                    format!(
+                        "MCP server `{}` went away during `{tool}`: {e}",
+                        self.server
+                    ),
+                ))
+            }
+            Err(e) => Err(ToolError::terminal(
+                "McpError",
+                format!("MCP server `{}` failed `{tool}`: {e}", self.server),
+            )),
+        }
+    }
+}
+
+/// The last lines a stdio server wrote to its log, for an error message.
+fn log_tail(path: &std::path::Path) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail: Vec<&str> = lines.into_iter().rev().collect();
+    format!(" (its stderr, {}: {})", path.display(), tail.join(" | "))
+}

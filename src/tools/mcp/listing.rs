@@ -1,0 +1,182 @@
+//! A server's tool listing: each tool's name, description and input schema
+//! as the server declared it, the schema compiled once to check arguments
+//! before a call leaves troupe. A schema that is not a valid JSON Schema
+//! object is a typed error at discovery, not a surprise at the first call.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use serde_json::Value;
+
+use super::McpError;
+use crate::definition::ToolSpec;
+use crate::tools::ToolError;
+
+/// One listed tool.
+#[derive(Debug)]
+pub struct McpTool {
+    /// The server's own name for it.
+    pub name: String,
+    pub description: String,
+    pub schema: Value,
+    validator: jsonschema::Validator,
+}
+
+impl McpTool {
+    /// Reads one entry of `tools/list` (its JSON).
+    pub fn from_listed(server: &str, tool: &Value) -> Result<McpTool, McpError> {
+        let name = tool
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| crate::definition::fields::is_tool_name(&format!("x__{n}")))
+            .ok_or_else(|| {
+                McpError::new(
+                    "InvalidListing",
+                    format!(
+                        "MCP server `{server}` lists a tool without a usable name: {}",
+                        short(tool)
+                    ),
+                )
+            })?
+            .to_owned();
+        let schema = tool.get("inputSchema").cloned().unwrap_or(Value::Null);
+        if schema.get("type").and_then(Value::as_str) != Some("object") {
+            return Err(McpError::new(
+                "InvalidSchema",
+                format!(
+                    "MCP server `{server}` lists tool `{name}` whose inputSchema is not an object schema"
+                ),
+            ));
+        }
+        let validator = jsonschema::validator_for(&schema).map_err(|e| {
+            McpError::new(
+                "InvalidSchema",
+                format!(
+                    "MCP server `{server}` lists tool `{name}` with an invalid inputSchema: {e}"
+                ),
+            )
+        })?;
+        let description = tool
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        Ok(McpTool {
+            name,
+            description,
+            schema,
+            validator,
+        })
+    }
+
+    /// The tool as a model sees it, under `full_name`.
+    pub fn spec(&self, full_name: &str) -> ToolSpec {
+        ToolSpec {
+            name: full_name.to_owned(),
+            description: self.description.clone(),
+            parameters: self.schema.clone(),
+        }
+    }
+
+    /// Checks arguments against the tool's schema; the model reads every
+    /// problem with its place.
+    pub fn check_args(&self, args: &Value) -> Result<(), ToolError> {
+        let problems: Vec<String> = self
+            .validator
+            .iter_errors(args)
+            .take(5)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                if at.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{at}: {e}")
+                }
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ToolError::invalid_args(format!(
+                "arguments do not match `{}`'s schema: {}",
+                self.name,
+                problems.join("; ")
+            )))
+        }
+    }
+}
+
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 200 {
+        format!("{}…", &s[..s.floor_char_boundary(200)])
+    } else {
+        s
+    }
+}
+
+/// The tools of one server, by name.
+#[derive(Debug, Default)]
+pub struct Listing {
+    tools: BTreeMap<String, Arc<McpTool>>,
+    /// Bumped on every refresh.
+    pub generation: u64,
+}
+
+impl Listing {
+    pub fn new(tools: Vec<McpTool>, generation: u64) -> Listing {
+        Listing {
+            tools: tools
+                .into_iter()
+                .map(|t| (t.name.clone(), Arc::new(t)))
+                .collect(),
+            generation,
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<McpTool>> {
+        self.tools.get(name).cloned()
+    }
+
+    pub fn tools(&self) -> impl Iterator<Item = &Arc<McpTool>> {
+        self.tools.values()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+}
+
+/// The latest listing of a server, shared by its connection (which
+/// refreshes it) and the calls (which read it).
+#[derive(Debug, Default)]
+pub struct ListingCell(RwLock<Arc<Listing>>);
+
+impl ListingCell {
+    pub fn get(&self) -> Arc<Listing> {
+        Arc::clone(
+            &self
+                .0
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Replaces the listing with `tools`, one generation on.
+    pub fn replace(&self, tools: Vec<McpTool>) {
+        let mut cell = self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let generation = cell.generation + 1;
+        *cell = Arc::new(Listing::new(tools, generation));
+    }
+}
