@@ -56,12 +56,22 @@ pub enum Command {
     /// Prints `ok: <id> (<n> stages)` and exits 0, or prints each error with
     /// its stable code (e.g. Validation/StageJoinDangling), file, line,
     /// column, field and a hint, and exits 2.
+    ///
+    /// With --connect it also starts (or reaches) every MCP server the
+    /// pipeline declares, lists their tools, checks each stage's
+    /// `server__tool` entries against the listings and prints the tools.
     Validate {
         /// The pipeline folder (or its pipeline.yaml).
         pipeline: PathBuf,
         /// Print the result as JSON on stdout.
         #[arg(long)]
         json: bool,
+        /// Start the pipeline's MCP servers and check their tools too.
+        #[arg(long)]
+        connect: bool,
+        /// The project root MCP servers start in (with --connect).
+        #[arg(long, default_value = ".", value_name = "DIR")]
+        root: PathBuf,
     },
     /// Run a pipeline on the actor runtime: offline (scripted provider) or
     /// against any OpenAI-compatible endpoint (--base-url).
@@ -155,7 +165,12 @@ pub fn run(cli: Cli) -> Exit {
         crate::tools::process_group::arm_reaper(&launcher);
     }
     match cli.command {
-        Command::Validate { pipeline, json } => validate::run(&pipeline, json),
+        Command::Validate {
+            pipeline,
+            json,
+            connect,
+            root,
+        } => validate::run(&pipeline, json, connect.then_some(root.as_path())),
         Command::Run(args) => super::run::run(*args),
         Command::Resume(args) => resume::run(*args),
         Command::Runs(args) => runs::run(*args),

@@ -6,14 +6,45 @@ use super::Exit;
 use crate::definition::load_pipeline;
 use crate::error::{Diagnostic, Diagnostics, ValidationCode};
 
-pub fn run(path: &Path, json: bool) -> Exit {
+/// Validates `path`; with `connect` (the root), also starts its MCP
+/// servers and checks their tools.
+pub fn run(path: &Path, json: bool, connect: Option<&Path>) -> Exit {
     match load_pipeline(path) {
         Ok(p) => {
+            let mut tools = Vec::new();
+            if let Some(root) = connect {
+                let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
+                let shell = super::sandbox::shell_sandbox(false, &[], &root);
+                match super::mcp::start_servers(&p, &root, shell.sandbox.clone(), None) {
+                    Ok(Some(pool)) => {
+                        for server in pool.servers() {
+                            for tool in server.listing().unwrap_or_default().tools() {
+                                let name =
+                                    crate::definition::mcp::tool_name(&server.def.name, &tool.name);
+                                tools.push((name, tool.description.clone()));
+                            }
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => return super::mcp::mcp_failed(&e, json),
+                }
+            }
             if json {
-                let out = serde_json::json!({"ok": true, "id": p.id, "stages": p.stages.len()});
+                let tools: Vec<_> = tools
+                    .iter()
+                    .map(|(n, d)| serde_json::json!({"name": n, "description": d}))
+                    .collect();
+                let mut out = serde_json::json!({"ok": true, "id": p.id, "stages": p.stages.len()});
+                if connect.is_some() {
+                    out["mcpTools"] = serde_json::Value::Array(tools);
+                }
                 println!("{out}");
             } else {
                 println!("ok: {} ({} stages)", p.id, p.stages.len());
+                for (name, description) in &tools {
+                    let first = description.lines().next().unwrap_or_default();
+                    println!("  {name}  {first}");
+                }
             }
             Exit::Ok
         }

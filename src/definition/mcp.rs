@@ -25,6 +25,10 @@ pub struct McpServerDef {
     #[serde(serialize_with = "ser_duration")]
     pub timeout: Duration,
     pub max_inflight: usize,
+    /// How long the server may take to start, answer `initialize` and list
+    /// its tools (`startTimeout:`); the CLI's default when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_timeout: Option<Duration>,
 }
 
 /// How troupe reaches a server.
@@ -40,6 +44,9 @@ pub enum McpTransport {
         env: Vec<String>,
         /// Run under the shell sandbox (`sandbox: false` lifts it).
         sandbox: bool,
+        /// Folders the sandboxed server may write besides the root and its
+        /// temp folder (`~/` is the home folder), e.g. npx's cache.
+        writes: Vec<String>,
     },
     /// A Streamable HTTP endpoint.
     Http {

@@ -280,9 +280,24 @@ impl McpPool {
 
 impl Drop for McpPool {
     fn drop(&mut self) {
-        // Kill every server's process group now (the connections' guards),
-        // then let the runtime go without blocking: a pool may be dropped
-        // on an async thread.
+        // Let each server read what was sent last (the cancels of a
+        // fail-fast), then kill every server's process group (the
+        // connections' guards), and let the runtime go without blocking:
+        // a pool may be dropped on an async thread.
+        if let Some(rt) = &self.rt {
+            let conns: Vec<Arc<Connection>> = self
+                .servers
+                .values()
+                .filter_map(|s| s.conn.try_lock().ok().and_then(|c| c.clone()))
+                .collect();
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    rt.block_on(futures::future::join_all(
+                        conns.iter().map(|c| c.flush(Duration::from_secs(1))),
+                    ))
+                });
+            });
+        }
         for server in self.servers.values() {
             if let Ok(mut conn) = server.conn.try_lock() {
                 conn.take();

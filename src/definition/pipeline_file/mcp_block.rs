@@ -10,16 +10,26 @@ use crate::definition::mcp::{
 };
 use crate::definition::yaml::{Node, Value};
 
-const STDIO_KEYS: [&str; 6] = [
+const STDIO_KEYS: [&str; 8] = [
     "command",
     "args",
     "env",
     "timeout",
     "maxInflight",
     "sandbox",
+    "writes",
+    "startTimeout",
 ];
-const HTTP_KEYS: [&str; 4] = ["url", "headersFromEnv", "timeout", "maxInflight"];
-const ALL_KEYS: [&str; 8] = [
+const HTTP_KEYS: [&str; 5] = [
+    "url",
+    "headersFromEnv",
+    "timeout",
+    "maxInflight",
+    "startTimeout",
+];
+const ALL_KEYS: [&str; 10] = [
+    "startTimeout",
+    "writes",
     "command",
     "args",
     "env",
@@ -139,6 +149,24 @@ key.pos,
             }
         },
     };
+    let start_timeout = match r.optional(node, "startTimeout") {
+        None => None,
+        Some(n) => match n
+            .as_str()
+            .map(crate::definition::duration::parse_positive_duration)
+        {
+            Some(Ok(d)) => Some(d),
+            _ => {
+                r.shape(
+                    n.pos,
+                    &format!("{field}.startTimeout"),
+                    "`startTimeout` must be a positive duration",
+                    "e.g. `startTimeout: 2m` (npx may fetch the package first)",
+                );
+                return None;
+            }
+        },
+    };
     let max_inflight = match r.optional(node, "maxInflight") {
         None => DEFAULT_MAX_INFLIGHT,
         Some(n) => usize::try_from(r.int(n, &format!("{field}.maxInflight"), 1, 100_000)?).ok()?,
@@ -153,6 +181,7 @@ key.pos,
         transport,
         timeout,
         max_inflight,
+        start_timeout,
     })
 }
 
@@ -193,11 +222,20 @@ n.pos,
         None => true,
         Some(n) => r.bool(n, &format!("{field}.sandbox"))?,
     };
+    let writes = match r.optional(node, "writes") {
+        None => Vec::new(),
+        Some(n) => r
+            .string_list(n, &format!("{field}.writes"))?
+            .into_iter()
+            .map(|(w, _)| w)
+            .collect(),
+    };
     Some(McpTransport::Stdio {
         command,
         args,
         env,
         sandbox,
+        writes,
     })
 }
 

@@ -73,9 +73,55 @@ async fn list(server: &str, peer: &rmcp::Peer<RoleClient>) -> Result<Vec<McpTool
         .collect()
 }
 
+/// A transport that marks the listing stale the moment a
+/// `notifications/tools/list_changed` is read, before any message after it
+/// (the answer of the call that changed the list) reaches its caller; the
+/// SDK runs notification handlers on tasks of their own, too late for that.
+struct Watched<T> {
+    inner: T,
+    cell: Arc<ListingCell>,
+}
+
+impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleClient>
+    for Watched<T>
+{
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    fn receive(
+        &mut self,
+    ) -> impl Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send {
+        let cell = Arc::clone(&self.cell);
+        let next = self.inner.receive();
+        async move {
+            let message = next.await;
+            if let Some(rmcp::model::JsonRpcMessage::Notification(n)) = &message
+                && matches!(
+                    n.notification,
+                    rmcp::model::ServerNotification::ToolListChangedNotification(_)
+                )
+            {
+                cell.mark_stale();
+            }
+            message
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
 /// A live connection to one server.
 pub struct Connection {
     server: String,
+    cell: Arc<ListingCell>,
     service: RunningService<RoleClient, Handler>,
     dead: AtomicBool,
     /// The stdio child's process group; killed when the connection goes.
@@ -98,6 +144,7 @@ impl Connection {
         start: &McpStart,
         cell: Arc<ListingCell>,
     ) -> Result<Arc<Connection>, McpError> {
+        let start_timeout = def.start_timeout.unwrap_or(start.start_timeout);
         let handler = Handler {
             server: def.name.clone(),
             cell: Arc::clone(&cell),
@@ -112,9 +159,13 @@ impl Connection {
                 args,
                 env,
                 sandbox,
+                writes,
             } => {
                 let mut cmd = match start.sandbox.as_deref() {
-                    Some(sb) if *sandbox => sb.program_command(command, args, env, &start.root),
+                    Some(sb) if *sandbox => {
+                        let extra = writable(&def.name, writes)?;
+                        sb.program_command(command, args, env, &start.root, &extra)
+                    }
                     Some(_) => {
                         let mut c = tokio::process::Command::new(command);
                         c.args(args).env_clear().envs(crate::environ::scrubbed(env));
@@ -153,7 +204,11 @@ impl Connection {
                         )
                     })?;
                 let group = GroupKill::new(child.id());
-                let served = tokio::time::timeout(start.start_timeout, handler.serve(child)).await;
+                let watched = Watched {
+                    inner: child,
+                    cell: Arc::clone(&cell),
+                };
+                let served = tokio::time::timeout(start_timeout, handler.serve(watched)).await;
                 (served, Some(group), log)
             }
             McpTransport::Http {
@@ -193,8 +248,11 @@ impl Connection {
                     .custom_headers(headers);
                 let transport =
                     StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-                let served =
-                    tokio::time::timeout(start.start_timeout, handler.serve(transport)).await;
+                let watched = Watched {
+                    inner: transport,
+                    cell: Arc::clone(&cell),
+                };
+                let served = tokio::time::timeout(start_timeout, handler.serve(watched)).await;
                 (served, None, None)
             }
         };
@@ -206,7 +264,7 @@ impl Connection {
                     format!(
                         "MCP server `{}` did not answer `initialize` within {}{}",
                         def.name,
-                        crate::definition::duration::format_duration(start.start_timeout),
+                        crate::definition::duration::format_duration(start_timeout),
                         tail()
                     ),
                 ));
@@ -223,7 +281,7 @@ impl Connection {
             }
             Ok(Ok(service)) => service,
         };
-        let tools = tokio::time::timeout(start.start_timeout, list(&def.name, service.peer()))
+        let tools = tokio::time::timeout(start_timeout, list(&def.name, service.peer()))
             .await
             .map_err(|_| {
                 McpError::new(
@@ -232,12 +290,48 @@ impl Connection {
                 )
             })??;
         cell.replace(tools);
+        // A server must speak a version of the protocol troupe knows.
+        let version = service
+            .peer_info()
+            .map(|info| info.protocol_version.clone());
+        if let Some(v) = version
+            && !rmcp::model::ProtocolVersion::KNOWN_VERSIONS.contains(&v)
+        {
+            return Err(McpError::new(
+                "ProtocolVersion",
+                format!(
+                    "MCP server `{}` speaks protocol version {v}, which troupe does not know (it knows {})",
+                    def.name,
+                    rmcp::model::ProtocolVersion::KNOWN_VERSIONS
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
         Ok(Arc::new(Connection {
+            cell: Arc::clone(&cell),
             server: def.name.clone(),
             service,
             dead: AtomicBool::new(false),
             _group: group,
         }))
+    }
+
+    /// Waits (at most `within`) for a `ping` to come back: the server has
+    /// then read everything sent before it, cancel notifications included,
+    /// since it reads its input in order.
+    pub async fn flush(&self, within: std::time::Duration) {
+        if !self.is_alive() {
+            return;
+        }
+        let ping: rmcp::model::ClientRequest = rmcp::model::PingRequest {
+            method: Default::default(),
+            extensions: Default::default(),
+        }
+        .into();
+        let _ = tokio::time::timeout(within, self.service.peer().send_request(ping)).await;
     }
 
     /// False once the server closed the connection or exited.
@@ -250,7 +344,16 @@ impl Connection {
     pub async fn call(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
         let mut params = CallToolRequestParams::new(tool.to_owned());
         params.arguments = args.as_object().cloned();
-        match self.service.peer().call_tool(params).await {
+        let answer = self.service.peer().call_tool(params).await;
+        // The server said its list changed before it answered: the next
+        // turn must see the new listing, so it is fetched before this
+        // call returns.
+        if self.cell.is_stale()
+            && let Ok(tools) = list(&self.server, self.service.peer()).await
+        {
+            self.cell.replace(tools);
+        }
+        match answer {
             Ok(result) => render_json(
                 &self.server,
                 tool,
@@ -281,6 +384,28 @@ impl Connection {
             )),
         }
     }
+}
+
+/// The extra folders a sandboxed server may write: `~/` expanded, made if
+/// missing (Landlock grants a folder that exists).
+fn writable(server: &str, writes: &[String]) -> Result<Vec<std::path::PathBuf>, McpError> {
+    let home = crate::environ::var("HOME").unwrap_or_default();
+    writes
+        .iter()
+        .map(|w| {
+            let path = match w.strip_prefix("~/") {
+                Some(rest) => std::path::Path::new(&home).join(rest),
+                None => std::path::PathBuf::from(w),
+            };
+            std::fs::create_dir_all(&path).map_err(|e| {
+                McpError::new(
+                    "WritesUnusable",
+                    format!("MCP server `{server}`: cannot use `{w}` as a writable folder: {e}"),
+                )
+            })?;
+            Ok(path)
+        })
+        .collect()
 }
 
 /// The last lines a stdio server wrote to its log, for an error message.

@@ -158,7 +158,7 @@ impl Listing {
 /// The latest listing of a server, shared by its connection (which
 /// refreshes it) and the calls (which read it).
 #[derive(Debug, Default)]
-pub struct ListingCell(RwLock<Arc<Listing>>);
+pub struct ListingCell(RwLock<Arc<Listing>>, std::sync::atomic::AtomicBool);
 
 impl ListingCell {
     pub fn get(&self) -> Arc<Listing> {
@@ -170,8 +170,18 @@ impl ListingCell {
         )
     }
 
+    /// The server said its list changed; a fresh listing is on its way.
+    pub fn mark_stale(&self) {
+        self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_stale(&self) -> bool {
+        self.1.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Replaces the listing with `tools`, one generation on.
     pub fn replace(&self, tools: Vec<McpTool>) {
+        self.1.store(false, std::sync::atomic::Ordering::SeqCst);
         let mut cell = self
             .0
             .write()

@@ -70,12 +70,16 @@ impl ShellSandbox {
         args: &[String],
         env: &[String],
         root: &Path,
+        extra_writes: &[std::path::PathBuf],
     ) -> tokio::process::Command {
         let mut cmd = match &self.writes {
             Some(w) => {
                 let mut cmd = tokio::process::Command::new(&w.launcher);
                 cmd.arg("sandbox-exec");
                 cmd.arg("--write").arg(root);
+                for extra in extra_writes {
+                    cmd.arg("--write").arg(extra);
+                }
                 if let Some(tmp) = &w.tmp {
                     cmd.arg("--write").arg(tmp);
                 }
