@@ -479,3 +479,147 @@ fn fail_fast_cancels_the_calls_in_flight_on_the_server() {
     let seen = server_saw(&project.path().join(STATS));
     assert_eq!(count(&seen, "cancelled"), 9, "{seen:?}");
 }
+
+#[test]
+fn a_streamable_http_server_is_reached_with_a_header_from_the_environment() {
+    let Some(modules) = node_modules() else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let server = modules.join("@modelcontextprotocol/server-everything/dist/index.js");
+    let mut child = std::process::Command::new("node")
+        .arg(&server)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Ends the server however the test ends.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the HTTP server never listened"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the HTTP server exited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _child = Kill(child);
+    let yaml = format!(
+        "id: h\nentry: say\nmcpServers:\n  ev:\n    url: http://127.0.0.1:{port}/mcp\n    headersFromEnv: {{ X-Troupe-Test: TROUPE_TEST_HEADER }}\nstages:\n  say: {{ kind: tool, tool: ev__echo, args: {{ message: over http }} }}\nnext:\n  say: end\n"
+    );
+    let project = project(&yaml, &[]);
+    let secret = "header-value-must-not-be-logged";
+    let out = project
+        .troupe()
+        .args(["run", "p", "--json", "--headless"])
+        .env("TROUPE_TEST_HEADER", secret)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = parsed(&summary, "say")["text"].as_str().unwrap();
+    assert!(text.contains("over http"), "{text}");
+    assert!(!said(&out).contains(secret));
+    let audit =
+        std::fs::read_to_string(project.path().join(summary["auditPath"].as_str().unwrap()))
+            .unwrap();
+    assert!(!audit.contains(secret));
+    assert!(
+        audit.contains("\"transport\":\"http\""),
+        "WorkflowStarted records the server"
+    );
+    // A header whose variable is not set stops the run before any stage.
+    let out = project.output(&["run", "p", "--json", "--headless"]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["code"], "Mcp/MissingSecret", "{summary}");
+}
+
+#[test]
+fn the_mcp_servers_block_refuses_secrets_typos_and_undeclared_servers() {
+    let cases: [(&str, &str, &str); 7] = [
+        ("  fs:\n    comand: node\n", "Validation/UnknownKey", ""),
+        (
+            "  fs:\n    command: node\n    env: { GITHUB_TOKEN: ghp_secret }\n",
+            "Validation/PipelineInvalid",
+            "environment values are not written",
+        ),
+        (
+            "  fs:\n    url: http://127.0.0.1:1/mcp\n    headers: { Authorization: Bearer x }\n",
+            "Validation/PipelineInvalid",
+            "header values are not written",
+        ),
+        (
+            "  fs:\n    url: http://user:pw@127.0.0.1:1/mcp\n",
+            "Validation/PipelineInvalid",
+            "credentials are not written",
+        ),
+        (
+            "  fs:\n    url: http://127.0.0.1:1/mcp\n    headersFromEnv: { Authorization: \"Bearer abc\" }\n",
+            "Validation/PipelineInvalid",
+            "is not a variable name",
+        ),
+        (
+            "  a__b:\n    command: node\n",
+            "Validation/PipelineInvalid",
+            "cannot name an MCP server",
+        ),
+        (
+            "  fs:\n    command: node\n    url: http://127.0.0.1:1/mcp\n",
+            "Validation/PipelineInvalid",
+            "not both",
+        ),
+    ];
+    for (block, code, text) in cases {
+        let yaml = format!(
+            "id: t\nentry: s\nmcpServers:\n{block}stages:\n  s: {{ kind: tool, tool: Echo, args: {{ text: hi }} }}\nnext:\n  s: end\n"
+        );
+        let project = project(&yaml, &[]);
+        let out = project.output(&["validate", "p", "--json"]);
+        assert_eq!(out.status.code(), Some(2), "{block}: {}", said(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let first = &v["errors"][0];
+        assert_eq!(first["code"], code, "{block}: {v}");
+        assert!(
+            first["message"].as_str().unwrap().contains(text),
+            "{block}: {v}"
+        );
+        assert!(
+            !v.to_string().contains("ghp_secret"),
+            "a secret is echoed: {v}"
+        );
+    }
+    // `srv__x` of a server the pipeline does not declare, in a stage and in
+    // a tool step.
+    let yaml = "id: t\nentry: s\nstages:\n  s: s.md\n  t: { kind: tool, tool: other__x }\nnext:\n  s: t\n  t: end\n";
+    let project = project(yaml, &[("s.md", &stage("s", "srv__echo", ""))]);
+    let out = project.output(&["validate", "p", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let codes: Vec<&str> = v["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        codes,
+        ["Validation/UnknownTool", "Validation/UnknownTool"],
+        "{v}"
+    );
+}

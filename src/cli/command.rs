@@ -132,6 +132,13 @@ pub enum Command {
         /// Print as JSON on stdout.
         #[arg(long)]
         json: bool,
+        /// Start the pipeline's MCP servers, so that a stage's manifest
+        /// shows their tools with the servers' own schemas.
+        #[arg(long)]
+        connect: bool,
+        /// The project root MCP servers start in (with --connect).
+        #[arg(long, default_value = ".", value_name = "DIR")]
+        root: PathBuf,
     },
     /// Internal: confine writes to the given folders with Landlock, then
     /// exec the command. `Bash` runs every sandboxed shell through it.
@@ -180,7 +187,14 @@ pub fn run(cli: Cli) -> Exit {
             pipeline,
             stage,
             json,
-        } => show::run(&pipeline, stage.as_deref(), json),
+            connect,
+            root,
+        } => show::run(
+            &pipeline,
+            stage.as_deref(),
+            json,
+            connect.then_some(root.as_path()),
+        ),
         Command::SandboxExec(args) => sandbox_exec::run(args),
         Command::Reaper => {
             crate::tools::process_group::reap(std::io::stdin().lock());

@@ -5,20 +5,36 @@ use std::path::Path;
 
 use super::Exit;
 use super::validate::{print_diagnostics, reject};
-use crate::definition::stage_manifest;
+use crate::definition::tool_manifest::stage_manifest_with;
 use crate::definition::{
     Backoff, Next, Pipeline, Siblings, Stage, StageDefinition, StageKind,
     duration::format_duration, load_pipeline,
 };
 use crate::error::ValidationCode;
 
-pub fn run(path: &Path, stage: Option<&str>, json: bool) -> Exit {
+pub fn run(path: &Path, stage: Option<&str>, json: bool, connect: Option<&Path>) -> Exit {
     let pipeline = match load_pipeline(path) {
         Ok(p) => p,
         Err(diags) => {
             print_diagnostics(path, &diags, json);
             return Exit::Invalid;
         }
+    };
+    let mut pool = None;
+    if let (Some(root), Some(_)) = (connect, stage) {
+        let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
+        let shell = super::sandbox::shell_sandbox(false, &[], &root);
+        match super::mcp::start_servers(&pipeline, &root, shell.sandbox.clone(), None) {
+            Ok(p) => pool = p,
+            Err(e) => return super::mcp::mcp_failed(&e, json),
+        }
+    }
+    let manifest = |def: &crate::definition::StageDefinition| {
+        let mcp = pool
+            .as_ref()
+            .map(|p| p.specs(&def.allowed_tools))
+            .unwrap_or_default();
+        stage_manifest_with(def, mcp)
     };
     match stage {
         None if json => print_json(&pipeline),
@@ -38,9 +54,9 @@ pub fn run(path: &Path, stage: Option<&str>, json: bool) -> Exit {
                 );
             };
             if json {
-                print_json(&stage_json(stage));
+                print_json(&stage_json(stage, &manifest));
             } else {
-                print!("{}", stage_text(stage));
+                print!("{}", stage_text(stage, &manifest));
             }
         }
     }
@@ -54,11 +70,14 @@ fn print_json<T: serde::Serialize>(value: &T) {
     }
 }
 
-fn stage_json(stage: &Stage) -> serde_json::Value {
+type Manifest<'a> =
+    dyn Fn(&crate::definition::StageDefinition) -> Vec<crate::definition::ToolSpec> + 'a;
+
+fn stage_json(stage: &Stage, manifest: &Manifest<'_>) -> serde_json::Value {
     let mut value = serde_json::to_value(stage).unwrap_or_default();
     if let (StageKind::Llm(def), Some(obj)) = (&stage.kind, value.as_object_mut()) {
         // As the model is shown it (OpenAI function tools).
-        let tools: Vec<serde_json::Value> = stage_manifest(def)
+        let tools: Vec<serde_json::Value> = manifest(def)
             .iter()
             .map(crate::provider::openai::function_tool)
             .collect();
@@ -220,10 +239,10 @@ fn backoff_text(b: &Backoff) -> String {
 }
 
 /// One stage in full.
-pub fn stage_text(stage: &Stage) -> String {
+pub fn stage_text(stage: &Stage, manifest: &Manifest<'_>) -> String {
     let mut out = String::new();
     match &stage.kind {
-        StageKind::Llm(d) => llm_stage_text(d, &mut out),
+        StageKind::Llm(d) => llm_stage_text(d, manifest, &mut out),
         other => {
             let _ = writeln!(out, "stage {} ({})", stage.id, other.kind_name());
             let json = serde_json::to_string_pretty(other).unwrap_or_default();
@@ -233,7 +252,7 @@ pub fn stage_text(stage: &Stage) -> String {
     out
 }
 
-fn llm_stage_text(d: &StageDefinition, out: &mut String) {
+fn llm_stage_text(d: &StageDefinition, manifest: &Manifest<'_>, out: &mut String) {
     let _ = writeln!(out, "stage {} — {}", d.id, d.name);
     let _ = writeln!(out, "  file              {}", d.file.display());
     if let Some(desc) = &d.description {
@@ -268,7 +287,16 @@ fn llm_stage_text(d: &StageDefinition, out: &mut String) {
         let _ = writeln!(out, "  inputsSchema      {}", s.document());
     }
     let _ = writeln!(out, "\ntool manifest (what the model sees):");
-    for t in stage_manifest(d) {
+    let tools = manifest(d);
+    if d.allowed_tools.iter().any(|t| t.contains("__"))
+        && !tools.iter().any(|t| t.name.contains("__"))
+    {
+        let _ = writeln!(
+            out,
+            "  (MCP tools are listed with --connect, which starts the servers)"
+        );
+    }
+    for t in tools {
         let marker = if *t.name == *d.completion_tool {
             "  (completion channel)"
         } else {

@@ -98,17 +98,38 @@ pub fn run(args: WorkerArgs) -> Exit {
     settings.sandbox = shell.sandbox.clone();
     settings.root = root;
     settings.threads = args.threads.map_or_else(default_threads, |n| n as usize);
-    let settings = Arc::new(settings);
-    let mut pipelines = HashMap::new();
-    let mut checks = Vec::new();
+    let mut loaded = Vec::new();
     for path in &args.pipelines {
-        let pipeline = match load_pipeline(path) {
-            Ok(p) => Arc::new(p),
+        match load_pipeline(path) {
+            Ok(p) => loaded.push((path, Arc::new(p))),
             Err(diags) => {
                 print_diagnostics(path, &diags, json);
                 return Exit::Invalid;
             }
-        };
+        }
+    }
+    // One set of MCP servers per worker process, shared by its siblings.
+    let with_servers: Vec<_> = loaded
+        .iter()
+        .filter(|(_, p)| !p.mcp_servers.is_empty())
+        .collect();
+    if with_servers.len() > 1 {
+        return input_invalid(
+            with_servers[1].0,
+            "a worker serves the MCP servers of one pipeline: run one worker per pipeline that has `mcpServers:`".to_owned(),
+            json,
+        );
+    }
+    if let Some((_, pipeline)) = with_servers.first() {
+        match super::mcp::start_servers(pipeline, &settings.root, shell.sandbox.clone(), None) {
+            Ok(pool) => settings.mcp = pool,
+            Err(e) => return super::mcp::mcp_failed(&e, json),
+        }
+    }
+    let settings = Arc::new(settings);
+    let mut pipelines = HashMap::new();
+    let mut checks = Vec::new();
+    for (path, pipeline) in loaded {
         let digest = match pipeline_digest(&pipeline) {
             Ok(d) => d,
             Err(e) => return input_invalid(path, e, json),

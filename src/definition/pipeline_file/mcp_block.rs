@@ -95,6 +95,12 @@ fn read_server(
             return None;
         }
         (false, false) => {
+            // A typo of `command` or `url` is said as such first.
+            let before = r.diags.len();
+            r.known_keys(node, field, &ALL_KEYS);
+            if r.diags.len() != before {
+                return None;
+            }
             r.shape(
                 node.pos,
                 field,

@@ -296,7 +296,7 @@ fn run_record(spec: &RunSpec) -> Vec<(&'static str, Value)> {
             limits.insert("maxCost".to_owned(), c.into());
         }
     }
-    vec![
+    let mut fields = vec![
         (
             "provider",
             serde_json::to_value(spec.provider.info()).unwrap_or(Value::Null),
@@ -306,5 +306,33 @@ fn run_record(spec: &RunSpec) -> Vec<(&'static str, Value)> {
             "shellSandbox",
             crate::tools::sandbox::mode(spec.settings.sandbox.as_deref()).into(),
         ),
-    ]
+    ];
+    if !spec.pipeline.mcp_servers.is_empty() {
+        fields.push(("mcpServers", mcp_servers(spec)));
+    }
+    fields
+}
+
+/// The MCP servers of the run as `WorkflowStarted` records them: name,
+/// transport and whether a stdio server runs in the shell sandbox (no
+/// command line, URL or header: those may name secrets).
+fn mcp_servers(spec: &RunSpec) -> Value {
+    use crate::definition::mcp::McpTransport;
+    let shell = crate::tools::sandbox::mode(spec.settings.sandbox.as_deref());
+    Value::Array(
+        spec.pipeline
+            .mcp_servers
+            .iter()
+            .map(|s| match &s.transport {
+                McpTransport::Stdio { sandbox, .. } => serde_json::json!({
+                    "name": s.name,
+                    "transport": "stdio",
+                    "sandbox": if *sandbox { shell } else { "off" },
+                }),
+                McpTransport::Http { .. } => {
+                    serde_json::json!({"name": s.name, "transport": "http"})
+                }
+            })
+            .collect(),
+    )
 }
