@@ -4,7 +4,7 @@
 //! `troupe-actors`.
 //!
 //! Layers, lowest first; a module imports only its own layer and those
-//! below (`tests/layering.rs` checks it): `error` → `definition` →
+//! below (`tests/layering.rs` checks it): `error`, `environ` → `definition` →
 //! `provider`, `tools` → `runtime` → `store`, `report`, `bench`,
 //! `distributed` → `cli`.
 

@@ -137,7 +137,7 @@ fn read_hook_list(
         };
         let env = match r.optional(item, "env") {
             None => Some(Vec::new()),
-            Some(n) => r.string_list(n, &format!("{field}.env")).and_then(|l| {
+            Some(n) => r.string_list(n, &format!("{field}.env")).map(|l| {
                 let mut names = Vec::new();
                 for (name, pos) in l {
                     match crate::environ::check_env_name(&name) {
@@ -151,7 +151,7 @@ fn read_hook_list(
                         ),
                     }
                 }
-                Some(names)
+                names
             }),
         };
         let name = r

@@ -109,7 +109,7 @@ impl McpTool {
 fn short(v: &Value) -> String {
     let s = v.to_string();
     if s.len() > 200 {
-        format!("{}…", &s[..s.floor_char_boundary(200)])
+        format!("{}…", &s[..super::result::char_floor(&s, 200)])
     } else {
         s
     }

@@ -39,7 +39,7 @@ pub fn render_json(server: &str, tool: &str, result: &Value) -> Result<ToolOutpu
         parts.join("\n")
     };
     if text.len() > MAX_RESULT_BYTES {
-        let cut = text.floor_char_boundary(MAX_RESULT_BYTES);
+        let cut = char_floor(&text, MAX_RESULT_BYTES);
         let more = text.len() - cut;
         text.truncate(cut);
         text.push_str(&format!(
@@ -53,6 +53,15 @@ pub fn render_json(server: &str, tool: &str, result: &Value) -> Result<ToolOutpu
         ));
     }
     Ok(ToolOutput { text, structured })
+}
+
+/// The largest char boundary of `s` at or below `at`.
+pub(super) fn char_floor(s: &str, at: usize) -> usize {
+    let mut at = at.min(s.len());
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
 }
 
 fn block_text(block: &Value) -> String {
