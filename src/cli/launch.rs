@@ -233,8 +233,22 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
     let check_backoff = settings.provider_backoff;
     let shell = shell_sandbox(opts.no_sandbox, &opts.pass_env, &root);
     settings.sandbox = shell.sandbox.clone();
+    // `network: deny` anywhere must hold: checked on this kernel now.
+    let deny_network = opts.network == "deny";
+    if let Err(why) =
+        super::sandbox::check_network_deny(&pipeline, deny_network, shell.sandbox.as_deref(), &root)
+    {
+        return input_invalid(&path, why, json);
+    }
+    settings.deny_network = deny_network;
     // MCP servers start (and are listed and checked) before anything runs.
-    match super::mcp::start_servers(&pipeline, &root, shell.sandbox.clone(), Some(&run_dir)) {
+    match super::mcp::start_servers(
+        &pipeline,
+        &root,
+        shell.sandbox.clone(),
+        Some(&run_dir),
+        deny_network,
+    ) {
         Ok(pool) => settings.mcp = pool,
         Err(e) => return super::mcp::mcp_failed(&e, json),
     }

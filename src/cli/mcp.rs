@@ -24,6 +24,7 @@ pub fn start_servers(
     root: &Path,
     sandbox: Option<Arc<ShellSandbox>>,
     log_dir: Option<&Path>,
+    deny_network: bool,
 ) -> Result<Option<Arc<McpPool>>, McpError> {
     if pipeline.mcp_servers.is_empty() {
         return Ok(None);
@@ -52,6 +53,7 @@ pub fn start_servers(
         sandbox,
         log_dir: log_dir.map(Path::to_owned),
         start_timeout: START_TIMEOUT,
+        deny_network,
     };
     let pool = McpPool::start(&pipeline.mcp_servers, &start)?;
     for stage in &pipeline.stages {

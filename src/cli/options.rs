@@ -82,6 +82,12 @@ pub struct RunOptions {
     /// their writes are confined to --root and a private temp folder.
     #[arg(long)]
     pub no_sandbox: bool,
+    /// `deny`: no Bash call and no sandboxed MCP server of the run may
+    /// open a TCP connection (Landlock's network rules, kernel ABI 4; the
+    /// run refuses to start where the kernel lacks them). A stage can say
+    /// the same for its own shells with `network: deny` in its frontmatter.
+    #[arg(long, value_name = "allow|deny", default_value = "allow", value_parser = ["allow", "deny"], conflicts_with = "no_sandbox")]
+    pub network: String,
     /// The run store (SQLite) [default: troupe.db beside --runs-dir, i.e.
     /// .troupe/troupe.db]: every run, stage execution and StageResult,
     /// for `troupe runs`, `troupe resume` and `troupe report`.

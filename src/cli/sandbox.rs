@@ -70,3 +70,50 @@ fn confinement(root: &Path) -> Result<(WriteConfinement, tempfile::TempDir), Str
         tmp,
     ))
 }
+
+/// Checks that every `network: deny` of a run (`--network deny`, a stage's
+/// frontmatter, an MCP server's block) can be enforced here: the shell
+/// sandbox with Landlock, and a kernel with its network rules (ABI 4).
+/// Says why not: such a run must refuse to start, not run open.
+pub fn check_network_deny(
+    pipeline: &crate::definition::Pipeline,
+    run_wide: bool,
+    sandbox: Option<&ShellSandbox>,
+    root: &Path,
+) -> Result<(), String> {
+    use crate::definition::StageKind;
+    use crate::definition::mcp::McpTransport;
+    let mut asked: Vec<String> = Vec::new();
+    if run_wide {
+        asked.push("--network deny".to_owned());
+    }
+    for stage in &pipeline.stages {
+        if let StageKind::Llm(def) = &stage.kind
+            && def.network_deny
+        {
+            asked.push(format!("stage `{}`", stage.id));
+        }
+    }
+    for server in &pipeline.mcp_servers {
+        if let McpTransport::Stdio {
+            deny_network: true, ..
+        } = server.transport
+        {
+            asked.push(format!("MCP server `{}`", server.name));
+        }
+    }
+    if asked.is_empty() {
+        return Ok(());
+    }
+    let who = asked.join(", ");
+    if sandbox.is_none_or(|s| s.writes.is_none()) {
+        return Err(format!(
+            "{who} asks for `network: deny`, which needs the shell sandbox with Landlock; this run has none"
+        ));
+    }
+    crate::tools::sandbox::probe_with(&[root.to_owned()], true)
+        .map(|_| ())
+        .map_err(|e| {
+            format!("{who} asks for `network: deny`, which this kernel cannot enforce: {e}")
+        })
+}

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use super::Exit;
 use crate::error::HasCode;
-use crate::tools::sandbox::confine_writes;
+use crate::tools::sandbox::confine;
 
 /// Options of `troupe sandbox-exec`.
 #[derive(Debug, Clone, clap::Args)]
@@ -19,6 +19,9 @@ pub struct SandboxExecArgs {
     /// A folder the command may write beneath. Repeatable.
     #[arg(long = "write", value_name = "DIR", required = true)]
     pub write: Vec<PathBuf>,
+    /// No TCP connect or bind (Landlock ABI 4); refuses to run without.
+    #[arg(long)]
+    pub deny_network: bool,
     /// The program to exec and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -26,7 +29,7 @@ pub struct SandboxExecArgs {
 
 pub fn run(args: SandboxExecArgs) -> Exit {
     let mut stderr = std::io::stderr();
-    if let Err(e) = confine_writes(&args.write) {
+    if let Err(e) = confine(&args.write, args.deny_network) {
         let _ = writeln!(stderr, "troupe sandbox-exec: {}: {e}", e.code());
         return Exit::CannotExecute;
     }

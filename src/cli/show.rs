@@ -24,7 +24,7 @@ pub fn run(path: &Path, stage: Option<&str>, json: bool, connect: Option<&Path>)
     if let (Some(root), Some(_)) = (connect, stage) {
         let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
         let shell = super::sandbox::shell_sandbox(false, &[], &root);
-        match super::mcp::start_servers(&pipeline, &root, shell.sandbox.clone(), None) {
+        match super::mcp::start_servers(&pipeline, &root, shell.sandbox.clone(), None, false) {
             Ok(p) => pool = p,
             Err(e) => return super::mcp::mcp_failed(&e, json),
         }

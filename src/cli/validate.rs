@@ -15,7 +15,7 @@ pub fn run(path: &Path, json: bool, connect: Option<&Path>) -> Exit {
             if let Some(root) = connect {
                 let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
                 let shell = super::sandbox::shell_sandbox(false, &[], &root);
-                match super::mcp::start_servers(&p, &root, shell.sandbox.clone(), None) {
+                match super::mcp::start_servers(&p, &root, shell.sandbox.clone(), None, false) {
                     Ok(Some(pool)) => {
                         for server in pool.servers() {
                             for tool in server.listing().unwrap_or_default().tools() {

@@ -121,7 +121,13 @@ pub fn run(args: WorkerArgs) -> Exit {
         );
     }
     if let Some((_, pipeline)) = with_servers.first() {
-        match super::mcp::start_servers(pipeline, &settings.root, shell.sandbox.clone(), None) {
+        match super::mcp::start_servers(
+            pipeline,
+            &settings.root,
+            shell.sandbox.clone(),
+            None,
+            false,
+        ) {
             Ok(pool) => settings.mcp = pool,
             Err(e) => return super::mcp::mcp_failed(&e, json),
         }

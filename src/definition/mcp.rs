@@ -47,6 +47,8 @@ pub enum McpTransport {
         /// Folders the sandboxed server may write besides the root and its
         /// temp folder (`~/` is the home folder), e.g. npx's cache.
         writes: Vec<String>,
+        /// `network: deny`: the server may open no TCP connection.
+        deny_network: bool,
     },
     /// A Streamable HTTP endpoint.
     Http {

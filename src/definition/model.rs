@@ -256,6 +256,9 @@ pub struct StageDefinition {
     pub resolution_policy: ResolutionPolicy,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// `network: deny`: this stage's shells may open no TCP connection.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub network_deny: bool,
     pub body: Template,
     pub file: PathBuf,
     /// Line of the body's first line in `file`, to locate placeholders.

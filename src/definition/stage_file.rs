@@ -213,6 +213,23 @@ pub fn parse_stage_file(
         None => Some(Vec::new()),
     };
 
+    let network_deny = match r.optional(&root, "network") {
+        None => Some(false),
+        Some(n) => match n.as_str() {
+            Some("deny") => Some(true),
+            Some("allow") => Some(false),
+            _ => {
+                r.shape(
+                    n.pos,
+                    "network",
+                    "`network` is `allow` or `deny`",
+                    "`network: deny` blocks TCP for this stage's shells (Landlock ABI 4)",
+                );
+                None
+            }
+        },
+    };
+
     let body_template = match Template::parse(body) {
         Ok(t) => Some(t),
         Err(err) => {
@@ -249,6 +266,7 @@ pub fn parse_stage_file(
             turn_cap: u32::try_from(turn_cap?).ok()?,
             resolution_policy: resolution_policy?,
             tags: tags?,
+            network_deny: network_deny?,
             body: body_template?,
             file: file.to_owned(),
             body_line,

@@ -115,12 +115,21 @@ pub async fn bash(
     limits: &ToolLimits,
     args: &BashArgs,
     sandbox: Option<&ShellSandbox>,
+    deny_network: bool,
 ) -> Result<String, ToolError> {
+    // `network: deny` holds only where Landlock enforces it: never run a
+    // shell open that was meant to be closed.
+    if deny_network && sandbox.is_none_or(|s| s.writes.is_none()) {
+        return Err(ToolError::terminal(
+            "NetworkDenyUnavailable",
+            "`network: deny` needs the shell sandbox with Landlock, which this run does not have",
+        ));
+    }
     let timeout = args
         .timeout_ms
         .map_or(limits.bash_default_timeout, Duration::from_millis);
     let mut command = match sandbox {
-        Some(sandbox) => sandbox.command(shell(), &args.command, root),
+        Some(sandbox) => sandbox.command(shell(), &args.command, root, deny_network),
         None => {
             // No sandbox: the whole environment troupe was started with,
             // which a sealed troupe no longer has in its own.

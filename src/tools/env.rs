@@ -62,6 +62,8 @@ pub struct ToolEnv {
     pub sandbox: Option<Arc<ShellSandbox>>,
     /// The run's MCP servers: tools named `server__tool` are called there.
     pub mcp: Option<Arc<super::mcp::McpPool>>,
+    /// `Bash` may open no TCP connection (`network: deny`).
+    pub deny_network: bool,
 }
 
 impl ToolEnv {
@@ -74,7 +76,13 @@ impl ToolEnv {
             limits: ToolLimits::default(),
             sandbox: None,
             mcp: None,
+            deny_network: false,
         }
+    }
+
+    pub fn with_deny_network(mut self, deny: bool) -> ToolEnv {
+        self.deny_network = deny;
+        self
     }
 
     pub fn with_mcp(mut self, mcp: Option<Arc<super::mcp::McpPool>>) -> ToolEnv {

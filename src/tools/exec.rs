@@ -74,7 +74,7 @@ pub async fn execute_output(
             }
             "Bash" => {
                 let a: bash::BashArgs = args::parse(name, args)?;
-                bash::bash(&root, &limits, &a, env.sandbox.as_deref()).await
+                bash::bash(&root, &limits, &a, env.sandbox.as_deref(), env.deny_network).await
             }
             other => Err(ToolError::terminal(
                 "ToolUnavailable",

@@ -73,6 +73,8 @@ pub struct McpStart {
     /// How long a server may take to start and answer `initialize` and
     /// its tool listing.
     pub start_timeout: Duration,
+    /// `--network deny`: every sandboxed server runs without TCP.
+    pub deny_network: bool,
 }
 
 /// Every MCP server of a run.

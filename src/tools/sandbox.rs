@@ -8,4 +8,4 @@ pub mod writes;
 
 pub use env::{ENV_ALLOWLIST, check_env_name, scrubbed_env};
 pub use policy::{ShellSandbox, WriteConfinement, mode};
-pub use writes::{Confined, SandboxError, confine_writes, probe};
+pub use writes::{Confined, SandboxError, confine, confine_writes, probe, probe_with};

@@ -13,7 +13,8 @@ so a test can see what the server saw.
 
 Tools: echo {text}; slow {ms}; hang {}; crash {}; fail {}; big {bytes};
 changed {} (then the listing gains `extra`); extra {}; wait_for {n}
-(answers once n `hang` calls are in flight)."""
+(answers once n `hang` calls are in flight); connect {port} (tries a TCP
+connection to 127.0.0.1:port and says whether it got through)."""
 
 import json
 import os
@@ -66,6 +67,7 @@ def tools():
         tool("big", {"bytes": {"type": "integer", "minimum": 1}}, ["bytes"]),
         tool("changed"),
         tool("wait_for", {"n": {"type": "integer", "minimum": 1}}, ["n"]),
+        tool("connect", {"port": {"type": "integer"}}, ["port"]),
     ]
     if changed:
         listed.append(tool("extra"))
@@ -110,6 +112,13 @@ def call(req_id, name, args):
         result = text("changed")
     elif name == "extra":
         result = {"content": [], "structuredContent": {"extra": True}}
+    elif name == "connect":
+        import socket
+        try:
+            socket.create_connection(("127.0.0.1", args["port"]), timeout=5).close()
+            result = text("CONNECTED")
+        except OSError as e:
+            result = text(f"refused: {e}")
     elif name == "wait_for":
         with state_lock:
             state_lock.wait_for(lambda: hanging >= args["n"])

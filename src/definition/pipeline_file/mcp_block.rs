@@ -10,7 +10,8 @@ use crate::definition::mcp::{
 };
 use crate::definition::yaml::{Node, Value};
 
-const STDIO_KEYS: [&str; 8] = [
+const STDIO_KEYS: [&str; 9] = [
+    "network",
     "command",
     "args",
     "env",
@@ -27,7 +28,8 @@ const HTTP_KEYS: [&str; 5] = [
     "maxInflight",
     "startTimeout",
 ];
-const ALL_KEYS: [&str; 10] = [
+const ALL_KEYS: [&str; 11] = [
+    "network",
     "startTimeout",
     "writes",
     "command",
@@ -236,12 +238,29 @@ n.pos,
             .map(|(w, _)| w)
             .collect(),
     };
+    let deny_network = match r.optional(node, "network") {
+        None => false,
+        Some(n) => match n.as_str() {
+            Some("deny") => true,
+            Some("allow") => false,
+            _ => {
+                r.shape(
+                    n.pos,
+                    &format!("{field}.network"),
+                    "`network` is `allow` or `deny`",
+                    "",
+                );
+                return None;
+            }
+        },
+    };
     Some(McpTransport::Stdio {
         command,
         args,
         env,
         sandbox,
         writes,
+        deny_network,
     })
 }
 

@@ -307,6 +307,9 @@ fn run_record(spec: &RunSpec) -> Vec<(&'static str, Value)> {
             crate::tools::sandbox::mode(spec.settings.sandbox.as_deref()).into(),
         ),
     ];
+    if spec.settings.deny_network {
+        fields.push(("network", "deny".into()));
+    }
     if !spec.pipeline.mcp_servers.is_empty() {
         fields.push(("mcpServers", mcp_servers(spec)));
     }

@@ -78,6 +78,11 @@ impl StageRun {
         self.emit(self.event(name).with_static("phase", phase));
     }
 
+    /// Whether this LLM stage's frontmatter says `network: deny`.
+    pub(super) fn network_denied(&self) -> bool {
+        matches!(&self.stage.kind, crate::definition::StageKind::Llm(def) if def.network_deny)
+    }
+
     pub(super) fn tool_event(&self, name: EventName, call: &ToolCall) -> Event {
         let event = self
             .event(name)

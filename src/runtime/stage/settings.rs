@@ -49,6 +49,9 @@ pub struct RunSettings {
     pub sandbox: Option<Arc<ShellSandbox>>,
     /// The run's MCP servers, started before any stage (`mcpServers:`).
     pub mcp: Option<Arc<crate::tools::mcp::McpPool>>,
+    /// `--network deny`: no shell or sandboxed MCP server of the run may
+    /// open a TCP connection.
+    pub deny_network: bool,
 }
 
 impl Default for RunSettings {
@@ -69,6 +72,7 @@ impl Default for RunSettings {
             ledger: None,
             sandbox: None,
             mcp: None,
+            deny_network: false,
         }
     }
 }

@@ -76,7 +76,8 @@ impl StageRun {
                 args,
                 env: ToolEnv::new(self.settings.root.clone())
                     .with_sandbox(self.settings.sandbox.clone())
-                    .with_mcp(self.settings.mcp.clone()),
+                    .with_mcp(self.settings.mcp.clone())
+                    .with_deny_network(self.settings.deny_network),
                 cancel: self.cancel.child_token(),
             })
             .await

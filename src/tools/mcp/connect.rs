@@ -160,11 +160,24 @@ impl Connection {
                 env,
                 sandbox,
                 writes,
+                deny_network,
             } => {
+                let deny = *deny_network || start.deny_network;
+                let confined =
+                    *sandbox && start.sandbox.as_ref().is_some_and(|s| s.writes.is_some());
+                if deny && !confined {
+                    return Err(McpError::new(
+                        "NetworkDenyUnavailable",
+                        format!(
+                            "MCP server `{}` must run with `network: deny`, which needs the sandbox with Landlock (this server or run has none)",
+                            def.name
+                        ),
+                    ));
+                }
                 let mut cmd = match start.sandbox.as_deref() {
                     Some(sb) if *sandbox => {
                         let extra = writable(&def.name, writes)?;
-                        sb.program_command(command, args, env, &start.root, &extra)
+                        sb.program_command(command, args, env, &start.root, &extra, deny)
                     }
                     Some(_) => {
                         let mut c = tokio::process::Command::new(command);

@@ -36,11 +36,20 @@ pub struct WriteConfinement {
 impl ShellSandbox {
     /// The command that runs `shell -c script` in `root` under this
     /// sandbox (the caller adds stdio, the process group and the rest).
-    pub fn command(&self, shell: &str, script: &str, root: &Path) -> tokio::process::Command {
+    pub fn command(
+        &self,
+        shell: &str,
+        script: &str,
+        root: &Path,
+        deny_network: bool,
+    ) -> tokio::process::Command {
         let mut cmd = match &self.writes {
             Some(w) => {
                 let mut cmd = tokio::process::Command::new(&w.launcher);
                 cmd.arg("sandbox-exec").arg("--write").arg(root);
+                if deny_network {
+                    cmd.arg("--deny-network");
+                }
                 if let Some(tmp) = &w.tmp {
                     cmd.arg("--write").arg(tmp);
                 }
@@ -71,11 +80,15 @@ impl ShellSandbox {
         env: &[String],
         root: &Path,
         extra_writes: &[std::path::PathBuf],
+        deny_network: bool,
     ) -> tokio::process::Command {
         let mut cmd = match &self.writes {
             Some(w) => {
                 let mut cmd = tokio::process::Command::new(&w.launcher);
                 cmd.arg("sandbox-exec");
+                if deny_network {
+                    cmd.arg("--deny-network");
+                }
                 cmd.arg("--write").arg(root);
                 for extra in extra_writes {
                     cmd.arg("--write").arg(extra);

@@ -67,24 +67,36 @@ impl std::fmt::Display for Confined {
 /// execs inherits the restriction. Also sets `no_new_privs`, so set-uid
 /// programs gain nothing. Fails when the kernel enforces nothing: a caller
 /// that asked for confinement must not run unconfined.
-#[cfg(target_os = "linux")]
 pub fn confine_writes(folders: &[impl AsRef<Path>]) -> Result<Confined, SandboxError> {
+    confine(folders, false)
+}
+
+/// [`confine_writes`], and with `deny_network` no TCP connect or bind at
+/// all (Landlock's network rules, ABI 4). A kernel without them is an
+/// error: a caller that asked for no network must not run with it.
+#[cfg(target_os = "linux")]
+pub fn confine(folders: &[impl AsRef<Path>], deny_network: bool) -> Result<Confined, SandboxError> {
     use landlock::{
-        ABI, AccessFs, LandlockStatus, PathBeneath, PathFd, Ruleset, RulesetAttr,
-        RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
+        ABI, Access, AccessFs, AccessNet, LandlockStatus, PathBeneath, PathFd, Ruleset,
+        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
     };
     let rules = |e: landlock::RulesetError| SandboxError::Rules(e.to_string());
     // ABI 3's write rights: every way to create, remove, rename, link,
     // write or truncate a file. Newer ABIs add no write right (IoctlDev
     // and ResolveUnix are left unhandled: not writes to the file tree).
     let write = AccessFs::from_write(ABI::V3);
-    let mut ruleset = Ruleset::default()
+    let mut base = Ruleset::default()
         .handle_access(write)
         .map_err(rules)?
         .scope(Scope::Signal)
-        .map_err(rules)?
-        .create()
         .map_err(rules)?;
+    if deny_network {
+        // Handled and never allowed: every TCP connect and bind fails.
+        base = base
+            .handle_access(AccessNet::from_all(ABI::V4))
+            .map_err(rules)?;
+    }
+    let mut ruleset = base.create().map_err(rules)?;
     for folder in folders {
         let path = folder.as_ref();
         let fd = PathFd::new(path).map_err(|e| SandboxError::Folder {
@@ -114,6 +126,11 @@ pub fn confine_writes(folders: &[impl AsRef<Path>]) -> Result<Confined, SandboxE
             ));
         }
     };
+    if deny_network && abi < 4 {
+        return Err(SandboxError::Unavailable(format!(
+            "`network: deny` needs Landlock's network rules (ABI 4), this kernel has ABI {abi}"
+        )));
+    }
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok(Confined {
             abi,
@@ -128,7 +145,10 @@ pub fn confine_writes(folders: &[impl AsRef<Path>]) -> Result<Confined, SandboxE
 
 /// Landlock is Linux-only.
 #[cfg(not(target_os = "linux"))]
-pub fn confine_writes(_folders: &[impl AsRef<Path>]) -> Result<Confined, SandboxError> {
+pub fn confine(
+    _folders: &[impl AsRef<Path>],
+    _deny_network: bool,
+) -> Result<Confined, SandboxError> {
     Err(SandboxError::Unavailable("it is Linux-only".to_owned()))
 }
 
@@ -136,10 +156,15 @@ pub fn confine_writes(_folders: &[impl AsRef<Path>]) -> Result<Confined, Sandbox
 /// thread of its own, which ends with its restriction (Landlock restricts
 /// one thread and what it starts), so the caller stays unconfined.
 pub fn probe(folders: &[PathBuf]) -> Result<Confined, SandboxError> {
+    probe_with(folders, false)
+}
+
+/// [`probe`], with the network rules of [`confine`] when `deny_network`.
+pub fn probe_with(folders: &[PathBuf], deny_network: bool) -> Result<Confined, SandboxError> {
     let folders = folders.to_vec();
     std::thread::Builder::new()
         .name("troupe-landlock-probe".into())
-        .spawn(move || confine_writes(&folders))
+        .spawn(move || confine(&folders, deny_network))
         .map_err(|e| SandboxError::Unavailable(format!("cannot start the probe: {e}")))?
         .join()
         .unwrap_or_else(|_| Err(SandboxError::Rules("the probe crashed".to_owned())))

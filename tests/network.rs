@@ -1,0 +1,179 @@
+//! The network switch, tried from the attacker's side: a scripted model
+//! has a shell (or a sandboxed MCP server) connect to a TCP listener on
+//! loopback. With `network: deny` — run-wide (`--network deny`), in a
+//! stage's frontmatter, or in an MCP server's block — the connection must
+//! fail (Landlock's network rules); the same command without it is the
+//! control that must get through. A run that asks for `deny` where it
+//! cannot be enforced refuses to start.
+//!
+//! These tests need Landlock with network rules (ABI 4); on a kernel
+//! without them they check only that such a run refuses to start.
+
+#![cfg(target_os = "linux")]
+// Test code: a failed unwrap is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Output;
+
+use common::project::Project;
+use serde_json::Value;
+
+fn network_rules() -> bool {
+    troupe::tools::sandbox::probe_with(&[std::env::temp_dir()], true).is_ok()
+}
+
+/// The command a shell runs to try `port`: writes `CONNECTED` or the
+/// error into `file` in the root.
+fn knock(port: u16, file: &str) -> String {
+    format!(
+        "python3 -c \\\"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); print('CONNECTED')\\\" > {file} 2>&1"
+    )
+}
+
+/// Stage `id` allowing Bash, with `extra` frontmatter.
+fn stage(id: &str, extra: &str) -> String {
+    common::stage_md(id, extra, "Work.").replace("allowedTools: [Read]", "allowedTools: [Bash]")
+}
+
+fn project(yaml: &str, files: &[(&str, &str)]) -> Project {
+    let project = Project::new();
+    let dir = project.path().join("p");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("pipeline.yaml"), yaml).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    project
+}
+
+fn said(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn read(project: &Project, file: &str) -> String {
+    std::fs::read_to_string(project.path().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// Two stages, `a` then `b`, each knocking once; `a_extra` is a's
+/// frontmatter.
+fn two_knocks(port: u16, a_extra: &str) -> Project {
+    let yaml = "id: n\nentry: a\nstages:\n  a: a.md\n  b: b.md\nnext:\n  a: b\n  b: end\n";
+    let script = format!(
+        "stages:\n  a:\n    - tool: Bash\n      args: {{ command: \"{}\" }}\n    - complete: {{ summary: a }}\n  b:\n    - tool: Bash\n      args: {{ command: \"{}\" }}\n    - complete: {{ summary: b }}\n",
+        knock(port, "a.txt"),
+        knock(port, "b.txt")
+    );
+    project(
+        yaml,
+        &[
+            ("a.md", &stage("a", a_extra)),
+            ("b.md", &stage("b", "")),
+            ("script.yaml", &script),
+        ],
+    )
+}
+
+#[test]
+fn network_deny_blocks_every_shell_of_the_run_and_allow_is_the_control() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let project = two_knocks(port, "");
+    // The control: by default a shell reaches the listener.
+    let out = project.output(&["run", "p", "--headless"]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(read(&project, "a.txt").contains("CONNECTED"));
+    if !network_rules() {
+        let out = project.output(&["run", "p", "--headless", "--network", "deny"]);
+        assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+        eprintln!("note: no Landlock network rules here: only the refusal was checked");
+        return;
+    }
+    let out = project.output(&["run", "p", "--headless", "--network", "deny", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    for file in ["a.txt", "b.txt"] {
+        let got = read(&project, file);
+        assert!(
+            !got.contains("CONNECTED") && got.contains("Permission denied"),
+            "{file}: {got}"
+        );
+    }
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let audit = read(&project, summary["auditPath"].as_str().unwrap());
+    let started: Value = serde_json::from_str(audit.lines().next().unwrap()).unwrap();
+    assert_eq!(started["network"], "deny", "recorded in WorkflowStarted");
+}
+
+#[test]
+fn a_stage_that_says_network_deny_closes_only_its_own_shells() {
+    if !network_rules() {
+        return;
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let project = two_knocks(port, "network: deny\n");
+    let out = project.output(&["run", "p", "--headless"]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(
+        read(&project, "a.txt").contains("Permission denied"),
+        "{}",
+        read(&project, "a.txt")
+    );
+    assert!(
+        read(&project, "b.txt").contains("CONNECTED"),
+        "{}",
+        read(&project, "b.txt")
+    );
+}
+
+#[test]
+fn a_sandboxed_mcp_server_with_network_deny_cannot_connect() {
+    if !network_rules() {
+        return;
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/fault_server.py");
+    for (network, expect) in [("deny", "refused"), ("allow", "CONNECTED")] {
+        let yaml = format!(
+            "id: n\nentry: k\nmcpServers:\n  srv:\n    command: python3\n    args: [\"{}\", \"stats.jsonl\"]\n    network: {network}\nstages:\n  k: {{ kind: tool, tool: srv__connect, args: {{ port: {port} }} }}\nnext:\n  k: end\n",
+            server.display()
+        );
+        let project = project(&yaml, &[]);
+        let out = project.output(&["run", "p", "--headless", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{network}: {}", said(&out));
+        let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let text = summary["results"][0]["parsed"]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(text.starts_with(expect), "{network}: {text}");
+    }
+}
+
+#[test]
+fn network_deny_that_cannot_be_enforced_refuses_to_start() {
+    let project = two_knocks(9, "network: deny\n");
+    // A stage asks for it, the run has no sandbox: nothing runs.
+    let out = project.output(&["run", "p", "--headless", "--no-sandbox", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(said(&out).contains("network: deny"), "{}", said(&out));
+    assert!(!project.path().join("a.txt").exists(), "a shell ran");
+    // And the flag with --no-sandbox is refused by the parser.
+    let out = project.output(&[
+        "run",
+        "p",
+        "--headless",
+        "--no-sandbox",
+        "--network",
+        "deny",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+}
