@@ -353,3 +353,100 @@ fn acceptance_33_a_late_answer_from_the_terminal_is_ignored_and_audited() {
         ]
     );
 }
+
+/// A person answers once with `approve-same` (or `approve-prefix`): the
+/// terminal interactor then answers every matching proposal of the run
+/// itself. Forty siblings propose the same out-of-envelope call; the person
+/// is asked once, every call still gets its own one-shot grant, and the
+/// thirty-nine answered by the rule are audited with it.
+#[test]
+fn one_remembered_answer_approves_every_matching_proposal_of_the_run() {
+    use troupe::runtime::interaction::{Answer, PromptView, Prompter};
+
+    struct Once {
+        answer: Answer,
+        asked: Mutex<Vec<String>>,
+    }
+    impl Prompter for Once {
+        fn ask(&self, view: &PromptView) -> Option<Answer> {
+            let mut asked = self.asked.lock().unwrap();
+            // The first plain prompt remembers; any other is denied, so a
+            // rule that failed to match would show up as a denial.
+            let first = !asked.iter().any(|a: &String| !a.contains(';'));
+            asked.push(view.args_summary.clone());
+            Some(if first && !view.args_summary.contains(';') {
+                self.answer
+            } else {
+                Answer::Deny
+            })
+        }
+        fn withdrawn(&self, _view: &PromptView) {}
+    }
+
+    let width = 40;
+    let worker = stage("w").replace("allowedTools: [Read]", "allowedTools: []");
+    let plan = "---\nid: plan\nname: Plan\nallowedTools: []\ncompletionTool: items\ncompletionSchema:\n  type: object\n  properties: { items: { type: array } }\nretryPolicy:\n  maxAttempts: 1\n  backoff: none\nturnCap: 2\nresolutionPolicy: fail\n---\nPlan.\n";
+    let cases = [
+        (
+            Answer::ApproveSame,
+            "    - { tool: Echo, args: { text: same } }\n",
+            "",
+            "approve-same: Echo with arguments",
+            (1, width),
+        ),
+        (
+            // Siblings run `ls <n>`: one prefix rule approves them all, but
+            // not sibling 7, which chains a second command: it is asked
+            // (and denied).
+            Answer::ApprovePrefix,
+            "    - { tool: Bash, args: { command: \"ls {{ctx.item}}\" } }\n",
+            "  \"w#7\":\n    - { tool: Bash, args: { command: \"ls 7; echo chained\" } }\n    - complete: { n: 1 }\n",
+            "approve-prefix: Bash `ls`",
+            (2, width - 1),
+        ),
+    ];
+    for (answer, call, extra, rule, (asked, approved)) in cases {
+        let script = format!(
+            "stages:\n  plan:\n    - complete: {{ items: {{ $range: {width} }} }}\n  w:\n{call}    - complete: {{ n: 1 }}\n{extra}"
+        );
+        let f = Fixture::new(
+            "id: p\nentry: plan\nstages:\n  plan: plan.md\n  w: w.md\nnext:\n  plan: { parallel: { map: w, over: \"ctx.upstream[0].parsed.items\" } }\n  w: end\n",
+            &[
+                ("plan.md", plan),
+                ("w.md", &worker),
+                ("script.yaml", &script),
+            ],
+        );
+        let prompter = Arc::new(Once {
+            answer,
+            asked: Mutex::new(Vec::new()),
+        });
+        let root = tempfile::tempdir().unwrap();
+        let out = run(
+            f.path(),
+            Opts {
+                interactors: vec![InteractorSpec::Terminal(prompter.clone())],
+                cap: Some(8),
+                real_time: true,
+                root: Some(root.path().to_owned()),
+                ..Opts::default()
+            },
+        );
+        assert_eq!(out.report.status, RunStatus::Ok, "{answer:?}");
+        assert_eq!(prompter.asked.lock().unwrap().len(), asked, "{answer:?}");
+        let approved_calls: Vec<&Value> = out
+            .named("ToolCallApproved")
+            .into_iter()
+            .filter(|e| e["stageId"] == "w")
+            .collect();
+        assert_eq!(approved_calls.len(), approved, "{answer:?}");
+        // Each call consumed a grant of its own.
+        assert_eq!(out.named("StageGranted").len(), approved, "{answer:?}");
+        let by_rule: Vec<&Value> = out
+            .named("InteractionAnswered")
+            .into_iter()
+            .filter(|e| e["rule"].as_str().is_some_and(|r| r.starts_with(rule)))
+            .collect();
+        assert_eq!(by_rule.len(), approved - 1, "{answer:?}");
+    }
+}

@@ -23,8 +23,16 @@ impl Prompter for StdinPrompter {
             let mut err = std::io::stderr().lock();
             let _ = write!(
                 err,
-                "\napproval{queued}: stage `{}` ({}) wants to run {} {}\n  allow this one call? [y/N] ",
-                view.stage_id, view.stage_execution_id, view.tool, view.args_summary
+                "\napproval{queued}: stage `{}` ({}) wants to run {} {}\n  allow this one call? [y/N, a = this and every call with the same arguments this run{}] ",
+                view.stage_id,
+                view.stage_execution_id,
+                view.tool,
+                view.args_summary,
+                if view.tool == "Bash" {
+                    ", p = every Bash command of this run that runs the same program and chains nothing"
+                } else {
+                    ""
+                }
             );
             let _ = err.flush();
         }
@@ -33,6 +41,8 @@ impl Prompter for StdinPrompter {
             Ok(0) | Err(_) => None,
             Ok(_) => match line.trim().to_ascii_lowercase().as_str() {
                 "y" | "yes" => Some(Answer::Approve),
+                "a" | "all" => Some(Answer::ApproveSame),
+                "p" | "prefix" if view.tool == "Bash" => Some(Answer::ApprovePrefix),
                 _ => Some(Answer::Deny),
             },
         }

