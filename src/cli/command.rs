@@ -164,14 +164,27 @@ pub enum Command {
 pub fn run(cli: Cli) -> Exit {
     // Commands that run `Bash` calls get a reaper, so that even `kill -9`
     // leaves none of their processes behind.
-    if matches!(
+    let starts_processes = matches!(
         cli.command,
         Command::Run(_) | Command::Resume(_) | Command::Worker(_)
-    ) && let Ok(launcher) = std::env::current_exe()
-    {
+    );
+    if starts_processes && let Ok(launcher) = std::env::current_exe() {
         crate::tools::process_group::arm_reaper(&launcher);
     }
-    match cli.command {
+    if starts_processes {
+        crate::tools::process_group::adopt_orphans();
+    }
+    let exit = dispatch(cli.command);
+    if starts_processes {
+        // Nothing the run started outlives it: not a shell's `setsid`
+        // child, not a double-forked daemon, not a hook's grandchild.
+        crate::tools::process_group::kill_orphans();
+    }
+    exit
+}
+
+fn dispatch(command: Command) -> Exit {
+    match command {
         Command::Validate {
             pipeline,
             json,

@@ -72,11 +72,69 @@ pub fn arm_reaper(launcher: &Path) -> bool {
     // reaps it.
     match spawned {
         Ok(mut child) => {
+            REAPER_PID.store(
+                i32::try_from(child.id()).unwrap_or(0),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             *reaper = child.stdin.take();
             reaper.is_some()
         }
         Err(_) => false,
     }
+}
+
+/// The reaper's pid, which [`kill_orphans`] spares.
+static REAPER_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Makes this process the subreaper of everything it starts: a process
+/// that escaped its group (`setsid`, a double fork) and lost its parent is
+/// re-parented to troupe, not to init, so [`kill_orphans`] finds it.
+pub fn adopt_orphans() -> bool {
+    nix::sys::prctl::set_child_subreaper(true).is_ok()
+}
+
+/// Kills every child process still alive, adopted orphans included (the
+/// reaper excepted), and reaps them; repeated while killing one leaves its
+/// own children to us. Returns how many were killed. Called when a run is
+/// over: nothing a run started outlives it.
+pub fn kill_orphans() -> usize {
+    let reaper = REAPER_PID.load(std::sync::atomic::Ordering::Relaxed);
+    let mut killed = 0;
+    for _ in 0..16 {
+        let children: Vec<i32> = children_of_self()
+            .into_iter()
+            .filter(|&pid| pid != reaper && pid > 1)
+            .collect();
+        if children.is_empty() {
+            break;
+        }
+        for &pid in &children {
+            if nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                killed += 1;
+            }
+        }
+        for &pid in &children {
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), None);
+        }
+    }
+    killed
+}
+
+/// This process's children, from `/proc/self/task/*/children`.
+fn children_of_self() -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut out = BTreeSet::new();
+    for task in tasks.flatten() {
+        if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// The reaper's side: reads `+PGID`/`-PGID` lines until the pipe closes
