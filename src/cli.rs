@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod command;
+pub mod control;
 pub mod exit;
 pub mod launch;
 pub mod limits;

@@ -53,6 +53,8 @@ pub enum ErrorClass {
     /// An MCP server the pipeline declares could not start, answer or
     /// list its tools, or lacks a tool a stage allows.
     Mcp,
+    /// The control API: a run that cannot be reached or refuses a call.
+    Control,
 }
 
 impl ErrorClass {
@@ -70,6 +72,7 @@ impl ErrorClass {
             ErrorClass::Store => "Store",
             ErrorClass::Distributed => "Distributed",
             ErrorClass::Mcp => "Mcp",
+            ErrorClass::Control => "Control",
         }
     }
 }

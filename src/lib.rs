@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod control;
 pub mod definition;
 pub mod distributed;
 pub mod environ;

@@ -29,7 +29,7 @@ const LAYERS: [&[&str]; 6] = [
     &["definition"],
     &["provider", "tools"],
     &["runtime"],
-    &["store", "report", "bench", "distributed"],
+    &["store", "report", "bench", "distributed", "control"],
     &["cli"],
 ];
 

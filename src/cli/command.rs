@@ -140,6 +140,28 @@ pub enum Command {
         #[arg(long, default_value = ".", value_name = "DIR")]
         root: PathBuf,
     },
+    /// Follow a running run's events from another terminal or program.
+    ///
+    /// Prints a line per stage execution that ends (or every event with
+    /// --events -) until the run ends, and exits as the run does (0 ok,
+    /// 1 failed, 130 cancelled). Ctrl-C leaves the run running.
+    Watch(super::control::WatchArgs),
+    /// List the approvals of a running run that wait for an answer through
+    /// the control API (the run was started with --remote).
+    Pending {
+        #[command(flatten)]
+        at: super::control::RunRef,
+        /// Print as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a pending call of a running run (see `troupe pending`); the
+    /// first answer from anyone wins.
+    Approve(super::control::AnswerArgs),
+    /// Deny a pending call of a running run.
+    Deny(super::control::AnswerArgs),
+    /// Cancel a running run strictly, as Ctrl-C in its terminal would.
+    Cancel(super::control::RunRef),
     /// Internal: confine writes to the given folders with Landlock, then
     /// exec the command. `Bash` runs every sandboxed shell through it.
     #[command(hide = true)]
@@ -214,5 +236,10 @@ fn dispatch(command: Command) -> Exit {
             Exit::Ok
         }
         Command::Report(args) => report::run(*args),
+        Command::Watch(args) => super::control::watch(&args),
+        Command::Pending { at, json } => super::control::pending(&at, json),
+        Command::Approve(args) => super::control::answer(&args, true),
+        Command::Deny(args) => super::control::answer(&args, false),
+        Command::Cancel(at) => super::control::cancel(&at),
     }
 }

@@ -193,6 +193,13 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
     if opts.yolo {
         interactors.push(InteractorSpec::Yolo);
     }
+    // `--remote`: approvals are also put to the control API's clients.
+    let desk = opts
+        .remote
+        .then(|| Arc::new(crate::runtime::interaction::RemoteDesk::default()));
+    if let Some(desk) = &desk {
+        interactors.push(InteractorSpec::Remote(Arc::clone(desk)));
+    }
     if !opts.headless && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         interactors.push(InteractorSpec::Terminal(Arc::new(StdinPrompter)));
     }
@@ -266,6 +273,12 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
     let kept_pipeline = Arc::clone(&pipeline);
     let nats_args = opts.nats.clone();
     let kept_dir = run_dir.clone();
+    // The run's control socket, kept past the actor system so that event
+    // streams can read the log's end before it goes.
+    let control_slot: Arc<std::sync::Mutex<Option<crate::control::ControlServer>>> = Arc::default();
+    let control_put = Arc::clone(&control_slot);
+    let control_socket = run_dir.join(crate::control::SOCKET_NAME);
+    let control_audit = audit_path.clone();
     let system = actix::System::new();
     let (ended, kept) = system.block_on(async move {
         if let Some((provider, false)) = &check {
@@ -336,7 +349,29 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             }
         }
         let bus = spec.bus.clone();
+        let control_run = (spec.run_id.to_string(), spec.pipeline.id.clone());
         let (session, done) = start_run(spec, sinks);
+        let reach = session.clone();
+        match crate::control::ControlServer::start(
+            &control_socket,
+            crate::control::RunControl {
+                run_id: control_run.0,
+                pipeline: control_run.1,
+                audit_path: control_audit,
+                cancel: Arc::new(move || reach.do_send(ToSession::Cancel)),
+                desk,
+            },
+        ) {
+            Ok(server) => {
+                if let Ok(mut slot) = control_put.lock() {
+                    *slot = Some(server);
+                }
+            }
+            Err(e) => eprintln!(
+                "warning: the run cannot be reached from other processes: {}: {e}",
+                control_socket.display()
+            ),
+        }
         let _interrupts = Interrupts::watch(watched, "cancelling the run", move || {
             session.do_send(ToSession::Cancel)
         });
@@ -346,6 +381,8 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         };
         (ended, kept)
     });
+    // Event streams end at the log's WorkflowExit; then the socket goes.
+    drop(control_slot.lock().ok().and_then(|mut s| s.take()));
     let (mut report, last_seq) = match ended {
         LaunchOutcome::Report(r, seq) => (*r, seq),
         LaunchOutcome::Aborted(e) => {

@@ -82,6 +82,12 @@ pub struct RunOptions {
     /// their writes are confined to --root and a private temp folder.
     #[arg(long)]
     pub no_sandbox: bool,
+    /// Also put approvals to the control API's clients (`troupe pending`,
+    /// `troupe approve` / `deny` from another terminal or program); the
+    /// first answer from anyone wins. Without it the run is still watched
+    /// and cancelled through its socket.
+    #[arg(long)]
+    pub remote: bool,
     /// `deny`: no Bash call and no sandboxed MCP server of the run may
     /// open a TCP connection (Landlock's network rules, kernel ABI 4; the
     /// run refuses to start where the kernel lacks them). A stage can say

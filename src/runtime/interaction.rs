@@ -11,6 +11,7 @@ mod hub;
 mod interactors;
 mod messages;
 mod remember;
+mod remote;
 
 pub use answers::{AnswerRule, AnswerRules};
 pub use grants::{GrantDecision, GrantError, GrantLedger, GrantRequest, args_digest, args_summary};
@@ -20,3 +21,6 @@ pub use messages::{
     Answer, Answered, InteractorHandle, Prompt, Raise, Released, Unprompt, WithdrawOwner,
 };
 pub use remember::{Remembered, command_prefix, prefix_matches};
+pub use remote::{
+    AnswerRemote, ListPending, NotPending, PendingView, RemoteDesk, RemoteInteractor,
+};

@@ -343,6 +343,9 @@ pub enum InteractorSpec {
     /// Asks a person through `prompter` (the CLI's terminal prompt when
     /// stdin is a TTY and not `--headless`).
     Terminal(Arc<dyn Prompter>),
+    /// Holds prompts for the control API's clients (`--remote`); the desk
+    /// gets the interactor's address when it starts.
+    Remote(Arc<super::remote::RemoteDesk>),
 }
 
 impl std::fmt::Debug for InteractorSpec {
@@ -351,6 +354,7 @@ impl std::fmt::Debug for InteractorSpec {
             InteractorSpec::Yolo => f.write_str("Yolo"),
             InteractorSpec::Scripted(rules) => f.debug_tuple("Scripted").field(rules).finish(),
             InteractorSpec::Terminal(_) => f.write_str("Terminal"),
+            InteractorSpec::Remote(_) => f.write_str("Remote"),
         }
     }
 }
@@ -385,6 +389,15 @@ pub fn start_hub(
                 let a = TerminalInteractor::new(Arc::clone(prompter)).start();
                 InteractorHandle {
                     name: "terminal".to_owned(),
+                    prompt: a.clone().recipient(),
+                    unprompt: a.recipient(),
+                }
+            }
+            InteractorSpec::Remote(desk) => {
+                let a = super::remote::RemoteInteractor::default().start();
+                desk.set(a.clone());
+                InteractorHandle {
+                    name: "api".to_owned(),
                     prompt: a.clone().recipient(),
                     unprompt: a.recipient(),
                 }

@@ -1,0 +1,231 @@
+//! The control clients: `troupe watch`, `pending`, `approve`, `deny` and
+//! `cancel`, each reaching a running `troupe run` through the control
+//! socket in its run folder.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use super::Exit;
+use crate::control::{ControlClient, ControlError, find_socket};
+use crate::error::HasCode;
+
+/// Where to find the run.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunRef {
+    /// The run's id, or enough of its start to pick one run.
+    pub run: String,
+    /// The runs folder the run was started with.
+    #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
+    pub runs_dir: PathBuf,
+}
+
+/// `troupe watch`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub at: RunRef,
+    /// Print every event as a JSON line on stdout (`-`) instead of a line
+    /// per stage execution that ends.
+    #[arg(long, value_name = "-")]
+    pub events: Option<String>,
+    /// Start after this event's `seq` (default: from the start).
+    #[arg(long, value_name = "SEQ", default_value_t = 0)]
+    pub from: u64,
+}
+
+/// `troupe approve` / `troupe deny`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AnswerArgs {
+    #[command(flatten)]
+    pub at: RunRef,
+    /// The proposal to answer (`troupe pending` lists them).
+    pub proposal: String,
+    /// Approve this and every later proposal of the run with the same
+    /// tool and arguments (approve only).
+    #[arg(long, conflicts_with = "prefix")]
+    pub same: bool,
+    /// Approve this and every later Bash proposal running the same program
+    /// with nothing chained (approve only).
+    #[arg(long)]
+    pub prefix: bool,
+    /// The name the audit log records for this answer (never a secret).
+    #[arg(long, default_value = "cli")]
+    pub client: String,
+}
+
+fn failed(e: &ControlError) -> Exit {
+    let _ = writeln!(std::io::stderr(), "error: {}: {e}", e.code());
+    match e.code {
+        "Unreachable" | "NotServing" | "RunEnded" => Exit::RunFailed,
+        _ => Exit::Invalid,
+    }
+}
+
+fn connect(at: &RunRef) -> Result<(String, ControlClient), ControlError> {
+    let (id, socket) = find_socket(&at.runs_dir, &at.run)?;
+    Ok((id, ControlClient::new(&socket)?))
+}
+
+fn block_on<T>(work: impl Future<Output = T>) -> T {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(work),
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: cannot start a runtime: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
+/// Follows a run's events until it ends; exits as the run did.
+pub fn watch(args: &WatchArgs) -> Exit {
+    if args.events.as_deref().is_some_and(|e| e != "-") {
+        let _ = writeln!(std::io::stderr(), "error: --events takes `-` (stdout)");
+        return Exit::Invalid;
+    }
+    let (id, client) = match connect(&args.at) {
+        Ok(c) => c,
+        Err(e) => return failed(&e),
+    };
+    let raw = args.events.is_some();
+    let mut status: Option<String> = None;
+    let result = block_on(client.events(&id, args.from, |line| {
+        let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+        if v["event"] == "WorkflowExit" {
+            status = v["status"].as_str().map(str::to_owned);
+        }
+        let mut out = std::io::stdout().lock();
+        if raw {
+            let _ = writeln!(out, "{line}");
+        } else if let Some(text) = summary_line(&v) {
+            let _ = writeln!(out, "{text}");
+        }
+    }));
+    if let Err(e) = result {
+        return failed(&e);
+    }
+    match status.as_deref() {
+        Some("ok") => Exit::Ok,
+        Some("cancelled") => Exit::Interrupted,
+        Some(_) => Exit::RunFailed,
+        None => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: Control/Unreachable: the run's stream ended before its WorkflowExit"
+            );
+            Exit::RunFailed
+        }
+    }
+}
+
+/// A line for the events a person watching wants: starts, ends, failures.
+fn summary_line(v: &Value) -> Option<String> {
+    let exec = v["stageExecutionId"].as_str().unwrap_or("");
+    match v["event"].as_str()? {
+        "WorkflowStarted" | "WorkflowResumed" => Some(format!(
+            "run {} of {}: {}",
+            v["workflowRunId"].as_str().unwrap_or("?"),
+            v["pipeline"].as_str().unwrap_or("?"),
+            v["event"].as_str().unwrap_or("")
+        )),
+        "StageExited" => Some(format!(
+            "{exec}: {}{}",
+            v["verdict"].as_str().unwrap_or("?"),
+            v["reason"]
+                .as_str()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        )),
+        "StageCancelled" => Some(format!("{exec}: cancelled")),
+        "InteractionRaised" => Some(format!(
+            "{exec}: approval {} for {} waiting",
+            v["proposalId"].as_str().unwrap_or("?"),
+            v["tool"].as_str().unwrap_or("?")
+        )),
+        "WorkflowExit" => Some(format!(
+            "run {}{}",
+            v["status"].as_str().unwrap_or("?"),
+            v["reason"]
+                .as_str()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        )),
+        _ => None,
+    }
+}
+
+/// Lists the approvals waiting for an API answer.
+pub fn pending(at: &RunRef, json: bool) -> Exit {
+    let (id, client) = match connect(at) {
+        Ok(c) => c,
+        Err(e) => return failed(&e),
+    };
+    match block_on(client.pending(&id)) {
+        Ok(list) => {
+            if json {
+                println!("{}", Value::Array(list));
+            } else if list.is_empty() {
+                println!("no approval is waiting for an answer through the API");
+            } else {
+                for p in list {
+                    println!(
+                        "{}  {}  {} {}",
+                        p["proposalId"].as_str().unwrap_or("?"),
+                        p["stageId"].as_str().unwrap_or("?"),
+                        p["tool"].as_str().unwrap_or("?"),
+                        p["argsSummary"].as_str().unwrap_or("")
+                    );
+                }
+            }
+            Exit::Ok
+        }
+        Err(e) => failed(&e),
+    }
+}
+
+/// Answers one pending approval.
+pub fn answer(args: &AnswerArgs, approve: bool) -> Exit {
+    if !approve && (args.same || args.prefix) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "error: --same and --prefix remember approvals only"
+        );
+        return Exit::Invalid;
+    }
+    let answer = match (approve, args.same, args.prefix) {
+        (true, true, _) => "approve-same",
+        (true, _, true) => "approve-prefix",
+        (true, _, _) => "approve",
+        (false, _, _) => "deny",
+    };
+    let (id, client) = match connect(&args.at) {
+        Ok(c) => c,
+        Err(e) => return failed(&e),
+    };
+    match block_on(client.answer(&id, &args.proposal, answer, &args.client)) {
+        Ok(_) => {
+            println!("{answer}: {}", args.proposal);
+            Exit::Ok
+        }
+        Err(e) => failed(&e),
+    }
+}
+
+/// Cancels a run strictly, as Ctrl-C in its terminal would.
+pub fn cancel(at: &RunRef) -> Exit {
+    let (id, client) = match connect(at) {
+        Ok(c) => c,
+        Err(e) => return failed(&e),
+    };
+    match block_on(client.cancel(&id)) {
+        Ok(_) => {
+            println!("cancelling {id}");
+            Exit::Ok
+        }
+        Err(e) => failed(&e),
+    }
+}

@@ -1,0 +1,446 @@
+//! The control server of one run: an axum router on a Unix socket, on a
+//! small runtime of its own so that no client can slow the actors.
+//!
+//! | method | path | what |
+//! |---|---|---|
+//! | GET | `/v1/runs` | the runs this server hosts |
+//! | GET | `/v1/runs/{id}` | describe the run |
+//! | GET | `/v1/runs/{id}/events?from=SEQ` | its events as SSE (`id:` is `seq`), from the audit log, live until `WorkflowExit` |
+//! | GET | `/v1/runs/{id}/pending` | approvals waiting for an API answer |
+//! | POST | `/v1/runs/{id}/pending/{proposal}` | answer one: `{"answer": "approve", "client": "name"}` |
+//! | POST | `/v1/runs/{id}/cancel` | cancel the run strictly, as Ctrl-C does |
+
+use std::io::{BufRead, Seek};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::Stream;
+use serde_json::{Value, json};
+
+use crate::runtime::interaction::{Answer, AnswerRemote, ListPending, RemoteDesk};
+
+/// The socket's file name in a run folder.
+pub const SOCKET_NAME: &str = "control.sock";
+
+/// Bodies larger than this are refused (`Control/BodyTooLarge`).
+const MAX_BODY: usize = 64 * 1024;
+
+/// How often a stream at the end of the log looks for more.
+const FOLLOW_POLL: Duration = Duration::from_millis(20);
+
+/// What the server reaches of its run.
+pub struct RunControl {
+    pub run_id: String,
+    pub pipeline: String,
+    pub audit_path: PathBuf,
+    /// Cancels the run strictly (the first Ctrl-C's path).
+    pub cancel: Arc<dyn Fn() + Send + Sync>,
+    /// The run's API interactor, when it has one (`--remote`).
+    pub desk: Option<Arc<RemoteDesk>>,
+}
+
+impl std::fmt::Debug for RunControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunControl")
+            .field("run_id", &self.run_id)
+            .finish()
+    }
+}
+
+/// A serving control socket; dropping it lets the event streams finish
+/// (they end at `WorkflowExit`), then stops serving and removes the
+/// socket.
+#[derive(Debug)]
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<()>>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl ControlServer {
+    /// Serves `control` on `socket` (mode 0600). A socket that answers is
+    /// another server's: refused. A stale one (nothing listening) is
+    /// replaced.
+    pub fn start(socket: &Path, control: RunControl) -> std::io::Result<ControlServer> {
+        if socket.exists() {
+            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("{} is served by another process", socket.display()),
+                ));
+            }
+            std::fs::remove_file(socket)?;
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("troupe-control")
+            .enable_all()
+            .build()?;
+        let listener = {
+            let _enter = rt.enter();
+            tokio::net::UnixListener::bind(socket)?
+        };
+        std::fs::set_permissions(socket, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        let app = router(Arc::new(control));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = rt.spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(ControlServer {
+            path: socket.to_owned(),
+            stop: Some(stop),
+            served: Some(served),
+            rt: Some(rt),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let (Some(rt), Some(served)) = (self.rt.take(), self.served.take()) {
+            // Streams end at the log's `WorkflowExit`; a client that stopped
+            // reading gets two seconds, not the process's life.
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    rt.block_on(async {
+                        let _ = tokio::time::timeout(Duration::from_secs(2), served).await;
+                    });
+                });
+            });
+            rt.shutdown_background();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn router(control: Arc<RunControl>) -> Router {
+    Router::new()
+        .route("/v1/runs", get(list_runs))
+        .route("/v1/runs/{id}", get(describe))
+        .route("/v1/runs/{id}/events", get(events))
+        .route("/v1/runs/{id}/pending", get(pending))
+        .route("/v1/runs/{id}/pending/{proposal}", post(answer))
+        .route("/v1/runs/{id}/cancel", post(cancel))
+        .fallback(not_found)
+        .with_state(control)
+}
+
+/// A typed error, as the CLI's codes are.
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let body = json!({"error": {"code": code, "message": message.into()}});
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn ok_json(body: &Value) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "Control/NoSuchEndpoint",
+        "no such endpoint; see docs/control-api.md",
+    )
+}
+
+/// The error for a run this server does not host; `None` when it does.
+fn check_run(control: &RunControl, id: &str) -> Option<Response> {
+    if id == control.run_id {
+        None
+    } else {
+        Some(error(
+            StatusCode::NOT_FOUND,
+            "Control/RunNotFound",
+            format!("this server hosts run {}, not {id}", control.run_id),
+        ))
+    }
+}
+
+/// The run's status from its audit log's last `WorkflowExit`, if any.
+fn status(audit_path: &Path) -> (String, u64) {
+    let Ok(file) = std::fs::File::open(audit_path) else {
+        return ("starting".to_owned(), 0);
+    };
+    let mut status = "running".to_owned();
+    let mut last_seq = 0;
+    for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        last_seq = v["seq"].as_u64().unwrap_or(last_seq);
+        if v["event"] == "WorkflowExit" {
+            status = v["status"].as_str().unwrap_or("ended").to_owned();
+        }
+    }
+    (status, last_seq)
+}
+
+async fn describe_value(control: &RunControl) -> Value {
+    let path = control.audit_path.clone();
+    let (status, last_seq) = tokio::task::spawn_blocking(move || status(&path))
+        .await
+        .unwrap_or_else(|_| ("unknown".to_owned(), 0));
+    let pending = match control.desk.as_ref().and_then(|d| d.get()) {
+        Some(addr) => addr.send(ListPending).await.map(|p| p.len()).unwrap_or(0),
+        None => 0,
+    };
+    json!({
+        "runId": control.run_id,
+        "pipeline": control.pipeline,
+        "status": status,
+        "lastSeq": last_seq,
+        "pending": pending,
+        "remoteAnswers": control.desk.is_some(),
+        "auditPath": control.audit_path.display().to_string(),
+    })
+}
+
+async fn list_runs(State(control): State<Arc<RunControl>>) -> Response {
+    ok_json(&json!({"runs": [describe_value(&control).await]}))
+}
+
+async fn describe(
+    State(control): State<Arc<RunControl>>,
+    UrlPath(id): UrlPath<String>,
+) -> Response {
+    if let Some(e) = check_run(&control, &id) {
+        return e;
+    }
+    ok_json(&describe_value(&control).await)
+}
+
+async fn pending(State(control): State<Arc<RunControl>>, UrlPath(id): UrlPath<String>) -> Response {
+    if let Some(e) = check_run(&control, &id) {
+        return e;
+    }
+    let list = match control.desk.as_ref().and_then(|d| d.get()) {
+        Some(addr) => addr.send(ListPending).await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    ok_json(&json!({"pending": list}))
+}
+
+async fn answer(
+    State(control): State<Arc<RunControl>>,
+    UrlPath((id, proposal)): UrlPath<(String, String)>,
+    body: Bytes,
+) -> Response {
+    if let Some(e) = check_run(&control, &id) {
+        return e;
+    }
+    if body.len() > MAX_BODY {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Control/BodyTooLarge",
+            format!("bodies are at most {MAX_BODY} bytes"),
+        );
+    }
+    let Some(addr) = control.desk.as_ref().and_then(|d| d.get()) else {
+        return error(
+            StatusCode::CONFLICT,
+            "Control/NoRemoteAnswers",
+            "this run takes no answers through the API: start it with --remote",
+        );
+    };
+    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Control/BadBody",
+            "the body must be JSON: {\"answer\": \"approve\"|\"deny\"|\"approve-same\"|\"approve-prefix\", \"client\": NAME}",
+        );
+    };
+    let answer = match v["answer"].as_str() {
+        Some("approve") => Answer::Approve,
+        Some("deny") => Answer::Deny,
+        Some("approve-same") => Answer::ApproveSame,
+        Some("approve-prefix") => Answer::ApprovePrefix,
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "Control/BadBody",
+                "`answer` must be approve, deny, approve-same or approve-prefix",
+            );
+        }
+    };
+    let client = v["client"]
+        .as_str()
+        .filter(|c| !c.is_empty() && c.len() <= 64)
+        .unwrap_or("api")
+        .to_owned();
+    match addr
+        .send(AnswerRemote {
+            proposal_id: proposal.clone(),
+            answer,
+            client,
+        })
+        .await
+    {
+        Ok(Ok(())) => ok_json(&json!({"ok": true, "proposalId": proposal})),
+        Ok(Err(_)) => error(
+            StatusCode::NOT_FOUND,
+            "Control/NotPending",
+            format!(
+                "no approval {proposal} is waiting: it was decided, withdrawn, or never raised"
+            ),
+        ),
+        Err(_) => error(StatusCode::GONE, "Control/RunEnded", "the run is over"),
+    }
+}
+
+async fn cancel(State(control): State<Arc<RunControl>>, UrlPath(id): UrlPath<String>) -> Response {
+    if let Some(e) = check_run(&control, &id) {
+        return e;
+    }
+    (control.cancel)();
+    (
+        StatusCode::ACCEPTED,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({"ok": true, "cancelling": control.run_id}).to_string(),
+    )
+        .into_response()
+}
+
+async fn events(
+    State(control): State<Arc<RunControl>>,
+    UrlPath(id): UrlPath<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(e) = check_run(&control, &id) {
+        return e;
+    }
+    // `Last-Event-ID` (a reconnecting client) wins over `?from=`.
+    let from_header = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let from_query = query.as_deref().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("from="))
+            .map(|v| v.parse::<u64>())
+    });
+    let after = match (from_header, from_query) {
+        (Some(seq), _) => seq,
+        (None, Some(Ok(seq))) => seq,
+        (None, Some(Err(_))) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "Control/BadQuery",
+                "`from` must be a sequence number",
+            );
+        }
+        (None, None) => 0,
+    };
+    Sse::new(follow(control.audit_path.clone(), after))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// The audit log's lines with `seq` > `after`, as SSE events, following
+/// the file until its `WorkflowExit`.
+fn follow(
+    path: PathBuf,
+    after: u64,
+) -> impl Stream<Item = Result<SseEvent, std::convert::Infallible>> {
+    struct Tail {
+        path: PathBuf,
+        offset: u64,
+        partial: String,
+        after: u64,
+        done: bool,
+        /// The last whole line read was a `WorkflowExit`.
+        last_was_exit: bool,
+        ready: std::collections::VecDeque<(u64, String)>,
+    }
+    let tail = Tail {
+        path,
+        offset: 0,
+        partial: String::new(),
+        after,
+        done: false,
+        last_was_exit: false,
+        ready: std::collections::VecDeque::new(),
+    };
+    futures::stream::unfold(tail, |mut t| async move {
+        loop {
+            if let Some((seq, line)) = t.ready.pop_front() {
+                return Some((Ok(SseEvent::default().id(seq.to_string()).data(line)), t));
+            }
+            if t.done {
+                return None;
+            }
+            // Read what was appended since last time.
+            let (path, offset) = (t.path.clone(), t.offset);
+            let read = tokio::task::spawn_blocking(move || -> std::io::Result<(Vec<u8>, u64)> {
+                let mut f = std::fs::File::open(&path)?;
+                f.seek(std::io::SeekFrom::Start(offset))?;
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::Read::take(&mut f, 1 << 20), &mut buf)?;
+                Ok((buf, offset))
+            })
+            .await;
+            let (grew, at_end) = match read {
+                Ok(Ok((buf, _))) if !buf.is_empty() => {
+                    t.offset += buf.len() as u64;
+                    let at_end = buf.len() < 1 << 20;
+                    t.partial.push_str(&String::from_utf8_lossy(&buf));
+                    (true, at_end)
+                }
+                _ => (false, true),
+            };
+            if grew {
+                // Whole lines only: a line still being written waits.
+                while let Some(end) = t.partial.find('\n') {
+                    let line: String = t.partial.drain(..=end).collect();
+                    let line = line.trim_end().to_owned();
+                    let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                        continue;
+                    };
+                    let seq = v["seq"].as_u64().unwrap_or(0);
+                    t.last_was_exit = v["event"] == "WorkflowExit";
+                    if seq > t.after {
+                        t.after = seq;
+                        t.ready.push_back((seq, line));
+                    }
+                }
+            }
+            // The run is over when the log ends with its exit (a resumed
+            // run's earlier exit is followed by more).
+            if at_end && t.last_was_exit && t.partial.is_empty() {
+                t.done = true;
+            } else if !grew {
+                tokio::time::sleep(FOLLOW_POLL).await;
+            }
+        }
+    })
+}

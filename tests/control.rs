@@ -1,0 +1,344 @@
+//! The control API through real processes: a `troupe run` serving its run
+//! on `control.sock`, and the CLI clients (`watch`, `pending`, `approve`,
+//! `deny`, `cancel`) as second processes. The run waits on an approval
+//! that only the API can answer (`--remote --headless`), so every step
+//! happens while it runs; waits are for events (the socket appearing, a
+//! process exiting), bounded.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A stage that proposes one `Echo` call outside its envelope, so the
+/// call waits for an approval.
+fn pipeline() -> common::Fixture {
+    let stage =
+        common::stage_md("s", "", "Work.").replace("allowedTools: [Read]", "allowedTools: []");
+    let script = "stages:\n  s:\n    - tool: Echo\n      args: { text: from afar }\n    - complete: { summary: done }\n";
+    common::Fixture::new(
+        "id: ctl\nentry: s\nstages:\n  s: s.md\nnext:\n  s: end\n",
+        &[("s.md", &stage), ("script.yaml", script)],
+    )
+}
+
+struct Run {
+    child: Child,
+    runs: PathBuf,
+    id: String,
+    _dir: tempfile::TempDir,
+    _pipeline: common::Fixture,
+}
+
+fn troupe(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn said(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Waits (bounded) until `check` holds.
+fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Run {
+    /// Starts the run and waits for its socket.
+    fn start(flags: &[&str]) -> Run {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        let pipeline = pipeline();
+        let child = Command::new(env!("CARGO_BIN_EXE_troupe"))
+            .arg("run")
+            .arg(pipeline.path())
+            .arg("--root")
+            .arg(dir.path())
+            .arg("--runs-dir")
+            .arg(&runs)
+            .args(["--headless", "--no-store", "--json"])
+            .args(flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut id = String::new();
+        until("the control socket", || {
+            let found = std::fs::read_dir(&runs)
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(Result::ok)
+                .filter(|e| e.path().join("control.sock").exists());
+            if let Some(e) = found {
+                id = e.file_name().to_string_lossy().into_owned();
+                true
+            } else {
+                false
+            }
+        });
+        Run {
+            child,
+            runs,
+            id,
+            _dir: dir,
+            _pipeline: pipeline,
+        }
+    }
+
+    fn runs(&self) -> &str {
+        self.runs.to_str().unwrap()
+    }
+
+    fn cli(&self, command: &str, extra: &[&str]) -> Output {
+        let mut args = vec![command, &self.id, "--runs-dir", self.runs()];
+        args.extend_from_slice(extra);
+        troupe(&args)
+    }
+
+    fn pending(&self) -> Vec<Value> {
+        let out = self.cli("pending", &["--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+        serde_json::from_slice::<Value>(&out.stdout)
+            .unwrap()
+            .as_array()
+            .cloned()
+            .unwrap()
+    }
+
+    fn wait_pending(&self) -> String {
+        let mut proposal = String::new();
+        until("a pending approval", || {
+            let list = self.pending();
+            if let Some(p) = list.first() {
+                proposal = p["proposalId"].as_str().unwrap().to_owned();
+                true
+            } else {
+                false
+            }
+        });
+        proposal
+    }
+
+    /// Waits for the run's end: its output, its audit log, its folder
+    /// (kept until `Kept` is dropped).
+    fn finish(self) -> (Output, Vec<Value>, PathBuf, Kept) {
+        let runs = self.runs.clone();
+        let id = self.id.clone();
+        let kept = Kept(self._dir, self._pipeline);
+        let out = self.child.wait_with_output().unwrap();
+        let audit = std::fs::read_to_string(runs.join(&id).join("audit.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (out, audit, runs.join(id), kept)
+    }
+}
+
+/// Keeps a finished run's folders.
+struct Kept(
+    #[allow(dead_code)] tempfile::TempDir,
+    #[allow(dead_code)] common::Fixture,
+);
+
+/// A watcher, once it printed its first line (so it is connected).
+fn watching(run: &Run, extra: &[&str]) -> (Child, String) {
+    let mut child = spawn_watch(run, extra);
+    let mut first = String::new();
+    let stdout = child.stdout.as_mut().unwrap();
+    // One byte at a time: the rest stays in the pipe for wait_with_output.
+    let mut byte = [0u8; 1];
+    while !first.ends_with('\n') {
+        let n = std::io::Read::read(stdout, &mut byte).unwrap();
+        assert!(n > 0, "the watcher ended before its first line");
+        first.push(char::from(byte[0]));
+    }
+    (child, first)
+}
+
+fn spawn_watch(run: &Run, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["watch", &run.id, "--runs-dir", run.runs()])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_second_process_watches_the_run_and_approves_its_pending_call() {
+    let run = Run::start(&["--remote"]);
+    let proposal = run.wait_pending();
+    let (watch, watch_first) = watching(&run, &[]);
+    let (raw, raw_first) = watching(&run, &["--events", "-"]);
+    let out = run.cli("approve", &[&proposal, "--client", "alice"]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let (out, audit, dir, _kept) = run.finish();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    // The answer is audited with the client's name.
+    let answered: Vec<&Value> = audit
+        .iter()
+        .filter(|e| e["event"] == "InteractionAnswered")
+        .collect();
+    assert_eq!(answered.len(), 1);
+    assert_eq!(answered[0]["by"], "api");
+    assert_eq!(answered[0]["rule"], "client: alice");
+    assert!(
+        audit
+            .iter()
+            .any(|e| e["event"] == "ToolInvocationSucceeded")
+    );
+    // Both watchers saw the run to its end and exit as it did.
+    let watched = watch.wait_with_output().unwrap();
+    assert_eq!(watched.status.code(), Some(0), "{}", said(&watched));
+    let text = format!("{watch_first}{}", String::from_utf8_lossy(&watched.stdout));
+    assert!(
+        text.contains("/s/1: ok") && text.ends_with("run ok\n"),
+        "{text}"
+    );
+    let raw = raw.wait_with_output().unwrap();
+    let lines: Vec<Value> = format!("{raw_first}{}", String::from_utf8_lossy(&raw.stdout))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), audit.len(), "every audit line, once, in order");
+    assert_eq!(lines, audit);
+    // The socket goes with the run.
+    assert!(!dir.join("control.sock").exists());
+}
+
+#[test]
+fn a_watcher_reconnecting_from_a_seq_gets_only_what_came_after() {
+    let run = Run::start(&["--remote"]);
+    let proposal = run.wait_pending();
+    let (late, late_first) = watching(&run, &["--events", "-", "--from", "5"]);
+    let out = run.cli("deny", &[&proposal]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let (out, audit, _, _kept) = run.finish();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the model reads the denial: {}",
+        said(&out)
+    );
+    let late = late.wait_with_output().unwrap();
+    let seqs: Vec<u64> = format!("{late_first}{}", String::from_utf8_lossy(&late.stdout))
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    let expected: Vec<u64> = audit
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .filter(|&s| s > 5)
+        .collect();
+    assert_eq!(seqs, expected);
+}
+
+#[test]
+fn cancel_from_another_process_ends_the_run_as_ctrl_c_does() {
+    let run = Run::start(&["--remote"]);
+    run.wait_pending();
+    let (watch, _) = watching(&run, &[]);
+    let out = run.cli("cancel", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let (out, audit, _, _kept) = run.finish();
+    assert_eq!(out.status.code(), Some(130), "{}", said(&out));
+    let exit = audit.last().unwrap();
+    assert_eq!(exit["event"], "WorkflowExit");
+    assert_eq!(exit["status"], "cancelled");
+    // The pending prompt was withdrawn with its stage.
+    assert!(
+        audit
+            .iter()
+            .any(|e| e["event"] == "InteractionAnswered" && e["outcome"] == "withdrawn")
+    );
+    let watched = watch.wait_with_output().unwrap();
+    assert_eq!(watched.status.code(), Some(130), "{}", said(&watched));
+}
+
+#[test]
+fn bad_calls_are_typed_errors() {
+    // A run without --remote (held by a slow model turn): watched and
+    // cancelled, but not answered.
+    let run = Run::start(&["--latency", "60s"]);
+    let out = run.cli("approve", &["nope"]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        said(&out).contains("Control/NoRemoteAnswers"),
+        "{}",
+        said(&out)
+    );
+    let out = troupe(&["pending", "no-such-run", "--runs-dir", run.runs()]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(said(&out).contains("Control/RunNotFound"), "{}", said(&out));
+    let out = run.cli("cancel", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let (out, _, _, _kept) = run.finish();
+    assert_eq!(out.status.code(), Some(130), "{}", said(&out));
+
+    // --remote: an unknown proposal, then a run that is over.
+    let run = Run::start(&["--remote"]);
+    let proposal = run.wait_pending();
+    let out = run.cli("approve", &["no-such-proposal"]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(said(&out).contains("Control/NotPending"), "{}", said(&out));
+    let out = run.cli("approve", &[&proposal]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let (id, runs) = (run.id.clone(), run.runs.clone());
+    let (out, _, _, _kept) = run.finish();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let out = troupe(&["pending", &id, "--runs-dir", runs.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(said(&out).contains("Control/NotServing"), "{}", said(&out));
+}
+
+#[test]
+fn a_socket_already_served_is_not_taken_over() {
+    use troupe::control::{ControlServer, RunControl};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("control.sock");
+    let control = || RunControl {
+        run_id: "r".into(),
+        pipeline: "p".into(),
+        audit_path: dir.path().join("audit.jsonl"),
+        cancel: std::sync::Arc::new(|| {}),
+        desk: None,
+    };
+    let first = ControlServer::start(&socket, control()).unwrap();
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "only its owner may connect");
+    let second = ControlServer::start(&socket, control()).unwrap_err();
+    assert_eq!(second.kind(), std::io::ErrorKind::AddrInUse, "{second}");
+    drop(first);
+    assert!(!Path::new(&socket).exists());
+    // A stale socket (nothing listening) is replaced.
+    let stale = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    drop(stale);
+    let again = ControlServer::start(&socket, control());
+    assert!(again.is_ok(), "{:?}", again.err());
+}
