@@ -104,6 +104,7 @@ fn bench(c: &mut Criterion) {
         log_dir: None,
         start_timeout: Duration::from_secs(30),
         deny_network: false,
+        elicitor: Default::default(),
     };
     let pool = McpPool::start(&[def], &start).expect("the pool starts");
     let cancel = CancellationToken::new();

@@ -5,6 +5,7 @@
 pub mod audit;
 pub mod cancel;
 pub mod context;
+pub mod elicit;
 pub mod events;
 pub mod extract;
 pub mod hooks;

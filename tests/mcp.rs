@@ -623,3 +623,37 @@ fn the_mcp_servers_block_refuses_secrets_typos_and_undeclared_servers() {
         "{v}"
     );
 }
+
+#[test]
+fn an_elicitation_goes_to_the_answers_file_and_is_declined_when_headless() {
+    let yaml = format!(
+        "id: t\nentry: ask\nmcpServers:\n{}stages:\n  ask: {{ kind: tool, tool: srv__elicit }}\nnext:\n  ask: end\n",
+        fault_block("srv", Path::new(STATS), &[], "")
+    );
+    // Headless, no rule: declined, audited as such.
+    let project = project(&yaml, &[]);
+    let (out, summary, audit) = run(&project, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let text = parsed(&summary, "ask")["text"].as_str().unwrap().to_owned();
+    assert_eq!(text, "no answer: decline");
+    let answered: Vec<&Value> = events(&audit, "InteractionAnswered");
+    assert_eq!(answered.len(), 1, "{audit:#?}");
+    assert_eq!(answered[0]["kind"], "elicitation");
+    assert_eq!(answered[0]["outcome"], "declined");
+    assert_eq!(answered[0]["by"], "noInteractor");
+    // An answers file's elicit rule fills the form.
+    std::fs::write(
+        project.path().join("answers.yaml"),
+        "answers:\n  - { elicit: srv, answer: approve, content: { name: Ada } }\n",
+    )
+    .unwrap();
+    let (out, summary, audit) = run(&project, &["--answers", "answers.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let text = parsed(&summary, "ask")["text"].as_str().unwrap().to_owned();
+    assert_eq!(text, r#"got: {"name": "Ada"}"#);
+    let raised = events(&audit, "InteractionRaised");
+    assert_eq!(raised[0]["message"], "Who is asking?");
+    let answered = events(&audit, "InteractionAnswered");
+    assert_eq!(answered[0]["outcome"], "accepted");
+    assert_eq!(answered[0]["by"], "answers:answers.yaml");
+}

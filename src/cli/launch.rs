@@ -259,6 +259,14 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         Ok(pool) => settings.mcp = pool,
         Err(e) => return super::mcp::mcp_failed(&e, json),
     }
+    // The servers' questions go to the run's interactors.
+    if let Some(pool) = &settings.mcp {
+        pool.set_elicitor(Arc::new(crate::runtime::elicit::RunElicitor::new(
+            &spec.interactors,
+            spec.bus.clone(),
+            spec.run_id.as_str(),
+        )));
+    }
     settings.root = root;
     settings.stage_timeout = opts.stage_timeout;
     settings.threads = opts.threads.map_or_else(default_threads, |n| n as usize);

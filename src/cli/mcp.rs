@@ -54,6 +54,7 @@ pub fn start_servers(
         log_dir: log_dir.map(Path::to_owned),
         start_timeout: START_TIMEOUT,
         deny_network,
+        elicitor: Arc::default(),
     };
     let pool = McpPool::start(&pipeline.mcp_servers, &start)?;
     for stage in &pipeline.stages {

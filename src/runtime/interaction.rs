@@ -16,7 +16,7 @@ mod remote;
 pub use answers::{AnswerRule, AnswerRules};
 pub use grants::{GrantDecision, GrantError, GrantLedger, GrantRequest, args_digest, args_summary};
 pub use hub::{InteractionHub, InteractorSpec, start_hub};
-pub use interactors::{PromptView, Prompter, RuleInteractor, TerminalInteractor};
+pub use interactors::{FormView, PromptView, Prompter, RuleInteractor, TerminalInteractor};
 pub use messages::{
     Answer, Answered, InteractorHandle, Prompt, Raise, Released, Unprompt, WithdrawOwner,
 };

@@ -12,6 +12,7 @@
 //! `ToolTransient`.
 
 mod connect;
+mod elicit;
 mod listing;
 mod result;
 
@@ -30,6 +31,7 @@ use crate::definition::ToolSpec;
 use crate::definition::mcp::{McpServerDef, allows, split_tool_name, tool_name};
 use crate::error::{Code, HasCode};
 pub use connect::Connection;
+pub use elicit::{ElicitAnswer, ElicitRequest, Elicitor, ElicitorSlot};
 pub use listing::{Listing, ListingCell, McpTool};
 pub use result::ToolOutput;
 
@@ -75,11 +77,15 @@ pub struct McpStart {
     pub start_timeout: Duration,
     /// `--network deny`: every sandboxed server runs without TCP.
     pub deny_network: bool,
+    /// Who answers the servers' elicitations (set once the run's
+    /// interactors exist; empty: declined).
+    pub elicitor: Arc<ElicitorSlot>,
 }
 
 /// Every MCP server of a run.
 pub struct McpPool {
     servers: BTreeMap<String, Arc<Server>>,
+    elicitor: Arc<ElicitorSlot>,
     /// Owns the servers' I/O tasks; shut down after them.
     rt: Option<tokio::runtime::Runtime>,
 }
@@ -118,6 +124,7 @@ impl McpPool {
             .map_err(|e| McpError::new("RuntimeFailed", format!("cannot start MCP I/O: {e}")))?;
         let mut pool = McpPool {
             servers: BTreeMap::new(),
+            elicitor: Arc::clone(&start.elicitor),
             rt: None,
         };
         let handle = rt.handle().clone();
@@ -159,6 +166,11 @@ impl McpPool {
             pool.servers.insert(server.def.name.clone(), server);
         }
         Ok(Arc::new(pool))
+    }
+
+    /// Sets who answers the servers' elicitations, once.
+    pub fn set_elicitor(&self, elicitor: Arc<dyn Elicitor>) {
+        self.elicitor.set(elicitor);
     }
 
     /// The servers, by name.

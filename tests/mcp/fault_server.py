@@ -27,6 +27,9 @@ MODES = set(sys.argv[2:])
 SUPPORTED = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"]
 
 out_lock = threading.Lock()
+# Answers to the requests this server sends the client (elicitations).
+replies = {}
+replies_lock = threading.Condition()
 state_lock = threading.Condition()
 inflight = 0
 hanging = 0
@@ -68,6 +71,7 @@ def tools():
         tool("changed"),
         tool("wait_for", {"n": {"type": "integer", "minimum": 1}}, ["n"]),
         tool("connect", {"port": {"type": "integer"}}, ["port"]),
+        tool("elicit"),
     ]
     if changed:
         listed.append(tool("extra"))
@@ -119,6 +123,21 @@ def call(req_id, name, args):
             result = text("CONNECTED")
         except OSError as e:
             result = text(f"refused: {e}")
+    elif name == "elicit":
+        ask = f"elicit-{req_id}"
+        send({"jsonrpc": "2.0", "id": ask, "method": "elicitation/create", "params": {
+            "mode": "form",
+            "message": "Who is asking?",
+            "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+        }})
+        with replies_lock:
+            replies_lock.wait_for(lambda: ask in replies)
+            reply = replies.pop(ask)
+        r = reply.get("result") or {}
+        if r.get("action") == "accept":
+            result = text("got: " + json.dumps(r.get("content"), sort_keys=True))
+        else:
+            result = text(f"no answer: {r.get('action') or reply.get('error')}")
     elif name == "wait_for":
         with state_lock:
             state_lock.wait_for(lambda: hanging >= args["n"])
@@ -157,6 +176,11 @@ def main():
             sys.exit(2)
         method = msg.get("method")
         req_id = msg.get("id")
+        if method is None and req_id is not None and ("result" in msg or "error" in msg):
+            with replies_lock:
+                replies[req_id] = msg
+                replies_lock.notify_all()
+            continue
         if method == "initialize":
             initialize_seen = True
             if "garbage-init" in MODES:

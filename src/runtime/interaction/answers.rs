@@ -28,6 +28,13 @@ pub struct AnswerRule {
     /// substitute or redirect nothing (`prefix: cargo test`).
     #[serde(default)]
     pub prefix: Option<String>,
+    /// Answers the elicitations of this MCP server (`*`: any) instead of
+    /// approvals: `approve` sends `content`, `deny` declines.
+    #[serde(default)]
+    pub elicit: Option<String>,
+    /// What an `elicit` rule sends.
+    #[serde(default)]
+    pub content: Option<serde_json::Value>,
     /// `approve`, `deny`, `defer`, or `none` (never answer).
     pub answer: String,
     /// Wait this long before answering, e.g. `20ms`.
@@ -48,6 +55,8 @@ struct Rule {
     tool: Option<String>,
     args: Option<String>,
     prefix: Option<String>,
+    elicit: Option<String>,
+    content: Option<serde_json::Value>,
     /// `<file>#<index>`, for the audit line of the answers it gives.
     name: std::sync::Arc<str>,
     answer: Option<Answer>,
@@ -103,6 +112,8 @@ impl AnswerRules {
                 tool: r.tool,
                 args: r.args,
                 prefix: r.prefix,
+                elicit: r.elicit,
+                content: r.content,
                 name: format!("{name}#{i}").into(),
                 answer,
                 delay,
@@ -123,7 +134,8 @@ impl AnswerRules {
         args_json: &str,
     ) -> (Option<Answer>, Duration, Option<std::sync::Arc<str>>) {
         let hit = self.rules.iter().find(|r| {
-            r.stage.as_deref().is_none_or(|s| s == request.stage_id)
+            r.elicit.is_none()
+                && r.stage.as_deref().is_none_or(|s| s == request.stage_id)
                 && r.tool.as_deref().is_none_or(|t| t == request.tool)
                 && r.args.as_deref().is_none_or(|a| args_json.contains(a))
                 && r.prefix.as_deref().is_none_or(|p| {
@@ -139,6 +151,29 @@ impl AnswerRules {
         match hit {
             Some(r) => (r.answer, r.delay, Some(std::sync::Arc::clone(&r.name))),
             None => (Some(Answer::Deny), Duration::ZERO, None),
+        }
+    }
+}
+
+impl AnswerRules {
+    /// The answer of the first `elicit` rule for `server`: `Some(Some(content))`
+    /// to accept, `Some(None)` to decline, `None` when no rule speaks for it
+    /// (or it says `none`); and the rule's name.
+    pub fn elicitation_for(
+        &self,
+        server: &str,
+    ) -> Option<(Option<serde_json::Value>, std::sync::Arc<str>)> {
+        let r = self
+            .rules
+            .iter()
+            .find(|r| r.elicit.as_deref().is_some_and(|s| s == "*" || s == server))?;
+        let name = std::sync::Arc::clone(&r.name);
+        match r.answer? {
+            Answer::Approve | Answer::ApproveSame | Answer::ApprovePrefix => Some((
+                Some(r.content.clone().unwrap_or_else(|| serde_json::json!({}))),
+                name,
+            )),
+            Answer::Deny | Answer::Defer => Some((None, name)),
         }
     }
 }

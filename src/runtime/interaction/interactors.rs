@@ -121,6 +121,21 @@ pub trait Prompter: Send + Sync + 'static {
     /// Tells the person a prompt they are looking at no longer matters;
     /// called while `ask` may be blocked on another thread.
     fn withdrawn(&self, view: &PromptView);
+    /// Asks the person to fill a form (an MCP server's elicitation):
+    /// `Some(content)` to send, `None` to decline. By default declines.
+    fn fill(&self, form: &FormView) -> Option<serde_json::Value> {
+        let _ = form;
+        None
+    }
+}
+
+/// A form a server asks the person to fill.
+#[derive(Debug, Clone)]
+pub struct FormView {
+    pub server: String,
+    pub message: String,
+    /// An object schema of primitive properties.
+    pub schema: serde_json::Value,
 }
 
 /// One prompt at a time on a person's terminal; the rest queue in order,

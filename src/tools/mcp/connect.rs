@@ -32,11 +32,53 @@ struct Handler {
     server: String,
     cell: Arc<ListingCell>,
     info: ClientConfig,
+    elicitor: Arc<super::elicit::ElicitorSlot>,
 }
 
 impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
         self.info.clone()
+    }
+
+    fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> impl Future<Output = Result<rmcp::model::ElicitResult, rmcp::ErrorData>> + Send + '_ {
+        use super::elicit::{ElicitAnswer, ElicitRequest};
+        use rmcp::model::{ElicitResult, ElicitationAction};
+        let slot = Arc::clone(&self.elicitor);
+        let server = self.server.clone();
+        async move {
+            let answer = match request {
+                rmcp::model::ElicitRequestParams::FormElicitationParams {
+                    message,
+                    requested_schema,
+                    ..
+                } => match slot.get() {
+                    Some(elicitor) => {
+                        let schema = serde_json::to_value(&requested_schema).unwrap_or(Value::Null);
+                        elicitor
+                            .elicit(ElicitRequest {
+                                server,
+                                message,
+                                schema,
+                            })
+                            .await
+                    }
+                    None => ElicitAnswer::Decline,
+                },
+                // A URL to open in a browser: nothing here can.
+                _ => ElicitAnswer::Decline,
+            };
+            Ok(match answer {
+                ElicitAnswer::Accept(content) => {
+                    ElicitResult::new(ElicitationAction::Accept).with_content(content)
+                }
+                ElicitAnswer::Decline => ElicitResult::new(ElicitationAction::Decline),
+                ElicitAnswer::Cancel => ElicitResult::new(ElicitationAction::Cancel),
+            })
+        }
     }
 
     fn on_tool_list_changed(
@@ -145,13 +187,19 @@ impl Connection {
         cell: Arc<ListingCell>,
     ) -> Result<Arc<Connection>, McpError> {
         let start_timeout = def.start_timeout.unwrap_or(start.start_timeout);
+        let mut capabilities = rmcp::model::ClientCapabilities::default();
+        capabilities.elicitation = Some(
+            rmcp::model::ElicitationCapability::new()
+                .with_form(rmcp::model::FormElicitationCapability::default()),
+        );
         let handler = Handler {
             server: def.name.clone(),
             cell: Arc::clone(&cell),
             info: ClientConfig::new(
-                Default::default(),
+                capabilities,
                 Implementation::new("troupe", env!("CARGO_PKG_VERSION")),
             ),
+            elicitor: Arc::clone(&start.elicitor),
         };
         let (service, group, log) = match &def.transport {
             McpTransport::Stdio {
