@@ -9,6 +9,7 @@ pub mod exit;
 pub mod launch;
 pub mod limits;
 pub mod mcp;
+pub mod new;
 pub mod options;
 pub mod output;
 pub mod progress;

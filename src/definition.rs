@@ -5,6 +5,7 @@
 pub mod duration;
 pub mod expr;
 pub mod fields;
+pub mod graph;
 pub mod hooks;
 pub mod loader;
 pub mod mcp;

@@ -136,9 +136,25 @@ pub enum Command {
         /// shows their tools with the servers' own schemas.
         #[arg(long)]
         connect: bool,
+        /// Print the graph as a Mermaid flowchart (for a README).
+        #[arg(long, conflicts_with_all = ["dot", "json", "stage"])]
+        mermaid: bool,
+        /// Print the graph as Graphviz DOT (`| dot -Tsvg > graph.svg`).
+        #[arg(long, conflicts_with_all = ["json", "stage"])]
+        dot: bool,
         /// The project root MCP servers start in (with --connect).
         #[arg(long, default_value = ".", value_name = "DIR")]
         root: PathBuf,
+    },
+    /// Start a pipeline of your own: write a template into a new or empty
+    /// folder (its name becomes the pipeline's id).
+    #[command(after_help = super::new::templates_help())]
+    New {
+        /// The folder to write (made if missing; must be empty).
+        dir: PathBuf,
+        /// The template.
+        #[arg(long, default_value = "empty", value_name = "TEMPLATE")]
+        from: String,
     },
     /// Follow a running run's events from another terminal or program.
     ///
@@ -224,12 +240,21 @@ fn dispatch(command: Command) -> Exit {
             json,
             connect,
             root,
-        } => show::run(
-            &pipeline,
-            stage.as_deref(),
-            json,
-            connect.then_some(root.as_path()),
-        ),
+            mermaid,
+            dot,
+        } => {
+            if mermaid || dot {
+                show::graph(&pipeline, mermaid)
+            } else {
+                show::run(
+                    &pipeline,
+                    stage.as_deref(),
+                    json,
+                    connect.then_some(root.as_path()),
+                )
+            }
+        }
+        Command::New { dir, from } => super::new::run(&dir, &from),
         Command::SandboxExec(args) => sandbox_exec::run(args),
         Command::Reaper => {
             crate::tools::process_group::reap(std::io::stdin().lock());

@@ -351,7 +351,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             }
         }
         if !stream_events && !json && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            match super::progress::start_progress(&spec.bus) {
+            match super::progress::start_progress(&spec.bus, spec.settings.mcp.clone()) {
                 Ok(s) => sinks.push(s),
                 Err(e) => eprintln!("warning: no progress display: {e}"),
             }

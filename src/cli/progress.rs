@@ -21,6 +21,8 @@ struct Counts {
     cancelled: u64,
     /// Model requests waiting for a slot of the provider's limit.
     provider_waiting: u64,
+    /// MCP calls waiting for a slot of their server's `maxInflight`.
+    mcp_waiting: usize,
 }
 
 impl Counts {
@@ -38,12 +40,19 @@ impl Counts {
                 self.provider_waiting
             ));
         }
+        if self.mcp_waiting > 0 {
+            m.push_str(&format!(" · {} MCP calls waiting", self.mcp_waiting));
+        }
         m
     }
 }
 
-/// Starts the renderer thread; it ends when the bus closes.
-pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
+/// Starts the renderer thread; it ends when the bus closes. With the run's
+/// MCP servers, it also shows the calls waiting for a server's slot.
+pub fn start_progress(
+    bus: &EventBus<Event>,
+    mcp: Option<std::sync::Arc<crate::tools::mcp::McpPool>>,
+) -> io::Result<Sink> {
     let sub = bus.subscribe("terminal", 4096);
     let handle = std::thread::Builder::new()
         .name("troupe-progress".into())
@@ -117,6 +126,7 @@ pub fn start_progress(bus: &EventBus<Event>) -> io::Result<Sink> {
                             c.waiting = n("waiting");
                             c.failed = n("failed");
                             c.cancelled = n("cancelled");
+                            c.mcp_waiting = mcp.as_ref().map_or(0, |p| p.waiting());
                             pb.set_position(c.done);
                             pb.set_message(c.message());
                         }

@@ -63,6 +63,24 @@ pub fn run(path: &Path, stage: Option<&str>, json: bool, connect: Option<&Path>)
     Exit::Ok
 }
 
+/// Prints the pipeline's graph as Mermaid (`mermaid`) or Graphviz DOT.
+pub fn graph(path: &Path, mermaid: bool) -> Exit {
+    match load_pipeline(path) {
+        Ok(p) => {
+            if mermaid {
+                print!("{}", crate::definition::graph::mermaid(&p));
+            } else {
+                print!("{}", crate::definition::graph::dot(&p));
+            }
+            Exit::Ok
+        }
+        Err(diags) => {
+            print_diagnostics(path, &diags, false);
+            Exit::Invalid
+        }
+    }
+}
+
 fn print_json<T: serde::Serialize>(value: &T) {
     match serde_json::to_string_pretty(value) {
         Ok(s) => println!("{s}"),
