@@ -2,6 +2,7 @@
 //! hooks, approvals, events and the audit log. It writes nothing to the
 //! terminal: prompts and messages are the CLI's.
 
+pub mod ask;
 pub mod audit;
 pub mod cancel;
 pub mod context;

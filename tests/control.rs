@@ -327,6 +327,7 @@ fn a_socket_already_served_is_not_taken_over() {
         audit_path: dir.path().join("audit.jsonl"),
         cancel: std::sync::Arc::new(|| {}),
         desk: None,
+        questions: None,
     };
     let first = ControlServer::start(&socket, control()).unwrap();
     let mode =

@@ -176,6 +176,10 @@ pub enum Command {
     Approve(super::control::AnswerArgs),
     /// Deny a pending call of a running run.
     Deny(super::control::AnswerArgs),
+    /// Answer a human step's question of a running run (see `troupe
+    /// pending`); an answer that does not match the step's fields is
+    /// refused and the question stays open.
+    Answer(super::control::QuestionArgs),
     /// Cancel a running run strictly, as Ctrl-C in its terminal would.
     Cancel(super::control::RunRef),
     /// Internal: confine writes to the given folders with Landlock, then
@@ -266,5 +270,6 @@ fn dispatch(command: Command) -> Exit {
         Command::Approve(args) => super::control::answer(&args, true),
         Command::Deny(args) => super::control::answer(&args, false),
         Command::Cancel(at) => super::control::cancel(&at),
+        Command::Answer(args) => super::control::answer_question(&args),
     }
 }

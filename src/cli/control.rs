@@ -158,18 +158,116 @@ fn summary_line(v: &Value) -> Option<String> {
     }
 }
 
-/// Lists the approvals waiting for an API answer.
+/// `troupe answer`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct QuestionArgs {
+    #[command(flatten)]
+    pub at: RunRef,
+    /// The human step's execution (`troupe pending` lists the questions).
+    pub execution: String,
+    /// A field of the answer, `name=value` (a number, `true`/`false` or
+    /// JSON is taken as such, anything else as text). Repeatable.
+    #[arg(long = "field", value_name = "NAME=VALUE", conflicts_with = "json")]
+    pub fields: Vec<String>,
+    /// The whole answer as a JSON object in FILE (`-`: stdin).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The name the audit log records for this answer.
+    #[arg(long, default_value = "cli")]
+    pub client: String,
+}
+
+/// Answers a human step's question; an answer that does not match its
+/// fields is refused (exit 2) and the question stays open.
+pub fn answer_question(args: &QuestionArgs) -> Exit {
+    let content = match &args.json {
+        Some(path) => {
+            let text = if path.as_os_str() == "-" {
+                let mut s = String::new();
+                let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut s);
+                s
+            } else {
+                match std::fs::read_to_string(path) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "error: Validation/InputInvalid: {}: {e}",
+                            path.display()
+                        );
+                        return Exit::Invalid;
+                    }
+                }
+            };
+            match serde_json::from_str::<Value>(&text) {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "error: Validation/InputInvalid: --json: {e}"
+                    );
+                    return Exit::Invalid;
+                }
+            }
+        }
+        None => {
+            let mut object = serde_json::Map::new();
+            for field in &args.fields {
+                let Some((name, value)) = field.split_once('=') else {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "error: Validation/InputInvalid: --field {field}: use NAME=VALUE"
+                    );
+                    return Exit::Invalid;
+                };
+                let value = serde_json::from_str::<Value>(value)
+                    .ok()
+                    .filter(|v| !v.is_string())
+                    .unwrap_or_else(|| Value::String(value.to_owned()));
+                object.insert(name.to_owned(), value);
+            }
+            Value::Object(object)
+        }
+    };
+    let (id, client) = match connect(&args.at) {
+        Ok(c) => c,
+        Err(e) => return failed(&e),
+    };
+    match block_on(client.answer_question(&id, &args.execution, &content, &args.client)) {
+        Ok(_) => {
+            println!("answered {}", args.execution);
+            Exit::Ok
+        }
+        Err(e) => failed(&e),
+    }
+}
+
+/// Lists the approvals and the questions waiting for an API answer.
 pub fn pending(at: &RunRef, json: bool) -> Exit {
     let (id, client) = match connect(at) {
         Ok(c) => c,
         Err(e) => return failed(&e),
     };
+    let questions = match block_on(client.questions(&id)) {
+        Ok(q) => q,
+        Err(e) => return failed(&e),
+    };
+    if !json {
+        for q in &questions {
+            println!(
+                "question {}  {}\n  fields: {}",
+                q["stageExecutionId"].as_str().unwrap_or("?"),
+                q["prompt"].as_str().unwrap_or(""),
+                q["fields"]
+            );
+        }
+    }
     match block_on(client.pending(&id)) {
         Ok(list) => {
             if json {
                 println!("{}", Value::Array(list));
-            } else if list.is_empty() {
-                println!("no approval is waiting for an answer through the API");
+            } else if list.is_empty() && questions.is_empty() {
+                println!("no approval or question is waiting for an answer through the API");
             } else {
                 for p in list {
                     println!(

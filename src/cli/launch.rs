@@ -200,6 +200,9 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
     if let Some(desk) = &desk {
         interactors.push(InteractorSpec::Remote(Arc::clone(desk)));
     }
+    let questions = opts
+        .remote
+        .then(|| Arc::new(crate::runtime::ask::QuestionDesk::default()));
     if !opts.headless && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         interactors.push(InteractorSpec::Terminal(Arc::new(StdinPrompter)));
     }
@@ -259,6 +262,11 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         Ok(pool) => settings.mcp = pool,
         Err(e) => return super::mcp::mcp_failed(&e, json),
     }
+    // Human steps ask the run's interactors (and, with --remote, the API).
+    settings.asker = Some(Arc::new(crate::runtime::ask::RunAsker::new(
+        &spec.interactors,
+        questions.clone(),
+    )));
     // The servers' questions go to the run's interactors.
     if let Some(pool) = &settings.mcp {
         pool.set_elicitor(Arc::new(crate::runtime::elicit::RunElicitor::new(
@@ -368,6 +376,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
                 audit_path: control_audit,
                 cancel: Arc::new(move || reach.do_send(ToSession::Cancel)),
                 desk,
+                questions,
             },
         ) {
             Ok(server) => {

@@ -234,6 +234,7 @@ fn stage_summary(s: &Stage) -> String {
         StageKind::IfElse { condition, .. } => format!("if_else `{}`", condition.source()),
         StageKind::Switch { on, .. } => format!("switch on `{}`", on.source()),
         StageKind::Tool { tool, .. } => format!("tool {tool}"),
+        StageKind::Human { .. } => "human (asks a person)".to_owned(),
         StageKind::Transform { set } => format!(
             "transform → {}",
             set.iter()

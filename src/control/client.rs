@@ -143,6 +143,8 @@ impl ControlClient {
             Some("NoRemoteAnswers") => "NoRemoteAnswers",
             Some("RunEnded") => "RunEnded",
             Some("BadBody") => "BadBody",
+            Some("NotAsked") => "NotAsked",
+            Some("AnswerInvalid") => "AnswerInvalid",
             _ => "Refused",
         };
         Err(ControlError::new(name, message.to_owned()))
@@ -190,6 +192,29 @@ impl ControlClient {
         self.post(
             &format!("/v1/runs/{run}/pending/{}", encode_segment(proposal)),
             &body,
+        )
+        .await
+    }
+
+    pub async fn questions(&self, run: &str) -> Result<Vec<Value>, ControlError> {
+        let v = self.get(&format!("/v1/runs/{run}/questions")).await?;
+        Ok(v["questions"].as_array().cloned().unwrap_or_default())
+    }
+
+    pub async fn answer_question(
+        &self,
+        run: &str,
+        execution: &str,
+        content: &Value,
+        client: &str,
+    ) -> Result<Value, ControlError> {
+        self.post(
+            &format!(
+                "/v1/runs/{run}/questions/{}?client={}",
+                encode_segment(execution),
+                encode_segment(client)
+            ),
+            content,
         )
         .await
     }

@@ -45,6 +45,8 @@ pub struct RunControl {
     pub cancel: Arc<dyn Fn() + Send + Sync>,
     /// The run's API interactor, when it has one (`--remote`).
     pub desk: Option<Arc<RemoteDesk>>,
+    /// Human steps' questions open to API clients (`--remote`).
+    pub questions: Option<Arc<crate::runtime::ask::QuestionDesk>>,
 }
 
 impl std::fmt::Debug for RunControl {
@@ -141,6 +143,8 @@ fn router(control: Arc<RunControl>) -> Router {
         .route("/v1/runs/{id}/pending", get(pending))
         .route("/v1/runs/{id}/pending/{proposal}", post(answer))
         .route("/v1/runs/{id}/cancel", post(cancel))
+        .route("/v1/runs/{id}/questions", get(questions))
+        .route("/v1/runs/{id}/questions/{execution}", post(answer_question))
         .fallback(not_found)
         .with_state(control)
 }
@@ -314,6 +318,78 @@ async fn answer(
             ),
         ),
         Err(_) => error(StatusCode::GONE, "Control/RunEnded", "the run is over"),
+    }
+}
+
+async fn questions(
+    State(control): State<Arc<RunControl>>,
+    UrlPath(id): UrlPath<String>,
+) -> Response {
+    if let Some(e) = check_run(&control, &id) {
+        return e;
+    }
+    let list = control
+        .questions
+        .as_ref()
+        .map(|q| q.list())
+        .unwrap_or_default();
+    ok_json(&json!({"questions": list}))
+}
+
+async fn answer_question(
+    State(control): State<Arc<RunControl>>,
+    UrlPath((id, execution)): UrlPath<(String, String)>,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Response {
+    use crate::runtime::ask::Refused;
+    if let Some(e) = check_run(&control, &id) {
+        return e;
+    }
+    if body.len() > MAX_BODY {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Control/BodyTooLarge",
+            format!("bodies are at most {MAX_BODY} bytes"),
+        );
+    }
+    let Some(desk) = &control.questions else {
+        return error(
+            StatusCode::CONFLICT,
+            "Control/NoRemoteAnswers",
+            "this run takes no answers through the API: start it with --remote",
+        );
+    };
+    let Ok(content) = serde_json::from_slice::<Value>(&body) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Control/BadBody",
+            "the body must be the answer, a JSON object",
+        );
+    };
+    let client = query
+        .as_deref()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("client=")))
+        .filter(|c| !c.is_empty() && c.len() <= 64)
+        .unwrap_or("api")
+        .to_owned();
+    match desk.answer(&execution, content, &client) {
+        Ok(()) => ok_json(&json!({"ok": true, "stageExecutionId": execution})),
+        Err(Refused::NotAsked) => error(
+            StatusCode::NOT_FOUND,
+            "Control/NotAsked",
+            format!(
+                "no question of {execution} is open: it was answered, its step ended, or it never asked"
+            ),
+        ),
+        Err(Refused::Invalid(errors)) => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Control/AnswerInvalid",
+            format!(
+                "the answer does not match the step's fields: {}",
+                errors.join("; ")
+            ),
+        ),
     }
 }
 

@@ -216,6 +216,25 @@ pub enum StageKind {
     Transform {
         set: Vec<(String, Expr)>,
     },
+    /// Asks a person (through the run's interactors) to fill a form;
+    /// `parsed` is the answer, which must match `fields`.
+    Human {
+        prompt: Template,
+        fields: super::schema::Schema,
+        /// How long to wait; `None` waits as long as the run does.
+        #[serde(skip)]
+        timeout: Option<Duration>,
+        /// Unanswered in time (or no one to ask): fail or skip the step.
+        otherwise: HumanOtherwise,
+    },
+}
+
+/// What an unanswered human step does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HumanOtherwise {
+    Fail,
+    Skip,
 }
 
 impl StageKind {
@@ -228,6 +247,7 @@ impl StageKind {
             StageKind::Switch { .. } => "switch",
             StageKind::Tool { .. } => "tool",
             StageKind::Transform { .. } => "transform",
+            StageKind::Human { .. } => "human",
         }
     }
 

@@ -383,7 +383,7 @@ fn read_step(
     let kind_node = r.required(
         node,
         "kind",
-        "one of extract_json, print, if_else, switch, tool, transform",
+        "one of extract_json, print, if_else, switch, tool, transform, human",
     )?;
     let kind = r.string(kind_node, &format!("{field}.kind"))?;
     let f = |name: &str| format!("{field}.{name}");
@@ -394,6 +394,7 @@ fn read_step(
         "switch" => &["kind", "on", "cases", "default"],
         "tool" => &["kind", "tool", "args"],
         "transform" => &["kind", "set"],
+        "human" => &["kind", "prompt", "fields", "timeout", "otherwise"],
         _ => &["kind"],
     };
     r.known_keys(node, &field, keys);
@@ -507,6 +508,84 @@ fn read_step(
             }
             Some(StageKind::Tool { tool: name, args })
         }
+        "human" => {
+            let prompt = r.required(
+                node,
+                "prompt",
+                "a template, e.g. \"Approve the plan for {{ctx.task}}?\"",
+            )?;
+            let text = r.string(prompt, &f("prompt"))?;
+            let prompt = match Template::parse(&text) {
+                Ok(t) => t,
+                Err(e) => {
+                    r.report(
+                        ValidationCode::TemplateSyntax,
+                        prompt.pos,
+                        &f("prompt"),
+                        e.message,
+                        "close every `{{` with `}}`",
+                    );
+                    return None;
+                }
+            };
+            let fields_node = r.required(node, "fields", "the JSON Schema of the answer, e.g. `{type: object, required: [ok], properties: {ok: {type: boolean}}}`")?;
+            let document = fields_node.to_json();
+            if document.get("type").and_then(|t| t.as_str()) != Some("object") {
+                r.shape(
+                    fields_node.pos,
+                    &f("fields"),
+                    "`fields` must be an object schema (`type: object`)",
+                    "a form has named fields: `{type: object, properties: {…}}`",
+                );
+                return None;
+            }
+            let fields = match crate::definition::schema::Schema::compile(document) {
+                Ok(s) => s,
+                Err(e) => {
+                    r.shape(
+                        fields_node.pos,
+                        &f("fields"),
+                        format!("`fields` is not a valid JSON Schema: {e}"),
+                        "",
+                    );
+                    return None;
+                }
+            };
+            let timeout = match r.optional(node, "timeout") {
+                None => None,
+                Some(n) => match n.as_str().map(parse_positive_duration) {
+                    Some(Ok(d)) => Some(d),
+                    _ => {
+                        r.shape(
+                            n.pos,
+                            &f("timeout"),
+                            "`timeout` must be a positive duration",
+                            "e.g. `timeout: 24h`",
+                        );
+                        return None;
+                    }
+                },
+            };
+            let otherwise = match r.optional(node, "otherwise").and_then(|n| n.as_str()) {
+                None | Some("fail") => crate::definition::model::HumanOtherwise::Fail,
+                Some("skip") => crate::definition::model::HumanOtherwise::Skip,
+                Some(other) => {
+                    r.shape(
+                        node.pos,
+                        &f("otherwise"),
+                        format!("`otherwise: {other}` is not fail or skip"),
+                        "",
+                    );
+                    return None;
+                }
+            };
+            Some(StageKind::Human {
+                prompt,
+                fields,
+                timeout,
+                otherwise,
+            })
+        }
         "transform" => {
             let set = r.required(node, "set", "a mapping of name to CEL expression, e.g. `set: { files: \"ctx.upstream[0].parsed.entries\" }`")?;
             let entries = r.map(set, &f("set"))?;
@@ -520,7 +599,7 @@ fn read_step(
             Some(StageKind::Transform { set: out })
         }
         other => {
-            r.report(ValidationCode::UnknownStepKind, kind_node.pos, &f("kind"), format!("unknown step kind `{other}`"), "inline steps are extract_json, print, if_else, switch, tool, transform; LLM stages are `id: file.md`");
+            r.report(ValidationCode::UnknownStepKind, kind_node.pos, &f("kind"), format!("unknown step kind `{other}`"), "inline steps are extract_json, print, if_else, switch, tool, transform, human; LLM stages are `id: file.md`");
             None
         }
     }

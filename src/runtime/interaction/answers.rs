@@ -32,9 +32,13 @@ pub struct AnswerRule {
     /// approvals: `approve` sends `content`, `deny` declines.
     #[serde(default)]
     pub elicit: Option<String>,
-    /// What an `elicit` rule sends.
+    /// What an `elicit` or `human` rule sends.
     #[serde(default)]
     pub content: Option<serde_json::Value>,
+    /// Answers the question of this human step (its stage id) with
+    /// `content` instead of approvals.
+    #[serde(default)]
+    pub human: Option<String>,
     /// `approve`, `deny`, `defer`, or `none` (never answer).
     pub answer: String,
     /// Wait this long before answering, e.g. `20ms`.
@@ -57,6 +61,7 @@ struct Rule {
     prefix: Option<String>,
     elicit: Option<String>,
     content: Option<serde_json::Value>,
+    human: Option<String>,
     /// `<file>#<index>`, for the audit line of the answers it gives.
     name: std::sync::Arc<str>,
     answer: Option<Answer>,
@@ -114,6 +119,7 @@ impl AnswerRules {
                 prefix: r.prefix,
                 elicit: r.elicit,
                 content: r.content,
+                human: r.human,
                 name: format!("{name}#{i}").into(),
                 answer,
                 delay,
@@ -135,6 +141,7 @@ impl AnswerRules {
     ) -> (Option<Answer>, Duration, Option<std::sync::Arc<str>>) {
         let hit = self.rules.iter().find(|r| {
             r.elicit.is_none()
+                && r.human.is_none()
                 && r.stage.as_deref().is_none_or(|s| s == request.stage_id)
                 && r.tool.as_deref().is_none_or(|t| t == request.tool)
                 && r.args.as_deref().is_none_or(|a| args_json.contains(a))
@@ -156,6 +163,25 @@ impl AnswerRules {
 }
 
 impl AnswerRules {
+    /// The content of the first `human` rule for stage `stage`, and the
+    /// rule's name.
+    pub fn human_answer_for(
+        &self,
+        stage: &str,
+    ) -> Option<(serde_json::Value, std::sync::Arc<str>)> {
+        let r = self
+            .rules
+            .iter()
+            .find(|r| r.human.as_deref() == Some(stage))?;
+        // `deny` or `none` leaves the question to someone else.
+        match r.answer? {
+            Answer::Approve | Answer::ApproveSame | Answer::ApprovePrefix => {
+                Some((r.content.clone()?, std::sync::Arc::clone(&r.name)))
+            }
+            Answer::Deny | Answer::Defer => None,
+        }
+    }
+
     /// The answer of the first `elicit` rule for `server`: `Some(Some(content))`
     /// to accept, `Some(None)` to decline, `None` when no rule speaks for it
     /// (or it says `none`); and the rule's name.

@@ -52,6 +52,9 @@ pub struct RunSettings {
     /// `--network deny`: no shell or sandboxed MCP server of the run may
     /// open a TCP connection.
     pub deny_network: bool,
+    /// Who answers human steps' questions (`None`: no one; they go
+    /// unanswered).
+    pub asker: Option<Arc<dyn crate::runtime::ask::Asker>>,
 }
 
 impl Default for RunSettings {
@@ -73,6 +76,7 @@ impl Default for RunSettings {
             sandbox: None,
             mcp: None,
             deny_network: false,
+            asker: None,
         }
     }
 }

@@ -43,6 +43,7 @@ impl StageRun {
             expr.eval(&[("ctx", &c)])
                 .map_err(|e| format!("{}: {e}", ValidationCode::ExpressionFailed.code()))
         };
+        let mut skipped = None;
         let outcome: Result<(Value, Option<Value>), String> = match &self.stage.kind {
             StageKind::ExtractJson { from } => eval(from).and_then(|v| match v {
                 Value::String(text) => extract_json(&text)
@@ -88,9 +89,29 @@ impl StageRun {
             }),
             StageKind::Tool { tool, args } => self.run_tool_step(tool, args).await,
             StageKind::Transform { set } => self.run_transform(set),
+            StageKind::Human {
+                prompt,
+                fields,
+                timeout,
+                otherwise,
+            } => match self.run_human_step(prompt, fields, *timeout).await {
+                Ok(answer) => Ok((answer, None)),
+                Err(reason) if *otherwise == crate::definition::HumanOtherwise::Skip => {
+                    skipped = Some(reason.clone());
+                    Err(reason)
+                }
+                Err(reason) => Err(reason),
+            },
             StageKind::Llm(_) => Err("internal: an LLM stage reached the step runner".to_owned()),
         };
         self.phase(whereabouts, "Act", false);
+        if let Some(reason) = skipped {
+            // `otherwise: skip`: an unanswered question skips the step.
+            return Conclusion {
+                attempts: 1,
+                ..Conclusion::early(Verdict::Skipped, reason)
+            };
+        }
         self.phase(whereabouts, "Assert", true);
         let (verdict, reason, parsed, output) = match outcome {
             Ok((parsed, output)) => match self.assert_payload(&parsed, 1) {

@@ -153,3 +153,75 @@ fn render_args(
         other => other.clone(),
     })
 }
+
+impl StageRun {
+    /// Runs a `human` step: the rendered prompt and the form go to the
+    /// run's asker; `Err` says why no answer came (the step then fails or
+    /// is skipped, as its `otherwise` says).
+    pub(super) async fn run_human_step(
+        &self,
+        prompt: &Template,
+        fields: &crate::definition::schema::Schema,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Value, String> {
+        use crate::runtime::ask::Question;
+        let text = prompt
+            .render_with(|p| self.ctx.resolve(p))
+            .map_err(|e| format!("{}: {e}", ValidationCode::TemplateUnresolved.code()))?;
+        self.emit(
+            self.event(EventName::InteractionRaised)
+                .with("kind", "question")
+                .with("prompt", text.as_str()),
+        );
+        let unanswered = |outcome: &'static str, why: String| {
+            self.emit(
+                self.event(EventName::InteractionAnswered)
+                    .with("kind", "question")
+                    .with("outcome", outcome),
+            );
+            Err(format!("Session/HumanUnanswered: {why}"))
+        };
+        let Some(asker) = self.settings.asker.clone() else {
+            return unanswered(
+                "noInteractor",
+                "no one to ask (headless, and no answers rule for this step)".to_owned(),
+            );
+        };
+        let ask = asker.ask(Question {
+            stage_id: self.stage.id.clone(),
+            stage_execution_id: self.ctx.stage_execution_id.to_string(),
+            prompt: text,
+            fields: fields.clone(),
+        });
+        let answer = match timeout {
+            Some(limit) => match tokio::time::timeout(limit, ask).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    return unanswered(
+                        "timedOut",
+                        format!(
+                            "no answer within {}",
+                            crate::definition::duration::format_duration(limit)
+                        ),
+                    );
+                }
+            },
+            None => ask.await,
+        };
+        match answer {
+            Some(answer) => {
+                self.emit(
+                    self.event(EventName::InteractionAnswered)
+                        .with("kind", "question")
+                        .with("outcome", "answered")
+                        .with("by", answer.by.as_str()),
+                );
+                Ok(answer.content)
+            }
+            None => unanswered(
+                "noInteractor",
+                "no one could answer (headless, or the terminal's input ended)".to_owned(),
+            ),
+        }
+    }
+}
