@@ -81,20 +81,26 @@ pub fn input_invalid(path: &Path, message: String, json: bool) -> Exit {
     reject(path, ValidationCode::InputInvalid, message, json)
 }
 
-/// A store that cannot be used: its typed error, exit 2.
-pub fn store_failed(e: &StoreError, json: bool) -> Exit {
+/// A typed error that stops a command before anything ran: as JSON on
+/// stdout with `--json`, else on stderr with its hint; exit 2.
+pub fn typed_failure(code: &str, message: &str, hint: &str, json: bool) -> Exit {
     if json {
         let v = serde_json::json!({
             "status": "error",
-            "code": e.code().to_string(),
-            "message": e.to_string(),
-            "hint": e.hint(),
+            "code": code,
+            "message": message,
+            "hint": hint,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
-        eprintln!("error: {}: {e}\n  hint: {}", e.code(), e.hint());
+        eprintln!("error: {code}: {message}\n  hint: {hint}");
     }
     Exit::Invalid
+}
+
+/// A store that cannot be used: its typed error, exit 2.
+pub fn store_failed(e: &StoreError, json: bool) -> Exit {
+    typed_failure(&e.code().to_string(), &e.to_string(), &e.hint(), json)
 }
 
 /// NATS that cannot be used (`--nats`): its typed error, exit 2.
@@ -106,18 +112,7 @@ pub fn nats_failed(e: &crate::distributed::NatsError, json: bool) -> Exit {
         }
         _ => "see README, \"Run across machines\"",
     };
-    if json {
-        let v = serde_json::json!({
-            "status": "error",
-            "code": e.code().to_string(),
-            "message": e.to_string(),
-            "hint": hint,
-        });
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-    } else {
-        eprintln!("error: {}: {e}\n  hint: {hint}", e.code());
-    }
-    Exit::Invalid
+    typed_failure(&e.code().to_string(), &e.to_string(), hint, json)
 }
 
 /// One thread per core (at least one).

@@ -76,16 +76,5 @@ pub fn mcp_failed(e: &McpError, json: bool) -> Exit {
         }
         _ => "see README, \"MCP tools\"",
     };
-    if json {
-        let v = serde_json::json!({
-            "status": "error",
-            "code": e.code().to_string(),
-            "message": e.to_string(),
-            "hint": hint,
-        });
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-    } else {
-        eprintln!("error: {}: {e}\n  hint: {hint}", e.code());
-    }
-    Exit::Invalid
+    super::launch::typed_failure(&e.code().to_string(), &e.to_string(), hint, json)
 }

@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::interaction::{AnswerRules, FormView, InteractorSpec, Prompter};
+use super::interaction::{AnswerRules, FormView, InteractorSpec, Prompter, form_fillers};
 use crate::definition::schema::Schema;
 
 /// A question a human step asks.
@@ -143,15 +143,7 @@ impl std::fmt::Debug for RunAsker {
 
 impl RunAsker {
     pub fn new(interactors: &[InteractorSpec], desk: Option<Arc<QuestionDesk>>) -> RunAsker {
-        let mut rules = Vec::new();
-        let mut prompter = None;
-        for spec in interactors {
-            match spec {
-                InteractorSpec::Scripted(r) => rules.push(Arc::clone(r)),
-                InteractorSpec::Terminal(p) => prompter = Some(Arc::clone(p)),
-                InteractorSpec::Yolo | InteractorSpec::Remote(_) => {}
-            }
-        }
+        let (rules, prompter) = form_fillers(interactors);
         RunAsker {
             rules,
             prompter,

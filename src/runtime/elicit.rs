@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use troupe_actors::EventBus;
 
 use super::events::{Event, EventName};
-use super::interaction::{AnswerRules, FormView, InteractorSpec, Prompter};
+use super::interaction::{AnswerRules, FormView, InteractorSpec, Prompter, form_fillers};
 use crate::tools::mcp::{ElicitAnswer, ElicitRequest, Elicitor};
 
 /// Answers elicitations from a run's interactors.
@@ -33,17 +33,7 @@ impl std::fmt::Debug for RunElicitor {
 
 impl RunElicitor {
     pub fn new(interactors: &[InteractorSpec], bus: EventBus<Event>, run_id: &str) -> RunElicitor {
-        let mut rules = Vec::new();
-        let mut prompter = None;
-        for spec in interactors {
-            match spec {
-                InteractorSpec::Scripted(r) => rules.push(Arc::clone(r)),
-                InteractorSpec::Terminal(p) => prompter = Some(Arc::clone(p)),
-                // `--yolo` approves tool calls; it has nothing to say to a
-                // form, nor has the API yet.
-                InteractorSpec::Yolo | InteractorSpec::Remote(_) => {}
-            }
-        }
+        let (rules, prompter) = form_fillers(interactors);
         RunElicitor {
             rules,
             prompter,

@@ -359,6 +359,25 @@ impl std::fmt::Debug for InteractorSpec {
     }
 }
 
+/// The answers files and the terminal prompter among `specs`: who can fill
+/// a form (an MCP elicitation, a human step's question).
+pub fn form_fillers(
+    specs: &[InteractorSpec],
+) -> (Vec<Arc<AnswerRules>>, Option<Arc<dyn Prompter>>) {
+    let mut rules = Vec::new();
+    let mut prompter = None;
+    for spec in specs {
+        match spec {
+            InteractorSpec::Scripted(r) => rules.push(Arc::clone(r)),
+            InteractorSpec::Terminal(p) => prompter = Some(Arc::clone(p)),
+            // `--yolo` approves tool calls; it has nothing to say to a
+            // form. The API takes questions through its own desk.
+            InteractorSpec::Yolo | InteractorSpec::Remote(_) => {}
+        }
+    }
+    (rules, prompter)
+}
+
 /// Starts the interactors and the hub (inside an actix system).
 pub fn start_hub(
     specs: &[InteractorSpec],

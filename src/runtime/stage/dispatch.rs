@@ -98,14 +98,14 @@ impl StageRun {
         }
     }
 
-    /// Runs one approved call on its own tool-call actor.
-    async fn run_tool_actor(&self, call: &ToolCall, args: Value) -> String {
-        let ev = |name: EventName| self.tool_event(name, call);
-        self.emit(ev(EventName::ToolInvocationStarted));
-        let actor = ToolCallActor.start();
-        let outcome = actor
+    /// Runs `name` with `args` on a tool-call actor of its own, under a
+    /// child of this execution's token, in the run's tool environment
+    /// (root, sandbox, MCP servers, network switch).
+    pub(super) async fn call_on_actor(&self, name: &Arc<str>, args: Value) -> ToolOutcome {
+        ToolCallActor
+            .start()
             .send(RunTool {
-                name: Arc::clone(&call.name),
+                name: Arc::clone(name),
                 args,
                 env: ToolEnv::new(self.settings.root.clone())
                     .with_sandbox(self.settings.sandbox.clone())
@@ -117,7 +117,14 @@ impl StageRun {
             .unwrap_or(ToolOutcome::Failed(ToolError::Terminal {
                 code: "ToolActorLost",
                 message: "the tool-call actor stopped without answering".to_owned(),
-            }));
+            }))
+    }
+
+    /// Runs one approved call on its own tool-call actor.
+    async fn run_tool_actor(&self, call: &ToolCall, args: Value) -> String {
+        let ev = |name: EventName| self.tool_event(name, call);
+        self.emit(ev(EventName::ToolInvocationStarted));
+        let outcome = self.call_on_actor(&call.name, args).await;
         match outcome {
             ToolOutcome::Succeeded(ToolOutput { text: out, .. }) => {
                 self.emit(ev(EventName::ToolInvocationSucceeded).with("bytes", out.len()));

@@ -7,7 +7,6 @@
 
 use std::sync::Arc;
 
-use actix::Actor;
 use serde_json::{Map, Value, json};
 
 use super::run::StageRun;
@@ -17,8 +16,7 @@ use crate::error::{HasCode, ValidationCode};
 use crate::provider::ToolCall;
 use crate::runtime::events::EventName;
 use crate::runtime::hooks::SlotOutcome;
-use crate::runtime::tool_call::{RunTool, ToolCallActor, ToolOutcome};
-use crate::tools::{ToolEnv, ToolError};
+use crate::runtime::tool_call::ToolOutcome;
 
 impl StageRun {
     /// Runs a `tool` step; `Err` is the step's failure reason.
@@ -69,22 +67,7 @@ impl StageRun {
         };
         let ev = |name: EventName| self.tool_event(name, &call);
         self.emit(ev(EventName::ToolInvocationStarted));
-        let outcome = ToolCallActor
-            .start()
-            .send(RunTool {
-                name: Arc::clone(&call.name),
-                args,
-                env: ToolEnv::new(self.settings.root.clone())
-                    .with_sandbox(self.settings.sandbox.clone())
-                    .with_mcp(self.settings.mcp.clone())
-                    .with_deny_network(self.settings.deny_network),
-                cancel: self.cancel.child_token(),
-            })
-            .await
-            .unwrap_or(ToolOutcome::Failed(ToolError::Terminal {
-                code: "ToolActorLost",
-                message: "the tool-call actor stopped without answering".to_owned(),
-            }));
+        let outcome = self.call_on_actor(&call.name, args).await;
         match outcome {
             ToolOutcome::Succeeded(out) => {
                 self.emit(ev(EventName::ToolInvocationSucceeded).with("bytes", out.text.len()));
