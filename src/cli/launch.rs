@@ -108,9 +108,9 @@ pub fn nats_failed(e: &crate::distributed::NatsError, json: bool) -> Exit {
     let hint = match e.code {
         "Unauthorized" => "check --nats-user/--nats-password-env or --nats-creds",
         "Unreachable" => {
-            "is a nats-server with JetStream (-js) running there? See README, \"Run across machines\""
+            "is a nats-server with JetStream (-js) running there? See docs/distributed.md"
         }
-        _ => "see README, \"Run across machines\"",
+        _ => "see docs/distributed.md",
     };
     typed_failure(&e.code().to_string(), &e.to_string(), hint, json)
 }

@@ -74,7 +74,7 @@ pub fn mcp_failed(e: &McpError, json: bool) -> Exit {
         "StartTimeout" | "InitializeFailed" => {
             "run the server's command by hand to see it start; a sandboxed server may write only inside --root (sandbox: false lifts that)"
         }
-        _ => "see README, \"MCP tools\"",
+        _ => "see docs/mcp.md",
     };
     super::launch::typed_failure(&e.code().to_string(), &e.to_string(), hint, json)
 }
