@@ -442,6 +442,25 @@ async fn events(
         .into_response()
 }
 
+/// A log line's `seq` and whether it is the `WorkflowExit`, read from the
+/// fixed head the audit writer gives every line (`{"seq":N,"ts":…,
+/// "event":"…"`), so that ten watchers cost ten scans, not ten parses, of
+/// a line; any other line is parsed.
+fn seq_and_exit(line: &str) -> Option<(u64, bool)> {
+    let fast = line.strip_prefix("{\"seq\":").and_then(|rest| {
+        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+        let seq = rest[..digits].parse::<u64>().ok()?;
+        let event_at = rest.find("\"event\":\"")? + "\"event\":\"".len();
+        let name = &rest[event_at..];
+        let name = &name[..name.find('"')?];
+        Some((seq, name == "WorkflowExit"))
+    });
+    fast.or_else(|| {
+        let v: Value = serde_json::from_str(line).ok()?;
+        Some((v["seq"].as_u64()?, v["event"] == "WorkflowExit"))
+    })
+}
+
 /// The audit log's lines with `seq` > `after`, as SSE events, following
 /// the file until its `WorkflowExit`.
 fn follow(
@@ -499,11 +518,10 @@ fn follow(
                 while let Some(end) = t.partial.find('\n') {
                     let line: String = t.partial.drain(..=end).collect();
                     let line = line.trim_end().to_owned();
-                    let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    let Some((seq, exit)) = seq_and_exit(&line) else {
                         continue;
                     };
-                    let seq = v["seq"].as_u64().unwrap_or(0);
-                    t.last_was_exit = v["event"] == "WorkflowExit";
+                    t.last_was_exit = exit;
                     if seq > t.after {
                         t.after = seq;
                         t.ready.push_back((seq, line));
