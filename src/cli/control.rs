@@ -93,18 +93,54 @@ pub fn watch(args: &WatchArgs) -> Exit {
     };
     let raw = args.events.is_some();
     let mut status: Option<String> = None;
-    let result = block_on(client.events(&id, args.from, |line| {
-        let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
-        if v["event"] == "WorkflowExit" {
-            status = v["status"].as_str().map(str::to_owned);
-        }
-        let mut out = std::io::stdout().lock();
-        if raw {
-            let _ = writeln!(out, "{line}");
-        } else if let Some(text) = summary_line(&v) {
-            let _ = writeln!(out, "{text}");
-        }
-    }));
+    // Written in batches, flushed when a batch is through: a line-buffered
+    // stdout would cost a write per event.
+    let out = std::cell::RefCell::new(std::io::BufWriter::with_capacity(
+        1 << 16,
+        std::io::stdout().lock(),
+    ));
+    let result = block_on(client.events(
+        &id,
+        args.from,
+        |line| {
+            let mut out = out.borrow_mut();
+            if raw {
+                let _ = writeln!(out, "{line}");
+                if line.contains("\"event\":\"WorkflowExit\"") {
+                    let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+                    status = v["status"].as_str().map(str::to_owned);
+                }
+                return;
+            }
+            // Most lines are not shown: their name is read from the line's
+            // head, and only the shown ones are parsed.
+            let shown = [
+                "WorkflowStarted",
+                "WorkflowResumed",
+                "StageExited",
+                "StageCancelled",
+                "InteractionRaised",
+                "WorkflowExit",
+            ];
+            if !shown
+                .iter()
+                .any(|name| line.contains(&format!("\"event\":\"{name}\"")))
+            {
+                return;
+            }
+            let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+            if v["event"] == "WorkflowExit" {
+                status = v["status"].as_str().map(str::to_owned);
+            }
+            if let Some(text) = summary_line(&v) {
+                let _ = writeln!(out, "{text}");
+            }
+        },
+        || {
+            let _ = out.borrow_mut().flush();
+        },
+    ));
+    let _ = out.borrow_mut().flush();
     if let Err(e) = result {
         return failed(&e);
     }

@@ -225,12 +225,14 @@ impl ControlClient {
     }
 
     /// Streams the run's events after `from` to `each` (an audit line),
-    /// until the run's `WorkflowExit` or the server goes away.
+    /// until the run's `WorkflowExit` or the server goes away; `settled`
+    /// is called after each batch that arrived together (flush there).
     pub async fn events(
         &self,
         run: &str,
         from: u64,
         mut each: impl FnMut(&str),
+        mut settled: impl FnMut(),
     ) -> Result<(), ControlError> {
         let r = self
             .http
@@ -247,14 +249,18 @@ impl ControlClient {
             let chunk = chunk.map_err(|e| self.unreachable(&e))?;
             buf.push_str(&String::from_utf8_lossy(&chunk));
             // One SSE event per blank line; `data:` holds the audit line.
-            while let Some(end) = buf.find("\n\n") {
-                let block: String = buf.drain(..end + 2).collect();
-                for line in block.lines() {
+            // A cursor, then one drain per chunk (not one per event).
+            let mut start = 0;
+            while let Some(len) = buf[start..].find("\n\n") {
+                for line in buf[start..start + len].lines() {
                     if let Some(data) = line.strip_prefix("data:") {
                         each(data.trim_start());
                     }
                 }
+                start += len + 2;
             }
+            buf.drain(..start);
+            settled();
         }
         Ok(())
     }

@@ -19,7 +19,6 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::Stream;
@@ -437,8 +436,14 @@ async fn events(
         }
         (None, None) => 0,
     };
-    Sse::new(follow(control.audit_path.clone(), after))
-        .keep_alive(KeepAlive::default())
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        axum::body::Body::from_stream(follow(control.audit_path.clone(), after)),
+    )
         .into_response()
 }
 
@@ -461,12 +466,21 @@ fn seq_and_exit(line: &str) -> Option<(u64, bool)> {
     })
 }
 
-/// The audit log's lines with `seq` > `after`, as SSE events, following
-/// the file until its `WorkflowExit`.
+/// Events of one batch are written as one piece: a write per event per
+/// watcher would cost more than the run (measured: ten watchers of a
+/// 100 000-wide run).
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// Idle polls between keep-alive comments (about 15 s).
+const KEEP_ALIVE_POLLS: u32 = 750;
+
+/// The audit log's lines with `seq` > `after`, as Server-Sent Events
+/// (`id: <seq>`, `data: <line>`), in batches of what was appended at once,
+/// following the file until its `WorkflowExit`.
 fn follow(
     path: PathBuf,
     after: u64,
-) -> impl Stream<Item = Result<SseEvent, std::convert::Infallible>> {
+) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
     struct Tail {
         path: PathBuf,
         offset: u64,
@@ -475,7 +489,7 @@ fn follow(
         done: bool,
         /// The last whole line read was a `WorkflowExit`.
         last_was_exit: bool,
-        ready: std::collections::VecDeque<(u64, String)>,
+        idle: u32,
     }
     let tail = Tail {
         path,
@@ -484,55 +498,76 @@ fn follow(
         after,
         done: false,
         last_was_exit: false,
-        ready: std::collections::VecDeque::new(),
+        idle: 0,
     };
     futures::stream::unfold(tail, |mut t| async move {
         loop {
-            if let Some((seq, line)) = t.ready.pop_front() {
-                return Some((Ok(SseEvent::default().id(seq.to_string()).data(line)), t));
-            }
             if t.done {
                 return None;
             }
             // Read what was appended since last time.
             let (path, offset) = (t.path.clone(), t.offset);
-            let read = tokio::task::spawn_blocking(move || -> std::io::Result<(Vec<u8>, u64)> {
+            let read = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
                 let mut f = std::fs::File::open(&path)?;
                 f.seek(std::io::SeekFrom::Start(offset))?;
                 let mut buf = Vec::new();
-                std::io::Read::read_to_end(&mut std::io::Read::take(&mut f, 1 << 20), &mut buf)?;
-                Ok((buf, offset))
+                std::io::Read::read_to_end(
+                    &mut std::io::Read::take(&mut f, BATCH_BYTES as u64),
+                    &mut buf,
+                )?;
+                Ok(buf)
             })
             .await;
             let (grew, at_end) = match read {
-                Ok(Ok((buf, _))) if !buf.is_empty() => {
+                Ok(Ok(buf)) if !buf.is_empty() => {
                     t.offset += buf.len() as u64;
-                    let at_end = buf.len() < 1 << 20;
+                    let at_end = buf.len() < BATCH_BYTES;
                     t.partial.push_str(&String::from_utf8_lossy(&buf));
                     (true, at_end)
                 }
                 _ => (false, true),
             };
+            let mut batch = String::new();
             if grew {
-                // Whole lines only: a line still being written waits.
-                while let Some(end) = t.partial.find('\n') {
-                    let line: String = t.partial.drain(..=end).collect();
-                    let line = line.trim_end().to_owned();
-                    let Some((seq, exit)) = seq_and_exit(&line) else {
+                // Whole lines only: a line still being written waits. One
+                // pass with a cursor, then one drain.
+                let mut start = 0;
+                while let Some(len) = t.partial[start..].find('\n') {
+                    let line = t.partial[start..start + len].trim_end();
+                    start += len + 1;
+                    let Some((seq, exit)) = seq_and_exit(line) else {
                         continue;
                     };
                     t.last_was_exit = exit;
                     if seq > t.after {
                         t.after = seq;
-                        t.ready.push_back((seq, line));
+                        batch.push_str("id: ");
+                        batch.push_str(&seq.to_string());
+                        batch.push_str("\ndata: ");
+                        batch.push_str(line);
+                        batch.push_str("\n\n");
                     }
                 }
+                t.partial.drain(..start);
             }
             // The run is over when the log ends with its exit (a resumed
             // run's earlier exit is followed by more).
             if at_end && t.last_was_exit && t.partial.is_empty() {
                 t.done = true;
-            } else if !grew {
+            }
+            if !batch.is_empty() {
+                t.idle = 0;
+                return Some((Ok(Bytes::from(batch)), t));
+            }
+            if t.done {
+                return None;
+            }
+            if !grew {
+                t.idle += 1;
+                if t.idle >= KEEP_ALIVE_POLLS {
+                    t.idle = 0;
+                    return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), t));
+                }
                 tokio::time::sleep(FOLLOW_POLL).await;
             }
         }
