@@ -81,26 +81,9 @@ pub fn input_invalid(path: &Path, message: String, json: bool) -> Exit {
     reject(path, ValidationCode::InputInvalid, message, json)
 }
 
-/// A typed error that stops a command before anything ran: as JSON on
-/// stdout with `--json`, else on stderr with its hint; exit 2.
-pub fn typed_failure(code: &str, message: &str, hint: &str, json: bool) -> Exit {
-    if json {
-        let v = serde_json::json!({
-            "status": "error",
-            "code": code,
-            "message": message,
-            "hint": hint,
-        });
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-    } else {
-        eprintln!("error: {code}: {message}\n  hint: {hint}");
-    }
-    Exit::Invalid
-}
-
 /// A store that cannot be used: its typed error, exit 2.
 pub fn store_failed(e: &StoreError, json: bool) -> Exit {
-    typed_failure(&e.code().to_string(), &e.to_string(), &e.hint(), json)
+    super::output::typed_failure(&e.code().to_string(), &e.to_string(), &e.hint(), json)
 }
 
 /// NATS that cannot be used (`--nats`): its typed error, exit 2.
@@ -112,7 +95,7 @@ pub fn nats_failed(e: &crate::distributed::NatsError, json: bool) -> Exit {
         }
         _ => "see docs/distributed.md",
     };
-    typed_failure(&e.code().to_string(), &e.to_string(), hint, json)
+    super::output::typed_failure(&e.code().to_string(), &e.to_string(), hint, json)
 }
 
 /// One thread per core (at least one).

@@ -76,5 +76,5 @@ pub fn mcp_failed(e: &McpError, json: bool) -> Exit {
         }
         _ => "see docs/mcp.md",
     };
-    super::launch::typed_failure(&e.code().to_string(), &e.to_string(), hint, json)
+    super::output::typed_failure(&e.code().to_string(), &e.to_string(), hint, json)
 }

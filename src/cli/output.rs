@@ -141,3 +141,20 @@ fn print_outputs(report: &RunReport) {
         }
     }
 }
+
+/// A typed error that stops a command before anything ran: as JSON on
+/// stdout with `--json`, else on stderr with its hint; exit 2.
+pub fn typed_failure(code: &str, message: &str, hint: &str, json: bool) -> super::Exit {
+    if json {
+        let v = serde_json::json!({
+            "status": "error",
+            "code": code,
+            "message": message,
+            "hint": hint,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        eprintln!("error: {code}: {message}\n  hint: {hint}");
+    }
+    super::Exit::Invalid
+}
