@@ -15,15 +15,24 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// Whether the suite runs as root (then each attack also runs as `nobody`).
+fn is_root() -> bool {
+    std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()) == 0
+}
 
 /// A project root with a folder outside it, in a temp dir.
 struct Project {
     _base: tempfile::TempDir,
+    base: PathBuf,
     root: PathBuf,
     outside: PathBuf,
     runs: PathBuf,
+    /// Run troupe as `nobody` (the suite runs as root).
+    nobody: bool,
 }
 
 impl Project {
@@ -36,10 +45,22 @@ impl Project {
         }
         Project {
             _base: base,
+            base: path,
             root,
             outside,
             runs,
+            nobody: false,
         }
+    }
+
+    /// The same project, run as `nobody`: every folder open to it.
+    fn as_nobody() -> Project {
+        let mut p = Project::new();
+        for dir in [&p.base, &p.root, &p.outside] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        p.nobody = true;
+        p
     }
 
     /// Runs one stage whose `Bash` calls are `commands`, in order.
@@ -63,7 +84,19 @@ impl Project {
             "id: attack\nentry: s\nstages:\n  s: s.md\nnext:\n  s: end\n",
             &[("s.md", &stage), ("script.yaml", &script)],
         );
-        let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        let mut cmd = if self.nobody {
+            std::fs::set_permissions(pipeline.path(), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(env!("CARGO_BIN_EXE_troupe"))
+                .env("HOME", &self.base)
+                .env("PATH", "/usr/bin:/bin");
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_troupe"))
+        };
+        let out = cmd
             .arg("run")
             .arg(pipeline.path())
             .arg("--root")
@@ -98,7 +131,17 @@ fn landlock(root: &Path) -> bool {
 
 #[test]
 fn writes_outside_the_root_through_links_proc_and_renames_are_refused() {
-    let p = Project::new();
+    write_attacks(Project::new());
+}
+
+#[test]
+fn the_write_attacks_fail_for_an_ordinary_user_too() {
+    if is_root() {
+        write_attacks(Project::as_nobody());
+    }
+}
+
+fn write_attacks(p: Project) {
     if !landlock(&p.root) {
         return;
     }
@@ -128,6 +171,9 @@ fn writes_outside_the_root_through_links_proc_and_renames_are_refused() {
     ];
     p.attack(&routes);
     let tried = std::fs::read_to_string(p.root.join("tried.txt")).unwrap();
+    let owner =
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(p.root.join("tried.txt")).unwrap());
+    assert_eq!(owner == 65534, p.nobody, "the attack ran as uid {owner}");
     for route in ["symlink", "hardlink", "proc-cwd", "rename", "race"] {
         assert!(
             tried.contains(&format!("{route}:")),
@@ -182,7 +228,17 @@ fn alive(pid: i32) -> bool {
 
 #[test]
 fn nothing_a_shell_starts_outlives_the_run() {
-    let p = Project::new();
+    lifetime_attacks(Project::new());
+}
+
+#[test]
+fn nothing_an_ordinary_user_s_shell_starts_outlives_the_run() {
+    if is_root() {
+        lifetime_attacks(Project::as_nobody());
+    }
+}
+
+fn lifetime_attacks(p: Project) {
     let routes = [
         // Each waits a moment, so the escape is complete before the shell
         // exits and its group is killed.

@@ -177,3 +177,52 @@ fn network_deny_that_cannot_be_enforced_refuses_to_start() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", said(&out));
 }
+
+#[test]
+fn network_deny_holds_for_an_ordinary_user_too() {
+    use std::os::unix::fs::PermissionsExt;
+    let root_user =
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()) == 0;
+    if !root_user || !network_rules() {
+        return;
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let project = two_knocks(port, "");
+    for dir in [project.path().to_owned(), project.path().join("p")] {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let run = |flags: &[&str]| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_troupe"))
+            .args(["run", "p", "--headless"])
+            .args(flags)
+            .current_dir(project.path())
+            .env("HOME", project.path())
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap()
+    };
+    // The control, as nobody: the knock gets through.
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(
+        read(&project, "a.txt").contains("CONNECTED"),
+        "{}",
+        read(&project, "a.txt")
+    );
+    let owner = std::os::unix::fs::MetadataExt::uid(
+        &std::fs::metadata(project.path().join("a.txt")).unwrap(),
+    );
+    assert_eq!(owner, 65534, "the shell ran as nobody");
+    let out = run(&["--network", "deny"]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    for file in ["a.txt", "b.txt"] {
+        let got = read(&project, file);
+        assert!(
+            !got.contains("CONNECTED") && got.contains("Permission denied"),
+            "{file}: {got}"
+        );
+    }
+}
