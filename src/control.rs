@@ -12,5 +12,5 @@
 pub mod client;
 pub mod server;
 
-pub use client::{ControlClient, ControlError, find_socket};
+pub use client::{ControlClient, ControlError, find_run, find_socket};
 pub use server::{ControlServer, RunControl, SOCKET_NAME};

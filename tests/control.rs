@@ -314,6 +314,14 @@ fn bad_calls_are_typed_errors() {
     let out = troupe(&["pending", &id, "--runs-dir", runs.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}", said(&out));
     assert!(said(&out).contains("Control/NotServing"), "{}", said(&out));
+    // Watching a run that is over replays its log and exits as it did.
+    let out = troupe(&["watch", &id, "--runs-dir", runs.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).ends_with("run ok\n"),
+        "{}",
+        said(&out)
+    );
 }
 
 #[test]

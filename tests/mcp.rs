@@ -657,3 +657,66 @@ fn an_elicitation_goes_to_the_answers_file_and_is_declined_when_headless() {
     assert_eq!(answered[0]["outcome"], "accepted");
     assert_eq!(answered[0]["by"], "answers:answers.yaml");
 }
+
+#[test]
+fn no_server_process_outlives_troupe_killed_with_sigkill() {
+    // A stage hangs inside the server; troupe is killed with SIGKILL; the
+    // reaper must end the server (and its process group) all the same.
+    let script =
+        "stages:\n  s:\n    - tool: srv__hang\n      args: {}\n    - complete: { summary: done }\n";
+    // `linger`: the server ignores its input closing, so only a kill ends it.
+    let yaml = format!(
+        "id: t\nentry: s\nmcpServers:\n{}stages:\n  s: s.md\nnext:\n  s: end\n",
+        fault_block("srv", Path::new(STATS), &["linger"], "")
+    );
+    let project = project(
+        &yaml,
+        &[
+            ("s.md", &stage("s", "srv__hang", "")),
+            ("script.yaml", script),
+        ],
+    );
+    let mut child = project
+        .troupe()
+        .args(["run", "p", "--headless", "--no-store"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stats_path = project.path().join(STATS);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let server_pid = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never reached the server"
+        );
+        let seen = server_saw(&stats_path);
+        if count(&seen, "call") == 1 {
+            break seen.iter().find(|s| s["event"] == "start").unwrap()["pid"]
+                .as_i64()
+                .unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let gone = |pid: i64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !gone(server_pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "MCP server {server_pid} outlived troupe's SIGKILL"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

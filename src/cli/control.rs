@@ -89,6 +89,8 @@ pub fn watch(args: &WatchArgs) -> Exit {
     }
     let (id, client) = match connect(&args.at) {
         Ok(c) => c,
+        // Over already: what it did is in its audit log.
+        Err(e) if e.code == "NotServing" => return watch_log(args),
         Err(e) => return failed(&e),
     };
     let raw = args.events.is_some();
@@ -152,6 +154,58 @@ pub fn watch(args: &WatchArgs) -> Exit {
             let _ = writeln!(
                 std::io::stderr(),
                 "error: Control/Unreachable: the run's stream ended before its WorkflowExit"
+            );
+            Exit::RunFailed
+        }
+    }
+}
+
+/// `watch` of a run that is not running: its audit log, as the stream
+/// would have given it, and the exit of its last session.
+fn watch_log(args: &WatchArgs) -> Exit {
+    let dir = match crate::control::find_run(&args.at.runs_dir, &args.at.run) {
+        Ok((_, dir)) => dir,
+        Err(e) => return failed(&e),
+    };
+    let text = match std::fs::read_to_string(dir.join("audit.jsonl")) {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: Control/NotServing: the run is not running and its log cannot be read: {e}"
+            );
+            return Exit::RunFailed;
+        }
+    };
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut status = None;
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if v["seq"].as_u64().unwrap_or(0) <= args.from {
+            continue;
+        }
+        if v["event"] == "WorkflowExit" {
+            status = v["status"].as_str().map(str::to_owned);
+        } else if v["event"] == "WorkflowResumed" {
+            status = None;
+        }
+        if args.events.is_some() {
+            let _ = writeln!(out, "{line}");
+        } else if let Some(text) = summary_line(&v) {
+            let _ = writeln!(out, "{text}");
+        }
+    }
+    let _ = out.flush();
+    match status.as_deref() {
+        Some("ok") => Exit::Ok,
+        Some("cancelled") => Exit::Interrupted,
+        Some(_) => Exit::RunFailed,
+        None => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "note: the run is not running and its log has no end: it was killed (`troupe resume` continues it)"
             );
             Exit::RunFailed
         }

@@ -39,6 +39,20 @@ impl HasCode for ControlError {
 /// The control socket of the run whose id starts with `run` under
 /// `runs_dir` (ids are long: a prefix that picks one run will do).
 pub fn find_socket(runs_dir: &Path, run: &str) -> Result<(String, PathBuf), ControlError> {
+    let (id, dir) = find_run(runs_dir, run)?;
+    let socket = dir.join(SOCKET_NAME);
+    if socket.exists() {
+        Ok((id, socket))
+    } else {
+        Err(ControlError::new(
+            "NotServing",
+            format!("run {id} is not running (no {SOCKET_NAME} in its folder)"),
+        ))
+    }
+}
+
+/// The folder of the run whose id starts with `run` under `runs_dir`.
+pub fn find_run(runs_dir: &Path, run: &str) -> Result<(String, PathBuf), ControlError> {
     let entries = std::fs::read_dir(runs_dir).map_err(|e| {
         ControlError::new(
             "RunNotFound",
@@ -58,18 +72,7 @@ pub fn find_socket(runs_dir: &Path, run: &str) -> Result<(String, PathBuf), Cont
             "RunNotFound",
             format!("no run {run} in {}", runs_dir.display()),
         )),
-        1 => {
-            let (id, dir) = found.remove(0);
-            let socket = dir.join(SOCKET_NAME);
-            if socket.exists() {
-                Ok((id, socket))
-            } else {
-                Err(ControlError::new(
-                    "NotServing",
-                    format!("run {id} is not running (no {} in its folder)", SOCKET_NAME),
-                ))
-            }
-        }
+        1 => Ok(found.remove(0)),
         n => Err(ControlError::new(
             "AmbiguousRun",
             format!("{n} runs start with {run}: give more of the id"),

@@ -7,7 +7,8 @@ object (anything else ends it, as a broken peer would).
 
 Usage: fault_server.py STATS_FILE [MODE...]
 Modes change startup: exit-at-start, slow-start, garbage-init,
-wrong-version, bad-schema, paged (the listing comes in two pages).
+wrong-version, bad-schema, paged (the listing comes in two pages); and
+linger (stay alive after the input closes, as a careless server would).
 STATS_FILE receives one JSON line per event (start, call, cancelled, end),
 so a test can see what the server saw.
 
@@ -231,6 +232,9 @@ def main():
         else:
             fail(req_id, -32601, f"method not found: {method}")
     stat(event="end")
+    if "linger" in MODES:
+        # A server that outlives its input: only a kill ends it.
+        time.sleep(3600)
 
 
 main()
