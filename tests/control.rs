@@ -351,3 +351,91 @@ fn a_socket_already_served_is_not_taken_over() {
     let again = ControlServer::start(&socket, control());
     assert!(again.is_ok(), "{:?}", again.err());
 }
+
+/// Whatever a client sends — bodies that are not JSON, JSON of the wrong
+/// shape, huge ones, odd paths and queries — the server answers with a
+/// typed error (or a success), never a crash or a hang, and keeps serving.
+#[test]
+fn bad_requests_get_typed_errors_and_the_server_keeps_serving() {
+    use proptest::prelude::*;
+    use std::sync::Arc;
+    use troupe::control::{ControlServer, RunControl};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("control.sock");
+    std::fs::write(
+        dir.path().join("audit.jsonl"),
+        "{\"seq\":1,\"ts\":\"t\",\"event\":\"WorkflowStarted\"}\n",
+    )
+    .unwrap();
+    let _server = ControlServer::start(
+        &socket,
+        RunControl {
+            run_id: "r".into(),
+            pipeline: "p".into(),
+            audit_path: dir.path().join("audit.jsonl"),
+            cancel: Arc::new(|| {}),
+            desk: Some(Arc::new(troupe::runtime::interaction::RemoteDesk::default())),
+            questions: Some(Arc::new(troupe::runtime::ask::QuestionDesk::default())),
+        },
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let http = reqwest::Client::builder()
+        .unix_socket(socket.clone())
+        .build()
+        .unwrap();
+    let send = |path: String, body: Vec<u8>| {
+        rt.block_on(async {
+            let r = http
+                .post(format!("http://troupe{path}"))
+                .body(body)
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await
+                .expect("the server answers");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        })
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Default::default()
+    });
+    let paths = prop_oneof![
+        Just("/v1/runs/r/pending/".to_owned()),
+        Just("/v1/runs/r/questions/".to_owned()),
+        Just("/v1/runs/other/questions/".to_owned()),
+        Just("/v1/nope/".to_owned()),
+    ];
+    let bodies = prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..512),
+        "[a-z{}\\[\\]\":, 0-9]{0,64}".prop_map(String::into_bytes),
+        Just(br#"{"answer":"approve"}"#.to_vec()),
+        Just(vec![b'x'; 70 * 1024]),
+    ];
+    runner
+        .run(
+            &(paths, "[a-zA-Z0-9%#/._-]{0,24}", bodies),
+            |(path, tail, body)| {
+                let (status, text) = send(format!("{path}{tail}"), body);
+                if status >= 400 {
+                    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                        TestCaseError::fail(format!("{status} not JSON ({e}): {text}"))
+                    })?;
+                    let code = v["error"]["code"].as_str().unwrap_or_default();
+                    prop_assert!(code.starts_with("Control/"), "{status}: {text}");
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+    // Still serving after all that.
+    let (status, _) = rt.block_on(async {
+        let r = http.get("http://troupe/v1/runs/r").send().await.unwrap();
+        (r.status().as_u16(), ())
+    });
+    assert_eq!(status, 200);
+}

@@ -145,7 +145,33 @@ fn router(control: Arc<RunControl>) -> Router {
         .route("/v1/runs/{id}/questions", get(questions))
         .route("/v1/runs/{id}/questions/{execution}", post(answer_question))
         .fallback(not_found)
+        .layer(axum::middleware::map_response(typed_rejections))
         .with_state(control)
+}
+
+/// The router's own refusals (a path that does not decode, a method a
+/// route does not take) as typed errors like every other: a client never
+/// gets an error that is not `{"error": {"code", "message"}}`.
+async fn typed_rejections(response: Response) -> Response {
+    let status = response.status();
+    let typed = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || typed {
+        return response;
+    }
+    let body = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .unwrap_or_default();
+    let message = String::from_utf8_lossy(&body).into_owned();
+    let code = match status {
+        StatusCode::METHOD_NOT_ALLOWED => "Control/MethodNotAllowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "Control/BodyTooLarge",
+        _ if status.is_server_error() => "Control/ServerError",
+        _ => "Control/BadRequest",
+    };
+    error(status, code, message)
 }
 
 /// A typed error, as the CLI's codes are.
