@@ -13,4 +13,4 @@ pub mod client;
 pub mod server;
 
 pub use client::{ControlClient, ControlError, find_run, find_socket};
-pub use server::{ControlServer, RunControl, SOCKET_NAME};
+pub use server::{ControlServer, RunControl, SOCKET_NAME, line_head};

@@ -239,20 +239,38 @@ fn nothing_an_ordinary_user_s_shell_starts_outlives_the_run() {
 }
 
 fn lifetime_attacks(p: Project) {
+    // Each route waits (bounded) until its process leads a session of its
+    // own — the escape is done — before the shell exits and its group is
+    // killed, and says so: a route that never escaped would prove nothing.
+    let escaped = |name: &str| {
+        format!(
+            "for i in $(seq 1000); do [ \"$(cut -d' ' -f6 /proc/$(cat {name}.pid)/stat 2>/dev/null)\" = \"$(cat {name}.pid)\" ] && echo yes > {name}.escaped && break; sleep 0.01; done"
+        )
+    };
     let routes = [
-        // Each waits a moment, so the escape is complete before the shell
-        // exits and its group is killed.
         // A new session: out of the call's process group.
-        "setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo $! > setsid.pid; sleep 0.3"
-            .to_owned(),
+        format!(
+            "setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo $! > setsid.pid; {}",
+            escaped("setsid")
+        ),
         // A double fork: the middle process exits, the sleeper is orphaned.
-        "sh -c 'setsid sleep 301 > /dev/null 2>&1 < /dev/null & echo $! > double.pid'; sleep 0.3"
-            .to_owned(),
+        format!(
+            "sh -c 'setsid sleep 301 > /dev/null 2>&1 < /dev/null & echo $! > double.pid'; {}",
+            escaped("double")
+        ),
         // nohup, with SIGHUP ignored.
-        "nohup setsid sleep 302 > /dev/null 2>&1 < /dev/null & echo $! > nohup.pid; sleep 0.3"
-            .to_owned(),
+        format!(
+            "nohup setsid sleep 302 > /dev/null 2>&1 < /dev/null & echo $! > nohup.pid; {}",
+            escaped("nohup")
+        ),
     ];
     p.attack(&routes);
+    for name in ["setsid", "double", "nohup"] {
+        assert!(
+            p.root.join(format!("{name}.escaped")).exists(),
+            "{name}: the process never left its group, so the route proves nothing"
+        );
+    }
     for file in ["setsid.pid", "double.pid", "nohup.pid"] {
         let pid: i32 = std::fs::read_to_string(p.root.join(file))
             .unwrap_or_else(|e| panic!("{file}: {e}"))

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::project::said;
+
 use std::process::{Command, Output};
 
 fn troupe(args: &[&str], dir: &std::path::Path) -> Output {
@@ -16,14 +18,6 @@ fn troupe(args: &[&str], dir: &std::path::Path) -> Output {
         .current_dir(dir)
         .output()
         .unwrap()
-}
-
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]

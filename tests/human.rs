@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::project::said;
+
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,14 +21,6 @@ fn pipeline(extra: &str) -> common::Fixture {
         "id: human\nentry: ask\nctx:\n  task: {{ default: ship it }}\nstages:\n  ask:\n    kind: human\n    prompt: \"May we {{{{ctx.task}}}}?\"\n    fields: {{ type: object, required: [ok], properties: {{ ok: {{ type: boolean }}, note: {{ type: string }} }} }}\n{extra}  done: {{ kind: print, content: \"answered\" }}\nnext:\n  ask: done\n  done: end\n"
     );
     common::Fixture::new(&yaml, &[])
-}
-
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn run(pipeline: &common::Fixture, runs: &std::path::Path, flags: &[&str]) -> (Output, Value) {

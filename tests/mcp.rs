@@ -13,6 +13,8 @@
 
 mod common;
 
+use common::project::said;
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -73,14 +75,6 @@ fn project(yaml: &str, files: &[(&str, &str)]) -> Project {
         std::fs::write(dir.join(name), text).unwrap();
     }
     project
-}
-
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// `troupe run p --json --headless` plus `flags`; the summary and the

@@ -15,9 +15,10 @@
 
 mod common;
 
+use common::project::said;
+
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::Output;
 
 use common::project::Project;
 use serde_json::Value;
@@ -48,14 +49,6 @@ fn project(yaml: &str, files: &[(&str, &str)]) -> Project {
         std::fs::write(dir.join(name), text).unwrap();
     }
     project
-}
-
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn read(project: &Project, file: &str) -> String {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::Exit;
-use crate::control::{ControlClient, ControlError, find_socket};
+use crate::control::{ControlClient, ControlError, find_socket, line_head};
 use crate::error::HasCode;
 
 /// Where to find the run.
@@ -93,71 +93,20 @@ pub fn watch(args: &WatchArgs) -> Exit {
         Err(e) if e.code == "NotServing" => return watch_log(args),
         Err(e) => return failed(&e),
     };
-    let raw = args.events.is_some();
-    let mut status: Option<String> = None;
     // Written in batches, flushed when a batch is through: a line-buffered
     // stdout would cost a write per event.
-    let out = std::cell::RefCell::new(std::io::BufWriter::with_capacity(
-        1 << 16,
-        std::io::stdout().lock(),
-    ));
+    let show = std::cell::RefCell::new(Shown::new(args.events.is_some()));
     let result = block_on(client.events(
         &id,
         args.from,
-        |line| {
-            let mut out = out.borrow_mut();
-            if raw {
-                let _ = writeln!(out, "{line}");
-                if line.contains("\"event\":\"WorkflowExit\"") {
-                    let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
-                    status = v["status"].as_str().map(str::to_owned);
-                }
-                return;
-            }
-            // Most lines are not shown: their name is read from the line's
-            // head, and only the shown ones are parsed.
-            let shown = [
-                "WorkflowStarted",
-                "WorkflowResumed",
-                "StageExited",
-                "StageCancelled",
-                "InteractionRaised",
-                "WorkflowExit",
-            ];
-            if !shown
-                .iter()
-                .any(|name| line.contains(&format!("\"event\":\"{name}\"")))
-            {
-                return;
-            }
-            let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
-            if v["event"] == "WorkflowExit" {
-                status = v["status"].as_str().map(str::to_owned);
-            }
-            if let Some(text) = summary_line(&v) {
-                let _ = writeln!(out, "{text}");
-            }
-        },
-        || {
-            let _ = out.borrow_mut().flush();
-        },
+        |line| show.borrow_mut().line(line),
+        || show.borrow_mut().flush(),
     ));
-    let _ = out.borrow_mut().flush();
+    let show = show.into_inner();
     if let Err(e) = result {
         return failed(&e);
     }
-    match status.as_deref() {
-        Some("ok") => Exit::Ok,
-        Some("cancelled") => Exit::Interrupted,
-        Some(_) => Exit::RunFailed,
-        None => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "error: Control/Unreachable: the run's stream ended before its WorkflowExit"
-            );
-            Exit::RunFailed
-        }
-    }
+    show.exit("error: Control/Unreachable: the run's stream ended before its WorkflowExit")
 }
 
 /// `watch` of a run that is not running: its audit log, as the stream
@@ -177,37 +126,82 @@ fn watch_log(args: &WatchArgs) -> Exit {
             return Exit::RunFailed;
         }
     };
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let mut status = None;
+    let mut show = Shown::new(args.events.is_some());
     for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        if v["seq"].as_u64().unwrap_or(0) <= args.from {
-            continue;
-        }
-        if v["event"] == "WorkflowExit" {
-            status = v["status"].as_str().map(str::to_owned);
-        } else if v["event"] == "WorkflowResumed" {
-            status = None;
-        }
-        if args.events.is_some() {
-            let _ = writeln!(out, "{line}");
-        } else if let Some(text) = summary_line(&v) {
-            let _ = writeln!(out, "{text}");
+        if line_head(line).is_some_and(|(seq, _)| seq > args.from) {
+            show.line(line);
         }
     }
-    let _ = out.flush();
-    match status.as_deref() {
-        Some("ok") => Exit::Ok,
-        Some("cancelled") => Exit::Interrupted,
-        Some(_) => Exit::RunFailed,
-        None => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "note: the run is not running and its log has no end: it was killed (`troupe resume` continues it)"
-            );
-            Exit::RunFailed
+    show.exit("note: the run is not running and its log has no end: it was killed (`troupe resume` continues it)")
+}
+
+/// The events a person watching is shown: every line (`--events -`), or a
+/// line for each of these.
+const SHOWN: [&str; 6] = [
+    "WorkflowStarted",
+    "WorkflowResumed",
+    "StageExited",
+    "StageCancelled",
+    "InteractionRaised",
+    "WorkflowExit",
+];
+
+/// What `watch` prints, and how the run it watched ended.
+struct Shown {
+    raw: bool,
+    out: std::io::BufWriter<std::io::StdoutLock<'static>>,
+    /// The last session's `WorkflowExit` status, if the log has one.
+    status: Option<String>,
+}
+
+impl Shown {
+    fn new(raw: bool) -> Shown {
+        Shown {
+            raw,
+            out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock()),
+            status: None,
+        }
+    }
+
+    /// One audit line. Only the lines shown (or ending a session) are
+    /// parsed; the rest are told apart by their head.
+    fn line(&mut self, line: &str) {
+        let event = line_head(line).map(|(_, event)| event);
+        if self.raw {
+            let _ = writeln!(self.out, "{line}");
+        }
+        match event {
+            Some("WorkflowResumed") => self.status = None,
+            Some(e) if !SHOWN.contains(&e) => return,
+            _ => {}
+        }
+        let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+        if v["event"] == "WorkflowExit" {
+            self.status = v["status"].as_str().map(str::to_owned);
+        }
+        if !self.raw
+            && let Some(text) = summary_line(&v)
+        {
+            let _ = writeln!(self.out, "{text}");
+        }
+    }
+
+    fn flush(&mut self) {
+        let _ = self.out.flush();
+    }
+
+    /// The exit the run had: 0 ok, 130 cancelled, 1 failed or no end (said
+    /// on stderr with `no_end`).
+    fn exit(mut self, no_end: &str) -> Exit {
+        self.flush();
+        match self.status.as_deref() {
+            Some("ok") => Exit::Ok,
+            Some("cancelled") => Exit::Interrupted,
+            Some(_) => Exit::RunFailed,
+            None => {
+                let _ = writeln!(std::io::stderr(), "{no_end}");
+                Exit::RunFailed
+            }
         }
     }
 }

@@ -18,7 +18,7 @@ pub fn run(path: &Path, json: bool, connect: Option<&Path>) -> Exit {
                 match super::mcp::start_servers(&p, &root, shell.sandbox.clone(), None, false) {
                     Ok(Some(pool)) => {
                         for server in pool.servers() {
-                            for tool in server.listing().unwrap_or_default().tools() {
+                            for tool in server.listing().tools() {
                                 let name =
                                     crate::definition::mcp::tool_name(&server.def.name, &tool.name);
                                 tools.push((name, tool.description.clone()));

@@ -473,23 +473,28 @@ async fn events(
         .into_response()
 }
 
-/// A log line's `seq` and whether it is the `WorkflowExit`, read from the
-/// fixed head the audit writer gives every line (`{"seq":N,"ts":…,
-/// "event":"…"`), so that ten watchers cost ten scans, not ten parses, of
-/// a line; any other line is parsed.
+/// An audit line's `seq` and event name, read from the fixed head the
+/// audit writer gives every line (`{"seq":N,"ts":…,"event":"…"`): ten
+/// watchers cost ten scans of a line, not ten parses. `None` for a line
+/// without that head.
+pub fn line_head(line: &str) -> Option<(u64, &str)> {
+    let rest = line.strip_prefix("{\"seq\":")?;
+    let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+    let seq = rest[..digits].parse::<u64>().ok()?;
+    let event_at = rest.find("\"event\":\"")? + "\"event\":\"".len();
+    let name = &rest[event_at..];
+    Some((seq, &name[..name.find('"')?]))
+}
+
+/// A log line's `seq` and whether it is the `WorkflowExit`; a line
+/// without the writer's head is parsed.
 fn seq_and_exit(line: &str) -> Option<(u64, bool)> {
-    let fast = line.strip_prefix("{\"seq\":").and_then(|rest| {
-        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
-        let seq = rest[..digits].parse::<u64>().ok()?;
-        let event_at = rest.find("\"event\":\"")? + "\"event\":\"".len();
-        let name = &rest[event_at..];
-        let name = &name[..name.find('"')?];
-        Some((seq, name == "WorkflowExit"))
-    });
-    fast.or_else(|| {
-        let v: Value = serde_json::from_str(line).ok()?;
-        Some((v["seq"].as_u64()?, v["event"] == "WorkflowExit"))
-    })
+    line_head(line)
+        .map(|(seq, event)| (seq, event == "WorkflowExit"))
+        .or_else(|| {
+            let v: Value = serde_json::from_str(line).ok()?;
+            Some((v["seq"].as_u64()?, v["event"] == "WorkflowExit"))
+        })
 }
 
 /// Events of one batch are written as one piece: a write per event per

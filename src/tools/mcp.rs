@@ -107,7 +107,8 @@ pub struct Server {
     listing: Arc<ListingCell>,
     slots: tokio::sync::Semaphore,
     waiting: AtomicUsize,
-    restarts: AtomicUsize,
+    /// Restarts that failed in a row: the next one waits longer.
+    failed_restarts: AtomicUsize,
     handle: tokio::runtime::Handle,
 }
 
@@ -143,7 +144,7 @@ impl McpPool {
                                 listing: Arc::default(),
                                 slots: tokio::sync::Semaphore::new(def.max_inflight),
                                 waiting: AtomicUsize::new(0),
-                                restarts: AtomicUsize::new(0),
+                                failed_restarts: AtomicUsize::new(0),
                                 handle: handle.clone(),
                             });
                             let conn = Connection::open(
@@ -186,7 +187,7 @@ impl McpPool {
     fn find(&self, name: &str) -> Option<(Arc<Server>, Arc<McpTool>)> {
         let (server, tool) = split_tool_name(name)?;
         let server = self.servers.get(server)?;
-        let found = server.listing()?.get(tool)?;
+        let found = server.listing().get(tool)?;
         Some((Arc::clone(server), found))
     }
 
@@ -209,7 +210,7 @@ impl McpPool {
             if tool == "*" {
                 continue;
             }
-            let listing = s.listing().unwrap_or_default();
+            let listing = s.listing();
             if listing.get(tool).is_none() {
                 let names = listing.names();
                 let close = crate::definition::fields::did_you_mean(
@@ -242,7 +243,7 @@ impl McpPool {
             let Some(s) = self.servers.get(server) else {
                 continue;
             };
-            for tool in s.listing().unwrap_or_default().tools() {
+            for tool in s.listing().tools() {
                 let name = tool_name(server, &tool.name);
                 if allows(entry, &name) && !out.iter().any(|t| t.name == name) {
                     out.push(tool.spec(&name));
@@ -256,10 +257,7 @@ impl McpPool {
     /// (`notifications/tools/list_changed`): manifests built before are
     /// stale.
     pub fn generation(&self) -> u64 {
-        self.servers
-            .values()
-            .map(|s| s.listing().map_or(0, |l| l.generation))
-            .sum()
+        self.servers.values().map(|s| s.listing().generation).sum()
     }
 
     /// Calls `name` (`server__tool`) with `args`, under `cancel`.
@@ -326,13 +324,8 @@ impl Drop for McpPool {
 
 impl Server {
     /// The tools the server listed last (kept while it restarts).
-    pub fn listing(&self) -> Option<Arc<Listing>> {
-        Some(self.listing.get())
-    }
-
-    /// Restarts since the run began.
-    pub fn restarts(&self) -> usize {
-        self.restarts.load(Ordering::Relaxed)
+    pub fn listing(&self) -> Arc<Listing> {
+        self.listing.get()
     }
 
     async fn connection(&self) -> Result<Arc<Connection>, ToolError> {
@@ -342,8 +335,9 @@ impl Server {
         {
             return Ok(Arc::clone(c));
         }
-        // Gone: start it again, with backoff by how often it failed.
-        let n = self.restarts.fetch_add(1, Ordering::Relaxed);
+        // Gone: start it again, waiting longer the more restarts failed
+        // in a row.
+        let n = self.failed_restarts.load(Ordering::Relaxed);
         let wait = Duration::from_millis(100u64.saturating_mul(1 << n.min(6)));
         tokio::time::sleep(wait.min(Duration::from_secs(5))).await;
         let def = self.def.clone();
@@ -358,10 +352,12 @@ impl Server {
             })?;
         match opened {
             Ok(c) => {
+                self.failed_restarts.store(0, Ordering::Relaxed);
                 *conn = Some(Arc::clone(&c));
                 Ok(c)
             }
             Err(e) => {
+                self.failed_restarts.fetch_add(1, Ordering::Relaxed);
                 *conn = None;
                 Err(ToolError::transient(
                     "ServerUnavailable",
