@@ -320,16 +320,14 @@ fn bad_calls_are_typed_errors() {
 
 #[test]
 fn a_socket_already_served_is_not_taken_over() {
-    use troupe::control::{ControlServer, RunControl};
+    use troupe::control::{ControlServer, Hosted, RunControl};
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("control.sock");
-    let control = || RunControl {
-        run_id: "r".into(),
-        pipeline: "p".into(),
-        audit_path: dir.path().join("audit.jsonl"),
-        cancel: std::sync::Arc::new(|| {}),
-        desk: None,
-        questions: None,
+    let audit = dir.path().join("audit.jsonl");
+    let control = || {
+        Hosted::one(std::sync::Arc::new(RunControl::new(
+            "r", "p", &audit, None, None,
+        )))
     };
     let first = ControlServer::start(&socket, control()).unwrap();
     let mode =
@@ -353,7 +351,7 @@ fn a_socket_already_served_is_not_taken_over() {
 fn bad_requests_get_typed_errors_and_the_server_keeps_serving() {
     use proptest::prelude::*;
     use std::sync::Arc;
-    use troupe::control::{ControlServer, RunControl};
+    use troupe::control::{ControlServer, Hosted, RunControl};
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("control.sock");
     std::fs::write(
@@ -363,14 +361,13 @@ fn bad_requests_get_typed_errors_and_the_server_keeps_serving() {
     .unwrap();
     let _server = ControlServer::start(
         &socket,
-        RunControl {
-            run_id: "r".into(),
-            pipeline: "p".into(),
-            audit_path: dir.path().join("audit.jsonl"),
-            cancel: Arc::new(|| {}),
-            desk: Some(Arc::new(troupe::runtime::interaction::RemoteDesk::default())),
-            questions: Some(Arc::new(troupe::runtime::ask::QuestionDesk::default())),
-        },
+        Hosted::one(Arc::new(RunControl::new(
+            "r",
+            "p",
+            &dir.path().join("audit.jsonl"),
+            Some(Arc::new(troupe::runtime::interaction::RemoteDesk::default())),
+            Some(Arc::new(troupe::runtime::ask::QuestionDesk::default())),
+        ))),
     )
     .unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -403,6 +400,8 @@ fn bad_requests_get_typed_errors_and_the_server_keeps_serving() {
         Just("/v1/runs/r/questions/".to_owned()),
         Just("/v1/runs/other/questions/".to_owned()),
         Just("/v1/nope/".to_owned()),
+        Just("/v1/runs".to_owned()),
+        Just("/v1/runs/r/resume".to_owned()),
     ];
     let bodies = prop_oneof![
         proptest::collection::vec(any::<u8>(), 0..512),

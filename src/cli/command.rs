@@ -156,6 +156,29 @@ pub enum Command {
         #[arg(long, default_value = "empty", value_name = "TEMPLATE")]
         from: String,
     },
+    /// Host many runs in one long-lived actor system, reachable through
+    /// the control API (and, on a TCP listener, a dashboard).
+    ///
+    /// Listens on .troupe/troupe.sock (mode 0600) unless --listen says
+    /// otherwise; a TCP listener requires the bearer token in .troupe/token
+    /// (made on first start) and prints a one-time dashboard login link.
+    /// Runs share the run store and one request limiter per model
+    /// endpoint; at most --max-runs run at once. SIGTERM or Ctrl-C cancels
+    /// the runs (--drain: lets them finish), records them and exits; after
+    /// kill -9 a restarted server lists the interrupted runs, and `troupe
+    /// resume` continues them inside it.
+    #[command(after_help = "\
+Examples:
+  troupe serve                                   # unix:.troupe/troupe.sock
+  troupe serve --listen tcp:127.0.0.1:7700 --max-runs 4
+  troupe submit stages/fanout --ctx width=1000 --watch
+  troupe runs                                    # hosted runs read `running`")]
+    Serve(Box<super::serve::ServeArgs>),
+    /// Start a run on a `troupe serve` and print its id.
+    ///
+    /// Takes the pipeline and the options of `troupe run`; the server's
+    /// run store, runs folder and root are used. --watch follows it.
+    Submit(Box<super::submit::SubmitArgs>),
     /// Follow a running run's events from another terminal or program.
     ///
     /// Prints a line per stage execution that ends (or every event with
@@ -208,13 +231,15 @@ pub fn run(cli: Cli) -> Exit {
     // leaves none of their processes behind.
     let starts_processes = matches!(
         cli.command,
-        Command::Run(_) | Command::Resume(_) | Command::Worker(_)
+        Command::Run(_) | Command::Resume(_) | Command::Worker(_) | Command::Serve(_)
     );
     if starts_processes && let Ok(launcher) = std::env::current_exe() {
         crate::tools::process_group::arm_reaper(&launcher);
     }
     if starts_processes {
         crate::tools::process_group::adopt_orphans();
+    } else {
+        quiet_broken_pipe();
     }
     let exit = dispatch(cli.command);
     if starts_processes {
@@ -223,6 +248,26 @@ pub fn run(cli: Cli) -> Exit {
         crate::tools::process_group::kill_orphans();
     }
     exit
+}
+
+/// A reader that went away (`troupe runs | head`) ends a listing as it
+/// ends any Unix tool (status 141, as if by SIGPIPE), not with a panic
+/// message from `println!`. Runs are left alone: they never print their
+/// events with `println!`, and must flush their log whatever a reader does.
+fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
 
 fn dispatch(command: Command) -> Exit {
@@ -265,6 +310,8 @@ fn dispatch(command: Command) -> Exit {
             Exit::Ok
         }
         Command::Report(args) => report::run(*args),
+        Command::Serve(args) => super::serve::run(&args),
+        Command::Submit(args) => super::submit::run(*args),
         Command::Watch(args) => super::control::watch(&args),
         Command::Pending { at, json } => super::control::pending(&at, json),
         Command::Approve(args) => super::control::answer(&args, true),

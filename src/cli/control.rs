@@ -19,6 +19,11 @@ pub struct RunRef {
     /// The runs folder the run was started with.
     #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
     pub runs_dir: PathBuf,
+    /// The `troupe serve` hosting the run (`unix:PATH`, `http://HOST:PORT`)
+    /// [default: $TROUPE_SERVER; else the run's own socket, else the
+    /// project's server].
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
 }
 
 /// `troupe watch`.
@@ -55,7 +60,7 @@ pub struct AnswerArgs {
     pub client: String,
 }
 
-fn failed(e: &ControlError) -> Exit {
+pub fn failed(e: &ControlError) -> Exit {
     let _ = writeln!(std::io::stderr(), "error: {}: {e}", e.code());
     match e.code {
         "Unreachable" | "NotServing" | "RunEnded" => Exit::RunFailed,
@@ -63,12 +68,36 @@ fn failed(e: &ControlError) -> Exit {
     }
 }
 
+/// The run's id and a client of what serves it: the server named (or
+/// `$TROUPE_SERVER`), else the run's own socket, else the project's
+/// server.
 fn connect(at: &RunRef) -> Result<(String, ControlClient), ControlError> {
-    let (id, socket) = find_socket(&at.runs_dir, &at.run)?;
-    Ok((id, ControlClient::new(&socket)?))
+    let named = at.server.is_some() || crate::environ::var("TROUPE_SERVER").is_some();
+    if !named {
+        match find_socket(&at.runs_dir, &at.run) {
+            Ok((id, socket)) => return Ok((id, ControlClient::new(&socket)?)),
+            Err(e) if e.code == "NotServing" || e.code == "RunNotFound" => {
+                if super::reach::server_for(None, &at.runs_dir)?.is_none() {
+                    return Err(e);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let Some(target) = super::reach::server_for(at.server.as_deref(), &at.runs_dir)? else {
+        return Err(ControlError {
+            code: "NotServing",
+            message: format!("run {} is not running", at.run),
+        });
+    };
+    let client = ControlClient::to(&target)?;
+    // The server knows the run by the start of its id too.
+    let described = block_on(client.describe(&at.run))?;
+    let id = described["runId"].as_str().unwrap_or(&at.run).to_owned();
+    Ok((id, client))
 }
 
-fn block_on<T>(work: impl Future<Output = T>) -> T {
+pub fn block_on<T>(work: impl Future<Output = T>) -> T {
     match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -93,12 +122,18 @@ pub fn watch(args: &WatchArgs) -> Exit {
         Err(e) if e.code == "NotServing" => return watch_log(args),
         Err(e) => return failed(&e),
     };
+    follow(&client, &id, args.events.is_some(), args.from)
+}
+
+/// Shows run `id`'s events from `from` on as they come; exits as the run
+/// did.
+pub fn follow(client: &ControlClient, id: &str, raw: bool, from: u64) -> Exit {
     // Written in batches, flushed when a batch is through: a line-buffered
     // stdout would cost a write per event.
-    let show = std::cell::RefCell::new(Shown::new(args.events.is_some()));
+    let show = std::cell::RefCell::new(Shown::new(raw));
     let result = block_on(client.events(
-        &id,
-        args.from,
+        id,
+        from,
         |line| show.borrow_mut().line(line),
         || show.borrow_mut().flush(),
     ));

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use super::Exit;
 use crate::definition::{Pipeline, StageKind};
-use crate::error::HasCode;
 use crate::tools::mcp::{McpError, McpPool, McpStart};
 use crate::tools::sandbox::ShellSandbox;
 
@@ -67,6 +66,11 @@ pub fn start_servers(
 
 /// An MCP server that could not be used: its typed error, exit 2.
 pub fn mcp_failed(e: &McpError, json: bool) -> Exit {
+    mcp_refusal(e).print(json)
+}
+
+/// An MCP server that could not be used, as a refusal.
+pub fn mcp_refusal(e: &McpError) -> super::Refusal {
     let hint = match e.code {
         "ServerNotFound" => "is the command installed and on PATH?",
         "UnknownTool" | "UnknownServer" => "`troupe validate --connect` lists every server's tools",
@@ -76,5 +80,5 @@ pub fn mcp_failed(e: &McpError, json: bool) -> Exit {
         }
         _ => "see docs/mcp.md",
     };
-    super::output::typed_failure(&e.code().to_string(), &e.to_string(), hint, json)
+    super::Refusal::typed(e, e.to_string(), hint)
 }

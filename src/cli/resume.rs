@@ -14,9 +14,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::Exit;
-use super::launch::{Launch, Resumed, execute, store_failed};
+use super::launch::{Launch, Refusal, Resumed, execute, store_refusal};
 use super::options::RunOptions;
-use super::validate::print_diagnostics;
 use crate::definition::load_pipeline;
 use crate::runtime::events::rfc3339;
 use crate::runtime::scheduler::Restore;
@@ -33,6 +32,10 @@ pub struct ResumeArgs {
     /// started.
     #[arg(long)]
     pub force: bool,
+    /// Resume it inside this `troupe serve` (`unix:PATH`, `http://HOST:PORT`;
+    /// default `$TROUPE_SERVER`, else the project's server when one runs).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
     #[command(flatten)]
     pub opts: RunOptions,
 }
@@ -46,24 +49,41 @@ pub fn run(args: ResumeArgs) -> Exit {
             json,
         );
     }
-    let store_path = args.opts.store_path();
-    match prepare(&args, &store_path) {
-        Ok(Prepared::Ready(launch)) => execute(*launch, &args.opts),
-        Ok(Prepared::Invalid(exit)) => exit,
-        Err(e) => store_failed(&e, json),
+    match super::reach::server_for(args.server.as_deref(), &args.opts.runs_dir) {
+        Ok(Some(server)) => return super::submit::resume_remote(&server, &args.run_id),
+        Ok(None) => {}
+        Err(e) => return super::control::failed(&e),
+    }
+    match prepare(&args, &args.opts.store_path()) {
+        Ok(launch) => execute(launch, &args.opts),
+        Err(refusal) => refusal.print(json),
     }
 }
 
-enum Prepared {
-    Ready(Box<Launch>),
-    Invalid(Exit),
+/// The run `args` names, checked and repaired, ready to go on.
+pub fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Refusal> {
+    prepare_stored(args, store_path).map_err(|e| match e {
+        Stopped::Store(e) => store_refusal(&e),
+        Stopped::Refused(r) => r,
+    })
 }
 
-fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Prepared, StoreError> {
+enum Stopped {
+    Store(StoreError),
+    Refused(Refusal),
+}
+
+impl From<StoreError> for Stopped {
+    fn from(e: StoreError) -> Stopped {
+        Stopped::Store(e)
+    }
+}
+
+fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stopped> {
     let store = Store::open(store_path)?;
     let run = store.find_run(&args.run_id)?;
     if run.status == "ok" {
-        return Err(StoreError::NothingToResume { id: run.id });
+        return Err(StoreError::NothingToResume { id: run.id }.into());
     }
     let run_dir = PathBuf::from(&run.run_dir);
     let lock = RunLock::acquire(&run_dir, &run.id)?;
@@ -71,8 +91,10 @@ fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Prepared, StoreError>
     let pipeline = match load_pipeline(&dir) {
         Ok(p) => Arc::new(p),
         Err(diags) => {
-            print_diagnostics(&dir, &diags, args.opts.json);
-            return Ok(Prepared::Invalid(Exit::Invalid));
+            return Err(Stopped::Refused(Refusal::Diagnostics {
+                path: dir.clone(),
+                diags,
+            }));
         }
     };
     let digest = pipeline_digest(&pipeline).map_err(|detail| StoreError::Io {
@@ -85,7 +107,8 @@ fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Prepared, StoreError>
             dir: run.pipeline_dir.clone(),
             was: short(&run.digest),
             now: short(&digest),
-        });
+        }
+        .into());
     }
     let fields: Map<String, Value> = match &run.ctx {
         Value::Object(m) => m.clone(),
@@ -141,7 +164,7 @@ fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Prepared, StoreError>
         turns_started: scanned.turns_started,
         turns_ended: scanned.turns_ended,
     };
-    Ok(Prepared::Ready(Box::new(Launch {
+    Ok(Launch {
         path: dir,
         pipeline,
         fields,
@@ -153,7 +176,7 @@ fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Prepared, StoreError>
             lock,
             digest,
         }),
-    })))
+    })
 }
 
 /// `sha256:0123456789ab…` for messages.

@@ -145,10 +145,10 @@ pub fn run(args: WorkerArgs) -> Exit {
             latency: args.latency,
             fail: &args.fail_sibling,
         };
-        let (provider, openai) = match make_provider(&args.provider, &knobs, &pipeline, path, json)
+        let (provider, openai) = match make_provider(&args.provider, &knobs, &pipeline, path, None)
         {
             Ok(p) => p,
-            Err(exit) => return exit,
+            Err(refusal) => return refusal.print(json),
         };
         if let Some(check) = openai {
             checks.push(check);

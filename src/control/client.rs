@@ -93,36 +93,112 @@ pub fn encode_segment(text: &str) -> String {
     out
 }
 
-/// A client of one control socket.
+/// Where a control server is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A Unix socket: a run's own, or a server's.
+    Unix(PathBuf),
+    /// A server's TCP listener (`http://HOST:PORT`), with its token.
+    Http { base: String, token: Option<String> },
+}
+
+impl Target {
+    /// `unix:PATH`, `http://HOST:PORT` or `tcp:HOST:PORT`; the token of a
+    /// TCP server is `token`.
+    pub fn parse(text: &str, token: Option<String>) -> Result<Target, ControlError> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            return Ok(Target::Unix(PathBuf::from(path)));
+        }
+        let host = text
+            .strip_prefix("tcp:")
+            .or_else(|| text.strip_prefix("http://"))
+            .map(|h| h.trim_end_matches('/'));
+        match host {
+            Some(h) if h.parse::<std::net::SocketAddr>().is_ok() || h.contains(':') => {
+                Ok(Target::Http {
+                    base: format!("http://{h}"),
+                    token,
+                })
+            }
+            _ => Err(ControlError::new(
+                "BadServer",
+                format!("--server {text}: give unix:PATH, http://HOST:PORT or tcp:HOST:PORT"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Unix(p) => write!(f, "{}", p.display()),
+            Target::Http { base, .. } => write!(f, "{base}"),
+        }
+    }
+}
+
+/// A client of one control server.
 #[derive(Debug, Clone)]
 pub struct ControlClient {
     http: reqwest::Client,
-    socket: PathBuf,
+    target: Target,
+    base: String,
 }
 
 impl ControlClient {
+    /// A client of a run's (or a server's) Unix socket.
     pub fn new(socket: &Path) -> Result<ControlClient, ControlError> {
-        let http = reqwest::Client::builder()
-            .unix_socket(socket.to_owned())
-            .build()
-            .map_err(|e| ControlError::new("ClientFailed", e.to_string()))?;
+        ControlClient::to(&Target::Unix(socket.to_owned()))
+    }
+
+    pub fn to(target: &Target) -> Result<ControlClient, ControlError> {
+        let failed = |e: reqwest::Error| ControlError::new("ClientFailed", e.to_string());
+        let (http, base) = match target {
+            Target::Unix(socket) => (
+                reqwest::Client::builder()
+                    .unix_socket(socket.clone())
+                    .build()
+                    .map_err(failed)?,
+                "http://troupe".to_owned(),
+            ),
+            Target::Http { base, token } => {
+                let mut headers = reqwest::header::HeaderMap::new();
+                if let Some(token) = token {
+                    let mut value =
+                        reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                            .map_err(|_| {
+                                ControlError::new(
+                                    "BadToken",
+                                    "the token cannot be sent as a header",
+                                )
+                            })?;
+                    value.set_sensitive(true);
+                    headers.insert(reqwest::header::AUTHORIZATION, value);
+                }
+                (
+                    reqwest::Client::builder()
+                        .default_headers(headers)
+                        .build()
+                        .map_err(failed)?,
+                    base.clone(),
+                )
+            }
+        };
         Ok(ControlClient {
             http,
-            socket: socket.to_owned(),
+            target: target.clone(),
+            base,
         })
     }
 
-    fn url(path: &str) -> String {
-        format!("http://troupe{path}")
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
     }
 
     fn unreachable(&self, e: &reqwest::Error) -> ControlError {
         ControlError::new(
             "Unreachable",
-            format!(
-                "cannot reach {} ({e}); is the run still running?",
-                self.socket.display()
-            ),
+            format!("cannot reach {} ({e}); is it still running?", self.target),
         )
     }
 
@@ -148,7 +224,19 @@ impl ControlClient {
             Some("BadBody") => "BadBody",
             Some("NotAsked") => "NotAsked",
             Some("AnswerInvalid") => "AnswerInvalid",
-            _ => "Refused",
+            Some("Unauthorized") => "Unauthorized",
+            Some("AmbiguousRun") => "AmbiguousRun",
+            Some("ShuttingDown") => "ShuttingDown",
+            Some("RunActive") => "RunActive",
+            Some("BadArgs") => "BadArgs",
+            Some(_) | None => {
+                // A refused submission keeps the run's own code
+                // (`Validation/…`, `Store/…`, `Provider/…`).
+                return Err(ControlError {
+                    code: "Refused",
+                    message: format!("{code}: {message}"),
+                });
+            }
         };
         Err(ControlError::new(name, message.to_owned()))
     }
@@ -156,7 +244,7 @@ impl ControlClient {
     async fn get(&self, path: &str) -> Result<Value, ControlError> {
         let r = self
             .http
-            .get(Self::url(path))
+            .get(self.url(path))
             .send()
             .await
             .map_err(|e| self.unreachable(&e))?;
@@ -166,13 +254,46 @@ impl ControlClient {
     async fn post(&self, path: &str, body: &Value) -> Result<Value, ControlError> {
         let r = self
             .http
-            .post(Self::url(path))
+            .post(self.url(path))
             .header("content-type", "application/json")
             .body(body.to_string())
             .send()
             .await
             .map_err(|e| self.unreachable(&e))?;
         self.json(r).await
+    }
+
+    /// Lists the runs the server hosts.
+    pub async fn runs(&self) -> Result<Vec<Value>, ControlError> {
+        let v = self.get("/v1/runs").await?;
+        Ok(v["runs"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Submits a run (`troupe run`'s arguments); its id.
+    pub async fn submit(
+        &self,
+        args: &[String],
+        cwd: &Path,
+        client: &str,
+    ) -> Result<String, ControlError> {
+        let body = serde_json::json!({"args": args, "cwd": cwd, "client": client});
+        let v = self.post("/v1/runs", &body).await?;
+        Ok(v["runId"].as_str().unwrap_or_default().to_owned())
+    }
+
+    /// Resumes a stopped run inside the server; its id.
+    pub async fn resume(
+        &self,
+        run: &str,
+        args: &[String],
+        cwd: &Path,
+        client: &str,
+    ) -> Result<String, ControlError> {
+        let body = serde_json::json!({"args": args, "cwd": cwd, "client": client});
+        let v = self
+            .post(&format!("/v1/runs/{}/resume", encode_segment(run)), &body)
+            .await?;
+        Ok(v["runId"].as_str().unwrap_or_default().to_owned())
     }
 
     pub async fn describe(&self, run: &str) -> Result<Value, ControlError> {
@@ -239,7 +360,7 @@ impl ControlClient {
     ) -> Result<(), ControlError> {
         let r = self
             .http
-            .get(Self::url(&format!("/v1/runs/{run}/events?from={from}")))
+            .get(self.url(&format!("/v1/runs/{run}/events?from={from}")))
             .send()
             .await
             .map_err(|e| self.unreachable(&e))?;

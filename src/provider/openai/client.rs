@@ -153,6 +153,14 @@ impl OpenAiProvider {
     /// Builds the client. Fails only on a key that cannot be an HTTP header
     /// or a TLS backend that cannot start.
     pub fn new(config: OpenAiConfig) -> Result<OpenAiProvider, String> {
+        let slots = Arc::new(Semaphore::new(config.max_inflight.max(1)));
+        OpenAiProvider::sharing(config, slots)
+    }
+
+    /// A provider whose requests take their slots from `slots`, which other
+    /// providers of the same endpoint share: runs hosted by one `troupe
+    /// serve` share an endpoint's `--max-inflight`.
+    pub fn sharing(config: OpenAiConfig, slots: Arc<Semaphore>) -> Result<OpenAiProvider, String> {
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout.min(config.request_timeout))
             .user_agent(concat!("troupe/", env!("CARGO_PKG_VERSION")))
@@ -179,7 +187,7 @@ impl OpenAiProvider {
         Ok(OpenAiProvider {
             inner: Arc::new(Inner {
                 chat_url: config.endpoint("chat/completions"),
-                slots: Arc::new(Semaphore::new(config.max_inflight.max(1))),
+                slots,
                 config,
                 client,
                 auth,

@@ -1,0 +1,565 @@
+//! A run in three steps, so that `troupe run` (one run, its own actor
+//! system) and `troupe serve` (many runs in one) start runs the same way:
+//! [`prepare`] checks everything that can be checked before the actor
+//! system (flags, provider, sandbox, MCP servers, the store); [`Prepared::
+//! drive`] runs the session on the current actor system; [`Driven::
+//! conclude`] records how it ended in the store.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use actix::Addr;
+use troupe_actors::EventBus;
+
+use super::{Host, Launch, Refusal, Resumed, ScriptedKnobs, make_provider, provider_settings};
+use crate::cli::limits::LimitArgs;
+use crate::cli::options::RunOptions;
+use crate::cli::output::{note_check, stored_summary};
+use crate::cli::sandbox::shell_sandbox;
+use crate::definition::{Backoff, Pipeline};
+use crate::error::HasCode;
+use crate::provider::openai::{CheckError, OpenAiProvider, ProviderStats};
+use crate::runtime::ask::QuestionDesk;
+use crate::runtime::audit::{Sink, continue_audit_log, start_audit_log};
+use crate::runtime::events::Event;
+use crate::runtime::ids::RunId;
+use crate::runtime::interaction::{AnswerRules, InteractorSpec, RemoteDesk};
+use crate::runtime::launch::start_run;
+use crate::runtime::session::{Session, ToSession};
+use crate::runtime::spec::RunSpec;
+use crate::runtime::stage::RunSettings;
+use crate::runtime::summary::{RunReport, RunStatus};
+use crate::store::{RunLock, RunRow, Store, StoreError, StoreWriter, pipeline_digest, unix_ms};
+
+/// A run whose every check before the actor system passed.
+pub struct Prepared {
+    pub run_id: String,
+    pub pipeline: Arc<Pipeline>,
+    pub run_dir: PathBuf,
+    pub audit_path: PathBuf,
+    /// The run's API interactor (`--remote`, and every run a server hosts).
+    pub desk: Option<Arc<RemoteDesk>>,
+    /// Human steps' questions open to API clients.
+    pub questions: Option<Arc<QuestionDesk>>,
+    spec: RunSpec,
+    settings: RunSettings,
+    openai: Option<(OpenAiProvider, bool)>,
+    check_retries: u32,
+    check_backoff: Backoff,
+    limits: LimitArgs,
+    store: Option<Store>,
+    keeping: bool,
+    resume: Option<Resumed>,
+    nats: crate::distributed::NatsArgs,
+    /// The shells' sandbox and private temp folder: kept until the run
+    /// is recorded as ended.
+    shell: crate::cli::sandbox::ShellSetup,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("run_id", &self.run_id)
+            .finish()
+    }
+}
+
+/// Checks `launch` with `opts` and readies it: a refusal when anything
+/// would stop it (nothing ran, nothing was recorded).
+pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepared, Refusal> {
+    let Launch {
+        path,
+        pipeline,
+        fields,
+        resume,
+    } = launch;
+    if let Some(events) = &opts.events
+        && events != "-"
+    {
+        return Err(Refusal::invalid(&path, "--events takes `-` (stdout)"));
+    }
+    let root = match std::fs::canonicalize(&opts.root) {
+        Ok(r) if r.is_dir() => r,
+        Ok(_) | Err(_) => {
+            return Err(Refusal::invalid(
+                &path,
+                format!("--root {} is not a directory", opts.root.display()),
+            ));
+        }
+    };
+    let bad_selectors: Vec<String> = opts
+        .fail_sibling
+        .iter()
+        .filter(|s| pipeline.stage(&s.stage).is_none())
+        .map(|s| s.stage.clone())
+        .collect();
+    if !bad_selectors.is_empty() {
+        return Err(Refusal::invalid(
+            &path,
+            format!(
+                "--fail-sibling names unknown stage(s): {}",
+                bad_selectors.join(", ")
+            ),
+        ));
+    }
+    let mut settings = provider_settings(&opts.provider);
+    let knobs = ScriptedKnobs {
+        script: opts.script.as_deref(),
+        latency: opts.latency,
+        fail: &opts.fail_sibling,
+    };
+    let (provider, openai) = make_provider(
+        &opts.provider,
+        &knobs,
+        &pipeline,
+        &path,
+        host.slots.as_deref(),
+    )?;
+    let mut interactors = Vec::new();
+    for answers in &opts.answers {
+        match AnswerRules::load(answers) {
+            Ok(rules) => interactors.push(InteractorSpec::Scripted(Arc::new(rules))),
+            Err(e) => return Err(Refusal::invalid(answers, format!("--answers {e}"))),
+        }
+    }
+    if opts.yolo {
+        interactors.push(InteractorSpec::Yolo);
+    }
+    // Approvals are also put to the control API's clients.
+    let remote = opts.remote || host.server;
+    let desk = remote.then(|| Arc::new(RemoteDesk::default()));
+    if let Some(desk) = &desk {
+        interactors.push(InteractorSpec::Remote(Arc::clone(desk)));
+    }
+    let questions = remote.then(|| Arc::new(QuestionDesk::default()));
+    if !host.server && !opts.headless && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        interactors.push(InteractorSpec::Terminal(Arc::new(
+            crate::cli::prompter::StdinPrompter,
+        )));
+    }
+    let cap = opts
+        .parallel_cap
+        .map(|c| c as usize)
+        .or_else(|| resume.as_ref().map(|r| r.run.cap as usize));
+    let mut spec = RunSpec::new(Arc::clone(&pipeline), fields, provider, cap);
+    spec.interactors = interactors;
+    spec.approval_timeout = opts.approval_timeout;
+    let run_dir = match &resume {
+        Some(r) => {
+            spec.run_id = RunId::existing(&r.run.id);
+            spec.bus = EventBus::continuing_after(r.last_seq);
+            spec.restore = r.restore.clone();
+            PathBuf::from(&r.run.run_dir)
+        }
+        None => opts.runs_dir.join(spec.run_id.as_str()),
+    };
+    // The store is opened before anything else can fail, so a store that
+    // cannot be used is said at once; the run is recorded in it only once
+    // the provider and the budget are settled (nothing ran otherwise).
+    let store = match (&resume, opts.no_store) {
+        (_, true) | (Some(_), false) => None,
+        (None, false) => {
+            Some(Store::open(&opts.store_path()).map_err(|e| super::store_refusal(&e))?)
+        }
+    };
+    let shell = shell_sandbox(opts.no_sandbox, &opts.pass_env, &root);
+    settings.sandbox = shell.sandbox.clone();
+    // `network: deny` anywhere must hold: checked on this kernel now.
+    let deny_network = opts.network == "deny";
+    crate::cli::sandbox::check_network_deny(
+        &pipeline,
+        deny_network,
+        shell.sandbox.as_deref(),
+        &root,
+    )
+    .map_err(|why| Refusal::invalid(&path, why))?;
+    settings.deny_network = deny_network;
+    // MCP servers start (and are listed and checked) before anything runs.
+    settings.mcp = crate::cli::mcp::start_servers(
+        &pipeline,
+        &root,
+        shell.sandbox.clone(),
+        Some(&run_dir),
+        deny_network,
+    )
+    .map_err(|e| crate::cli::mcp::mcp_refusal(&e))?;
+    // Human steps ask the run's interactors (and the API's clients).
+    settings.asker = Some(Arc::new(crate::runtime::ask::RunAsker::new(
+        &spec.interactors,
+        questions.clone(),
+    )));
+    // The servers' questions go to the run's interactors.
+    if let Some(pool) = &settings.mcp {
+        pool.set_elicitor(Arc::new(crate::runtime::elicit::RunElicitor::new(
+            &spec.interactors,
+            spec.bus.clone(),
+            spec.run_id.as_str(),
+        )));
+    }
+    settings.root = root;
+    settings.stage_timeout = opts.stage_timeout;
+    settings.threads = opts
+        .threads
+        .map_or_else(super::default_threads, |n| n as usize);
+    spec.max_run_time = opts.limits.max_run_time;
+    Ok(Prepared {
+        run_id: spec.run_id.to_string(),
+        audit_path: run_dir.join("audit.jsonl"),
+        run_dir,
+        pipeline,
+        desk,
+        questions,
+        check_retries: settings.provider_retries,
+        check_backoff: settings.provider_backoff,
+        spec,
+        settings,
+        openai,
+        limits: opts.limits.clone(),
+        store,
+        keeping: !opts.no_store,
+        resume,
+        nats: opts.nats.clone(),
+        shell,
+    })
+}
+
+/// How the actor system's part of a run ended.
+enum Outcome {
+    /// The report, and the last `seq` the run's events used.
+    Report(Box<RunReport>, u64),
+    /// The run could not start or lost its report.
+    Aborted(String),
+    /// The provider failed its capability check; nothing ran.
+    Check(CheckError),
+    /// A flag turned out wrong once the provider was known (a budget
+    /// without a price for the model); nothing ran.
+    Invalid(String),
+    /// The run could not be recorded in the store; nothing ran.
+    Store(StoreError),
+    /// `--nats`: the server could not be used; nothing ran.
+    Nats(crate::distributed::NatsError),
+}
+
+/// The store side of a run: the store, the run's lock and its writer.
+struct Kept {
+    store: Store,
+    _lock: RunLock,
+    writer: StoreWriter,
+}
+
+/// A run the actor system is done with, not yet recorded as ended.
+#[allow(missing_debug_implementations)]
+pub struct Driven {
+    outcome: Outcome,
+    kept: Option<Kept>,
+    run_id: String,
+    path: PathBuf,
+    openai: Option<OpenAiProvider>,
+    _shell: crate::cli::sandbox::ShellSetup,
+}
+
+/// How a run ended, recorded.
+#[allow(missing_debug_implementations)]
+pub enum Concluded {
+    /// It ran: its report (the store's warnings added), the provider's
+    /// figures, the last `seq` its events used.
+    Report {
+        report: Box<RunReport>,
+        stats: Option<ProviderStats>,
+        last_seq: u64,
+    },
+    /// It could not start, or lost its report (`Session/RunAborted`).
+    Aborted(String),
+    /// Refused before anything ran.
+    Refused(Refusal),
+}
+
+impl Prepared {
+    /// Runs the session on the current actor system with the audit log
+    /// and `sinks` (more of them, given the bus); `started` is handed the
+    /// session once it runs (to cancel it).
+    pub async fn drive(
+        self,
+        sinks: impl FnOnce(&EventBus<Event>, &RunSettings) -> Vec<Sink>,
+        started: impl FnOnce(Addr<Session>),
+    ) -> Driven {
+        let Prepared {
+            run_id,
+            pipeline,
+            run_dir,
+            audit_path,
+            mut spec,
+            mut settings,
+            openai,
+            check_retries,
+            check_backoff,
+            limits,
+            store,
+            keeping,
+            resume,
+            nats,
+            shell,
+            ..
+        } = self;
+        let path = pipeline.dir.clone();
+        let mut driven = Driven {
+            outcome: Outcome::Aborted(String::new()),
+            kept: None,
+            run_id,
+            path,
+            openai: openai.as_ref().map(|(p, _)| p.clone()),
+            _shell: shell,
+        };
+        if let Some((provider, false)) = &openai {
+            match provider.check(check_retries, &check_backoff).await {
+                Ok(report) => note_check(provider, &report),
+                Err(e) => {
+                    driven.outcome = Outcome::Check(e);
+                    return driven;
+                }
+            }
+        }
+        // The budget prices the model the run actually asks, which the
+        // check may have just picked.
+        let model = match &openai {
+            Some((provider, _)) => provider.model().unwrap_or_default().to_owned(),
+            None => "scripted".to_owned(),
+        };
+        match limits.budget(&pipeline, &model) {
+            Ok(budget) => settings.budget = budget,
+            Err(e) => {
+                driven.outcome = Outcome::Invalid(e);
+                return driven;
+            }
+        }
+        let resuming = resume.is_some();
+        // The store, the run's lock, the writer: before anything runs.
+        if keeping {
+            match keep(store, &spec, &pipeline, &run_dir, resume) {
+                Ok(kept) => driven.kept = Some(kept),
+                Err(e) => {
+                    driven.outcome = Outcome::Store(e);
+                    return driven;
+                }
+            }
+        }
+        settings.ledger = driven
+            .kept
+            .as_ref()
+            .map(|k| Arc::new(k.writer.ledger()) as Arc<dyn crate::runtime::ledger::Ledger>);
+        // Across machines: fan-out siblings go to the workers' queue.
+        if nats.nats.is_some() {
+            match remote_siblings(&nats, &spec, &pipeline, &settings).await {
+                Ok(remote) => spec.executor = Some(Arc::new(remote)),
+                Err(e) => {
+                    driven.outcome = Outcome::Nats(e);
+                    return driven;
+                }
+            }
+        }
+        spec.settings = Arc::new(settings);
+        let audit = if resuming {
+            continue_audit_log(&spec.bus, &audit_path)
+        } else {
+            start_audit_log(&spec.bus, &audit_path)
+        };
+        let mut all = match audit {
+            Ok(s) => vec![s],
+            Err(e) => {
+                driven.outcome = Outcome::Aborted(format!(
+                    "cannot write the audit log {}: {e}",
+                    audit_path.display()
+                ));
+                return driven;
+            }
+        };
+        all.extend(sinks(&spec.bus, &spec.settings));
+        let bus = spec.bus.clone();
+        let (session, done) = start_run(spec, all);
+        started(session);
+        driven.outcome = match done.await {
+            Ok(report) => Outcome::Report(Box::new(report), bus.last_seq()),
+            Err(_) => Outcome::Aborted("the run ended without a report".to_owned()),
+        };
+        driven
+    }
+}
+
+impl Driven {
+    /// Records how the run ended in the store (the writer drained first).
+    pub fn conclude(self) -> Concluded {
+        let Driven {
+            outcome,
+            kept,
+            run_id,
+            path,
+            openai,
+            _shell,
+        } = self;
+        let (mut report, last_seq) = match outcome {
+            Outcome::Report(r, seq) => (r, seq),
+            Outcome::Aborted(e) => {
+                if let Some(kept) = kept {
+                    let reason = format!("Session/RunAborted: {e}");
+                    end_in_store(
+                        kept,
+                        &run_id,
+                        "failed",
+                        Some(&reason),
+                        &serde_json::Value::Null,
+                    );
+                }
+                return Concluded::Aborted(e);
+            }
+            Outcome::Check(e) => {
+                return Concluded::Refused(Refusal::typed(&e, e.message.clone(), &e.hint));
+            }
+            Outcome::Invalid(message) => {
+                return Concluded::Refused(Refusal::invalid(&path, message));
+            }
+            Outcome::Store(e) => return Concluded::Refused(super::store_refusal(&e)),
+            Outcome::Nats(e) => {
+                if let Some(kept) = kept {
+                    let reason = format!("{}: {e}", e.code());
+                    end_in_store(
+                        kept,
+                        &run_id,
+                        "failed",
+                        Some(&reason),
+                        &serde_json::Value::Null,
+                    );
+                }
+                return Concluded::Refused(super::nats_refusal(&e));
+            }
+        };
+        let stats = openai.as_ref().map(OpenAiProvider::stats);
+        if let Some(kept) = kept {
+            let (label, reason) = match &report.status {
+                RunStatus::Ok => ("ok", None),
+                RunStatus::Failed { reason } => ("failed", Some(reason.as_str())),
+                RunStatus::Cancelled => ("cancelled", Some(crate::runtime::cancel::TURN_CANCELLED)),
+            };
+            let summary = stored_summary(&report, stats.as_ref());
+            if let Some(warning) = end_in_store(kept, &run_id, label, reason, &summary) {
+                report.warnings.push(warning);
+            }
+        }
+        Concluded::Report {
+            report,
+            stats,
+            last_seq,
+        }
+    }
+}
+
+/// Opens the store for a run: a new run is recorded (and its lock
+/// taken); a resumed one already holds both.
+fn keep(
+    store: Option<Store>,
+    spec: &RunSpec,
+    pipeline: &Pipeline,
+    run_dir: &Path,
+    resume: Option<Resumed>,
+) -> Result<Kept, StoreError> {
+    let (store, lock) = match (resume, store) {
+        (Some(r), _) => {
+            r.store.resume_run(&r.run.id, &r.digest)?;
+            (r.store, r.lock)
+        }
+        (None, None) => {
+            return Err(StoreError::Io {
+                path: run_dir.to_owned(),
+                detail: "internal: no store to record the run in".to_owned(),
+            });
+        }
+        (None, Some(store)) => {
+            let lock = RunLock::acquire(run_dir, spec.run_id.as_str())?;
+            let digest = pipeline_digest(pipeline).map_err(|detail| StoreError::Io {
+                path: pipeline.dir.clone(),
+                detail,
+            })?;
+            store.begin_run(&RunRow {
+                id: spec.run_id.to_string(),
+                pipeline_id: pipeline.id.clone(),
+                pipeline_dir: pipeline.dir.display().to_string(),
+                digest,
+                ctx: serde_json::Value::Object((*spec.fields).clone()),
+                cap: spec.cap as u64,
+                run_dir: run_dir.display().to_string(),
+                status: "running".to_owned(),
+                reason: None,
+                started_at: unix_ms(std::time::SystemTime::now()),
+                ended_at: None,
+                summary: None,
+                sessions: 1,
+            })?;
+            (store, lock)
+        }
+    };
+    let writer = StoreWriter::start(store.path())?;
+    Ok(Kept {
+        store,
+        _lock: lock,
+        writer,
+    })
+}
+
+/// Waits for the writer, then records how the session ended; a warning
+/// when the store could not take it.
+fn end_in_store(
+    kept: Kept,
+    run_id: &str,
+    status: &str,
+    reason: Option<&str>,
+    summary: &serde_json::Value,
+) -> Option<String> {
+    let Kept {
+        store,
+        _lock,
+        writer,
+    } = kept;
+    let mut warnings = Vec::new();
+    if let Err(e) = writer.finish() {
+        warnings.push(format!("{}: {e}", e.code()));
+    }
+    if let Err(e) = store.end_run(run_id, status, reason, summary) {
+        warnings.push(format!("{}: {e}", e.code()));
+    }
+    (!warnings.is_empty()).then(|| format!("the run store: {}", warnings.join("; ")))
+}
+
+/// The executor that sends the run's fan-out siblings to the workers.
+async fn remote_siblings(
+    args: &crate::distributed::NatsArgs,
+    spec: &RunSpec,
+    pipeline: &Pipeline,
+    settings: &RunSettings,
+) -> Result<crate::distributed::RemoteSiblings, crate::distributed::NatsError> {
+    let nats = args.connect(&format!("troupe run {}", spec.run_id)).await?;
+    // The topology first, so a misconfigured server fails here, not
+    // halfway through a fan-out.
+    nats.tasks().await?;
+    nats.reports().await?;
+    nats.cancelled().await?;
+    nats.groups().await?;
+    let digest = pipeline_digest(pipeline).map_err(|message| crate::distributed::NatsError {
+        code: "PipelineUnreadable",
+        message,
+    })?;
+    Ok(crate::distributed::RemoteSiblings {
+        nats,
+        run_id: spec.run_id.to_string(),
+        pipeline_id: pipeline.id.clone(),
+        digest,
+        fields: Arc::clone(&spec.fields),
+        bus: spec.bus.clone(),
+        ledger: settings.ledger.clone(),
+        budget: settings.budget.clone(),
+        session: uuid::Uuid::now_v7().simple().to_string(),
+    })
+}
+
+/// Cancels the session (the control API's and the signals' path).
+pub fn cancel(session: &Addr<Session>) {
+    session.do_send(ToSession::Cancel);
+}

@@ -1,0 +1,481 @@
+//! `troupe serve`: one long-lived actor system hosting many runs, each its
+//! own session, sharing the run store and one provider limiter per
+//! endpoint, at most `--max-runs` at once (the rest wait their turn). It
+//! listens on the project's socket (`.troupe/troupe.sock`, mode 0600) and,
+//! with `--listen tcp:…`, on a TCP port guarded by a token, where it also
+//! shows the dashboard. SIGTERM (or Ctrl-C) stops taking runs, cancels
+//! those running (or with `--drain` lets them finish), records them and
+//! exits. A server killed with `kill -9` leaves its runs `interrupted`;
+//! started again it lists them, and `troupe resume` continues them inside
+//! it.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Parser;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::json;
+
+use super::Exit;
+use super::launch::{Concluded, EndpointSlots, Host, Launch, Prepared, Refusal, prepare};
+use super::options::RunOptions;
+use super::reach::project_socket;
+use super::signals::{FirstSignal, Interrupts};
+use crate::control::{ControlServer, Hosted, Listen, RunControl, Submission, Submitter};
+use crate::definition::load_pipeline;
+use crate::runtime::launch::resolve_fields;
+use crate::runtime::summary::RunStatus;
+
+/// Options of `troupe serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Where to listen: `unix:PATH` or `tcp:HOST:PORT` (port 0 picks
+    /// one). Repeatable [default: unix:.troupe/troupe.sock]. A TCP
+    /// listener needs the token and serves the dashboard at `/`.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Vec<String>,
+    /// The bearer token's file (made on first start, mode 0600)
+    /// [default: .troupe/token].
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Allow a TCP listener on an address other than loopback.
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Most runs running at once; more wait their turn (`queued`).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_runs: u32,
+    /// On SIGTERM or Ctrl-C, let the runs finish instead of cancelling
+    /// them (a second signal still exits at once).
+    #[arg(long)]
+    pub drain: bool,
+    /// The project root runs' tools work in.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub root: PathBuf,
+    /// Where run folders are written.
+    #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
+    pub runs_dir: PathBuf,
+    /// The run store [default: troupe.db beside --runs-dir].
+    #[arg(long, value_name = "FILE")]
+    pub store: Option<PathBuf>,
+}
+
+/// `troupe run`'s grammar, for submissions.
+#[derive(Debug, Parser)]
+#[command(name = "troupe submit", no_binary_name = true)]
+struct Submitted {
+    #[command(flatten)]
+    run: super::run::RunArgs,
+}
+
+/// `troupe resume`'s grammar, for resumes.
+#[derive(Debug, Parser)]
+#[command(name = "troupe resume", no_binary_name = true)]
+struct Resubmitted {
+    #[command(flatten)]
+    resume: super::resume::ResumeArgs,
+}
+
+/// A run ready for the actor system, with what reaches it.
+struct Job {
+    prepared: Prepared,
+    control: Arc<RunControl>,
+}
+
+/// What the server's submit and resume endpoints reach.
+struct Server {
+    root: PathBuf,
+    runs_dir: PathBuf,
+    store: Option<PathBuf>,
+    hosted: std::sync::Weak<Hosted>,
+    jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+    host: Host,
+}
+
+fn bad_args(message: String) -> (u16, serde_json::Value) {
+    (
+        400,
+        json!({"error": {"code": "Control/BadArgs", "message": message}}),
+    )
+}
+
+fn refusal(r: &Refusal) -> (u16, serde_json::Value) {
+    (422, r.to_json())
+}
+
+impl Server {
+    /// The options a submission may not set (the server's), and its
+    /// relative paths made the client's.
+    fn settle(
+        &self,
+        opts: &mut RunOptions,
+        cwd: Option<&Path>,
+    ) -> Result<(), (u16, serde_json::Value)> {
+        let theirs = |p: &Path| match cwd {
+            Some(cwd) if p.is_relative() => cwd.join(p),
+            _ => p.to_owned(),
+        };
+        if opts.store.is_some() || opts.no_store || opts.runs_dir != Path::new(".troupe/runs") {
+            return Err(bad_args(
+                "--store, --no-store and --runs-dir are the server's (see `troupe serve --help`)"
+                    .to_owned(),
+            ));
+        }
+        if opts.events.is_some() {
+            return Err(bad_args(
+                "--events: follow a hosted run with `troupe watch <run> --events -`".to_owned(),
+            ));
+        }
+        opts.runs_dir.clone_from(&self.runs_dir);
+        opts.store.clone_from(&self.store);
+        opts.root = if opts.root == Path::new(".") {
+            self.root.clone()
+        } else {
+            theirs(&opts.root)
+        };
+        opts.script = opts.script.as_deref().map(theirs);
+        opts.answers = opts.answers.iter().map(|p| theirs(p)).collect();
+        opts.headless = true;
+        opts.json = false;
+        Ok(())
+    }
+
+    /// Readies `launch` (which may start MCP servers: on a blocking
+    /// thread), hosts it and queues it; its id.
+    async fn host(
+        self: Arc<Self>,
+        launch: Launch,
+        opts: RunOptions,
+        client: String,
+        verb: &str,
+    ) -> Result<String, (u16, serde_json::Value)> {
+        let host = self.host.clone();
+        let prepared = tokio::task::spawn_blocking(move || prepare(launch, &opts, &host))
+            .await
+            .map_err(|_| bad_args("the run could not be prepared".to_owned()))?
+            .map_err(|r| refusal(&r))?;
+        let control = Arc::new(RunControl::new(
+            &prepared.run_id,
+            &prepared.pipeline.id,
+            &prepared.audit_path,
+            prepared.desk.clone(),
+            prepared.questions.clone(),
+        ));
+        control.set_queued();
+        let Some(hosted) = self.hosted.upgrade() else {
+            return Err(shutting_down());
+        };
+        hosted.add(Arc::clone(&control));
+        let id = prepared.run_id.clone();
+        say(&format!(
+            "run {id} ({}) {verb} by {client}",
+            prepared.pipeline.id
+        ));
+        self.jobs
+            .send(Job { prepared, control })
+            .map_err(|_| shutting_down())?;
+        Ok(id)
+    }
+}
+
+fn shutting_down() -> (u16, serde_json::Value) {
+    (
+        503,
+        json!({"error": {"code": "Control/ShuttingDown", "message": "the server is going down and takes no new runs"}}),
+    )
+}
+
+impl Submitter for Arc<Server> {
+    fn submit(
+        &self,
+        submission: Submission,
+    ) -> BoxFuture<'static, Result<String, (u16, serde_json::Value)>> {
+        let server = Arc::clone(self);
+        async move {
+            let parsed = Submitted::try_parse_from(&submission.args)
+                .map_err(|e| bad_args(e.render().to_string()))?;
+            let mut args = parsed.run;
+            server.settle(&mut args.opts, submission.cwd.as_deref())?;
+            let path = match &submission.cwd {
+                Some(cwd) if args.pipeline.is_relative() => cwd.join(&args.pipeline),
+                _ => args.pipeline.clone(),
+            };
+            let pipeline = load_pipeline(&path).map(Arc::new).map_err(|diags| {
+                refusal(&Refusal::Diagnostics {
+                    path: path.clone(),
+                    diags,
+                })
+            })?;
+            let fields =
+                resolve_fields(&pipeline, &args.ctx, args.task.as_deref()).map_err(|errors| {
+                    refusal(&Refusal::Diagnostics {
+                        path: path.clone(),
+                        diags: crate::error::Diagnostics(errors),
+                    })
+                })?;
+            let launch = Launch {
+                path,
+                pipeline,
+                fields,
+                resume: None,
+            };
+            server
+                .host(launch, args.opts, submission.client, "submitted")
+                .await
+        }
+        .boxed()
+    }
+
+    fn resume(
+        &self,
+        run: String,
+        submission: Submission,
+    ) -> BoxFuture<'static, Result<String, (u16, serde_json::Value)>> {
+        let server = Arc::clone(self);
+        async move {
+            if let Some(hosted) = server.hosted.upgrade()
+                && let Ok(control) = hosted.get(&run)
+                && !control.has_ended()
+            {
+                return Err((
+                    409,
+                    json!({"error": {"code": "Control/RunActive", "message": format!("run {} is running in this server", control.run_id)}}),
+                ));
+            }
+            let mut argv = vec![run];
+            argv.extend(submission.args.iter().cloned());
+            let parsed = Resubmitted::try_parse_from(&argv)
+                .map_err(|e| bad_args(e.render().to_string()))?;
+            let mut args = parsed.resume;
+            server.settle(&mut args.opts, submission.cwd.as_deref())?;
+            let store = args.opts.store_path();
+            let opts = args.opts.clone();
+            let launch = tokio::task::spawn_blocking(move || super::resume::prepare(&args, &store))
+                .await
+                .map_err(|_| bad_args("the run could not be prepared".to_owned()))?
+                .map_err(|r| refusal(&r))?;
+            server
+                .host(launch, opts, submission.client, "resumed")
+                .await
+        }
+        .boxed()
+    }
+}
+
+/// A line on the server's log (stderr).
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "troupe serve: {line}");
+}
+
+/// Where to listen, from `--listen`; refused: a bad address, or a
+/// non-loopback one without `--allow-remote`.
+fn listeners(args: &ServeArgs) -> Result<Vec<Listen>, String> {
+    if args.listen.is_empty() {
+        return Ok(vec![Listen::Unix(project_socket(&args.runs_dir))]);
+    }
+    let mut out = Vec::new();
+    for text in &args.listen {
+        if let Some(path) = text.strip_prefix("unix:") {
+            out.push(Listen::Unix(PathBuf::from(path)));
+        } else if let Some(addr) = text.strip_prefix("tcp:") {
+            let addr: SocketAddr = addr.parse().map_err(|_| {
+                format!("--listen {text}: give tcp:HOST:PORT with an IP address, e.g. tcp:127.0.0.1:7700")
+            })?;
+            if !addr.ip().is_loopback() && !args.allow_remote {
+                return Err(format!(
+                    "--listen {text} is not a loopback address: anyone who can reach it could try the token; add --allow-remote if you mean it"
+                ));
+            }
+            out.push(Listen::Tcp(addr));
+        } else {
+            return Err(format!("--listen {text}: give unix:PATH or tcp:HOST:PORT"));
+        }
+    }
+    Ok(out)
+}
+
+pub fn run(args: &ServeArgs) -> Exit {
+    let typed = |code: &str, message: String, hint: &str| {
+        super::output::typed_failure(code, &message, hint, false)
+    };
+    let listens = match listeners(args) {
+        Ok(l) => l,
+        Err(why) => return typed("Control/BadListen", why, "see `troupe serve --help`"),
+    };
+    let root = match std::fs::canonicalize(&args.root) {
+        Ok(r) if r.is_dir() => r,
+        _ => {
+            return typed(
+                "Validation/InputInvalid",
+                format!("--root {} is not a directory", args.root.display()),
+                "give the project's folder",
+            );
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(&args.runs_dir) {
+        return typed(
+            "Store/Io",
+            format!("cannot create {}: {e}", args.runs_dir.display()),
+            "check the folder's permissions",
+        );
+    }
+    let store_path = super::options::store_path(args.store.as_deref(), &args.runs_dir);
+    // Runs a killed server left: said now, resumed on request.
+    match crate::store::Store::open(&store_path) {
+        Ok(store) => {
+            for (run, _) in store.list_runs(usize::MAX).unwrap_or_default() {
+                if super::runs::status_of(&run) == "interrupted" {
+                    say(&format!(
+                        "run {} ({}) was interrupted: `troupe resume {}` continues it here",
+                        run.id, run.pipeline_id, run.id
+                    ));
+                }
+            }
+        }
+        Err(e) => return super::launch::store_failed(&e, false),
+    }
+    let auth = if listens.iter().any(|l| matches!(l, Listen::Tcp(_))) {
+        let file = args
+            .token_file
+            .clone()
+            .unwrap_or_else(|| project_socket(&args.runs_dir).with_file_name("token"));
+        let token = match crate::control::auth::load_or_make_token(&file) {
+            Ok(t) => t,
+            Err(why) => return typed("Control/BadToken", why, "see `troupe serve --help`"),
+        };
+        match crate::control::auth::Auth::new(token) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                return typed(
+                    "Control/BadToken",
+                    e.to_string(),
+                    "is /dev/urandom readable?",
+                );
+            }
+        }
+    } else {
+        None
+    };
+    let (jobs, mut queue) = tokio::sync::mpsc::unbounded_channel::<Job>();
+    let hosted = Arc::new_cyclic(|weak: &std::sync::Weak<Hosted>| {
+        let server = Arc::new(Server {
+            root,
+            runs_dir: args.runs_dir.clone(),
+            store: args.store.clone(),
+            hosted: weak.clone(),
+            jobs,
+            host: Host {
+                server: true,
+                slots: Some(Arc::new(EndpointSlots::default())),
+            },
+        });
+        Hosted::new(Some(Arc::new(server)))
+    });
+    let control = match ControlServer::serve(&listens, Arc::clone(&hosted), auth.clone()) {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            return typed(
+                "Control/AlreadyServing",
+                e.to_string(),
+                "a server already runs for this project: use it (`troupe submit`), or stop it first",
+            );
+        }
+        Err(e) => {
+            return typed(
+                "Control/CannotListen",
+                e.to_string(),
+                "check the address and the folder",
+            );
+        }
+    };
+    for bound in &control.bound {
+        println!("listening on {bound}");
+        if let (Listen::Tcp(addr), Some(auth)) = (bound, &auth)
+            && let Some(login) = auth.login_path()
+        {
+            println!("dashboard: http://{addr}{login}");
+        }
+    }
+    let _ = std::io::stdout().flush();
+    let limit = Arc::new(tokio::sync::Semaphore::new(args.max_runs as usize));
+    let drain = args.drain;
+    let first = FirstSignal::default();
+    let (stop_tx, mut stop_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let doing = if drain {
+        "finishing the runs, taking no new ones"
+    } else {
+        "cancelling the runs"
+    };
+    let interrupts = Interrupts::watch(first.clone(), doing, move || {
+        let _ = stop_tx.send(());
+    });
+    let system = actix::System::new();
+    let watched = Arc::clone(&hosted);
+    system.block_on(async move {
+        let mut running = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                job = queue.recv() => match job {
+                    Some(job) => {
+                        let limit = Arc::clone(&limit);
+                        running.spawn_local(host_run(job, limit));
+                    }
+                    None => break,
+                },
+                _ = stop_rx.recv() => break,
+                Some(_) = running.join_next(), if !running.is_empty() => {}
+            }
+        }
+        watched.close();
+        if !drain {
+            for run in watched.all() {
+                run.cancel();
+            }
+        }
+        // Jobs queued but not yet taken are hosted too.
+        while let Ok(job) = queue.try_recv() {
+            if !drain {
+                job.control.cancel();
+            }
+            running.spawn_local(host_run(job, Arc::clone(&limit)));
+        }
+        while running.join_next().await.is_some() {}
+    });
+    control.stop(std::time::Duration::from_secs(2));
+    drop(interrupts);
+    say("stopped");
+    match first.get() {
+        Some(signal) => signal.exit(),
+        None => Exit::Ok,
+    }
+}
+
+/// Runs one hosted run once `--max-runs` lets it, records it, says how it
+/// ended.
+async fn host_run(job: Job, limit: Arc<tokio::sync::Semaphore>) {
+    let Job { prepared, control } = job;
+    let _place = limit.acquire_owned().await;
+    let id = prepared.run_id.clone();
+    let armed = Arc::clone(&control);
+    let driven = prepared
+        .drive(
+            |_, _| Vec::new(),
+            move |session| armed.arm(move || super::launch::cancel(&session)),
+        )
+        .await;
+    let concluded = tokio::task::spawn_blocking(move || driven.conclude()).await;
+    let said = match concluded {
+        Ok(Concluded::Report { report, .. }) => match &report.status {
+            RunStatus::Ok => "ok".to_owned(),
+            RunStatus::Failed { reason } => format!("failed: {reason}"),
+            RunStatus::Cancelled => "cancelled".to_owned(),
+        },
+        Ok(Concluded::Aborted(why)) => format!("aborted: Session/RunAborted: {why}"),
+        Ok(Concluded::Refused(r)) => format!("refused: {}", r.to_json()["error"]["message"]),
+        Err(_) => "lost (its recording panicked)".to_owned(),
+    };
+    control.end();
+    say(&format!("run {id} ended {said}"));
+}

@@ -1,0 +1,348 @@
+//! The runs a control server hosts: one (`troupe run`'s own socket) or
+//! many (`troupe serve`), each reached through its [`RunControl`]; and,
+//! on a server, the [`Submitter`] that starts and resumes runs.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Seek};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+
+use super::stream::line_head;
+use crate::runtime::ask::QuestionDesk;
+use crate::runtime::interaction::RemoteDesk;
+
+/// What the server reaches of one run.
+pub struct RunControl {
+    pub run_id: String,
+    pub pipeline: String,
+    pub audit_path: PathBuf,
+    /// The run's API interactor, when it has one (`--remote`, or hosted).
+    pub desk: Option<Arc<RemoteDesk>>,
+    /// Human steps' questions open to API clients.
+    pub questions: Option<Arc<QuestionDesk>>,
+    /// Cancels the run strictly once it runs (the first Ctrl-C's path).
+    canceller: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// A cancel asked for before the run started: done when it starts.
+    cancel_asked: AtomicBool,
+    /// Waiting for a place under `--max-runs`.
+    queued: AtomicBool,
+    /// Its session is over (a server may resume it).
+    ended: AtomicBool,
+    /// What the log said so far, read on from where it stopped.
+    log: Mutex<LogView>,
+}
+
+impl std::fmt::Debug for RunControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunControl")
+            .field("run_id", &self.run_id)
+            .finish()
+    }
+}
+
+impl RunControl {
+    pub fn new(
+        run_id: &str,
+        pipeline: &str,
+        audit_path: &Path,
+        desk: Option<Arc<RemoteDesk>>,
+        questions: Option<Arc<QuestionDesk>>,
+    ) -> RunControl {
+        RunControl {
+            run_id: run_id.to_owned(),
+            pipeline: pipeline.to_owned(),
+            audit_path: audit_path.to_owned(),
+            desk,
+            questions,
+            canceller: OnceLock::new(),
+            cancel_asked: AtomicBool::new(false),
+            queued: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            log: Mutex::new(LogView::default()),
+        }
+    }
+
+    /// The run started: `cancel` cancels it. A cancel asked for while it
+    /// waited is done now.
+    pub fn arm(&self, cancel: impl Fn() + Send + Sync + 'static) {
+        let _ = self.canceller.set(Box::new(cancel));
+        self.queued.store(false, Ordering::SeqCst);
+        if self.cancel_asked.load(Ordering::SeqCst) {
+            self.cancel();
+        }
+    }
+
+    /// Cancels the run strictly (or, not yet started, as soon as it does).
+    pub fn cancel(&self) {
+        self.cancel_asked.store(true, Ordering::SeqCst);
+        if let Some(cancel) = self.canceller.get() {
+            cancel();
+        }
+    }
+
+    /// Whether a cancel was asked for.
+    pub fn cancel_asked(&self) -> bool {
+        self.cancel_asked.load(Ordering::SeqCst)
+    }
+
+    /// The run's session is over.
+    pub fn end(&self) {
+        self.queued.store(false, Ordering::SeqCst);
+        self.ended.store(true, Ordering::SeqCst);
+    }
+
+    pub fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Marks the run as waiting for a place under `--max-runs`.
+    pub fn set_queued(&self) {
+        self.queued.store(true, Ordering::SeqCst);
+    }
+
+    /// The run as `GET /v1/runs/{id}` describes it: status, last `seq`,
+    /// executions by state, pending answers. The log is read on from
+    /// where the last call stopped, so polling a wide run costs what it
+    /// wrote since.
+    pub async fn describe(self: &Arc<Self>) -> Value {
+        let this = Arc::clone(self);
+        let view = tokio::task::spawn_blocking(move || {
+            let mut log = this.log.lock().unwrap_or_else(PoisonError::into_inner);
+            log.read_on(&this.audit_path);
+            log.clone()
+        })
+        .await
+        .unwrap_or_default();
+        let status = if self.queued.load(Ordering::SeqCst) {
+            "queued".to_owned()
+        } else {
+            view.status.clone().unwrap_or_else(|| {
+                if view.offset == 0 {
+                    "starting".to_owned()
+                } else {
+                    "running".to_owned()
+                }
+            })
+        };
+        let pending = match self.desk.as_ref().and_then(|d| d.get()) {
+            Some(addr) => addr
+                .send(crate::runtime::interaction::ListPending)
+                .await
+                .map(|p| p.len())
+                .unwrap_or(0),
+            None => 0,
+        };
+        let questions = self.questions.as_ref().map_or(0, |q| q.list().len());
+        json!({
+            "runId": self.run_id,
+            "pipeline": self.pipeline,
+            "status": status,
+            "reason": view.reason,
+            "lastSeq": view.last_seq,
+            "executions": {
+                "running": view.entered.saturating_sub(view.ok + view.failed + view.cancelled),
+                "ok": view.ok,
+                "failed": view.failed,
+                "cancelled": view.cancelled,
+            },
+            "pending": pending,
+            "questions": questions,
+            "remoteAnswers": self.desk.is_some(),
+            "auditPath": self.audit_path.display().to_string(),
+        })
+    }
+}
+
+/// The audit log as far as it was read.
+#[derive(Debug, Clone, Default)]
+struct LogView {
+    offset: u64,
+    last_seq: u64,
+    /// The last `WorkflowExit`'s status (a resumed run's is followed by
+    /// more events, which clear it).
+    status: Option<String>,
+    reason: Option<String>,
+    entered: u64,
+    ok: u64,
+    failed: u64,
+    cancelled: u64,
+}
+
+impl LogView {
+    /// Reads the whole lines appended since the last call.
+    fn read_on(&mut self, path: &Path) {
+        let Ok(mut file) = std::fs::File::open(path) else {
+            return;
+        };
+        if file.seek(std::io::SeekFrom::Start(self.offset)).is_err() {
+            return;
+        }
+        let mut reader = std::io::BufReader::new(file);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(n) if !line.ends_with('\n') => {
+                    // A line still being written: read again next time.
+                    let _ = n;
+                    break;
+                }
+                Ok(n) => {
+                    self.offset += n as u64;
+                    self.take(line.trim_end());
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, line: &str) {
+        let Some((seq, event)) = line_head(line) else {
+            return;
+        };
+        self.last_seq = seq;
+        match event {
+            "StageEntered" => self.entered += 1,
+            "StageExited" => {
+                if line.contains("\"verdict\":\"ok\"") {
+                    self.ok += 1;
+                } else {
+                    self.failed += 1;
+                }
+            }
+            "StageCancelled" => self.cancelled += 1,
+            "WorkflowExit" => {
+                let v: Value = serde_json::from_str(line).unwrap_or_default();
+                self.status = Some(v["status"].as_str().unwrap_or("ended").to_owned());
+                self.reason = v["reason"].as_str().map(str::to_owned);
+            }
+            _ => {
+                if self.status.is_some() {
+                    // Resumed: the run goes on after its earlier exit.
+                    self.status = None;
+                    self.reason = None;
+                }
+            }
+        }
+    }
+}
+
+/// A run to start or resume, as a client sent it.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// `troupe run`'s arguments (`<pipeline> [options]`), or for a resume
+    /// `troupe resume`'s options.
+    pub args: Vec<String>,
+    /// The client's working folder: relative paths in `args` are its.
+    pub cwd: Option<PathBuf>,
+    /// Who submitted it (a name, never a secret).
+    pub client: String,
+}
+
+/// A refusal: the HTTP status and the typed error body.
+pub type Refused = (u16, Value);
+
+/// Starts runs on a server (`troupe serve` implements it).
+pub trait Submitter: Send + Sync {
+    /// Starts a new run; its id.
+    fn submit(&self, submission: Submission) -> BoxFuture<'static, Result<String, Refused>>;
+    /// Continues run `run` (an id or its start) inside the server; its id.
+    fn resume(
+        &self,
+        run: String,
+        submission: Submission,
+    ) -> BoxFuture<'static, Result<String, Refused>>;
+}
+
+/// The runs a server hosts.
+pub struct Hosted {
+    runs: RwLock<BTreeMap<String, Arc<RunControl>>>,
+    /// Set on a server: runs can be submitted and resumed.
+    pub submitter: Option<Arc<dyn Submitter>>,
+    /// Stops taking submissions (the server is going down).
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for Hosted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hosted").field("runs", &self.ids()).finish()
+    }
+}
+
+impl Hosted {
+    /// One run, served from its own socket.
+    pub fn one(run: Arc<RunControl>) -> Arc<Hosted> {
+        let hosted = Arc::new(Hosted::new(None));
+        hosted.add(run);
+        hosted
+    }
+
+    /// A registry (empty at first); with a submitter, a server's.
+    pub fn new(submitter: Option<Arc<dyn Submitter>>) -> Hosted {
+        Hosted {
+            runs: RwLock::new(BTreeMap::new()),
+            submitter,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn add(&self, run: Arc<RunControl>) {
+        self.runs
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(run.run_id.clone(), run);
+    }
+
+    /// The run with id `id`, or the one run whose id starts with it.
+    pub fn get(&self, id: &str) -> Result<Arc<RunControl>, (u16, &'static str, String)> {
+        let runs = self.runs.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(run) = runs.get(id) {
+            return Ok(Arc::clone(run));
+        }
+        let found: Vec<&Arc<RunControl>> = runs
+            .range(id.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(id))
+            .map(|(_, v)| v)
+            .collect();
+        match found.as_slice() {
+            [one] if !id.is_empty() => Ok(Arc::clone(one)),
+            [] | [_] => Err((
+                404,
+                "Control/RunNotFound",
+                format!("this server hosts no run {id}"),
+            )),
+            many => Err((
+                400,
+                "Control/AmbiguousRun",
+                format!("{} runs start with {id}: give more of the id", many.len()),
+            )),
+        }
+    }
+
+    /// Every hosted run, oldest first (ids are time-ordered).
+    pub fn all(&self) -> Vec<Arc<RunControl>> {
+        self.runs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        self.all().iter().map(|r| r.run_id.clone()).collect()
+    }
+
+    /// Stops taking submissions.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+}

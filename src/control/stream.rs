@@ -1,0 +1,147 @@
+//! A run's events as Server-Sent Events, read from its audit log (not the
+//! event bus): a client that stops reading holds up nothing but its own
+//! connection, and reconnecting from a `seq` (`Last-Event-ID`) loses
+//! nothing the log has.
+
+use std::io::Seek;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use futures::Stream;
+use serde_json::Value;
+
+/// How often a stream at the end of the log looks for more.
+const FOLLOW_POLL: Duration = Duration::from_millis(20);
+
+/// An audit line's `seq` and event name, read from the fixed head the
+/// audit writer gives every line (`{"seq":N,"ts":…,"event":"…"`): ten
+/// watchers cost ten scans of a line, not ten parses. `None` for a line
+/// without that head.
+pub fn line_head(line: &str) -> Option<(u64, &str)> {
+    let rest = line.strip_prefix("{\"seq\":")?;
+    let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+    let seq = rest[..digits].parse::<u64>().ok()?;
+    let event_at = rest.find("\"event\":\"")? + "\"event\":\"".len();
+    let name = &rest[event_at..];
+    Some((seq, &name[..name.find('"')?]))
+}
+
+/// A log line's `seq` and whether it is the `WorkflowExit`; a line
+/// without the writer's head is parsed.
+fn seq_and_exit(line: &str) -> Option<(u64, bool)> {
+    line_head(line)
+        .map(|(seq, event)| (seq, event == "WorkflowExit"))
+        .or_else(|| {
+            let v: Value = serde_json::from_str(line).ok()?;
+            Some((v["seq"].as_u64()?, v["event"] == "WorkflowExit"))
+        })
+}
+
+/// Events of one batch are written as one piece: a write per event per
+/// watcher would cost more than the run (measured: ten watchers of a
+/// 100 000-wide run).
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// Idle polls between keep-alive comments (about 15 s).
+const KEEP_ALIVE_POLLS: u32 = 750;
+
+/// The audit log's lines with `seq` > `after`, as Server-Sent Events
+/// (`id: <seq>`, `data: <line>`), in batches of what was appended at once,
+/// following the file until its `WorkflowExit`.
+pub fn follow(
+    path: PathBuf,
+    after: u64,
+) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    struct Tail {
+        path: PathBuf,
+        offset: u64,
+        partial: String,
+        after: u64,
+        done: bool,
+        /// The last whole line read was a `WorkflowExit`.
+        last_was_exit: bool,
+        idle: u32,
+    }
+    let tail = Tail {
+        path,
+        offset: 0,
+        partial: String::new(),
+        after,
+        done: false,
+        last_was_exit: false,
+        idle: 0,
+    };
+    futures::stream::unfold(tail, |mut t| async move {
+        loop {
+            if t.done {
+                return None;
+            }
+            // Read what was appended since last time.
+            let (path, offset) = (t.path.clone(), t.offset);
+            let read = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+                let mut f = std::fs::File::open(&path)?;
+                f.seek(std::io::SeekFrom::Start(offset))?;
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut std::io::Read::take(&mut f, BATCH_BYTES as u64),
+                    &mut buf,
+                )?;
+                Ok(buf)
+            })
+            .await;
+            let (grew, at_end) = match read {
+                Ok(Ok(buf)) if !buf.is_empty() => {
+                    t.offset += buf.len() as u64;
+                    let at_end = buf.len() < BATCH_BYTES;
+                    t.partial.push_str(&String::from_utf8_lossy(&buf));
+                    (true, at_end)
+                }
+                _ => (false, true),
+            };
+            let mut batch = String::new();
+            if grew {
+                // Whole lines only: a line still being written waits. One
+                // pass with a cursor, then one drain.
+                let mut start = 0;
+                while let Some(len) = t.partial[start..].find('\n') {
+                    let line = t.partial[start..start + len].trim_end();
+                    start += len + 1;
+                    let Some((seq, exit)) = seq_and_exit(line) else {
+                        continue;
+                    };
+                    t.last_was_exit = exit;
+                    if seq > t.after {
+                        t.after = seq;
+                        batch.push_str("id: ");
+                        batch.push_str(&seq.to_string());
+                        batch.push_str("\ndata: ");
+                        batch.push_str(line);
+                        batch.push_str("\n\n");
+                    }
+                }
+                t.partial.drain(..start);
+            }
+            // The run is over when the log ends with its exit (a resumed
+            // run's earlier exit is followed by more).
+            if at_end && t.last_was_exit && t.partial.is_empty() {
+                t.done = true;
+            }
+            if !batch.is_empty() {
+                t.idle = 0;
+                return Some((Ok(Bytes::from(batch)), t));
+            }
+            if t.done {
+                return None;
+            }
+            if !grew {
+                t.idle += 1;
+                if t.idle >= KEEP_ALIVE_POLLS {
+                    t.idle = 0;
+                    return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), t));
+                }
+                tokio::time::sleep(FOLLOW_POLL).await;
+            }
+        }
+    })
+}
