@@ -326,3 +326,126 @@ fn eval_cel(source: &str) {
         let _ = e.eval(&[("ctx", &ctx), ("parsed", &parsed)]);
     }
 }
+
+/// The control API's request decoding (the `control_request` fuzz target's
+/// property, in CI): any method, path, header and body through the real
+/// router of a server that takes submissions. A refusal is always a typed
+/// JSON error; nothing panics.
+mod control_requests {
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use proptest::prelude::*;
+    use serde_json::Value;
+    use tower::ServiceExt;
+    use troupe::control::server::router;
+    use troupe::control::{Hosted, RunControl, Submission, Submitter};
+
+    /// A server whose every submission is refused as a bad one.
+    struct Refusing;
+
+    impl Submitter for Refusing {
+        fn submit(
+            &self,
+            s: Submission,
+        ) -> futures::future::BoxFuture<'static, Result<String, (u16, Value)>> {
+            let said = s.args.len();
+            Box::pin(async move {
+                Err((
+                    422,
+                    serde_json::json!({"error": {"code": "Control/BadArgs", "message": format!("{said} args")}}),
+                ))
+            })
+        }
+        fn resume(
+            &self,
+            _: String,
+            s: Submission,
+        ) -> futures::future::BoxFuture<'static, Result<String, (u16, Value)>> {
+            self.submit(s)
+        }
+    }
+
+    fn paths() -> impl Strategy<Value = String> {
+        let known = prop_oneof![
+            Just("/v1/runs"),
+            Just("/v1/runs/r"),
+            Just("/v1/runs/r/events"),
+            Just("/v1/runs/r/pending/"),
+            Just("/v1/runs/r/questions/"),
+            Just("/v1/runs/r/cancel"),
+            Just("/v1/runs/r/resume"),
+            Just("/v1/runs/r/timeline.svg"),
+            Just("/"),
+        ];
+        (known, "[a-zA-Z0-9%?=&#/._-]{0,24}").prop_map(|(k, tail)| format!("{k}{tail}"))
+    }
+
+    fn bodies() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..256),
+            "[a-z{}\\[\\]\":, 0-9/]{0,64}".prop_map(String::into_bytes),
+            Just(br#"{"args": ["p", "--ctx", "a=1"], "cwd": "/tmp"}"#.to_vec()),
+            Just(br#"{"args": "p", "cwd": "relative"}"#.to_vec()),
+            Just(vec![b'{'; 70 * 1024]),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+        #[test]
+        fn every_refusal_is_a_typed_error(
+            method in prop_oneof![Just("GET"), Just("POST"), Just("PUT"), Just("DELETE")],
+            path in paths(),
+            event_id in proptest::option::of("[0-9a-z]{0,8}"),
+            body in bodies(),
+        ) {
+            let hosted = Arc::new(Hosted::new(Some(Arc::new(Refusing))));
+            let dir = tempfile::tempdir().unwrap();
+            hosted.add(Arc::new(RunControl::new(
+                "r",
+                "p",
+                &dir.path().join("audit.jsonl"),
+                None,
+                Some(Arc::new(troupe::runtime::ask::QuestionDesk::default())),
+            )));
+            let mut request = Request::builder().method(method).uri(&path);
+            if let Some(id) = &event_id {
+                request = request.header("last-event-id", id.as_str());
+            }
+            let Ok(request) = request.body(Body::from(body)) else {
+                return Ok(());
+            };
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let (status, typed, bytes) = rt.block_on(async {
+                let response = tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    router(hosted).oneshot(request),
+                )
+                .await
+                .expect("the router answers")
+                .unwrap();
+                let status = response.status();
+                let typed = response
+                    .headers()
+                    .get("content-type")
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+                // An event stream of a run with no log yet never ends: its
+                // head is enough.
+                let bytes = if status.is_success() {
+                    Vec::new()
+                } else {
+                    axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap().to_vec()
+                };
+                (status, typed, bytes)
+            });
+            if status.is_client_error() || status.is_server_error() {
+                prop_assert!(typed, "{} {}: {} untyped", method, path, status);
+                let v: Value = serde_json::from_slice(&bytes).unwrap();
+                let code = v["error"]["code"].as_str().unwrap_or_default();
+                prop_assert!(code.starts_with("Control/"), "{} {}: {}", method, path, v);
+            }
+        }
+    }
+}

@@ -203,7 +203,9 @@ impl Drop for ControlServer {
     }
 }
 
-fn router(hosted: Arc<Hosted>) -> Router {
+/// The API's routes over `hosted` (no listener: the fuzz target and the
+/// property tests call it directly).
+pub fn router(hosted: Arc<Hosted>) -> Router {
     Router::new()
         .route("/", get(super::dashboard::page))
         .route("/v1/runs", get(list_runs).post(submit))
