@@ -15,6 +15,8 @@ pub mod auth;
 pub mod client;
 pub mod dashboard;
 pub mod hosted;
+pub mod logview;
+pub mod metrics;
 pub mod reply;
 pub mod server;
 pub mod stream;

@@ -3,7 +3,6 @@
 //! on a server, the [`Submitter`] that starts and resumes runs.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
@@ -11,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-use super::stream::line_head;
+use super::logview::LogView;
 use crate::runtime::ask::QuestionDesk;
 use crate::runtime::interaction::RemoteDesk;
 
@@ -99,6 +98,47 @@ impl RunControl {
         self.ended.load(Ordering::SeqCst)
     }
 
+    /// The log read on from where the last look stopped, as far as it is
+    /// written now.
+    pub async fn view(self: &Arc<Self>) -> LogView {
+        let this = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let mut log = this.log.lock().unwrap_or_else(PoisonError::into_inner);
+            log.read_on(&this.audit_path);
+            log.clone()
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    /// `queued`, `starting`, `running`, or how its last session ended.
+    pub fn status(&self, view: &LogView) -> String {
+        if self.queued.load(Ordering::SeqCst) {
+            return "queued".to_owned();
+        }
+        view.status.clone().unwrap_or_else(|| {
+            if view.offset == 0 {
+                "starting".to_owned()
+            } else {
+                "running".to_owned()
+            }
+        })
+    }
+
+    /// Approvals and questions waiting for an API answer.
+    pub async fn waiting(&self) -> (usize, usize) {
+        let pending = match self.desk.as_ref().and_then(|d| d.get()) {
+            Some(addr) => addr
+                .send(crate::runtime::interaction::ListPending)
+                .await
+                .map(|p| p.len())
+                .unwrap_or(0),
+            None => 0,
+        };
+        let questions = self.questions.as_ref().map_or(0, |q| q.list().len());
+        (pending, questions)
+    }
+
     /// Marks the run as waiting for a place under `--max-runs`.
     pub fn set_queued(&self) {
         self.queued.store(true, Ordering::SeqCst);
@@ -109,125 +149,21 @@ impl RunControl {
     /// where the last call stopped, so polling a wide run costs what it
     /// wrote since.
     pub async fn describe(self: &Arc<Self>) -> Value {
-        let this = Arc::clone(self);
-        let view = tokio::task::spawn_blocking(move || {
-            let mut log = this.log.lock().unwrap_or_else(PoisonError::into_inner);
-            log.read_on(&this.audit_path);
-            log.clone()
-        })
-        .await
-        .unwrap_or_default();
-        let status = if self.queued.load(Ordering::SeqCst) {
-            "queued".to_owned()
-        } else {
-            view.status.clone().unwrap_or_else(|| {
-                if view.offset == 0 {
-                    "starting".to_owned()
-                } else {
-                    "running".to_owned()
-                }
-            })
-        };
-        let pending = match self.desk.as_ref().and_then(|d| d.get()) {
-            Some(addr) => addr
-                .send(crate::runtime::interaction::ListPending)
-                .await
-                .map(|p| p.len())
-                .unwrap_or(0),
-            None => 0,
-        };
-        let questions = self.questions.as_ref().map_or(0, |q| q.list().len());
+        let view = self.view().await;
+        let status = self.status(&view);
+        let (pending, questions) = self.waiting().await;
         json!({
             "runId": self.run_id,
             "pipeline": self.pipeline,
             "status": status,
             "reason": view.reason,
             "lastSeq": view.last_seq,
-            "executions": {
-                "running": view.entered.saturating_sub(view.ok + view.failed + view.cancelled),
-                "ok": view.ok,
-                "failed": view.failed,
-                "cancelled": view.cancelled,
-            },
+            "executions": view.totals(),
             "pending": pending,
             "questions": questions,
             "remoteAnswers": self.desk.is_some(),
             "auditPath": self.audit_path.display().to_string(),
         })
-    }
-}
-
-/// The audit log as far as it was read.
-#[derive(Debug, Clone, Default)]
-struct LogView {
-    offset: u64,
-    last_seq: u64,
-    /// The last `WorkflowExit`'s status (a resumed run's is followed by
-    /// more events, which clear it).
-    status: Option<String>,
-    reason: Option<String>,
-    entered: u64,
-    ok: u64,
-    failed: u64,
-    cancelled: u64,
-}
-
-impl LogView {
-    /// Reads the whole lines appended since the last call.
-    fn read_on(&mut self, path: &Path) {
-        let Ok(mut file) = std::fs::File::open(path) else {
-            return;
-        };
-        if file.seek(std::io::SeekFrom::Start(self.offset)).is_err() {
-            return;
-        }
-        let mut reader = std::io::BufReader::new(file);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(n) if !line.ends_with('\n') => {
-                    // A line still being written: read again next time.
-                    let _ = n;
-                    break;
-                }
-                Ok(n) => {
-                    self.offset += n as u64;
-                    self.take(line.trim_end());
-                }
-            }
-        }
-    }
-
-    fn take(&mut self, line: &str) {
-        let Some((seq, event)) = line_head(line) else {
-            return;
-        };
-        self.last_seq = seq;
-        match event {
-            "StageEntered" => self.entered += 1,
-            "StageExited" => {
-                if line.contains("\"verdict\":\"ok\"") {
-                    self.ok += 1;
-                } else {
-                    self.failed += 1;
-                }
-            }
-            "StageCancelled" => self.cancelled += 1,
-            "WorkflowExit" => {
-                let v: Value = serde_json::from_str(line).unwrap_or_default();
-                self.status = Some(v["status"].as_str().unwrap_or("ended").to_owned());
-                self.reason = v["reason"].as_str().map(str::to_owned);
-            }
-            _ => {
-                if self.status.is_some() {
-                    // Resumed: the run goes on after its earlier exit.
-                    self.status = None;
-                    self.reason = None;
-                }
-            }
-        }
     }
 }
 

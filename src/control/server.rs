@@ -15,6 +15,7 @@
 //! | POST | `/v1/runs/{id}/cancel` | cancel the run strictly, as Ctrl-C does |
 //! | POST | `/v1/runs/{id}/resume` | continue a stopped run inside the server (`troupe serve` only) |
 //! | GET | `/` | the dashboard |
+//! | GET | `/metrics` | Prometheus metrics of the runs hosted |
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -208,6 +209,7 @@ impl Drop for ControlServer {
 pub fn router(hosted: Arc<Hosted>) -> Router {
     Router::new()
         .route("/", get(super::dashboard::page))
+        .route("/metrics", get(super::metrics::metrics))
         .route("/v1/runs", get(list_runs).post(submit))
         .route("/v1/runs/{id}", get(describe))
         .route("/v1/runs/{id}/events", get(events))

@@ -1,0 +1,218 @@
+//! What a run's audit log says so far, read on from where the last look
+//! stopped: its status, executions by stage and state, model requests and
+//! tokens, tool calls by outcome. `describe` and `/metrics` read it; a
+//! poll costs what the run wrote since the last one. Lines are told apart
+//! by the writer's fixed head and their few fields read in place, not
+//! parsed whole.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Seek};
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::stream::line_head;
+
+/// Executions of one stage, by how they stand.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Executions {
+    pub entered: u64,
+    pub ok: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+}
+
+impl Executions {
+    pub fn running(&self) -> u64 {
+        self.entered
+            .saturating_sub(self.ok + self.failed + self.cancelled)
+    }
+}
+
+/// Model requests of one model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requests {
+    pub completed: u64,
+    pub failed: u64,
+    /// Requests that were a retry (`try` > 1).
+    pub retries: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// The log as far as it was read.
+#[derive(Debug, Clone, Default)]
+pub struct LogView {
+    pub offset: u64,
+    pub last_seq: u64,
+    /// The last `WorkflowExit`'s status (a resumed run's is followed by
+    /// more events, which clear it).
+    pub status: Option<String>,
+    pub reason: Option<String>,
+    /// The model the run asks (the provider's name when it names none).
+    pub model: String,
+    pub stages: BTreeMap<String, Executions>,
+    pub requests: Requests,
+    /// Tool calls by (tool, outcome).
+    pub tools: BTreeMap<(String, &'static str), u64>,
+}
+
+/// The string value of `"name":"…"` in a line the writer made (no
+/// escapes in the names it is asked for).
+fn text<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let key = format!("\"{name}\":\"");
+    let at = line.find(&key)? + key.len();
+    let rest = &line[at..];
+    Some(&rest[..rest.find('"')?])
+}
+
+/// The number value of `"name":N`.
+fn number(line: &str, name: &str) -> Option<u64> {
+    let key = format!("\"{name}\":");
+    let at = line.find(&key)? + key.len();
+    let rest = &line[at..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+impl LogView {
+    /// Reads the whole lines appended since the last call.
+    pub fn read_on(&mut self, path: &Path) {
+        let Ok(mut file) = std::fs::File::open(path) else {
+            return;
+        };
+        if file.seek(std::io::SeekFrom::Start(self.offset)).is_err() {
+            return;
+        }
+        let mut reader = std::io::BufReader::new(file);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                // A line still being written: read again next time.
+                Ok(_) if !line.ends_with('\n') => break,
+                Ok(n) => {
+                    self.offset += n as u64;
+                    self.take(line.trim_end());
+                }
+            }
+        }
+    }
+
+    fn stage(&mut self, line: &str) -> &mut Executions {
+        let stage = text(line, "stageId").unwrap_or("?").to_owned();
+        self.stages.entry(stage).or_default()
+    }
+
+    fn take(&mut self, line: &str) {
+        let Some((seq, event)) = line_head(line) else {
+            return;
+        };
+        self.last_seq = seq;
+        if event != "WorkflowExit" && self.status.is_some() {
+            // Resumed: the run goes on after its earlier exit.
+            self.status = None;
+            self.reason = None;
+        }
+        match event {
+            "WorkflowStarted" | "WorkflowResumed" => {
+                let v: Value = serde_json::from_str(line).unwrap_or_default();
+                let provider = &v["provider"];
+                if let Some(model) = provider["model"].as_str().or(provider["name"].as_str()) {
+                    model.clone_into(&mut self.model);
+                }
+            }
+            "StageEntered" => self.stage(line).entered += 1,
+            "StageExited" => {
+                let ok = text(line, "verdict") == Some("ok");
+                let stage = self.stage(line);
+                if ok {
+                    stage.ok += 1;
+                } else {
+                    stage.failed += 1;
+                }
+            }
+            "StageCancelled" => self.stage(line).cancelled += 1,
+            "ProviderRequestStarted" => {
+                if number(line, "try").is_some_and(|t| t > 1) {
+                    self.requests.retries += 1;
+                }
+            }
+            "ProviderRequestCompleted" => {
+                self.requests.completed += 1;
+                self.requests.input_tokens += number(line, "promptTokens").unwrap_or(0);
+                self.requests.output_tokens += number(line, "completionTokens").unwrap_or(0);
+            }
+            "ProviderRequestFailed" => self.requests.failed += 1,
+            "ToolInvocationSucceeded" => self.tool(line, "ok"),
+            "ToolInvocationFailed" => self.tool(line, "failed"),
+            "ToolInvocationCancelled" => self.tool(line, "cancelled"),
+            "ToolCallDenied" => self.tool(line, "denied"),
+            "WorkflowExit" => {
+                self.status = Some(text(line, "status").unwrap_or("ended").to_owned());
+                let v: Value = serde_json::from_str(line).unwrap_or_default();
+                self.reason = v["reason"].as_str().map(str::to_owned);
+            }
+            _ => {}
+        }
+    }
+
+    fn tool(&mut self, line: &str, outcome: &'static str) {
+        let tool = text(line, "tool").unwrap_or("?").to_owned();
+        *self.tools.entry((tool, outcome)).or_default() += 1;
+    }
+
+    /// Executions of every stage by how they stand, as the API shows them.
+    pub fn totals(&self) -> Value {
+        let all = self
+            .stages
+            .values()
+            .fold(Executions::default(), |a, s| Executions {
+                entered: a.entered + s.entered,
+                ok: a.ok + s.ok,
+                failed: a.failed + s.failed,
+                cancelled: a.cancelled + s.cancelled,
+            });
+        json!({
+            "running": all.running(),
+            "ok": all.ok,
+            "failed": all.failed,
+            "cancelled": all.cancelled,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_read_in_place() {
+        let line = r#"{"seq":7,"ts":"t","event":"ProviderRequestCompleted","stageId":"plan","usage":{"promptTokens":37,"completionTokens":41}}"#;
+        assert_eq!(text(line, "stageId"), Some("plan"));
+        assert_eq!(number(line, "promptTokens"), Some(37));
+        assert_eq!(number(line, "nope"), None);
+        let mut view = LogView::default();
+        view.take(line);
+        assert_eq!(view.requests.completed, 1);
+        assert_eq!(view.requests.output_tokens, 41);
+        assert_eq!(view.last_seq, 7);
+    }
+
+    #[test]
+    fn a_resumed_run_is_running_again_after_its_exit() {
+        let mut view = LogView::default();
+        view.take(r#"{"seq":1,"ts":"t","event":"StageEntered","stageId":"w"}"#);
+        view.take(r#"{"seq":2,"ts":"t","event":"WorkflowExit","status":"cancelled"}"#);
+        assert_eq!(view.status.as_deref(), Some("cancelled"));
+        assert_eq!(view.stages["w"].running(), 1);
+        view.take(r#"{"seq":3,"ts":"t","event":"WorkflowResumed","provider":{"name":"scripted"}}"#);
+        assert_eq!(view.status, None);
+        view.take(r#"{"seq":4,"ts":"t","event":"StageExited","stageId":"w","verdict":"ok"}"#);
+        assert_eq!(view.stages["w"].running(), 0);
+        assert_eq!(view.model, "scripted");
+    }
+}

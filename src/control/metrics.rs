@@ -1,0 +1,194 @@
+//! `GET /metrics`: the server's runs in the Prometheus text format
+//! (version 0.0.4), summed over every run it hosts, from their audit logs.
+//! The names are documented in docs/control-api.md.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::hosted::Hosted;
+use super::logview::{Executions, Requests};
+
+/// A label value with `\`, `"` and newlines escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Writes one metric family: its help, its type and its samples.
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(String, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {value}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    }
+}
+
+/// Everything summed over the runs.
+#[derive(Default)]
+struct Totals {
+    runs: BTreeMap<String, u64>,
+    stages: BTreeMap<String, Executions>,
+    models: BTreeMap<String, Requests>,
+    tools: BTreeMap<(String, &'static str), u64>,
+    pending: u64,
+    questions: u64,
+    events: u64,
+}
+
+pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
+    let mut t = Totals::default();
+    for status in ["queued", "starting", "running", "ok", "failed", "cancelled"] {
+        t.runs.insert(status.to_owned(), 0);
+    }
+    for run in hosted.all() {
+        let view = run.view().await;
+        *t.runs.entry(run.status(&view)).or_default() += 1;
+        for (stage, e) in &view.stages {
+            let s = t.stages.entry(stage.clone()).or_default();
+            s.entered += e.entered;
+            s.ok += e.ok;
+            s.failed += e.failed;
+            s.cancelled += e.cancelled;
+        }
+        let m = t.models.entry(view.model.clone()).or_default();
+        m.completed += view.requests.completed;
+        m.failed += view.requests.failed;
+        m.retries += view.requests.retries;
+        m.input_tokens += view.requests.input_tokens;
+        m.output_tokens += view.requests.output_tokens;
+        for (key, n) in &view.tools {
+            *t.tools.entry(key.clone()).or_default() += n;
+        }
+        let (pending, questions) = run.waiting().await;
+        t.pending += pending as u64;
+        t.questions += questions as u64;
+        t.events += view.last_seq;
+    }
+    let mut out = String::new();
+    let runs: Vec<(String, u64)> = t
+        .runs
+        .iter()
+        .map(|(s, n)| (format!("status=\"{}\"", label(s)), *n))
+        .collect();
+    family(
+        &mut out,
+        "troupe_runs",
+        "gauge",
+        "Runs this server hosts, by status.",
+        &runs,
+    );
+    let mut executions = Vec::new();
+    for (stage, e) in &t.stages {
+        let stage = label(stage);
+        for (state, n) in [
+            ("running", e.running()),
+            ("ok", e.ok),
+            ("failed", e.failed),
+            ("cancelled", e.cancelled),
+        ] {
+            executions.push((format!("stage=\"{stage}\",state=\"{state}\""), n));
+        }
+    }
+    family(
+        &mut out,
+        "troupe_executions",
+        "gauge",
+        "Stage executions by stage and state (running, ok, failed, cancelled).",
+        &executions,
+    );
+    let by_model = |f: fn(&Requests) -> u64| -> Vec<(String, u64)> {
+        t.models
+            .iter()
+            .filter(|(m, _)| !m.is_empty())
+            .map(|(m, r)| (format!("model=\"{}\"", label(m)), f(r)))
+            .collect()
+    };
+    family(
+        &mut out,
+        "troupe_model_requests_total",
+        "counter",
+        "Model requests that completed, by model.",
+        &by_model(|r| r.completed),
+    );
+    family(
+        &mut out,
+        "troupe_model_request_failures_total",
+        "counter",
+        "Model requests that failed (after their retries), by model.",
+        &by_model(|r| r.failed),
+    );
+    family(
+        &mut out,
+        "troupe_provider_retries_total",
+        "counter",
+        "Model requests that were a retry, by model.",
+        &by_model(|r| r.retries),
+    );
+    let mut tokens = Vec::new();
+    for (m, r) in t.models.iter().filter(|(m, _)| !m.is_empty()) {
+        let m = label(m);
+        tokens.push((format!("model=\"{m}\",kind=\"input\""), r.input_tokens));
+        tokens.push((format!("model=\"{m}\",kind=\"output\""), r.output_tokens));
+    }
+    family(
+        &mut out,
+        "troupe_tokens_total",
+        "counter",
+        "Tokens by model and kind (input, output).",
+        &tokens,
+    );
+    let tools: Vec<(String, u64)> = t
+        .tools
+        .iter()
+        .map(|((tool, outcome), n)| {
+            (
+                format!("tool=\"{}\",outcome=\"{outcome}\"", label(tool)),
+                *n,
+            )
+        })
+        .collect();
+    family(
+        &mut out,
+        "troupe_tool_calls_total",
+        "counter",
+        "Tool calls by tool and outcome (ok, failed, cancelled, denied).",
+        &tools,
+    );
+    family(
+        &mut out,
+        "troupe_waiting_answers",
+        "gauge",
+        "Approvals and human questions waiting for an API answer.",
+        &[
+            ("kind=\"approval\"".to_owned(), t.pending),
+            ("kind=\"question\"".to_owned(), t.questions),
+        ],
+    );
+    family(
+        &mut out,
+        "troupe_audit_events_total",
+        "counter",
+        "Events the runs' audit logs hold.",
+        &[(String::new(), t.events)],
+    );
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
+}
