@@ -3,6 +3,7 @@
 //! approval prompt, output). Exit codes are documented in `exit`.
 
 pub mod bench;
+pub mod chat;
 pub mod command;
 pub mod control;
 pub mod exit;

@@ -24,4 +24,5 @@ pub mod stage;
 pub mod stage_actor;
 pub mod summary;
 pub mod tool_call;
+pub mod tool_mode;
 pub mod transcript;

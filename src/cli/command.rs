@@ -156,6 +156,16 @@ pub enum Command {
         #[arg(long, default_value = "empty", value_name = "TEMPLATE")]
         from: String,
     },
+    /// Talk to a model with tools: the default chat turn, where no
+    /// pipeline decides.
+    ///
+    /// Each line you type is a message; the model answers with the
+    /// built-in tools (and the MCP servers of --mcp), each call decided by
+    /// --mode: ask (every call is put to you), allowlist (--allow rules
+    /// run, the rest are put to you) or yolo. Offline (scripted) unless a
+    /// provider is given. Every turn is a run in the store with its audit
+    /// log; --continue picks the conversation up again.
+    Chat(Box<super::chat::ChatArgs>),
     /// Host many runs in one long-lived actor system, reachable through
     /// the control API (and, on a TCP listener, a dashboard).
     ///
@@ -231,7 +241,11 @@ pub fn run(cli: Cli) -> Exit {
     // leaves none of their processes behind.
     let starts_processes = matches!(
         cli.command,
-        Command::Run(_) | Command::Resume(_) | Command::Worker(_) | Command::Serve(_)
+        Command::Run(_)
+            | Command::Resume(_)
+            | Command::Worker(_)
+            | Command::Serve(_)
+            | Command::Chat(_)
     );
     if starts_processes && let Ok(launcher) = std::env::current_exe() {
         crate::tools::process_group::arm_reaper(&launcher);
@@ -311,6 +325,7 @@ fn dispatch(command: Command) -> Exit {
         }
         Command::Report(args) => report::run(*args),
         Command::Serve(args) => super::serve::run(&args),
+        Command::Chat(args) => super::chat::run(&args),
         Command::Submit(args) => super::submit::run(*args),
         Command::Watch(args) => super::control::watch(&args),
         Command::Pending { at, json } => super::control::pending(&at, json),

@@ -61,6 +61,8 @@ pub struct Host {
     pub server: bool,
     /// Request slots shared by every run of this host, per endpoint.
     pub slots: Option<Arc<EndpointSlots>>,
+    /// `troupe chat`'s security mode for tool calls.
+    pub tool_mode: Option<Arc<crate::runtime::tool_mode::ToolMode>>,
 }
 
 /// One request limiter per OpenAI-compatible endpoint, shared by the runs

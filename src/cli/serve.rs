@@ -369,6 +369,7 @@ pub fn run(args: &ServeArgs) -> Exit {
             host: Host {
                 server: true,
                 slots: Some(Arc::new(EndpointSlots::default())),
+                tool_mode: None,
             },
         });
         Hosted::new(Some(Arc::new(server)))

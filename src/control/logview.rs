@@ -136,10 +136,8 @@ impl LogView {
                 }
             }
             "StageCancelled" => self.stage(line).cancelled += 1,
-            "ProviderRequestStarted" => {
-                if number(line, "try").is_some_and(|t| t > 1) {
-                    self.requests.retries += 1;
-                }
+            "ProviderRequestStarted" if number(line, "try").is_some_and(|t| t > 1) => {
+                self.requests.retries += 1;
             }
             "ProviderRequestCompleted" => {
                 self.requests.completed += 1;

@@ -196,6 +196,7 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
             spec.run_id.as_str(),
         )));
     }
+    settings.tool_mode.clone_from(&host.tool_mode);
     settings.root = root;
     settings.stage_timeout = opts.stage_timeout;
     settings.threads = opts

@@ -39,6 +39,9 @@ pub enum EventName {
     ToolInvocationCancelled,
     ToolCallApproved,
     ToolCallDenied,
+    /// `troupe chat`'s security mode decided a call (yolo, an allow rule)
+    /// or passed it to the interactors (ask).
+    ToolCallModeInvoked,
     InteractionRaised,
     InteractionAnswered,
     ProviderRequestStarted,
@@ -61,7 +64,7 @@ impl EventName {
     /// `None` for a name this troupe does not emit.
     pub fn parse(name: &str) -> Option<EventName> {
         use EventName::*;
-        const ALL: [EventName; 32] = [
+        const ALL: [EventName; 33] = [
             WorkflowStarted,
             WorkflowResumed,
             WorkflowExit,
@@ -85,6 +88,7 @@ impl EventName {
             ToolInvocationCancelled,
             ToolCallApproved,
             ToolCallDenied,
+            ToolCallModeInvoked,
             InteractionRaised,
             InteractionAnswered,
             ProviderRequestStarted,
@@ -123,6 +127,7 @@ impl EventName {
             EventName::ToolInvocationCancelled => "ToolInvocationCancelled",
             EventName::ToolCallApproved => "ToolCallApproved",
             EventName::ToolCallDenied => "ToolCallDenied",
+            EventName::ToolCallModeInvoked => "ToolCallModeInvoked",
             EventName::InteractionRaised => "InteractionRaised",
             EventName::InteractionAnswered => "InteractionAnswered",
             EventName::ProviderRequestStarted => "ProviderRequestStarted",
@@ -166,6 +171,7 @@ impl EventName {
             | EventName::ToolInvocationCancelled
             | EventName::ToolCallApproved
             | EventName::ToolCallDenied
+            | EventName::ToolCallModeInvoked
             | EventName::InteractionRaised
             | EventName::InteractionAnswered
             | EventName::ProviderRequestStarted

@@ -102,6 +102,18 @@ impl LocalExecutor {
         match (&spawn.stage.kind, self.manifests.get(&spawn.stage.id)) {
             (StageKind::Llm(_), Some((built, tools))) if *built == generation => Arc::clone(tools),
             (StageKind::Llm(def), _) => {
+                // A chat's mode shows every offered tool and decides each
+                // call itself.
+                let shown;
+                let def = match &self.kit.settings.tool_mode {
+                    Some(mode) => {
+                        let mut offered = (**def).clone();
+                        offered.allowed_tools.clone_from(&mode.offered);
+                        shown = offered;
+                        &shown
+                    }
+                    None => def,
+                };
                 let mcp = self
                     .kit
                     .settings

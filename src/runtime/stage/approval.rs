@@ -113,7 +113,26 @@ impl StageRun {
                 format!("there is no tool `{}`", call.name),
             ));
         }
-        if def.allowed_tools.iter().any(|t| allows(t, &call.name)) {
+        if let Some(mode) = &self.settings.tool_mode {
+            let verdict = mode.decide(&call.name, &args);
+            let rule = match &verdict {
+                crate::runtime::tool_mode::Verdict::Run(rule) => rule.as_str(),
+                crate::runtime::tool_mode::Verdict::Ask => "ask",
+            };
+            self.emit(
+                self.tool_event(EventName::ToolCallModeInvoked, call)
+                    .with_static("mode", mode.mode.as_str())
+                    .with("rule", rule),
+            );
+            if let crate::runtime::tool_mode::Verdict::Run(_) = verdict {
+                self.emit(
+                    self.tool_event(EventName::ToolCallApproved, call)
+                        .with_static("by", "mode")
+                        .with("rule", rule),
+                );
+                return Ok(args);
+            }
+        } else if def.allowed_tools.iter().any(|t| allows(t, &call.name)) {
             self.emit(
                 self.tool_event(EventName::ToolCallApproved, call)
                     .with_static("by", "allowedTools"),

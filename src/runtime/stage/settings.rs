@@ -55,6 +55,10 @@ pub struct RunSettings {
     /// Who answers human steps' questions (`None`: no one; they go
     /// unanswered).
     pub asker: Option<Arc<dyn crate::runtime::ask::Asker>>,
+    /// `troupe chat`'s security mode: every offered tool is shown and each
+    /// call is decided by the mode (`None` in pipelines: `allowedTools`
+    /// decides).
+    pub tool_mode: Option<Arc<crate::runtime::tool_mode::ToolMode>>,
 }
 
 impl Default for RunSettings {
@@ -77,6 +81,7 @@ impl Default for RunSettings {
             mcp: None,
             deny_network: false,
             asker: None,
+            tool_mode: None,
         }
     }
 }

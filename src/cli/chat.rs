@@ -1,0 +1,461 @@
+//! `troupe chat`: the default chat turn, for when no state machine is
+//! attached. Each line read is a user message; the model answers it with
+//! the built-in tools (and the MCP servers of `--mcp`), each call decided
+//! by the security mode (`ask`, `allowlist`, `yolo`: `runtime::tool_mode`)
+//! and audited as `ToolCallModeInvoked`. A turn is a run of a one-stage
+//! pipeline troupe keeps in `.troupe/chat/`, so every turn has its audit
+//! log, its approvals and its place in the run store; the conversation so
+//! far travels in the run's ctx, which is how `--continue` finds it again,
+//! even after the process was killed mid-turn.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+use super::Exit;
+use super::launch::{Concluded, Host, Launch, Refusal, prepare};
+use super::options::RunOptions;
+use super::signals::{FirstSignal, Interrupts};
+use crate::definition::load_pipeline;
+use crate::definition::tool_catalog::BUILTIN_NAMES;
+use crate::runtime::summary::RunStatus;
+use crate::runtime::tool_mode::{AllowRule, Mode, ToolMode};
+use crate::store::Store;
+
+/// The chat pipeline's id (its runs are told apart by it in the store).
+const CHAT: &str = "chat";
+
+/// Options of `troupe chat`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = "\
+Modes:
+  ask        every tool call is put to you (denied when no one can answer:
+             piped input without --answers)
+  allowlist  calls an --allow rule matches run; the rest are put to you
+  yolo       every call runs (guard hooks still have the last word)
+
+Allow rules:
+  Read                      any call of the tool
+  Bash(cargo test *)        a command starting with `cargo test`, nothing
+                            chained, substituted or redirected
+  Grep(src/)                arguments (as JSON) containing `src/`
+  fs__*                     any tool of the MCP server `fs`
+
+Examples:
+  troupe chat                                     # offline (scripted)
+  troupe chat --base-url http://127.0.0.1:8080/v1 --mode allowlist --allow 'Bash(cargo test *)' --allow Read
+  echo 'list the files' | troupe chat --mode yolo
+  troupe chat --continue                          # the latest conversation")]
+pub struct ChatArgs {
+    /// The security mode for tool calls.
+    #[arg(long, default_value = "ask", value_parser = ["ask", "allowlist", "yolo"])]
+    pub mode: String,
+    /// An allow rule (with --mode allowlist). Repeatable.
+    #[arg(long = "allow", value_name = "RULE")]
+    pub allow: Vec<String>,
+    /// A tool offered to the model [default: every built-in]. Repeatable.
+    #[arg(long = "tool", value_name = "NAME")]
+    pub tools: Vec<String>,
+    /// A YAML file with an `mcpServers:` block, as pipeline.yaml takes it:
+    /// their tools are offered too.
+    #[arg(long, value_name = "FILE")]
+    pub mcp: Option<PathBuf>,
+    /// A YAML file with a `hooks:` block, as pipeline.yaml takes it (its
+    /// commands run in .troupe/chat/): guard hooks have the last word on
+    /// every call, in every mode.
+    #[arg(long, value_name = "FILE")]
+    pub hooks: Option<PathBuf>,
+    /// Go on with the latest conversation, or the one of RUN (a turn's
+    /// run id, or the start of it).
+    #[arg(long = "continue", value_name = "RUN", num_args = 0..=1, default_missing_value = "")]
+    pub continue_from: Option<String>,
+    #[command(flatten)]
+    pub opts: RunOptions,
+}
+
+/// One message of the conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Said {
+    role: String,
+    content: String,
+}
+
+fn history_json(history: &[Said]) -> Value {
+    Value::Array(
+        history
+            .iter()
+            .map(|s| json!({"role": s.role, "content": s.content}))
+            .collect(),
+    )
+}
+
+/// The conversation as the prompt shows it.
+fn transcript(history: &[Said]) -> String {
+    history
+        .iter()
+        .map(|s| format!("[{}]\n{}", s.role, s.content))
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+fn fail(code: &str, message: &str) -> Exit {
+    let _ = writeln!(std::io::stderr(), "error: {code}: {message}");
+    Exit::Invalid
+}
+
+pub fn run(args: &ChatArgs) -> Exit {
+    let mode = Mode::parse(&args.mode).unwrap_or(Mode::Ask);
+    let mut allow = Vec::new();
+    for text in &args.allow {
+        match AllowRule::parse(text) {
+            Ok(rule) => allow.push(rule),
+            Err(e) => return fail("Validation/InputInvalid", &format!("--allow {e}")),
+        }
+    }
+    if !allow.is_empty() && mode != Mode::Allowlist {
+        return fail(
+            "Validation/InputInvalid",
+            "--allow rules are for --mode allowlist",
+        );
+    }
+    let mcp_block = match &args.mcp {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => Some(text),
+            Err(e) => {
+                return fail(
+                    "Validation/InputInvalid",
+                    &format!("--mcp {}: {e}", path.display()),
+                );
+            }
+        },
+        None => None,
+    };
+    let hooks_block = match &args.hooks {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => Some(text),
+            Err(e) => {
+                return fail(
+                    "Validation/InputInvalid",
+                    &format!("--hooks {}: {e}", path.display()),
+                );
+            }
+        },
+        None => None,
+    };
+    let mut offered: Vec<String> = if args.tools.is_empty() {
+        BUILTIN_NAMES.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        args.tools.clone()
+    };
+    if let Some(block) = &mcp_block {
+        offered.extend(mcp_servers(block).into_iter().map(|s| format!("{s}__*")));
+    }
+    let dir = chat_dir(&args.opts.runs_dir);
+    let blocks: Vec<&str> = [mcp_block.as_deref(), hooks_block.as_deref()]
+        .into_iter()
+        .flatten()
+        .collect();
+    if let Err(e) = write_pipeline(&dir, &blocks, args.opts.script.is_none()) {
+        return fail("Store/WriteFailed", &format!("{}: {e}", dir.display()));
+    }
+    let mut history = match &args.continue_from {
+        Some(run) => match continued(&args.opts.store_path(), run) {
+            Ok(h) => h,
+            Err(e) => return fail("Store/RunNotFound", &e),
+        },
+        None => Vec::new(),
+    };
+    let tool_mode = Arc::new(ToolMode {
+        mode,
+        allow,
+        offered,
+    });
+    let interactive = std::io::stdin().is_terminal();
+    let _ = writeln!(
+        std::io::stderr(),
+        "troupe chat: mode {}, tools {}{}",
+        mode.as_str(),
+        tool_mode.offered.join(", "),
+        if interactive {
+            "; Ctrl-D or /exit ends, Ctrl-C cancels a turn"
+        } else {
+            ""
+        }
+    );
+    let system = actix::System::new();
+    let mut last = Exit::Ok;
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        if interactive {
+            let _ = write!(std::io::stderr(), "you> ");
+            let _ = std::io::stderr().flush();
+        }
+        let line = match lines.next() {
+            Some(Ok(line)) => line,
+            Some(Err(e)) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "error: Validation/InputInvalid: stdin: {e}"
+                );
+                break;
+            }
+            None => break,
+        };
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if line == "/exit" {
+            break;
+        }
+        history.push(Said {
+            role: "user".to_owned(),
+            content: line.to_owned(),
+        });
+        match turn(&system, &dir, &args.opts, &tool_mode, &history) {
+            Ok(reply) => {
+                println!("{reply}");
+                let _ = std::io::stdout().flush();
+                history.push(Said {
+                    role: "assistant".to_owned(),
+                    content: reply,
+                });
+                last = Exit::Ok;
+            }
+            Err((exit, message)) => {
+                // The question stays in the conversation; the next line
+                // goes on from it.
+                let _ = writeln!(std::io::stderr(), "error: {message}");
+                last = exit;
+            }
+        }
+    }
+    last
+}
+
+/// One turn: a run of the chat pipeline with the conversation in its
+/// ctx; the reply, or the exit and the typed error.
+fn turn(
+    system: &actix::SystemRunner,
+    dir: &Path,
+    opts: &RunOptions,
+    mode: &Arc<ToolMode>,
+    history: &[Said],
+) -> Result<String, (Exit, String)> {
+    let refused = |r: &Refusal| {
+        let v = r.to_json();
+        (
+            Exit::Invalid,
+            format!(
+                "{}: {}",
+                v["error"]["code"].as_str().unwrap_or("?"),
+                v["error"]["message"].as_str().unwrap_or("")
+            ),
+        )
+    };
+    let pipeline = load_pipeline(dir).map(Arc::new).map_err(|d| {
+        refused(&Refusal::Diagnostics {
+            path: dir.to_owned(),
+            diags: d,
+        })
+    })?;
+    let mut fields = Map::new();
+    fields.insert("history".to_owned(), history_json(history));
+    fields.insert(
+        "conversation".to_owned(),
+        Value::String(transcript(history)),
+    );
+    let last = history
+        .last()
+        .map(|s| s.content.clone())
+        .unwrap_or_default();
+    fields.insert("last".to_owned(), Value::String(last));
+    let launch = Launch {
+        path: dir.to_owned(),
+        pipeline,
+        fields,
+        resume: None,
+    };
+    let host = Host {
+        tool_mode: Some(Arc::clone(mode)),
+        ..Host::default()
+    };
+    let prepared = prepare(launch, opts, &host).map_err(|r| refused(&r))?;
+    let first = FirstSignal::default();
+    let watched = first.clone();
+    let driven = system.block_on(async {
+        let mut interrupts = None;
+        let driven = prepared
+            .drive(
+                |_, _| Vec::new(),
+                |session| {
+                    interrupts = Some(Interrupts::watch(
+                        watched,
+                        "cancelling the turn",
+                        move || {
+                            super::launch::cancel(&session);
+                        },
+                    ));
+                },
+            )
+            .await;
+        drop(interrupts);
+        driven
+    });
+    match driven.conclude() {
+        Concluded::Report { report, .. } => match &report.status {
+            RunStatus::Ok => Ok(report
+                .results
+                .values()
+                .find(|r| r.stage_id == CHAT)
+                .and_then(|r| r.parsed["message"].as_str().map(str::to_owned))
+                .unwrap_or_default()),
+            RunStatus::Failed { reason } => Err((Exit::RunFailed, reason.clone())),
+            RunStatus::Cancelled => Err((first.exit(), "the turn was cancelled".to_owned())),
+        },
+        Concluded::Aborted(why) => Err((Exit::RunFailed, format!("Session/RunAborted: {why}"))),
+        Concluded::Refused(r) => Err(refused(&r)),
+    }
+}
+
+/// Where troupe keeps the chat pipeline: `chat/` beside the runs folder.
+fn chat_dir(runs_dir: &Path) -> PathBuf {
+    runs_dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join(CHAT)
+}
+
+/// The names of the servers an `mcpServers:` block declares.
+fn mcp_servers(block: &str) -> Vec<String> {
+    let parsed: Result<Value, _> = serde_saphyr::from_str(block);
+    parsed
+        .ok()
+        .and_then(|v| v.get("mcpServers").and_then(Value::as_object).cloned())
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+const STAGE: &str = "---
+id: chat
+name: Chat
+# The chat's security mode shows the offered tools and decides each call;
+# nothing is in the stage's own envelope.
+allowedTools: []
+completionTool: reply
+completionSchema:
+  type: object
+  required: [message]
+  properties:
+    message: { type: string, description: \"Your answer to the last user message\" }
+retryPolicy: { maxAttempts: 1, backoff: none }
+turnCap: 25
+resolutionPolicy: fail
+---
+You are troupe's chat assistant, working in the user's project folder.
+Use the tools when they help. Each call is checked by the chat's security
+mode and may be refused: then say what you would have done instead.
+When you have your answer, call `reply` with it.
+
+The conversation so far, oldest first:
+
+{{ctx.conversation}}
+";
+
+const SCRIPT: &str = "# Offline turns of `troupe chat` (the scripted provider): an echo.
+stages:
+  chat:
+    - complete: { message: \"(offline) you said: {{ctx.last}}\" }
+";
+
+/// Writes the chat pipeline (again: the tools, servers and hooks may
+/// differ from last time), and its offline script unless one is given.
+fn write_pipeline(dir: &Path, blocks: &[&str], script: bool) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut yaml = "# Written by `troupe chat` on every start: edits are lost.
+id: chat
+name: troupe chat
+entry: chat
+maxVisits: 1
+ctx:
+  conversation: { required: true, description: \"The conversation so far, as the prompt shows it\" }
+  history: { default: [], description: \"The conversation so far, message by message\" }
+  last: { default: \"\", description: \"The last user message\" }
+stages:
+  chat: chat.md
+next:
+  chat: end
+"
+    .to_owned();
+    for block in blocks {
+        yaml.push_str(block);
+        yaml.push('\n');
+    }
+    std::fs::write(dir.join("pipeline.yaml"), yaml)?;
+    std::fs::write(dir.join("chat.md"), STAGE)?;
+    let script_path = dir.join("script.yaml");
+    if script {
+        std::fs::write(script_path, SCRIPT)?;
+    } else if script_path.exists() {
+        std::fs::remove_file(script_path)?;
+    }
+    Ok(())
+}
+
+/// The conversation of the latest chat turn (or of run `run`): its
+/// history, and its reply when it finished.
+fn continued(store_path: &Path, run: &str) -> Result<Vec<Said>, String> {
+    let store = Store::open(store_path).map_err(|e| e.to_string())?;
+    let row = if run.is_empty() {
+        store
+            .list_runs(usize::MAX)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|(r, _)| r)
+            .filter(|r| r.pipeline_id == CHAT)
+            .max_by_key(|r| (r.started_at, r.id.clone()))
+            .ok_or_else(|| format!("no chat in {} to continue", store_path.display()))?
+    } else {
+        store.find_run(run).map_err(|e| e.to_string())?
+    };
+    let mut history: Vec<Said> = row.ctx["history"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|m| Said {
+                    role: m["role"].as_str().unwrap_or("user").to_owned(),
+                    content: m["content"].as_str().unwrap_or_default().to_owned(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let reply = store
+        .results(&row.id)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|r| r.stage_id == CHAT)
+        .and_then(|r| r.parsed["message"].as_str().map(str::to_owned));
+    match reply {
+        Some(reply) => history.push(Said {
+            role: "assistant".to_owned(),
+            content: reply,
+        }),
+        None => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "note: the last turn ({}) has no reply: it did not finish; its message stays in the conversation",
+                row.id
+            );
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "troupe chat: continuing {} ({} messages)",
+        row.id,
+        history.len()
+    );
+    Ok(history)
+}

@@ -1,0 +1,254 @@
+//! `troupe chat` through the binary: each security mode deciding a real
+//! `Bash` call (audited as `ToolCallModeInvoked`), an approval through an
+//! answers file, a provider that fails mid-turn, input that ends, and
+//! `--continue` after the process was killed mid-turn.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::project::said;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A turn that asks for one `Bash` call, then replies.
+const SCRIPT: &str = "stages:\n  chat:\n    - tool: Bash\n      args: { command: \"echo from-the-chat\" }\n    - complete: { message: \"done: {{ctx.last}}\" }\n";
+
+fn chat(dir: &Path, args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .arg("chat")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The chat turns in the store, newest first.
+fn turns(dir: &Path) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["runs", "--json"])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["pipelineId"] == "chat")
+        .cloned()
+        .collect()
+}
+
+fn audit(dir: &Path, run: &str) -> Vec<Value> {
+    std::fs::read_to_string(dir.join(".troupe/runs").join(run).join("audit.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn events<'a>(log: &'a [Value], name: &str) -> Vec<&'a Value> {
+    log.iter().filter(|e| e["event"] == name).collect()
+}
+
+/// Runs one turn with `flags`; its audit log and output.
+fn one_turn(flags: &[&str]) -> (Vec<Value>, Output, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("script.yaml"), SCRIPT).unwrap();
+    let mut all = vec!["--script", "script.yaml"];
+    all.extend_from_slice(flags);
+    let out = chat(dir.path(), &all, "hello\n");
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "done: hello");
+    let run = turns(dir.path())[0]["id"].as_str().unwrap().to_owned();
+    (audit(dir.path(), &run), out, dir)
+}
+
+#[test]
+fn yolo_runs_every_call_and_says_so() {
+    let (log, _, _dir) = one_turn(&["--mode", "yolo"]);
+    let mode = events(&log, "ToolCallModeInvoked");
+    assert_eq!(mode.len(), 1);
+    assert_eq!(mode[0]["mode"], "yolo");
+    assert_eq!(mode[0]["rule"], "yolo");
+    assert_eq!(events(&log, "ToolInvocationSucceeded").len(), 1);
+}
+
+#[test]
+fn a_guard_hook_wins_even_in_yolo() {
+    let dir = tempfile::tempdir().unwrap();
+    let hooks = dir.path().join("hooks.yaml");
+    std::fs::write(
+        &hooks,
+        "hooks:\n  - { name: no-bash, at: TOOL_CALL/pre, kind: guard, tools: [Bash], command: \"echo '{\\\"decision\\\":\\\"deny\\\",\\\"reason\\\":\\\"not here\\\"}'\" }\n",
+    )
+    .unwrap();
+    let (log, _, _d) = one_turn(&["--mode", "yolo", "--hooks", hooks.to_str().unwrap()]);
+    assert_eq!(events(&log, "ToolCallModeInvoked")[0]["rule"], "yolo");
+    assert!(
+        events(&log, "ToolInvocationSucceeded").is_empty(),
+        "the guard denied it"
+    );
+    assert!(
+        log.iter().any(|e| e.to_string().contains("not here")),
+        "the guard's reason is recorded"
+    );
+}
+
+#[test]
+fn ask_with_no_one_to_ask_denies_and_an_answers_file_approves() {
+    let (log, _, _dir) = one_turn(&["--mode", "ask"]);
+    assert_eq!(events(&log, "ToolCallModeInvoked")[0]["rule"], "ask");
+    assert_eq!(events(&log, "ToolCallDenied").len(), 1);
+    assert!(events(&log, "ToolInvocationSucceeded").is_empty());
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("answers.yaml"),
+        "answers:\n  - { tool: Bash, prefix: echo, answer: approve }\n",
+    )
+    .unwrap();
+    let (log, _, _d) = one_turn(&[
+        "--mode",
+        "ask",
+        "--answers",
+        dir.path().join("answers.yaml").to_str().unwrap(),
+    ]);
+    assert_eq!(events(&log, "ToolCallModeInvoked")[0]["rule"], "ask");
+    let granted = events(&log, "StageGranted");
+    assert_eq!(granted.len(), 1, "a one-shot grant");
+    assert_eq!(events(&log, "ToolInvocationSucceeded").len(), 1);
+}
+
+#[test]
+fn allowlist_runs_what_a_rule_matches_and_asks_about_the_rest() {
+    let (log, _, _dir) = one_turn(&[
+        "--mode",
+        "allowlist",
+        "--allow",
+        "Read",
+        "--allow",
+        "Bash(echo *)",
+    ]);
+    let mode = events(&log, "ToolCallModeInvoked");
+    assert_eq!(mode[0]["mode"], "allowlist");
+    assert_eq!(mode[0]["rule"], "--allow#1 Bash(echo *)");
+    assert_eq!(events(&log, "ToolInvocationSucceeded").len(), 1);
+
+    let (log, _, _dir) = one_turn(&["--mode", "allowlist", "--allow", "Bash(cargo test *)"]);
+    assert_eq!(events(&log, "ToolCallModeInvoked")[0]["rule"], "ask");
+    assert_eq!(
+        events(&log, "ToolCallDenied").len(),
+        1,
+        "no one to ask: denied"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = chat(dir.path(), &["--allow", "Read"], "hi\n");
+    assert_eq!(bad.status.code(), Some(2), "--allow without allowlist");
+    let bad = chat(
+        dir.path(),
+        &["--mode", "allowlist", "--allow", "Bash(echo"],
+        "hi\n",
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        said(&bad).contains("Validation/InputInvalid"),
+        "{}",
+        said(&bad)
+    );
+}
+
+#[test]
+fn a_failed_turn_keeps_the_conversation_and_ended_input_ends_the_chat() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = chat(dir.path(), &["--fail-sibling", "chat"], "first\nsecond\n");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the last turn failed: {}",
+        said(&out)
+    );
+    assert!(said(&out).contains("failed"), "{}", said(&out));
+    let out = chat(dir.path(), &["--continue"], "third\n");
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(said(&out).contains("has no reply"), "{}", said(&out));
+    let latest = &turns(dir.path())[0];
+    let history: Vec<&str> = latest["ctx"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(history, ["first", "second", "third"]);
+}
+
+#[test]
+fn continue_after_the_process_was_killed_mid_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = chat(dir.path(), &[], "first\n");
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    // A second turn that hangs on its model, killed with SIGKILL.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["chat", "--continue", "--latency", "10m"])
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"second\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while turns(dir.path()).len() < 2 {
+        assert!(Instant::now() < deadline, "the second turn never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(stdin);
+    assert_eq!(turns(dir.path())[0]["state"], "interrupted");
+    let out = chat(dir.path(), &["--continue"], "third\n");
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "(offline) you said: third"
+    );
+    let history: Vec<String> = turns(dir.path())[0]["ctx"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            format!(
+                "{}: {}",
+                m["role"].as_str().unwrap(),
+                m["content"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        history,
+        [
+            "user: first",
+            "assistant: (offline) you said: first",
+            "user: second",
+            "user: third"
+        ]
+    );
+}
