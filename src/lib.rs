@@ -6,7 +6,7 @@
 //! Layers, lowest first; a module imports only its own layer and those
 //! below (`tests/layering.rs` checks it): `error`, `environ` → `definition` →
 //! `provider`, `tools` → `runtime` → `store`, `report`, `bench`,
-//! `distributed` → `cli`.
+//! `distributed`, `control`, `telemetry` → `cli`.
 
 pub mod bench;
 pub mod cli;
@@ -19,4 +19,5 @@ pub mod provider;
 pub mod report;
 pub mod runtime;
 pub mod store;
+pub mod telemetry;
 pub mod tools;

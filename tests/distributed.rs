@@ -616,3 +616,45 @@ fn the_runs_token_budget_counts_what_workers_spend_and_stops_the_run() {
         "the join never runs"
     );
 }
+
+/// `--otlp` on a distributed run: the siblings the workers ran continue
+/// the run's trace, under the coordinator's turn, with their tool calls
+/// under them.
+#[test]
+fn distributed_siblings_continue_the_runs_trace() {
+    use common::otlp::{Collector, attr, receiver};
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let fixture = pipeline("true", None);
+    let project = Project::new();
+    let _workers = Worker::several(2, fixture.path(), &server.url(), project.root(), &[]);
+    let collector = receiver(Collector::Accepts);
+    let out = project
+        .run(fixture.path(), &server.url())
+        .args(["--ctx", "width=6", "--json", "--otlp"])
+        .arg(format!("http://{}", collector.addr))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let run_id = summary(&out)["runId"].as_str().unwrap().to_owned();
+    let trace = uuid::Uuid::parse_str(&run_id).unwrap().as_bytes().to_vec();
+    let spans = collector.spans.lock().unwrap().clone();
+    assert!(spans.iter().all(|s| s.trace_id == trace), "one trace");
+    let by_id: HashMap<Vec<u8>, &opentelemetry_proto::tonic::trace::v1::Span> =
+        spans.iter().map(|s| (s.span_id.clone(), s)).collect();
+    let siblings: Vec<_> = spans.iter().filter(|s| s.name == "stage worker").collect();
+    assert_eq!(siblings.len(), 6);
+    for s in &siblings {
+        let parent = by_id[&s.parent_span_id];
+        assert!(parent.name.starts_with("turn "), "{}", parent.name);
+        assert_eq!(attr(s, "troupe.verdict").as_deref(), Some("ok"));
+    }
+    let calls: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "execute_tool Bash")
+        .collect();
+    assert_eq!(calls.len(), 6, "each worker's Bash call, relayed");
+    for c in &calls {
+        assert_eq!(by_id[&c.parent_span_id].name, "stage worker");
+    }
+}

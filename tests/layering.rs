@@ -29,7 +29,14 @@ const LAYERS: [&[&str]; 6] = [
     &["definition"],
     &["provider", "tools"],
     &["runtime"],
-    &["store", "report", "bench", "distributed", "control"],
+    &[
+        "store",
+        "report",
+        "bench",
+        "distributed",
+        "control",
+        "telemetry",
+    ],
     &["cli"],
 ];
 

@@ -103,6 +103,15 @@ pub struct RunOptions {
     /// and the run cannot be resumed.
     #[arg(long, conflicts_with = "store")]
     pub no_store: bool,
+    /// Export the run as an OpenTelemetry trace over OTLP/HTTP to this
+    /// collector (e.g. http://127.0.0.1:4318; `/v1/traces` is added)
+    /// [default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else
+    /// $OTEL_EXPORTER_OTLP_ENDPOINT, else none].
+    #[arg(long, value_name = "URL")]
+    pub otlp: Option<String>,
+    /// Also export tool calls' arguments (they may hold secrets).
+    #[arg(long)]
+    pub otlp_content: bool,
     #[command(flatten)]
     pub nats: crate::distributed::NatsArgs,
     #[command(flatten)]

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod openai_rules;
+pub mod otlp;
 pub mod project;
 pub mod requests;
 pub mod run;

@@ -54,6 +54,8 @@ pub struct Prepared {
     /// The shells' sandbox and private temp folder: kept until the run
     /// is recorded as ended.
     shell: crate::cli::sandbox::ShellSetup,
+    /// `--otlp`: where the run's trace goes.
+    otlp: Option<crate::telemetry::OtlpConfig>,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -102,6 +104,8 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
             ),
         ));
     }
+    let otlp = crate::telemetry::OtlpConfig::resolve(opts.otlp.as_deref(), opts.otlp_content)
+        .map_err(|why| Refusal::invalid(&path, format!("--otlp: {why}")))?;
     let mut settings = provider_settings(&opts.provider);
     let knobs = ScriptedKnobs {
         script: opts.script.as_deref(),
@@ -221,6 +225,7 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
         resume,
         nats: opts.nats.clone(),
         shell,
+        otlp,
     })
 }
 
@@ -300,6 +305,7 @@ impl Prepared {
             resume,
             nats,
             shell,
+            otlp,
             ..
         } = self;
         let path = pipeline.dir.clone();
@@ -374,6 +380,12 @@ impl Prepared {
                 return driven;
             }
         };
+        if let Some(config) = otlp {
+            match crate::telemetry::start_otlp(&spec.bus, spec.run_id.as_str(), config) {
+                Ok(sink) => all.push(sink),
+                Err(e) => eprintln!("warning: no OTLP export: {e}"),
+            }
+        }
         all.extend(sinks(&spec.bus, &spec.settings));
         let bus = spec.bus.clone();
         let (session, done) = start_run(spec, all);

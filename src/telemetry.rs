@@ -1,0 +1,128 @@
+//! OpenTelemetry traces of runs: `--otlp URL` (or the standard
+//! `OTEL_EXPORTER_OTLP_*` variables) exports every run as one trace over
+//! OTLP/HTTP with protobuf bodies. Spans are built from the run's events on
+//! a sink thread of their own (`spans`) and posted in batches by the
+//! exporter's thread (`export`), off the actors' path.
+
+pub mod export;
+pub mod spans;
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use troupe_actors::{Delivery, EventBus};
+
+use crate::runtime::audit::Sink;
+use crate::runtime::events::Event;
+
+/// Where and how to export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpConfig {
+    /// The traces endpoint (`…/v1/traces`).
+    pub endpoint: reqwest::Url,
+    /// Extra headers (`OTEL_EXPORTER_OTLP_HEADERS`), e.g. an API key.
+    pub headers: Vec<(String, String)>,
+    /// `service.name` (`OTEL_SERVICE_NAME`, default `troupe`).
+    pub service: String,
+    /// Export tool arguments and results too (`--otlp-content`).
+    pub content: bool,
+}
+
+impl OtlpConfig {
+    /// From `--otlp URL`, else the environment's
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as it is) or
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (`/v1/traces` appended); `None` when
+    /// none is set. A URL that is not an http(s) one is an error.
+    pub fn resolve(flag: Option<&str>, content: bool) -> Result<Option<OtlpConfig>, String> {
+        let var = |n: &str| crate::environ::var(n).filter(|v| !v.trim().is_empty());
+        let (raw, whole) = match (flag, var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
+            (Some(f), _) => (
+                f.to_owned(),
+                f.trim_end_matches('/').ends_with("/v1/traces"),
+            ),
+            (None, Some(t)) => (t, true),
+            (None, None) => match var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+                Some(base) => (base, false),
+                None => return Ok(None),
+            },
+        };
+        let mut url = reqwest::Url::parse(raw.trim())
+            .map_err(|e| format!("the OTLP endpoint `{raw}` is not a URL: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(format!(
+                "the OTLP endpoint `{raw}` is not an http(s) URL, e.g. http://127.0.0.1:4318"
+            ));
+        }
+        if !whole {
+            let path = format!("{}/v1/traces", url.path().trim_end_matches('/'));
+            url.set_path(&path);
+        }
+        let headers = var("OTEL_EXPORTER_OTLP_HEADERS")
+            .map(|h| {
+                h.split(',')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Some(OtlpConfig {
+            endpoint: url,
+            headers,
+            service: var("OTEL_SERVICE_NAME").unwrap_or_else(|| "troupe".to_owned()),
+            content,
+        }))
+    }
+}
+
+/// Spans are posted in batches of this many, or sooner (`LINGER`).
+const BATCH: usize = 512;
+const LINGER: Duration = Duration::from_millis(500);
+/// How long the end of a run waits for the last batches.
+const GRACE: Duration = Duration::from_secs(2);
+
+/// Starts exporting run `run_id`'s events as spans.
+pub fn start_otlp(bus: &EventBus<Event>, run_id: &str, config: OtlpConfig) -> io::Result<Sink> {
+    let sub = bus.subscribe_audit("otlp", 65_536);
+    let mut book = spans::SpanBook::new(run_id, config.content);
+    let endpoint = config.endpoint.clone();
+    let exporter = export::Exporter::start(config)?;
+    let handle = std::thread::Builder::new()
+        .name("troupe-otlp-spans".into())
+        .spawn(move || {
+            let mut batch = Vec::new();
+            let mut since = Instant::now();
+            let mut total = 0u64;
+            loop {
+                match sub.receiver().recv_timeout(LINGER) {
+                    Ok(Delivery::Event(envelope)) => book.take(&envelope.event, &mut batch),
+                    Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+                }
+                if batch.len() >= BATCH || (!batch.is_empty() && since.elapsed() >= LINGER) {
+                    total += batch.len() as u64;
+                    exporter.send(std::mem::take(&mut batch));
+                    since = Instant::now();
+                }
+            }
+            book.finish(&mut batch);
+            total += batch.len() as u64;
+            exporter.send(batch);
+            let counts = std::sync::Arc::clone(&exporter.counts);
+            exporter.finish(GRACE);
+            let sent = counts.sent.load(std::sync::atomic::Ordering::Relaxed);
+            if sent < total {
+                let why = counts
+                    .first_error
+                    .lock()
+                    .ok()
+                    .and_then(|e| e.clone())
+                    .unwrap_or_else(|| "the collector did not answer in time".to_owned());
+                eprintln!(
+                    "warning: OTLP export to {endpoint}: {} of {total} spans not delivered ({why})",
+                    total - sent
+                );
+            }
+            Ok(sent)
+        })?;
+    Ok(Sink::from_thread(handle))
+}

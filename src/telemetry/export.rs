@@ -1,0 +1,176 @@
+//! The OTLP/HTTP exporter: batches of spans, encoded as the protocol's
+//! protobuf `ExportTraceServiceRequest`, posted on a thread of its own. A
+//! batch that finds the queue full is dropped and counted, never waited
+//! for: a collector that refuses, hangs or is absent costs a warning and a
+//! counter, never the run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Sender, TrySendError, bounded};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prost::Message;
+
+use super::OtlpConfig;
+
+/// Batches waiting to be posted; more are dropped.
+const QUEUE: usize = 64;
+/// The longest one post may take.
+const POST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the exporter did.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub sent: AtomicU64,
+    pub dropped: AtomicU64,
+    /// The first failure, said once at the end.
+    pub first_error: std::sync::Mutex<Option<String>>,
+}
+
+/// The exporter's thread and its queue.
+#[derive(Debug)]
+pub struct Exporter {
+    queue: Option<Sender<Vec<Span>>>,
+    thread: Option<JoinHandle<()>>,
+    pub counts: Arc<Counts>,
+}
+
+fn text(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.to_owned())),
+        }),
+        ..KeyValue::default()
+    }
+}
+
+/// The request body for `spans`.
+pub fn encode(spans: Vec<Span>, service: &str) -> Vec<u8> {
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![
+                    text("service.name", service),
+                    text("service.version", env!("CARGO_PKG_VERSION")),
+                    text("telemetry.sdk.name", "troupe"),
+                    text("telemetry.sdk.language", "rust"),
+                ],
+                ..Resource::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                scope: Some(InstrumentationScope {
+                    name: "troupe".to_owned(),
+                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                    ..InstrumentationScope::default()
+                }),
+                spans,
+                ..ScopeSpans::default()
+            }],
+            ..ResourceSpans::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+impl Exporter {
+    pub fn start(config: OtlpConfig) -> std::io::Result<Exporter> {
+        let (queue, batches) = bounded::<Vec<Span>>(QUEUE);
+        let counts = Arc::new(Counts::default());
+        let seen = Arc::clone(&counts);
+        let thread = std::thread::Builder::new()
+            .name("troupe-otlp".into())
+            .spawn(move || {
+                let failed = |n: usize, why: String| {
+                    seen.dropped.fetch_add(n as u64, Ordering::Relaxed);
+                    let mut first = seen
+                        .first_error
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    first.get_or_insert(why);
+                };
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                let client = reqwest::Client::builder()
+                    .timeout(POST_TIMEOUT)
+                    .connect_timeout(Duration::from_secs(2))
+                    .user_agent(concat!("troupe/", env!("CARGO_PKG_VERSION")))
+                    .build();
+                let (Ok(rt), Ok(client)) = (rt, client) else {
+                    for batch in batches {
+                        failed(batch.len(), "cannot start the HTTP client".to_owned());
+                    }
+                    return;
+                };
+                for batch in batches {
+                    let n = batch.len();
+                    let body = encode(batch, &config.service);
+                    let mut request = client
+                        .post(config.endpoint.clone())
+                        .header("content-type", "application/x-protobuf")
+                        .body(body);
+                    for (k, v) in &config.headers {
+                        request = request.header(k.as_str(), v.as_str());
+                    }
+                    let posted = rt.block_on(async {
+                        let r = request.send().await.map_err(|e| e.to_string())?;
+                        if r.status().is_success() {
+                            Ok(())
+                        } else {
+                            Err(format!("the collector answered {}", r.status()))
+                        }
+                    });
+                    match posted {
+                        Ok(()) => {
+                            seen.sent.fetch_add(n as u64, Ordering::Relaxed);
+                        }
+                        Err(why) => failed(n, why),
+                    }
+                }
+            })?;
+        Ok(Exporter {
+            queue: Some(queue),
+            thread: Some(thread),
+            counts,
+        })
+    }
+
+    /// Queues a batch, or drops and counts it when the queue is full.
+    pub fn send(&self, batch: Vec<Span>) {
+        if batch.is_empty() {
+            return;
+        }
+        let Some(queue) = &self.queue else { return };
+        let n = batch.len() as u64;
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = queue.try_send(batch) {
+            self.counts.dropped.fetch_add(n, Ordering::Relaxed);
+            let mut first = self
+                .counts
+                .first_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            first.get_or_insert_with(|| "the export queue was full (a slow collector)".to_owned());
+        }
+    }
+
+    /// Closes the queue and waits at most `grace` for what is queued to go
+    /// out; a post still hanging then ends on its own timeout.
+    pub fn finish(mut self, grace: Duration) {
+        drop(self.queue.take());
+        let deadline = Instant::now() + grace;
+        if let Some(thread) = self.thread.take() {
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! Spans from a run's events: one trace per run (its id is the run's),
+//! a span per session, turn, stage execution, model request and tool
+//! call, parented as the actors are: run → turn → execution → request or
+//! tool call. Named and attributed by the OpenTelemetry GenAI semantic
+//! conventions, plus `troupe.*` attributes. Span ids are derived from what
+//! they stand for (the execution's id, the call's id), so events relayed
+//! from a worker land under the same parents as local ones.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::runtime::events::{Event, EventName};
+
+/// The trace id of run `run_id`: the run's UUID, or a digest of an id that
+/// is not one.
+pub fn trace_id(run_id: &str) -> Vec<u8> {
+    uuid::Uuid::parse_str(run_id).map_or_else(
+        |_| Sha256::digest(run_id.as_bytes())[..16].to_vec(),
+        |u| u.as_bytes().to_vec(),
+    )
+}
+
+/// The span id of what `key` names.
+pub fn span_id(key: &str) -> Vec<u8> {
+    Sha256::digest(key.as_bytes())[..8].to_vec()
+}
+
+fn nanos(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn kv(key: &str, value: any_value::Value) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..KeyValue::default()
+    }
+}
+
+fn text(key: &str, value: &str) -> KeyValue {
+    kv(key, any_value::Value::StringValue(value.to_owned()))
+}
+
+fn int(key: &str, value: i64) -> KeyValue {
+    kv(key, any_value::Value::IntValue(value))
+}
+
+/// A span being built.
+#[derive(Debug)]
+struct Open {
+    span: Span,
+}
+
+/// Builds spans from the events of one run.
+#[derive(Debug)]
+pub struct SpanBook {
+    trace: Vec<u8>,
+    /// Prompts, completions and tool arguments go out only when asked.
+    content: bool,
+    model: Option<String>,
+    provider: Option<String>,
+    run: Option<(Vec<u8>, Open)>,
+    sessions: u32,
+    turns: Vec<(Arc<str>, Open)>,
+    open: HashMap<String, Open>,
+    /// A call's arguments, from its proposal, until it starts (content on).
+    proposed: HashMap<String, String>,
+    last: SystemTime,
+}
+
+impl SpanBook {
+    pub fn new(run_id: &str, content: bool) -> SpanBook {
+        SpanBook {
+            trace: trace_id(run_id),
+            content,
+            model: None,
+            provider: None,
+            run: None,
+            sessions: 0,
+            turns: Vec::new(),
+            open: HashMap::new(),
+            proposed: HashMap::new(),
+            last: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    fn start(
+        &self,
+        key: &str,
+        name: String,
+        parent: &[u8],
+        at: SystemTime,
+        kind: span::SpanKind,
+    ) -> Open {
+        Open {
+            span: Span {
+                trace_id: self.trace.clone(),
+                span_id: span_id(key),
+                parent_span_id: parent.to_vec(),
+                name,
+                kind: kind as i32,
+                start_time_unix_nano: nanos(at),
+                ..Span::default()
+            },
+        }
+    }
+
+    fn run_span_id(&self) -> Vec<u8> {
+        self.run
+            .as_ref()
+            .map(|(id, _)| id.clone())
+            .unwrap_or_default()
+    }
+
+    /// The span an execution's children hang from: the turn it runs in,
+    /// else the run.
+    fn turn_parent(&self) -> Vec<u8> {
+        self.turns
+            .last()
+            .map_or_else(|| self.run_span_id(), |(_, t)| t.span.span_id.clone())
+    }
+
+    fn end(mut open: Open, at: SystemTime, error: Option<String>, done: &mut Vec<Span>) {
+        open.span.end_time_unix_nano = nanos(at).max(open.span.start_time_unix_nano);
+        if let Some(message) = error {
+            open.span.status = Some(Status {
+                message,
+                code: status::StatusCode::Error as i32,
+            });
+        }
+        done.push(open.span);
+    }
+
+    /// Takes one event; spans it ends go to `done`.
+    pub fn take(&mut self, e: &Event, done: &mut Vec<Span>) {
+        self.last = self.last.max(e.ts);
+        let exec = e.stage_execution_id.as_deref().unwrap_or("");
+        // An event relayed from a worker keeps its fields in one bag
+        // (`Event::from_json`).
+        let bag = e.field("");
+        let field = |k: &str| {
+            e.field(k)
+                .or_else(|| bag.as_ref().and_then(|b| b.get(k).cloned()))
+                .unwrap_or(Value::Null)
+        };
+        match e.name {
+            EventName::WorkflowStarted | EventName::WorkflowResumed => {
+                let provider = field("provider");
+                self.provider = provider["name"].as_str().map(str::to_owned);
+                self.model = provider["model"].as_str().map(str::to_owned);
+                self.sessions += 1;
+                let key = format!("{}/session/{}", e.workflow_run_id, self.sessions);
+                let pipeline = field("pipeline");
+                let mut open = self.start(
+                    &key,
+                    format!("run {}", pipeline.as_str().unwrap_or("?")),
+                    &[],
+                    e.ts,
+                    span::SpanKind::Internal,
+                );
+                open.span.attributes = vec![
+                    text("troupe.run_id", &e.workflow_run_id),
+                    text("troupe.pipeline", pipeline.as_str().unwrap_or("")),
+                    int("troupe.session", i64::from(self.sessions)),
+                ];
+                if let Some(model) = &self.model {
+                    open.span
+                        .attributes
+                        .push(text("gen_ai.request.model", model));
+                }
+                let id = open.span.span_id.clone();
+                if let Some((_, old)) = self.run.replace((id, open)) {
+                    SpanBook::end(old, e.ts, Some("a new session began".to_owned()), done);
+                }
+            }
+            EventName::WorkflowExit => {
+                self.close(e.ts, done);
+                if let Some((_, mut open)) = self.run.take() {
+                    let status = field("status");
+                    let status = status.as_str().unwrap_or("?");
+                    open.span.attributes.push(text("troupe.status", status));
+                    let reason = field("reason");
+                    if let Some(r) = reason.as_str() {
+                        open.span.attributes.push(text("troupe.reason", r));
+                    }
+                    let error = (status == "failed")
+                        .then(|| reason.as_str().unwrap_or("failed").to_owned());
+                    SpanBook::end(open, e.ts, error, done);
+                }
+            }
+            EventName::SessionTurnStart => {
+                let turn: Arc<str> = field("turnId").as_str().unwrap_or("?").into();
+                let stages = field("stages");
+                let names: Vec<&str> = stages
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let mut open = self.start(
+                    &turn,
+                    format!("turn {}", names.join(", ")),
+                    &self.run_span_id(),
+                    e.ts,
+                    span::SpanKind::Internal,
+                );
+                open.span.attributes.push(text("troupe.turn_id", &turn));
+                for (k, name) in [("width", "troupe.width"), ("cap", "troupe.cap")] {
+                    if let Some(n) = field(k).as_i64() {
+                        open.span.attributes.push(int(name, n));
+                    }
+                }
+                self.turns.push((turn, open));
+            }
+            EventName::SessionTurnEnd => {
+                let turn = field("turnId");
+                let turn = turn.as_str().unwrap_or("?");
+                if let Some(i) = self.turns.iter().rposition(|(t, _)| &**t == turn) {
+                    let (_, open) = self.turns.remove(i);
+                    SpanBook::end(open, e.ts, None, done);
+                }
+            }
+            EventName::StageEntered => {
+                let stage = e.stage_id.as_deref().unwrap_or("?");
+                let mut open = self.start(
+                    exec,
+                    format!("stage {stage}"),
+                    &self.turn_parent(),
+                    e.ts,
+                    span::SpanKind::Internal,
+                );
+                open.span.attributes = vec![
+                    text("troupe.stage", stage),
+                    text("troupe.stage_execution_id", exec),
+                    text("troupe.kind", field("kind").as_str().unwrap_or("")),
+                ];
+                if let Some(i) = field("index").as_i64() {
+                    open.span.attributes.push(int("troupe.sibling_index", i));
+                }
+                self.open.insert(exec.to_owned(), open);
+            }
+            EventName::StageExited | EventName::StageCancelled => {
+                if let Some(mut open) = self.open.remove(exec) {
+                    let cancelled = e.name == EventName::StageCancelled;
+                    let verdict = if cancelled {
+                        "cancelled".to_owned()
+                    } else {
+                        field("verdict").as_str().unwrap_or("?").to_owned()
+                    };
+                    open.span.attributes.push(text("troupe.verdict", &verdict));
+                    let reason = field("reason");
+                    if let Some(r) = reason.as_str() {
+                        let key = if cancelled {
+                            "troupe.cancel_reason"
+                        } else {
+                            "troupe.reason"
+                        };
+                        open.span.attributes.push(text(key, r));
+                    }
+                    if let Some(n) = field("attemptCount").as_i64() {
+                        open.span.attributes.push(int("troupe.attempts", n));
+                    }
+                    let usage = field("usage");
+                    for (k, name) in [
+                        ("promptTokens", "gen_ai.usage.input_tokens"),
+                        ("completionTokens", "gen_ai.usage.output_tokens"),
+                    ] {
+                        if let Some(n) = usage[k].as_i64() {
+                            open.span.attributes.push(int(name, n));
+                        }
+                    }
+                    let error = (!cancelled && verdict != "ok")
+                        .then(|| reason.as_str().unwrap_or("failed").to_owned());
+                    SpanBook::end(open, e.ts, error, done);
+                }
+            }
+            EventName::ProviderRequestStarted => {
+                let key = format!("{exec}/request/{}", field("turn"));
+                let attempt = field("try").as_i64().unwrap_or(1);
+                if let Some(old) = self.open.remove(&key) {
+                    SpanBook::end(old, e.ts, Some("retried".to_owned()), done);
+                }
+                let model = self.model.clone().unwrap_or_default();
+                let id_key = format!("{key}/try/{attempt}");
+                let mut open = self.start(
+                    &id_key,
+                    format!("chat {model}").trim_end().to_owned(),
+                    &span_id(exec),
+                    e.ts,
+                    span::SpanKind::Client,
+                );
+                open.span.attributes = vec![
+                    text("gen_ai.operation.name", "chat"),
+                    text(
+                        "gen_ai.provider.name",
+                        field("provider")
+                            .as_str()
+                            .or(self.provider.as_deref())
+                            .unwrap_or("?"),
+                    ),
+                    text("troupe.stage_execution_id", exec),
+                    int("troupe.turn", field("turn").as_i64().unwrap_or(0)),
+                    int("troupe.try", attempt),
+                ];
+                if !model.is_empty() {
+                    open.span
+                        .attributes
+                        .push(text("gen_ai.request.model", &model));
+                }
+                self.open.insert(key, open);
+            }
+            EventName::ProviderRequestCompleted | EventName::ProviderRequestFailed => {
+                let key = format!("{exec}/request/{}", field("turn"));
+                if let Some(mut open) = self.open.remove(&key) {
+                    let usage = field("usage");
+                    for (k, name) in [
+                        ("promptTokens", "gen_ai.usage.input_tokens"),
+                        ("completionTokens", "gen_ai.usage.output_tokens"),
+                    ] {
+                        if let Some(n) = usage[k].as_i64() {
+                            open.span.attributes.push(int(name, n));
+                        }
+                    }
+                    let error = (e.name == EventName::ProviderRequestFailed).then(|| {
+                        format!(
+                            "{}: {}",
+                            field("code").as_str().unwrap_or("?"),
+                            field("message").as_str().unwrap_or("")
+                        )
+                    });
+                    if let Some(message) = &error {
+                        open.span
+                            .attributes
+                            .push(text("error.type", message.split(':').next().unwrap_or("?")));
+                    }
+                    SpanBook::end(open, e.ts, error, done);
+                }
+            }
+            EventName::ToolInvocationProposed if self.content => {
+                let key = format!("{exec}/call/{}", field("callId").as_str().unwrap_or("?"));
+                if let Some(args) = field("arguments").as_str() {
+                    self.proposed.insert(key, args.to_owned());
+                }
+            }
+            EventName::ToolInvocationStarted => {
+                let call = field("callId");
+                let call = call.as_str().unwrap_or("?");
+                let tool = e.tool.as_deref().unwrap_or("?");
+                let key = format!("{exec}/call/{call}");
+                let mut open = self.start(
+                    &key,
+                    format!("execute_tool {tool}"),
+                    &span_id(exec),
+                    e.ts,
+                    span::SpanKind::Internal,
+                );
+                open.span.attributes = vec![
+                    text("gen_ai.operation.name", "execute_tool"),
+                    text("gen_ai.tool.name", tool),
+                    text("gen_ai.tool.call.id", call),
+                    text("troupe.stage_execution_id", exec),
+                ];
+                if let Some(args) = self.proposed.remove(&key) {
+                    open.span
+                        .attributes
+                        .push(text("gen_ai.tool.call.arguments", &args));
+                }
+                self.open.insert(key, open);
+            }
+            EventName::ToolInvocationSucceeded
+            | EventName::ToolInvocationFailed
+            | EventName::ToolInvocationCancelled => {
+                let key = format!("{exec}/call/{}", field("callId").as_str().unwrap_or("?"));
+                if let Some(mut open) = self.open.remove(&key) {
+                    let outcome = match e.name {
+                        EventName::ToolInvocationSucceeded => "ok",
+                        EventName::ToolInvocationFailed => "failed",
+                        _ => "cancelled",
+                    };
+                    open.span.attributes.push(text("troupe.outcome", outcome));
+                    let error = (outcome == "failed").then(|| {
+                        format!(
+                            "{}: {}",
+                            field("code").as_str().unwrap_or("?"),
+                            field("message").as_str().unwrap_or("")
+                        )
+                    });
+                    SpanBook::end(open, e.ts, error, done);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Ends every span still open (a run that stopped without its end,
+    /// or the turns and executions a `WorkflowExit` closes).
+    pub fn close(&mut self, at: SystemTime, done: &mut Vec<Span>) {
+        let at = at.max(self.last);
+        let mut open: Vec<Open> = self.open.drain().map(|(_, o)| o).collect();
+        open.sort_by_key(|o| o.span.start_time_unix_nano);
+        for o in open {
+            SpanBook::end(o, at, Some("the run ended before it did".to_owned()), done);
+        }
+        while let Some((_, t)) = self.turns.pop() {
+            SpanBook::end(t, at, None, done);
+        }
+    }
+
+    /// Ends everything, the run's span included.
+    pub fn finish(&mut self, done: &mut Vec<Span>) {
+        let at = self.last;
+        self.close(at, done);
+        if let Some((_, open)) = self.run.take() {
+            SpanBook::end(
+                open,
+                at,
+                Some("the run ended without its WorkflowExit".to_owned()),
+                done,
+            );
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! An OTLP/HTTP receiver for tests, on the protocol's own messages and as
+//! strict as a collector: protobuf bodies only, on `/v1/traces`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Collector {
+    Accepts,
+    Refuses,
+    Hangs,
+}
+
+/// An OTLP/HTTP receiver on a port of its own; the spans it accepted.
+pub struct Receiver {
+    pub addr: String,
+    pub spans: Arc<Mutex<Vec<Span>>>,
+    pub services: Arc<Mutex<Vec<String>>>,
+    _rt: tokio::runtime::Runtime,
+}
+
+pub fn receiver(mode: Collector) -> Receiver {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+    let services: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (kept, named) = (Arc::clone(&spans), Arc::clone(&services));
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let (kept, named) = (Arc::clone(&kept), Arc::clone(&named));
+            async move {
+                match mode {
+                    Collector::Refuses => return (StatusCode::INTERNAL_SERVER_ERROR, Vec::new()),
+                    Collector::Hangs => {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                    }
+                    Collector::Accepts => {}
+                }
+                if headers.get("content-type").map(|v| v.as_bytes())
+                    != Some(b"application/x-protobuf")
+                {
+                    return (StatusCode::UNSUPPORTED_MEDIA_TYPE, Vec::new());
+                }
+                let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                    return (StatusCode::BAD_REQUEST, Vec::new());
+                };
+                for rs in request.resource_spans {
+                    for attr in rs.resource.map(|r| r.attributes).unwrap_or_default() {
+                        if attr.key == "service.name"
+                            && let Some(any_value::Value::StringValue(s)) =
+                                attr.value.and_then(|v| v.value)
+                        {
+                            named.lock().unwrap().push(s);
+                        }
+                    }
+                    for ss in rs.scope_spans {
+                        kept.lock().unwrap().extend(ss.spans);
+                    }
+                }
+                (
+                    StatusCode::OK,
+                    ExportTraceServiceResponse::default().encode_to_vec(),
+                )
+            }
+        }),
+    );
+    rt.spawn(async move { axum::serve(listener, app).await });
+    Receiver {
+        addr,
+        spans,
+        services,
+        _rt: rt,
+    }
+}
+
+/// A span attribute's value as text.
+pub fn attr(span: &Span, key: &str) -> Option<String> {
+    span.attributes.iter().find(|a| a.key == key).and_then(|a| {
+        match a.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.clone()),
+            any_value::Value::IntValue(i) => Some(i.to_string()),
+            any_value::Value::BoolValue(b) => Some(b.to_string()),
+            _ => None,
+        }
+    })
+}

@@ -1,0 +1,211 @@
+//! OpenTelemetry export through the binary: a run with `--otlp` sends its
+//! trace to an OTLP/HTTP receiver built here on the protocol's own
+//! messages (as strict as a collector: protobuf only, on `/v1/traces`),
+//! whose spans are decoded and checked for names, parents and attributes.
+//! A collector that refuses, hangs or is absent costs a warning, never the
+//! run; an endpoint that is not a URL is refused before anything runs.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::project::said;
+
+use common::otlp::{Collector, attr, receiver};
+
+use std::collections::HashMap;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::trace::v1::Span;
+
+fn run(flags: &[&str]) -> (Output, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .arg("run")
+        .arg(common::project::bundled("fanout"))
+        .args(["--ctx", "width=5", "--json", "--headless"])
+        .args(flags)
+        .current_dir(dir.path())
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .output()
+        .unwrap();
+    (out, dir)
+}
+
+#[test]
+fn a_run_exports_one_trace_with_its_spans_parented_as_its_actors() {
+    let r = receiver(Collector::Accepts);
+    let (out, _dir) = run(&["--otlp", &format!("http://{}", r.addr)]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let run_id = summary["runId"].as_str().unwrap().to_owned();
+    let spans = r.spans.lock().unwrap().clone();
+    assert_eq!(
+        r.services.lock().unwrap().first().map(String::as_str),
+        Some("troupe")
+    );
+
+    // One trace, the run's own id.
+    let trace = uuid::Uuid::parse_str(&run_id).unwrap().as_bytes().to_vec();
+    assert!(spans.iter().all(|s| s.trace_id == trace));
+    let by_id: HashMap<Vec<u8>, &Span> = spans.iter().map(|s| (s.span_id.clone(), s)).collect();
+    assert_eq!(by_id.len(), spans.len(), "span ids are unique");
+    let parent = |s: &Span| by_id.get(&s.parent_span_id).copied();
+    let named = |prefix: &str| -> Vec<&Span> {
+        spans
+            .iter()
+            .filter(|s| s.name.starts_with(prefix))
+            .collect()
+    };
+
+    let roots: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.parent_span_id.is_empty())
+        .collect();
+    assert_eq!(roots.len(), 1);
+    assert_eq!(roots[0].name, "run fanout");
+    assert_eq!(attr(roots[0], "troupe.status").as_deref(), Some("ok"));
+    for turn in named("turn ") {
+        assert_eq!(parent(turn).unwrap().name, "run fanout");
+    }
+    let workers = named("stage worker");
+    assert_eq!(workers.len(), 5);
+    let mut indexes: Vec<String> = workers
+        .iter()
+        .map(|w| attr(w, "troupe.sibling_index").unwrap_or_else(|| panic!("{:?}", w.attributes)))
+        .collect();
+    indexes.sort();
+    assert_eq!(indexes, ["0", "1", "2", "3", "4"]);
+    for w in &workers {
+        assert!(
+            parent(w).unwrap().name.starts_with("turn "),
+            "a sibling hangs from its turn"
+        );
+        assert_eq!(attr(w, "troupe.verdict").as_deref(), Some("ok"));
+        assert!(w.start_time_unix_nano <= w.end_time_unix_nano);
+    }
+    // Two model requests and one tool call per worker, under it.
+    let requests = named("chat");
+    assert_eq!(
+        requests.len(),
+        5 * 2 + 2,
+        "workers' two turns, plan's and reduce's"
+    );
+    for q in &requests {
+        assert!(parent(q).unwrap().name.starts_with("stage "));
+        assert_eq!(attr(q, "gen_ai.operation.name").as_deref(), Some("chat"));
+        assert_eq!(attr(q, "gen_ai.provider.name").as_deref(), Some("scripted"));
+        assert!(attr(q, "gen_ai.usage.input_tokens").is_some());
+        assert_eq!(q.kind, 3, "a client span");
+    }
+    let tools = named("execute_tool Echo");
+    assert_eq!(tools.len(), 5);
+    for t in &tools {
+        assert!(parent(t).unwrap().name.starts_with("stage worker"));
+        assert_eq!(attr(t, "gen_ai.tool.name").as_deref(), Some("Echo"));
+        assert_eq!(attr(t, "troupe.outcome").as_deref(), Some("ok"));
+        assert_eq!(
+            attr(t, "gen_ai.tool.call.arguments"),
+            None,
+            "no content unless asked"
+        );
+    }
+
+    let r = receiver(Collector::Accepts);
+    let (out, _dir) = run(&[
+        "--otlp",
+        &format!("http://{}/v1/traces", r.addr),
+        "--otlp-content",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let spans = r.spans.lock().unwrap().clone();
+    let tool = spans
+        .iter()
+        .find(|s| s.name == "execute_tool Echo")
+        .unwrap();
+    assert!(
+        attr(tool, "gen_ai.tool.call.arguments")
+            .unwrap()
+            .contains("item")
+    );
+}
+
+#[test]
+fn a_failed_sibling_and_the_cancelled_ones_are_marked() {
+    let r = receiver(Collector::Accepts);
+    let (out, _dir) = run(&[
+        "--otlp",
+        &format!("http://{}", r.addr),
+        "--fail-sibling",
+        "worker#2",
+        "--latency",
+        "5ms",
+        "--parallel-cap",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    let spans = r.spans.lock().unwrap().clone();
+    let failed = spans
+        .iter()
+        .find(|s| {
+            s.name == "stage worker" && attr(s, "troupe.sibling_index").as_deref() == Some("2")
+        })
+        .unwrap();
+    assert_eq!(failed.status.as_ref().unwrap().code, 2, "an error status");
+    let root = spans.iter().find(|s| s.parent_span_id.is_empty()).unwrap();
+    assert_eq!(attr(root, "troupe.status").as_deref(), Some("failed"));
+    assert_eq!(root.status.as_ref().unwrap().code, 2);
+}
+
+#[test]
+fn a_collector_that_refuses_hangs_or_is_absent_costs_a_warning_not_the_run() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let refusing = receiver(Collector::Refuses);
+    let hanging = receiver(Collector::Hangs);
+    for addr in [closed, refusing.addr.clone(), hanging.addr.clone()] {
+        let started = Instant::now();
+        let (out, _dir) = run(&["--otlp", &format!("http://{addr}")]);
+        assert_eq!(out.status.code(), Some(0), "{addr}: {}", said(&out));
+        assert!(said(&out).contains("spans not delivered"), "{}", said(&out));
+        // The end waits a bounded grace for the exporter, never the post.
+        assert!(started.elapsed() < Duration::from_secs(30));
+    }
+    let (out, _dir) = run(&["--otlp", "not a url"]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        said(&out).contains("Validation/InputInvalid"),
+        "{}",
+        said(&out)
+    );
+    let (out, _dir) = run(&["--otlp", "ftp://127.0.0.1:21"]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+}
+
+#[test]
+fn the_standard_variables_choose_the_endpoint() {
+    let r = receiver(Collector::Accepts);
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .arg("run")
+        .arg(common::project::bundled("fanout"))
+        .args(["--ctx", "width=2", "--headless"])
+        .current_dir(dir.path())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{}", r.addr))
+        .env("OTEL_SERVICE_NAME", "my-agents")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(
+        r.spans
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|s| s.name == "run fanout")
+    );
+    assert_eq!(r.services.lock().unwrap()[0], "my-agents");
+}
