@@ -93,7 +93,12 @@ pub fn start_otlp(bus: &EventBus<Event>, run_id: &str, config: OtlpConfig) -> io
             let mut since = Instant::now();
             let mut total = 0u64;
             loop {
-                match sub.receiver().recv_timeout(LINGER) {
+                // A burst is drained without a clock read per event.
+                let next = match sub.receiver().try_recv() {
+                    Ok(d) => Ok(d),
+                    Err(_) => sub.receiver().recv_timeout(LINGER),
+                };
+                match next {
                     Ok(Delivery::Event(envelope)) => book.take(&envelope.event, &mut batch),
                     Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,

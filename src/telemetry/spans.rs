@@ -13,7 +13,6 @@ use std::time::SystemTime;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::runtime::events::{Event, EventName};
 
@@ -21,14 +20,23 @@ use crate::runtime::events::{Event, EventName};
 /// is not one.
 pub fn trace_id(run_id: &str) -> Vec<u8> {
     uuid::Uuid::parse_str(run_id).map_or_else(
-        |_| Sha256::digest(run_id.as_bytes())[..16].to_vec(),
+        |_| {
+            let mut id = span_id(run_id);
+            id.extend(span_id(&format!("{run_id}/trace")));
+            id
+        },
         |u| u.as_bytes().to_vec(),
     )
 }
 
-/// The span id of what `key` names.
+/// The span id of what `key` names: a 64-bit SipHash with fixed keys
+/// (ids need only be unique within their trace, and cheap: a wide run
+/// makes tens of thousands).
 pub fn span_id(key: &str) -> Vec<u8> {
-    Sha256::digest(key.as_bytes())[..8].to_vec()
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish().to_be_bytes().to_vec()
 }
 
 fn nanos(t: SystemTime) -> u64 {
@@ -50,6 +58,31 @@ fn text(key: &str, value: &str) -> KeyValue {
 
 fn int(key: &str, value: i64) -> KeyValue {
     kv(key, any_value::Value::IntValue(value))
+}
+
+/// An event's token usage as the GenAI attributes name it; read in place
+/// for the runtime's own events, from the JSON of a relayed one.
+fn usage(e: &Event) -> Vec<(&'static str, i64)> {
+    use crate::runtime::events::FieldValue;
+    let (input, output) = match e.field_value("usage") {
+        Some(FieldValue::Usage(u)) => (Some(u.prompt_tokens), Some(u.completion_tokens)),
+        _ => {
+            let v = e.field("usage").or_else(|| match e.field_value("") {
+                Some(FieldValue::Json(bag)) => bag.get("usage").cloned(),
+                _ => None,
+            });
+            let v = v.unwrap_or(Value::Null);
+            (v["promptTokens"].as_u64(), v["completionTokens"].as_u64())
+        }
+    };
+    let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    [
+        ("gen_ai.usage.input_tokens", input),
+        ("gen_ai.usage.output_tokens", output),
+    ]
+    .into_iter()
+    .filter_map(|(k, n)| n.map(|n| (k, as_i64(n))))
+    .collect()
 }
 
 /// A span being built.
@@ -144,10 +177,12 @@ impl SpanBook {
         let exec = e.stage_execution_id.as_deref().unwrap_or("");
         // An event relayed from a worker keeps its fields in one bag
         // (`Event::from_json`).
-        let bag = e.field("");
         let field = |k: &str| {
             e.field(k)
-                .or_else(|| bag.as_ref().and_then(|b| b.get(k).cloned()))
+                .or_else(|| match e.field_value("") {
+                    Some(crate::runtime::events::FieldValue::Json(bag)) => bag.get(k).cloned(),
+                    _ => None,
+                })
                 .unwrap_or(Value::Null)
         };
         match e.name {
@@ -265,14 +300,8 @@ impl SpanBook {
                     if let Some(n) = field("attemptCount").as_i64() {
                         open.span.attributes.push(int("troupe.attempts", n));
                     }
-                    let usage = field("usage");
-                    for (k, name) in [
-                        ("promptTokens", "gen_ai.usage.input_tokens"),
-                        ("completionTokens", "gen_ai.usage.output_tokens"),
-                    ] {
-                        if let Some(n) = usage[k].as_i64() {
-                            open.span.attributes.push(int(name, n));
-                        }
+                    for (name, n) in usage(e) {
+                        open.span.attributes.push(int(name, n));
                     }
                     let error = (!cancelled && verdict != "ok")
                         .then(|| reason.as_str().unwrap_or("failed").to_owned());
@@ -317,14 +346,8 @@ impl SpanBook {
             EventName::ProviderRequestCompleted | EventName::ProviderRequestFailed => {
                 let key = format!("{exec}/request/{}", field("turn"));
                 if let Some(mut open) = self.open.remove(&key) {
-                    let usage = field("usage");
-                    for (k, name) in [
-                        ("promptTokens", "gen_ai.usage.input_tokens"),
-                        ("completionTokens", "gen_ai.usage.output_tokens"),
-                    ] {
-                        if let Some(n) = usage[k].as_i64() {
-                            open.span.attributes.push(int(name, n));
-                        }
+                    for (name, n) in usage(e) {
+                        open.span.attributes.push(int(name, n));
                     }
                     let error = (e.name == EventName::ProviderRequestFailed).then(|| {
                         format!(
