@@ -6,6 +6,7 @@ pub mod concurrency;
 pub mod duration;
 pub mod error;
 pub mod escape;
+pub mod graph;
 pub mod html;
 pub mod layout;
 pub mod lines;

@@ -248,3 +248,40 @@ fn help_teaches_with_examples() {
     let top = text(&troupe().arg("--help").output().unwrap().stdout);
     assert!(top.contains("report"), "{top}");
 }
+
+#[test]
+fn graph_draws_the_pipeline_above_the_timeline() {
+    let runs = tempfile::tempdir().unwrap();
+    let (id, run) = run_fanout(runs.path(), &["--ctx", "width=3"]);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let html = runs.path().join("r.html");
+    let out = report(
+        runs.path(),
+        &[
+            &id,
+            "--html",
+            html.to_str().unwrap(),
+            "--graph",
+            "--store",
+            runs.path().join("troupe.db").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    let graph = &page[page.find("<h2>Pipeline</h2>").expect("a pipeline section")..];
+    let graph = &graph[..graph.find("</svg>").unwrap()];
+    for stage in ["plan", "worker", "reduce", "start", "end"] {
+        assert!(
+            graph.contains(&format!(">{stage}</text>")),
+            "{stage} is drawn"
+        );
+    }
+    assert!(
+        graph.contains("map over ctx.upstream[0].parsed.items"),
+        "the fan-out's label"
+    );
+    assert!(graph.contains("stroke-dasharray"), "the join is dashed");
+    // Without --html there is nowhere to draw it.
+    let out = report(runs.path(), &[&id, "--svg", "x.svg", "--graph"]);
+    assert_eq!(out.status.code(), Some(2));
+}

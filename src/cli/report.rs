@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::Exit;
 use crate::error::HasCode;
-use crate::report::{ReportError, RowBudget, SvgOptions, load_run, render_html, render_svg};
+use crate::report::{ReportError, RowBudget, SvgOptions, load_run, render_svg};
 
 /// Examples and what the picture shows, after `troupe report --help`.
 pub const AFTER_HELP: &str = "\
@@ -63,11 +63,16 @@ pub struct ReportArgs {
     /// Print what was written (or the error) as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Draw the pipeline's graph (stages, the next table, fan-outs with
+    /// their caps, joins) above the timeline in the HTML page; the
+    /// pipeline is read from where the run store says the run's came from.
+    #[arg(long, requires = "html")]
+    pub graph: bool,
 }
 
 /// Where the run's folder is: the run store knows (and takes an id
 /// prefix); without a store, or a run it does not have, `--runs-dir`.
-fn locate(args: &ReportArgs) -> (PathBuf, String) {
+fn locate(args: &ReportArgs) -> (PathBuf, String, Option<PathBuf>) {
     let path = super::options::store_path(args.store.as_deref(), &args.runs_dir);
     let found = path
         .exists()
@@ -77,14 +82,17 @@ fn locate(args: &ReportArgs) -> (PathBuf, String) {
     match found {
         Some(run) => {
             let dir = PathBuf::from(&run.run_dir);
+            let pipeline = Some(PathBuf::from(&run.pipeline_dir));
             match (dir.parent(), dir.file_name()) {
-                (Some(parent), Some(name)) => {
-                    (parent.to_owned(), name.to_string_lossy().into_owned())
-                }
-                _ => (args.runs_dir.clone(), args.run_id.clone()),
+                (Some(parent), Some(name)) => (
+                    parent.to_owned(),
+                    name.to_string_lossy().into_owned(),
+                    pipeline,
+                ),
+                _ => (args.runs_dir.clone(), args.run_id.clone(), pipeline),
             }
         }
-        None => (args.runs_dir.clone(), args.run_id.clone()),
+        None => (args.runs_dir.clone(), args.run_id.clone(), None),
     }
 }
 
@@ -112,7 +120,7 @@ fn write_report(args: &ReportArgs) -> Result<Vec<Written>, ReportError> {
     if args.svg.is_none() && args.html.is_none() {
         return Err(ReportError::NothingToWrite);
     }
-    let (runs_dir, run_id) = locate(args);
+    let (runs_dir, run_id, pipeline_dir) = locate(args);
     let timeline = load_run(&runs_dir, &run_id)?;
     let opts = SvgOptions {
         width: args.width,
@@ -127,9 +135,35 @@ fn write_report(args: &ReportArgs) -> Result<Vec<Written>, ReportError> {
         written.push(write(path, "svg", render_svg(&timeline, &opts))?);
     }
     if let Some(path) = &args.html {
-        written.push(write(path, "html", render_html(&timeline, &opts))?);
+        let graph = if args.graph {
+            graph_of(pipeline_dir.as_deref())
+        } else {
+            None
+        };
+        let page = crate::report::html::render_html_with(&timeline, &opts, graph.as_deref());
+        written.push(write(path, "html", page)?);
     }
     Ok(written)
+}
+
+/// The pipeline's graph as SVG; `None`, said on stderr, when the store does
+/// not know where the pipeline is or it no longer loads.
+fn graph_of(dir: Option<&Path>) -> Option<String> {
+    let Some(dir) = dir else {
+        eprintln!("note: --graph: the run store does not know this run's pipeline; no graph drawn");
+        return None;
+    };
+    match crate::definition::load_pipeline(dir) {
+        Ok(p) => Some(crate::report::graph::pipeline_svg(&p)),
+        Err(diags) => {
+            eprintln!(
+                "note: --graph: the pipeline at {} does not load ({} problems); no graph drawn",
+                dir.display(),
+                diags.0.len()
+            );
+            None
+        }
+    }
 }
 
 fn write(path: &Path, format: &'static str, text: String) -> Result<Written, ReportError> {

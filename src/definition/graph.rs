@@ -7,12 +7,15 @@
 use super::model::{Next, Pipeline, Siblings, StageKind};
 
 /// One edge: from, to, label.
-type Edge = (String, String, String);
+pub type Edge = (String, String, String);
 
-const START: &str = "__start__";
-const END: &str = "__end__";
+/// The start node's id in [`edges`].
+pub const START: &str = "__start__";
+/// The end node's id in [`edges`].
+pub const END: &str = "__end__";
 
-fn kind_label(p: &Pipeline, id: &str) -> String {
+/// A stage's label: its id, then its kind (an LLM stage's allowed tools).
+pub fn kind_label(p: &Pipeline, id: &str) -> String {
     match p.stage(id).map(|s| &s.kind) {
         Some(StageKind::Llm(def)) => {
             if def.allowed_tools.is_empty() {
@@ -27,7 +30,8 @@ fn kind_label(p: &Pipeline, id: &str) -> String {
     }
 }
 
-fn edges(p: &Pipeline) -> Vec<Edge> {
+/// The graph's edges, start and end included.
+pub fn edges(p: &Pipeline) -> Vec<Edge> {
     let mut out: Vec<Edge> = vec![(START.to_owned(), p.entry.clone(), String::new())];
     for stage in &p.stages {
         let id = &stage.id;

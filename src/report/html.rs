@@ -19,6 +19,12 @@ table.run td{text-align:left}.timeline{overflow-x:auto;margin:16px 0}";
 /// The report page: `opts` draws the timeline (its `xmlns` is not needed
 /// inline and is left out).
 pub fn render_html(t: &Timeline, opts: &SvgOptions) -> String {
+    render_html_with(t, opts, None)
+}
+
+/// The report page with the pipeline's graph (`graph::pipeline_svg`)
+/// drawn above the timeline.
+pub fn render_html_with(t: &Timeline, opts: &SvgOptions, graph: Option<&str>) -> String {
     let svg = render_svg(
         t,
         &SvgOptions {
@@ -50,7 +56,13 @@ pub fn render_html(t: &Timeline, opts: &SvgOptions) -> String {
     field("wall time", &fmt_duration(t.wall()));
     field("stage executions", &t.executions.len().to_string());
     field("parallel groups", &t.groups.len().to_string());
-    out.push_str("</table>\n<div class=\"timeline\">\n");
+    out.push_str("</table>\n");
+    if let Some(graph) = graph {
+        out.push_str("<h2>Pipeline</h2>\n<div class=\"timeline\">\n");
+        out.push_str(graph);
+        out.push_str("</div>\n");
+    }
+    out.push_str("<div class=\"timeline\">\n");
     out.push_str(&svg);
     out.push_str("</div>\n");
     stages_table(&mut out, t);
