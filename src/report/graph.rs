@@ -63,10 +63,10 @@ pub fn pipeline_svg(p: &Pipeline) -> String {
         }
     }
     let mut out = String::new();
-    let _ = write!(
+    let _ = writeln!(
         out,
         "<svg class=\"pipeline\" width=\"{width:.0}\" height=\"{height:.0}\" viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"system-ui,sans-serif\" font-size=\"12\">\
-<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0L10,5L0,10z\" fill=\"#607d8b\"/></marker></defs>\n"
+<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0L10,5L0,10z\" fill=\"#607d8b\"/></marker></defs>"
     );
     for (from, to, label) in &edges {
         let (Some(&(x1, y1)), Some(&(x2, y2))) = (at.get(from.as_str()), at.get(to.as_str()))
