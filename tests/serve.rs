@@ -122,6 +122,14 @@ fn cli(dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Submits `stages/fanout` with `flags`; the run id.
+fn submit_fanout(dir: &Path, flags: &[&str]) -> String {
+    let fanout = fanout();
+    let mut args = vec![fanout.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    submit(dir, &args)
+}
+
 fn submit(dir: &Path, args: &[&str]) -> String {
     let mut all = vec!["submit"];
     all.extend_from_slice(args);
@@ -213,16 +221,9 @@ fn twenty_runs_submitted_at_once_all_finish_and_never_more_than_max_runs_run() {
 fn ten_watchers_follow_a_wide_run_to_its_end_and_miss_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let _server = Server::start(dir.path(), &[]);
-    let fanout = fanout();
-    let id = submit(
+    let id = submit_fanout(
         dir.path(),
-        &[
-            fanout.to_str().unwrap(),
-            "--ctx",
-            "width=10000",
-            "--parallel-cap",
-            "256",
-        ],
+        &["--ctx", "width=10000", "--parallel-cap", "256"],
     );
     let watchers: Vec<Child> = (0..10)
         .map(|_| {
@@ -348,17 +349,7 @@ fn a_second_process_approves_answers_and_cancels_hosted_runs() {
     assert!(!granted.to_string().contains("Bearer"));
 
     // Cancel from elsewhere: strict, as Ctrl-C.
-    let fanout = fanout();
-    let long = submit(
-        dir.path(),
-        &[
-            fanout.to_str().unwrap(),
-            "--ctx",
-            "width=100000",
-            "--latency",
-            "20ms",
-        ],
-    );
+    let long = submit_fanout(dir.path(), &["--ctx", "width=100000", "--latency", "20ms"]);
     until("the run to start", || audit(dir.path(), &long).len() > 20);
     let out = cli(dir.path(), &["cancel", &long[..13]]);
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
@@ -373,11 +364,9 @@ fn a_second_process_approves_answers_and_cancels_hosted_runs() {
 fn a_killed_server_leaves_its_runs_interrupted_and_a_new_one_resumes_them() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &[]);
-    let fanout = fanout();
-    let id = submit(
+    let id = submit_fanout(
         dir.path(),
         &[
-            fanout.to_str().unwrap(),
             "--ctx",
             "width=2000",
             "--parallel-cap",
@@ -436,15 +425,13 @@ fn a_killed_server_leaves_its_runs_interrupted_and_a_new_one_resumes_them() {
 
 #[test]
 fn sigterm_cancels_the_runs_and_drain_lets_them_finish() {
-    let fanout = fanout();
     for (drain, expected) in [(false, "cancelled"), (true, "ok")] {
         let dir = tempfile::tempdir().unwrap();
         let flags: &[&str] = if drain { &["--drain"] } else { &[] };
         let server = Server::start(dir.path(), flags);
-        let id = submit(
+        let id = submit_fanout(
             dir.path(),
             &[
-                fanout.to_str().unwrap(),
                 "--ctx",
                 "width=400",
                 "--parallel-cap",

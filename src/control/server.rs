@@ -31,7 +31,7 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use super::auth::Auth;
-use super::hosted::{Hosted, RunControl, Submission};
+use super::hosted::{Hosted, RunControl, Submission, Submitter};
 use super::reply::{error, ok_json};
 use super::stream::follow;
 use crate::runtime::interaction::{Answer, AnswerRemote, ListPending};
@@ -360,14 +360,22 @@ fn closed() -> Response {
     )
 }
 
-async fn submit(State(hosted): State<Arc<Hosted>>, body: Bytes) -> Response {
+/// The server's submitter and the submission `body` holds, or why not.
+fn accept(
+    hosted: &Hosted,
+    body: &Bytes,
+) -> Result<(Arc<dyn Submitter>, Submission), Box<Response>> {
     let Some(submitter) = hosted.submitter.clone() else {
-        return no_submitter();
+        return Err(Box::new(no_submitter()));
     };
     if hosted.is_closed() {
-        return closed();
+        return Err(Box::new(closed()));
     }
-    let submission = match submission(&body) {
+    Ok((submitter, submission(body)?))
+}
+
+async fn submit(State(hosted): State<Arc<Hosted>>, body: Bytes) -> Response {
+    let (submitter, submission) = match accept(&hosted, &body) {
         Ok(s) => s,
         Err(e) => return *e,
     };
@@ -387,13 +395,7 @@ async fn resume(
     UrlPath(id): UrlPath<String>,
     body: Bytes,
 ) -> Response {
-    let Some(submitter) = hosted.submitter.clone() else {
-        return no_submitter();
-    };
-    if hosted.is_closed() {
-        return closed();
-    }
-    let submission = match submission(&body) {
+    let (submitter, submission) = match accept(&hosted, &body) {
         Ok(s) => s,
         Err(e) => return *e,
     };

@@ -412,16 +412,7 @@ impl Driven {
         let (mut report, last_seq) = match outcome {
             Outcome::Report(r, seq) => (r, seq),
             Outcome::Aborted(e) => {
-                if let Some(kept) = kept {
-                    let reason = format!("Session/RunAborted: {e}");
-                    end_in_store(
-                        kept,
-                        &run_id,
-                        "failed",
-                        Some(&reason),
-                        &serde_json::Value::Null,
-                    );
-                }
+                failed_in_store(kept, &run_id, &format!("Session/RunAborted: {e}"));
                 return Concluded::Aborted(e);
             }
             Outcome::Check(e) => {
@@ -432,16 +423,7 @@ impl Driven {
             }
             Outcome::Store(e) => return Concluded::Refused(super::store_refusal(&e)),
             Outcome::Nats(e) => {
-                if let Some(kept) = kept {
-                    let reason = format!("{}: {e}", e.code());
-                    end_in_store(
-                        kept,
-                        &run_id,
-                        "failed",
-                        Some(&reason),
-                        &serde_json::Value::Null,
-                    );
-                }
+                failed_in_store(kept, &run_id, &format!("{}: {e}", e.code()));
                 return Concluded::Refused(super::nats_refusal(&e));
             }
         };
@@ -515,6 +497,20 @@ fn keep(
         _lock: lock,
         writer,
     })
+}
+
+/// Records a run that stopped before its report as failed, when it is
+/// kept.
+fn failed_in_store(kept: Option<Kept>, run_id: &str, reason: &str) {
+    if let Some(kept) = kept {
+        end_in_store(
+            kept,
+            run_id,
+            "failed",
+            Some(reason),
+            &serde_json::Value::Null,
+        );
+    }
 }
 
 /// Waits for the writer, then records how the session ended; a warning
