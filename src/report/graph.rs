@@ -161,7 +161,7 @@ mod tests {
         let p = crate::definition::load_pipeline(dir.path()).expect("valid");
         let svg = pipeline_svg(&p);
         assert_eq!(svg.matches("<rect").count(), 4, "start, a, b, end");
-        assert_eq!(svg.matches("<path d=").count(), 3, "start→a, a→b, b→end");
+        assert_eq!(svg.matches("marker-end").count(), 3, "start→a, a→b, b→end");
         assert!(!svg.contains("<b>"));
     }
 }
