@@ -759,10 +759,49 @@ fn metrics_count_the_runs_executions_requests_and_tool_calls() {
         "{body}"
     );
     assert!(m["troupe_audit_events_total"] > 100.0, "{body}");
+    assert!(m.contains_key("troupe_audit_idle_seconds"), "{body}");
     let out = cli(dir.path(), &["cancel", &waiting, "--server", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+
+    // A fan-out of three under cap 1 whose first sibling waits for an
+    // approval: two siblings wait for a slot.
+    let worker =
+        common::stage_md("worker", "", "Work.").replace("allowedTools: [Read]", "allowedTools: []");
+    let plan = common::stage_md("plan", "", "Plan.").replace(
+        "required: [summary]\n  properties:\n    summary: { type: string }",
+        "required: [items]\n  properties:\n    items: { type: array }",
+    );
+    let fan = common::Fixture::new(
+        "id: fan\nentry: plan\nstages:\n  plan: plan.md\n  worker: worker.md\nnext:\n  plan: { parallel: { map: worker, over: \"ctx.upstream[0].parsed.items\", cap: 1 } }\n  worker: end\n",
+        &[
+            ("plan.md", &plan),
+            ("worker.md", &worker),
+            (
+                "script.yaml",
+                "stages:\n  plan:\n    - complete: { items: [1, 2, 3] }\n  worker:\n    - tool: Echo\n      args: { text: hi }\n    - complete: { summary: done }\n",
+            ),
+        ],
+    );
+    let fanning = submit(
+        dir.path(),
+        &[fan.path().to_str().unwrap(), "--server", &url],
+    );
+    let _ = wait_json(
+        dir.path(),
+        &["pending", &fanning, "--json", "--server", &url],
+        "an approval",
+        |v| v.get(0)?["proposalId"].as_str().map(str::to_owned),
+    );
+    let (_, _, body) = get(&addr, "/metrics", &bearer);
+    let m = parse_exposition(&body);
+    assert_eq!(
+        m["troupe_executions_waiting{stage=\"worker\"}"], 2.0,
+        "{body}"
+    );
+    let out = cli(dir.path(), &["cancel", &fanning, "--server", &url]);
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     until("the cancel to be counted", || {
         let (_, _, body) = get(&addr, "/metrics", &bearer);
-        parse_exposition(&body)["troupe_runs{status=\"cancelled\"}"] == 1.0
+        parse_exposition(&body)["troupe_runs{status=\"cancelled\"}"] == 2.0
     });
 }

@@ -55,6 +55,11 @@ pub struct LogView {
     pub requests: Requests,
     /// Tool calls by (tool, outcome).
     pub tools: BTreeMap<(String, &'static str), u64>,
+    /// Open parallel turns: turn id → (stage, width, the stage's entries
+    /// when the turn began).
+    fanouts: BTreeMap<String, (String, u64, u64)>,
+    /// The last event's `ts` (RFC 3339).
+    pub last_ts: Option<String>,
 }
 
 /// The string value of `"name":"…"` in a line the writer made (no
@@ -112,6 +117,7 @@ impl LogView {
             return;
         };
         self.last_seq = seq;
+        self.last_ts = text(line, "ts").map(str::to_owned);
         if event != "WorkflowExit" && self.status.is_some() {
             // Resumed: the run goes on after its earlier exit.
             self.status = None;
@@ -123,6 +129,24 @@ impl LogView {
                 let provider = &v["provider"];
                 if let Some(model) = provider["model"].as_str().or(provider["name"].as_str()) {
                     model.clone_into(&mut self.model);
+                }
+            }
+            "SessionTurnStart" if text(line, "execution") == Some("parallel") => {
+                let stage = line
+                    .find("\"stages\":[\"")
+                    .map(|at| &line[at + "\"stages\":[\"".len()..])
+                    .and_then(|rest| rest.split(['[', '"']).next())
+                    .unwrap_or("?")
+                    .to_owned();
+                let width = number(line, "width").unwrap_or(0);
+                let before = self.stages.get(&stage).map_or(0, |e| e.entered);
+                if let Some(turn) = text(line, "turnId") {
+                    self.fanouts.insert(turn.to_owned(), (stage, width, before));
+                }
+            }
+            "SessionTurnEnd" => {
+                if let Some(turn) = text(line, "turnId") {
+                    self.fanouts.remove(turn);
                 }
             }
             "StageEntered" => self.stage(line).entered += 1,
@@ -161,6 +185,18 @@ impl LogView {
     fn tool(&mut self, line: &str, outcome: &'static str) {
         let tool = text(line, "tool").unwrap_or("?").to_owned();
         *self.tools.entry((tool, outcome)).or_default() += 1;
+    }
+
+    /// Siblings of the open fan-outs not started yet (waiting for a cap
+    /// slot), by stage.
+    pub fn waiting(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for (stage, width, before) in self.fanouts.values() {
+            let entered = self.stages.get(stage).map_or(0, |e| e.entered);
+            let started = entered.saturating_sub(*before);
+            *out.entry(stage.clone()).or_default() += width.saturating_sub(started);
+        }
+        out
     }
 
     /// Executions of every stage by how they stand, as the API shows them.
@@ -212,5 +248,17 @@ mod tests {
         view.take(r#"{"seq":4,"ts":"t","event":"StageExited","stageId":"w","verdict":"ok"}"#);
         assert_eq!(view.stages["w"].running(), 0);
         assert_eq!(view.model, "scripted");
+    }
+
+    #[test]
+    fn siblings_not_started_are_waiting_until_their_turn_ends() {
+        let mut view = LogView::default();
+        view.take(r#"{"seq":1,"ts":"t1","event":"SessionTurnStart","turnId":"r/turn/2","stages":["worker[3]"],"execution":"parallel","width":3,"cap":1}"#);
+        assert_eq!(view.waiting()["worker"], 3);
+        view.take(r#"{"seq":2,"ts":"t2","event":"StageEntered","stageId":"worker","index":0}"#);
+        assert_eq!(view.waiting()["worker"], 2);
+        assert_eq!(view.last_ts.as_deref(), Some("t2"));
+        view.take(r#"{"seq":3,"ts":"t3","event":"SessionTurnEnd","turnId":"r/turn/2"}"#);
+        assert!(view.waiting().is_empty());
     }
 }

@@ -44,6 +44,9 @@ struct Totals {
     pending: u64,
     questions: u64,
     events: u64,
+    waiting: BTreeMap<String, u64>,
+    /// The longest a running run's log has gone without an event.
+    idle: f64,
 }
 
 pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
@@ -74,6 +77,18 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         t.pending += pending as u64;
         t.questions += questions as u64;
         t.events += view.last_seq;
+        for (stage, n) in view.waiting() {
+            *t.waiting.entry(stage).or_default() += n;
+        }
+        if view.status.is_none()
+            && let Some(ts) = view
+                .last_ts
+                .as_deref()
+                .and_then(crate::runtime::events::parse_rfc3339)
+            && let Ok(age) = std::time::SystemTime::now().duration_since(ts)
+        {
+            t.idle = t.idle.max(age.as_secs_f64());
+        }
     }
     let mut out = String::new();
     let runs: Vec<(String, u64)> = t
@@ -106,6 +121,18 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         "gauge",
         "Stage executions by stage and state (running, ok, failed, cancelled).",
         &executions,
+    );
+    let waiting: Vec<(String, u64)> = t
+        .waiting
+        .iter()
+        .map(|(s, n)| (format!("stage=\"{}\"", label(s)), *n))
+        .collect();
+    family(
+        &mut out,
+        "troupe_executions_waiting",
+        "gauge",
+        "Siblings of open fan-outs waiting for a cap slot, by stage.",
+        &waiting,
     );
     let by_model = |f: fn(&Requests) -> u64| -> Vec<(String, u64)> {
         t.models
@@ -181,6 +208,11 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         "counter",
         "Events the runs' audit logs hold.",
         &[(String::new(), t.events)],
+    );
+    let _ = writeln!(
+        out,
+        "# HELP troupe_audit_idle_seconds The longest a running run's audit log has gone without an event (a stuck run, or a writer behind).\n# TYPE troupe_audit_idle_seconds gauge\ntroupe_audit_idle_seconds {:.3}",
+        t.idle
     );
     (
         StatusCode::OK,
