@@ -21,6 +21,33 @@ pub fn print_report(
     for w in &report.warnings {
         eprintln!("warning: {w}");
     }
+    if json && !events {
+        // Written straight to stdout as it is serialized: a wide run's
+        // summary (a result per sibling) is never built as a document in
+        // memory first.
+        #[derive(serde::Serialize)]
+        struct Printed<'a> {
+            #[serde(flatten)]
+            report: &'a RunReport,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            provider: Option<&'a ProviderStats>,
+        }
+        let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+        let written = serde_json::to_writer_pretty(
+            &mut out,
+            &Printed {
+                report,
+                provider: stats,
+            },
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|()| std::io::Write::write_all(&mut out, b"\n").map_err(|e| e.to_string()))
+        .and_then(|()| std::io::Write::flush(&mut out).map_err(|e| e.to_string()));
+        if let Err(e) = written {
+            eprintln!("error: cannot write the report: {e}");
+        }
+        return;
+    }
     if json {
         let mut value = serde_json::to_value(report).unwrap_or(Value::Null);
         if let (Some(obj), Some(stats)) = (value.as_object_mut(), stats) {
@@ -29,14 +56,9 @@ pub fn print_report(
                 serde_json::to_value(stats).unwrap_or(Value::Null),
             );
         }
-        let printed = if events {
-            // The event stream is JSON lines: the summary is its last line,
-            // with the head keys every line has.
-            serde_json::to_string(&summary_line(value, report, last_seq))
-        } else {
-            serde_json::to_string_pretty(&value)
-        };
-        match printed {
+        // The event stream is JSON lines: the summary is its last line,
+        // with the head keys every line has.
+        match serde_json::to_string(&summary_line(value, report, last_seq)) {
             Ok(s) => println!("{s}"),
             Err(e) => eprintln!("error: cannot serialize the report: {e}"),
         }
@@ -57,9 +79,12 @@ pub fn print_report(
 }
 
 /// The report as the store keeps it: the summary without the results
-/// (those are the store's executions).
-pub fn stored_summary(report: &RunReport, stats: Option<&ProviderStats>) -> Value {
-    let mut value = serde_json::to_value(report).unwrap_or(Value::Null);
+/// (those are the store's executions), which are set aside while it is
+/// serialized rather than serialized and dropped.
+pub fn stored_summary(report: &mut RunReport, stats: Option<&ProviderStats>) -> Value {
+    let results = std::mem::take(&mut report.all_results);
+    let mut value = serde_json::to_value(&*report).unwrap_or(Value::Null);
+    report.all_results = results;
     if let Some(obj) = value.as_object_mut() {
         obj.remove("results");
         if let Some(stats) = stats {

@@ -429,12 +429,12 @@ impl Driven {
         };
         let stats = openai.as_ref().map(OpenAiProvider::stats);
         if let Some(kept) = kept {
+            let summary = stored_summary(&mut report, stats.as_ref());
             let (label, reason) = match &report.status {
                 RunStatus::Ok => ("ok", None),
                 RunStatus::Failed { reason } => ("failed", Some(reason.as_str())),
                 RunStatus::Cancelled => ("cancelled", Some(crate::runtime::cancel::TURN_CANCELLED)),
             };
-            let summary = stored_summary(&report, stats.as_ref());
             if let Some(warning) = end_in_store(kept, &run_id, label, reason, &summary) {
                 report.warnings.push(warning);
             }
