@@ -18,7 +18,7 @@ pub use grants::{GrantDecision, GrantError, GrantLedger, GrantRequest, args_dige
 pub use hub::{InteractionHub, InteractorSpec, form_fillers, start_hub};
 pub use interactors::{FormView, PromptView, Prompter, RuleInteractor, TerminalInteractor};
 pub use messages::{
-    Answer, Answered, InteractorHandle, Prompt, Raise, Released, Unprompt, WithdrawOwner,
+    Answer, Answered, InteractorHandle, Prompt, Raise, Released, Settle, Unprompt, WithdrawOwner,
 };
 pub use remember::{Remembered, command_prefix, prefix_matches};
 pub use remote::{

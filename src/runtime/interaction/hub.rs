@@ -322,6 +322,12 @@ impl Handler<TimedOut> for InteractionHub {
     }
 }
 
+impl Handler<super::messages::Settle> for InteractionHub {
+    type Result = ();
+
+    fn handle(&mut self, _msg: super::messages::Settle, _ctx: &mut Context<Self>) {}
+}
+
 impl Handler<WithdrawOwner> for InteractionHub {
     type Result = ();
 

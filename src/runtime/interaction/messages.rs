@@ -74,6 +74,13 @@ pub struct Released {
     pub responder: ResponderId,
 }
 
+/// Answered once every message sent to the hub before it was handled: the
+/// run's end waits for it, so that the withdrawals of the executions that
+/// just stopped are in the log before its `WorkflowExit`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Settle;
+
 /// A stage execution ended: withdraw its open interactions everywhere.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]

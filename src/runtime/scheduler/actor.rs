@@ -27,6 +27,8 @@ pub struct Scheduler {
     planner: Planner,
     executor: Option<Box<dyn Executor>>,
     hub: Option<Addr<InteractionHub>>,
+    /// The run's end is waiting for the hub to settle.
+    settling: bool,
     /// The arbiters executions run on (`RunSettings::threads` > 1).
     arbiters: Vec<ArbiterHandle>,
     /// The scopes of the live executions, by turn and slot.
@@ -67,6 +69,7 @@ impl Scheduler {
             planner,
             executor: None,
             hub,
+            settling: false,
             arbiters,
             live: HashMap::new(),
             group: None,
@@ -86,7 +89,8 @@ impl Scheduler {
 
     fn carry_out(&mut self, commands: Vec<PlanCommand>, ctx: &mut Context<Self>) -> Vec<usize> {
         let mut granted = Vec::new();
-        for command in commands {
+        let mut commands = commands.into_iter();
+        while let Some(command) = commands.next() {
             match command {
                 PlanCommand::Spawn(spawn) => {
                     let scope = match (&spawn.exec.slot, &self.group) {
@@ -121,6 +125,29 @@ impl Scheduler {
                     if let Some((_, group)) = &self.group {
                         group.cancel(sibling_failed_reason(&sibling));
                     }
+                }
+                // The run's end: the hub first handles what the executions
+                // that just stopped sent it (their prompts' withdrawals),
+                // so the log records them before the `WorkflowExit`.
+                PlanCommand::Emit(event)
+                    if event.name == crate::runtime::events::EventName::WorkflowExit
+                        && self.hub.is_some()
+                        && !self.settling =>
+                {
+                    self.settling = true;
+                    let rest: Vec<PlanCommand> = std::iter::once(PlanCommand::Emit(event))
+                        .chain(commands.by_ref())
+                        .collect();
+                    if let Some(hub) = &self.hub {
+                        ctx.wait(
+                            hub.send(crate::runtime::interaction::Settle)
+                                .into_actor(self)
+                                .map(move |_, act, ctx| {
+                                    act.carry_out(rest, ctx);
+                                }),
+                        );
+                    }
+                    break;
                 }
                 PlanCommand::Emit(event) => {
                     self.spec.bus.publish(event);
