@@ -26,6 +26,9 @@ Examples:
   troupe report <RUN_ID> --svg run.svg --html run.html
   troupe worker stages/fanout --nats nats://127.0.0.1:4222     # serve siblings
   troupe run stages/fanout --nats nats://127.0.0.1:4222         # siblings on workers
+  troupe serve --listen tcp:127.0.0.1:7700      # many runs in one server, with a dashboard
+  troupe submit stages/fanout --watch           # a run on the project's server
+  troupe chat --mode allowlist --allow Read     # a model with tools, no pipeline
 
 Exit codes:
   0    ok
@@ -195,8 +198,9 @@ Examples:
     /// --events -) until the run ends, and exits as the run does (0 ok,
     /// 1 failed, 130 cancelled). Ctrl-C leaves the run running.
     Watch(super::control::WatchArgs),
-    /// List the approvals of a running run that wait for an answer through
-    /// the control API (the run was started with --remote).
+    /// List the approvals and questions of a running run that wait for an
+    /// answer through the control API (a run started with --remote, or
+    /// hosted by `troupe serve`).
     Pending {
         #[command(flatten)]
         at: super::control::RunRef,
