@@ -290,8 +290,9 @@ struct Measured {
 fn run(width: usize, cap: usize, cancel: bool, audit: bool) -> Measured {
     let dir = tempfile::tempdir().expect("a temp folder");
     let bus = EventBus::new();
-    let sink = audit
-        .then(|| start_audit_log(&bus, &dir.path().join("audit.jsonl")).expect("the audit log"));
+    let sink = audit.then(|| {
+        start_audit_log(&bus, &dir.path().join(troupe::auditlog::FILE)).expect("the audit log")
+    });
     let shared = Rc::new(Shared {
         bus: bus.clone(),
         run_id: "01a2023b-5c20-7666-99dc-52370a7be689".into(),

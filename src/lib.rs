@@ -4,10 +4,11 @@
 //! `troupe-actors`.
 //!
 //! Layers, lowest first; a module imports only its own layer and those
-//! below (`tests/layering.rs` checks it): `error`, `environ` → `definition` →
+//! below (`tests/layering.rs` checks it): `error`, `environ`, `auditlog` → `definition` →
 //! `provider`, `tools` → `runtime` → `store`, `report`, `bench`,
 //! `distributed`, `control`, `telemetry` → `cli`.
 
+pub mod auditlog;
 pub mod bench;
 pub mod cli;
 pub mod control;

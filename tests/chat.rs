@@ -56,11 +56,15 @@ fn turns(dir: &Path) -> Vec<Value> {
 }
 
 fn audit(dir: &Path, run: &str) -> Vec<Value> {
-    std::fs::read_to_string(dir.join(".troupe/runs").join(run).join("audit.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    troupe::auditlog::read_text(
+        &dir.join(".troupe/runs")
+            .join(run)
+            .join(troupe::auditlog::FILE),
+    )
+    .unwrap()
+    .lines()
+    .map(|l| serde_json::from_str(l).unwrap())
+    .collect()
 }
 
 fn events<'a>(log: &'a [Value], name: &str) -> Vec<&'a Value> {

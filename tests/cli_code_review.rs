@@ -115,7 +115,10 @@ impl Setup {
             .unwrap();
         let report: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
-        let audit = std::fs::read_to_string(report["auditPath"].as_str().unwrap()).unwrap();
+        let audit = troupe::auditlog::read_text(std::path::Path::new(
+            report["auditPath"].as_str().unwrap(),
+        ))
+        .unwrap();
         let lines = audit
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())

@@ -239,7 +239,7 @@ fn kill_9_mid_fan_out_then_resume_runs_every_sibling_to_its_exit_once() {
 
     // What the dead process flushed is a prefix of what it streamed.
     let audit = project.audit_path(&run_id);
-    let text = std::fs::read_to_string(&audit).unwrap();
+    let text = project.audit_text(&run_id);
     let lines: Vec<&str> = text
         .split_inclusive('\n')
         .filter(|l| l.ends_with('\n'))
@@ -262,13 +262,11 @@ fn kill_9_mid_fan_out_then_resume_runs_every_sibling_to_its_exit_once() {
         .iter()
         .map(|&i| &flushed[i])
         .collect();
-    let mut kept = lines[..cut].concat();
-    kept.push_str("{\"seq\":");
-    std::fs::write(&audit, kept).unwrap();
+    common::project::write_killed_log(&audit, &lines[..cut].concat(), "{\"seq\":");
 
     let resumed = resume(&project, &run_id);
     assert!(
-        resumed.stderr.contains("a torn last line cut"),
+        resumed.stderr.contains("its torn end made whole"),
         "{}",
         resumed.stderr
     );

@@ -19,7 +19,7 @@ fn stages(name: &str) -> String {
 }
 
 fn audit_lines(path: &str) -> Vec<Value> {
-    std::fs::read_to_string(path)
+    troupe::auditlog::read_text(std::path::Path::new(path))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -85,7 +85,7 @@ fn json_report_and_audit_log_agree() {
     assert_eq!(report["groups"][0]["cap"], 4);
     let audit = report["auditPath"].as_str().unwrap();
     assert!(audit.ends_with(&format!(
-        "{}/audit.jsonl",
+        "{}/audit.jsonl.zst",
         report["runId"].as_str().unwrap()
     )));
     let lines = audit_lines(audit);
@@ -332,7 +332,7 @@ fn first_interrupt_cancels_the_run_with_exit_130_and_a_flushed_audit_log() {
         runs.path()
             .join("runs")
             .join(&run_id)
-            .join("audit.jsonl")
+            .join(troupe::auditlog::FILE)
             .to_str()
             .unwrap(),
     );

@@ -245,7 +245,7 @@ fn send(child: &Child, signal: Signal) {
 }
 
 fn audit_lines(runs: &Path, run_id: &str) -> Vec<Value> {
-    std::fs::read_to_string(runs.join("runs").join(run_id).join("audit.jsonl"))
+    troupe::auditlog::read_text(&runs.join("runs").join(run_id).join(troupe::auditlog::FILE))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

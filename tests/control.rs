@@ -138,7 +138,7 @@ impl Run {
         let id = self.id.clone();
         let kept = Kept(self._dir, self._pipeline);
         let out = self.child.wait_with_output().unwrap();
-        let audit = std::fs::read_to_string(runs.join(&id).join("audit.jsonl"))
+        let audit = troupe::auditlog::read_text(&runs.join(&id).join(troupe::auditlog::FILE))
             .unwrap()
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())

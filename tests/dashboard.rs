@@ -318,13 +318,13 @@ fn the_dashboard_shows_counts_moving_and_takes_an_approval_and_an_answer() {
     });
     let watched = server.troupe(&["watch", &asked]);
     assert_eq!(watched.status.code(), Some(0), "{}", said(&watched));
-    let log = std::fs::read_to_string(
-        server
+    let log = troupe::auditlog::read_text(
+        &server
             .dir
             .path()
             .join(".troupe/runs")
             .join(&asked)
-            .join("audit.jsonl"),
+            .join(troupe::auditlog::FILE),
     )
     .unwrap();
     assert!(

@@ -519,7 +519,8 @@ fn a_server_with_a_password_refuses_the_wrong_one_and_never_sees_it_logged() {
     let s = summary(&out);
     let events = audit(&s);
     check_log(&events, 4);
-    let log = std::fs::read_to_string(s["auditPath"].as_str().unwrap()).unwrap();
+    let log = troupe::auditlog::read_text(std::path::Path::new(s["auditPath"].as_str().unwrap()))
+        .unwrap();
     assert!(!log.contains(password));
     assert!(!String::from_utf8_lossy(&out.stderr).contains(password));
 }

@@ -142,7 +142,7 @@ fn run_fanout(server: &FakeOpenAi, project: &Path) -> (Output, Vec<Value>) {
         .output()
         .unwrap();
     let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap();
-    let log = std::fs::read_to_string(run.path().join("audit.jsonl")).unwrap();
+    let log = troupe::auditlog::read_text(&run.path().join(troupe::auditlog::FILE)).unwrap();
     let log = log
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -406,7 +406,7 @@ const THREE_TURNS: &str = "stages:\n  s:\n    - { tool: Echo, args: { text: one 
 #[test]
 fn an_audit_log_on_a_full_disk_fails_the_run_and_says_what_was_lost() {
     let f = one_stage("Echo", "", THREE_TURNS);
-    let path = f.path().join("run/audit.jsonl");
+    let path = f.path().join("run/audit.jsonl.zst");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink("/dev/full", &path).unwrap();
     let (report, events) = run_spec(f.path(), |spec| {
@@ -429,9 +429,9 @@ fn an_audit_log_removed_mid_run_fails_the_run_and_says_what_was_lost() {
     let f = one_stage(
         "Bash",
         "",
-        "stages:\n  s:\n    - { tool: Bash, args: { command: \"rm run/audit.jsonl\" } }\n    - { tool: Bash, args: { command: \"echo after\" } }\n    - complete: { n: 1 }\n",
+        "stages:\n  s:\n    - { tool: Bash, args: { command: \"rm run/audit.jsonl.zst\" } }\n    - { tool: Bash, args: { command: \"echo after\" } }\n    - complete: { n: 1 }\n",
     );
-    let path = f.path().join("run/audit.jsonl");
+    let path = f.path().join("run/audit.jsonl.zst");
     let (report, events) = run_spec(f.path(), |spec| {
         vec![start_audit_log(&spec.bus, &path).unwrap()]
     });
@@ -448,7 +448,7 @@ fn an_audit_log_that_fails_stops_the_run_before_its_next_step() {
     // The writer fails on its first flush, long before the model's
     // second reply: the run is cancelled instead of working unrecorded.
     let f = one_stage("Echo", "", THREE_TURNS);
-    let path = f.path().join("run/audit.jsonl");
+    let path = f.path().join("run/audit.jsonl.zst");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink("/dev/full", &path).unwrap();
     let (report, events) = run_spec(f.path(), |spec| {

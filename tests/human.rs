@@ -156,7 +156,7 @@ fn a_second_process_answers_and_a_wrong_answer_is_refused() {
         result(&summary, "ask")["parsed"],
         serde_json::json!({"ok": true, "note": "go"})
     );
-    let audit = std::fs::read_to_string(runs.join(&id).join("audit.jsonl")).unwrap();
+    let audit = troupe::auditlog::read_text(&runs.join(&id).join(troupe::auditlog::FILE)).unwrap();
     let answered: Vec<Value> = audit
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())

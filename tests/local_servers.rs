@@ -35,7 +35,7 @@ fn audit(runs: &std::path::Path) -> Vec<Value> {
         .next()
         .unwrap()
         .unwrap();
-    std::fs::read_to_string(run.path().join("audit.jsonl"))
+    troupe::auditlog::read_text(&run.path().join(troupe::auditlog::FILE))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

@@ -87,7 +87,7 @@ fn run(project: &Project, flags: &[&str]) -> (Output, Value, Vec<Value>) {
     let audit = summary["auditPath"]
         .as_str()
         .map(|p| {
-            std::fs::read_to_string(project.path().join(p))
+            troupe::auditlog::read_text(&project.path().join(p))
                 .unwrap()
                 .lines()
                 .map(|l| serde_json::from_str(l).unwrap())
@@ -230,8 +230,13 @@ fn an_allowed_tool_the_server_does_not_list_stops_the_run_before_any_stage() {
             let runs: Vec<_> = std::fs::read_dir(project.path().join(".troupe/runs"))
                 .unwrap()
                 .collect();
-            runs.iter()
-                .all(|r| !r.as_ref().unwrap().path().join("audit.jsonl").exists())
+            runs.iter().all(|r| {
+                !r.as_ref()
+                    .unwrap()
+                    .path()
+                    .join(troupe::auditlog::FILE)
+                    .exists()
+            })
         }
     );
 }
@@ -531,7 +536,7 @@ fn a_streamable_http_server_is_reached_with_a_header_from_the_environment() {
     assert!(text.contains("over http"), "{text}");
     assert!(!said(&out).contains(secret));
     let audit =
-        std::fs::read_to_string(project.path().join(summary["auditPath"].as_str().unwrap()))
+        troupe::auditlog::read_text(&project.path().join(summary["auditPath"].as_str().unwrap()))
             .unwrap();
     assert!(!audit.contains(secret));
     assert!(

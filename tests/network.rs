@@ -99,7 +99,9 @@ fn network_deny_blocks_every_shell_of_the_run_and_allow_is_the_control() {
         );
     }
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let audit = read(&project, summary["auditPath"].as_str().unwrap());
+    let audit =
+        troupe::auditlog::read_text(&project.path().join(summary["auditPath"].as_str().unwrap()))
+            .unwrap();
     let started: Value = serde_json::from_str(audit.lines().next().unwrap()).unwrap();
     assert_eq!(started["network"], "deny", "recorded in WorkflowStarted");
 }

@@ -103,7 +103,7 @@ fn audit_text(runs: &std::path::Path) -> String {
         .next()
         .unwrap()
         .unwrap();
-    std::fs::read_to_string(run.path().join("audit.jsonl")).unwrap()
+    troupe::auditlog::read_text(&run.path().join(troupe::auditlog::FILE)).unwrap()
 }
 
 // ------------------------------------------------- replies and request shape

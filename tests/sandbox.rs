@@ -96,7 +96,10 @@ impl Project {
             String::from_utf8_lossy(&out.stderr)
         );
         let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let audit = std::fs::read_to_string(report["auditPath"].as_str().unwrap()).unwrap();
+        let audit = troupe::auditlog::read_text(std::path::Path::new(
+            report["auditPath"].as_str().unwrap(),
+        ))
+        .unwrap();
         let started: Value = serde_json::from_str(audit.lines().next().unwrap()).unwrap();
         assert_eq!(started["event"], "WorkflowStarted");
         let mode = started["shellSandbox"].as_str().unwrap().to_owned();

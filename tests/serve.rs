@@ -155,11 +155,15 @@ fn state_of(dir: &Path, id: &str) -> String {
 }
 
 fn audit(dir: &Path, id: &str) -> Vec<Value> {
-    std::fs::read_to_string(dir.join(".troupe/runs").join(id).join("audit.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    troupe::auditlog::read_text(
+        &dir.join(".troupe/runs")
+            .join(id)
+            .join(troupe::auditlog::FILE),
+    )
+    .unwrap_or_default()
+    .lines()
+    .filter_map(|l| serde_json::from_str(l).ok())
+    .collect()
 }
 
 #[test]

@@ -77,7 +77,7 @@ fn soak(runs: usize, width: u64, warm_up: usize, max_growth_kib: u64) {
             let provider = Arc::new(ScriptedProvider::new(script.clone()));
             let spec = RunSpec::new(Arc::clone(&pipeline), fields.clone(), provider, None);
             let run_dir = logs.path().join(i.to_string());
-            let audit = start_audit_log(&spec.bus, &run_dir.join("audit.jsonl")).unwrap();
+            let audit = start_audit_log(&spec.bus, &run_dir.join(troupe::auditlog::FILE)).unwrap();
             let (_session, done) = start_run(spec, vec![audit]);
             let report = done.await.unwrap();
             assert_eq!(report.status, RunStatus::Ok, "run {i}");
@@ -110,7 +110,7 @@ fn soak(runs: usize, width: u64, warm_up: usize, max_growth_kib: u64) {
 
 /// The run's audit log is whole: its last line is `WorkflowExit`.
 fn audit_lines_end_with_exit(run_dir: &Path) -> bool {
-    let text = std::fs::read_to_string(run_dir.join("audit.jsonl")).unwrap();
+    let text = troupe::auditlog::read_text(&run_dir.join(troupe::auditlog::FILE)).unwrap();
     text.lines()
         .last()
         .is_some_and(|l| l.contains("\"event\":\"WorkflowExit\""))

@@ -719,11 +719,12 @@ fn a_scripted_stage_reads_edits_and_runs_bash_under_root() {
         "the new name stays\n"
     );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let audit: Vec<Value> = std::fs::read_to_string(report["auditPath"].as_str().unwrap())
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let audit: Vec<Value> =
+        troupe::auditlog::read_text(std::path::Path::new(report["auditPath"].as_str().unwrap()))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
     let tools = |event: &str| -> Vec<String> {
         audit
             .iter()

@@ -136,7 +136,7 @@ impl Workload {
         };
         let mut spec = RunSpec::new(Arc::clone(&self.pipeline), fields, provider, Some(cell.cap));
         let run_dir = runs_dir.join(spec.run_id.as_str());
-        let audit_path = run_dir.join("audit.jsonl");
+        let audit_path = run_dir.join(crate::auditlog::FILE);
         let sink_path = audit_path.clone();
         let writer = if cell.store {
             Some(open_store(&spec, &self.pipeline, runs_dir, &run_dir)?)
@@ -229,7 +229,8 @@ impl Probed {
     /// log, after the run: a live subscriber would be one more thread and
     /// one more delivery per event inside the measurement.
     fn read(audit_path: &Path) -> Result<Probed, RunnerError> {
-        let file = std::fs::File::open(audit_path)?;
+        let file = crate::auditlog::DecodedReader::open(audit_path)
+            .map_err(|e| RunnerError::Input(e.to_string()))?;
         let mut seen = Probed::default();
         for line in BufReader::new(file).lines() {
             let line = line?;

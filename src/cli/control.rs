@@ -151,8 +151,9 @@ fn watch_log(args: &WatchArgs) -> Exit {
         Ok((_, dir)) => dir,
         Err(e) => return failed(&e),
     };
-    let text = match std::fs::read_to_string(dir.join("audit.jsonl")) {
-        Ok(t) => t,
+    let read = crate::auditlog::read_text(&crate::auditlog::in_dir(&dir));
+    let text = match read {
+        Ok(text) => text,
         Err(e) => {
             let _ = writeln!(
                 std::io::stderr(),

@@ -120,18 +120,14 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
         Vec::new()
     };
     let results = store.results(&run.id)?;
-    let audit = run_dir.join("audit.jsonl");
-    let io = |detail: String| StoreError::Io {
-        path: audit.clone(),
-        detail,
-    };
+    let audit = crate::auditlog::in_dir(&run_dir);
     if !audit.exists() {
-        std::fs::write(&audit, b"").map_err(|e| io(e.to_string()))?;
+        std::fs::write(&audit, b"").map_err(|e| StoreError::Io {
+            path: audit.clone(),
+            detail: e.to_string(),
+        })?;
     }
-    let scanned = scan(&audit).map_err(|detail| StoreError::Corrupt {
-        path: audit.clone(),
-        detail,
-    })?;
+    let scanned = scan(&audit).map_err(StoreError::from)?;
     // A result a worker reported while no coordinator read it goes into
     // the log with the events the worker recorded, not a bare recovery.
     let mut exits = store.exit_events(&run.id)?;
@@ -141,13 +137,14 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
         }
     }
     let ts = rfc3339(std::time::SystemTime::now());
-    let (repaired, scanned) = repair(&audit, scanned, &exits, &run.id, &ts).map_err(io)?;
+    let (repaired, scanned) =
+        repair(&audit, scanned, &exits, &run.id, &ts).map_err(StoreError::from)?;
     if repaired.torn_cut || repaired.exits_restored > 0 || repaired.cancels_added > 0 {
         eprintln!(
             "note: repaired the audit log of run {}: {}{} StageExited restored from the store, {} execution(s) the stopped process left open recorded as cancelled",
             run.id,
             if repaired.torn_cut {
-                "a torn last line cut, "
+                "its torn end made whole, "
             } else {
                 ""
             },

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use super::Exit;
 use super::launch::store_failed;
 use super::options::store_path;
+use crate::auditlog;
 use crate::definition::duration::parse_positive_duration;
 use crate::provider::Usage;
 use crate::runtime::events::rfc3339;
@@ -65,11 +66,24 @@ pub enum RunsCommand {
         #[arg(long, value_name = "ID[#INDEX]")]
         stage: Option<String>,
     },
-    /// Write the run's audit log as JSON lines (stdout, or --output).
+    /// Write the run's audit log as JSON lines (stdout, or --output):
+    /// the log on disk is zstd-compressed, this is its plain text.
     Export {
         run_id: String,
         #[arg(long, short, value_name = "FILE")]
         output: Option<PathBuf>,
+    },
+    /// Print the last events of a run's audit log as JSON lines; with
+    /// --follow, keep printing them as the run writes them, until it ends.
+    /// Works on the log itself: no `troupe serve` and no socket needed.
+    Tail {
+        run_id: String,
+        /// How many of the last events to print first.
+        #[arg(long, short = 'n', default_value_t = 10, value_name = "N")]
+        lines: usize,
+        /// Follow the run until it ends (or its process is gone).
+        #[arg(long, short)]
+        follow: bool,
     },
     /// Delete runs: their rows in the store and their folders.
     Rm {
@@ -106,6 +120,11 @@ pub fn run(args: RunsArgs) -> Exit {
         None => list(&path, args.limit, json),
         Some(RunsCommand::Show { run_id, stage }) => show(&path, &run_id, stage.as_deref(), json),
         Some(RunsCommand::Export { run_id, output }) => export(&path, &run_id, output.as_deref()),
+        Some(RunsCommand::Tail {
+            run_id,
+            lines,
+            follow,
+        }) => tail(&path, &run_id, lines, follow),
         Some(RunsCommand::Rm { run_ids }) => remove(&path, &run_ids, json),
         Some(RunsCommand::Gc {
             older_than,
@@ -293,7 +312,11 @@ fn show_text(
     );
     let _ = writeln!(out, "  pipeline {} ({})", run.pipeline_dir, run.digest);
     let _ = writeln!(out, "  ctx {}", run.ctx);
-    let _ = writeln!(out, "  audit log {}/audit.jsonl", run.run_dir);
+    let _ = writeln!(
+        out,
+        "  audit log {}",
+        auditlog::in_dir(Path::new(&run.run_dir)).display()
+    );
     let _ = writeln!(
         out,
         "\n{:<20} {:>7} {:>6} {:>8} {:>10} {:>8} {:>8} {:>12} {:>12}",
@@ -414,13 +437,8 @@ fn label(e: &ExecRow) -> String {
 fn export(path: &Path, id: &str, output: Option<&Path>) -> Result<Exit, StoreError> {
     let store = Store::open_read_only(path)?;
     let run = store.find_run(id)?;
-    let log = Path::new(&run.run_dir).join("audit.jsonl");
-    let io = |e: std::io::Error| StoreError::Io {
-        path: log.clone(),
-        detail: e.to_string(),
-    };
-    let file = std::fs::File::open(&log).map_err(io)?;
-    let mut reader = std::io::BufReader::new(file);
+    let log = auditlog::in_dir(Path::new(&run.run_dir));
+    let mut reader = auditlog::DecodedReader::open(&log)?;
     let mut sink: Box<dyn Write> = match output {
         Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(
             |e| StoreError::Io {
@@ -430,20 +448,105 @@ fn export(path: &Path, id: &str, output: Option<&Path>) -> Result<Exit, StoreErr
         )?)),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
-    let mut line = Vec::new();
+    // Whole lines only: a torn end (a killed process) is not an event.
+    match std::io::copy(&mut reader, &mut sink).and_then(|_| sink.flush()) {
+        Ok(()) => Ok(Exit::Ok),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(StoreError::AuditCorrupt {
+            detail: e.to_string(),
+        }),
+        Err(e) => Err(StoreError::Io {
+            path: output.map_or_else(|| log.clone(), Path::to_owned),
+            detail: e.to_string(),
+        }),
+    }
+}
+
+/// File bytes `runs tail` reads at once.
+const TAIL_READ: usize = 1 << 20;
+
+/// How often `runs tail --follow` looks for more.
+const TAIL_POLL: Duration = Duration::from_millis(50);
+
+/// `runs tail`: the last `lines` events of the run's log; with `follow`,
+/// then every event it gets until the run ends (its `WorkflowExit` with no
+/// process left running it) or its process is gone.
+fn tail(path: &Path, id: &str, lines: usize, follow: bool) -> Result<Exit, StoreError> {
+    let store = Store::open_read_only(path)?;
+    let run = store.find_run(id)?;
+    drop(store);
+    let dir = PathBuf::from(&run.run_dir);
+    let log = auditlog::in_dir(&dir);
+    let mut follower = auditlog::Follower::new(&log);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let io = |e: std::io::Error| StoreError::Io {
+        path: PathBuf::from("stdout"),
+        detail: e.to_string(),
+    };
+    // What is there now: the last `lines` of it.
+    let mut last: std::collections::VecDeque<Vec<u8>> = std::collections::VecDeque::new();
+    let mut batch = Vec::new();
+    let mut exited = false;
     loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line).map_err(io)? == 0 {
+        let n = follower.read_more(TAIL_READ, &mut batch)?;
+        for line in batch.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            exited = is_exit(line);
+            if lines > 0 {
+                if last.len() == lines {
+                    last.pop_front();
+                }
+                last.push_back(line.to_vec());
+            }
+        }
+        batch.clear();
+        if n < TAIL_READ {
             break;
         }
-        // Complete lines only: a torn last line (a killed process) is not
-        // an event.
-        if line.last() == Some(&b'\n') {
-            sink.write_all(&line).map_err(io)?;
-        }
     }
-    sink.flush().map_err(io)?;
-    Ok(Exit::Ok)
+    for line in &last {
+        out.write_all(line)
+            .and_then(|()| out.write_all(b"\n"))
+            .map_err(io)?;
+    }
+    out.flush().map_err(io)?;
+    if !follow {
+        return Ok(Exit::Ok);
+    }
+    loop {
+        let running = is_held(&dir);
+        let n = follower.read_more(TAIL_READ, &mut batch)?;
+        for line in batch.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            exited = is_exit(line);
+            out.write_all(line)
+                .and_then(|()| out.write_all(b"\n"))
+                .map_err(io)?;
+        }
+        batch.clear();
+        if n > 0 {
+            out.flush().map_err(io)?;
+            continue;
+        }
+        // Nothing new, and no process was running it before this look:
+        // everything it wrote has been read.
+        if !running {
+            if !exited {
+                eprintln!(
+                    "note: the run is not running and its log has no end: it was killed (`troupe resume {}` continues it)",
+                    run.id
+                );
+            }
+            return Ok(Exit::Ok);
+        }
+        std::thread::sleep(TAIL_POLL);
+    }
+}
+
+/// Whether an audit line is a `WorkflowExit` (from the head every line
+/// the writer makes begins with).
+fn is_exit(line: &[u8]) -> bool {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(crate::control::line_head)
+        .is_some_and(|(_, event)| event == "WorkflowExit")
 }
 
 fn remove(path: &Path, ids: &[String], json: bool) -> Result<Exit, StoreError> {

@@ -48,7 +48,7 @@ pub async fn timeline(State(hosted): State<Arc<Hosted>>, UrlPath(id): UrlPath<St
     };
     let path = run.audit_path.clone();
     let drawn = tokio::task::spawn_blocking(move || {
-        let file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
+        let file = crate::auditlog::DecodedReader::open(&path).map_err(|e| e.to_string())?;
         let timeline =
             crate::report::Timeline::from_audit(std::io::BufReader::with_capacity(1 << 16, file))
                 .map_err(|e| e.to_string())?;

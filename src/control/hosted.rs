@@ -11,6 +11,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::logview::LogView;
+use crate::auditlog::Follower;
 use crate::runtime::ask::QuestionDesk;
 use crate::runtime::interaction::RemoteDesk;
 
@@ -32,7 +33,7 @@ pub struct RunControl {
     /// Its session is over (a server may resume it).
     ended: AtomicBool,
     /// What the log said so far, read on from where it stopped.
-    log: Mutex<LogView>,
+    log: Mutex<(Follower, LogView)>,
 }
 
 impl std::fmt::Debug for RunControl {
@@ -61,7 +62,7 @@ impl RunControl {
             cancel_asked: AtomicBool::new(false),
             queued: AtomicBool::new(false),
             ended: AtomicBool::new(false),
-            log: Mutex::new(LogView::default()),
+            log: Mutex::new((Follower::new(audit_path), LogView::default())),
         }
     }
 
@@ -104,8 +105,9 @@ impl RunControl {
         let this = Arc::clone(self);
         tokio::task::spawn_blocking(move || {
             let mut log = this.log.lock().unwrap_or_else(PoisonError::into_inner);
-            log.read_on(&this.audit_path);
-            log.clone()
+            let (follower, view) = &mut *log;
+            view.read_on(follower);
+            view.clone()
         })
         .await
         .unwrap_or_default()
@@ -117,7 +119,7 @@ impl RunControl {
             return "queued".to_owned();
         }
         view.status.clone().unwrap_or_else(|| {
-            if view.offset == 0 {
+            if view.last_seq == 0 {
                 "starting".to_owned()
             } else {
                 "running".to_owned()

@@ -6,12 +6,15 @@
 //! parsed whole.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, Seek};
-use std::path::Path;
 
 use serde_json::{Value, json};
 
 use super::stream::line_head;
+use crate::auditlog::Follower;
+
+/// File bytes a look reads at once (compressed: about ten times as much
+/// log).
+const READ_AT_ONCE: usize = 1 << 20;
 
 /// Executions of one stage, by how they stand.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -43,7 +46,7 @@ pub struct Requests {
 /// The log as far as it was read.
 #[derive(Debug, Clone, Default)]
 pub struct LogView {
-    pub offset: u64,
+    /// The last event's `seq`; 0 before the log has one.
     pub last_seq: u64,
     /// The last `WorkflowExit`'s status (a resumed run's is followed by
     /// more events, which clear it).
@@ -83,26 +86,20 @@ fn number(line: &str, name: &str) -> Option<u64> {
 }
 
 impl LogView {
-    /// Reads the whole lines appended since the last call.
-    pub fn read_on(&mut self, path: &Path) {
-        let Ok(mut file) = std::fs::File::open(path) else {
-            return;
-        };
-        if file.seek(std::io::SeekFrom::Start(self.offset)).is_err() {
-            return;
-        }
-        let mut reader = std::io::BufReader::new(file);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => break,
-                // A line still being written: read again next time.
-                Ok(_) if !line.ends_with('\n') => break,
-                Ok(n) => {
-                    self.offset += n as u64;
+    /// Reads the whole lines `log` finds appended since the last call. A
+    /// log that cannot be read is left where it stopped (the run's own
+    /// end reports why).
+    pub fn read_on(&mut self, log: &mut Follower) {
+        let mut lines = Vec::new();
+        while let Ok(n) = log.read_more(READ_AT_ONCE, &mut lines) {
+            for line in lines.split(|b| *b == b'\n') {
+                if let Ok(line) = std::str::from_utf8(line) {
                     self.take(line.trim_end());
                 }
+            }
+            lines.clear();
+            if n < READ_AT_ONCE {
+                break;
             }
         }
     }

@@ -3,13 +3,14 @@
 //! connection, and reconnecting from a `seq` (`Last-Event-ID`) loses
 //! nothing the log has.
 
-use std::io::Seek;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use futures::Stream;
 use serde_json::Value;
+
+use crate::auditlog::Follower;
 
 /// How often a stream at the end of the log looks for more.
 const FOLLOW_POLL: Duration = Duration::from_millis(20);
@@ -40,8 +41,8 @@ fn seq_and_exit(line: &str) -> Option<(u64, bool)> {
 
 /// Events of one batch are written as one piece: a write per event per
 /// watcher would cost more than the run (measured: ten watchers of a
-/// 100 000-wide run).
-const BATCH_BYTES: usize = 256 * 1024;
+/// 100 000-wide run). File bytes read at once (compressed).
+const BATCH_BYTES: usize = 64 * 1024;
 
 /// Idle polls between keep-alive comments (about 15 s).
 const KEEP_ALIVE_POLLS: u32 = 750;
@@ -54,9 +55,7 @@ pub fn follow(
     after: u64,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
     struct Tail {
-        path: PathBuf,
-        offset: u64,
-        partial: String,
+        log: Option<Follower>,
         after: u64,
         done: bool,
         /// The last whole line read was a `WorkflowExit`.
@@ -64,9 +63,7 @@ pub fn follow(
         idle: u32,
     }
     let tail = Tail {
-        path,
-        offset: 0,
-        partial: String::new(),
+        log: Some(Follower::new(&path)),
         after,
         done: false,
         last_was_exit: false,
@@ -77,54 +74,51 @@ pub fn follow(
             if t.done {
                 return None;
             }
-            // Read what was appended since last time.
-            let (path, offset) = (t.path.clone(), t.offset);
-            let read = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
-                let mut f = std::fs::File::open(&path)?;
-                f.seek(std::io::SeekFrom::Start(offset))?;
-                let mut buf = Vec::new();
-                std::io::Read::read_to_end(
-                    &mut std::io::Read::take(&mut f, BATCH_BYTES as u64),
-                    &mut buf,
-                )?;
-                Ok(buf)
+            // Read what was appended since last time (the follower goes to
+            // the blocking pool and back).
+            let mut log = t.log.take()?;
+            let read = tokio::task::spawn_blocking(move || {
+                let mut lines = Vec::new();
+                let read = log.read_more(BATCH_BYTES, &mut lines);
+                (log, read, lines)
             })
             .await;
+            let Ok((log, read, lines)) = read else {
+                return None;
+            };
+            t.log = Some(log);
             let (grew, at_end) = match read {
-                Ok(Ok(buf)) if !buf.is_empty() => {
-                    t.offset += buf.len() as u64;
-                    let at_end = buf.len() < BATCH_BYTES;
-                    t.partial.push_str(&String::from_utf8_lossy(&buf));
-                    (true, at_end)
+                Ok(n) => (n > 0, n < BATCH_BYTES),
+                Err(e) => {
+                    // A log that cannot be read ends the stream with the
+                    // error as its last comment.
+                    t.done = true;
+                    let said = format!(": {}: {e}\n\n", e.code());
+                    return Some((Ok(Bytes::from(said)), t));
                 }
-                _ => (false, true),
             };
             let mut batch = String::new();
-            if grew {
-                // Whole lines only: a line still being written waits. One
-                // pass with a cursor, then one drain.
-                let mut start = 0;
-                while let Some(len) = t.partial[start..].find('\n') {
-                    let line = t.partial[start..start + len].trim_end();
-                    start += len + 1;
-                    let Some((seq, exit)) = seq_and_exit(line) else {
-                        continue;
-                    };
-                    t.last_was_exit = exit;
-                    if seq > t.after {
-                        t.after = seq;
-                        batch.push_str("id: ");
-                        batch.push_str(&seq.to_string());
-                        batch.push_str("\ndata: ");
-                        batch.push_str(line);
-                        batch.push_str("\n\n");
-                    }
+            for line in lines.split(|b| *b == b'\n') {
+                let Ok(line) = std::str::from_utf8(line) else {
+                    continue;
+                };
+                let line = line.trim_end();
+                let Some((seq, exit)) = seq_and_exit(line) else {
+                    continue;
+                };
+                t.last_was_exit = exit;
+                if seq > t.after {
+                    t.after = seq;
+                    batch.push_str("id: ");
+                    batch.push_str(&seq.to_string());
+                    batch.push_str("\ndata: ");
+                    batch.push_str(line);
+                    batch.push_str("\n\n");
                 }
-                t.partial.drain(..start);
             }
             // The run is over when the log ends with its exit (a resumed
             // run's earlier exit is followed by more).
-            if at_end && t.last_was_exit && t.partial.is_empty() {
+            if at_end && t.last_was_exit {
                 t.done = true;
             }
             if !batch.is_empty() {

@@ -1,15 +1,14 @@
 //! Finds a run's audit log in the runs folder (`<runs-dir>/<run-id>/
-//! audit.jsonl`, as `troupe run` writes it) and reads it into a timeline.
+//! audit.jsonl.zst`, as `troupe run` writes it, or an older troupe's
+//! `audit.jsonl`) and reads it into a timeline.
 
-use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use super::error::ReportError;
 use super::timeline::Timeline;
 
-/// The audit log's name inside a run folder.
-pub const AUDIT_FILE: &str = "audit.jsonl";
+use crate::auditlog::{AuditError, DecodedReader};
 
 /// Where the audit log of `run_id` would be; `None` for an id that is not
 /// a plain folder name (a path, `..`), which names no run.
@@ -19,7 +18,7 @@ pub fn audit_path(runs_dir: &Path, run_id: &str) -> Option<PathBuf> {
         && run_id != ".."
         && !run_id.contains(['/', '\\'])
         && !run_id.contains('\0');
-    plain.then(|| runs_dir.join(run_id).join(AUDIT_FILE))
+    plain.then(|| crate::auditlog::in_dir(&runs_dir.join(run_id)))
 }
 
 /// Reads the timeline of `run_id` from `runs_dir`.
@@ -33,9 +32,11 @@ pub fn load_run(runs_dir: &Path, run_id: &str) -> Result<Timeline, ReportError> 
     };
     let path = audit_path(runs_dir, run_id).ok_or_else(not_found)?;
     let name = path.display().to_string();
-    let file = match File::open(&path) {
+    let file = match DecodedReader::open(&path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),
+        Err(AuditError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_found());
+        }
         Err(e) => {
             return Err(ReportError::AuditCorrupt {
                 source_name: name,

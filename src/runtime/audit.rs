@@ -1,5 +1,6 @@
-//! Event sinks on their own threads: the JSON-lines audit log (audit events
-//! only, never dropped, flushed when the bus closes) and the `--events`
+//! Event sinks on their own threads: the audit log (audit events only,
+//! never dropped, as zstd-compressed JSON lines, see [`crate::auditlog`],
+//! flushed within milliseconds and closed when the bus closes) and the `--events`
 //! stream (every event; observer events may be dropped under load, which is
 //! reported as `SubscriberLagged`).
 //!
@@ -21,6 +22,7 @@ use tokio::sync::oneshot;
 use troupe_actors::{Delivery, EventBus, Subscription};
 
 use super::events::Event;
+use crate::auditlog::{self, Compressed};
 
 /// Queue length of the audit subscriber; publishers wait when it is full.
 const AUDIT_QUEUE: usize = 65_536;
@@ -83,13 +85,26 @@ fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Resul
         File::create(path)?
     };
     let file = AuditFile::new(file, path)?;
+    let log = if auditlog::is_plain(path) {
+        Log::Plain(file)
+    } else if append {
+        Log::Compact(Compressed::append(file)?)
+    } else {
+        Log::Compact(Compressed::create(file)?)
+    };
+    let mut out = AuditOut {
+        log,
+        flushed: 0,
+        unflushed: 0,
+    };
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
     let (notice, failure) = oneshot::channel();
     let shown = path.display().to_string();
     let handle = std::thread::Builder::new()
         .name("troupe-audit".into())
         .spawn(move || {
-            let written = write_lines(sub, file, PACE, "");
+            let written =
+                write_lines(sub, &mut out, PACE, "").and_then(|n| out.finish().map(|()| n));
             if let Err(e) = &written {
                 let _ = notice.send(format!("{AUDIT_LOST}: the audit log {shown}: {e}"));
             }
@@ -113,9 +128,6 @@ struct AuditFile {
     path: PathBuf,
     /// `(device, inode)` of the file as opened.
     id: (u64, u64),
-    /// Lines already flushed to the file (lost with it if it is removed).
-    flushed: u64,
-    unflushed: u64,
 }
 
 impl AuditFile {
@@ -125,33 +137,85 @@ impl AuditFile {
             file,
             path: path.to_owned(),
             id: (meta.dev(), meta.ino()),
-            flushed: 0,
-            unflushed: 0,
         })
     }
 }
 
 impl Write for AuditFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.file.write(buf)?;
-        // Lines are written whole (`write_all` of complete lines): count
-        // the newlines that went out.
-        self.unflushed += buf[..n].iter().filter(|b| **b == b'\n').count() as u64;
-        Ok(n)
+        self.file.write(buf)
     }
 
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()?;
         let same = std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
         if !same {
-            let lines = self.flushed + self.unflushed;
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!(
-                    "the file was removed or replaced while the run wrote it; the {lines} lines written to it are gone with it"
-                ),
+                "the file was removed or replaced while the run wrote it",
             ));
         }
+        Ok(())
+    }
+}
+
+/// The log as its lines go in: compact (`audit.jsonl.zst`), or plain when
+/// a resumed run's folder has an older troupe's `audit.jsonl`.
+enum Log {
+    Plain(AuditFile),
+    Compact(Compressed<AuditFile>),
+}
+
+/// The audit log's writer: counts the lines that went in, to say how many
+/// a lost file took with it.
+struct AuditOut {
+    log: Log,
+    /// Lines already flushed to the file (lost with it if it is removed).
+    flushed: u64,
+    unflushed: u64,
+}
+
+impl AuditOut {
+    /// Closes the open segment.
+    fn finish(self) -> io::Result<()> {
+        let lines = self.flushed + self.unflushed;
+        let done = match self.log {
+            Log::Plain(mut file) => file.flush(),
+            Log::Compact(log) => log.finish().map(drop),
+        };
+        done.map_err(|e| lost(e, lines))
+    }
+}
+
+/// `e`, saying that `lines` lines went with the file.
+fn lost(e: io::Error, lines: u64) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::NotFound => io::Error::new(
+            e.kind(),
+            format!("{e}; the {lines} lines written to it are gone with it"),
+        ),
+        _ => e,
+    }
+}
+
+impl Write for AuditOut {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = match &mut self.log {
+            Log::Plain(file) => file.write(buf)?,
+            Log::Compact(log) => log.write(buf)?,
+        };
+        // Lines are written whole (`write_all` of complete lines): count
+        // the newlines that went in.
+        self.unflushed += buf[..n].iter().filter(|b| **b == b'\n').count() as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let flushed = match &mut self.log {
+            Log::Plain(file) => file.flush(),
+            Log::Compact(log) => log.flush(),
+        };
+        flushed.map_err(|e| lost(e, self.flushed + self.unflushed))?;
         self.flushed += self.unflushed;
         self.unflushed = 0;
         Ok(())
@@ -169,7 +233,10 @@ pub fn start_event_stream<W: Write + Send + 'static>(
     let run_id = run_id.to_owned();
     let handle = std::thread::Builder::new()
         .name("troupe-events".into())
-        .spawn(move || write_lines(sub, out, PACE, &run_id))?;
+        .spawn(move || {
+            let mut out = out;
+            write_lines(sub, &mut out, PACE, &run_id)
+        })?;
     Ok(Sink::from_thread(handle))
 }
 
@@ -211,7 +278,7 @@ const PACE: Pace = Pace {
 /// it was written and `run_id`.
 fn write_lines<W: Write>(
     sub: Subscription<Event>,
-    mut out: W,
+    out: &mut W,
     pace: Pace,
     run_id: &str,
 ) -> io::Result<u64> {
@@ -234,7 +301,7 @@ fn write_lines<W: Write>(
             Err(TryRecvError::Empty) if idle < pace.idle_polls => {
                 idle += 1;
                 if flush_by.is_some_and(|deadline| Instant::now() >= deadline) {
-                    write_out(&mut out, &mut pending, &mut pending_from)?;
+                    write_out(out, &mut pending, &mut pending_from)?;
                     flush_by = None;
                 }
                 std::thread::sleep(pace.poll);
@@ -248,7 +315,7 @@ fn write_lines<W: Write>(
                 match next {
                     Ok(d) => d,
                     Err(RecvTimeoutError::Timeout) => {
-                        write_out(&mut out, &mut pending, &mut pending_from)?;
+                        write_out(out, &mut pending, &mut pending_from)?;
                         flush_by = None;
                         continue;
                     }
@@ -288,11 +355,11 @@ fn write_lines<W: Write>(
             Some(deadline) => lines.is_multiple_of(64) && Instant::now() >= deadline,
         };
         if due || pending.len() >= BATCH {
-            write_out(&mut out, &mut pending, &mut pending_from)?;
+            write_out(out, &mut pending, &mut pending_from)?;
             flush_by = None;
         }
     }
-    write_out(&mut out, &mut pending, &mut pending_from)?;
+    write_out(out, &mut pending, &mut pending_from)?;
     Ok(lines)
 }
 

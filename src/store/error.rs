@@ -48,6 +48,10 @@ pub enum StoreError {
     /// The run has nothing left to do.
     #[error("run `{id}` already ended ok; there is nothing to resume")]
     NothingToResume { id: String },
+    /// A run's audit log cannot be read: not troupe's, from a newer
+    /// troupe, or damaged (`detail` names the file and the byte).
+    #[error("{detail}")]
+    AuditCorrupt { detail: String },
     /// Any other failure to read or write.
     #[error("cannot use the store {path}: {detail}")]
     Io { path: PathBuf, detail: String },
@@ -79,6 +83,7 @@ impl StoreError {
                 "`troupe runs show` shows its results; start a new run with `troupe run`".to_owned()
             }
             StoreError::Io { .. } => "check the path and its permissions".to_owned(),
+            StoreError::AuditCorrupt { .. } => "the log's lines before the damage are intact: `zstd -dc` on the file prints them (a torn end, from a killed process, is not damage: resume repairs it)".to_owned(),
         }
     }
 
@@ -114,10 +119,25 @@ impl HasCode for StoreError {
             StoreError::PipelineChanged { .. } => "PipelineChanged",
             StoreError::NothingToResume { .. } => "NothingToResume",
             StoreError::Io { .. } => "WriteFailed",
+            StoreError::AuditCorrupt { .. } => "AuditCorrupt",
         };
         Code {
             class: ErrorClass::Store,
             name,
+        }
+    }
+}
+
+impl From<crate::auditlog::AuditError> for StoreError {
+    fn from(e: crate::auditlog::AuditError) -> StoreError {
+        match e {
+            crate::auditlog::AuditError::Io { path, source } => StoreError::Io {
+                path,
+                detail: source.to_string(),
+            },
+            other => StoreError::AuditCorrupt {
+                detail: other.to_string(),
+            },
         }
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! The log is a prefix of the run's events: its writer writes them in
 //! `seq` order, so a killed process leaves complete lines up to some
-//! `seq` and at most one torn line after them. The repair cuts the torn
-//! line, then appends, each with the next `seq`:
+//! `seq` and a torn end after them (an open segment, perhaps a
+//! half-written block; in an older troupe's plain log, a torn line). The
+//! repair makes the end whole ([`auditlog::cut_to_whole`]), then appends,
+//! each with the next `seq`:
 //! - the `StageExited` of every execution the store has as exited whose
 //!   line the log lost (it was published, so it was durable, but not yet
 //!   flushed when the process died), rebuilt from the stored row with
@@ -21,20 +23,20 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::OpenOptions;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::Path;
 
 use serde_json::Value;
+
+use crate::auditlog::{self, AuditError, Compressed, LogEnd};
 
 /// What a scan of the log found.
 #[derive(Debug, Default)]
 pub struct LogScan {
     /// The `seq` of the last complete line (0 for an empty log).
     pub last_seq: u64,
-    /// Bytes of complete lines; anything after is a torn line.
-    pub valid_len: u64,
-    /// A torn last line was found (and will be cut).
-    pub torn: bool,
+    /// How the log's bytes end: what stays when it is appended to.
+    pub end: Option<LogEnd>,
     /// Executions entered and not ended, `stageExecutionId → stageId`.
     pub open: BTreeMap<String, String>,
     /// Executions whose `StageExited` is in the log.
@@ -46,49 +48,31 @@ pub struct LogScan {
     pub last_exit: Option<String>,
 }
 
-/// Reads the log at `path`. A line in the middle that is not an event is
-/// an error naming it; only the last line may be torn.
-pub fn scan(path: &Path) -> Result<LogScan, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    let mut scan = LogScan::default();
-    let mut line = Vec::with_capacity(1024);
-    let mut offset = 0u64;
-    let mut number = 0u64;
-    loop {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        number += 1;
-        let complete = line.last() == Some(&b'\n');
-        let parsed: Option<Value> = if complete {
-            serde_json::from_slice(&line[..n - 1]).ok()
-        } else {
-            None
-        };
-        let Some(event) = parsed.filter(|v| v["seq"].is_u64()) else {
-            // Only the last line may be torn.
-            let mut rest = [0u8; 1];
-            let more = reader
-                .read(&mut rest)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            if more == 0 {
-                scan.torn = true;
-                break;
-            }
-            return Err(format!(
-                "{}:{number}: not an audit event (only a torn last line is repaired)",
-                path.display()
-            ));
-        };
-        offset += n as u64;
-        scan.valid_len = offset;
-        note(&mut scan, &event);
+impl LogScan {
+    /// The log ends in a torn line or an open segment (a killed process),
+    /// which the repair cuts or closes.
+    pub fn torn(&self) -> bool {
+        self.end.is_some_and(|e| e.unfinished())
     }
+}
+
+/// Reads the log at `path` (compact or plain). Every whole line must be
+/// an event; a torn end is noted, not an error.
+pub fn scan(path: &Path) -> Result<LogScan, AuditError> {
+    let mut scan = LogScan::default();
+    let mut number = 0u64;
+    let end = auditlog::scan_end(path, |lines| {
+        for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            number += 1;
+            let event: Value = serde_json::from_slice(line)
+                .ok()
+                .filter(|v: &Value| v["seq"].is_u64())
+                .ok_or_else(|| format!("line {number} is not an audit event"))?;
+            note(&mut scan, &event);
+        }
+        Ok(())
+    })?;
+    scan.end = Some(end);
     Ok(scan)
 }
 
@@ -158,18 +142,13 @@ pub fn repair(
     lost: &[LostExit],
     run_id: &str,
     ts: &str,
-) -> Result<(Repaired, LogScan), String> {
-    let io = |e: std::io::Error| format!("{}: {e}", path.display());
-    let mut file = OpenOptions::new().write(true).open(path).map_err(io)?;
+) -> Result<(Repaired, LogScan), AuditError> {
     let mut repaired = Repaired {
-        torn_cut: scan.torn,
+        torn_cut: scan.torn(),
         ..Repaired::default()
     };
-    if scan.torn {
-        file.set_len(scan.valid_len).map_err(io)?;
-        scan.torn = false;
-    }
-    file.seek(SeekFrom::Start(scan.valid_len)).map_err(io)?;
+    let end = scan.end.unwrap_or(LogEnd { keep: 0, fed: 0 });
+    auditlog::cut_to_whole(path, end)?;
     let mut out = Vec::new();
     let mut seq = scan.last_seq;
     for exit in lost {
@@ -215,12 +194,32 @@ pub fn repair(
         out.push(b'\n');
         repaired.cancels_added += 1;
     }
-    file.write_all(&out).map_err(io)?;
-    file.sync_data().map_err(io)?;
+    append(path, &out)?;
     scan.last_seq = seq;
-    scan.valid_len += out.len() as u64;
+    scan.end = None;
     repaired.last_seq = seq;
     Ok((repaired, scan))
+}
+
+/// Appends whole lines to the log at `path` (which ends whole): plain, or
+/// as one closed segment of a compact log.
+fn append(path: &Path, lines: &[u8]) -> Result<(), AuditError> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let io = |source| AuditError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = OpenOptions::new().append(true).open(path).map_err(io)?;
+    if auditlog::is_plain(path) {
+        file.write_all(lines).map_err(io)?;
+    } else {
+        let mut log = Compressed::append(file).map_err(io)?;
+        log.write_all(lines).map_err(io)?;
+        file = log.finish().map_err(io)?;
+    }
+    file.sync_data().map_err(io)
 }
 
 #[cfg(test)]
@@ -288,7 +287,7 @@ mod tests {
         log += "{\"seq\":5,\"ts\":\"t\",\"eve";
         std::fs::write(&path, &log).expect("write");
         let scan = scan(&path).expect("scan");
-        assert!(scan.torn);
+        assert!(scan.torn());
         assert_eq!(scan.last_seq, 4);
         assert_eq!(scan.open.len(), 2);
         // The store has w#1's exit (its line was lost); w#2 ran no Exit.
@@ -330,7 +329,68 @@ mod tests {
             line(2, "StageExited", "a")
         );
         std::fs::write(&path, log).expect("write");
-        let err = scan(&path).expect_err("refused");
-        assert!(err.contains(":2:"), "{err}");
+        let err = scan(&path).expect_err("refused").to_string();
+        assert!(err.contains("line 2 is not an audit event"), "{err}");
+    }
+
+    #[test]
+    fn a_compact_log_cut_inside_a_block_keeps_its_whole_blocks_and_ends_closed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join(auditlog::FILE);
+        let file = std::fs::File::create(&path).expect("create");
+        let mut log = Compressed::create(file).expect("a log");
+        let mut first = String::new();
+        first += &line(1, "StageEntered", "r/w#0/1");
+        first += &line(2, "StageEntered", "r/w#1/1");
+        first += &line(3, "StageExited", "r/w#0/1");
+        log.write_all(first.as_bytes()).expect("write");
+        log.flush().expect("a block ends");
+        log.write_all(line(4, "StageExited", "r/w#1/1").as_bytes())
+            .expect("write");
+        log.flush().expect("a block ends");
+        // Killed inside the second block: it never gets its end.
+        drop(log);
+        let len = std::fs::metadata(&path).expect("meta").len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(len - 3))
+            .expect("cut");
+        let scanned = scan(&path).expect("scan");
+        assert!(scanned.torn());
+        assert_eq!(scanned.last_seq, 3);
+        assert_eq!(scanned.open.keys().collect::<Vec<_>>(), ["r/w#1/1"]);
+        let (repaired, _) = repair(&path, scanned, &[], "r", "t").expect("repair");
+        assert_eq!(
+            repaired,
+            Repaired {
+                last_seq: 4,
+                torn_cut: true,
+                exits_restored: 0,
+                cancels_added: 1
+            }
+        );
+        // The stock zstd decoder reads it whole (the header is skipped):
+        // every segment is closed, and seq goes on without a gap.
+        let bytes = std::fs::read(&path).expect("read");
+        let text =
+            String::from_utf8(zstd::decode_all(&bytes[..]).expect("closed frames")).expect("utf-8");
+        let seqs: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).expect("a line")["seq"]
+                    .as_u64()
+                    .expect("seq")
+            })
+            .collect();
+        assert_eq!(seqs, [1, 2, 3, 4]);
+        assert!(
+            text.lines()
+                .last()
+                .expect("a line")
+                .contains("StageCancelled")
+        );
+        let again = scan(&path).expect("scan again");
+        assert!(!again.torn(), "the repaired log ends whole");
     }
 }

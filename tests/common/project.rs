@@ -96,12 +96,17 @@ impl Project {
     }
 
     pub fn audit_path(&self, run_id: &str) -> PathBuf {
-        self.run_dir(run_id).join("audit.jsonl")
+        self.run_dir(run_id).join(troupe::auditlog::FILE)
+    }
+
+    /// The whole lines of the run's audit log, as text.
+    pub fn audit_text(&self, run_id: &str) -> String {
+        troupe::auditlog::read_text(&self.audit_path(run_id)).expect("an audit log")
     }
 
     /// The run's audit log; every line must be a whole event.
     pub fn audit(&self, run_id: &str) -> Vec<Value> {
-        let text = std::fs::read_to_string(self.audit_path(run_id)).expect("an audit log");
+        let text = troupe::auditlog::read_text(&self.audit_path(run_id)).expect("an audit log");
         assert!(
             text.is_empty() || text.ends_with('\n'),
             "the audit log ends in a torn line: {:?}",
@@ -412,4 +417,18 @@ fn by_seq(log: &[Value]) -> BTreeMap<u64, &Value> {
     log.iter()
         .map(|e| (e["seq"].as_u64().expect("seq"), e))
         .collect()
+}
+
+/// Writes `lines` to the compact log at `path` as a process killed while
+/// writing would leave it: the segment never closed, ending in `torn` (the
+/// start of a line whose block was flushed, the line never finished).
+pub fn write_killed_log(path: &std::path::Path, lines: &str, torn: &str) {
+    use std::io::Write;
+    let file = std::fs::File::create(path).expect("the log");
+    let mut log = troupe::auditlog::Compressed::create(file).expect("a log");
+    log.write_all(lines.as_bytes()).expect("lines");
+    log.flush().expect("a block");
+    log.write_all(torn.as_bytes()).expect("a torn line");
+    log.flush().expect("a block");
+    // Dropped, not finished: the segment stays open.
 }

@@ -209,7 +209,8 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
     spec.max_run_time = opts.limits.max_run_time;
     Ok(Prepared {
         run_id: spec.run_id.to_string(),
-        audit_path: run_dir.join("audit.jsonl"),
+        // A resumed run of an older troupe goes on in its plain log.
+        audit_path: crate::auditlog::in_dir(&run_dir),
         run_dir,
         pipeline,
         desk,

@@ -1,0 +1,503 @@
+//! Reading a log, whole or as it grows: a decoder fed the file's bytes in
+//! any pieces, which hands out whole lines and says where the bytes stop
+//! being whole. It parses files troupe did not necessarily write, so
+//! every fault is an [`AuditError`] naming the byte, never a panic.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use zstd::stream::raw::{DParameter, Decoder, InBuffer, Operation, OutBuffer};
+
+use super::write::{Compressed, FORMAT, HEADER_MAGIC, HEADER_TAG};
+
+/// Why a log cannot be read. Code `Store/AuditCorrupt` (`Store/Io` for a
+/// file that cannot be read at all).
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("{}: not a troupe audit log (it does not begin with the log's header)", path.display())]
+    Foreign { path: PathBuf },
+    #[error(
+        "{}: written by a newer troupe (log format {found}; this troupe reads format {FORMAT})",
+        path.display()
+    )]
+    Newer { path: PathBuf, found: u32 },
+    #[error("{}: at byte {offset}: {reason}", path.display())]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl AuditError {
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AuditError::Io { .. } => "Store/Io",
+            _ => "Store/AuditCorrupt",
+        }
+    }
+
+    fn io(path: &Path) -> impl Fn(io::Error) -> AuditError + '_ {
+        move |source| AuditError::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// What the decoder found wrong, before the path is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Fault {
+    Foreign,
+    Newer(u32),
+    Corrupt { offset: u64, reason: String },
+}
+
+impl Fault {
+    fn at(self, path: &Path) -> AuditError {
+        let path = path.to_owned();
+        match self {
+            Fault::Foreign => AuditError::Foreign { path },
+            Fault::Newer(found) => AuditError::Newer { path, found },
+            Fault::Corrupt { offset, reason } => AuditError::Corrupt {
+                path,
+                offset,
+                reason,
+            },
+        }
+    }
+}
+
+/// The header's largest payload this troupe accepts (its own is 27 bytes).
+const HEADER_MAX: usize = 256;
+
+/// The largest zstd window a log may ask for (2^24 = 16 MiB; troupe's own
+/// use 2 MiB): a foreign file cannot make a reader allocate more.
+const WINDOW_LOG_MAX: u32 = 24;
+
+/// How the fed bytes end, for appending after them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogEnd {
+    /// Bytes that stay when the log is appended to: through the last
+    /// closed segment (the header, for none) or, for a plain log, through
+    /// its last whole line. 0 when not even the header is whole.
+    pub keep: u64,
+    /// Bytes fed in all; more than `keep` when the log ends in an open
+    /// segment or a torn line.
+    pub fed: u64,
+}
+
+impl LogEnd {
+    /// The log ends in an open segment or a torn line.
+    pub fn unfinished(&self) -> bool {
+        self.fed > self.keep
+    }
+}
+
+enum Stage {
+    /// Collecting the header's bytes.
+    Header(Vec<u8>),
+    Frames(Box<Decoder<'static>>),
+    Plain,
+}
+
+/// Decodes a log fed in pieces; hands out whole lines.
+pub struct LogDecoder {
+    stage: Stage,
+    /// Bytes fed so far.
+    fed: u64,
+    /// See [`LogEnd::keep`].
+    keep: u64,
+    /// Decoded bytes after the last newline handed out.
+    partial: Vec<u8>,
+    scratch: Box<[u8]>,
+}
+
+impl std::fmt::Debug for LogDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogDecoder")
+            .field("fed", &self.fed)
+            .field("keep", &self.keep)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogDecoder {
+    /// For the compact log, from its first byte.
+    pub fn compact() -> LogDecoder {
+        LogDecoder::at(Stage::Header(Vec::new()))
+    }
+
+    /// For a plain JSON-lines log.
+    pub fn plain() -> LogDecoder {
+        LogDecoder::at(Stage::Plain)
+    }
+
+    /// For the log at `path`, by its name ([`super::is_plain`]).
+    pub fn for_path(path: &Path) -> LogDecoder {
+        if super::is_plain(path) {
+            LogDecoder::plain()
+        } else {
+            LogDecoder::compact()
+        }
+    }
+
+    /// For segments that follow a header already read, from byte `at`.
+    fn segments_at(at: u64) -> Result<LogDecoder, Fault> {
+        let mut decoder = LogDecoder::at(Stage::Frames(Box::new(frames()?)));
+        decoder.fed = at;
+        decoder.keep = at;
+        Ok(decoder)
+    }
+
+    fn at(stage: Stage) -> LogDecoder {
+        LogDecoder {
+            stage,
+            fed: 0,
+            keep: 0,
+            partial: Vec::new(),
+            scratch: vec![0; 1 << 16].into_boxed_slice(),
+        }
+    }
+
+    /// Feeds the file's next bytes; appends the whole lines they complete
+    /// (each with its newline) to `lines`.
+    pub fn feed(&mut self, mut bytes: &[u8], lines: &mut Vec<u8>) -> Result<(), AuditFault> {
+        while let Stage::Header(head) = &mut self.stage {
+            let need = if head.len() < 8 {
+                8
+            } else {
+                header_len(head).ok_or(AuditFault(Fault::Foreign))?
+            };
+            if head.len() >= 8 && head.len() == need {
+                check_header(head).map_err(AuditFault)?;
+                self.keep = need as u64;
+                self.stage = Stage::Frames(Box::new(frames().map_err(AuditFault)?));
+                break;
+            }
+            let take = (need - head.len()).min(bytes.len());
+            if take == 0 {
+                return Ok(());
+            }
+            head.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            self.fed += take as u64;
+            let magic = HEADER_MAGIC.to_le_bytes();
+            let known = head.len().min(4);
+            if head[..known] != magic[..known] {
+                return Err(AuditFault(Fault::Foreign));
+            }
+        }
+        match &mut self.stage {
+            Stage::Header(_) => Ok(()),
+            Stage::Plain => {
+                self.fed += bytes.len() as u64;
+                self.partial.extend_from_slice(bytes);
+                if let Some(last) = self.partial.iter().rposition(|b| *b == b'\n') {
+                    lines.extend_from_slice(&self.partial[..=last]);
+                    self.partial.drain(..=last);
+                }
+                self.keep = self.fed - self.partial.len() as u64;
+                Ok(())
+            }
+            Stage::Frames(decoder) => {
+                loop {
+                    let mut input = InBuffer::around(bytes);
+                    let mut output = OutBuffer::around(&mut self.scratch[..]);
+                    let hint = decoder.run(&mut input, &mut output).map_err(|e| {
+                        AuditFault(Fault::Corrupt {
+                            offset: self.fed + input.pos() as u64,
+                            reason: format!("a compressed block cannot be decoded: {e}"),
+                        })
+                    })?;
+                    let (used, produced) = (input.pos(), output.pos());
+                    self.fed += used as u64;
+                    bytes = &bytes[used..];
+                    let text = &self.scratch[..produced];
+                    match text.iter().rposition(|b| *b == b'\n') {
+                        Some(last) => {
+                            lines.extend_from_slice(&self.partial);
+                            lines.extend_from_slice(&text[..=last]);
+                            self.partial.clear();
+                            self.partial.extend_from_slice(&text[last + 1..]);
+                        }
+                        None => self.partial.extend_from_slice(text),
+                    }
+                    let full = produced == self.scratch.len();
+                    if hint == 0 && !full {
+                        // A segment ended (the decoder stops at a frame's
+                        // end): what it holds is checked and whole.
+                        if !self.partial.is_empty() {
+                            return Err(AuditFault(Fault::Corrupt {
+                                offset: self.fed,
+                                reason: "a segment ends inside a line".into(),
+                            }));
+                        }
+                        self.keep = self.fed;
+                    }
+                    if bytes.is_empty() && !full {
+                        return Ok(());
+                    }
+                    if used == 0 && !full && hint != 0 {
+                        // No progress with input left: cannot happen with
+                        // a sane decoder; do not spin.
+                        return Err(AuditFault(Fault::Corrupt {
+                            offset: self.fed,
+                            reason: "the decoder made no progress".into(),
+                        }));
+                    }
+                }
+            }
+        }
+    }
+
+    /// How the bytes fed so far end.
+    pub fn end(&self) -> LogEnd {
+        LogEnd {
+            keep: self.keep,
+            fed: self.fed,
+        }
+    }
+}
+
+/// A decoding fault, before the path is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditFault(pub(super) Fault);
+
+impl AuditFault {
+    /// The typed error, for the log at `path`.
+    pub fn at(self, path: &Path) -> AuditError {
+        self.0.at(path)
+    }
+}
+
+impl std::fmt::Display for AuditFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.clone().at(Path::new("audit log")))
+    }
+}
+
+fn frames() -> Result<Decoder<'static>, Fault> {
+    let broken = |e: io::Error| Fault::Corrupt {
+        offset: 0,
+        reason: format!("no zstd decoder: {e}"),
+    };
+    let mut decoder = Decoder::new().map_err(broken)?;
+    decoder
+        .set_parameter(DParameter::WindowLogMax(WINDOW_LOG_MAX))
+        .map_err(broken)?;
+    Ok(decoder)
+}
+
+/// The header's length from its first eight bytes, once they are there
+/// and hold the magic and a sane payload size.
+fn header_len(head: &[u8]) -> Option<usize> {
+    let magic = u32::from_le_bytes(head.get(..4)?.try_into().ok()?);
+    let size = u32::from_le_bytes(head.get(4..8)?.try_into().ok()?) as usize;
+    (magic == HEADER_MAGIC && size <= HEADER_MAX).then_some(8 + size)
+}
+
+fn check_header(head: &[u8]) -> Result<(), Fault> {
+    let payload = &head[8..];
+    let version = payload
+        .strip_prefix(HEADER_TAG)
+        .and_then(|v| v.strip_suffix(b"\n"))
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.parse::<u32>().ok())
+        .ok_or(Fault::Foreign)?;
+    if version > FORMAT {
+        return Err(Fault::Newer(version));
+    }
+    if version == 0 {
+        return Err(Fault::Foreign);
+    }
+    Ok(())
+}
+
+/// How many file bytes a read takes at once.
+const CHUNK: usize = 1 << 16;
+
+/// The whole lines of a log as one `Read`: every line of the closed
+/// segments and of the complete blocks after them; a torn end is left out.
+/// A fault is an `InvalidData` error carrying the [`AuditError`]'s text.
+#[derive(Debug)]
+pub struct DecodedReader {
+    path: PathBuf,
+    file: File,
+    decoder: LogDecoder,
+    ready: Vec<u8>,
+    at: usize,
+    chunk: Box<[u8]>,
+    done: bool,
+}
+
+impl DecodedReader {
+    /// Opens the log at `path` (compact or plain, by its name).
+    pub fn open(path: &Path) -> Result<DecodedReader, AuditError> {
+        let file = File::open(path).map_err(AuditError::io(path))?;
+        Ok(DecodedReader {
+            path: path.to_owned(),
+            file,
+            decoder: LogDecoder::for_path(path),
+            ready: Vec::new(),
+            at: 0,
+            chunk: vec![0; CHUNK].into_boxed_slice(),
+            done: false,
+        })
+    }
+
+    /// Reads on to the end; returns how the log ends. For callers that
+    /// want the end without the lines.
+    pub fn end(&self) -> LogEnd {
+        self.decoder.end()
+    }
+
+    /// Decodes until some lines are ready or the file ends.
+    fn fill(&mut self) -> Result<(), AuditError> {
+        self.ready.clear();
+        self.at = 0;
+        while self.ready.is_empty() && !self.done {
+            let n = self
+                .file
+                .read(&mut self.chunk)
+                .map_err(AuditError::io(&self.path))?;
+            if n == 0 {
+                self.done = true;
+                break;
+            }
+            self.decoder
+                .feed(&self.chunk[..n], &mut self.ready)
+                .map_err(|f| f.at(&self.path))?;
+        }
+        Ok(())
+    }
+}
+
+impl Read for DecodedReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.at == self.ready.len() {
+            self.fill().map_err(|e| match e {
+                AuditError::Io { source, .. } => source,
+                other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+            })?;
+        }
+        let n = buf.len().min(self.ready.len() - self.at);
+        buf[..n].copy_from_slice(&self.ready[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// Follows a log as it grows: each call reads what was appended since the
+/// last one (the file is opened anew each time, so a follower holds no
+/// descriptor between polls).
+#[derive(Debug)]
+pub struct Follower {
+    path: PathBuf,
+    decoder: LogDecoder,
+}
+
+impl Follower {
+    pub fn new(path: &Path) -> Follower {
+        Follower {
+            path: path.to_owned(),
+            decoder: LogDecoder::for_path(path),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads up to `max` new bytes of the file; appends the whole lines
+    /// they complete to `lines`. Returns the bytes read: 0 when nothing
+    /// was appended (or the file is not there yet).
+    pub fn read_more(&mut self, max: usize, lines: &mut Vec<u8>) -> Result<usize, AuditError> {
+        let mut file = match File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(AuditError::io(&self.path)(e)),
+        };
+        file.seek(SeekFrom::Start(self.decoder.fed))
+            .map_err(AuditError::io(&self.path))?;
+        let mut buf = Vec::new();
+        file.take(max as u64)
+            .read_to_end(&mut buf)
+            .map_err(AuditError::io(&self.path))?;
+        self.decoder
+            .feed(&buf, lines)
+            .map_err(|f| f.at(&self.path))?;
+        Ok(buf.len())
+    }
+}
+
+/// Reads the whole log at `path` for its end, passing its whole lines to
+/// `each` (one call per decoded batch of lines).
+pub fn scan_end(
+    path: &Path,
+    mut each: impl FnMut(&[u8]) -> Result<(), String>,
+) -> Result<LogEnd, AuditError> {
+    let mut reader = DecodedReader::open(path)?;
+    loop {
+        reader.fill()?;
+        if reader.ready.is_empty() {
+            return Ok(reader.end());
+        }
+        each(&reader.ready).map_err(|reason| AuditError::Corrupt {
+            path: path.to_owned(),
+            offset: reader.decoder.fed,
+            reason,
+        })?;
+    }
+}
+
+/// Makes the log at `path` end whole, so that it can be appended to: a
+/// torn line is cut from a plain log; in a compact one, the open segment
+/// (a process killed while writing it) is cut and its whole lines written
+/// again as a closed segment, and a torn header is written anew. Returns
+/// whether anything was cut or rewritten.
+pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
+    if !end.unfinished() && (end.keep > 0 || super::is_plain(path)) {
+        return Ok(false);
+    }
+    let io = AuditError::io(path);
+    let mut carried = Vec::new();
+    if !super::is_plain(path) && end.keep > 0 {
+        // The open segment's whole lines, decoded again from its start.
+        let mut file = File::open(path).map_err(&io)?;
+        file.seek(SeekFrom::Start(end.keep)).map_err(&io)?;
+        let mut tail = Vec::new();
+        file.read_to_end(&mut tail).map_err(&io)?;
+        let mut decoder = LogDecoder::segments_at(end.keep).map_err(|f| f.at(path))?;
+        decoder.feed(&tail, &mut carried).map_err(|f| f.at(path))?;
+    }
+    let mut file = OpenOptions::new().write(true).open(path).map_err(&io)?;
+    file.set_len(end.keep).map_err(&io)?;
+    file.seek(SeekFrom::End(0)).map_err(&io)?;
+    if !super::is_plain(path) {
+        if carried.is_empty() {
+            if end.keep == 0 {
+                file.write_all(&super::header()).map_err(&io)?;
+            }
+        } else {
+            let mut log = if end.keep == 0 {
+                Compressed::create(file)
+            } else {
+                Compressed::append(file)
+            }
+            .map_err(&io)?;
+            log.write_all(&carried).map_err(&io)?;
+            file = log.finish().map_err(&io)?;
+        }
+    }
+    file.sync_data().map_err(&io)?;
+    Ok(true)
+}

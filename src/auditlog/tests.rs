@@ -1,0 +1,204 @@
+use std::io::{Read, Write};
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// A line as the writer makes them.
+fn line(seq: u64) -> String {
+    format!(
+        "{{\"seq\":{seq},\"ts\":\"2026-11-26T07:00:00.{seq:06}Z\",\"event\":\"StageExited\",\"workflowRunId\":\"01a2169c-ae47-74a5-8cb4-5df934e3f66c\",\"stageExecutionId\":\"01a2169c/worker#{seq}/1\",\"stageId\":\"worker\"}}\n"
+    )
+}
+
+/// A compact log of `n` lines, flushed (a block ended) every `every`
+/// lines; closed or left open as a killed writer leaves it. Also returns
+/// the file length after each flush and the lines written by then.
+fn written(n: u64, every: u64, close: bool) -> (Vec<u8>, String, Vec<(usize, usize)>) {
+    let mut log = Compressed::create(Vec::new()).expect("a log");
+    let mut text = String::new();
+    let mut flushed = Vec::new();
+    for seq in 1..=n {
+        let l = line(seq);
+        log.write_all(l.as_bytes()).expect("write");
+        text.push_str(&l);
+        if seq % every == 0 {
+            log.flush().expect("flush");
+            let len = log.get_ref().expect("open").len();
+            flushed.push((len, text.len()));
+        }
+    }
+    let bytes = if close {
+        log.finish().expect("finish")
+    } else {
+        log.flush().expect("flush");
+        log.get_ref().expect("open").clone()
+    };
+    (bytes, text, flushed)
+}
+
+/// Feeds `bytes` in pieces cut at `cuts`; the whole lines and the end.
+fn decoded(bytes: &[u8], cuts: &[usize]) -> Result<(String, LogEnd), AuditFault> {
+    let mut decoder = LogDecoder::compact();
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+    cuts.sort_unstable();
+    for cut in cuts.into_iter().chain([bytes.len()]) {
+        decoder.feed(&bytes[at..cut.max(at)], &mut out)?;
+        at = cut.max(at);
+    }
+    Ok((String::from_utf8(out).expect("utf-8"), decoder.end()))
+}
+
+#[test]
+fn what_is_written_reads_back_whole_and_the_stock_zstd_reads_it_too() {
+    let (bytes, text, _) = written(500, 7, true);
+    let (back, end) = decoded(&bytes, &[]).expect("a log");
+    assert_eq!(back, text);
+    assert!(!end.unfinished());
+    let stock = zstd::decode_all(&bytes[..]).expect("every frame closed");
+    assert_eq!(String::from_utf8(stock).expect("utf-8"), text);
+    // Twelve events of a sibling cost far less than their 3 KiB of text.
+    assert!(
+        bytes.len() * 8 < text.len(),
+        "{} of {}",
+        bytes.len(),
+        text.len()
+    );
+}
+
+#[test]
+fn a_segment_is_closed_after_its_size_and_the_next_one_begun() {
+    let big = "x".repeat(1 << 20);
+    let mut log = Compressed::create(Vec::new()).expect("a log");
+    let mut text = String::new();
+    for seq in 0..10 {
+        let l = format!("{{\"seq\":{seq},\"pad\":\"{big}\"}}\n");
+        log.write_all(l.as_bytes()).expect("write");
+        log.flush().expect("flush");
+        text.push_str(&l);
+    }
+    let open = log.get_ref().expect("open").clone();
+    let (back, end) = decoded(&open, &[]).expect("a log");
+    assert_eq!(back, text);
+    assert!(end.unfinished(), "the second segment is still open");
+    assert!(end.keep > header().len() as u64, "the first one is closed");
+}
+
+#[test]
+fn a_foreign_file_and_a_newer_format_are_typed_errors() {
+    let plain = line(1);
+    assert_eq!(
+        decoded(plain.as_bytes(), &[3]).expect_err("foreign").0,
+        read::Fault::Foreign
+    );
+    let mut newer = header();
+    let at = newer.len() - 2;
+    newer[at] = b'7';
+    assert_eq!(
+        decoded(&newer, &[]).expect_err("newer").0,
+        read::Fault::Newer(7)
+    );
+    let said = AuditFault(read::Fault::Newer(7))
+        .at(Path::new("a.zst"))
+        .to_string();
+    assert!(said.contains("newer troupe"), "{said}");
+}
+
+#[test]
+fn a_plain_log_hands_out_whole_lines_and_keeps_a_torn_one_out() {
+    let mut decoder = LogDecoder::plain();
+    let mut out = Vec::new();
+    decoder
+        .feed(b"{\"seq\":1}\n{\"se", &mut out)
+        .expect("plain");
+    assert_eq!(out, b"{\"seq\":1}\n");
+    assert_eq!(decoder.end(), LogEnd { keep: 10, fed: 14 });
+}
+
+#[test]
+fn cut_to_whole_closes_a_killed_segment_with_every_whole_line_it_had() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(FILE);
+    let (bytes, text, flushed) = written(40, 10, false);
+    // Killed inside the last block.
+    let cut = flushed[2].0 + (flushed[3].0 - flushed[2].0) / 2;
+    std::fs::write(&path, &bytes[..cut]).expect("write");
+    let end = scan_end(&path, |_| Ok(())).expect("read");
+    assert!(end.unfinished());
+    assert!(cut_to_whole(&path, end).expect("cut"));
+    let after = std::fs::read(&path).expect("read");
+    let stock = String::from_utf8(zstd::decode_all(&after[..]).expect("closed")).expect("utf-8");
+    assert_eq!(stock, text[..flushed[2].1]);
+    let mut whole = String::new();
+    DecodedReader::open(&path)
+        .expect("open")
+        .read_to_string(&mut whole)
+        .expect("read");
+    assert_eq!(whole, stock);
+    // Appending after it goes on in a new segment.
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .expect("open");
+    let mut log = Compressed::append(file).expect("append");
+    log.write_all(line(99).as_bytes()).expect("write");
+    log.finish().expect("finish");
+    let stock = zstd::decode_all(&std::fs::read(&path).expect("read")[..]).expect("closed");
+    assert!(
+        String::from_utf8(stock)
+            .expect("utf-8")
+            .ends_with(&line(99))
+    );
+}
+
+#[test]
+fn an_empty_or_headless_file_is_made_a_log() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(FILE);
+    std::fs::write(&path, &header()[..5]).expect("write");
+    let end = scan_end(&path, |_| Ok(())).expect("a torn header is a torn end");
+    assert!(end.unfinished());
+    assert!(cut_to_whole(&path, end).expect("cut"));
+    assert_eq!(std::fs::read(&path).expect("read"), header());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// However the bytes arrive, the same lines come out.
+    #[test]
+    fn pieces_of_any_size_decode_to_the_same_lines(cuts in proptest::collection::vec(0usize..40_000, 0..12)) {
+        let (bytes, text, _) = written(120, 9, true);
+        let (back, _) = decoded(&bytes, &cuts).expect("a log");
+        prop_assert_eq!(back, text);
+    }
+
+    /// `kill -9` at any byte: no error, a prefix of the lines, and every
+    /// line of a block flushed before the cut.
+    #[test]
+    fn a_log_cut_anywhere_reads_as_a_prefix_with_every_flushed_block(at in 0usize..100_000) {
+        let (bytes, text, flushed) = written(200, 13, false);
+        let cut = at % (bytes.len() + 1);
+        let (back, _) = decoded(&bytes[..cut], &[]).expect("a cut is not damage");
+        prop_assert!(text.starts_with(&back));
+        let durable = flushed.iter().filter(|(len, _)| *len <= cut).map(|(_, t)| *t).max().unwrap_or(0);
+        prop_assert!(back.len() >= durable, "{} < {}", back.len(), durable);
+    }
+
+    /// Damage anywhere: a typed error or fewer lines, never a panic, and
+    /// never a line that was not written.
+    #[test]
+    fn damaged_bytes_never_panic(at in 0usize..100_000, byte in any::<u8>()) {
+        let (mut bytes, text, _) = written(100, 11, true);
+        let i = at % bytes.len();
+        bytes[i] ^= byte | 1;
+        if let Ok((back, _)) = decoded(&bytes, &[]) {
+            // zstd checks block structure, and a closed frame's checksum;
+            // a damaged raw block may still decode: lines stay lines.
+            prop_assert!(back.is_empty() || back.ends_with('\n'));
+            let _ = text;
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Writing the compact log: the header, then segments.
+
+use std::io::{self, Write};
+
+use zstd::stream::write::Encoder;
+
+/// The format version this troupe writes and reads.
+pub const FORMAT: u32 = 1;
+
+/// The zstd level. Level 3 compresses a `fanout` sibling's twelve events
+/// about as well as level 9 does at a third of the cost, and keeps up
+/// with the fastest runs on one core (BENCHMARKS.md, "Compact audit log").
+pub const LEVEL: i32 = 3;
+
+/// Bytes of lines a segment (one zstd frame) holds before the writer
+/// closes it and begins the next: a resume rewrites at most this much,
+/// and each closed segment's checksum is verified by every reader.
+pub const SEGMENT: u64 = 8 << 20;
+
+/// The magic of the skippable frame that holds the header (zstd reserves
+/// `0x184D2A50..=0x184D2A5F` for frames decoders skip).
+pub(super) const HEADER_MAGIC: u32 = 0x184D_2A5E;
+/// What the header frame's payload begins with; the version follows, then
+/// a newline.
+pub(super) const HEADER_TAG: &[u8] = b"troupe audit log, format ";
+
+/// The log's first bytes: a skippable frame naming the format.
+pub fn header() -> Vec<u8> {
+    let mut payload = HEADER_TAG.to_vec();
+    payload.extend_from_slice(format!("{FORMAT}\n").as_bytes());
+    let mut out = Vec::with_capacity(8 + payload.len());
+    out.extend_from_slice(&HEADER_MAGIC.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Writes lines into `W` as the compact log. `write` compresses into the
+/// open segment; `flush` ends a zstd block and flushes `W`, so everything
+/// written before it is on disk and decodable (and closes the segment once
+/// it holds [`SEGMENT`] bytes); [`Compressed::finish`] closes the segment.
+pub struct Compressed<W: Write> {
+    /// `None` only after closing a segment failed: the log takes no more.
+    encoder: Option<Encoder<'static, W>>,
+    /// A new log's header, written with the first bytes (so that a file
+    /// that cannot be written fails where the writer reports it, on its
+    /// first flush, as it would for any other write).
+    header: Option<Vec<u8>>,
+    /// Bytes of lines in the open segment.
+    in_segment: u64,
+}
+
+impl<W: Write> std::fmt::Debug for Compressed<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compressed")
+            .field("in_segment", &self.in_segment)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<W: Write> Compressed<W> {
+    /// A new log in `out` (empty): writes the header first.
+    pub fn create(out: W) -> io::Result<Compressed<W>> {
+        let mut log = Compressed::append(out)?;
+        log.header = Some(header());
+        Ok(log)
+    }
+
+    /// Appends segments to `out`, a log that has its header and ends after
+    /// a closed segment (see [`super::cut_to_whole`]).
+    pub fn append(out: W) -> io::Result<Compressed<W>> {
+        Ok(Compressed {
+            encoder: Some(segment(out)?),
+            header: None,
+            in_segment: 0,
+        })
+    }
+
+    /// The writer under the compression.
+    pub fn get_ref(&self) -> Option<&W> {
+        self.encoder.as_ref().map(Encoder::get_ref)
+    }
+
+    /// Closes the open segment; returns `W`, flushed.
+    pub fn finish(mut self) -> io::Result<W> {
+        self.write_header()?;
+        let mut out = self.encoder.take().ok_or_else(broken)?.finish()?;
+        out.flush()?;
+        Ok(out)
+    }
+
+    fn encoder(&mut self) -> io::Result<&mut Encoder<'static, W>> {
+        self.encoder.as_mut().ok_or_else(broken)
+    }
+
+    /// Writes a new log's header, once, before anything else.
+    fn write_header(&mut self) -> io::Result<()> {
+        if let Some(header) = &self.header {
+            let header = header.clone();
+            self.encoder()?.get_mut().write_all(&header)?;
+            self.header = None;
+        }
+        Ok(())
+    }
+}
+
+/// A segment's encoder: zstd at [`LEVEL`], with the content checksum.
+fn segment<W: Write>(out: W) -> io::Result<Encoder<'static, W>> {
+    let mut encoder = Encoder::new(out, LEVEL)?;
+    encoder.include_checksum(true)?;
+    Ok(encoder)
+}
+
+fn broken() -> io::Error {
+    io::Error::other("closing a segment of the audit log failed earlier; it takes no more writes")
+}
+
+impl<W: Write> Write for Compressed<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_header()?;
+        let n = self.encoder()?.write(buf)?;
+        self.in_segment += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.write_header()?;
+        if self.in_segment < SEGMENT {
+            return self.encoder()?.flush();
+        }
+        let out = self.encoder.take().ok_or_else(broken)?.finish()?;
+        self.in_segment = 0;
+        self.encoder = Some(segment(out)?);
+        self.encoder()?.get_mut().flush()
+    }
+}
