@@ -7,10 +7,11 @@ use zstd::stream::write::Encoder;
 /// The format version this troupe writes and reads.
 pub const FORMAT: u32 = 1;
 
-/// The zstd level. Level 3 compresses a `fanout` sibling's twelve events
-/// about as well as level 9 does at a third of the cost, and keeps up
-/// with the fastest runs on one core (BENCHMARKS.md, "Compact audit log").
-pub const LEVEL: i32 = 3;
+/// The zstd level. On a `fanout` log level 1 is both the fastest and the
+/// smallest of 1–3 (its plain hash finds the repeats these lines are made
+/// of; level 3's larger tables cost time and find nothing more): 24× at
+/// 1.7 GB/s against 20× at 1.3 GB/s (BENCHMARKS.md, "The compact audit log").
+pub const LEVEL: i32 = 1;
 
 /// Bytes of lines a segment (one zstd frame) holds before the writer
 /// closes it and begins the next: a resume rewrites at most this much,

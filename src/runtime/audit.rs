@@ -92,11 +92,7 @@ fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Resul
     } else {
         Log::Compact(Compressed::create(file)?)
     };
-    let mut out = AuditOut {
-        log,
-        flushed: 0,
-        unflushed: 0,
-    };
+    let mut out = AuditOut { log };
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
     let (notice, failure) = oneshot::channel();
     let shown = path.display().to_string();
@@ -166,28 +162,22 @@ enum Log {
     Compact(Compressed<AuditFile>),
 }
 
-/// The audit log's writer: counts the lines that went in, to say how many
-/// a lost file took with it.
+/// The audit log's writer.
 struct AuditOut {
     log: Log,
-    /// Lines already flushed to the file (lost with it if it is removed).
-    flushed: u64,
-    unflushed: u64,
 }
 
 impl AuditOut {
     /// Closes the open segment.
     fn finish(self) -> io::Result<()> {
-        let lines = self.flushed + self.unflushed;
-        let done = match self.log {
+        match self.log {
             Log::Plain(mut file) => file.flush(),
             Log::Compact(log) => log.finish().map(drop),
-        };
-        done.map_err(|e| lost(e, lines))
+        }
     }
 }
 
-/// `e`, saying that `lines` lines went with the file.
+/// `e`, saying that `lines` lines went with the file when it was removed.
 fn lost(e: io::Error, lines: u64) -> io::Error {
     match e.kind() {
         io::ErrorKind::NotFound => io::Error::new(
@@ -200,25 +190,17 @@ fn lost(e: io::Error, lines: u64) -> io::Error {
 
 impl Write for AuditOut {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = match &mut self.log {
-            Log::Plain(file) => file.write(buf)?,
-            Log::Compact(log) => log.write(buf)?,
-        };
-        // Lines are written whole (`write_all` of complete lines): count
-        // the newlines that went in.
-        self.unflushed += buf[..n].iter().filter(|b| **b == b'\n').count() as u64;
-        Ok(n)
+        match &mut self.log {
+            Log::Plain(file) => file.write(buf),
+            Log::Compact(log) => log.write(buf),
+        }
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        let flushed = match &mut self.log {
+        match &mut self.log {
             Log::Plain(file) => file.flush(),
             Log::Compact(log) => log.flush(),
-        };
-        flushed.map_err(|e| lost(e, self.flushed + self.unflushed))?;
-        self.flushed += self.unflushed;
-        self.unflushed = 0;
-        Ok(())
+        }
     }
 }
 
@@ -301,7 +283,7 @@ fn write_lines<W: Write>(
             Err(TryRecvError::Empty) if idle < pace.idle_polls => {
                 idle += 1;
                 if flush_by.is_some_and(|deadline| Instant::now() >= deadline) {
-                    write_out(out, &mut pending, &mut pending_from)?;
+                    write_out(out, &mut pending, &mut pending_from, lines)?;
                     flush_by = None;
                 }
                 std::thread::sleep(pace.poll);
@@ -315,7 +297,7 @@ fn write_lines<W: Write>(
                 match next {
                     Ok(d) => d,
                     Err(RecvTimeoutError::Timeout) => {
-                        write_out(out, &mut pending, &mut pending_from)?;
+                        write_out(out, &mut pending, &mut pending_from, lines)?;
                         flush_by = None;
                         continue;
                     }
@@ -355,26 +337,27 @@ fn write_lines<W: Write>(
             Some(deadline) => lines.is_multiple_of(64) && Instant::now() >= deadline,
         };
         if due || pending.len() >= BATCH {
-            write_out(out, &mut pending, &mut pending_from)?;
+            write_out(out, &mut pending, &mut pending_from, lines)?;
             flush_by = None;
         }
     }
-    write_out(out, &mut pending, &mut pending_from)?;
+    write_out(out, &mut pending, &mut pending_from, lines)?;
     Ok(lines)
 }
 
-/// Writes and flushes the pending lines. A failure says from which seq on
-/// events are missing: the pending ones and every later one (the writer
+/// Writes and flushes the pending lines (`lines` so far, these included).
+/// A failure says from which seq on events are missing: the pending ones and every later one (the writer
 /// stops, and the bus drops a subscriber that stopped reading).
 fn write_out<W: Write>(
     out: &mut W,
     pending: &mut Vec<u8>,
     pending_from: &mut Option<u64>,
+    lines: u64,
 ) -> io::Result<()> {
     let from = pending_from.take();
     let written = out.write_all(pending).and_then(|()| out.flush());
     pending.clear();
-    written.map_err(|e| match from {
+    written.map_err(|e| lost(e, lines)).map_err(|e| match from {
         Some(seq) => io::Error::new(
             e.kind(),
             format!("{e}; every event from seq {seq} on is missing from it"),
