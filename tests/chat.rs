@@ -256,3 +256,48 @@ fn continue_after_the_process_was_killed_mid_turn() {
         ]
     );
 }
+
+/// After a turn, at the prompt, SIGTERM ends the chat with 143 (tokio
+/// keeps the handler a turn installed: without a watcher of the chat's own
+/// the signal did nothing).
+#[test]
+fn sigterm_at_the_prompt_after_a_turn_ends_the_chat() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .arg("chat")
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"first\n").unwrap();
+    let mut reply = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut reply)
+        .unwrap();
+    assert_eq!(reply.trim(), "(offline) you said: first");
+    // The reply is printed after the turn's watcher is gone: the chat is
+    // at its prompt, reading stdin (kept open).
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    drop(stdin);
+}
+
+/// `--tool` bounds what runs in every mode: in yolo, a call of a tool the
+/// chat does not offer is refused and audited, and the turn goes on.
+#[test]
+fn yolo_refuses_a_tool_that_is_not_offered() {
+    let (log, _, _dir) = one_turn(&["--mode", "yolo", "--tool", "Read"]);
+    let denied = events(&log, "ToolCallDenied");
+    assert_eq!(denied.len(), 1, "{log:?}");
+    assert_eq!(denied[0]["tool"], "Bash");
+    assert_eq!(denied[0]["by"], "mode");
+    assert!(events(&log, "ToolInvocationSucceeded").is_empty());
+    let failed = events(&log, "ToolInvocationFailed");
+    assert_eq!(failed[0]["code"], "ToolTerminal/NotOffered");
+}

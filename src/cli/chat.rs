@@ -8,7 +8,7 @@
 //! far travels in the run's ctx, which is how `--continue` finds it again,
 //! even after the process was killed mid-turn.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -160,6 +160,18 @@ pub fn run(args: &ChatArgs) -> Exit {
     if let Err(e) = write_pipeline(&dir, &blocks, args.opts.script.is_none()) {
         return fail("Store/WriteFailed", &format!("{}: {e}", dir.display()));
     }
+    // Loaded once: another chat in the project rewrites the folder with
+    // its own hooks and servers, which must not become this one's.
+    let pipeline = match load_pipeline(&dir) {
+        Ok(p) => Arc::new(p),
+        Err(diags) => {
+            return Refusal::Diagnostics {
+                path: dir.clone(),
+                diags,
+            }
+            .print(false);
+        }
+    };
     let mut history = match &args.continue_from {
         Some(run) => match continued(&args.opts.store_path(), run) {
             Ok(h) => h,
@@ -172,6 +184,9 @@ pub fn run(args: &ChatArgs) -> Exit {
         allow,
         offered,
     });
+    // tokio keeps a signal's handler once one was installed: without a
+    // watcher of its own, a signal at the prompt would do nothing.
+    let mut idle = Some(idle_watch());
     let interactive = std::io::stdin().is_terminal();
     let _ = writeln!(
         std::io::stderr(),
@@ -186,22 +201,26 @@ pub fn run(args: &ChatArgs) -> Exit {
     );
     let system = actix::System::new();
     let mut last = Exit::Ok;
-    let mut lines = std::io::stdin().lock().lines();
+    // Each line is read with the lock held only while reading: the
+    // terminal's approval prompt reads stdin too, from another thread.
+    let stdin = std::io::stdin();
+    let mut read = String::new();
     loop {
         if interactive {
             let _ = write!(std::io::stderr(), "you> ");
             let _ = std::io::stderr().flush();
         }
-        let line = match lines.next() {
-            Some(Ok(line)) => line,
-            Some(Err(e)) => {
+        read.clear();
+        let line = match stdin.read_line(&mut read) {
+            Ok(0) => break,
+            Ok(_) => read.as_str(),
+            Err(e) => {
                 let _ = writeln!(
                     std::io::stderr(),
                     "error: Validation/InputInvalid: stdin: {e}"
                 );
                 break;
             }
-            None => break,
         };
         let line = line.trim();
         if line.is_empty() {
@@ -214,7 +233,11 @@ pub fn run(args: &ChatArgs) -> Exit {
             role: "user".to_owned(),
             content: line.to_owned(),
         });
-        match turn(&system, &dir, &args.opts, &tool_mode, &history) {
+        let turned = turn(
+            &system, &dir, &pipeline, &args.opts, &tool_mode, &history, &mut idle,
+        );
+        idle.get_or_insert_with(idle_watch);
+        match turned {
             Ok(reply) => {
                 println!("{reply}");
                 let _ = std::io::stdout().flush();
@@ -235,14 +258,26 @@ pub fn run(args: &ChatArgs) -> Exit {
     last
 }
 
+/// Between turns (at the prompt, and while a turn starts): a signal ends
+/// the chat with the signal's exit code (130, 143, 129).
+fn idle_watch() -> Interrupts {
+    let first = FirstSignal::default();
+    let seen = first.clone();
+    Interrupts::watch(first, "ending the chat", move || {
+        std::process::exit(i32::from(seen.exit().code()))
+    })
+}
+
 /// One turn: a run of the chat pipeline with the conversation in its
 /// ctx; the reply, or the exit and the typed error.
 fn turn(
     system: &actix::SystemRunner,
     dir: &Path,
+    pipeline: &Arc<crate::definition::Pipeline>,
     opts: &RunOptions,
     mode: &Arc<ToolMode>,
     history: &[Said],
+    idle: &mut Option<Interrupts>,
 ) -> Result<String, (Exit, String)> {
     let refused = |r: &Refusal| {
         let v = r.to_json();
@@ -255,12 +290,6 @@ fn turn(
             ),
         )
     };
-    let pipeline = load_pipeline(dir).map(Arc::new).map_err(|d| {
-        refused(&Refusal::Diagnostics {
-            path: dir.to_owned(),
-            diags: d,
-        })
-    })?;
     let mut fields = Map::new();
     fields.insert("history".to_owned(), history_json(history));
     fields.insert(
@@ -274,7 +303,7 @@ fn turn(
     fields.insert("last".to_owned(), Value::String(last));
     let launch = Launch {
         path: dir.to_owned(),
-        pipeline,
+        pipeline: Arc::clone(pipeline),
         fields,
         resume: None,
     };
@@ -291,6 +320,8 @@ fn turn(
             .drive(
                 |_, _| Vec::new(),
                 |session| {
+                    // From here a signal cancels the turn, not the chat.
+                    drop(idle.take());
                     interrupts = Some(Interrupts::watch(
                         watched,
                         "cancelling the turn",

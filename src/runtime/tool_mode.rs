@@ -121,6 +121,14 @@ pub enum Verdict {
 }
 
 impl ToolMode {
+    /// Whether `tool` is among the offered ones (a name, or a
+    /// `server__*` pattern).
+    pub fn offers(&self, tool: &str) -> bool {
+        self.offered
+            .iter()
+            .any(|pattern| crate::definition::mcp::allows(pattern, tool))
+    }
+
     pub fn decide(&self, tool: &str, args: &serde_json::Value) -> Verdict {
         match self.mode {
             Mode::Yolo => Verdict::Run("yolo".to_owned()),
@@ -148,6 +156,19 @@ mod tests {
             allow: rules.iter().map(|r| AllowRule::parse(r).unwrap()).collect(),
             offered: Vec::new(),
         }
+    }
+
+    #[test]
+    fn only_offered_tools_are_offered() {
+        let m = ToolMode {
+            mode: Mode::Yolo,
+            allow: Vec::new(),
+            offered: vec!["Read".to_owned(), "fs__*".to_owned()],
+        };
+        assert!(m.offers("Read"));
+        assert!(m.offers("fs__read_text_file"));
+        assert!(!m.offers("Bash"));
+        assert!(!m.offers("git__status"));
     }
 
     #[test]

@@ -114,6 +114,23 @@ impl StageRun {
             ));
         }
         if let Some(mode) = &self.settings.tool_mode {
+            // A model may name a tool it was not shown (a prompt-injected
+            // one will): the chat's tool list bounds every mode, yolo too.
+            if !mode.offers(&call.name) {
+                self.emit(
+                    self.tool_event(EventName::ToolCallDenied, call)
+                        .with_static("by", "mode")
+                        .with("reason", "not offered"),
+                );
+                return Err(failed(
+                    "NotOffered",
+                    format!(
+                        "`{}` is not among the tools this chat offers ({})",
+                        call.name,
+                        mode.offered.join(", ")
+                    ),
+                ));
+            }
             let verdict = mode.decide(&call.name, &args);
             let rule = match &verdict {
                 crate::runtime::tool_mode::Verdict::Run(rule) => rule.as_str(),
