@@ -28,6 +28,30 @@ pub struct OtlpConfig {
     pub content: bool,
 }
 
+/// `text` with its `%XX` escapes decoded, as the OpenTelemetry spec
+/// writes `OTEL_EXPORTER_OTLP_HEADERS` (`Authorization=Basic%20…`); a `%`
+/// not followed by two hex digits stays as it is.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                let (h, l) = (hex(h).unwrap_or(0), hex(l).unwrap_or(0));
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 impl OtlpConfig {
     /// From `--otlp URL`, else the environment's
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as it is) or
@@ -61,7 +85,7 @@ impl OtlpConfig {
             .map(|h| {
                 h.split(',')
                     .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                    .map(|(k, v)| (percent_decoded(k.trim()), percent_decoded(v.trim())))
                     .collect()
             })
             .unwrap_or_default();
@@ -99,7 +123,9 @@ pub fn start_otlp(bus: &EventBus<Event>, run_id: &str, config: OtlpConfig) -> io
                     Err(_) => sub.receiver().recv_timeout(LINGER),
                 };
                 match next {
-                    Ok(Delivery::Event(envelope)) => book.take(&envelope.event, &mut batch),
+                    Ok(Delivery::Event(envelope)) => {
+                        book.take(envelope.seq, &envelope.event, &mut batch)
+                    }
                     Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
                 }
@@ -130,4 +156,21 @@ pub fn start_otlp(bus: &EventBus<Event>, run_id: &str, config: OtlpConfig) -> io
             Ok(sent)
         })?;
     Ok(Sink::from_thread(handle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decoded;
+
+    #[test]
+    fn header_values_are_percent_decoded_as_the_spec_writes_them() {
+        assert_eq!(
+            percent_decoded("Basic%20dXNlcjpwdw%3D%3D"),
+            "Basic dXNlcjpwdw=="
+        );
+        assert_eq!(percent_decoded("x-team"), "x-team");
+        // A `%` that starts no escape stays.
+        assert_eq!(percent_decoded("100%"), "100%");
+        assert_eq!(percent_decoded("%zz%4"), "%zz%4");
+    }
 }

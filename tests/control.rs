@@ -342,6 +342,18 @@ fn a_socket_already_served_is_not_taken_over() {
     drop(stale);
     let again = ControlServer::start(&socket, control());
     assert!(again.is_ok(), "{:?}", again.err());
+    drop(again);
+    // A file that is not a socket (a mistyped `--listen unix:README.md`)
+    // is refused and left as it was.
+    let file = dir.path().join("README.md");
+    std::fs::write(&file, "keep me").unwrap();
+    let refused = ControlServer::start(&file, control()).unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::AlreadyExists,
+        "{refused}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
 
 /// Whatever a client sends — bodies that are not JSON, JSON of the wrong

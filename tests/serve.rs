@@ -629,6 +629,26 @@ fn bad_listeners_second_servers_and_bad_submissions_are_typed_refusals() {
         &[fanout().to_str().unwrap(), "--ctx", "width=3", "--watch"],
     );
     assert!(id.contains("run ok"), "{id}");
+    // Accepted, then refused before it ran (no model server answers):
+    // the watcher is told why and exits 2, instead of waiting forever.
+    let unreachable = cli(
+        dir.path(),
+        &[
+            "submit",
+            fanout().to_str().unwrap(),
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "m",
+            "--watch",
+        ],
+    );
+    assert_eq!(unreachable.status.code(), Some(2), "{}", said(&unreachable));
+    assert!(
+        said(&unreachable).contains("Control/RunRefused"),
+        "{}",
+        said(&unreachable)
+    );
     drop(server);
 }
 

@@ -473,8 +473,20 @@ async fn host_run(job: Job, limit: Arc<tokio::sync::Semaphore>) {
             RunStatus::Failed { reason } => format!("failed: {reason}"),
             RunStatus::Cancelled => "cancelled".to_owned(),
         },
-        Ok(Concluded::Aborted(why)) => format!("aborted: Session/RunAborted: {why}"),
-        Ok(Concluded::Refused(r)) => format!("refused: {}", r.to_json()["error"]["message"]),
+        Ok(Concluded::Aborted(why)) => {
+            control.refuse(format!("Session/RunAborted: {why}"));
+            format!("aborted: Session/RunAborted: {why}")
+        }
+        Ok(Concluded::Refused(r)) => {
+            let error = &r.to_json()["error"];
+            let why = format!(
+                "{}: {}",
+                error["code"].as_str().unwrap_or("?"),
+                error["message"].as_str().unwrap_or("")
+            );
+            control.refuse(why.clone());
+            format!("refused: {why}")
+        }
         Err(_) => "lost (its recording panicked)".to_owned(),
     };
     control.end();

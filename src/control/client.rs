@@ -376,7 +376,21 @@ impl ControlClient {
             // A cursor, then one drain per chunk (not one per event).
             let mut start = 0;
             while let Some(len) = buf[start..].find("\n\n") {
-                for line in buf[start..start + len].lines() {
+                let block = &buf[start..start + len];
+                if block.lines().any(|l| l.trim_end() == "event: end") {
+                    // The run's session ended with no `WorkflowExit` to
+                    // come: refused after it was accepted, or lost.
+                    let data = block
+                        .lines()
+                        .find_map(|l| l.strip_prefix("data:"))
+                        .unwrap_or("{}");
+                    let v: Value = serde_json::from_str(data.trim()).unwrap_or(Value::Null);
+                    let message = v["error"]["message"]
+                        .as_str()
+                        .unwrap_or("the run's session ended before its WorkflowExit");
+                    return Err(ControlError::new("RunRefused", message));
+                }
+                for line in block.lines() {
                     if let Some(data) = line.strip_prefix("data:") {
                         each(data.trim_start());
                     }

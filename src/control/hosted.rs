@@ -32,6 +32,9 @@ pub struct RunControl {
     queued: AtomicBool,
     /// Its session is over (a server may resume it).
     ended: AtomicBool,
+    /// Why it never ran, when it was refused or aborted after it was
+    /// accepted (a provider check, a held run lock): `Code: message`.
+    refusal: OnceLock<String>,
     /// What the log said so far, read on from where it stopped.
     log: Mutex<(Follower, LogView)>,
 }
@@ -62,6 +65,7 @@ impl RunControl {
             cancel_asked: AtomicBool::new(false),
             queued: AtomicBool::new(false),
             ended: AtomicBool::new(false),
+            refusal: OnceLock::new(),
             log: Mutex::new((Follower::new(audit_path), LogView::default())),
         }
     }
@@ -99,6 +103,18 @@ impl RunControl {
         self.ended.load(Ordering::SeqCst)
     }
 
+    /// It was accepted, then refused before it ran: `why` is
+    /// `Code: message`. Ends it.
+    pub fn refuse(&self, why: String) {
+        let _ = self.refusal.set(why);
+        self.end();
+    }
+
+    /// Why it was refused after it was accepted.
+    pub fn refusal(&self) -> Option<&str> {
+        self.refusal.get().map(String::as_str)
+    }
+
     /// The log read on from where the last look stopped, as far as it is
     /// written now.
     pub async fn view(self: &Arc<Self>) -> LogView {
@@ -117,6 +133,9 @@ impl RunControl {
     pub fn status(&self, view: &LogView) -> String {
         if self.queued.load(Ordering::SeqCst) {
             return "queued".to_owned();
+        }
+        if self.refusal.get().is_some() && view.last_seq == 0 {
+            return "refused".to_owned();
         }
         view.status.clone().unwrap_or_else(|| {
             if view.last_seq == 0 {
@@ -158,7 +177,7 @@ impl RunControl {
             "runId": self.run_id,
             "pipeline": self.pipeline,
             "status": status,
-            "reason": view.reason,
+            "reason": view.reason.clone().or_else(|| self.refusal().map(str::to_owned)),
             "lastSeq": view.last_seq,
             "executions": view.totals(),
             "pending": pending,

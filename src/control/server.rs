@@ -74,9 +74,19 @@ pub struct ControlServer {
 }
 
 /// A socket that answers is another server's: refused. A stale one
-/// (nothing listening) is replaced.
+/// (nothing listening) is replaced. Anything else at the path (a file a
+/// mistyped `--listen unix:PATH` names) is refused, never removed.
 fn claim_socket(socket: &Path) -> std::io::Result<()> {
-    if socket.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(socket) {
+        if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; troupe replaces only a stale socket of its own",
+                    socket.display()
+                ),
+            ));
+        }
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AddrInUse,
@@ -608,7 +618,11 @@ async fn events(
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        axum::body::Body::from_stream(follow(control.audit_path.clone(), after)),
+        axum::body::Body::from_stream(follow(
+            control.audit_path.clone(),
+            after,
+            Some(Arc::clone(&control)),
+        )),
     )
         .into_response()
 }

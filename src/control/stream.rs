@@ -4,12 +4,14 @@
 //! nothing the log has.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use futures::Stream;
 use serde_json::Value;
 
+use super::hosted::RunControl;
 use crate::auditlog::Follower;
 
 /// How often a stream at the end of the log looks for more.
@@ -49,12 +51,17 @@ const KEEP_ALIVE_POLLS: u32 = 750;
 
 /// The audit log's lines with `seq` > `after`, as Server-Sent Events
 /// (`id: <seq>`, `data: <line>`), in batches of what was appended at once,
-/// following the file until its `WorkflowExit`.
+/// following the file until its `WorkflowExit`. When `control`'s session
+/// is over and the log has nothing more, the stream ends too, with an
+/// `event: end` whose data is the typed error of a run refused after it
+/// was accepted (`{"error":{"code":"Control/RunRefused",…}}`).
 pub fn follow(
     path: PathBuf,
     after: u64,
+    control: Option<Arc<RunControl>>,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
     struct Tail {
+        control: Option<Arc<RunControl>>,
         log: Option<Follower>,
         after: u64,
         done: bool,
@@ -63,6 +70,7 @@ pub fn follow(
         idle: u32,
     }
     let tail = Tail {
+        control,
         log: Some(Follower::new(&path)),
         after,
         done: false,
@@ -74,6 +82,9 @@ pub fn follow(
             if t.done {
                 return None;
             }
+            // Whether its session was over before this read: then what the
+            // read finds is all there will be.
+            let ended = t.control.as_ref().is_some_and(|c| c.has_ended());
             // Read what was appended since last time (the follower goes to
             // the blocking pool and back).
             let mut log = t.log.take()?;
@@ -127,6 +138,24 @@ pub fn follow(
             }
             if t.done {
                 return None;
+            }
+            if !grew && ended {
+                t.done = true;
+                let said = t
+                    .control
+                    .as_ref()
+                    .and_then(|c| c.refusal())
+                    .map_or_else(
+                        || "event: end\ndata: {}\n\n".to_owned(),
+                        |why| {
+                            let error = serde_json::json!({"error": {
+                                "code": "Control/RunRefused",
+                                "message": format!("the run was accepted, then refused before it ran: {why}"),
+                            }});
+                            format!("event: end\ndata: {error}\n\n")
+                        },
+                    );
+                return Some((Ok(Bytes::from(said)), t));
             }
             if !grew {
                 t.idle += 1;

@@ -30,6 +30,10 @@ pub struct Counts {
     pub dropped: AtomicU64,
     /// The first failure, said once at the end.
     pub first_error: std::sync::Mutex<Option<String>>,
+    /// Set when the run's grace ran out: the thread posts nothing more
+    /// (it drops what is queued and ends after the post in flight, which
+    /// its own timeout bounds), so no exporter outlives its run by more.
+    pub abandoned: std::sync::atomic::AtomicBool,
 }
 
 /// The exporter's thread and its queue.
@@ -110,6 +114,10 @@ impl Exporter {
                 };
                 for batch in batches {
                     let n = batch.len();
+                    if seen.abandoned.load(Ordering::Relaxed) {
+                        failed(n, "the run ended before it could be sent".to_owned());
+                        continue;
+                    }
                     let body = encode(batch, &config.service);
                     let mut request = client
                         .post(config.endpoint.clone())
@@ -160,7 +168,8 @@ impl Exporter {
     }
 
     /// Closes the queue and waits at most `grace` for what is queued to go
-    /// out; a post still hanging then ends on its own timeout.
+    /// out; then the thread is told to drop the rest, and a post still
+    /// hanging ends on its own timeout.
     pub fn finish(mut self, grace: Duration) {
         drop(self.queue.take());
         let deadline = Instant::now() + grace;
@@ -170,6 +179,8 @@ impl Exporter {
             }
             if thread.is_finished() {
                 let _ = thread.join();
+            } else {
+                self.counts.abandoned.store(true, Ordering::Relaxed);
             }
         }
     }

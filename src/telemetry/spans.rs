@@ -172,7 +172,7 @@ impl SpanBook {
     }
 
     /// Takes one event; spans it ends go to `done`.
-    pub fn take(&mut self, e: &Event, done: &mut Vec<Span>) {
+    pub fn take(&mut self, seq: u64, e: &Event, done: &mut Vec<Span>) {
         self.last = self.last.max(e.ts);
         let exec = e.stage_execution_id.as_deref().unwrap_or("");
         // An event relayed from a worker keeps its fields in one bag
@@ -191,7 +191,11 @@ impl SpanBook {
                 self.provider = provider["name"].as_str().map(str::to_owned);
                 self.model = provider["model"].as_str().map(str::to_owned);
                 self.sessions += 1;
-                let key = format!("{}/session/{}", e.workflow_run_id, self.sessions);
+                // Keyed by the event's `seq`, which goes on across a
+                // resume: a resumed session (a new process, counting its
+                // sessions from one again) gets a span id of its own in
+                // the run's trace.
+                let key = format!("{}/session@{seq}", e.workflow_run_id);
                 let pipeline = field("pipeline");
                 let mut open = self.start(
                     &key,
