@@ -721,19 +721,22 @@ fn metrics_count_the_runs_executions_requests_and_tool_calls() {
     );
     let fanout = fanout();
     let url = format!("http://{addr}");
-    for width in ["20", "5"] {
-        let out = cli(
-            dir.path(),
-            &[
-                "submit",
-                fanout.to_str().unwrap(),
-                "--ctx",
-                &format!("width={width}"),
-                "--server",
-                &url,
-                "--watch",
-            ],
-        );
+    // The first run knows its model's price, the second does not.
+    for (width, price) in [("20", "1,2"), ("5", "")] {
+        let width = format!("width={width}");
+        let mut args = vec![
+            "submit",
+            fanout.to_str().unwrap(),
+            "--ctx",
+            &width,
+            "--server",
+            &url,
+            "--watch",
+        ];
+        if !price.is_empty() {
+            args.extend(["--price", price]);
+        }
+        let out = cli(dir.path(), &args);
         assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     }
     let pipeline = asking();
@@ -781,6 +784,14 @@ fn metrics_count_the_runs_executions_requests_and_tool_calls() {
     assert!(
         m["troupe_tokens_total{model=\"scripted\",kind=\"input\"}"] > 0.0,
         "{body}"
+    );
+    let cost = m["troupe_model_cost_usd_total{model=\"scripted\"}"];
+    let at_most = (m["troupe_tokens_total{model=\"scripted\",kind=\"input\"}"]
+        + 2.0 * m["troupe_tokens_total{model=\"scripted\",kind=\"output\"}"])
+        / 1e6;
+    assert!(
+        cost > 0.0 && cost < at_most,
+        "{cost} of at most {at_most}: {body}"
     );
     assert!(m["troupe_audit_events_total"] > 100.0, "{body}");
     assert!(m.contains_key("troupe_audit_idle_seconds"), "{body}");

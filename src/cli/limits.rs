@@ -36,7 +36,7 @@ pub struct LimitArgs {
 
 impl LimitArgs {
     /// The run's budget for `model` (flags over the pipeline's block), or
-    /// `None` when neither sets a limit. Errors are messages for
+    /// `None` when neither sets a limit nor a price. Errors are messages for
     /// `Validation/InputInvalid`.
     pub fn budget(&self, pipeline: &Pipeline, model: &str) -> Result<Option<Arc<Budget>>, String> {
         let file = pipeline.provider.clone().unwrap_or_default();
@@ -56,7 +56,9 @@ impl LimitArgs {
                 "--max-cost needs the price of model `{model}`{known}: pass --price IN,OUT or add `provider.prices.{model}: {{input: …, output: …}}` (US dollars per million tokens)"
             ));
         }
-        if max_tokens.is_none() && max_cost.is_none() {
+        // A price alone meters the run's cost (the summary, the metrics)
+        // without limiting it.
+        if max_tokens.is_none() && max_cost.is_none() && price.is_none() {
             return Ok(None);
         }
         Ok(Some(Arc::new(Budget::new(max_tokens, max_cost, price))))

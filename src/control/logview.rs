@@ -54,6 +54,9 @@ pub struct LogView {
     pub reason: Option<String>,
     /// The model the run asks (the provider's name when it names none).
     pub model: String,
+    /// Its price in US dollars per million tokens, when the run has one
+    /// (`--price`, `provider.prices`).
+    pub price: Option<crate::definition::Price>,
     pub stages: BTreeMap<String, Executions>,
     pub requests: Requests,
     /// Tool calls by (tool, outcome).
@@ -127,6 +130,11 @@ impl LogView {
                 if let Some(model) = provider["model"].as_str().or(provider["name"].as_str()) {
                     model.clone_into(&mut self.model);
                 }
+                let price = &v["limits"]["price"];
+                self.price = price["input"]
+                    .as_f64()
+                    .zip(price["output"].as_f64())
+                    .map(|(input, output)| crate::definition::Price { input, output });
             }
             "SessionTurnStart" if text(line, "execution") == Some("parallel") => {
                 let stage = line

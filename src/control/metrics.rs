@@ -47,11 +47,21 @@ struct Totals {
     waiting: BTreeMap<String, u64>,
     /// The longest a running run's log has gone without an event.
     idle: f64,
+    /// US dollars by model, of the runs that know their model's price.
+    cost: BTreeMap<String, f64>,
 }
 
 pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
     let mut t = Totals::default();
-    for status in ["queued", "starting", "running", "ok", "failed", "cancelled"] {
+    for status in [
+        "queued",
+        "starting",
+        "running",
+        "refused",
+        "ok",
+        "failed",
+        "cancelled",
+    ] {
         t.runs.insert(status.to_owned(), 0);
     }
     for run in hosted.all() {
@@ -70,6 +80,10 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         m.retries += view.requests.retries;
         m.input_tokens += view.requests.input_tokens;
         m.output_tokens += view.requests.output_tokens;
+        if let Some(price) = view.price {
+            *t.cost.entry(view.model.clone()).or_default() +=
+                price.cost(view.requests.input_tokens, view.requests.output_tokens);
+        }
         for (key, n) in &view.tools {
             *t.tools.entry(key.clone()).or_default() += n;
         }
@@ -175,6 +189,17 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         "Tokens by model and kind (input, output).",
         &tokens,
     );
+    let _ = writeln!(
+        out,
+        "# HELP troupe_model_cost_usd_total US dollars spent, by model, priced by each run's --price or provider.prices (runs without a price are not counted).\n# TYPE troupe_model_cost_usd_total counter"
+    );
+    for (m, usd) in t.cost.iter().filter(|(m, _)| !m.is_empty()) {
+        let _ = writeln!(
+            out,
+            "troupe_model_cost_usd_total{{model=\"{}\"}} {usd:.9}",
+            label(m)
+        );
+    }
     let tools: Vec<(String, u64)> = t
         .tools
         .iter()

@@ -142,6 +142,11 @@ impl Budget {
     }
 
     /// Spent vs budget so far.
+    /// The model's price, when it is known.
+    pub fn price(&self) -> Option<Price> {
+        self.price
+    }
+
     pub fn report(&self) -> BudgetReport {
         let spent = *self.spent.lock().unwrap_or_else(|e| e.into_inner());
         BudgetReport {

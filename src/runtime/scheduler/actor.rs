@@ -322,6 +322,12 @@ fn run_record(spec: &RunSpec) -> Vec<(&'static str, Value)> {
         if let Some(c) = report.max_cost {
             limits.insert("maxCost".to_owned(), c.into());
         }
+        if let Some(p) = budget.price() {
+            limits.insert(
+                "price".to_owned(),
+                serde_json::json!({"input": p.input, "output": p.output}),
+            );
+        }
     }
     let mut fields = vec![
         (
