@@ -156,17 +156,23 @@ impl Server {
             .await
             .map_err(|_| bad_args("the run could not be prepared".to_owned()))?
             .map_err(|r| refusal(&r))?;
-        let control = Arc::new(RunControl::new(
-            &prepared.run_id,
-            &prepared.pipeline.id,
-            &prepared.audit_path,
-            prepared.desk.clone(),
-            prepared.questions.clone(),
-        ));
+        let control = Arc::new(
+            RunControl::new(
+                &prepared.run_id,
+                &prepared.pipeline.id,
+                &prepared.audit_path,
+                prepared.desk.clone(),
+                prepared.questions.clone(),
+            )
+            .resumed_after(prepared.resumed_after()),
+        );
         control.set_queued();
         let Some(hosted) = self.hosted.upgrade() else {
             return Err(shutting_down());
         };
+        // Checked again after the preparing (which may take seconds): a
+        // run accepted now is queued before the server's last look.
+        let admission = hosted.admit().ok_or_else(shutting_down)?;
         hosted.add(Arc::clone(&control));
         let id = prepared.run_id.clone();
         say(&format!(
@@ -176,6 +182,7 @@ impl Server {
         self.jobs
             .send(Job { prepared, control })
             .map_err(|_| shutting_down())?;
+        drop(admission);
         Ok(id)
     }
 }
@@ -430,6 +437,12 @@ pub fn run(args: &ServeArgs) -> Exit {
             }
         }
         watched.close();
+        // Submissions admitted before the close are queued before the
+        // queue is read for the last time (bounded: a stuck one is left).
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while watched.admitting() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
         if !drain {
             for run in watched.all() {
                 run.cancel();

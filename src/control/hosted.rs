@@ -32,6 +32,9 @@ pub struct RunControl {
     queued: AtomicBool,
     /// Its session is over (a server may resume it).
     ended: AtomicBool,
+    /// For a resumed run, the `seq` its log had before this session: an
+    /// earlier session's `WorkflowExit` is not this one's end.
+    base_seq: u64,
     /// Why it never ran, when it was refused or aborted after it was
     /// accepted (a provider check, a held run lock): `Code: message`.
     refusal: OnceLock<String>,
@@ -65,9 +68,21 @@ impl RunControl {
             cancel_asked: AtomicBool::new(false),
             queued: AtomicBool::new(false),
             ended: AtomicBool::new(false),
+            base_seq: 0,
             refusal: OnceLock::new(),
             log: Mutex::new((Follower::new(audit_path), LogView::default())),
         }
+    }
+
+    /// A resumed run whose log ended at `seq` before this session.
+    pub fn resumed_after(mut self, seq: u64) -> RunControl {
+        self.base_seq = seq;
+        self
+    }
+
+    /// See [`RunControl::resumed_after`]; 0 for a new run.
+    pub fn base_seq(&self) -> u64 {
+        self.base_seq
     }
 
     /// The run started: `cancel` cancels it. A cancel asked for while it
@@ -134,16 +149,22 @@ impl RunControl {
         if self.queued.load(Ordering::SeqCst) {
             return "queued".to_owned();
         }
-        if self.refusal.get().is_some() && view.last_seq == 0 {
+        if self.refusal.get().is_some() && view.last_seq <= self.base_seq {
             return "refused".to_owned();
         }
-        view.status.clone().unwrap_or_else(|| {
-            if view.last_seq == 0 {
-                "starting".to_owned()
-            } else {
-                "running".to_owned()
-            }
-        })
+        // A resumed run's log ends with its last session's exit until
+        // this session writes.
+        let this_session = view.last_seq > self.base_seq;
+        view.status
+            .clone()
+            .filter(|_| this_session)
+            .unwrap_or_else(|| {
+                if !this_session {
+                    "starting".to_owned()
+                } else {
+                    "running".to_owned()
+                }
+            })
     }
 
     /// Approvals and questions waiting for an API answer.
@@ -177,7 +198,11 @@ impl RunControl {
             "runId": self.run_id,
             "pipeline": self.pipeline,
             "status": status,
-            "reason": view.reason.clone().or_else(|| self.refusal().map(str::to_owned)),
+            "reason": view
+                .reason
+                .clone()
+                .filter(|_| view.last_seq > self.base_seq)
+                .or_else(|| self.refusal().map(str::to_owned)),
             "lastSeq": view.last_seq,
             "executions": view.totals(),
             "pending": pending,
@@ -215,6 +240,9 @@ pub trait Submitter: Send + Sync {
     ) -> BoxFuture<'static, Result<String, Refused>>;
 }
 
+/// Ended runs a server keeps reachable through the API.
+pub const KEEP_ENDED: usize = 1000;
+
 /// The runs a server hosts.
 pub struct Hosted {
     runs: RwLock<BTreeMap<String, Arc<RunControl>>>,
@@ -222,6 +250,19 @@ pub struct Hosted {
     pub submitter: Option<Arc<dyn Submitter>>,
     /// Stops taking submissions (the server is going down).
     closed: AtomicBool,
+    /// Submissions past their check and not yet queued.
+    admitting: std::sync::atomic::AtomicUsize,
+}
+
+/// A submission being admitted: while it lives the server does not drain
+/// its queue for the last time (see [`Hosted::admit`]).
+#[derive(Debug)]
+pub struct Admission<'h>(&'h Hosted);
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.0.admitting.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for Hosted {
@@ -244,14 +285,26 @@ impl Hosted {
             runs: RwLock::new(BTreeMap::new()),
             submitter,
             closed: AtomicBool::new(false),
+            admitting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
+    /// Hosts `run`. Ended runs beyond the newest [`KEEP_ENDED`] are let go
+    /// (their folders and rows stay: `troupe runs`, `runs tail`), so a
+    /// long-lived server's listing and scrapes cost what its recent runs
+    /// cost, not every run it ever hosted.
     pub fn add(&self, run: Arc<RunControl>) {
-        self.runs
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(run.run_id.clone(), run);
+        let mut runs = self.runs.write().unwrap_or_else(PoisonError::into_inner);
+        runs.insert(run.run_id.clone(), run);
+        let ended: Vec<String> = runs
+            .iter()
+            .filter(|(_, r)| r.has_ended())
+            .map(|(id, _)| id.clone())
+            .collect();
+        // Ids are UUIDv7: in the order the runs were started.
+        for id in ended.iter().take(ended.len().saturating_sub(KEEP_ENDED)) {
+            runs.remove(id);
+        }
     }
 
     /// The run with id `id`, or the one run whose id starts with it.
@@ -299,7 +352,98 @@ impl Hosted {
         self.closed.store(true, Ordering::SeqCst);
     }
 
+    /// Admits a submission unless the server is closing: the server, once
+    /// closed, waits for every admission to end ([`Hosted::admitting`])
+    /// before it takes the last jobs off its queue, so an accepted run is
+    /// never dropped. (Counted before `closed` is read, and `close` sets
+    /// `closed` before the count is read: one of the two sees the other.)
+    pub fn admit(&self) -> Option<Admission<'_>> {
+        self.admitting.fetch_add(1, Ordering::SeqCst);
+        let admission = Admission(self);
+        (!self.is_closed()).then_some(admission)
+    }
+
+    /// Submissions admitted and not yet queued.
+    pub fn admitting(&self) -> usize {
+        self.admitting.load(Ordering::SeqCst)
+    }
+
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(seq: u64, event: &str, extra: &str) -> String {
+        format!(
+            "{{\"seq\":{seq},\"ts\":\"2026-11-26T07:00:00Z\",\"event\":\"{event}\",\"workflowRunId\":\"r\"{extra}}}\n"
+        )
+    }
+
+    /// A resumed run whose log still ends with its last session's exit
+    /// is starting, not cancelled, until this session writes; its stream
+    /// does not end at the old exit.
+    #[actix::test]
+    async fn a_resumed_run_is_not_its_last_sessions_exit() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join(crate::auditlog::PLAIN_FILE);
+        let old = format!(
+            "{}{}",
+            line(1, "WorkflowStarted", ""),
+            line(2, "WorkflowExit", ",\"status\":\"cancelled\"")
+        );
+        std::fs::write(&path, &old).expect("write");
+        let fresh = Arc::new(RunControl::new("r", "p", &path, None, None));
+        assert_eq!(fresh.status(&fresh.view().await), "cancelled");
+        let resumed = Arc::new(RunControl::new("r", "p", &path, None, None).resumed_after(2));
+        assert_eq!(resumed.status(&resumed.view().await), "starting");
+        let more = format!("{old}{}", line(3, "WorkflowResumed", ""));
+        std::fs::write(&path, more).expect("write");
+        assert_eq!(resumed.status(&resumed.view().await), "running");
+    }
+
+    #[test]
+    fn a_closing_server_admits_no_submission_and_counts_those_it_did() {
+        let hosted = Hosted::new(None);
+        let first = hosted.admit().expect("open: admitted");
+        assert_eq!(hosted.admitting(), 1);
+        hosted.close();
+        assert!(hosted.admit().is_none(), "closed: refused");
+        assert_eq!(hosted.admitting(), 1, "the refused one is not counted");
+        drop(first);
+        assert_eq!(hosted.admitting(), 0);
+    }
+
+    #[test]
+    fn only_the_newest_ended_runs_stay_hosted() {
+        let hosted = Hosted::new(None);
+        let path = std::path::Path::new("audit.jsonl.zst");
+        for i in 0..KEEP_ENDED + 5 {
+            let run = Arc::new(RunControl::new(
+                &format!("run-{i:06}"),
+                "p",
+                path,
+                None,
+                None,
+            ));
+            run.end();
+            hosted.add(run);
+        }
+        let live = Arc::new(RunControl::new("run-000000-live", "p", path, None, None));
+        hosted.add(Arc::clone(&live));
+        let ids = hosted.ids();
+        assert_eq!(ids.len(), KEEP_ENDED + 1);
+        assert!(
+            ids.contains(&"run-000000-live".to_owned()),
+            "a live run stays"
+        );
+        assert!(
+            !ids.contains(&"run-000004".to_owned()),
+            "the oldest ended go"
+        );
+        assert!(ids.contains(&"run-000005".to_owned()));
     }
 }

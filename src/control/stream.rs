@@ -85,6 +85,8 @@ pub fn follow(
             // Whether its session was over before this read: then what the
             // read finds is all there will be.
             let ended = t.control.as_ref().is_some_and(|c| c.has_ended());
+            // A resumed run's earlier exits are not its end.
+            let base = t.control.as_ref().map_or(0, |c| c.base_seq());
             // Read what was appended since last time (the follower goes to
             // the blocking pool and back).
             let mut log = t.log.take()?;
@@ -117,7 +119,7 @@ pub fn follow(
                 let Some((seq, exit)) = seq_and_exit(line) else {
                     continue;
                 };
-                t.last_was_exit = exit;
+                t.last_was_exit = exit && seq > base;
                 if seq > t.after {
                     t.after = seq;
                     batch.push_str("id: ");

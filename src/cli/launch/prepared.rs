@@ -282,6 +282,12 @@ pub enum Concluded {
 }
 
 impl Prepared {
+    /// For a resumed run, the `seq` its log ended with before this
+    /// session (after the repair); 0 for a new run.
+    pub fn resumed_after(&self) -> u64 {
+        self.resume.as_ref().map_or(0, |r| r.last_seq)
+    }
+
     /// Runs the session on the current actor system with the audit log
     /// and `sinks` (more of them, given the bus); `started` is handed the
     /// session once it runs (to cancel it).
