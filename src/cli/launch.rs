@@ -133,16 +133,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
     // The run's control socket, kept past the actor system so that event
     // streams can read the log's end before it goes.
     let control_socket = prepared.run_dir.join(crate::control::SOCKET_NAME);
-    let control = Arc::new(
-        crate::control::RunControl::new(
-            &prepared.run_id,
-            &prepared.pipeline.id,
-            &prepared.audit_path,
-            prepared.desk.clone(),
-            prepared.questions.clone(),
-        )
-        .resumed_after(prepared.resumed_after()),
-    );
+    let control = Arc::new(prepared.control());
     let reach = Arc::clone(&control);
     let run_id = prepared.run_id.clone();
     let system = actix::System::new();

@@ -156,16 +156,7 @@ impl Server {
             .await
             .map_err(|_| bad_args("the run could not be prepared".to_owned()))?
             .map_err(|r| refusal(&r))?;
-        let control = Arc::new(
-            RunControl::new(
-                &prepared.run_id,
-                &prepared.pipeline.id,
-                &prepared.audit_path,
-                prepared.desk.clone(),
-                prepared.questions.clone(),
-            )
-            .resumed_after(prepared.resumed_after()),
-        );
+        let control = Arc::new(prepared.control());
         control.set_queued();
         let Some(hosted) = self.hosted.upgrade() else {
             return Err(shutting_down());

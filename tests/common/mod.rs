@@ -7,6 +7,7 @@ pub mod otlp;
 pub mod project;
 pub mod requests;
 pub mod run;
+pub mod serve;
 
 use std::path::{Path, PathBuf};
 

@@ -431,7 +431,7 @@ pub fn summary(out: &std::process::Output) -> Value {
 
 pub fn audit(summary: &Value) -> Vec<Value> {
     let path = summary["auditPath"].as_str().unwrap();
-    std::fs::read_to_string(path)
+    troupe::auditlog::read_text(std::path::Path::new(path))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

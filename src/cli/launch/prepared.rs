@@ -288,6 +288,18 @@ impl Prepared {
         self.resume.as_ref().map_or(0, |r| r.last_seq)
     }
 
+    /// What a control server reaches of this run.
+    pub fn control(&self) -> crate::control::RunControl {
+        crate::control::RunControl::new(
+            &self.run_id,
+            &self.pipeline.id,
+            &self.audit_path,
+            self.desk.clone(),
+            self.questions.clone(),
+        )
+        .resumed_after(self.resumed_after())
+    }
+
     /// Runs the session on the current actor system with the audit log
     /// and `sinks` (more of them, given the bus); `started` is handed the
     /// session once it runs (to cancel it).
