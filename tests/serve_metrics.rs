@@ -153,6 +153,8 @@ fn metrics_count_the_runs_executions_requests_and_tool_calls() {
     );
     assert!(m["troupe_audit_events_total"] > 100.0, "{body}");
     assert!(m.contains_key("troupe_audit_idle_seconds"), "{body}");
+    // Nothing is waiting to be stored once the runs are at rest.
+    assert_eq!(m["troupe_store_queued_records"], 0.0, "{body}");
     let out = cli(dir.path(), &["cancel", &waiting, "--server", &url]);
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
 

@@ -35,6 +35,8 @@ pub struct RunControl {
     /// For a resumed run, the `seq` its log had before this session: an
     /// earlier session's `WorkflowExit` is not this one's end.
     base_seq: u64,
+    /// The run's store writer, once it runs (a run kept in the store).
+    store: Arc<OnceLock<crate::store::StoreLedger>>,
     /// Why it never ran, when it was refused or aborted after it was
     /// accepted (a provider check, a held run lock): `Code: message`.
     refusal: OnceLock<String>,
@@ -69,6 +71,7 @@ impl RunControl {
             queued: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             base_seq: 0,
+            store: Arc::default(),
             refusal: OnceLock::new(),
             log: Mutex::new((Follower::new(audit_path), LogView::default())),
         }
@@ -78,6 +81,23 @@ impl RunControl {
     pub fn resumed_after(mut self, seq: u64) -> RunControl {
         self.base_seq = seq;
         self
+    }
+
+    /// Where the run's store writer will be, set when it starts.
+    pub fn with_store(mut self, store: Arc<OnceLock<crate::store::StoreLedger>>) -> RunControl {
+        self.store = store;
+        self
+    }
+
+    /// Records waiting for the run's store writer (0 once the run ended,
+    /// or for a run not kept in the store).
+    pub fn store_queued(&self) -> usize {
+        if self.has_ended() {
+            return 0;
+        }
+        self.store
+            .get()
+            .map_or(0, crate::store::StoreLedger::queued)
     }
 
     /// See [`RunControl::resumed_after`]; 0 for a new run.

@@ -49,6 +49,8 @@ struct Totals {
     idle: f64,
     /// US dollars by model, of the runs that know their model's price.
     cost: BTreeMap<String, f64>,
+    /// Records waiting for the runs' store writers.
+    store_queued: u64,
 }
 
 pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
@@ -87,6 +89,7 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         for (key, n) in &view.tools {
             *t.tools.entry(key.clone()).or_default() += n;
         }
+        t.store_queued += run.store_queued() as u64;
         let (pending, questions) = run.waiting().await;
         t.pending += pending as u64;
         t.questions += questions as u64;
@@ -233,6 +236,13 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         "counter",
         "Events the runs' audit logs hold.",
         &[(String::new(), t.events)],
+    );
+    family(
+        &mut out,
+        "troupe_store_queued_records",
+        "gauge",
+        "Execution records the runs' store writers have not yet committed (the store's lag behind the runs).",
+        &[(String::new(), t.store_queued)],
     );
     let _ = writeln!(
         out,

@@ -49,6 +49,14 @@ pub struct StoreLedger {
     tx: Sender<ToStore>,
 }
 
+impl StoreLedger {
+    /// Records handed to the writer and not yet taken into a transaction:
+    /// how far the store is behind the run.
+    pub fn queued(&self) -> usize {
+        self.tx.len()
+    }
+}
+
 impl StoreWriter {
     /// Opens the store at `path` for the writer and starts its thread.
     pub fn start(path: &Path) -> Result<StoreWriter, StoreError> {

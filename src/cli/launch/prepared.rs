@@ -41,6 +41,9 @@ pub struct Prepared {
     pub desk: Option<Arc<RemoteDesk>>,
     /// Human steps' questions open to API clients.
     pub questions: Option<Arc<QuestionDesk>>,
+    /// The run's store writer, once it runs: what its control reads the
+    /// store's lag from.
+    store_probe: Arc<std::sync::OnceLock<crate::store::StoreLedger>>,
     spec: RunSpec,
     settings: RunSettings,
     openai: Option<(OpenAiProvider, bool)>,
@@ -215,6 +218,7 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
         pipeline,
         desk,
         questions,
+        store_probe: Arc::default(),
         check_retries: settings.provider_retries,
         check_backoff: settings.provider_backoff,
         spec,
@@ -298,6 +302,7 @@ impl Prepared {
             self.questions.clone(),
         )
         .resumed_after(self.resumed_after())
+        .with_store(Arc::clone(&self.store_probe))
     }
 
     /// Runs the session on the current actor system with the audit log
@@ -325,6 +330,7 @@ impl Prepared {
             nats,
             shell,
             otlp,
+            store_probe,
             ..
         } = self;
         let path = pipeline.dir.clone();
@@ -373,6 +379,9 @@ impl Prepared {
             .kept
             .as_ref()
             .map(|k| Arc::new(k.writer.ledger()) as Arc<dyn crate::runtime::ledger::Ledger>);
+        if let Some(kept) = &driven.kept {
+            let _ = store_probe.set(kept.writer.ledger());
+        }
         // Across machines: fan-out siblings go to the workers' queue.
         if nats.nats.is_some() {
             match remote_siblings(&nats, &spec, &pipeline, &settings).await {
