@@ -330,3 +330,52 @@ fn runs_tail_prints_the_last_lines_and_follows_a_live_run_to_its_end() {
     );
     assert!(followed.lines().last().unwrap().contains("WorkflowExit"));
 }
+
+/// A compact log troupe cannot read is a typed `Store/AuditCorrupt`
+/// (exit 2) for `runs export`, `runs tail` and `report`, saying which
+/// kind: a foreign file, a newer format, a damaged segment (its checksum).
+#[test]
+fn a_foreign_newer_or_damaged_compact_log_is_a_typed_error() {
+    let project = Project::new();
+    let done = run_fanout(&project, 4);
+    let id = done["runId"].as_str().unwrap();
+    let audit = project.audit_path(id);
+    let good = std::fs::read(&audit).unwrap();
+    let said_of = |args: &[&str]| {
+        let out = project.output(args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "troupe {args:?}: {}",
+            said(&out)
+        );
+        said(&out)
+    };
+    let mut newer = troupe::auditlog::header();
+    let at = newer.len() - 2;
+    newer[at] = b'9';
+    newer.extend_from_slice(&good[troupe::auditlog::header().len()..]);
+    let mut damaged = good.clone();
+    // The last byte is the closed segment's checksum: the lines decode,
+    // the check fails.
+    *damaged.last_mut().unwrap() ^= 0xff;
+    for (bytes, says) in [
+        (b"{\"seq\":1}\n".to_vec(), "not a troupe audit log"),
+        (newer, "written by a newer troupe (log format 9"),
+        (damaged, "at byte"),
+    ] {
+        std::fs::write(&audit, &bytes).unwrap();
+        assert_eq!(
+            refusal(&project, &["runs", "export", id, "--json"]),
+            "Store/AuditCorrupt"
+        );
+        let text = said_of(&["runs", "export", id]);
+        assert!(text.contains(says), "{text}");
+        let tail = said_of(&["runs", "tail", id]);
+        assert!(tail.contains("Store/AuditCorrupt"), "{tail}");
+        let svg = project.path().join("run.svg");
+        let report = said_of(&["report", id, "--svg", svg.to_str().unwrap()]);
+        assert!(report.contains("Store/AuditCorrupt"), "{report}");
+        assert!(!svg.exists(), "nothing drawn");
+    }
+}

@@ -212,10 +212,15 @@ impl LogDecoder {
                 loop {
                     let mut input = InBuffer::around(bytes);
                     let mut output = OutBuffer::around(&mut self.scratch[..]);
+                    // On an error zstd does not say how far it read: the
+                    // fault is somewhere in the piece fed.
+                    let piece = bytes.len();
                     let hint = decoder.run(&mut input, &mut output).map_err(|e| {
                         AuditFault(Fault::Corrupt {
-                            offset: self.fed + input.pos() as u64,
-                            reason: format!("a compressed block cannot be decoded: {e}"),
+                            offset: self.fed,
+                            reason: format!(
+                                "in the {piece} bytes from here, a compressed block cannot be decoded: {e}"
+                            ),
                         })
                     })?;
                     let (used, produced) = (input.pos(), output.pos());
@@ -321,6 +326,13 @@ fn check_header(head: &[u8]) -> Result<(), Fault> {
     }
     Ok(())
 }
+
+/// The most bytes an open segment may take on disk: [`SEGMENT`] of lines
+/// compress to a twentieth of that; twice it uncompressed is far past
+/// anything a killed writer leaves.
+///
+/// [`SEGMENT`]: super::SEGMENT
+const MAX_OPEN: u64 = 2 * super::SEGMENT;
 
 /// How many file bytes a read takes at once.
 const CHUNK: usize = 1 << 16;
@@ -467,6 +479,20 @@ pub fn scan_end(
 pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
     if !end.unfinished() && (end.keep > 0 || super::is_plain(path)) {
         return Ok(false);
+    }
+    if !super::is_plain(path) && end.fed - end.keep > MAX_OPEN {
+        // A killed writer leaves one open segment, a fraction of
+        // SEGMENT once compressed. This much is damage that reads like
+        // a torn end (a block's length flipped, say): cutting it would
+        // take whatever follows with it.
+        return Err(AuditError::Corrupt {
+            path: path.to_owned(),
+            offset: end.keep,
+            reason: format!(
+                "the last {} bytes do not end a segment, more than an open segment can hold: the log looks damaged, not cut short by a killed process, so it is not cut",
+                end.fed - end.keep
+            ),
+        });
     }
     let io = AuditError::io(path);
     let mut carried = Vec::new();

@@ -154,6 +154,22 @@ fn cut_to_whole_closes_a_killed_segment_with_every_whole_line_it_had() {
 }
 
 #[test]
+fn a_tail_longer_than_any_open_segment_is_damage_and_is_not_cut() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(FILE);
+    let (bytes, _, _) = written(40, 10, true);
+    std::fs::write(&path, &bytes).expect("write");
+    let keep = header().len() as u64;
+    let end = LogEnd {
+        keep,
+        fed: keep + 2 * SEGMENT + 1,
+    };
+    let refused = cut_to_whole(&path, end).expect_err("not cut");
+    assert!(refused.to_string().contains("looks damaged"), "{refused}");
+    assert_eq!(std::fs::read(&path).expect("read"), bytes, "left as it was");
+}
+
+#[test]
 fn an_empty_or_headless_file_is_made_a_log() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join(FILE);
