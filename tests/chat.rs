@@ -301,3 +301,53 @@ fn yolo_refuses_a_tool_that_is_not_offered() {
     let failed = events(&log, "ToolInvocationFailed");
     assert_eq!(failed[0]["code"], "ToolTerminal/NotOffered");
 }
+
+/// The MCP servers of `--mcp` start once for the whole chat, not once a
+/// turn: two turns, each calling the server, see one start.
+#[test]
+fn mcp_servers_start_once_for_every_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/fault_server.py");
+    let stats = dir.path().join("stats.jsonl");
+    std::fs::write(
+        dir.path().join("mcp.yaml"),
+        format!(
+            "mcpServers:\n  f:\n    command: python3\n    args: [\"{}\", \"{}\"]\n",
+            server.display(),
+            stats.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("script.yaml"),
+        "stages:\n  chat:\n    - tool: f__echo\n      args: { text: hi }\n    - complete: { message: \"echoed: {{ctx.last}}\" }\n",
+    )
+    .unwrap();
+    let out = chat(
+        dir.path(),
+        &[
+            "--mode",
+            "yolo",
+            "--mcp",
+            "mcp.yaml",
+            "--script",
+            "script.yaml",
+        ],
+        "one\ntwo\n",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        ["echoed: one", "echoed: two"]
+    );
+    let saw: Vec<Value> = std::fs::read_to_string(&stats)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let count = |event: &str| saw.iter().filter(|s| s["event"] == event).count();
+    assert_eq!(count("start"), 1, "{saw:?}");
+    assert_eq!(count("call"), 2, "{saw:?}");
+}

@@ -187,6 +187,42 @@ pub fn run(args: &ChatArgs) -> Exit {
     // tokio keeps a signal's handler once one was installed: without a
     // watcher of its own, a signal at the prompt would do nothing.
     let mut idle = Some(idle_watch());
+    // The MCP servers start once, for every turn: each turn is a run of
+    // its own, but starting `npx` servers for each would cost seconds a
+    // line. They stop when the chat ends; their logs go to .troupe/chat/.
+    // The sandbox they run in (and its temp folder) outlives them: `host`,
+    // which holds them, is dropped first.
+    let (mcp, _shell) = if pipeline.mcp_servers.is_empty() {
+        (None, None)
+    } else {
+        let root = match std::fs::canonicalize(&args.opts.root) {
+            Ok(r) if r.is_dir() => r,
+            Ok(_) | Err(_) => {
+                return fail(
+                    "Validation/InputInvalid",
+                    &format!("--root {} is not a directory", args.opts.root.display()),
+                );
+            }
+        };
+        let setup =
+            crate::cli::sandbox::shell_sandbox(args.opts.no_sandbox, &args.opts.pass_env, &root);
+        let started = crate::cli::mcp::start_servers(
+            &pipeline,
+            &root,
+            setup.sandbox.clone(),
+            Some(&dir),
+            args.opts.network == "deny",
+        );
+        match started {
+            Ok(pool) => (pool, Some(setup)),
+            Err(e) => return crate::cli::mcp::mcp_refusal(&e).print(false),
+        }
+    };
+    let host = Host {
+        tool_mode: Some(Arc::clone(&tool_mode)),
+        mcp,
+        ..Host::default()
+    };
     let interactive = std::io::stdin().is_terminal();
     let _ = writeln!(
         std::io::stderr(),
@@ -234,7 +270,7 @@ pub fn run(args: &ChatArgs) -> Exit {
             content: line.to_owned(),
         });
         let turned = turn(
-            &system, &dir, &pipeline, &args.opts, &tool_mode, &history, &mut idle,
+            &system, &dir, &pipeline, &args.opts, &host, &history, &mut idle,
         );
         idle.get_or_insert_with(idle_watch);
         match turned {
@@ -275,7 +311,7 @@ fn turn(
     dir: &Path,
     pipeline: &Arc<crate::definition::Pipeline>,
     opts: &RunOptions,
-    mode: &Arc<ToolMode>,
+    host: &Host,
     history: &[Said],
     idle: &mut Option<Interrupts>,
 ) -> Result<String, (Exit, String)> {
@@ -307,11 +343,7 @@ fn turn(
         fields,
         resume: None,
     };
-    let host = Host {
-        tool_mode: Some(Arc::clone(mode)),
-        ..Host::default()
-    };
-    let prepared = prepare(launch, opts, &host).map_err(|r| refused(&r))?;
+    let prepared = prepare(launch, opts, host).map_err(|r| refused(&r))?;
     let first = FirstSignal::default();
     let watched = first.clone();
     let driven = system.block_on(async {

@@ -63,6 +63,10 @@ pub struct Host {
     pub slots: Option<Arc<EndpointSlots>>,
     /// `troupe chat`'s security mode for tool calls.
     pub tool_mode: Option<Arc<crate::runtime::tool_mode::ToolMode>>,
+    /// MCP servers already running for this host, used instead of
+    /// starting the pipeline's own: a chat starts them once for all its
+    /// turns.
+    pub mcp: Option<Arc<crate::tools::mcp::McpPool>>,
 }
 
 /// One request limiter per OpenAI-compatible endpoint, shared by the runs

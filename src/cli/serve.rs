@@ -368,6 +368,7 @@ pub fn run(args: &ServeArgs) -> Exit {
                 server: true,
                 slots: Some(Arc::new(EndpointSlots::default())),
                 tool_mode: None,
+                mcp: None,
             },
         });
         Hosted::new(Some(Arc::new(server)))

@@ -169,7 +169,8 @@ impl McpPool {
         Ok(Arc::new(pool))
     }
 
-    /// Sets who answers the servers' elicitations, once.
+    /// Sets who answers the servers' elicitations (each run that uses the
+    /// pool sets its own).
     pub fn set_elicitor(&self, elicitor: Arc<dyn Elicitor>) {
         self.elicitor.set(elicitor);
     }

@@ -179,6 +179,19 @@ impl GroupKill {
         GroupKill(pgid.map(Pid::from_raw))
     }
 
+    /// Guards the group of a process that may outlive a run: an MCP
+    /// server, which lives as long as its pool (a chat's pool serves all
+    /// its turns). The reaper knows it, so it dies with troupe, but the
+    /// end of a run ([`kill_all_groups`], for its `Bash` calls) spares it;
+    /// dropping the guard kills it.
+    pub fn lasting(pid: Option<u32>) -> GroupKill {
+        let pgid = pid.and_then(|p| i32::try_from(p).ok()).filter(|&p| p > 1);
+        if let Some(p) = pgid {
+            tell_reaper('+', p);
+        }
+        GroupKill(pgid.map(Pid::from_raw))
+    }
+
     /// Kills the group now and disarms the guard.
     pub fn kill(&mut self) {
         if let Some(pgid) = self.0.take() {

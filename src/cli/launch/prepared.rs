@@ -182,14 +182,17 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
     .map_err(|why| Refusal::invalid(&path, why))?;
     settings.deny_network = deny_network;
     // MCP servers start (and are listed and checked) before anything runs.
-    settings.mcp = crate::cli::mcp::start_servers(
-        &pipeline,
-        &root,
-        shell.sandbox.clone(),
-        Some(&run_dir),
-        deny_network,
-    )
-    .map_err(|e| crate::cli::mcp::mcp_refusal(&e))?;
+    settings.mcp = match &host.mcp {
+        Some(pool) => Some(Arc::clone(pool)),
+        None => crate::cli::mcp::start_servers(
+            &pipeline,
+            &root,
+            shell.sandbox.clone(),
+            Some(&run_dir),
+            deny_network,
+        )
+        .map_err(|e| crate::cli::mcp::mcp_refusal(&e))?,
+    };
     // Human steps ask the run's interactors (and the API's clients).
     settings.asker = Some(Arc::new(crate::runtime::ask::RunAsker::new(
         &spec.interactors,

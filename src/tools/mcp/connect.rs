@@ -264,7 +264,7 @@ impl Connection {
                             format!("cannot start MCP server `{}` (`{command}`): {e}", def.name),
                         )
                     })?;
-                let group = GroupKill::new(child.id());
+                let group = GroupKill::lasting(child.id());
                 let watched = Watched {
                     inner: child,
                     cell: Arc::clone(&cell),

@@ -3,7 +3,7 @@
 //! the request to the run's [`Elicitor`] (the runtime's, which asks the
 //! run's interactors); with none, or none that can answer, it is declined.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use futures::future::BoxFuture;
 use serde_json::Value;
@@ -32,16 +32,20 @@ pub trait Elicitor: Send + Sync + std::fmt::Debug {
 }
 
 /// Where a pool's connections find the run's elicitor, set once the run's
-/// interactors exist (after the servers started).
+/// interactors exist (after the servers started), and again by each run
+/// that uses the same pool (a chat's turns share one).
 #[derive(Debug, Default)]
-pub struct ElicitorSlot(OnceLock<Arc<dyn Elicitor>>);
+pub struct ElicitorSlot(RwLock<Option<Arc<dyn Elicitor>>>);
 
 impl ElicitorSlot {
     pub fn set(&self, elicitor: Arc<dyn Elicitor>) {
-        let _ = self.0.set(elicitor);
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(elicitor);
     }
 
-    pub fn get(&self) -> Option<&Arc<dyn Elicitor>> {
-        self.0.get()
+    pub fn get(&self) -> Option<Arc<dyn Elicitor>> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
