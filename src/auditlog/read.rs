@@ -84,7 +84,7 @@ const HEADER_MAX: usize = 256;
 const WINDOW_LOG_MAX: u32 = 24;
 
 /// How the fed bytes end, for appending after them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogEnd {
     /// Bytes that stay when the log is appended to: through the last
     /// closed segment (the header, for none) or, for a plain log, through
@@ -366,8 +366,8 @@ impl DecodedReader {
         })
     }
 
-    /// Reads on to the end; returns how the log ends. For callers that
-    /// want the end without the lines.
+    /// How the bytes read so far end (all of them, once `read` returned
+    /// 0).
     pub fn end(&self) -> LogEnd {
         self.decoder.end()
     }
@@ -423,10 +423,6 @@ impl Follower {
             path: path.to_owned(),
             decoder: LogDecoder::for_path(path),
         }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Reads up to `max` new bytes of the file; appends the whole lines
@@ -509,17 +505,12 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
     file.set_len(end.keep).map_err(&io)?;
     file.seek(SeekFrom::End(0)).map_err(&io)?;
     if !super::is_plain(path) {
-        if carried.is_empty() {
-            if end.keep == 0 {
-                file.write_all(&super::header()).map_err(&io)?;
-            }
-        } else {
-            let mut log = if end.keep == 0 {
-                Compressed::create(file)
-            } else {
-                Compressed::append(file)
-            }
-            .map_err(&io)?;
+        // No whole header: nothing after it was read either.
+        if end.keep == 0 {
+            file.write_all(&super::header()).map_err(&io)?;
+        }
+        if !carried.is_empty() {
+            let mut log = Compressed::append(file).map_err(&io)?;
             log.write_all(&carried).map_err(&io)?;
             file = log.finish().map_err(&io)?;
         }

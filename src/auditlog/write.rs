@@ -96,10 +96,8 @@ impl<W: Write> Compressed<W> {
 
     /// Writes a new log's header, once, before anything else.
     fn write_header(&mut self) -> io::Result<()> {
-        if let Some(header) = &self.header {
-            let header = header.clone();
+        if let Some(header) = self.header.take() {
             self.encoder()?.get_mut().write_all(&header)?;
-            self.header = None;
         }
         Ok(())
     }

@@ -195,14 +195,9 @@ pub fn run(args: &ChatArgs) -> Exit {
     let (mcp, _shell) = if pipeline.mcp_servers.is_empty() {
         (None, None)
     } else {
-        let root = match std::fs::canonicalize(&args.opts.root) {
-            Ok(r) if r.is_dir() => r,
-            Ok(_) | Err(_) => {
-                return fail(
-                    "Validation/InputInvalid",
-                    &format!("--root {} is not a directory", args.opts.root.display()),
-                );
-            }
+        let root = match super::options::project_root(&args.opts.root) {
+            Ok(r) => r,
+            Err(why) => return fail("Validation/InputInvalid", &why),
         };
         let setup =
             crate::cli::sandbox::shell_sandbox(args.opts.no_sandbox, &args.opts.pass_env, &root);

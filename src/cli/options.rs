@@ -139,3 +139,11 @@ pub fn store_path(store: Option<&Path>, runs_dir: &Path) -> PathBuf {
             .join("troupe.db"),
     }
 }
+
+/// `--root`, made canonical; the message when it names no directory.
+pub fn project_root(root: &Path) -> Result<PathBuf, String> {
+    match std::fs::canonicalize(root) {
+        Ok(r) if r.is_dir() => Ok(r),
+        Ok(_) | Err(_) => Err(format!("--root {} is not a directory", root.display())),
+    }
+}

@@ -302,15 +302,9 @@ pub fn run(args: &ServeArgs) -> Exit {
         Ok(l) => l,
         Err(why) => return typed("Control/BadListen", why, "see `troupe serve --help`"),
     };
-    let root = match std::fs::canonicalize(&args.root) {
-        Ok(r) if r.is_dir() => r,
-        _ => {
-            return typed(
-                "Validation/InputInvalid",
-                format!("--root {} is not a directory", args.root.display()),
-                "give the project's folder",
-            );
-        }
+    let root = match super::options::project_root(&args.root) {
+        Ok(r) => r,
+        Err(why) => return typed("Validation/InputInvalid", why, "give the project's folder"),
     };
     if let Err(e) = std::fs::create_dir_all(&args.runs_dir) {
         return typed(

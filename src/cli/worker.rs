@@ -83,15 +83,9 @@ pub fn run(args: WorkerArgs) -> Exit {
             json,
         );
     };
-    let root = match std::fs::canonicalize(&args.root) {
-        Ok(r) if r.is_dir() => r,
-        _ => {
-            return input_invalid(
-                &args.root,
-                format!("--root {} is not a directory", args.root.display()),
-                json,
-            );
-        }
+    let root = match super::options::project_root(&args.root) {
+        Ok(r) => r,
+        Err(why) => return input_invalid(&args.root, why, json),
     };
     let mut settings = provider_settings(&args.provider);
     let shell = shell_sandbox(args.no_sandbox, &args.pass_env, &root);

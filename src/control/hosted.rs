@@ -169,22 +169,22 @@ impl RunControl {
         if self.queued.load(Ordering::SeqCst) {
             return "queued".to_owned();
         }
-        if self.refusal.get().is_some() && view.last_seq <= self.base_seq {
-            return "refused".to_owned();
-        }
         // A resumed run's log ends with its last session's exit until
         // this session writes.
-        let this_session = view.last_seq > self.base_seq;
-        view.status
-            .clone()
-            .filter(|_| this_session)
-            .unwrap_or_else(|| {
-                if !this_session {
-                    "starting".to_owned()
-                } else {
-                    "running".to_owned()
-                }
-            })
+        if !self.has_written(view) {
+            let before = if self.refusal.get().is_some() {
+                "refused"
+            } else {
+                "starting"
+            };
+            return before.to_owned();
+        }
+        view.status.clone().unwrap_or_else(|| "running".to_owned())
+    }
+
+    /// Whether this session has written to the log `view` read.
+    fn has_written(&self, view: &LogView) -> bool {
+        view.last_seq > self.base_seq
     }
 
     /// Approvals and questions waiting for an API answer.
@@ -221,7 +221,7 @@ impl RunControl {
             "reason": view
                 .reason
                 .clone()
-                .filter(|_| view.last_seq > self.base_seq)
+                .filter(|_| self.has_written(&view))
                 .or_else(|| self.refusal().map(str::to_owned)),
             "lastSeq": view.last_seq,
             "executions": view.totals(),

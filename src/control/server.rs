@@ -618,11 +618,7 @@ async fn events(
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        axum::body::Body::from_stream(follow(
-            control.audit_path.clone(),
-            after,
-            Some(Arc::clone(&control)),
-        )),
+        axum::body::Body::from_stream(follow(Arc::clone(&control), after)),
     )
         .into_response()
 }

@@ -3,7 +3,6 @@
 //! connection, and reconnecting from a `seq` (`Last-Event-ID`) loses
 //! nothing the log has.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,17 +50,17 @@ const KEEP_ALIVE_POLLS: u32 = 750;
 
 /// The audit log's lines with `seq` > `after`, as Server-Sent Events
 /// (`id: <seq>`, `data: <line>`), in batches of what was appended at once,
-/// following the file until its `WorkflowExit`. When `control`'s session
-/// is over and the log has nothing more, the stream ends too, with an
-/// `event: end` whose data is the typed error of a run refused after it
-/// was accepted (`{"error":{"code":"Control/RunRefused",…}}`).
+/// following the file until its `WorkflowExit` (this session's: a resumed
+/// run's earlier exits are not its end). When the run's session is over
+/// and the log has nothing more, the stream ends too, with an `event: end`
+/// whose data is the typed error of a run refused after it was accepted
+/// (`{"error":{"code":"Control/RunRefused",…}}`).
 pub fn follow(
-    path: PathBuf,
+    control: Arc<RunControl>,
     after: u64,
-    control: Option<Arc<RunControl>>,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
     struct Tail {
-        control: Option<Arc<RunControl>>,
+        control: Arc<RunControl>,
         log: Option<Follower>,
         after: u64,
         done: bool,
@@ -70,8 +69,8 @@ pub fn follow(
         idle: u32,
     }
     let tail = Tail {
+        log: Some(Follower::new(&control.audit_path)),
         control,
-        log: Some(Follower::new(&path)),
         after,
         done: false,
         last_was_exit: false,
@@ -84,9 +83,8 @@ pub fn follow(
             }
             // Whether its session was over before this read: then what the
             // read finds is all there will be.
-            let ended = t.control.as_ref().is_some_and(|c| c.has_ended());
-            // A resumed run's earlier exits are not its end.
-            let base = t.control.as_ref().map_or(0, |c| c.base_seq());
+            let ended = t.control.has_ended();
+            let base = t.control.base_seq();
             // Read what was appended since last time (the follower goes to
             // the blocking pool and back).
             let mut log = t.log.take()?;
@@ -143,11 +141,7 @@ pub fn follow(
             }
             if !grew && ended {
                 t.done = true;
-                let said = t
-                    .control
-                    .as_ref()
-                    .and_then(|c| c.refusal())
-                    .map_or_else(
+                let said = t.control.refusal().map_or_else(
                         || "event: end\ndata: {}\n\n".to_owned(),
                         |why| {
                             let error = serde_json::json!({"error": {

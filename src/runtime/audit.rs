@@ -85,22 +85,21 @@ fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Resul
         File::create(path)?
     };
     let file = AuditFile::new(file, path)?;
-    let log = if auditlog::is_plain(path) {
-        Log::Plain(file)
+    let mut out = if auditlog::is_plain(path) {
+        AuditOut::Plain(file)
     } else if append {
-        Log::Compact(Compressed::append(file)?)
+        AuditOut::Compact(Compressed::append(file)?)
     } else {
-        Log::Compact(Compressed::create(file)?)
+        AuditOut::Compact(Compressed::create(file)?)
     };
-    let mut out = AuditOut { log };
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
     let (notice, failure) = oneshot::channel();
     let shown = path.display().to_string();
     let handle = std::thread::Builder::new()
         .name("troupe-audit".into())
         .spawn(move || {
-            let written =
-                write_lines(sub, &mut out, PACE, "").and_then(|n| out.finish().map(|()| n));
+            let written = write_lines(sub, &mut out, PACE, "")
+                .and_then(|n| out.finish().map_err(|e| lost(e, n)).map(|()| n));
             if let Err(e) = &written {
                 let _ = notice.send(format!("{AUDIT_LOST}: the audit log {shown}: {e}"));
             }
@@ -155,24 +154,19 @@ impl Write for AuditFile {
     }
 }
 
-/// The log as its lines go in: compact (`audit.jsonl.zst`), or plain when
-/// a resumed run's folder has an older troupe's `audit.jsonl`.
-enum Log {
+/// The audit log's writer: compact (`audit.jsonl.zst`), or plain when a
+/// resumed run's folder has an older troupe's `audit.jsonl`.
+enum AuditOut {
     Plain(AuditFile),
     Compact(Compressed<AuditFile>),
-}
-
-/// The audit log's writer.
-struct AuditOut {
-    log: Log,
 }
 
 impl AuditOut {
     /// Closes the open segment.
     fn finish(self) -> io::Result<()> {
-        match self.log {
-            Log::Plain(mut file) => file.flush(),
-            Log::Compact(log) => log.finish().map(drop),
+        match self {
+            AuditOut::Plain(mut file) => file.flush(),
+            AuditOut::Compact(log) => log.finish().map(drop),
         }
     }
 }
@@ -190,16 +184,16 @@ fn lost(e: io::Error, lines: u64) -> io::Error {
 
 impl Write for AuditOut {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match &mut self.log {
-            Log::Plain(file) => file.write(buf),
-            Log::Compact(log) => log.write(buf),
+        match self {
+            AuditOut::Plain(file) => file.write(buf),
+            AuditOut::Compact(log) => log.write(buf),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        match &mut self.log {
-            Log::Plain(file) => file.flush(),
-            Log::Compact(log) => log.flush(),
+        match self {
+            AuditOut::Plain(file) => file.flush(),
+            AuditOut::Compact(log) => log.flush(),
         }
     }
 }

@@ -36,7 +36,7 @@ pub struct LogScan {
     /// The `seq` of the last complete line (0 for an empty log).
     pub last_seq: u64,
     /// How the log's bytes end: what stays when it is appended to.
-    pub end: Option<LogEnd>,
+    pub end: LogEnd,
     /// Executions entered and not ended, `stageExecutionId → stageId`.
     pub open: BTreeMap<String, String>,
     /// Executions whose `StageExited` is in the log.
@@ -52,7 +52,7 @@ impl LogScan {
     /// The log ends in a torn line or an open segment (a killed process),
     /// which the repair cuts or closes.
     pub fn torn(&self) -> bool {
-        self.end.is_some_and(|e| e.unfinished())
+        self.end.unfinished()
     }
 }
 
@@ -72,7 +72,7 @@ pub fn scan(path: &Path) -> Result<LogScan, AuditError> {
         }
         Ok(())
     })?;
-    scan.end = Some(end);
+    scan.end = end;
     Ok(scan)
 }
 
@@ -147,8 +147,7 @@ pub fn repair(
         torn_cut: scan.torn(),
         ..Repaired::default()
     };
-    let end = scan.end.unwrap_or(LogEnd { keep: 0, fed: 0 });
-    auditlog::cut_to_whole(path, end)?;
+    auditlog::cut_to_whole(path, scan.end)?;
     let mut out = Vec::new();
     let mut seq = scan.last_seq;
     for exit in lost {
@@ -195,8 +194,18 @@ pub fn repair(
         repaired.cancels_added += 1;
     }
     append(path, &out)?;
+    // Whole now, to its last byte.
+    let len = std::fs::metadata(path)
+        .map_err(|source| AuditError::Io {
+            path: path.to_owned(),
+            source,
+        })?
+        .len();
     scan.last_seq = seq;
-    scan.end = None;
+    scan.end = LogEnd {
+        keep: len,
+        fed: len,
+    };
     repaired.last_seq = seq;
     Ok((repaired, scan))
 }
@@ -360,7 +369,7 @@ mod tests {
         assert!(scanned.torn());
         assert_eq!(scanned.last_seq, 3);
         assert_eq!(scanned.open.keys().collect::<Vec<_>>(), ["r/w#1/1"]);
-        let (repaired, _) = repair(&path, scanned, &[], "r", "t").expect("repair");
+        let (repaired, after) = repair(&path, scanned, &[], "r", "t").expect("repair");
         assert_eq!(
             repaired,
             Repaired {
@@ -392,5 +401,6 @@ mod tests {
         );
         let again = scan(&path).expect("scan again");
         assert!(!again.torn(), "the repaired log ends whole");
+        assert_eq!(after.end, again.end, "the repair knows where it ends");
     }
 }

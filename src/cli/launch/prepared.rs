@@ -83,15 +83,8 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
     {
         return Err(Refusal::invalid(&path, "--events takes `-` (stdout)"));
     }
-    let root = match std::fs::canonicalize(&opts.root) {
-        Ok(r) if r.is_dir() => r,
-        Ok(_) | Err(_) => {
-            return Err(Refusal::invalid(
-                &path,
-                format!("--root {} is not a directory", opts.root.display()),
-            ));
-        }
-    };
+    let root = crate::cli::options::project_root(&opts.root)
+        .map_err(|why| Refusal::invalid(&path, why))?;
     let bad_selectors: Vec<String> = opts
         .fail_sibling
         .iter()
@@ -289,13 +282,8 @@ pub enum Concluded {
 }
 
 impl Prepared {
-    /// For a resumed run, the `seq` its log ended with before this
-    /// session (after the repair); 0 for a new run.
-    pub fn resumed_after(&self) -> u64 {
-        self.resume.as_ref().map_or(0, |r| r.last_seq)
-    }
-
-    /// What a control server reaches of this run.
+    /// What a control server reaches of this run; a resumed run's knows
+    /// the `seq` its log ended with before this session (after the repair).
     pub fn control(&self) -> crate::control::RunControl {
         crate::control::RunControl::new(
             &self.run_id,
@@ -304,7 +292,7 @@ impl Prepared {
             self.desk.clone(),
             self.questions.clone(),
         )
-        .resumed_after(self.resumed_after())
+        .resumed_after(self.resume.as_ref().map_or(0, |r| r.last_seq))
         .with_store(Arc::clone(&self.store_probe))
     }
 
