@@ -64,15 +64,19 @@ done
 
 # wall ms, and for a failed run the cancel window, of one run's summary.
 measure() {
-    python3 - "$1" <<'EOF'
-import json, sys, datetime
+    python3 - "$1" "$troupe" <<'EOF'
+import json, os, subprocess, sys, datetime
 s = json.load(open(sys.argv[1]))
 line = f"{s['wallMs']:.0f}"
 if s["status"] != "ok":
     def t(e):
         return datetime.datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
     failed = None; last = None
-    for raw in open(s["auditPath"]):
+    # The log on disk is compressed: `runs export` gives its lines.
+    runs_dir = os.path.dirname(os.path.dirname(s["auditPath"]))
+    lines = subprocess.run([sys.argv[2], "runs", "export", s["runId"], "--runs-dir", runs_dir],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    for raw in lines:
         e = json.loads(raw)
         if e["event"] == "StageExited" and e.get("verdict") == "fail" and failed is None:
             failed = t(e)

@@ -9,6 +9,7 @@ pub mod coordinator;
 mod groups;
 pub mod intake;
 pub mod nats;
+pub mod outbox;
 pub mod wire;
 pub mod worker;
 

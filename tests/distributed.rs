@@ -659,3 +659,71 @@ fn distributed_siblings_continue_the_runs_trace() {
         assert_eq!(by_id[&c.parent_span_id].name, "stage worker");
     }
 }
+
+/// A worker's reports sent at the same moment travel as one message, in
+/// the order they were sent; a report too heavy to share a message goes
+/// alone, and what follows it starts the next batch. (Deterministic: the
+/// sends are queued before the outbox's task can run, on one thread.)
+#[test]
+fn reports_sent_together_travel_as_one_message_in_order() {
+    use clap::Parser;
+    use futures::StreamExt;
+    use troupe::distributed::outbox::{self, Outbox};
+    use troupe::distributed::wire::{Report, report_subject};
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        nats: troupe::distributed::NatsArgs,
+    }
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let args = Flags::parse_from(["test", "--nats", &server.url()]).nats;
+    let accepted = |unit: usize| Report::Accepted {
+        stage_execution_id: format!("run-1/worker#{unit}/1"),
+        turn: 2,
+        unit,
+        worker: "w1".to_owned(),
+    };
+    let heavy = Report::Refused {
+        stage_execution_id: "run-1/worker#100/1".to_owned(),
+        turn: 2,
+        unit: 100,
+        worker: "w1".to_owned(),
+        code: "Distributed/PipelineMismatch".to_owned(),
+        message: "x".repeat(600 * 1024),
+    };
+    let mut sent: Vec<Report> = (0..100).map(accepted).collect();
+    sent.push(heavy);
+    sent.push(accepted(101));
+    let messages = actix::System::new().block_on(async move {
+        let nats = args.connect("outbox test").await.unwrap();
+        let stream = nats.reports().await.unwrap();
+        let outbox = Outbox::start(nats.clone(), "w1");
+        let stored = futures::future::join_all(sent.iter().map(|r| outbox.send("run-1", r))).await;
+        assert!(stored.iter().all(|s| *s), "{stored:?}");
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::Config {
+                filter_subject: report_subject("run-1"),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut batch = consumer
+            .fetch()
+            .max_messages(10)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .unwrap();
+        let mut messages = Vec::new();
+        while let Some(Ok(msg)) = batch.next().await {
+            messages.push(outbox::decode(&msg.payload).unwrap());
+        }
+        (messages, sent)
+    });
+    let (messages, sent) = messages;
+    let sizes: Vec<usize> = messages.iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![100, 1, 1], "batches");
+    assert_eq!(messages.concat(), sent, "every report, in order");
+}

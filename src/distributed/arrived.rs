@@ -8,6 +8,7 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use super::nats::Nats;
+use super::outbox;
 use super::wire::Report;
 use crate::runtime::ledger::ExitRecord;
 use crate::runtime::result::{StageResult, Verdict};
@@ -65,11 +66,16 @@ pub async fn take_arrived(
         let mut got = 0;
         while let Some(Ok(msg)) = batch.next().await {
             got += 1;
-            if let Ok(Report::Exited { result, events, .. }) =
-                serde_json::from_slice::<Report>(&msg.payload)
-                && result.verdict != Verdict::Fail
-            {
-                results.push((result, events));
+            for report in outbox::decode(&msg.payload).unwrap_or_default() {
+                if let Report::Exited { result, events, .. } = report
+                    && result.verdict != Verdict::Fail
+                {
+                    let lines = events
+                        .iter()
+                        .filter_map(|e| serde_json::from_str(e.text()).ok())
+                        .collect();
+                    results.push((result, lines));
+                }
             }
             let _ = msg.ack().await;
         }

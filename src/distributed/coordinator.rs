@@ -9,12 +9,14 @@
 //!   published on the group's subject, deduplicated by its
 //!   `stageExecutionId`. The scheduler's cap therefore bounds the tasks of
 //!   a group in the queue or on workers.
-//! - **Reports.** Workers report on the run's report subject, read by the
-//!   run's durable consumer in order. An exited sibling's result is
-//!   stored first (the ledger), then its events — relayed from the worker,
-//!   in order, the last its `StageExited` — are published into the run's
-//!   log and the scheduler gets the report; only then is the report
-//!   acknowledged, so a coordinator killed in between finds it again.
+//! - **Reports.** Workers report on the run's report subject, in batches
+//!   (one message, many reports: see `outbox`), read by the run's durable
+//!   consumer in order. An exited sibling's result is stored first (the
+//!   ledger), then its events — relayed from the worker as text, in order,
+//!   the last its `StageExited` — are published into the run's log and the
+//!   scheduler gets the report; only when every report of a message is
+//!   settled is the message acknowledged, so a coordinator killed in
+//!   between finds it again.
 //!   Results are deduplicated by `stageExecutionId` (a task runs at least
 //!   once: a lost worker's task is delivered again).
 //! - **Cancelling a group** (fail-fast, Ctrl-C, a limit): the group is
@@ -28,7 +30,8 @@
 //!   that died holding one).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
 use async_nats::HeaderMap;
@@ -41,8 +44,9 @@ use troupe_actors::EventBus;
 use super::arrived::exit_record;
 use super::groups::{Group, Unit};
 use super::nats::{Nats, publish_acked};
+use super::outbox;
 use super::wire::{
-    CANCELLED_BUCKET, Cancel, GROUPS_BUCKET, GroupContext, Report, Task, cancel_subject,
+    CANCELLED_BUCKET, Cancel, EventLine, GROUPS_BUCKET, GroupContext, Report, Task, cancel_subject,
     cancelled_key, group_key, report_subject, task_subject,
 };
 use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
@@ -158,8 +162,38 @@ enum Cmd {
 struct Committed {
     exec: ExecKey,
     result: Arc<StageResult>,
-    events: Vec<Value>,
-    acker: Option<async_nats::jetstream::message::Acker>,
+    events: Vec<EventLine>,
+    /// The report message it came in.
+    ack: Arc<Settling>,
+}
+
+/// A report message's acknowledgement, sent once every report in it is
+/// settled: held once while the message is read and once more for each
+/// exited sibling whose result is being committed.
+struct Settling {
+    left: AtomicUsize,
+    acker: Mutex<Option<async_nats::jetstream::message::Acker>>,
+}
+
+impl Settling {
+    fn new(acker: async_nats::jetstream::message::Acker) -> Arc<Settling> {
+        Arc::new(Settling {
+            left: AtomicUsize::new(1),
+            acker: Mutex::new(Some(acker)),
+        })
+    }
+
+    fn hold(&self) {
+        self.left.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One hold is over: the acker, when it was the last.
+    fn settle(&self) -> Option<async_nats::jetstream::message::Acker> {
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return None;
+        }
+        self.acker.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 struct Coordinator {
@@ -203,7 +237,7 @@ impl Coordinator {
                     None => return,
                 },
                 msg = reports.next() => match msg {
-                    Some(Ok(msg)) => self.report(msg).await,
+                    Some(Ok(msg)) => self.reports(msg).await,
                     Some(Err(_)) => continue,
                     None => return self.abort("the run's report stream ended".to_owned()),
                 },
@@ -252,12 +286,10 @@ impl Coordinator {
                     exec,
                     result,
                     events,
-                    acker,
+                    ack,
                 } = *done;
                 self.record_exit(exec, result, events);
-                if let Some(acker) = acker {
-                    let _ = acker.ack().await;
-                }
+                self.settled(&ack).await;
             }
             Cmd::GiveUp { turn } => {
                 let lost: Vec<ExecKey> = self
@@ -584,22 +616,33 @@ impl Coordinator {
         }
     }
 
-    async fn report(&mut self, msg: async_nats::jetstream::Message) {
-        let report: Report = match serde_json::from_slice(&msg.payload) {
-            Ok(r) => r,
-            Err(_) => {
-                // Not a report: nothing to do with it.
-                let _ = msg.ack().await;
-                return;
-            }
-        };
+    /// A message of the run's report subject: a worker's batch of
+    /// reports, or the coordinator's own barrier. It is acknowledged once
+    /// every report in it is settled (an exited sibling's, once its result
+    /// is committed), so a coordinator killed in between reads it again.
+    async fn reports(&mut self, msg: async_nats::jetstream::Message) {
+        let (msg, acker) = msg.split();
+        let ack = Settling::new(acker);
+        // Not reports: nothing to do with it.
+        for report in outbox::decode(&msg.payload).unwrap_or_default() {
+            self.report(report, &ack);
+        }
+        self.settled(&ack).await;
+    }
+
+    /// Acknowledges a message whose last report was just settled.
+    async fn settled(&self, ack: &Settling) {
+        if let Some(acker) = ack.settle() {
+            let _ = acker.ack().await;
+        }
+    }
+
+    fn report(&mut self, report: Report, ack: &Arc<Settling>) {
         if let Report::Barrier { turn } = report {
             self.barrier(turn);
-            let _ = msg.ack().await;
             return;
         }
         let Some((id, turn, unit)) = report.execution() else {
-            let _ = msg.ack().await;
             return;
         };
         let known = self
@@ -617,7 +660,6 @@ impl Coordinator {
                 {
                     u.accepted = true;
                 }
-                let _ = msg.ack().await;
             }
             Report::Exited {
                 result,
@@ -627,7 +669,6 @@ impl Coordinator {
                 ..
             } => {
                 if resolved {
-                    let _ = msg.ack().await;
                     return;
                 }
                 let Some(exec) = known else {
@@ -638,7 +679,6 @@ impl Coordinator {
                     {
                         ledger.persist(exit_record(&self.spec.run_id, &result), None);
                     }
-                    let _ = msg.ack().await;
                     return;
                 };
                 self.done(&exec, turn, unit);
@@ -651,18 +691,20 @@ impl Coordinator {
                             .with("worker", worker),
                     );
                 }
-                let (_, acker) = msg.split();
                 match (&self.spec.ledger, result.verdict) {
                     (Some(ledger), Verdict::Ok | Verdict::Skipped) => {
                         let tx = self.tx.clone();
                         let scheduler = self.scheduler.clone();
                         let stored = Arc::clone(&result);
+                        let ack = Arc::clone(ack);
+                        ack.hold();
                         ledger.persist(
                             exit_record(&self.spec.run_id, &result),
                             Some(Box::new(move |outcome| {
                                 // A result that could not be stored is not
-                                // recorded: the run stops with the store's
-                                // error and a resume runs it again.
+                                // recorded (nor its message acknowledged):
+                                // the run stops with the store's error and
+                                // a resume runs it again.
                                 if let Err(e) = outcome {
                                     scheduler.do_send(ToScheduler::LimitReached {
                                         reason: format!(
@@ -681,7 +723,7 @@ impl Coordinator {
                                     exec,
                                     result: stored,
                                     events,
-                                    acker: Some(acker),
+                                    ack,
                                 })));
                             })),
                         );
@@ -691,7 +733,6 @@ impl Coordinator {
                             ledger.persist(exit_record(&self.spec.run_id, &result), None);
                         }
                         self.record_exit(exec, result, events);
-                        let _ = acker.ack().await;
                     }
                 }
             }
@@ -705,7 +746,6 @@ impl Coordinator {
                         outcome: StageOutcome::Cancelled { usage },
                     });
                 }
-                let _ = msg.ack().await;
             }
             Report::NotStarted { .. } => {
                 if let Some(exec) = known.filter(|_| !resolved) {
@@ -715,7 +755,6 @@ impl Coordinator {
                         outcome: StageOutcome::CancelledBeforeStart,
                     });
                 }
-                let _ = msg.ack().await;
             }
             Report::Refused {
                 code,
@@ -731,7 +770,6 @@ impl Coordinator {
                         format!("{code}: worker {worker}: {message}"),
                     );
                 }
-                let _ = msg.ack().await;
             }
             Report::Barrier { .. } => {}
         }
@@ -739,10 +777,10 @@ impl Coordinator {
 
     /// Publishes a worker's events of one execution into the run's log,
     /// in order; the `seq` of the last.
-    fn relay(&self, events: &[Value]) -> u64 {
+    fn relay(&self, events: &[EventLine]) -> u64 {
         let mut last = 0;
         for line in events {
-            if let Some(event) = Event::from_json(line) {
+            if let Some(event) = Event::from_line(line.text()) {
                 last = self.spec.bus.publish(event).unwrap_or(last);
             }
         }
@@ -761,7 +799,7 @@ impl Coordinator {
 
     /// An exited sibling, stored: its events into the log, its report to
     /// the scheduler.
-    fn record_exit(&self, exec: ExecKey, result: Arc<StageResult>, events: Vec<Value>) {
+    fn record_exit(&self, exec: ExecKey, result: Arc<StageResult>, events: Vec<EventLine>) {
         let seq = self.relay(&events);
         self.scheduler.do_send(ToScheduler::Report {
             exec,

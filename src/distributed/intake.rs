@@ -4,17 +4,16 @@
 //! cancelled) or hand it to the worker's host to start — and the reports
 //! that settle a task.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::Subject;
 use serde_json::Value;
 
-use super::nats::{Nats, publish_acked};
-use super::wire::{
-    GROUPS_BUCKET, GroupContext, Report, Task, cancelled_key, group_key, report_subject,
-};
+use super::nats::Nats;
+use super::outbox::Outbox;
+use super::wire::{GROUPS_BUCKET, GroupContext, Report, Task, cancelled_key, group_key};
 use crate::definition::Pipeline;
 use crate::provider::Provider;
 use crate::runtime::stage::RunSettings;
@@ -139,32 +138,115 @@ pub struct Offer {
     pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
-/// Publishes a report on the run's subject (stored before it returns).
-pub async fn publish_report(nats: &Nats, run_id: &str, report: &Report, delivered: u64) -> bool {
-    let Ok(body) = serde_json::to_vec(report) else {
-        return false;
-    };
-    // One copy per report of a delivery, however often it is retried.
-    let mut headers = async_nats::HeaderMap::new();
-    if let Some((id, _, _)) = report.execution() {
-        let kind = report.kind();
-        headers.insert("Nats-Msg-Id", format!("{id}:{kind}:{delivered}").as_str());
-    }
-    publish_acked(&nats.js, report_subject(run_id), headers, body.into(), None)
-        .await
-        .is_ok()
-}
-
-/// Decides what to do with a delivered task: refuse it, skip it (its group
-/// was cancelled) or start it.
-pub async fn accept(
+/// Decides, for the tasks of one fetch, what to do with each: refuse it,
+/// skip it (its group was cancelled) or start it. The tasks' `Accepted`
+/// reports go out together (one batch, see [`Outbox`]) and each group's
+/// cancelled mark is read once, after they are stored: a mark set before
+/// that read is seen, and a coordinator's barrier published after the
+/// mark comes after every one of them.
+pub async fn accept_all(
     nats: &Nats,
     config: &WorkerConfig,
     buckets: &Buckets,
-    mut offer: Offer,
-) -> Intake {
-    let t = &offer.task;
-    let mismatch = match config.pipelines.get(&t.pipeline_id) {
+    outbox: &Outbox,
+    offers: Vec<Offer>,
+) -> Vec<Intake> {
+    let mut served = Vec::with_capacity(offers.len());
+    let mut refusals = Vec::new();
+    for offer in offers {
+        match mismatch(config, &offer.task) {
+            Some(message) => refusals.push((offer, "Distributed/PipelineMismatch", message)),
+            None => served.push(offer),
+        }
+    }
+    let accepted = served.iter().map(|offer| {
+        let t = &offer.task;
+        let report = Report::Accepted {
+            stage_execution_id: t.stage_execution_id.clone(),
+            turn: t.turn,
+            unit: t.unit,
+            worker: config.name.clone(),
+        };
+        async move { outbox.send(&t.run_id, &report).await }
+    });
+    let told = futures::future::join_all(accepted).await;
+    let mut intakes = Vec::new();
+    let mut accepted = Vec::with_capacity(served.len());
+    for (offer, told) in served.into_iter().zip(told) {
+        if told {
+            accepted.push(offer);
+        } else {
+            // The coordinator cannot hear about it: leave it to another try.
+            let _ = nats.client.publish(offer.reply, "-NAK".into()).await;
+            intakes.push(Intake::HandedBack);
+        }
+    }
+    // One read of the cancelled mark per group, after its `Accepted`s.
+    let mut groups: Vec<(&str, u64)> = accepted
+        .iter()
+        .map(|o| (o.task.run_id.as_str(), o.task.turn))
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    let marks = groups.iter().map(|(run, turn)| async move {
+        let key = cancelled_key(run, *turn);
+        matches!(buckets.cancelled.get(key).await, Ok(Some(_)))
+    });
+    let marks = futures::future::join_all(marks).await;
+    let cancelled: HashSet<(String, u64)> = groups
+        .iter()
+        .zip(marks)
+        .filter(|(_, marked)| *marked)
+        .map(|((run, turn), _)| ((*run).to_owned(), *turn))
+        .collect();
+    let mut skipped = Vec::new();
+    for mut offer in accepted {
+        if cancelled.contains(&(offer.task.run_id.clone(), offer.task.turn)) {
+            skipped.push(offer);
+            continue;
+        }
+        match buckets.context(&offer.task).await {
+            Ok(context) => {
+                offer.context = Some(context);
+                intakes.push(Intake::Start(Box::new(offer)));
+            }
+            Err(message) => refusals.push((offer, "Distributed/GroupContextMissing", message)),
+        }
+    }
+    let settled = refusals
+        .iter()
+        .map(|(offer, code, message)| {
+            let report = Report::Refused {
+                stage_execution_id: offer.task.stage_execution_id.clone(),
+                turn: offer.task.turn,
+                unit: offer.task.unit,
+                worker: config.name.clone(),
+                code: (*code).to_owned(),
+                message: message.clone(),
+            };
+            (offer, report, Counted::Refused)
+        })
+        .chain(skipped.iter().map(|offer| {
+            let report = Report::NotStarted {
+                stage_execution_id: offer.task.stage_execution_id.clone(),
+                turn: offer.task.turn,
+                unit: offer.task.unit,
+                worker: config.name.clone(),
+            };
+            (offer, report, Counted::NotStarted)
+        }))
+        .map(|(offer, report, counted)| async move {
+            settle(nats, config, outbox, offer, &report).await;
+            Intake::Settled(counted)
+        });
+    intakes.extend(futures::future::join_all(settled).await);
+    intakes
+}
+
+/// Why this worker cannot run the task: it serves no such pipeline, or
+/// another copy of it.
+fn mismatch(config: &WorkerConfig, t: &Task) -> Option<String> {
+    match config.pipelines.get(&t.pipeline_id) {
         None => Some(format!(
             "this worker does not serve pipeline `{}` (it serves {})",
             t.pipeline_id,
@@ -180,70 +262,21 @@ pub async fn accept(
             t.pipeline_id, s.digest, t.digest
         )),
         Some(_) => None,
-    };
-    if let Some(message) = mismatch {
-        let report = Report::Refused {
-            stage_execution_id: t.stage_execution_id.clone(),
-            turn: t.turn,
-            unit: t.unit,
-            worker: config.name.clone(),
-            code: "Distributed/PipelineMismatch".to_owned(),
-            message,
-        };
-        settle(nats, config, &offer, &report).await;
-        return Intake::Settled(Counted::Refused);
     }
-    let accepted = Report::Accepted {
-        stage_execution_id: t.stage_execution_id.clone(),
-        turn: t.turn,
-        unit: t.unit,
-        worker: config.name.clone(),
-    };
-    if !publish_report(nats, &t.run_id, &accepted, offer.delivered).await {
-        // The coordinator cannot hear about it: leave it to another try.
-        let _ = nats.client.publish(offer.reply, "-NAK".into()).await;
-        return Intake::HandedBack;
-    }
-    // After `Accepted`: a mark set before this read is seen, and a
-    // coordinator's barrier after the mark comes after `Accepted`.
-    if let Ok(Some(_)) = buckets
-        .cancelled
-        .get(cancelled_key(&t.run_id, t.turn))
-        .await
-    {
-        let report = Report::NotStarted {
-            stage_execution_id: t.stage_execution_id.clone(),
-            turn: t.turn,
-            unit: t.unit,
-            worker: config.name.clone(),
-        };
-        settle(nats, config, &offer, &report).await;
-        return Intake::Settled(Counted::NotStarted);
-    }
-    match buckets.context(t).await {
-        Ok(context) => offer.context = Some(context),
-        Err(message) => {
-            let report = Report::Refused {
-                stage_execution_id: t.stage_execution_id.clone(),
-                turn: t.turn,
-                unit: t.unit,
-                worker: config.name.clone(),
-                code: "Distributed/GroupContextMissing".to_owned(),
-                message,
-            };
-            settle(nats, config, &offer, &report).await;
-            return Intake::Settled(Counted::Refused);
-        }
-    }
-    Intake::Start(Box::new(offer))
 }
 
-/// Publishes the report that settles a task without running it, then
+/// Sends the report that settles a task without running it, then
 /// acknowledges the task once the report is stored (else it is delivered
 /// again).
-async fn settle(nats: &Nats, config: &WorkerConfig, offer: &Offer, report: &Report) {
+async fn settle(
+    nats: &Nats,
+    config: &WorkerConfig,
+    outbox: &Outbox,
+    offer: &Offer,
+    report: &Report,
+) {
     let run_id = &offer.task.run_id;
-    let reported = publish_report(nats, run_id, report, offer.delivered).await;
+    let reported = outbox.send(run_id, report).await;
     if reported {
         let _ = nats
             .client

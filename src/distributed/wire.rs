@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::runtime::result::{StageResult, Usage};
@@ -99,7 +100,9 @@ pub struct GroupContext {
     pub slot: Arc<BTreeMap<String, Arc<StageResult>>>,
 }
 
-/// What a worker (or the coordinator) reports on a run's report subject.
+/// What a worker (or the coordinator) reports on a run's report subject:
+/// a worker's message is a JSON array of them (a batch, see
+/// [`outbox`](super::outbox)), the coordinator's barrier a single one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 // Adjacently tagged, the tag first: a reader decodes the body straight
 // into its variant. (Internally tagged, serde buffers the whole report -
@@ -127,7 +130,7 @@ pub enum Report {
         /// a worker was lost and the sibling ran again from its start).
         delivered: u64,
         result: Arc<StageResult>,
-        events: Vec<Value>,
+        events: Vec<EventLine>,
     },
     /// The sibling was strictly cancelled (its `StageCancelled` is the
     /// last of `events`).
@@ -138,7 +141,7 @@ pub enum Report {
         unit: usize,
         worker: String,
         usage: Usage,
-        events: Vec<Value>,
+        events: Vec<EventLine>,
     },
     /// Delivered after its group was cancelled: never started.
     #[serde(rename_all = "camelCase")]
@@ -214,6 +217,28 @@ impl Report {
             } => Some((stage_execution_id, *turn, *unit)),
             Report::Barrier { .. } => None,
         }
+    }
+}
+
+/// One audit event of a worker's execution, as the JSON line the worker's
+/// bus wrote for it: the coordinator relays it into its own log without
+/// building a JSON value of it ([`Event::from_line`]).
+///
+/// [`Event::from_line`]: crate::runtime::events::Event::from_line
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EventLine(pub Box<RawValue>);
+
+impl EventLine {
+    /// The line's JSON text.
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for EventLine {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
     }
 }
 

@@ -21,20 +21,20 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use async_nats::Subject;
 use futures::StreamExt;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tokio::sync::{Semaphore, watch};
 use troupe_actors::{Delivery, EventBus};
 
-use super::intake::{
-    Buckets, Counted, FORGET_AFTER, Intake, Offer, accept, log_task, publish_report,
-};
+use super::intake::{Buckets, Counted, FORGET_AFTER, Intake, Offer, accept_all, log_task};
 pub use super::intake::{Served, WorkerConfig};
 use super::nats::{Nats, NatsError};
-use super::wire::{CANCEL_ALL, Cancel, Report, Task};
+use super::outbox::Outbox;
+use super::wire::{CANCEL_ALL, Cancel, EventLine, Report, Task};
 use crate::definition::StageKind;
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::context::StageContext;
-use crate::runtime::events::Event;
+use crate::runtime::events::{Event, EventName};
 use crate::runtime::ids::RunId;
 use crate::runtime::scheduler::{
     ExecKey, Executor, LocalExecutor, Slot, Spawn, StageOutcome, ToScheduler,
@@ -54,7 +54,23 @@ pub struct WorkerSummary {
 /// from the worker's bus on a thread of their own.
 #[derive(Debug, Default)]
 struct Collected {
-    events: Mutex<HashMap<Arc<str>, Vec<Value>>>,
+    events: Mutex<HashMap<Arc<str>, Vec<EventLine>>>,
+}
+
+/// An event as the line relayed to the coordinator (its `seq` is the
+/// coordinator's to give). A `StageEntered` says which worker ran it.
+fn event_line(event: &Event, worker: &Arc<str>) -> Option<EventLine> {
+    let mut line = Vec::with_capacity(256);
+    if event.name == EventName::StageEntered {
+        event
+            .clone()
+            .with("worker", Arc::clone(worker))
+            .write_json(0, &mut line);
+    } else {
+        event.write_json(0, &mut line);
+    }
+    let text = String::from_utf8(line).ok()?;
+    RawValue::from_string(text).ok().map(EventLine)
 }
 
 /// Runs the worker until `drain` says stop (then lets the siblings in
@@ -77,16 +93,15 @@ pub async fn serve(
     let sub = bus.subscribe_audit("worker-reports", 1 << 16);
     {
         let collected = Arc::clone(&collected);
+        let worker: Arc<str> = Arc::from(config.name.as_str());
         std::thread::Builder::new()
             .name("troupe-worker-events".into())
             .spawn(move || {
                 for delivery in sub.iter() {
                     if let Delivery::Event(env) = delivery {
-                        if let Some(id) = &env.event.stage_execution_id {
-                            let mut line = env.event.to_json(0);
-                            if let Some(obj) = line.as_object_mut() {
-                                obj.remove("seq");
-                            }
+                        if let Some(id) = &env.event.stage_execution_id
+                            && let Some(line) = event_line(&env.event, &worker)
+                        {
                             collected
                                 .events
                                 .lock()
@@ -113,8 +128,10 @@ pub async fn serve(
         Vec::new()
     };
     let (idle_tx, mut idle) = watch::channel(0usize);
+    let outbox = Outbox::start(nats.clone(), &config.name);
     let host = WorkerHost {
         nats: nats.clone(),
+        outbox: outbox.clone(),
         config: config.clone(),
         bus: bus.clone(),
         collected,
@@ -183,6 +200,7 @@ pub async fn serve(
                 continue;
             }
         };
+        let mut offers = Vec::with_capacity(permits.len());
         while let Some(msg) = batch.next().await {
             let Ok(msg) = msg else { continue };
             let Some(permit) = permits.pop() else { break };
@@ -198,27 +216,32 @@ pub async fn serve(
                     continue;
                 }
             };
-            let offer = Offer {
+            offers.push(Offer {
                 task,
                 context: None,
                 reply,
                 delivered,
                 permit: Some(permit),
-            };
-            // Accepting takes two round trips to the server (the report,
-            // the cancelled mark); a worker that waited on them task by
-            // task would spend its time there instead of running siblings.
-            let (nats, config, buckets, host) = (
+            });
+        }
+        if !offers.is_empty() {
+            // Accepting takes round trips to the server (the reports, the
+            // cancelled marks): they are made for the fetch's tasks
+            // together, and off this loop, which goes on fetching.
+            let (nats, config, buckets, outbox, host) = (
                 nats.clone(),
                 config.clone(),
                 Arc::clone(&buckets),
+                outbox.clone(),
                 host.clone(),
             );
             accepting.spawn_local(async move {
-                match accept(&nats, &config, &buckets, offer).await {
-                    Intake::Start(offer) => host.do_send(Start(*offer)),
-                    Intake::Settled(counted) => host.do_send(Count(counted)),
-                    Intake::HandedBack => {}
+                for intake in accept_all(&nats, &config, &buckets, &outbox, offers).await {
+                    match intake {
+                        Intake::Start(offer) => host.do_send(Start(*offer)),
+                        Intake::Settled(counted) => host.do_send(Count(counted)),
+                        Intake::HandedBack => {}
+                    }
                 }
             });
         }
@@ -278,6 +301,8 @@ struct InFlight {
 /// reports into NATS messages.
 struct WorkerHost {
     nats: Nats,
+    /// Where its reports go (batched).
+    outbox: Outbox,
     config: WorkerConfig,
     bus: EventBus<Event>,
     collected: Arc<Collected>,
@@ -460,6 +485,7 @@ impl WorkerHost {
         let mut seen = self.seen.clone();
         let collected = Arc::clone(&self.collected);
         let nats = self.nats.clone();
+        let outbox = self.outbox.clone();
         let worker = self.config.name.clone();
         let name = worker.clone();
         let task_log = self.config.task_log;
@@ -472,19 +498,11 @@ impl WorkerHost {
         let fut = async move {
             // Every event the execution published before it reported.
             let _ = seen.wait_for(|s| *s >= until).await;
-            let mut events = collected
+            let events = collected
                 .events
                 .lock()
                 .map(|mut m| m.remove(&exec.id).unwrap_or_default())
                 .unwrap_or_default();
-            // The coordinator's log says which worker ran it.
-            for event in &mut events {
-                if event["event"] == "StageEntered"
-                    && let Some(obj) = event.as_object_mut()
-                {
-                    obj.insert("worker".to_owned(), Value::from(worker.as_str()));
-                }
-            }
             let (report, counted): (Report, fn(&mut WorkerSummary)) = match outcome {
                 StageOutcome::Exited { result, .. } => (
                     Report::Exited {
@@ -519,7 +537,7 @@ impl WorkerHost {
                     |s| s.not_started += 1,
                 ),
             };
-            let reported = publish_report(&nats, &t.run_id, &report, delivered).await;
+            let reported = outbox.send(&t.run_id, &report).await;
             if reported {
                 let _ = nats.client.publish(reply, "+ACK".into()).await;
             } else {

@@ -67,11 +67,7 @@ fn usage(e: &Event) -> Vec<(&'static str, i64)> {
     let (input, output) = match e.field_value("usage") {
         Some(FieldValue::Usage(u)) => (Some(u.prompt_tokens), Some(u.completion_tokens)),
         _ => {
-            let v = e.field("usage").or_else(|| match e.field_value("") {
-                Some(FieldValue::Json(bag)) => bag.get("usage").cloned(),
-                _ => None,
-            });
-            let v = v.unwrap_or(Value::Null);
+            let v = e.field("usage").unwrap_or(Value::Null);
             (v["promptTokens"].as_u64(), v["completionTokens"].as_u64())
         }
     };
@@ -175,16 +171,9 @@ impl SpanBook {
     pub fn take(&mut self, seq: u64, e: &Event, done: &mut Vec<Span>) {
         self.last = self.last.max(e.ts);
         let exec = e.stage_execution_id.as_deref().unwrap_or("");
-        // An event relayed from a worker keeps its fields in one bag
-        // (`Event::from_json`).
-        let field = |k: &str| {
-            e.field(k)
-                .or_else(|| match e.field_value("") {
-                    Some(crate::runtime::events::FieldValue::Json(bag)) => bag.get(k).cloned(),
-                    _ => None,
-                })
-                .unwrap_or(Value::Null)
-        };
+        // (An event relayed from a worker finds its fields in the text it
+        // came with: `Event::field`.)
+        let field = |k: &str| e.field(k).unwrap_or(Value::Null);
         match e.name {
             EventName::WorkflowStarted | EventName::WorkflowResumed => {
                 let provider = field("provider");

@@ -1,52 +1,146 @@
 //! An event read back from its audit line: a worker's events, relayed to
 //! the coordinator's log, keep their head keys and carry their own fields
-//! inline, in order, so the line written again is the line read.
+//! as the JSON text they were written in, so the line written again is the
+//! line read — and the coordinator builds no JSON values to relay them.
 
+use std::fmt;
 use std::sync::Arc;
 
-use serde_json::{Map, Value};
+use serde::Deserializer;
+use serde::de::{self, IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
 
 use super::clock::parse_rfc3339;
-use super::encode::HEAD_KEYS;
+use super::encode::write_json_str;
 use super::vocabulary::{Event, EventName, FieldValue};
 
 impl Event {
     /// An event read back from its JSON line (a worker's event, relayed
-    /// to the coordinator's log): the head keys as they were (`seq` is
-    /// the new bus's), the other fields kept inline in their order.
-    /// `None` for a line that is not a known event.
-    pub fn from_json(line: &Value) -> Option<Event> {
-        let obj = line.as_object()?;
-        let name = EventName::parse(obj.get("event")?.as_str()?)?;
-        let text = |k: &str| obj.get(k).and_then(Value::as_str).map(Arc::<str>::from);
-        let mut event = Event::new(name, text("workflowRunId")?);
-        if let Some(ts) = obj
-            .get("ts")
-            .and_then(Value::as_str)
-            .and_then(parse_rfc3339)
-        {
+    /// to the coordinator's log): the head keys as they were (`seq`, if
+    /// there, is dropped: the new bus numbers it), the other fields kept
+    /// as their text, in order. `None` for a line that is not a JSON
+    /// object of a known event.
+    pub fn from_line(line: &str) -> Option<Event> {
+        let mut de = serde_json::Deserializer::from_str(line);
+        let event = de.deserialize_map(LineVisitor).ok()?;
+        de.end().ok()?;
+        event
+    }
+}
+
+/// A string borrowed from the line where it has no escapes.
+enum Text<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl Text<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            Text::Borrowed(s) => s,
+            Text::Owned(s) => s,
+        }
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text::Borrowed(s))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Text<'de>, E> {
+                Ok(Text::Owned(s.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Text<'de>, E> {
+                Ok(Text::Owned(s))
+            }
+        }
+        d.deserialize_str(TextVisitor)
+    }
+}
+
+struct LineVisitor;
+
+impl<'de> Visitor<'de> for LineVisitor {
+    /// `None`: a JSON object, but not an event.
+    type Value = Option<Event>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an audit line (a JSON object)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<Event>, A::Error> {
+        let mut name = None;
+        let mut run: Option<Arc<str>> = None;
+        let mut ts = None;
+        let (mut exec, mut stage, mut tool) = (None, None, None);
+        let mut known = true;
+        let mut members: Vec<u8> = Vec::new();
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            let shared = |t: Text<'de>| Some(Arc::<str>::from(t.as_str()));
+            match key.as_str() {
+                "seq" => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                "event" => {
+                    let text = map.next_value::<Text<'de>>()?;
+                    name = EventName::parse(text.as_str());
+                    known &= name.is_some();
+                }
+                "ts" => ts = parse_rfc3339(map.next_value::<Text<'de>>()?.as_str()),
+                "workflowRunId" => run = shared(map.next_value()?),
+                "stageExecutionId" => exec = shared(map.next_value()?),
+                "stageId" => stage = shared(map.next_value()?),
+                "tool" => tool = shared(map.next_value()?),
+                other => {
+                    let value: &'de RawValue = map.next_value()?;
+                    if !members.is_empty() {
+                        members.push(b',');
+                    }
+                    write_json_str(&mut members, other);
+                    members.push(b':');
+                    members.extend_from_slice(value.get().as_bytes());
+                }
+            }
+        }
+        let (Some(name), Some(run), true) = (name, run, known) else {
+            return Ok(None);
+        };
+        let mut event = Event::new(name, run);
+        if let Some(ts) = ts {
             event.ts = ts;
         }
-        event.stage_execution_id = text("stageExecutionId");
-        event.stage_id = text("stageId");
-        event.tool = text("tool");
-        let rest: Map<String, Value> = obj
-            .iter()
-            .filter(|(k, _)| !HEAD_KEYS.contains(&k.as_str()))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        if !rest.is_empty() {
+        event.stage_execution_id = exec;
+        event.stage_id = stage;
+        event.tool = tool;
+        if !members.is_empty() {
+            // Keys written by `write_json_str` and values taken whole from
+            // a `&str`: the bytes are UTF-8.
+            let members = String::from_utf8(members).map_err(de::Error::custom)?;
             event
                 .fields
-                .push(("", FieldValue::Json(Value::Object(rest))));
+                .push(("", FieldValue::Relayed(members.into_boxed_str())));
         }
-        Some(event)
+        Ok(Some(event))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+
+    fn written(event: &Event, seq: u64) -> String {
+        let mut out = Vec::new();
+        event.write_json(seq, &mut out);
+        String::from_utf8(out).expect("UTF-8")
+    }
 
     #[test]
     fn an_event_read_back_from_its_line_writes_the_same_line_with_its_new_seq() {
@@ -55,19 +149,51 @@ mod tests {
             .with_static("verdict", "ok")
             .with("capHit", false)
             .with("attemptCount", 2u32)
-            .with("reason", "a \"quoted\" reason");
-        let line = event.to_json(5);
-        let back = Event::from_json(&line).expect("a known event");
-        let mut written = Vec::new();
-        back.write_json(7, &mut written);
-        let mut expected = line.clone();
+            .with("reason", "a \"quoted\" reason\n")
+            .with(
+                "out",
+                serde_json::json!({"k\"ey": [1.5, -3, null, "\u{1}"]}),
+            );
+        let line = written(&event, 5);
+        let back = Event::from_line(&line).expect("a known event");
+        assert_eq!(written(&back, 7), written(&event, 7));
+        let mut expected = event.to_json(5);
         expected["seq"] = 7.into();
-        assert_eq!(
-            serde_json::from_slice::<Value>(&written).expect("JSON"),
-            expected
-        );
         assert_eq!(back.to_json(7), expected);
-        assert!(Event::from_json(&serde_json::json!({"event": "Nope"})).is_none());
+        assert_eq!(back.field("attemptCount"), Some(Value::from(2)));
+        assert_eq!(back.field("verdict"), Some(Value::from("ok")));
+        assert_eq!(back.field("missing"), None);
+        // A line without `seq` (as a worker may send it) reads the same.
+        let unnumbered = line.replacen("\"seq\":5,", "", 1);
+        assert_eq!(
+            written(&Event::from_line(&unnumbered).expect("known"), 7),
+            written(&event, 7)
+        );
+    }
+
+    #[test]
+    fn escaped_heads_and_an_event_with_no_fields_read_back() {
+        let event = Event::new(EventName::StageEntered, "run \"1\"").stage("a\\b", "x\ty");
+        let back = Event::from_line(&written(&event, 1)).expect("known");
+        assert_eq!(written(&back, 2), written(&event, 2));
+        assert_eq!(back.fields().count(), 0);
+    }
+
+    #[test]
+    fn what_is_not_an_event_line_is_none_never_a_panic() {
+        for line in [
+            "",
+            "[]",
+            "{",
+            "{\"event\":\"Nope\",\"workflowRunId\":\"r\"}",
+            "{\"event\":\"StageEntered\"}",
+            "{\"event\":1,\"workflowRunId\":\"r\"}",
+            "{\"event\":\"StageEntered\",\"workflowRunId\":\"r\"} trailing",
+            "{\"event\":\"StageEntered\",\"workflowRunId\":\"r\",\"x\":}",
+        ] {
+            assert!(Event::from_line(line).is_none(), "{line}");
+        }
+        assert!(Event::from_line("{\"event\":\"StageEntered\",\"workflowRunId\":\"r\"}").is_some());
         for name in [
             EventName::StageEntered,
             EventName::ProviderNotice,

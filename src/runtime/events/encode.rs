@@ -6,7 +6,7 @@
 use serde_json::{Map, Value};
 
 use super::clock::{RFC3339_LEN, rfc3339, rfc3339_into};
-use super::vocabulary::{Event, FieldValue};
+use super::vocabulary::{Event, FieldValue, relayed_fields};
 
 /// The keys `to_json` puts first, in order.
 pub(super) const HEAD_KEYS: [&str; 7] = [
@@ -38,10 +38,8 @@ impl Event {
         }
         for (k, v) in &self.fields {
             match (k.is_empty(), v) {
-                (true, FieldValue::Json(Value::Object(inline))) => {
-                    for (ik, iv) in inline {
-                        obj.insert(ik.clone(), iv.clone());
-                    }
+                (true, FieldValue::Relayed(members)) => {
+                    obj.extend(relayed_fields(members));
                 }
                 _ => {
                     obj.insert((*k).to_owned(), v.to_value());
@@ -85,13 +83,11 @@ impl Event {
             write_json_str(out, v);
         }
         for (k, v) in &self.fields {
-            if let (true, FieldValue::Json(Value::Object(inline))) = (k.is_empty(), v) {
-                // Relayed fields (`from_json`), written in their order.
-                for (ik, iv) in inline {
+            if let (true, FieldValue::Relayed(members)) = (k.is_empty(), v) {
+                // Relayed fields (`from_line`), as they were written.
+                if !members.is_empty() {
                     out.push(b',');
-                    write_json_str(out, ik);
-                    out.push(b':');
-                    write_json_value(out, iv);
+                    out.extend_from_slice(members.as_bytes());
                 }
                 continue;
             }
@@ -139,6 +135,14 @@ impl Event {
             }
         }
         for (k, v) in &self.fields {
+            if let (true, FieldValue::Relayed(members)) = (k.is_empty(), v) {
+                // `seq` was written: a comma always goes first.
+                if !members.is_empty() {
+                    out.push(b',');
+                    out.extend_from_slice(members.as_bytes());
+                }
+                continue;
+            }
             let written = HEAD_KEYS
                 .iter()
                 .zip(&heads)
@@ -197,7 +201,7 @@ fn write_json_value(out: &mut Vec<u8>, value: &Value) {
 
 /// A JSON string: copied whole when nothing in it needs escaping, else
 /// escaped by serde_json (which escapes `"`, `\\` and bytes below 0x20).
-fn write_json_str(out: &mut Vec<u8>, s: &str) {
+pub(super) fn write_json_str(out: &mut Vec<u8>, s: &str) {
     if needs_escape(s.as_bytes()) {
         // Writing into a Vec cannot fail, and a &str always serializes.
         let _ = serde_json::to_writer(&mut *out, s);
@@ -219,6 +223,11 @@ impl FieldValue {
                 let _ = serde_json::to_writer(&mut *out, u);
             }
             FieldValue::Json(v) => write_json_value(out, v),
+            FieldValue::Relayed(members) => {
+                out.push(b'{');
+                out.extend_from_slice(members.as_bytes());
+                out.push(b'}');
+            }
         }
     }
 }

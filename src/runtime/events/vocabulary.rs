@@ -213,18 +213,31 @@ pub enum FieldValue {
     Shared(Arc<str>),
     Usage(Usage),
     Json(Value),
+    /// The fields of an event relayed from a worker, as the members of
+    /// the JSON object they were written in (its text without the
+    /// braces), kept under the key `""` and written back verbatim: the
+    /// coordinator relays thousands of events a second and never needs
+    /// most of their fields as values ([`Event::from_line`]).
+    Relayed(Box<str>),
 }
 
 impl FieldValue {
-    /// The value as JSON.
+    /// The value as JSON (relayed members: the object they make).
     pub fn to_value(&self) -> Value {
         match self {
             FieldValue::Static(s) => Value::from(*s),
             FieldValue::Shared(s) => Value::from(&**s),
             FieldValue::Usage(u) => serde_json::to_value(u).unwrap_or(Value::Null),
             FieldValue::Json(v) => v.clone(),
+            FieldValue::Relayed(members) => Value::Object(relayed_fields(members)),
         }
     }
+}
+
+/// The fields of a relayed event's members (an empty map for text that is
+/// not JSON members, which [`Event::from_line`] never keeps).
+pub(super) fn relayed_fields(members: &str) -> serde_json::Map<String, Value> {
+    serde_json::from_str(&format!("{{{members}}}")).unwrap_or_default()
 }
 
 impl From<&str> for FieldValue {
@@ -328,9 +341,16 @@ impl Event {
         }
     }
 
-    /// A field's value as JSON.
+    /// A field's value as JSON: one of its own, or one of the fields it
+    /// was relayed with.
     pub fn field(&self, key: &str) -> Option<Value> {
-        self.field_value(key).map(FieldValue::to_value)
+        if let Some(own) = self.field_value(key) {
+            return Some(own.to_value());
+        }
+        match self.field_value("") {
+            Some(FieldValue::Relayed(members)) => relayed_fields(members).remove(key),
+            _ => None,
+        }
     }
 
     /// A field's value as it is kept.

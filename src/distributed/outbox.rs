@@ -1,0 +1,171 @@
+//! A worker's reports, sent in batches. Every report a worker makes (a
+//! task accepted, a sibling exited, cancelled, refused, never started)
+//! goes through one outbox; what is waiting when the outbox gets to it is
+//! published as one JSON array on the run's report subject, stored by
+//! JetStream once, and acknowledged once. A worker that settles 200
+//! siblings at the same moment therefore makes one round trip and the
+//! server stores one message, where it used to be 200 of each; a worker
+//! with one report to send sends it at once (nothing waits for a batch to
+//! fill). Reports of one run keep their order: the outbox publishes one
+//! batch at a time and the next only after the server stored the last.
+
+use std::collections::VecDeque;
+
+use async_nats::HeaderMap;
+use tokio::sync::{mpsc, oneshot};
+
+use super::nats::{Nats, publish_acked};
+use super::wire::{Report, report_subject};
+
+/// The most reports in one batch.
+pub const MAX_REPORTS: usize = 512;
+
+/// What a batch may weigh when the server names no limit (NATS's default
+/// `max_payload` is 1 MiB; a batch keeps half of what the server allows,
+/// for headers and a server that lowers it later).
+const DEFAULT_MAX_BYTES: usize = 512 * 1024;
+
+/// Hands reports to the worker's publisher task; cloned by everything
+/// that reports.
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    tx: mpsc::UnboundedSender<Outgoing>,
+}
+
+#[derive(Debug)]
+struct Outgoing {
+    run_id: String,
+    /// The report as JSON, encoded by whoever sent it.
+    body: Vec<u8>,
+    /// `true` once the server stored the batch that carried it.
+    stored: oneshot::Sender<bool>,
+}
+
+impl Outbox {
+    /// Starts the publisher on the current runtime; it ends when every
+    /// `Outbox` is dropped. `worker` names the batches' `Nats-Msg-Id`
+    /// (with a nonce of this process, so a restarted worker's batches are
+    /// not taken for retries of its predecessor's).
+    pub fn start(nats: Nats, worker: &str) -> Outbox {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let prefix = format!("{worker}:{}", uuid::Uuid::now_v7().simple());
+        actix::spawn(publish_batches(nats, rx, prefix));
+        Outbox { tx }
+    }
+
+    /// Sends one report; resolves to whether the server stored it.
+    pub async fn send(&self, run_id: &str, report: &Report) -> bool {
+        let Ok(body) = serde_json::to_vec(report) else {
+            return false;
+        };
+        let (stored, answer) = oneshot::channel();
+        let outgoing = Outgoing {
+            run_id: run_id.to_owned(),
+            body,
+            stored,
+        };
+        if self.tx.send(outgoing).is_err() {
+            return false;
+        }
+        answer.await.unwrap_or(false)
+    }
+}
+
+/// The publisher: one batch at a time, each the reports waiting for the
+/// same run, in the order they were sent.
+async fn publish_batches(nats: Nats, mut rx: mpsc::UnboundedReceiver<Outgoing>, prefix: String) {
+    let max_bytes = match nats.client.server_info().max_payload {
+        0 => DEFAULT_MAX_BYTES,
+        limit => (limit / 2).max(1024),
+    };
+    let mut held: VecDeque<Outgoing> = VecDeque::new();
+    let mut number = 0u64;
+    loop {
+        let first = match held.pop_front() {
+            Some(first) => first,
+            None => match rx.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        let run_id = first.run_id.clone();
+        let mut body = Vec::with_capacity(first.body.len() + 2);
+        body.push(b'[');
+        body.extend_from_slice(&first.body);
+        let mut waiting = vec![first.stored];
+        while waiting.len() < MAX_REPORTS {
+            let Some(next) = held.pop_front().or_else(|| rx.try_recv().ok()) else {
+                break;
+            };
+            // Another run's report, or one that would make the batch too
+            // heavy, starts the next batch.
+            if next.run_id != run_id || body.len() + next.body.len() + 2 > max_bytes {
+                held.push_front(next);
+                break;
+            }
+            body.push(b',');
+            body.extend_from_slice(&next.body);
+            waiting.push(next.stored);
+        }
+        body.push(b']');
+        number += 1;
+        // A retried publish carries the same id: the stream keeps one copy.
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("{prefix}:{number}").as_str());
+        let stored = publish_acked(
+            &nats.js,
+            report_subject(&run_id),
+            headers,
+            body.into(),
+            None,
+        )
+        .await
+        .is_ok();
+        for tell in waiting {
+            let _ = tell.send(stored);
+        }
+    }
+}
+
+/// The reports in one message of a run's report subject: a batch (a JSON
+/// array) from a worker, or a single report (the coordinator's barrier).
+pub fn decode(payload: &[u8]) -> Result<Vec<Report>, serde_json::Error> {
+    let batch = payload
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'[');
+    if batch {
+        serde_json::from_slice(payload)
+    } else {
+        serde_json::from_slice(payload).map(|one| vec![one])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_is_a_batch_or_one_report() {
+        let barrier = serde_json::to_vec(&Report::Barrier { turn: 3 }).expect("encodes");
+        assert_eq!(
+            decode(&barrier).expect("one"),
+            vec![Report::Barrier { turn: 3 }]
+        );
+        let accepted = Report::Accepted {
+            stage_execution_id: "r/w#1/1".to_owned(),
+            turn: 2,
+            unit: 1,
+            worker: "w1".to_owned(),
+        };
+        let batch = serde_json::to_vec(&vec![accepted.clone(), Report::Barrier { turn: 2 }])
+            .expect("encodes");
+        assert_eq!(
+            decode(&batch).expect("a batch"),
+            vec![accepted, Report::Barrier { turn: 2 }]
+        );
+        assert!(decode(b" [").is_err());
+        assert!(decode(b"{\"kind\":\"nope\"}").is_err());
+        assert!(decode(b"").is_err());
+    }
+}
