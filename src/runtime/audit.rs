@@ -13,6 +13,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,9 @@ use troupe_actors::{Delivery, EventBus, Subscription};
 
 use super::events::Event;
 use crate::auditlog::{self, Compressed};
+
+mod compressing;
+use compressing::{Compressing, LostFrom};
 
 /// Queue length of the audit subscriber; publishers wait when it is full.
 const AUDIT_QUEUE: usize = 65_536;
@@ -85,23 +89,45 @@ fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Resul
         File::create(path)?
     };
     let file = AuditFile::new(file, path)?;
-    let mut out = if auditlog::is_plain(path) {
-        AuditOut::Plain(file)
-    } else if append {
-        AuditOut::Compact(Compressed::append(file)?)
-    } else {
-        AuditOut::Compact(Compressed::create(file)?)
-    };
-    let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
     let (notice, failure) = oneshot::channel();
     let shown = path.display().to_string();
+    // Told by whichever thread finds the log failed first.
+    let notice = Arc::new(Mutex::new(Some(notice)));
+    let tell = {
+        let notice = Arc::clone(&notice);
+        move |why: String| {
+            let sender = notice.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(sender) = sender {
+                let _ = sender.send(format!("{AUDIT_LOST}: the audit log {shown}: {why}"));
+            }
+        }
+    };
+    let mut out = if auditlog::is_plain(path) {
+        AuditOut::Plain(file)
+    } else {
+        let log = if append {
+            Compressed::append(file)?
+        } else {
+            Compressed::create(file)?
+        };
+        let tell = tell.clone();
+        AuditOut::Compact(Compressing::start(log, BATCH + 4096, move |e, lines| {
+            let e = lost_from(
+                io::Error::new(e.kind(), e.to_string()),
+                lines,
+                LostFrom::seq_of(e),
+            );
+            tell(e.to_string());
+        })?)
+    };
+    let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
     let handle = std::thread::Builder::new()
         .name("troupe-audit".into())
         .spawn(move || {
             let written = write_lines(sub, &mut out, PACE, "")
-                .and_then(|n| out.finish().map_err(|e| lost(e, n)).map(|()| n));
+                .and_then(|n| out.finish().map_err(|e| lost_from(e, n, None)).map(|()| n));
             if let Err(e) = &written {
-                let _ = notice.send(format!("{AUDIT_LOST}: the audit log {shown}: {e}"));
+                tell(e.to_string());
             }
             written
         })?;
@@ -154,11 +180,12 @@ impl Write for AuditFile {
     }
 }
 
-/// The audit log's writer: compact (`audit.jsonl.zst`), or plain when a
-/// resumed run's folder has an older troupe's `audit.jsonl`.
+/// The audit log's writer: compact (`audit.jsonl.zst`, compressed on a
+/// thread of its own), or plain when a resumed run's folder has an older
+/// troupe's `audit.jsonl`.
 enum AuditOut {
     Plain(AuditFile),
-    Compact(Compressed<AuditFile>),
+    Compact(Compressing),
 }
 
 impl AuditOut {
@@ -166,7 +193,7 @@ impl AuditOut {
     fn finish(self) -> io::Result<()> {
         match self {
             AuditOut::Plain(mut file) => file.flush(),
-            AuditOut::Compact(log) => log.finish().map(drop),
+            AuditOut::Compact(log) => log.finish(),
         }
     }
 }
@@ -351,13 +378,23 @@ fn write_out<W: Write>(
     let from = pending_from.take();
     let written = out.write_all(pending).and_then(|()| out.flush());
     pending.clear();
-    written.map_err(|e| lost(e, lines)).map_err(|e| match from {
+    written.map_err(|e| lost_from(e, lines, from))
+}
+
+/// A failed write's error, saying how many lines went with a removed file
+/// and from which `seq` on events are missing: `from` (the batch being
+/// written), unless the error is the compressing thread's, which comes a
+/// batch or more late and says itself where its loss began.
+fn lost_from(e: io::Error, lines: u64, from: Option<u64>) -> io::Error {
+    let from = LostFrom::seq_of(&e).or(from);
+    let e = lost(e, lines);
+    match from {
         Some(seq) => io::Error::new(
             e.kind(),
             format!("{e}; every event from seq {seq} on is missing from it"),
         ),
         None => e,
-    })
+    }
 }
 
 #[cfg(test)]

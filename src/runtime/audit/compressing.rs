@@ -1,0 +1,242 @@
+//! The compact audit log compressed on a thread of its own. The audit
+//! thread is one per run and sets the pace of a wide run once the actors
+//! are spread over cores; a third of its time was zstd (BENCHMARKS.md,
+//! "Every core"). It now only formats lines: each batch it flushes is
+//! handed to this writer's thread, which compresses it, ends the zstd
+//! block and flushes the file, as the audit thread did before. A batch
+//! is on disk within the time it takes to compress it; at most
+//! [`IN_FLIGHT`] batches wait, and the audit thread waits when they do.
+
+use std::io::{self, Write};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender, bounded};
+
+use crate::auditlog::Compressed;
+
+/// Batches handed over and not yet written.
+const IN_FLIGHT: usize = 4;
+
+/// A [`Write`] whose `flush` hands what was written since the last one to
+/// the compressing thread. An error of that thread is told at once to
+/// `on_failure` (with the lines written before it: a run waiting on a
+/// model must not wait for its next event to learn that its log is
+/// gone), and comes back from a later `flush` (or `finish`), saying from
+/// which `seq` events are lost.
+pub(super) struct Compressing {
+    to: Option<Sender<Vec<u8>>>,
+    /// Buffers the thread is done with, for the next batches.
+    spare: Receiver<Vec<u8>>,
+    batch: Vec<u8>,
+    capacity: usize,
+    thread: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl Compressing {
+    /// Starts the thread that writes into `log`.
+    pub(super) fn start<W: Write + Send + 'static>(
+        log: Compressed<W>,
+        capacity: usize,
+        on_failure: impl FnOnce(&io::Error, u64) + Send + 'static,
+    ) -> io::Result<Compressing> {
+        let (to, batches) = bounded::<Vec<u8>>(IN_FLIGHT);
+        let (give_back, spare) = bounded::<Vec<u8>>(IN_FLIGHT);
+        let thread = std::thread::Builder::new()
+            .name("troupe-zstd".into())
+            .spawn(move || {
+                let mut log = log;
+                let mut lines = 0u64;
+                for mut batch in batches {
+                    if let Err(e) = log.write_all(&batch).and_then(|()| log.flush()) {
+                        let e = LostFrom::wrap(e, &batch);
+                        on_failure(&e, lines);
+                        return Err(e);
+                    }
+                    lines += batch.iter().filter(|b| **b == b'\n').count() as u64;
+                    batch.clear();
+                    let _ = give_back.try_send(batch);
+                }
+                log.finish().map(drop).inspect_err(|e| on_failure(e, lines))
+            })?;
+        Ok(Compressing {
+            to: Some(to),
+            spare,
+            batch: Vec::with_capacity(capacity),
+            capacity,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands over what is left and waits for the thread to close the open
+    /// segment.
+    pub(super) fn finish(mut self) -> io::Result<()> {
+        self.flush()?;
+        self.to = None;
+        self.join()
+    }
+
+    /// The thread's end: its error, if it had one.
+    fn join(&mut self) -> io::Result<()> {
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(io::Error::other(
+                "the audit log's compressing thread panicked",
+            )),
+            None => Err(io::Error::other("the audit log's compressing thread ended")),
+        }
+    }
+}
+
+impl Write for Compressing {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.batch.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let next = self
+            .spare
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(self.capacity));
+        let batch = std::mem::replace(&mut self.batch, next);
+        let handed = self.to.as_ref().is_some_and(|to| to.send(batch).is_ok());
+        if handed {
+            return Ok(());
+        }
+        // The thread stopped: say why.
+        self.to = None;
+        match self.join() {
+            Err(e) => Err(e),
+            Ok(()) => Err(io::Error::other(
+                "the audit log's compressing thread ended early",
+            )),
+        }
+    }
+}
+
+/// A write error of the compressing thread, with the `seq` of the first
+/// line of the batch it could not write: the lines before it are on
+/// disk, that one and every later one are not.
+#[derive(Debug)]
+pub(super) struct LostFrom {
+    pub seq: Option<u64>,
+    source: io::Error,
+}
+
+impl LostFrom {
+    fn wrap(source: io::Error, batch: &[u8]) -> io::Error {
+        let seq = batch.strip_prefix(b"{\"seq\":").and_then(|rest| {
+            let end = rest.iter().position(|b| !b.is_ascii_digit())?;
+            std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+        });
+        io::Error::new(source.kind(), LostFrom { seq, source })
+    }
+
+    /// The `seq` a compressing thread's error says its loss began at.
+    pub(super) fn seq_of(e: &io::Error) -> Option<u64> {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<LostFrom>())
+            .and_then(|lost| lost.seq)
+    }
+}
+
+impl std::fmt::Display for LostFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for LostFrom {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file that takes `room` bytes, then fails.
+    struct Room {
+        room: usize,
+        written: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Room {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if buf.len() > self.room {
+                return Err(io::Error::new(io::ErrorKind::StorageFull, "disk full"));
+            }
+            self.room -= buf.len();
+            self.written.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn lines(from: u64, to: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        for seq in from..to {
+            out.extend_from_slice(format!("{{\"seq\":{seq},\"event\":\"X\"}}\n").as_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn what_is_handed_over_is_the_log_in_order_and_closed_at_finish() {
+        let written = std::sync::Arc::default();
+        let file = Room {
+            room: usize::MAX,
+            written: std::sync::Arc::clone(&written),
+        };
+        let mut log =
+            Compressing::start(Compressed::create(file).unwrap(), 1024, |_, _| {}).unwrap();
+        let mut expected = Vec::new();
+        for batch in 0..50 {
+            let text = lines(batch * 10, batch * 10 + 10);
+            log.write_all(&text).unwrap();
+            log.flush().unwrap();
+            expected.extend_from_slice(&text);
+        }
+        log.finish().unwrap();
+        let bytes = written.lock().unwrap().clone();
+        let mut decoded = Vec::new();
+        let mut decoder = crate::auditlog::LogDecoder::compact();
+        decoder.feed(&bytes, &mut decoded).unwrap();
+        assert_eq!(decoded, expected);
+        assert!(!decoder.end().unfinished(), "the segment is closed");
+    }
+
+    #[test]
+    fn a_failed_write_says_from_which_seq_events_are_lost() {
+        let written = std::sync::Arc::default();
+        let file = Room {
+            room: 0,
+            written: std::sync::Arc::clone(&written),
+        };
+        let (told, heard) = std::sync::mpsc::channel();
+        let mut log = Compressing::start(Compressed::create(file).unwrap(), 1024, move |e, n| {
+            let _ = told.send((LostFrom::seq_of(e), n));
+        })
+        .unwrap();
+        log.write_all(&lines(7, 9)).unwrap();
+        // Told at once, before anything else is written.
+        log.flush().unwrap();
+        assert_eq!(heard.recv().unwrap(), (Some(7), 0));
+        // The first flush hands the batch over; a later one (or finish)
+        // brings the thread's error back.
+        let mut error = None;
+        for _ in 0..IN_FLIGHT + 2 {
+            if error.is_some() {
+                break;
+            }
+            log.write_all(&lines(9, 10)).unwrap();
+            error = log.flush().err();
+        }
+        let error = error.unwrap_or_else(|| log.finish().unwrap_err());
+        assert_eq!(LostFrom::seq_of(&error), Some(7), "{error}");
+        assert_eq!(error.kind(), io::ErrorKind::StorageFull);
+        assert!(error.to_string().contains("disk full"), "{error}");
+    }
+}
