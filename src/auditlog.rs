@@ -27,6 +27,7 @@
 //! reader here reads that too ([`in_dir`] finds whichever is there).
 
 mod read;
+mod seek;
 mod write;
 
 use std::path::{Path, PathBuf};
@@ -34,6 +35,7 @@ use std::path::{Path, PathBuf};
 pub use read::{
     AuditError, AuditFault, DecodedReader, Follower, LogDecoder, LogEnd, cut_to_whole, scan_end,
 };
+pub use seek::segment_starts;
 pub use write::{Compressed, FORMAT, LEVEL, SEGMENT, header};
 
 /// The compact log's name inside a run folder.

@@ -331,6 +331,27 @@ fn runs_tail_prints_the_last_lines_and_follows_a_live_run_to_its_end() {
     assert!(followed.lines().last().unwrap().contains("WorkflowExit"));
 }
 
+/// A log of several segments (over 8 MiB of lines): `runs tail` decodes
+/// from the last segments that hold the lines asked for, and gives the
+/// same lines as the whole log, whether they fit in the last segment or
+/// reach back across several.
+#[test]
+fn runs_tail_of_a_log_of_many_segments_gives_the_logs_last_lines() {
+    let project = Project::new();
+    let done = run_fanout(&project, 4000);
+    let id = done["runId"].as_str().unwrap();
+    let log = project.audit_text(id);
+    let all: Vec<&str> = log.lines().collect();
+    let path = project.audit_path(id);
+    let segments = troupe::auditlog::segment_starts(&path).unwrap();
+    assert!(segments.len() >= 2, "{segments:?}");
+    for n in [1, 5, 30_000, all.len() - 1, all.len() + 10] {
+        let tail = stdout(&project, &["runs", "tail", id, "-n", &n.to_string()]);
+        let want = &all[all.len() - n.min(all.len())..];
+        assert_eq!(tail.lines().collect::<Vec<_>>(), want, "-n {n}");
+    }
+}
+
 /// A compact log troupe cannot read is a typed `Store/AuditCorrupt`
 /// (exit 2) for `runs export`, `runs tail` and `report`, saying which
 /// kind: a foreign file, a newer format, a damaged segment (its checksum).

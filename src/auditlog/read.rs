@@ -45,7 +45,7 @@ impl AuditError {
         }
     }
 
-    fn io(path: &Path) -> impl Fn(io::Error) -> AuditError + '_ {
+    pub(super) fn io(path: &Path) -> impl Fn(io::Error) -> AuditError + '_ {
         move |source| AuditError::Io {
             path: path.to_owned(),
             source,
@@ -423,6 +423,16 @@ impl Follower {
             path: path.to_owned(),
             decoder: LogDecoder::for_path(path),
         }
+    }
+
+    /// A follower of the compact log at `path` from the segment that
+    /// begins at byte `at` (see [`super::segment_starts`]; the header
+    /// before it was checked there).
+    pub fn at_segment(path: &Path, at: u64) -> Result<Follower, AuditError> {
+        Ok(Follower {
+            path: path.to_owned(),
+            decoder: LogDecoder::segments_at(at).map_err(|f| f.at(path))?,
+        })
     }
 
     /// Reads up to `max` new bytes of the file; appends the whole lines

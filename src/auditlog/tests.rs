@@ -218,3 +218,60 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn segment_starts_are_found_from_headers_and_each_decodes_to_a_suffix() {
+    let dir = tempfile::tempdir().expect("a folder");
+    let path = dir.path().join(FILE);
+    let (bytes, text, _) = written(100_000, 1000, true);
+    std::fs::write(&path, &bytes).expect("written");
+    let starts = segment_starts(&path).expect("starts");
+    assert!(starts.len() >= 3, "{starts:?}");
+    assert_eq!(starts[0], header().len() as u64);
+    let all: Vec<&str> = text.lines().collect();
+    let mut before = all.len() + 1;
+    for at in &starts {
+        let mut follower = Follower::at_segment(&path, *at).expect("a follower");
+        let mut lines = Vec::new();
+        while follower.read_more(1 << 20, &mut lines).expect("read") > 0 {}
+        let got = String::from_utf8(lines).expect("UTF-8");
+        let got: Vec<&str> = got.lines().collect();
+        assert!(!got.is_empty() && got.len() < before, "{at}");
+        assert_eq!(got[..], all[all.len() - got.len()..], "{at}");
+        before = got.len();
+    }
+    // Left open by a killed writer: the same boundaries, the last open.
+    let (open, _, _) = written(100_000, 1000, false);
+    std::fs::write(&path, &open).expect("written");
+    assert_eq!(segment_starts(&path).expect("starts"), starts);
+    // Cut anywhere: never an error, some of the starts.
+    for cut in [
+        0,
+        3,
+        9,
+        header().len(),
+        starts[1] as usize + 2,
+        bytes.len() - 1,
+    ] {
+        std::fs::write(&path, &bytes[..cut]).expect("written");
+        let found = segment_starts(&path).expect("starts");
+        assert!(starts.starts_with(&found), "{cut}: {found:?}");
+    }
+    // Damage inside a frame's blocks stops the walk there, no panic.
+    let mut damaged = bytes.clone();
+    for b in &mut damaged[starts[1] as usize + 4..starts[1] as usize + 64] {
+        *b ^= 0x5A;
+    }
+    std::fs::write(&path, &damaged).expect("written");
+    let found = segment_starts(&path).expect("starts");
+    assert!(
+        found.len() <= starts.len() && found[..2] == starts[..2],
+        "{found:?}"
+    );
+    // A foreign file is the error every reader gives.
+    std::fs::write(&path, b"not a log at all, certainly not").expect("written");
+    assert!(matches!(
+        segment_starts(&path),
+        Err(AuditError::Foreign { .. })
+    ));
+}

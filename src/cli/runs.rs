@@ -470,25 +470,19 @@ const TAIL_POLL: Duration = Duration::from_millis(50);
 /// `runs tail`: the last `lines` events of the run's log; with `follow`,
 /// then every event it gets until the run ends (its `WorkflowExit` with no
 /// process left running it) or its process is gone.
-fn tail(path: &Path, id: &str, lines: usize, follow: bool) -> Result<Exit, StoreError> {
-    let store = Store::open_read_only(path)?;
-    let run = store.find_run(id)?;
-    drop(store);
-    let dir = PathBuf::from(&run.run_dir);
-    let log = auditlog::in_dir(&dir);
-    let mut follower = auditlog::Follower::new(&log);
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let io = |e: std::io::Error| StoreError::Io {
-        path: PathBuf::from("stdout"),
-        detail: e.to_string(),
-    };
-    // What is there now: the last `lines` of it.
-    let mut last: std::collections::VecDeque<Vec<u8>> = std::collections::VecDeque::new();
+/// Reads `follower` to the log's end: its last `lines` lines, how many it
+/// read, and whether the last was the run's end.
+fn last_lines(
+    follower: &mut auditlog::Follower,
+    lines: usize,
+) -> Result<(std::collections::VecDeque<Vec<u8>>, usize, bool), StoreError> {
+    let mut last = std::collections::VecDeque::new();
     let mut batch = Vec::new();
-    let mut exited = false;
+    let (mut seen, mut exited) = (0, false);
     loop {
         let n = follower.read_more(TAIL_READ, &mut batch)?;
         for line in batch.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            seen += 1;
             exited = is_exit(line);
             if lines > 0 {
                 if last.len() == lines {
@@ -499,9 +493,42 @@ fn tail(path: &Path, id: &str, lines: usize, follow: bool) -> Result<Exit, Store
         }
         batch.clear();
         if n < TAIL_READ {
-            break;
+            return Ok((last, seen, exited));
         }
     }
+}
+
+fn tail(path: &Path, id: &str, lines: usize, follow: bool) -> Result<Exit, StoreError> {
+    let store = Store::open_read_only(path)?;
+    let run = store.find_run(id)?;
+    drop(store);
+    let dir = PathBuf::from(&run.run_dir);
+    let log = auditlog::in_dir(&dir);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let io = |e: std::io::Error| StoreError::Io {
+        path: PathBuf::from("stdout"),
+        detail: e.to_string(),
+    };
+    // What is there now: the last `lines` of it, decoded from the last
+    // segments that hold them rather than from the log's first byte.
+    let starts = if log.exists() && !auditlog::is_plain(&log) {
+        auditlog::segment_starts(&log)?
+    } else {
+        Vec::new()
+    };
+    let mut from = starts.len().saturating_sub(1);
+    let (mut follower, last, mut exited) = loop {
+        let mut follower = match starts.get(from) {
+            Some(at) => auditlog::Follower::at_segment(&log, *at)?,
+            None => auditlog::Follower::new(&log),
+        };
+        let (last, seen, exited) = last_lines(&mut follower, lines)?;
+        if seen >= lines || from == 0 {
+            break (follower, last, exited);
+        }
+        from -= 1;
+    };
+    let mut batch = Vec::new();
     for line in &last {
         out.write_all(line)
             .and_then(|()| out.write_all(b"\n"))
