@@ -718,7 +718,9 @@ fn reports_sent_together_travel_as_one_message_in_order() {
             .unwrap();
         let mut messages = Vec::new();
         while let Some(Ok(msg)) = batch.next().await {
-            messages.push(outbox::decode(&msg.payload).unwrap());
+            let reports: Result<Vec<Report>, _> =
+                outbox::decode(&msg.payload).into_iter().collect();
+            messages.push(reports.unwrap());
         }
         (messages, sent)
     });

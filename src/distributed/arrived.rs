@@ -66,8 +66,8 @@ pub async fn take_arrived(
         let mut got = 0;
         while let Some(Ok(msg)) = batch.next().await {
             got += 1;
-            for report in outbox::decode(&msg.payload).unwrap_or_default() {
-                if let Report::Exited { result, events, .. } = report
+            for report in outbox::decode(&msg.payload) {
+                if let Ok(Report::Exited { result, events, .. }) = report
                     && result.verdict != Verdict::Fail
                 {
                     let lines = events

@@ -90,6 +90,7 @@ impl ExecutorFactory for RemoteSiblings {
             tx: tx.clone(),
             groups: HashMap::new(),
             resolved: HashSet::new(),
+            committing: HashMap::new(),
             by_sequence: HashMap::new(),
         };
         actix::spawn(coordinator.run(rx, shutdown.clone()));
@@ -203,6 +204,9 @@ struct Coordinator {
     groups: HashMap<u64, Group>,
     /// Executions whose end was recorded (a task runs at least once).
     resolved: HashSet<String>,
+    /// Exited siblings whose result is being committed, with the report
+    /// messages of any copies that came meanwhile.
+    committing: HashMap<String, Vec<Arc<Settling>>>,
     /// The task stream's sequence of each published task, for the
     /// advisory of a task no worker finished.
     by_sequence: HashMap<u64, ExecKey>,
@@ -288,8 +292,12 @@ impl Coordinator {
                     events,
                     ack,
                 } = *done;
+                let copies = self.committing.remove(&*exec.id).unwrap_or_default();
                 self.record_exit(exec, result, events);
                 self.settled(&ack).await;
+                for copy in copies {
+                    self.settled(&copy).await;
+                }
             }
             Cmd::GiveUp { turn } => {
                 let lost: Vec<ExecKey> = self
@@ -623,9 +631,15 @@ impl Coordinator {
     async fn reports(&mut self, msg: async_nats::jetstream::Message) {
         let (msg, acker) = msg.split();
         let ack = Settling::new(acker);
-        // Not reports: nothing to do with it.
-        for report in outbox::decode(&msg.payload).unwrap_or_default() {
-            self.report(report, &ack);
+        for report in outbox::decode(&msg.payload) {
+            match report {
+                Ok(report) => self.report(report, &ack),
+                // Not a report this troupe knows: nothing to do with it.
+                Err(e) => eprintln!(
+                    "warning: run {}: a worker's report could not be read and was skipped: {e}",
+                    self.spec.run_id
+                ),
+            }
         }
         self.settled(&ack).await;
     }
@@ -662,6 +676,7 @@ impl Coordinator {
                 }
             }
             Report::Exited {
+                stage_execution_id,
                 result,
                 events,
                 delivered,
@@ -669,6 +684,13 @@ impl Coordinator {
                 ..
             } => {
                 if resolved {
+                    // Another copy (a report delivered again, its message
+                    // held past the ack wait by a slow store): acknowledged
+                    // with the first one's commit, not before it.
+                    if let Some(waiting) = self.committing.get_mut(&stage_execution_id) {
+                        ack.hold();
+                        waiting.push(Arc::clone(ack));
+                    }
                     return;
                 }
                 let Some(exec) = known else {
@@ -698,6 +720,7 @@ impl Coordinator {
                         let stored = Arc::clone(&result);
                         let ack = Arc::clone(ack);
                         ack.hold();
+                        self.committing.insert(stage_execution_id, Vec::new());
                         ledger.persist(
                             exit_record(&self.spec.run_id, &result),
                             Some(Box::new(move |outcome| {

@@ -4,7 +4,7 @@
 //! cancelled) or hand it to the worker's host to start — and the reports
 //! that settle a task.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -181,36 +181,45 @@ pub async fn accept_all(
             intakes.push(Intake::HandedBack);
         }
     }
-    // One read of the cancelled mark per group, after its `Accepted`s.
-    let mut groups: Vec<(&str, u64)> = accepted
-        .iter()
-        .map(|o| (o.task.run_id.as_str(), o.task.turn))
-        .collect();
-    groups.sort_unstable();
-    groups.dedup();
-    let marks = groups.iter().map(|(run, turn)| async move {
-        let key = cancelled_key(run, *turn);
-        matches!(buckets.cancelled.get(key).await, Ok(Some(_)))
+    // Per group, after its `Accepted`s, and for all groups at once: one
+    // read of its cancelled mark, then its context. A mark that cannot be
+    // read leaves the group's tasks to another delivery: started blind,
+    // one could start after the coordinator's barrier.
+    let mut groups: Vec<&Task> = accepted.iter().map(|o| &o.task).collect();
+    groups.sort_unstable_by(|a, b| (&a.run_id, a.turn).cmp(&(&b.run_id, b.turn)));
+    groups.dedup_by(|a, b| a.run_id == b.run_id && a.turn == b.turn);
+    let per_group = groups.iter().map(|task| async move {
+        let mark = buckets
+            .cancelled
+            .get(cancelled_key(&task.run_id, task.turn))
+            .await;
+        let found = match mark {
+            Ok(Some(_)) => Found::Cancelled,
+            Ok(None) => Found::Clear(buckets.context(task).await),
+            Err(_) => Found::Unknown,
+        };
+        ((task.run_id.clone(), task.turn), found)
     });
-    let marks = futures::future::join_all(marks).await;
-    let cancelled: HashSet<(String, u64)> = groups
-        .iter()
-        .zip(marks)
-        .filter(|(_, marked)| *marked)
-        .map(|((run, turn), _)| ((*run).to_owned(), *turn))
+    let found: HashMap<(String, u64), Found> = futures::future::join_all(per_group)
+        .await
+        .into_iter()
         .collect();
     let mut skipped = Vec::new();
     for mut offer in accepted {
-        if cancelled.contains(&(offer.task.run_id.clone(), offer.task.turn)) {
-            skipped.push(offer);
-            continue;
-        }
-        match buckets.context(&offer.task).await {
-            Ok(context) => {
-                offer.context = Some(context);
+        match found.get(&(offer.task.run_id.clone(), offer.task.turn)) {
+            Some(Found::Clear(Ok(context))) => {
+                offer.context = Some(Arc::clone(context));
                 intakes.push(Intake::Start(Box::new(offer)));
             }
-            Err(message) => refusals.push((offer, "Distributed/GroupContextMissing", message)),
+            Some(Found::Clear(Err(message))) => {
+                let message = message.clone();
+                refusals.push((offer, "Distributed/GroupContextMissing", message));
+            }
+            Some(Found::Cancelled) => skipped.push(offer),
+            Some(Found::Unknown) | None => {
+                let _ = nats.client.publish(offer.reply, "-NAK".into()).await;
+                intakes.push(Intake::HandedBack);
+            }
         }
     }
     let settled = refusals
@@ -241,6 +250,15 @@ pub async fn accept_all(
         });
     intakes.extend(futures::future::join_all(settled).await);
     intakes
+}
+
+/// What a group's reads found.
+enum Found {
+    /// Not cancelled: its context, or why it cannot be read.
+    Clear(Result<Arc<GroupContext>, String>),
+    Cancelled,
+    /// The mark could not be read.
+    Unknown,
 }
 
 /// Why this worker cannot run the task: it serves no such pipeline, or

@@ -129,15 +129,29 @@ async fn publish_batches(nats: Nats, mut rx: mpsc::UnboundedReceiver<Outgoing>, 
 
 /// The reports in one message of a run's report subject: a batch (a JSON
 /// array) from a worker, or a single report (the coordinator's barrier).
-pub fn decode(payload: &[u8]) -> Result<Vec<Report>, serde_json::Error> {
+/// A report that cannot be read is an error in its place, and costs only
+/// itself: the others of its batch are read (a batch of 500 settled
+/// siblings must not be lost to one report a newer worker worded
+/// differently).
+pub fn decode(payload: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
     let batch = payload
         .iter()
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|b| *b == b'[');
-    if batch {
-        serde_json::from_slice(payload)
-    } else {
-        serde_json::from_slice(payload).map(|one| vec![one])
+    if !batch {
+        return vec![serde_json::from_slice(payload)];
+    }
+    // The whole batch at once, as it nearly always reads; one by one only
+    // when it does not.
+    if let Ok(reports) = serde_json::from_slice::<Vec<Report>>(payload) {
+        return reports.into_iter().map(Ok).collect();
+    }
+    match serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(payload) {
+        Ok(items) => items
+            .into_iter()
+            .map(|raw| serde_json::from_str(raw.get()))
+            .collect(),
+        Err(e) => vec![Err(e)],
     }
 }
 
@@ -147,11 +161,11 @@ mod tests {
 
     #[test]
     fn a_message_is_a_batch_or_one_report() {
+        let read = |payload: &[u8]| -> Vec<Option<Report>> {
+            decode(payload).into_iter().map(Result::ok).collect()
+        };
         let barrier = serde_json::to_vec(&Report::Barrier { turn: 3 }).expect("encodes");
-        assert_eq!(
-            decode(&barrier).expect("one"),
-            vec![Report::Barrier { turn: 3 }]
-        );
+        assert_eq!(read(&barrier), vec![Some(Report::Barrier { turn: 3 })]);
         let accepted = Report::Accepted {
             stage_execution_id: "r/w#1/1".to_owned(),
             turn: 2,
@@ -161,11 +175,22 @@ mod tests {
         let batch = serde_json::to_vec(&vec![accepted.clone(), Report::Barrier { turn: 2 }])
             .expect("encodes");
         assert_eq!(
-            decode(&batch).expect("a batch"),
-            vec![accepted, Report::Barrier { turn: 2 }]
+            read(&batch),
+            vec![Some(accepted.clone()), Some(Report::Barrier { turn: 2 })]
         );
-        assert!(decode(b" [").is_err());
-        assert!(decode(b"{\"kind\":\"nope\"}").is_err());
-        assert!(decode(b"").is_err());
+        // One report nobody knows costs only itself.
+        let mut mixed = b"[".to_vec();
+        mixed.extend_from_slice(&serde_json::to_vec(&accepted).expect("encodes"));
+        mixed.extend_from_slice(b",{\"kind\":\"fromTheFuture\",\"body\":{}},");
+        mixed
+            .extend_from_slice(&serde_json::to_vec(&Report::Barrier { turn: 4 }).expect("encodes"));
+        mixed.push(b']');
+        assert_eq!(
+            read(&mixed),
+            vec![Some(accepted), None, Some(Report::Barrier { turn: 4 })]
+        );
+        assert_eq!(read(b" ["), vec![None]);
+        assert_eq!(read(b"{\"kind\":\"nope\"}"), vec![None]);
+        assert_eq!(read(b""), vec![None]);
     }
 }

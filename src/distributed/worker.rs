@@ -480,7 +480,9 @@ impl WorkerHost {
         let Some(flight) = self.in_flight.remove(&exec.id) else {
             return;
         };
-        flight.ticker.cancel();
+        // The lease is renewed until the report is stored: it may wait in
+        // the outbox behind a batch being retried.
+        let ticker = flight.ticker;
         let until = self.bus.last_seq();
         let mut seen = self.seen.clone();
         let collected = Arc::clone(&self.collected);
@@ -538,6 +540,7 @@ impl WorkerHost {
                 ),
             };
             let reported = outbox.send(&t.run_id, &report).await;
+            ticker.cancel();
             if reported {
                 let _ = nats.client.publish(reply, "+ACK".into()).await;
             } else {

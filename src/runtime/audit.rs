@@ -111,13 +111,8 @@ fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Resul
             Compressed::create(file)?
         };
         let tell = tell.clone();
-        AuditOut::Compact(Compressing::start(log, BATCH + 4096, move |e, lines| {
-            let e = lost_from(
-                io::Error::new(e.kind(), e.to_string()),
-                lines,
-                LostFrom::seq_of(e),
-            );
-            tell(e.to_string());
+        AuditOut::Compact(Compressing::start(log, BATCH + 4096, move |e| {
+            tell(loss_text(e, 0, None));
         })?)
     };
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
@@ -195,17 +190,6 @@ impl AuditOut {
             AuditOut::Plain(mut file) => file.flush(),
             AuditOut::Compact(log) => log.finish(),
         }
-    }
-}
-
-/// `e`, saying that `lines` lines went with the file when it was removed.
-fn lost(e: io::Error, lines: u64) -> io::Error {
-    match e.kind() {
-        io::ErrorKind::NotFound => io::Error::new(
-            e.kind(),
-            format!("{e}; the {lines} lines written to it are gone with it"),
-        ),
-        _ => e,
     }
 }
 
@@ -386,15 +370,28 @@ fn write_out<W: Write>(
 /// written), unless the error is the compressing thread's, which comes a
 /// batch or more late and says itself where its loss began.
 fn lost_from(e: io::Error, lines: u64, from: Option<u64>) -> io::Error {
-    let from = LostFrom::seq_of(&e).or(from);
-    let e = lost(e, lines);
-    match from {
-        Some(seq) => io::Error::new(
-            e.kind(),
-            format!("{e}; every event from seq {seq} on is missing from it"),
-        ),
-        None => e,
+    io::Error::new(e.kind(), loss_text(&e, lines, from))
+}
+
+/// [`lost_from`]'s text; a compressing thread's error brings its own
+/// `seq` and its own count of the lines on disk.
+fn loss_text(e: &io::Error, lines: u64, from: Option<u64>) -> String {
+    let (from, lines) = match LostFrom::of(e) {
+        Some(lost) => (lost.seq.or(from), lost.lines),
+        None => (from, lines),
+    };
+    let mut text = e.to_string();
+    if e.kind() == io::ErrorKind::NotFound {
+        text.push_str(&format!(
+            "; the {lines} lines written to it are gone with it"
+        ));
     }
+    if let Some(seq) = from {
+        text.push_str(&format!(
+            "; every event from seq {seq} on is missing from it"
+        ));
+    }
+    text
 }
 
 #[cfg(test)]

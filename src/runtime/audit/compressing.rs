@@ -8,6 +8,7 @@
 //! [`IN_FLIGHT`] batches wait, and the audit thread waits when they do.
 
 use std::io::{self, Write};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, bounded};
@@ -37,7 +38,7 @@ impl Compressing {
     pub(super) fn start<W: Write + Send + 'static>(
         log: Compressed<W>,
         capacity: usize,
-        on_failure: impl FnOnce(&io::Error, u64) + Send + 'static,
+        on_failure: impl FnOnce(&io::Error) + Send + 'static,
     ) -> io::Result<Compressing> {
         let (to, batches) = bounded::<Vec<u8>>(IN_FLIGHT);
         let (give_back, spare) = bounded::<Vec<u8>>(IN_FLIGHT);
@@ -46,17 +47,28 @@ impl Compressing {
             .spawn(move || {
                 let mut log = log;
                 let mut lines = 0u64;
+                // A panic in the compressor is a failed write too: the run
+                // hears of it now, with the seq its loss starts at.
+                let panicked = |_| io::Error::other("the audit log's compressor panicked");
                 for mut batch in batches {
-                    if let Err(e) = log.write_all(&batch).and_then(|()| log.flush()) {
-                        let e = LostFrom::wrap(e, &batch);
-                        on_failure(&e, lines);
+                    let written = catch_unwind(AssertUnwindSafe(|| {
+                        log.write_all(&batch).and_then(|()| log.flush())
+                    }))
+                    .unwrap_or_else(|p| Err(panicked(p)));
+                    if let Err(e) = written {
+                        let e = LostFrom::wrap(e, &batch, lines);
+                        on_failure(&e);
                         return Err(e);
                     }
                     lines += batch.iter().filter(|b| **b == b'\n').count() as u64;
                     batch.clear();
                     let _ = give_back.try_send(batch);
                 }
-                log.finish().map(drop).inspect_err(|e| on_failure(e, lines))
+                catch_unwind(AssertUnwindSafe(|| log.finish()))
+                    .unwrap_or_else(|p| Err(panicked(p)))
+                    .map(drop)
+                    .map_err(|e| LostFrom::closing(e, lines))
+                    .inspect_err(|e| on_failure(e))
             })?;
         Ok(Compressing {
             to: Some(to),
@@ -118,28 +130,48 @@ impl Write for Compressing {
 }
 
 /// A write error of the compressing thread, with the `seq` of the first
-/// line of the batch it could not write: the lines before it are on
-/// disk, that one and every later one are not.
+/// line of the batch it could not write (the lines before it are on
+/// disk, that one and every later one are not) and how many lines it had
+/// written.
 #[derive(Debug)]
 pub(super) struct LostFrom {
     pub seq: Option<u64>,
+    pub lines: u64,
     source: io::Error,
 }
 
 impl LostFrom {
-    fn wrap(source: io::Error, batch: &[u8]) -> io::Error {
+    fn wrap(source: io::Error, batch: &[u8], lines: u64) -> io::Error {
         let seq = batch.strip_prefix(b"{\"seq\":").and_then(|rest| {
             let end = rest.iter().position(|b| !b.is_ascii_digit())?;
             std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
         });
-        io::Error::new(source.kind(), LostFrom { seq, source })
+        io::Error::new(source.kind(), LostFrom { seq, lines, source })
+    }
+
+    /// Closing the last segment failed: every line was handed over, the
+    /// segment's end (its checksum) is what is missing.
+    fn closing(source: io::Error, lines: u64) -> io::Error {
+        io::Error::new(
+            source.kind(),
+            LostFrom {
+                seq: None,
+                lines,
+                source,
+            },
+        )
+    }
+
+    /// What a compressing thread's error says of its loss.
+    pub(super) fn of(e: &io::Error) -> Option<&LostFrom> {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<LostFrom>())
     }
 
     /// The `seq` a compressing thread's error says its loss began at.
-    pub(super) fn seq_of(e: &io::Error) -> Option<u64> {
-        e.get_ref()
-            .and_then(|inner| inner.downcast_ref::<LostFrom>())
-            .and_then(|lost| lost.seq)
+    #[cfg(test)]
+    fn seq_of(e: &io::Error) -> Option<u64> {
+        LostFrom::of(e).and_then(|lost| lost.seq)
     }
 }
 
@@ -190,8 +222,7 @@ mod tests {
             room: usize::MAX,
             written: std::sync::Arc::clone(&written),
         };
-        let mut log =
-            Compressing::start(Compressed::create(file).unwrap(), 1024, |_, _| {}).unwrap();
+        let mut log = Compressing::start(Compressed::create(file).unwrap(), 1024, |_| {}).unwrap();
         let mut expected = Vec::new();
         for batch in 0..50 {
             let text = lines(batch * 10, batch * 10 + 10);
@@ -216,14 +247,14 @@ mod tests {
             written: std::sync::Arc::clone(&written),
         };
         let (told, heard) = std::sync::mpsc::channel();
-        let mut log = Compressing::start(Compressed::create(file).unwrap(), 1024, move |e, n| {
-            let _ = told.send((LostFrom::seq_of(e), n));
+        let mut log = Compressing::start(Compressed::create(file).unwrap(), 1024, move |e| {
+            let _ = told.send((LostFrom::seq_of(e), LostFrom::of(e).map(|l| l.lines)));
         })
         .unwrap();
         log.write_all(&lines(7, 9)).unwrap();
         // Told at once, before anything else is written.
         log.flush().unwrap();
-        assert_eq!(heard.recv().unwrap(), (Some(7), 0));
+        assert_eq!(heard.recv().unwrap(), (Some(7), Some(0)));
         // The first flush hands the batch over; a later one (or finish)
         // brings the thread's error back.
         let mut error = None;
@@ -238,5 +269,29 @@ mod tests {
         assert_eq!(LostFrom::seq_of(&error), Some(7), "{error}");
         assert_eq!(error.kind(), io::ErrorKind::StorageFull);
         assert!(error.to_string().contains("disk full"), "{error}");
+    }
+
+    #[test]
+    fn a_panic_in_the_compressor_is_a_failure_told_at_once() {
+        struct Panics;
+        impl Write for Panics {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                panic!("a compressor bug");
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let (told, heard) = std::sync::mpsc::channel();
+        let mut log = Compressing::start(Compressed::create(Panics).unwrap(), 1024, move |e| {
+            let _ = told.send((LostFrom::seq_of(e), e.to_string()));
+        })
+        .unwrap();
+        log.write_all(&lines(3, 5)).unwrap();
+        log.flush().unwrap();
+        let (seq, text) = heard.recv().unwrap();
+        assert_eq!(seq, Some(3));
+        assert!(text.contains("panicked"), "{text}");
+        assert!(log.finish().is_err());
     }
 }
