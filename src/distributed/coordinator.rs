@@ -84,16 +84,39 @@ impl ExecutorFactory for RemoteSiblings {
     fn make(&self, local: LocalExecutor, scheduler: Recipient<ToScheduler>) -> Box<dyn Executor> {
         let (tx, rx) = mpsc::unbounded_channel();
         let shutdown = CancellationToken::new();
-        let coordinator = Coordinator {
-            spec: self.clone(),
-            scheduler,
-            tx: tx.clone(),
-            groups: HashMap::new(),
-            resolved: HashSet::new(),
-            committing: HashMap::new(),
-            by_sequence: HashMap::new(),
+        // Off the scheduler's thread where the run has another: there the
+        // scheduler, the session and the NATS connection are the busiest
+        // thread of a distributed run, and decoding and relaying the
+        // workers' reports is as much again (BENCHMARKS.md). The run's
+        // arbiters are otherwise idle in a distributed run, since its
+        // siblings run on the workers. (The loop is made where it runs:
+        // what it keeps of a group is not `Send`.)
+        let stopped = scheduler.clone();
+        let start = {
+            let (spec, tx, stop) = (self.clone(), tx.clone(), shutdown.clone());
+            move || {
+                let coordinator = Coordinator {
+                    spec,
+                    scheduler,
+                    tx,
+                    groups: HashMap::new(),
+                    resolved: HashSet::new(),
+                    committing: HashMap::new(),
+                    by_sequence: HashMap::new(),
+                };
+                actix::spawn(coordinator.run(rx, stop));
+            }
         };
-        actix::spawn(coordinator.run(rx, shutdown.clone()));
+        match local.arbiter() {
+            Some(arbiter) => {
+                if !arbiter.spawn_fn(start) {
+                    stopped.do_send(ToScheduler::LimitReached {
+                        reason: "Distributed/Unreachable: the run's arbiter stopped before its coordinator could start".to_owned(),
+                    });
+                }
+            }
+            None => start(),
+        }
         Box::new(RemoteExecutor {
             local,
             tx,

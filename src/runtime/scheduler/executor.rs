@@ -62,7 +62,6 @@ pub struct LocalExecutor {
     /// each sender its own parking slot), an `Arc` clone does not.
     hub: Option<Arc<Addr<InteractionHub>>>,
     scheduler: Arc<Recipient<ToScheduler>>,
-    /// Each LLM stage's tool manifest, built on its first execution.
     /// Each LLM stage's manifest, with the MCP listings' generation it was built on.
     manifests: HashMap<String, (u64, Arc<Vec<ToolSpec>>)>,
     /// The arbiters executions run on; empty runs them on the current one.
@@ -93,6 +92,12 @@ impl LocalExecutor {
             arbiters,
             next: 0,
         }
+    }
+
+    /// One of the run's arbiters, for work the run does off the thread
+    /// that built it (`None` with one thread: there is only that one).
+    pub fn arbiter(&self) -> Option<ArbiterHandle> {
+        self.arbiters.first().cloned()
     }
 
     fn tools(&mut self, spawn: &Spawn) -> Arc<Vec<ToolSpec>> {
