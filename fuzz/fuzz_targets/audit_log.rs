@@ -1,7 +1,8 @@
 //! Fuzzes the compact audit log's reader: arbitrary bytes, fed whole and
 //! in two pieces split where the input says, as a compact log and as a
-//! plain one. A file troupe did not write must give a typed error or
-//! whole lines, never a panic; both feeds must agree.
+//! plain one, and walked for its segments as `runs tail` does. A file
+//! troupe did not write must give a typed error or whole lines, never a
+//! panic; both feeds must agree.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -34,6 +35,21 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok((lines, _)) = &whole {
         assert!(lines.is_empty() || lines.ends_with(b"\n"));
+    }
+    // The segment walk (`runs tail`) reads the same bytes as a file: an
+    // error or some starts, each past the header and before the end.
+    let file = std::env::temp_dir().join(format!("troupe-fuzz-audit-{}", std::process::id()));
+    if std::fs::write(&file, input).is_ok() {
+        if let Ok(starts) = troupe::auditlog::segment_starts(&file) {
+            assert!(starts.windows(2).all(|w| w[0] < w[1]), "{starts:?}");
+            assert!(starts.iter().all(|s| *s <= input.len() as u64), "{starts:?}");
+            if let Some(last) = starts.last() {
+                let mut follower = troupe::auditlog::Follower::at_segment(&file, *last)
+                    .expect("a follower at a start");
+                let mut lines = Vec::new();
+                let _ = follower.read_more(1 << 20, &mut lines);
+            }
+        }
     }
     let mut plain = LogDecoder::plain();
     let mut out = Vec::new();

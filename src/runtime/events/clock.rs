@@ -58,7 +58,9 @@ pub(super) fn rfc3339_into(ts: SystemTime, buf: &mut [u8; RFC3339_LEN]) -> &str 
 /// any other shape.
 pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
     let b = text.as_bytes();
-    if b.len() != RFC3339_LEN || &text[RFC3339_LEN - 1..] != "Z" {
+    // Bytes, not `&text[..]`: a line troupe did not write may put a
+    // multi-byte character where the `Z` goes (found by fuzzing).
+    if b.len() != RFC3339_LEN || b[RFC3339_LEN - 1] != b'Z' {
         return None;
     }
     let num = |range: std::ops::Range<usize>| -> Option<u64> {
@@ -170,6 +172,9 @@ mod tests {
             "2026-13-22T03:38:51.123456Z",
             "2026-11-22 03:38:51.123456Z",
             "2026-11-22T03:38:51.12345xZ",
+            // A multi-byte character where the `Z` goes (found by fuzzing).
+            "2026-11-26T10:08:01.75759\u{3e5}",
+            "2026-11-26T10:08:01.7575\u{3e5}Z",
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
