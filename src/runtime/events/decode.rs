@@ -65,6 +65,74 @@ impl<'de> de::Deserialize<'de> for Text<'de> {
     }
 }
 
+/// Whether a value's text may hold a number JSON allows and a JSON value
+/// cannot (`1e999`, 400 digits): an exponent, or a long run of digits.
+/// Taken as text, such a number would be written into the run's log,
+/// which troupe's own readers could then not read (found by fuzzing);
+/// a value that may hold one is read as values once, to be sure.
+fn may_overflow(text: &str) -> bool {
+    let mut run = 0usize;
+    let mut previous = b' ';
+    for &b in text.as_bytes() {
+        if (b == b'e' || b == b'E') && (previous.is_ascii_digit() || previous == b'.') {
+            return true;
+        }
+        run = if b.is_ascii_digit() { run + 1 } else { 0 };
+        if run > 300 {
+            return true;
+        }
+        previous = b;
+    }
+    false
+}
+
+/// Any JSON value, read as values (numbers parsed, so out of range is an
+/// error) and kept as nothing.
+struct Checked;
+
+impl<'de> de::Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct CheckedVisitor;
+        impl<'de> Visitor<'de> for CheckedVisitor {
+            type Value = Checked;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Checked, E> {
+                if v.is_finite() {
+                    Ok(Checked)
+                } else {
+                    Err(E::custom("number out of range"))
+                }
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+                while seq.next_element::<Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+                while map.next_entry::<IgnoredAny, Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+        }
+        d.deserialize_any(CheckedVisitor)
+    }
+}
+
 struct LineVisitor;
 
 impl<'de> Visitor<'de> for LineVisitor {
@@ -100,6 +168,9 @@ impl<'de> Visitor<'de> for LineVisitor {
                 "tool" => tool = shared(map.next_value()?),
                 other => {
                     let value: &'de RawValue = map.next_value()?;
+                    if may_overflow(value.get()) {
+                        serde_json::from_str::<Checked>(value.get()).map_err(de::Error::custom)?;
+                    }
                     if !members.is_empty() {
                         members.push(b',');
                     }
@@ -190,10 +261,25 @@ mod tests {
             "{\"event\":1,\"workflowRunId\":\"r\"}",
             "{\"event\":\"StageEntered\",\"workflowRunId\":\"r\"} trailing",
             "{\"event\":\"StageEntered\",\"workflowRunId\":\"r\",\"x\":}",
+            // JSON allows these numbers; a JSON value cannot hold them, so
+            // the log they were written into could not be read back (found
+            // by fuzzing).
+            "{\"event\":\"StageEntered\",\"workflowRunId\":\"r\",\"x\":111111e000000002212}",
+            "{\"event\":\"StageEntered\",\"workflowRunId\":\"r\",\"x\":[{\"y\":-1E999}]}",
         ] {
             assert!(Event::from_line(line).is_none(), "{line}");
         }
         assert!(Event::from_line("{\"event\":\"StageEntered\",\"workflowRunId\":\"r\"}").is_some());
+        // Exponents and long numbers that fit are kept as they were.
+        let fits = "{\"event\":\"StageEntered\",\"workflowRunId\":\"r\",\"x\":[1.5e300,2E-5,\"9e9999 in a string\"]}";
+        let event = Event::from_line(fits).expect("it fits");
+        let mut line = Vec::new();
+        event.write_json(1, &mut line);
+        assert!(
+            String::from_utf8(line)
+                .expect("UTF-8")
+                .ends_with("\"x\":[1.5e300,2E-5,\"9e9999 in a string\"]}")
+        );
         for name in [
             EventName::StageEntered,
             EventName::ProviderNotice,
