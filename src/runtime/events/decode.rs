@@ -65,16 +65,21 @@ impl<'de> de::Deserialize<'de> for Text<'de> {
     }
 }
 
-/// Whether a value's text may hold a number JSON allows and a JSON value
-/// cannot (`1e999`, 400 digits): an exponent, or a long run of digits.
-/// Taken as text, such a number would be written into the run's log,
-/// which troupe's own readers could then not read (found by fuzzing);
-/// a value that may hold one is read as values once, to be sure.
-fn may_overflow(text: &str) -> bool {
+/// Whether a value's text may hold what JSON's grammar allows and a JSON
+/// value cannot: a number out of range (`1e999`, 400 digits: an exponent
+/// or a long run of digits) or a string with a lone surrogate (`"\ud800"`:
+/// any `\u` escape). Taken as text, it would be written into the run's
+/// log, which troupe's own readers could then not read (both found by
+/// fuzzing); a value that may hold one is read as values once, to be
+/// sure. The lines a worker writes have neither, nearly always.
+fn needs_reading(text: &str) -> bool {
     let mut run = 0usize;
     let mut previous = b' ';
     for &b in text.as_bytes() {
         if (b == b'e' || b == b'E') && (previous.is_ascii_digit() || previous == b'.') {
+            return true;
+        }
+        if b == b'u' && previous == b'\\' {
             return true;
         }
         run = if b.is_ascii_digit() { run + 1 } else { 0 };
@@ -168,7 +173,7 @@ impl<'de> Visitor<'de> for LineVisitor {
                 "tool" => tool = shared(map.next_value()?),
                 other => {
                     let value: &'de RawValue = map.next_value()?;
-                    if may_overflow(value.get()) {
+                    if needs_reading(value.get()) {
                         serde_json::from_str::<Checked>(value.get()).map_err(de::Error::custom)?;
                     }
                     if !members.is_empty() {
@@ -266,6 +271,7 @@ mod tests {
             // by fuzzing).
             "{\"event\":\"StageEntered\",\"workflowRunId\":\"r\",\"x\":111111e000000002212}",
             "{\"event\":\"StageEntered\",\"workflowRunId\":\"r\",\"x\":[{\"y\":-1E999}]}",
+            "{\"event\":\"StageEntered\",\"workflowRunId\":\"r\",\"x\":{\"y\":\"a\\uda06\\uda0d\"}}",
         ] {
             assert!(Event::from_line(line).is_none(), "{line}");
         }

@@ -1,0 +1,264 @@
+//! The coordinator's reading of its run's reports: a message's reports
+//! settled one by one, each acknowledged message only once all of them
+//! are, exited siblings' results stored before their events are relayed
+//! and the scheduler told.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::super::arrived::exit_record;
+use super::super::groups::Unit;
+use super::super::outbox;
+use super::super::wire::{EventLine, Report};
+use super::{Cmd, Committed, Coordinator};
+use crate::runtime::events::{Event, EventName};
+use crate::runtime::result::{StageResult, Usage, Verdict};
+use crate::runtime::scheduler::{ExecKey, StageOutcome, ToScheduler};
+
+/// A report message's acknowledgement, sent once every report in it is
+/// settled: held once while the message is read and once more for each
+/// exited sibling whose result is being committed.
+pub(super) struct Settling {
+    left: AtomicUsize,
+    acker: Mutex<Option<async_nats::jetstream::message::Acker>>,
+}
+
+impl Settling {
+    pub(super) fn new(acker: async_nats::jetstream::message::Acker) -> Arc<Settling> {
+        Arc::new(Settling {
+            left: AtomicUsize::new(1),
+            acker: Mutex::new(Some(acker)),
+        })
+    }
+
+    pub(super) fn hold(&self) {
+        self.left.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One hold is over: the acker, when it was the last.
+    pub(super) fn settle(&self) -> Option<async_nats::jetstream::message::Acker> {
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return None;
+        }
+        self.acker.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// `ExecKey` of a report, from the group's unit or rebuilt.
+pub(super) fn exec_of(units: &HashMap<usize, Unit>, unit: usize) -> Option<ExecKey> {
+    units.get(&unit).and_then(|u| u.exec.clone())
+}
+
+impl Coordinator {
+    /// A message of the run's report subject: a worker's batch of
+    /// reports, or the coordinator's own barrier. It is acknowledged once
+    /// every report in it is settled (an exited sibling's, once its result
+    /// is committed), so a coordinator killed in between reads it again.
+    pub(super) async fn reports(&mut self, msg: async_nats::jetstream::Message) {
+        let (msg, acker) = msg.split();
+        let ack = Settling::new(acker);
+        for report in outbox::decode(&msg.payload) {
+            match report {
+                Ok(report) => self.report(report, &ack),
+                // Not a report this troupe knows: nothing to do with it.
+                Err(e) => eprintln!(
+                    "warning: run {}: a worker's report could not be read and was skipped: {e}",
+                    self.spec.run_id
+                ),
+            }
+        }
+        self.settled(&ack).await;
+    }
+
+    /// Acknowledges a message whose last report was just settled.
+    pub(super) async fn settled(&self, ack: &Settling) {
+        if let Some(acker) = ack.settle() {
+            let _ = acker.ack().await;
+        }
+    }
+
+    fn report(&mut self, report: Report, ack: &Arc<Settling>) {
+        if let Report::Barrier { turn } = report {
+            self.barrier(turn);
+            return;
+        }
+        let Some((id, turn, unit)) = report.execution() else {
+            return;
+        };
+        let known = self
+            .groups
+            .get(&turn)
+            .and_then(|g| exec_of(&g.units, unit))
+            .filter(|e| &*e.id == id);
+        let resolved = self.resolved.contains(id);
+        match report {
+            Report::Accepted { .. } => {
+                if let Some(u) = self
+                    .groups
+                    .get_mut(&turn)
+                    .and_then(|g| g.units.get_mut(&unit))
+                {
+                    u.accepted = true;
+                }
+            }
+            Report::Exited {
+                stage_execution_id,
+                result,
+                events,
+                delivered,
+                worker,
+                ..
+            } => {
+                if resolved {
+                    // Another copy (a report delivered again, its message
+                    // held past the ack wait by a slow store): acknowledged
+                    // with the first one's commit, not before it.
+                    if let Some(waiting) = self.committing.get_mut(&stage_execution_id) {
+                        ack.hold();
+                        waiting.push(Arc::clone(ack));
+                    }
+                    return;
+                }
+                let Some(exec) = known else {
+                    // A sibling of another session (before a resume): store
+                    // it all the same, a resumed run will find it.
+                    if let Some(ledger) = &self.spec.ledger
+                        && result.verdict != Verdict::Fail
+                    {
+                        ledger.persist(exit_record(&self.spec.run_id, &result), None);
+                    }
+                    return;
+                };
+                self.done(&exec, turn, unit);
+                self.charge(result.usage);
+                if delivered > 1 {
+                    self.spec.bus.publish(
+                        Event::new(EventName::SiblingRedelivered, self.spec.run_id.as_str())
+                            .stage(Arc::clone(&exec.stage), Arc::clone(&exec.id))
+                            .with("delivered", delivered)
+                            .with("worker", worker),
+                    );
+                }
+                match (&self.spec.ledger, result.verdict) {
+                    (Some(ledger), Verdict::Ok | Verdict::Skipped) => {
+                        let tx = self.tx.clone();
+                        let scheduler = self.scheduler.clone();
+                        let stored = Arc::clone(&result);
+                        let ack = Arc::clone(ack);
+                        ack.hold();
+                        self.committing.insert(stage_execution_id, Vec::new());
+                        ledger.persist(
+                            exit_record(&self.spec.run_id, &result),
+                            Some(Box::new(move |outcome| {
+                                // A result that could not be stored is not
+                                // recorded (nor its message acknowledged):
+                                // the run stops with the store's error and
+                                // a resume runs it again.
+                                if let Err(e) = outcome {
+                                    scheduler.do_send(ToScheduler::LimitReached {
+                                        reason: format!(
+                                            "Store/WriteFailed: the result could not be stored: {e}"
+                                        ),
+                                    });
+                                    scheduler.do_send(ToScheduler::Report {
+                                        exec,
+                                        outcome: StageOutcome::Cancelled {
+                                            usage: stored.usage,
+                                        },
+                                    });
+                                    return;
+                                }
+                                let _ = tx.send(Cmd::Committed(Box::new(Committed {
+                                    exec,
+                                    result: stored,
+                                    events,
+                                    ack,
+                                })));
+                            })),
+                        );
+                    }
+                    (ledger, _) => {
+                        if let Some(ledger) = ledger {
+                            ledger.persist(exit_record(&self.spec.run_id, &result), None);
+                        }
+                        self.record_exit(exec, result, events);
+                    }
+                }
+            }
+            Report::Cancelled { usage, events, .. } => {
+                if let Some(exec) = known.filter(|_| !resolved) {
+                    self.done(&exec, turn, unit);
+                    self.charge(usage);
+                    self.relay(&events);
+                    self.scheduler.do_send(ToScheduler::Report {
+                        exec,
+                        outcome: StageOutcome::Cancelled { usage },
+                    });
+                }
+            }
+            Report::NotStarted { .. } => {
+                if let Some(exec) = known.filter(|_| !resolved) {
+                    self.done(&exec, turn, unit);
+                    self.scheduler.do_send(ToScheduler::Report {
+                        exec,
+                        outcome: StageOutcome::CancelledBeforeStart,
+                    });
+                }
+            }
+            Report::Refused {
+                code,
+                message,
+                worker,
+                ..
+            } => {
+                if let Some(exec) = known.filter(|_| !resolved) {
+                    self.fail_unit(
+                        exec,
+                        turn,
+                        unit,
+                        format!("{code}: worker {worker}: {message}"),
+                    );
+                }
+            }
+            Report::Barrier { .. } => {}
+        }
+    }
+
+    /// Publishes a worker's events of one execution into the run's log,
+    /// in order; the `seq` of the last.
+    pub(super) fn relay(&self, events: &[EventLine]) -> u64 {
+        let mut last = 0;
+        for line in events {
+            if let Some(event) = Event::from_line(line.text()) {
+                last = self.spec.bus.publish(event).unwrap_or(last);
+            }
+        }
+        last
+    }
+
+    /// Counts what a sibling spent on its worker against the run's
+    /// budget, before the scheduler hears of the sibling: the scheduler
+    /// checks the meter before it handles a report, so a report that
+    /// takes the run over its budget stops it like a local one.
+    pub(super) fn charge(&self, usage: Usage) {
+        if let Some(budget) = &self.spec.budget {
+            budget.record(usage);
+        }
+    }
+
+    /// An exited sibling, stored: its events into the log, its report to
+    /// the scheduler.
+    pub(super) fn record_exit(
+        &self,
+        exec: ExecKey,
+        result: Arc<StageResult>,
+        events: Vec<EventLine>,
+    ) {
+        let seq = self.relay(&events);
+        self.scheduler.do_send(ToScheduler::Report {
+            exec,
+            outcome: StageOutcome::Exited { result, seq },
+        });
+    }
+}
