@@ -67,20 +67,31 @@ impl<'de> de::Deserialize<'de> for Text<'de> {
 
 /// Whether a value's text may hold what JSON's grammar allows and a JSON
 /// value cannot: a number out of range (`1e999`, 400 digits: an exponent
-/// or a long run of digits) or a string with a lone surrogate (`"\ud800"`:
-/// any `\u` escape). Taken as text, it would be written into the run's
-/// log, which troupe's own readers could then not read (both found by
-/// fuzzing); a value that may hold one is read as values once, to be
-/// sure. The lines a worker writes have neither, nearly always.
+/// or a long run of digits, outside strings) or a string with a lone
+/// surrogate (`"\ud800"`: any `\u` escape in a string). Taken as text,
+/// it would be written into the run's log, which troupe's own readers
+/// could then not read (both found by fuzzing); a value that may hold one
+/// is read as values once, to be sure. The lines a worker writes have
+/// neither, nearly always.
 fn needs_reading(text: &str) -> bool {
+    let (mut in_string, mut escaped) = (false, false);
     let mut run = 0usize;
     let mut previous = b' ';
     for &b in text.as_bytes() {
-        if (b == b'e' || b == b'E') && (previous.is_ascii_digit() || previous == b'.') {
-            return true;
+        if in_string {
+            match (escaped, b) {
+                (true, b'u') => return true,
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
         }
-        if b == b'u' && previous == b'\\' {
-            return true;
+        match b {
+            b'"' => in_string = true,
+            b'e' | b'E' if previous.is_ascii_digit() || previous == b'.' => return true,
+            _ => {}
         }
         run = if b.is_ascii_digit() { run + 1 } else { 0 };
         if run > 300 {
@@ -245,6 +256,20 @@ mod tests {
             written(&Event::from_line(&unnumbered).expect("known"), 7),
             written(&event, 7)
         );
+    }
+
+    #[test]
+    fn only_what_may_not_fit_a_json_value_is_read_twice() {
+        for plain in [
+            "\"01a2173f-7d20-7668-add4-3d73ef83f622\"",
+            "{\"usage\":{\"promptTokens\":12,\"cost\":0.25},\"id\":\"x1e5\"}",
+            "[\"a \\\"quoted\\\" 9e9\", -3, true, null]",
+        ] {
+            assert!(!needs_reading(plain), "{plain}");
+        }
+        for risky in ["1e999", "[0.5E3]", "\"\\ud800\"", &"9".repeat(301)] {
+            assert!(needs_reading(risky), "{risky}");
+        }
     }
 
     #[test]
