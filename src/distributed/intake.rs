@@ -198,15 +198,17 @@ pub async fn accept_all(
             Ok(None) => Found::Clear(buckets.context(task).await),
             Err(_) => Found::Unknown,
         };
-        ((task.run_id.clone(), task.turn), found)
+        (task.run_id.clone(), task.turn, found)
     });
-    let found: HashMap<(String, u64), Found> = futures::future::join_all(per_group)
-        .await
-        .into_iter()
-        .collect();
+    // By group: a fetch's tasks nearly always share one.
+    let found: Vec<(String, u64, Found)> = futures::future::join_all(per_group).await;
     let mut skipped = Vec::new();
     for mut offer in accepted {
-        match found.get(&(offer.task.run_id.clone(), offer.task.turn)) {
+        let group = found
+            .iter()
+            .find(|(run, turn, _)| *run == offer.task.run_id && *turn == offer.task.turn)
+            .map(|(_, _, found)| found);
+        match group {
             Some(Found::Clear(Ok(context))) => {
                 offer.context = Some(Arc::clone(context));
                 intakes.push(Intake::Start(Box::new(offer)));

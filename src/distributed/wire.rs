@@ -152,7 +152,8 @@ pub enum Report {
         worker: String,
     },
     /// The worker cannot run the task (another copy of the pipeline, an
-    /// unknown pipeline): `code` is `Worker/...`.
+    /// unknown pipeline, a group context it cannot read): `code` is
+    /// `Distributed/PipelineMismatch` or `Distributed/GroupContextMissing`.
     #[serde(rename_all = "camelCase")]
     Refused {
         stage_execution_id: String,
@@ -170,8 +171,7 @@ pub enum Report {
 }
 
 impl Report {
-    /// The execution a report is about (`None` for a barrier).
-    /// The report's kind, as the task log and message ids name it.
+    /// The report's kind, as the task log (`--task-log`) names it.
     pub fn kind(&self) -> &'static str {
         match self {
             Report::Accepted { .. } => "accepted",
@@ -183,6 +183,7 @@ impl Report {
         }
     }
 
+    /// The execution a report is about (`None` for a barrier).
     pub fn execution(&self) -> Option<(&str, u64, usize)> {
         match self {
             Report::Accepted {

@@ -93,13 +93,10 @@ fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Resul
     let shown = path.display().to_string();
     // Told by whichever thread finds the log failed first.
     let notice = Arc::new(Mutex::new(Some(notice)));
-    let tell = {
-        let notice = Arc::clone(&notice);
-        move |why: String| {
-            let sender = notice.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(sender) = sender {
-                let _ = sender.send(format!("{AUDIT_LOST}: the audit log {shown}: {why}"));
-            }
+    let tell = move |why: String| {
+        let sender = notice.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(sender) = sender {
+            let _ = sender.send(format!("{AUDIT_LOST}: the audit log {shown}: {why}"));
         }
     };
     let mut out = if auditlog::is_plain(path) {
