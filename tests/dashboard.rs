@@ -56,13 +56,21 @@ fn browser() -> Option<(PathBuf, PathBuf)> {
 }
 
 /// Waits (bounded) until `check` gives a value.
-fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+fn until<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    until_or_timeout(check).unwrap_or_else(|| panic!("timed out waiting for {what}"))
+}
+
+/// Waits up to a minute for `check` to give a value; `None` if it never
+/// does, so the caller can say what it saw instead.
+fn until_or_timeout<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(v) = check() {
-            return v;
+            return Some(v);
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -268,7 +276,9 @@ fn the_dashboard_shows_counts_moving_and_takes_an_approval_and_an_answer() {
     let wide = server.submit(&[
         fanout.to_str().unwrap(),
         "--ctx",
-        "width=3000",
+        // Long enough (40 000 / 16 × 20 ms = 50 s) that it cannot end
+        // before the click on slow CI machines; the cancel ends it.
+        "width=40000",
         "--parallel-cap",
         "16",
         "--latency",
@@ -288,10 +298,17 @@ fn the_dashboard_shows_counts_moving_and_takes_an_approval_and_an_answer() {
     });
     assert!(later > first);
     until("the timeline", || browser.find("#timeline svg"));
+    assert_eq!(browser.text_of("#run-status"), "running");
     browser.click(&browser.wait_for("#cancel"));
-    until("the run cancelled", || {
-        Some(()).filter(|()| browser.text_of("#run-status") == "cancelled")
+    let mut seen = String::new();
+    let cancelled = until_or_timeout(|| {
+        seen = browser.text_of("#run-status");
+        Some(()).filter(|()| seen == "cancelled")
     });
+    assert!(
+        cancelled.is_some(),
+        "the run did not end cancelled: status {seen:?}"
+    );
 
     // An approval and a question, answered by clicking.
     let pipeline = asking();
