@@ -291,7 +291,7 @@ fn run(width: usize, cap: usize, cancel: bool, audit: bool) -> Measured {
     let dir = tempfile::tempdir().expect("a temp folder");
     let bus = EventBus::new();
     let sink = audit.then(|| {
-        start_audit_log(&bus, &dir.path().join(troupe::auditlog::FILE)).expect("the audit log")
+        start_audit_log(&bus, &dir.path().join(troupe::auditlog::FILE), 0).expect("the audit log")
     });
     let shared = Rc::new(Shared {
         bus: bus.clone(),

@@ -405,69 +405,78 @@ const THREE_TURNS: &str = "stages:\n  s:\n    - { tool: Echo, args: { text: one 
 
 #[test]
 fn an_audit_log_on_a_full_disk_fails_the_run_and_says_what_was_lost() {
-    let f = one_stage("Echo", "", THREE_TURNS);
-    let path = f.path().join("run/audit.jsonl.zst");
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::os::unix::fs::symlink("/dev/full", &path).unwrap();
-    let (report, events) = run_spec(f.path(), |spec| {
-        vec![start_audit_log(&spec.bus, &path).unwrap()]
-    });
-    let reason = failure(&report);
-    assert!(reason.starts_with("Session/AuditLost: "), "{reason}");
-    assert!(reason.contains("audit.jsonl"), "names the log: {reason}");
-    assert!(reason.contains("No space left on device"), "{reason}");
-    assert!(
-        reason.contains("every event from seq ") && reason.contains(" on is missing from it"),
-        "says what was lost: {reason}"
-    );
-    // Everything the run did was still published, and it ended.
-    assert_complete(&events);
+    // Formatted by the writer thread, and by formatter threads.
+    for formatters in [0, 2] {
+        let f = one_stage("Echo", "", THREE_TURNS);
+        let path = f.path().join("run/audit.jsonl.zst");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        let (report, events) = run_spec(f.path(), |spec| {
+            vec![start_audit_log(&spec.bus, &path, formatters).unwrap()]
+        });
+        let reason = failure(&report);
+        assert!(reason.starts_with("Session/AuditLost: "), "{reason}");
+        assert!(reason.contains("audit.jsonl"), "names the log: {reason}");
+        assert!(reason.contains("No space left on device"), "{reason}");
+        assert!(
+            reason.contains("every event from seq ") && reason.contains(" on is missing from it"),
+            "says what was lost: {reason}"
+        );
+        // Everything the run did was still published, and it ended.
+        assert_complete(&events);
+    }
 }
 
 #[test]
 fn an_audit_log_removed_mid_run_fails_the_run_and_says_what_was_lost() {
-    let f = one_stage(
-        "Bash",
-        "",
-        "stages:\n  s:\n    - { tool: Bash, args: { command: \"rm run/audit.jsonl.zst\" } }\n    - { tool: Bash, args: { command: \"echo after\" } }\n    - complete: { n: 1 }\n",
-    );
-    let path = f.path().join("run/audit.jsonl.zst");
-    let (report, events) = run_spec(f.path(), |spec| {
-        vec![start_audit_log(&spec.bus, &path).unwrap()]
-    });
-    assert!(!path.exists(), "the command removed the log");
-    let reason = failure(&report);
-    assert!(reason.starts_with("Session/AuditLost: "), "{reason}");
-    assert!(reason.contains("removed or replaced"), "{reason}");
-    assert!(reason.contains("lines written to it are gone"), "{reason}");
-    assert_complete(&events);
+    // Formatted by the writer thread, and by formatter threads.
+    for formatters in [0, 2] {
+        let f = one_stage(
+            "Bash",
+            "",
+            "stages:\n  s:\n    - { tool: Bash, args: { command: \"rm run/audit.jsonl.zst\" } }\n    - { tool: Bash, args: { command: \"echo after\" } }\n    - complete: { n: 1 }\n",
+        );
+        let path = f.path().join("run/audit.jsonl.zst");
+        let (report, events) = run_spec(f.path(), |spec| {
+            vec![start_audit_log(&spec.bus, &path, formatters).unwrap()]
+        });
+        assert!(!path.exists(), "the command removed the log");
+        let reason = failure(&report);
+        assert!(reason.starts_with("Session/AuditLost: "), "{reason}");
+        assert!(reason.contains("removed or replaced"), "{reason}");
+        assert!(reason.contains("lines written to it are gone"), "{reason}");
+        assert_complete(&events);
+    }
 }
 
 #[test]
 fn an_audit_log_that_fails_stops_the_run_before_its_next_step() {
-    // The writer fails on its first flush, long before the model's
-    // second reply: the run is cancelled instead of working unrecorded.
-    let f = one_stage("Echo", "", THREE_TURNS);
-    let path = f.path().join("run/audit.jsonl.zst");
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::os::unix::fs::symlink("/dev/full", &path).unwrap();
-    let (report, events) = run_spec(f.path(), |spec| {
-        spec.provider = Arc::new(Silent);
-        vec![start_audit_log(&spec.bus, &path).unwrap()]
-    });
-    assert!(failure(&report).starts_with("Session/AuditLost"));
-    assert!(
-        events.iter().any(|e| e["event"] == "StageCancelled"),
-        "the stage was cancelled while it waited for the model"
-    );
-    assert_eq!(
-        events
-            .iter()
-            .filter(|e| e["event"] == "ProviderRequestCompleted")
-            .count(),
-        0
-    );
-    assert_complete(&events);
+    // Formatted by the writer thread, and by formatter threads.
+    for formatters in [0, 2] {
+        // The writer fails on its first flush, long before the model's
+        // second reply: the run is cancelled instead of working unrecorded.
+        let f = one_stage("Echo", "", THREE_TURNS);
+        let path = f.path().join("run/audit.jsonl.zst");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        let (report, events) = run_spec(f.path(), |spec| {
+            spec.provider = Arc::new(Silent);
+            vec![start_audit_log(&spec.bus, &path, formatters).unwrap()]
+        });
+        assert!(failure(&report).starts_with("Session/AuditLost"));
+        assert!(
+            events.iter().any(|e| e["event"] == "StageCancelled"),
+            "the stage was cancelled while it waited for the model"
+        );
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e["event"] == "ProviderRequestCompleted")
+                .count(),
+            0
+        );
+        assert_complete(&events);
+    }
 }
 
 /// A provider whose replies never come: the run can end only by being

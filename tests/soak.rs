@@ -77,7 +77,8 @@ fn soak(runs: usize, width: u64, warm_up: usize, max_growth_kib: u64) {
             let provider = Arc::new(ScriptedProvider::new(script.clone()));
             let spec = RunSpec::new(Arc::clone(&pipeline), fields.clone(), provider, None);
             let run_dir = logs.path().join(i.to_string());
-            let audit = start_audit_log(&spec.bus, &run_dir.join(troupe::auditlog::FILE)).unwrap();
+            let audit =
+                start_audit_log(&spec.bus, &run_dir.join(troupe::auditlog::FILE), 0).unwrap();
             let (_session, done) = start_run(spec, vec![audit]);
             let report = done.await.unwrap();
             assert_eq!(report.status, RunStatus::Ok, "run {i}");

@@ -26,7 +26,10 @@ use super::events::Event;
 use crate::auditlog::{self, Compressed};
 
 mod compressing;
+mod formatting;
 use compressing::{Compressing, LostFrom};
+use formatting::Formatters;
+pub use formatting::formatters_for;
 
 /// Queue length of the audit subscriber; publishers wait when it is full.
 const AUDIT_QUEUE: usize = 65_536;
@@ -68,18 +71,28 @@ impl Sink {
 }
 
 /// Starts the audit log writer at `path` (parent folders are created),
-/// a new file.
-pub fn start_audit_log(bus: &EventBus<Event>, path: &Path) -> io::Result<Sink> {
-    open_audit_log(bus, path, false)
+/// a new file, with `formatters` threads formatting its lines
+/// ([`formatters_for`] the run's threads; 0: the writer formats).
+pub fn start_audit_log(bus: &EventBus<Event>, path: &Path, formatters: usize) -> io::Result<Sink> {
+    open_audit_log(bus, path, false, formatters)
 }
 
 /// Starts the audit log writer at `path`, appending to what is there (a
 /// resumed run, after its log was repaired).
-pub fn continue_audit_log(bus: &EventBus<Event>, path: &Path) -> io::Result<Sink> {
-    open_audit_log(bus, path, true)
+pub fn continue_audit_log(
+    bus: &EventBus<Event>,
+    path: &Path,
+    formatters: usize,
+) -> io::Result<Sink> {
+    open_audit_log(bus, path, true, formatters)
 }
 
-fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Result<Sink> {
+fn open_audit_log(
+    bus: &EventBus<Event>,
+    path: &Path,
+    append: bool,
+    formatters: usize,
+) -> io::Result<Sink> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -99,7 +112,7 @@ fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Resul
             let _ = sender.send(format!("{AUDIT_LOST}: the audit log {shown}: {why}"));
         }
     };
-    let mut out = if auditlog::is_plain(path) {
+    let out = if auditlog::is_plain(path) {
         AuditOut::Plain(file)
     } else {
         let log = if append {
@@ -108,16 +121,46 @@ fn open_audit_log(bus: &EventBus<Event>, path: &Path, append: bool) -> io::Resul
             Compressed::create(file)?
         };
         let tell = tell.clone();
-        AuditOut::Compact(Compressing::start(log, BATCH + 4096, move |e| {
-            tell(loss_text(e, 0, None));
-        })?)
+        AuditOut::Compact(Compressing::start(
+            log,
+            BATCH + 4096,
+            formatters,
+            move |e| tell(loss_text(e, 0, None)),
+        )?)
     };
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
+    let line = LineFormat::of(&sub, "");
+    let formatters = match &out {
+        AuditOut::Compact(log) if formatters > 0 => {
+            let line = line.clone();
+            Some(Formatters::start(
+                formatters,
+                log.spare(),
+                Arc::new(move |delivery, out: &mut Vec<u8>| line.write(delivery, out)),
+            )?)
+        }
+        _ => None,
+    };
     let handle = std::thread::Builder::new()
         .name("troupe-audit".into())
         .spawn(move || {
-            let written = write_lines(sub, &mut out, PACE, "")
-                .and_then(|n| out.finish().map_err(|e| lost_from(e, n, None)).map(|()| n));
+            let written = match (out, formatters) {
+                (AuditOut::Compact(mut log), Some(formatters)) => {
+                    let mut gathered = Gathered {
+                        formatters,
+                        log: &mut log,
+                    };
+                    let written = drain(&sub, &mut gathered, PACE);
+                    gathered.formatters.finish();
+                    written
+                        .and_then(|n| log.finish().map_err(|e| lost_from(e, n, None)).map(|()| n))
+                }
+                (mut out, _) => {
+                    let mut formatted = Formatted::new(&mut out, line);
+                    drain(&sub, &mut formatted, PACE)
+                        .and_then(|n| out.finish().map_err(|e| lost_from(e, n, None)).map(|()| n))
+                }
+            };
             if let Err(e) = &written {
                 tell(e.to_string());
             }
@@ -256,25 +299,130 @@ const PACE: Pace = Pace {
     idle_polls: 25,
 };
 
-/// Writes what `sub` receives as JSON lines. A `SubscriberLagged`
-/// diagnostic (observer events dropped for a slow reader) gets the head
-/// keys every line has: the seq of the last event it stands for, the time
-/// it was written and `run_id`.
+/// Writes what `sub` receives as JSON lines into `out`.
 fn write_lines<W: Write>(
     sub: Subscription<Event>,
     out: &mut W,
     pace: Pace,
     run_id: &str,
 ) -> io::Result<u64> {
+    let line = LineFormat::of(&sub, run_id);
+    drain(&sub, &mut Formatted::new(out, line), pace)
+}
+
+/// How one delivery becomes a line. A `SubscriberLagged` diagnostic
+/// (observer events dropped for a slow reader) gets the head keys every
+/// line has: the seq of the last event it stands for, the time it was
+/// written and the run's id.
+#[derive(Clone)]
+struct LineFormat {
+    subscriber: Arc<str>,
+    run_id: Arc<str>,
+}
+
+impl LineFormat {
+    fn of(sub: &Subscription<Event>, run_id: &str) -> LineFormat {
+        LineFormat {
+            subscriber: Arc::from(sub.name()),
+            run_id: Arc::from(run_id),
+        }
+    }
+
+    /// Appends the delivery's line, without its newline.
+    fn write(&self, delivery: Delivery<Event>, out: &mut Vec<u8>) -> io::Result<()> {
+        match delivery {
+            Delivery::Event(env) => {
+                env.event.write_json(env.seq, out);
+                Ok(())
+            }
+            Delivery::Lagged { dropped, last_seq } => Ok(serde_json::to_writer(
+                out,
+                &serde_json::json!({
+                    "seq": last_seq,
+                    "ts": super::events::rfc3339(std::time::SystemTime::now()),
+                    "event": "SubscriberLagged",
+                    "workflowRunId": &*self.run_id,
+                    "subscriber": &*self.subscriber,
+                    "dropped": dropped,
+                }),
+            )?),
+        }
+    }
+}
+
+/// Where [`drain`] puts what it takes: lines formatted at once into a
+/// writer, or events gathered for the formatter threads.
+trait Lines {
+    /// Takes the delivery at `seq`; true when a batch is due by size.
+    fn take(&mut self, seq: u64, delivery: Delivery<Event>) -> io::Result<bool>;
+
+    /// Writes (or hands on) what was taken; `lines` so far, these
+    /// included, for a failure's text.
+    fn write_out(&mut self, lines: u64) -> io::Result<()>;
+}
+
+/// Lines formatted by the writer thread itself.
+struct Formatted<'a, W> {
+    out: &'a mut W,
+    line: LineFormat,
+    /// Lines formatted but not yet written; formatted in place, so each
+    /// line is copied once, by the `write`.
+    pending: Vec<u8>,
+    /// The seq of the first pending line: what a failed write loses from.
+    from: Option<u64>,
+}
+
+impl<'a, W: Write> Formatted<'a, W> {
+    fn new(out: &'a mut W, line: LineFormat) -> Self {
+        Formatted {
+            out,
+            line,
+            pending: Vec::with_capacity(BATCH + 4096),
+            from: None,
+        }
+    }
+}
+
+impl<W: Write> Lines for Formatted<'_, W> {
+    fn take(&mut self, seq: u64, delivery: Delivery<Event>) -> io::Result<bool> {
+        self.from.get_or_insert(seq);
+        self.line.write(delivery, &mut self.pending)?;
+        self.pending.push(b'\n');
+        Ok(self.pending.len() >= BATCH)
+    }
+
+    fn write_out(&mut self, lines: u64) -> io::Result<()> {
+        write_out(self.out, &mut self.pending, &mut self.from, lines)
+    }
+}
+
+/// Events gathered for the formatter threads, their lines written by the
+/// compressing thread in the order the batches were handed on.
+struct Gathered<'a> {
+    formatters: Formatters,
+    log: &'a mut Compressing,
+}
+
+impl Lines for Gathered<'_> {
+    fn take(&mut self, seq: u64, delivery: Delivery<Event>) -> io::Result<bool> {
+        Ok(self.formatters.push(seq, delivery))
+    }
+
+    fn write_out(&mut self, lines: u64) -> io::Result<()> {
+        self.formatters
+            .hand_on(self.log)
+            .map(drop)
+            .map_err(|e| lost_from(e, lines, None))
+    }
+}
+
+/// Takes what `sub` receives into `lines` until the bus closes; the
+/// number of lines.
+fn drain(sub: &Subscription<Event>, into: &mut impl Lines, pace: Pace) -> io::Result<u64> {
     let rx = sub.receiver();
     let mut lines = 0u64;
-    // Lines formatted but not yet written; formatted in place, so each
-    // line is copied once, by the `write`.
-    let mut pending = Vec::with_capacity(BATCH + 4096);
     // When the oldest pending line must be written by.
     let mut flush_by: Option<Instant> = None;
-    // The seq of the first pending line: what a failed write loses from.
-    let mut pending_from: Option<u64> = None;
     let mut idle = 0u32;
     loop {
         // What is queued is taken without reading the clock; the clock and
@@ -285,7 +433,7 @@ fn write_lines<W: Write>(
             Err(TryRecvError::Empty) if idle < pace.idle_polls => {
                 idle += 1;
                 if flush_by.is_some_and(|deadline| Instant::now() >= deadline) {
-                    write_out(out, &mut pending, &mut pending_from, lines)?;
+                    into.write_out(lines)?;
                     flush_by = None;
                 }
                 std::thread::sleep(pace.poll);
@@ -299,7 +447,7 @@ fn write_lines<W: Write>(
                 match next {
                     Ok(d) => d,
                     Err(RecvTimeoutError::Timeout) => {
-                        write_out(out, &mut pending, &mut pending_from, lines)?;
+                        into.write_out(lines)?;
                         flush_by = None;
                         continue;
                     }
@@ -312,22 +460,7 @@ fn write_lines<W: Write>(
             Delivery::Event(env) => env.seq,
             Delivery::Lagged { last_seq, .. } => *last_seq,
         };
-        pending_from.get_or_insert(seq);
-        match delivery {
-            Delivery::Event(env) => env.event.write_json(env.seq, &mut pending),
-            Delivery::Lagged { dropped, last_seq } => serde_json::to_writer(
-                &mut pending,
-                &serde_json::json!({
-                    "seq": last_seq,
-                    "ts": super::events::rfc3339(std::time::SystemTime::now()),
-                    "event": "SubscriberLagged",
-                    "workflowRunId": run_id,
-                    "subscriber": sub.name(),
-                    "dropped": dropped,
-                }),
-            )?,
-        }
-        pending.push(b'\n');
+        let full = into.take(seq, delivery)?;
         lines += 1;
         let due = match flush_by {
             None => {
@@ -338,12 +471,12 @@ fn write_lines<W: Write>(
             // clock every 64 lines.
             Some(deadline) => lines.is_multiple_of(64) && Instant::now() >= deadline,
         };
-        if due || pending.len() >= BATCH {
-            write_out(out, &mut pending, &mut pending_from, lines)?;
+        if due || full {
+            into.write_out(lines)?;
             flush_by = None;
         }
     }
-    write_out(out, &mut pending, &mut pending_from, lines)?;
+    into.write_out(lines)?;
     Ok(lines)
 }
 
@@ -471,6 +604,38 @@ mod tests {
             .map(|l| l["seq"].as_u64().expect("seq"))
             .collect();
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    }
+
+    #[test]
+    fn a_log_formatted_on_several_threads_has_every_event_once_in_seq_order() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let path = dir.path().join(auditlog::FILE);
+        let bus: EventBus<Event> = EventBus::new();
+        let sink = start_audit_log(&bus, &path, 3).expect("the writer starts");
+        let run: Arc<str> = Arc::from("run");
+        // Two publishers, so batches mix their events.
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for i in 0..5_000u64 {
+                        bus.publish(
+                            Event::new(EventName::StageEntered, Arc::clone(&run)).with("visit", i),
+                        );
+                    }
+                });
+            }
+        });
+        bus.close();
+        assert_eq!(sink.finish().expect("written"), 10_000);
+        let text = auditlog::read_text(&path).expect("a readable log");
+        let seqs: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+                v["seq"].as_u64().expect("seq")
+            })
+            .collect();
+        assert_eq!(seqs, (1..=10_000).collect::<Vec<_>>());
     }
 
     #[test]

@@ -6,6 +6,10 @@
 //! block and flushes the file, as the audit thread did before. A batch
 //! is on disk within the time it takes to compress it; at most
 //! [`IN_FLIGHT`] batches wait, and the audit thread waits when they do.
+//!
+//! A batch is either lines (the audit thread formatted them) or a slot a
+//! formatter fills (`formatting.rs`); slots are waited on in the order
+//! they were handed over, which is `seq` order.
 
 use std::io::{self, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -13,9 +17,17 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
+/// What the compressing thread writes next.
+enum Batch {
+    /// Formatted lines.
+    Lines(Vec<u8>),
+    /// Lines a formatter will send, the first of them at `seq` `from`.
+    Slot { from: u64, lines: Receiver<Vec<u8>> },
+}
+
 use crate::auditlog::Compressed;
 
-/// Batches handed over and not yet written.
+/// Batches handed over and not yet written, beyond one per formatter.
 const IN_FLIGHT: usize = 4;
 
 /// A [`Write`] whose `flush` hands what was written since the last one to
@@ -25,7 +37,7 @@ const IN_FLIGHT: usize = 4;
 /// gone), and comes back from a later `flush` (or `finish`), saying from
 /// which `seq` events are lost.
 pub(super) struct Compressing {
-    to: Option<Sender<Vec<u8>>>,
+    to: Option<Sender<Batch>>,
     /// Buffers the thread is done with, for the next batches.
     spare: Receiver<Vec<u8>>,
     batch: Vec<u8>,
@@ -38,9 +50,10 @@ impl Compressing {
     pub(super) fn start<W: Write + Send + 'static>(
         log: Compressed<W>,
         capacity: usize,
+        formatters: usize,
         on_failure: impl FnOnce(&io::Error) + Send + 'static,
     ) -> io::Result<Compressing> {
-        let (to, batches) = bounded::<Vec<u8>>(IN_FLIGHT);
+        let (to, batches) = bounded::<Batch>(IN_FLIGHT + formatters);
         let (give_back, spare) = bounded::<Vec<u8>>(IN_FLIGHT);
         let thread = std::thread::Builder::new()
             .name("troupe-zstd".into())
@@ -50,7 +63,18 @@ impl Compressing {
                 // A panic in the compressor is a failed write too: the run
                 // hears of it now, with the seq its loss starts at.
                 let panicked = |_| io::Error::other("the audit log's compressor panicked");
-                for mut batch in batches {
+                for batch in batches {
+                    let mut batch = match batch {
+                        Batch::Lines(lines) => lines,
+                        Batch::Slot { from, lines: slot } => match slot.recv() {
+                            Ok(lines) => lines,
+                            Err(_) => {
+                                let e = LostFrom::unformatted(from, lines);
+                                on_failure(&e);
+                                return Err(e);
+                            }
+                        },
+                    };
                     let written = catch_unwind(AssertUnwindSafe(|| {
                         log.write_all(&batch).and_then(|()| log.flush())
                     }))
@@ -114,17 +138,44 @@ impl Write for Compressing {
             .try_recv()
             .unwrap_or_else(|_| Vec::with_capacity(self.capacity));
         let batch = std::mem::replace(&mut self.batch, next);
-        let handed = self.to.as_ref().is_some_and(|to| to.send(batch).is_ok());
+        let handed = self
+            .to
+            .as_ref()
+            .is_some_and(|to| to.send(Batch::Lines(batch)).is_ok());
         if handed {
             return Ok(());
         }
-        // The thread stopped: say why.
+        Err(self.stopped())
+    }
+}
+
+impl Compressing {
+    /// Hands over a slot for the lines of a batch whose first event is
+    /// `from`: the returned sender is the formatter's. Waits while
+    /// [`IN_FLIGHT`] batches are waiting already.
+    pub(super) fn slot(&mut self, from: u64) -> io::Result<Sender<Vec<u8>>> {
+        let (lines, slot) = bounded(1);
+        let handed = self
+            .to
+            .as_ref()
+            .is_some_and(|to| to.send(Batch::Slot { from, lines: slot }).is_ok());
+        if handed {
+            return Ok(lines);
+        }
+        Err(self.stopped())
+    }
+
+    /// Buffers the thread is done with, for formatters to fill again.
+    pub(super) fn spare(&self) -> Receiver<Vec<u8>> {
+        self.spare.clone()
+    }
+
+    /// The thread stopped before the run's end: why.
+    fn stopped(&mut self) -> io::Error {
         self.to = None;
         match self.join() {
-            Err(e) => Err(e),
-            Ok(()) => Err(io::Error::other(
-                "the audit log's compressing thread ended early",
-            )),
+            Err(e) => e,
+            Ok(()) => io::Error::other("the audit log's compressing thread ended early"),
         }
     }
 }
@@ -147,6 +198,16 @@ impl LostFrom {
             std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
         });
         io::Error::new(source.kind(), LostFrom { seq, lines, source })
+    }
+
+    /// A formatter gave no lines for the batch from `seq` (it panicked):
+    /// that batch and every later one are lost.
+    fn unformatted(seq: u64, lines: u64) -> io::Error {
+        io::Error::other(LostFrom {
+            seq: Some(seq),
+            lines,
+            source: io::Error::other("the audit log's formatter panicked"),
+        })
     }
 
     /// Closing the last segment failed: every line was handed over, the
@@ -222,7 +283,8 @@ mod tests {
             room: usize::MAX,
             written: std::sync::Arc::clone(&written),
         };
-        let mut log = Compressing::start(Compressed::create(file).unwrap(), 1024, |_| {}).unwrap();
+        let mut log =
+            Compressing::start(Compressed::create(file).unwrap(), 1024, 0, |_| {}).unwrap();
         let mut expected = Vec::new();
         for batch in 0..50 {
             let text = lines(batch * 10, batch * 10 + 10);
@@ -247,7 +309,7 @@ mod tests {
             written: std::sync::Arc::clone(&written),
         };
         let (told, heard) = std::sync::mpsc::channel();
-        let mut log = Compressing::start(Compressed::create(file).unwrap(), 1024, move |e| {
+        let mut log = Compressing::start(Compressed::create(file).unwrap(), 1024, 0, move |e| {
             let _ = told.send((LostFrom::seq_of(e), LostFrom::of(e).map(|l| l.lines)));
         })
         .unwrap();
@@ -283,7 +345,7 @@ mod tests {
             }
         }
         let (told, heard) = std::sync::mpsc::channel();
-        let mut log = Compressing::start(Compressed::create(Panics).unwrap(), 1024, move |e| {
+        let mut log = Compressing::start(Compressed::create(Panics).unwrap(), 1024, 0, move |e| {
             let _ = told.send((LostFrom::seq_of(e), e.to_string()));
         })
         .unwrap();
