@@ -232,7 +232,7 @@ impl StageActor {
             event = event.with("reason", r.as_str());
         }
         ExitRecorder {
-            event,
+            event: Some(event),
             result: Arc::clone(result),
             exec: self.exec.clone(),
             run_id: Arc::clone(&self.run_id),
@@ -423,7 +423,9 @@ impl Drop for StageActor {
 /// follow it, the report. It runs on the stage actor, or on the ledger's
 /// thread once the result is stored.
 struct ExitRecorder {
-    event: Event,
+    /// `StageExited`, published once (taken, not copied: this runs on
+    /// the store writer's thread, once per sibling).
+    event: Option<Event>,
     result: Arc<StageResult>,
     exec: ExecKey,
     run_id: Arc<str>,
@@ -442,8 +444,12 @@ impl ExitRecorder {
     }
 
     /// Publishes `StageExited` and reports the execution.
-    fn record(self) {
-        let seq = self.bus.publish(self.event.clone()).unwrap_or(0);
+    fn record(mut self) {
+        let seq = self
+            .event
+            .take()
+            .and_then(|event| self.bus.publish(event))
+            .unwrap_or(0);
         if let Some(next) = &self.next {
             self.bus
                 .publish(self.marker(EventName::StagePostFired, "Exit"));

@@ -26,6 +26,9 @@ const MAX_BATCH: usize = 4096;
 enum ToStore {
     Exit {
         record: Box<ExitRecord>,
+        /// The result's `parsed` and `output` columns, serialized by the
+        /// execution's thread rather than the writer's (one per run).
+        columns: Box<ResultColumns>,
         then: Option<AfterCommit>,
     },
     Cancel(Box<CancelRecord>),
@@ -108,12 +111,31 @@ impl Drop for StoreWriter {
     }
 }
 
+/// A result's JSON columns.
+struct ResultColumns {
+    parsed: String,
+    /// `None` when `output` is `parsed` (stored once).
+    output: Option<String>,
+}
+
+impl ResultColumns {
+    fn of(result: &crate::runtime::result::StageResult) -> ResultColumns {
+        ResultColumns {
+            parsed: serde_json::to_string(&*result.parsed).unwrap_or_default(),
+            output: (!Arc::ptr_eq(&result.parsed, &result.output))
+                .then(|| serde_json::to_string(&*result.output).unwrap_or_default()),
+        }
+    }
+}
+
 impl Ledger for StoreLedger {
     fn persist(&self, record: ExitRecord, then: Option<AfterCommit>) {
+        let columns = Box::new(ResultColumns::of(&record.result));
         if let Err(crossbeam_channel::SendError(ToStore::Exit {
             then: Some(then), ..
         })) = self.tx.send(ToStore::Exit {
             record: Box::new(record),
+            columns,
             then,
         }) {
             then(Err(LedgerError(
@@ -248,13 +270,11 @@ fn write_batch(
         let mut cancel = tx.prepare_cached(UPSERT_CANCEL)?;
         for msg in batch {
             match msg {
-                ToStore::Exit { record: r, .. } => {
+                ToStore::Exit {
+                    record: r, columns, ..
+                } => {
                     let result = &r.result;
                     let run = run_key(&tx, keys, &r.run_id)?;
-                    let parsed = serde_json::to_string(&*result.parsed).unwrap_or_default();
-                    // `output` defaults to `parsed`: stored once.
-                    let output = (!std::sync::Arc::ptr_eq(&result.parsed, &result.output))
-                        .then(|| serde_json::to_string(&*result.output).unwrap_or_default());
                     exit.execute(params![
                         run,
                         exec_key(&r.run_id, &r.stage_execution_id),
@@ -270,8 +290,8 @@ fn write_batch(
                         count(result.usage.requests),
                         ms(r.entered_at),
                         unix_ms(r.exited_at),
-                        parsed,
-                        output,
+                        columns.parsed,
+                        columns.output,
                     ])?;
                 }
                 ToStore::Close => {}
