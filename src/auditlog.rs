@@ -17,6 +17,12 @@
 //!   (a 64 KiB batch compressed on its own would pay for them again).
 //! - A closed segment ends with zstd's checksum of its content, which every
 //!   reader verifies.
+//! - A run with formatter threads (four `--threads` or more) writes each
+//!   batch of up to 512 lines as a closed segment of its own, compressed
+//!   by the thread that formatted it ([`Frames`], [`SegmentCompressor`]):
+//!   compression spreads over cores, for about 10% more bytes on a
+//!   `fanout` log than one stream. Readers see no difference: a log is
+//!   segments, however large.
 //!
 //! A process killed outright leaves its last segment open, possibly with a
 //! half-written block: readers take every whole line of the complete blocks
@@ -36,7 +42,7 @@ pub use read::{
     AuditError, AuditFault, DecodedReader, Follower, LogDecoder, LogEnd, cut_to_whole, scan_end,
 };
 pub use seek::segment_starts;
-pub use write::{Compressed, FORMAT, LEVEL, SEGMENT, header};
+pub use write::{Compressed, FORMAT, Frames, LEVEL, SEGMENT, SegmentCompressor, header};
 
 /// The compact log's name inside a run folder.
 pub const FILE: &str = "audit.jsonl.zst";

@@ -92,12 +92,19 @@ fn uninterrupted_join() -> &'static Value {
 /// streaming its events, and reads them until [`EXITS_BEFORE_STOP`]
 /// workers exited.
 fn start_and_wait_for_exits(project: &Project) -> Running {
+    start_and_wait_for_exits_with(project, &[])
+}
+
+/// [`start_and_wait_for_exits`] with `extra` arguments.
+fn start_and_wait_for_exits_with(project: &Project, extra: &[&str]) -> Running {
     // The last worker never ends in this session, so the run is stopped
     // with work left however far the child got ahead of the reading (its
     // event queue lets it run hundreds of siblings ahead).
     let fanout = path(bundled("fanout"));
     let script = path(fixture("resume/script-last-hangs.yaml"));
-    let args = run_args(&fanout, &script, &["--parallel-cap", "32", "--events", "-"]);
+    let mut flags = vec!["--parallel-cap", "32", "--events", "-"];
+    flags.extend_from_slice(extra);
+    let args = run_args(&fanout, &script, &flags);
     let mut run = project.spawn(&args);
     let mut exited = 0;
     run.until(|e| {
@@ -217,6 +224,50 @@ fn assert_each_sibling_exited(log: &[Value], verdicts: impl Fn(u64) -> Vec<&'sta
     for (i, v) in &exits {
         assert_eq!(v, &verdicts(*i), "the exits of worker#{i}");
     }
+}
+
+#[test]
+fn a_log_of_formatter_threads_segments_survives_kill_9_and_resume() {
+    // From four threads on the audit log's lines are formatted and
+    // compressed by formatter threads, each batch a closed segment of its
+    // own: a kill leaves at most a cut last segment.
+    let project = Project::new();
+    let run = start_and_wait_for_exits_with(&project, &["--threads", "4"]);
+    run.signal(Signal::SIGKILL);
+    let killed = run.finish();
+    let run_id = killed.run_id();
+    let before_kill = exited_ok(&killed.events);
+    assert!((before_kill.len() as u64) < WIDTH, "the kill came too late");
+
+    // What the dead process flushed, read to its last whole segment, is
+    // a prefix of what it streamed, in many segments.
+    let flushed: Vec<Value> = project
+        .audit_text(&run_id)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last_flushed = flushed.last().unwrap()["seq"].as_u64().unwrap();
+    assert_logged(&flushed, &killed.events, ..=last_flushed);
+    let audit = project.audit_path(&run_id);
+    let segments = troupe::auditlog::segment_starts(&audit).unwrap();
+    assert!(segments.len() > 2, "{} segments", segments.len());
+
+    let script = script();
+    let resumed = project
+        .spawn(&[
+            "resume",
+            &run_id,
+            "--script",
+            &script,
+            "--headless",
+            "--events",
+            "-",
+            "--threads",
+            "4",
+        ])
+        .finish();
+    let log = assert_resumed_to_the_end(&project, &run_id, &resumed, &before_kill);
+    assert_each_sibling_exited(&log, |_| vec!["ok"]);
 }
 
 #[test]

@@ -133,3 +133,92 @@ impl<W: Write> Write for Compressed<W> {
         self.encoder()?.get_mut().flush()
     }
 }
+
+/// A log written as whole segments compressed elsewhere (by the audit
+/// log's formatter threads, each compressing its own batch with a
+/// [`SegmentCompressor`]): the header, then each segment's frame as it
+/// comes, flushed. Every segment is closed when written, so a process
+/// killed outright leaves at most a cut last frame, which readers and
+/// `resume` treat as they treat an open segment.
+///
+/// A segment compressed on its own does not share the window of the one
+/// before it: on a `fanout` log, batches of 140 KB compress to 1.1× the
+/// size of one stream (BENCHMARKS.md, "Every core, third round"), the
+/// price of compressing on several threads.
+pub struct Frames<W: Write> {
+    out: W,
+    header: Option<Vec<u8>>,
+}
+
+impl<W: Write> std::fmt::Debug for Frames<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frames")
+            .field("header_written", &self.header.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<W: Write> Frames<W> {
+    /// A new log in `out` (empty): the header goes first.
+    pub fn create(out: W) -> Frames<W> {
+        Frames {
+            out,
+            header: Some(header()),
+        }
+    }
+
+    /// Appends segments to `out`, a log that has its header and ends after
+    /// a closed segment.
+    pub fn append(out: W) -> Frames<W> {
+        Frames { out, header: None }
+    }
+
+    /// Writes one segment's whole frame and flushes.
+    pub fn write_frame(&mut self, frame: &[u8]) -> io::Result<()> {
+        self.write_header()?;
+        self.out.write_all(frame)?;
+        self.out.flush()
+    }
+
+    /// Ends the log (a log with no segment still gets its header); returns
+    /// `W`, flushed.
+    pub fn finish(mut self) -> io::Result<W> {
+        self.write_header()?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+
+    fn write_header(&mut self) -> io::Result<()> {
+        if let Some(header) = self.header.take() {
+            self.out.write_all(&header)?;
+        }
+        Ok(())
+    }
+}
+
+/// Compresses a batch of lines into one closed segment: zstd at
+/// [`LEVEL`], with the content checksum, as [`Compressed`] writes them.
+pub struct SegmentCompressor {
+    inner: zstd::bulk::Compressor<'static>,
+}
+
+impl std::fmt::Debug for SegmentCompressor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentCompressor").finish_non_exhaustive()
+    }
+}
+
+impl SegmentCompressor {
+    pub fn new() -> io::Result<SegmentCompressor> {
+        let mut inner = zstd::bulk::Compressor::new(LEVEL)?;
+        inner.include_checksum(true)?;
+        Ok(SegmentCompressor { inner })
+    }
+
+    /// `lines` as one segment's frame, in `frame` (replacing what it held).
+    pub fn compress(&mut self, lines: &[u8], frame: &mut Vec<u8>) -> io::Result<()> {
+        frame.clear();
+        frame.reserve(zstd::zstd_safe::compress_bound(lines.len()));
+        self.inner.compress_to_buffer(lines, frame).map(drop)
+    }
+}

@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 use troupe_actors::{Delivery, EventBus, Subscription};
 
 use super::events::Event;
-use crate::auditlog::{self, Compressed};
+use crate::auditlog::{self, Compressed, Frames};
 
 mod compressing;
 mod formatting;
@@ -112,20 +112,31 @@ fn open_audit_log(
             let _ = sender.send(format!("{AUDIT_LOST}: the audit log {shown}: {why}"));
         }
     };
+    let on_failure = {
+        let tell = tell.clone();
+        move |e: &io::Error| tell(loss_text(e, 0, None))
+    };
     let out = if auditlog::is_plain(path) {
         AuditOut::Plain(file)
+    } else if formatters > 0 {
+        // The formatters compress; the thread writes their segments.
+        let log = if append {
+            Frames::append(file)
+        } else {
+            Frames::create(file)
+        };
+        AuditOut::Compact(Compressing::start(log, 0, formatters, on_failure)?)
     } else {
         let log = if append {
             Compressed::append(file)?
         } else {
             Compressed::create(file)?
         };
-        let tell = tell.clone();
         AuditOut::Compact(Compressing::start(
             log,
             BATCH + 4096,
             formatters,
-            move |e| tell(loss_text(e, 0, None)),
+            on_failure,
         )?)
     };
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);

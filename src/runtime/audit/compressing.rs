@@ -7,9 +7,10 @@
 //! is on disk within the time it takes to compress it; at most
 //! [`IN_FLIGHT`] batches wait, and the audit thread waits when they do.
 //!
-//! A batch is either lines (the audit thread formatted them) or a slot a
-//! formatter fills (`formatting.rs`); slots are waited on in the order
-//! they were handed over, which is `seq` order.
+//! With formatter threads (`formatting.rs`) the thread compresses
+//! nothing: each formatter sends its batch as a whole compressed segment
+//! through a slot, and this thread writes the segments in the order the
+//! slots were handed over, which is `seq` order.
 
 use std::io::{self, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -17,15 +18,55 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
+use crate::auditlog::{Compressed, Frames};
+
 /// What the compressing thread writes next.
 enum Batch {
-    /// Formatted lines.
+    /// Lines the audit thread formatted.
     Lines(Vec<u8>),
-    /// Lines a formatter will send, the first of them at `seq` `from`.
-    Slot { from: u64, lines: Receiver<Vec<u8>> },
+    /// A segment a formatter will send, its first line at `seq` `from`.
+    Slot {
+        from: u64,
+        segment: Receiver<Segment>,
+    },
 }
 
-use crate::auditlog::Compressed;
+/// A batch of lines as one compressed segment (a zstd frame).
+pub(super) struct Segment {
+    pub frame: Vec<u8>,
+    pub lines: u64,
+}
+
+/// Where the thread writes: [`Compressed`] takes lines and compresses
+/// them into its open segment; [`Frames`] takes whole segments.
+pub(super) trait Segments: Send + 'static {
+    /// Writes one batch and flushes it to disk.
+    fn put(&mut self, batch: &[u8]) -> io::Result<()>;
+
+    /// Ends the log.
+    fn close(self) -> io::Result<()>;
+}
+
+impl<W: Write + Send + 'static> Segments for Compressed<W> {
+    fn put(&mut self, batch: &[u8]) -> io::Result<()> {
+        self.write_all(batch)?;
+        self.flush()
+    }
+
+    fn close(self) -> io::Result<()> {
+        self.finish().map(drop)
+    }
+}
+
+impl<W: Write + Send + 'static> Segments for Frames<W> {
+    fn put(&mut self, frame: &[u8]) -> io::Result<()> {
+        self.write_frame(frame)
+    }
+
+    fn close(self) -> io::Result<()> {
+        self.finish().map(drop)
+    }
+}
 
 /// Batches handed over and not yet written, beyond one per formatter.
 const IN_FLIGHT: usize = 4;
@@ -47,8 +88,8 @@ pub(super) struct Compressing {
 
 impl Compressing {
     /// Starts the thread that writes into `log`.
-    pub(super) fn start<W: Write + Send + 'static>(
-        log: Compressed<W>,
+    pub(super) fn start(
+        log: impl Segments,
         capacity: usize,
         formatters: usize,
         on_failure: impl FnOnce(&io::Error) + Send + 'static,
@@ -64,10 +105,15 @@ impl Compressing {
                 // hears of it now, with the seq its loss starts at.
                 let panicked = |_| io::Error::other("the audit log's compressor panicked");
                 for batch in batches {
-                    let mut batch = match batch {
-                        Batch::Lines(lines) => lines,
-                        Batch::Slot { from, lines: slot } => match slot.recv() {
-                            Ok(lines) => lines,
+                    // The batch, its first line's seq and its line count.
+                    let (mut batch, from, count) = match batch {
+                        Batch::Lines(text) => {
+                            let count = text.iter().filter(|b| **b == b'\n').count() as u64;
+                            let from = LostFrom::first_seq(&text);
+                            (text, from, count)
+                        }
+                        Batch::Slot { from, segment } => match segment.recv() {
+                            Ok(segment) => (segment.frame, Some(from), segment.lines),
                             Err(_) => {
                                 let e = LostFrom::unformatted(from, lines);
                                 on_failure(&e);
@@ -75,22 +121,19 @@ impl Compressing {
                             }
                         },
                     };
-                    let written = catch_unwind(AssertUnwindSafe(|| {
-                        log.write_all(&batch).and_then(|()| log.flush())
-                    }))
-                    .unwrap_or_else(|p| Err(panicked(p)));
+                    let written = catch_unwind(AssertUnwindSafe(|| log.put(&batch)))
+                        .unwrap_or_else(|p| Err(panicked(p)));
                     if let Err(e) = written {
-                        let e = LostFrom::wrap(e, &batch, lines);
+                        let e = LostFrom::wrap(e, from, lines);
                         on_failure(&e);
                         return Err(e);
                     }
-                    lines += batch.iter().filter(|b| **b == b'\n').count() as u64;
+                    lines += count;
                     batch.clear();
                     let _ = give_back.try_send(batch);
                 }
-                catch_unwind(AssertUnwindSafe(|| log.finish()))
+                catch_unwind(AssertUnwindSafe(|| log.close()))
                     .unwrap_or_else(|p| Err(panicked(p)))
-                    .map(drop)
                     .map_err(|e| LostFrom::closing(e, lines))
                     .inspect_err(|e| on_failure(e))
             })?;
@@ -153,14 +196,14 @@ impl Compressing {
     /// Hands over a slot for the lines of a batch whose first event is
     /// `from`: the returned sender is the formatter's. Waits while
     /// [`IN_FLIGHT`] batches are waiting already.
-    pub(super) fn slot(&mut self, from: u64) -> io::Result<Sender<Vec<u8>>> {
-        let (lines, slot) = bounded(1);
+    pub(super) fn slot(&mut self, from: u64) -> io::Result<Sender<Segment>> {
+        let (filled, segment) = bounded(1);
         let handed = self
             .to
             .as_ref()
-            .is_some_and(|to| to.send(Batch::Slot { from, lines: slot }).is_ok());
+            .is_some_and(|to| to.send(Batch::Slot { from, segment }).is_ok());
         if handed {
-            return Ok(lines);
+            return Ok(filled);
         }
         Err(self.stopped())
     }
@@ -192,12 +235,16 @@ pub(super) struct LostFrom {
 }
 
 impl LostFrom {
-    fn wrap(source: io::Error, batch: &[u8], lines: u64) -> io::Error {
-        let seq = batch.strip_prefix(b"{\"seq\":").and_then(|rest| {
+    fn wrap(source: io::Error, seq: Option<u64>, lines: u64) -> io::Error {
+        io::Error::new(source.kind(), LostFrom { seq, lines, source })
+    }
+
+    /// The `seq` of the first line of `text`.
+    fn first_seq(text: &[u8]) -> Option<u64> {
+        text.strip_prefix(b"{\"seq\":").and_then(|rest| {
             let end = rest.iter().position(|b| !b.is_ascii_digit())?;
             std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
-        });
-        io::Error::new(source.kind(), LostFrom { seq, lines, source })
+        })
     }
 
     /// A formatter gave no lines for the batch from `seq` (it panicked):

@@ -1,16 +1,20 @@
-//! Audit lines formatted on several threads, written in `seq` order.
+//! Audit lines formatted and compressed on several threads, written in
+//! `seq` order.
 //!
 //! Formatting a line is most of the audit writer's work (about 6 µs of
-//! its 7 per `fanout` sibling), and the writer is one per run: on a big
-//! machine it sets the pace of a wide run however many arbiters there
-//! are (BENCHMARKS.md, "Every core"). With formatters the writer thread
-//! only takes events off its queue and hands them on in batches:
+//! its 7 per `fanout` sibling), compressing it most of the zstd thread's
+//! (about 5 µs), and both threads are one per run: on a big machine they
+//! set the pace of a wide run however many arbiters there are
+//! (BENCHMARKS.md, "Every core"). With formatters the writer thread only
+//! takes events off its queue and hands them on in batches:
 //!
-//! - each batch goes to whichever formatter is free, and a slot for its
-//!   lines goes to the compressing thread, in the order the batches were
-//!   made;
-//! - the compressing thread waits on each slot in turn, so the log is
-//!   written in `seq` order whatever order the formatters finish in.
+//! - each batch goes to whichever formatter is free, which formats it and
+//!   compresses it as a segment of its own (a closed zstd frame,
+//!   [`SegmentCompressor`]);
+//! - a slot for that segment goes to the compressing thread, in the order
+//!   the batches were made; that thread waits on each slot in turn and
+//!   writes the segment, so the log is in `seq` order whatever order the
+//!   formatters finish in.
 //!
 //! A formatter that panics drops its slot unfilled; the compressing
 //! thread reports that as a failed write from the batch's first `seq`,
@@ -25,12 +29,17 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 
 use troupe_actors::Delivery;
 
-use super::compressing::Compressing;
+use super::compressing::{Compressing, Segment};
+use crate::auditlog::SegmentCompressor;
 use crate::runtime::events::Event;
 
-/// Events taken into one batch at most: about 70 KB of lines, near the
-/// byte size the single-threaded writer flushes at.
-pub(super) const BATCH_EVENTS: usize = 256;
+/// Events taken into one batch at most: about 140 KB of lines. Each batch
+/// is a segment compressed on its own, and a larger one finds more of
+/// the repeats the lines are made of (on a `fanout` log: 1.11× one
+/// stream's size at this size, 1.20× at half of it, 1.05× at twice); a
+/// batch is smaller when the run is slower than this many events per
+/// 5 ms.
+pub(super) const BATCH_EVENTS: usize = 512;
 
 /// The formatters a run with `threads` arbiters gets. Below four
 /// threads, none: the writer formats itself, as a thread more would
@@ -52,7 +61,7 @@ pub(super) type Format = Arc<dyn Fn(Delivery<Event>, &mut Vec<u8>) -> io::Result
 /// One batch of events and where its lines go.
 struct Job {
     events: Vec<Delivery<Event>>,
-    lines: Sender<Vec<u8>>,
+    segment: Sender<Segment>,
 }
 
 /// The formatter threads and the writer's side of them.
@@ -66,8 +75,9 @@ pub(super) struct Formatters {
 
 impl Formatters {
     /// Starts `count` formatter threads. `format` writes one delivery's
-    /// line (without its newline); buffers come from `spare` when it has
-    /// one, so the compressing thread's finished buffers are used again.
+    /// line (without its newline); buffers for the compressed segments
+    /// come from `spare` when it has one, so the compressing thread's
+    /// written buffers are used again.
     pub(super) fn start(
         count: usize,
         spare: Receiver<Vec<u8>>,
@@ -82,22 +92,29 @@ impl Formatters {
             let thread = std::thread::Builder::new()
                 .name(format!("troupe-format-{i}"))
                 .spawn(move || {
+                    // Without a compressor the slots stay empty, and the
+                    // first one reports the loss.
+                    let Ok(mut compressor) = SegmentCompressor::new() else {
+                        return;
+                    };
+                    let mut text = Vec::with_capacity(256 * 1024);
                     for job in jobs {
-                        let mut out = spare
-                            .try_recv()
-                            .unwrap_or_else(|_| Vec::with_capacity(96 * 1024));
-                        let Job { events, lines } = job;
-                        let formatted = catch_unwind(AssertUnwindSafe(|| {
+                        let Job { events, segment } = job;
+                        let made = catch_unwind(AssertUnwindSafe(|| {
+                            text.clear();
+                            let lines = events.len() as u64;
                             for delivery in events {
-                                format(delivery, &mut out)?;
-                                out.push(b'\n');
+                                format(delivery, &mut text)?;
+                                text.push(b'\n');
                             }
-                            io::Result::Ok(())
+                            let mut frame = spare.try_recv().unwrap_or_default();
+                            compressor.compress(&text, &mut frame)?;
+                            io::Result::Ok(Segment { frame, lines })
                         }));
                         // A panic or an error leaves the slot empty: the
                         // compressing thread reports the loss.
-                        if let Ok(Ok(())) = formatted {
-                            let _ = lines.send(out);
+                        if let Ok(Ok(made)) = made {
+                            let _ = segment.send(made);
                         }
                     }
                 })?;
@@ -128,12 +145,12 @@ impl Formatters {
             return Ok(None);
         };
         let events = std::mem::replace(&mut self.held, Vec::with_capacity(BATCH_EVENTS));
-        let lines = log.slot(from)?;
+        let segment = log.slot(from)?;
         if let Some(work) = &self.work {
             // The formatters end only when `work` is dropped, so this
             // send finds them; were it refused, the dropped slot would be
             // reported by the compressing thread as a loss from `from`.
-            let _ = work.send(Job { events, lines });
+            let _ = work.send(Job { events, segment });
         }
         Ok(Some(from))
     }
@@ -159,7 +176,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::auditlog::{Compressed, LogDecoder};
+    use crate::auditlog::{Frames, LogDecoder};
     use crate::runtime::events::EventName;
     use troupe_actors::Envelope;
 
@@ -210,12 +227,7 @@ mod tests {
     /// Pushes `n` events through `count` formatters into a compressed
     /// log; the error `finish` gives, if any.
     fn run(count: usize, n: u64, format: Format, file: &Shared) -> io::Result<()> {
-        let mut log = Compressing::start(
-            Compressed::create(file.clone()).unwrap(),
-            1024,
-            count,
-            |_| {},
-        )?;
+        let mut log = Compressing::start(Frames::create(file.clone()), 1024, count, |_| {})?;
         let mut formatters = Formatters::start(count, log.spare(), format)?;
         for seq in 1..=n {
             if formatters.push(seq, delivery(seq)) {
@@ -258,13 +270,14 @@ mod tests {
     fn a_formatter_that_panics_loses_its_batch_and_says_from_which_seq() {
         let inner = plain();
         let format: Format = Arc::new(move |d, out: &mut Vec<u8>| {
-            if matches!(&d, Delivery::Event(env) if env.seq == 300) {
+            // An event of the second batch.
+            if matches!(&d, Delivery::Event(env) if env.seq == BATCH_EVENTS as u64 + 44) {
                 panic!("a formatting bug");
             }
             inner(d, out)
         });
         let file = Shared::default();
-        let error = run(2, 2000, format, &file).unwrap_err();
+        let error = run(2, 4 * BATCH_EVENTS as u64, format, &file).unwrap_err();
         let lost = super::super::LostFrom::of(&error).expect("a loss");
         let second = BATCH_EVENTS as u64 + 1;
         assert_eq!(lost.seq, Some(second), "{error}");
