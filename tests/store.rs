@@ -328,6 +328,29 @@ fn a_burst_of_exits_is_committed_in_one_or_two_transactions() {
 }
 
 #[test]
+fn an_answer_that_panics_leaves_no_other_execution_unanswered() {
+    let (_dir, path) = store_path();
+    let store = Store::open(&path).unwrap();
+    store.begin_run(&run_row("r", 1)).unwrap();
+    let writer = StoreWriter::start(&path).unwrap();
+    let ledger = writer.ledger();
+    // Both in one batch: the lock is held while they are handed over.
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    ledger.persist(
+        exit("r", 0, Verdict::Ok, json!({})),
+        Some(Box::new(|_| panic!("an answer with a bug"))),
+    );
+    let second = persist(&ledger, exit("r", 1, Verdict::Ok, json!({})));
+    holder.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(second.recv().unwrap(), Ok(()));
+    // Later batches are answered too.
+    let third = persist(&ledger, exit("r", 2, Verdict::Ok, json!({})));
+    assert_eq!(third.recv().unwrap(), Ok(()));
+    assert_eq!(writer.finish(), Ok(3));
+}
+
+#[test]
 fn an_exit_never_replaces_a_stored_ok_result_but_replaces_a_failed_or_cancelled_one() {
     let (_dir, path) = store_path();
     let store = Store::open(&path).unwrap();

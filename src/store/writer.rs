@@ -1,10 +1,15 @@
 //! The store's writer: one thread, the only writer of executions' ends for
 //! a run, and the run's [`Ledger`]. Records arrive on a channel; the
 //! writer takes everything queued, writes it in one transaction and then
-//! answers every waiting execution, so a 100 000-wide fan-out commits in
-//! batches (group commit), not once per sibling. A batch that cannot be
+//! has every waiting execution answered, so a 100 000-wide fan-out commits
+//! in batches (group commit), not once per sibling. A batch that cannot be
 //! written (a full disk) is rolled back and every execution in it is told
 //! so: none of them is recorded as exited.
+//!
+//! The answers (each execution's `StageExited` and its report to the
+//! scheduler) run on a second thread, a batch at a time, while the writer
+//! goes on to the next transaction: both threads are one per run, and
+//! together they were the busiest of a wide run's such threads.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -151,7 +156,48 @@ impl Ledger for StoreLedger {
 
 /// The writer loop: a blocking wait for the first record, then whatever
 /// else is queued, one transaction, the answers.
-fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u64, StoreError> {
+fn write(conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u64, StoreError> {
+    let (answer, answers) = crossbeam_channel::unbounded::<Answers>();
+    let answering = std::thread::Builder::new()
+        .name("troupe-answers".into())
+        .spawn(move || {
+            for (thens, outcome) in answers {
+                for then in thens {
+                    // One answer that panics must not leave the others
+                    // (and their executions) unanswered.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        then(outcome.clone())
+                    }));
+                }
+            }
+        });
+    let Ok(answering) = answering else {
+        // No second thread: the writer answers itself.
+        return write_batches(conn, rx, path, |thens, outcome| {
+            for then in thens {
+                then(outcome.clone());
+            }
+        });
+    };
+    let written = write_batches(conn, rx, path, |thens, outcome| {
+        // The answering thread ends only once this sender is dropped.
+        let _ = answer.send((thens, outcome));
+    });
+    drop(answer);
+    // Every execution is answered before the writer is finished.
+    let _ = answering.join();
+    written
+}
+
+/// The executions waiting on one batch and its outcome.
+type Answers = (Vec<AfterCommit>, Result<(), LedgerError>);
+
+fn write_batches(
+    mut conn: Connection,
+    rx: &Receiver<ToStore>,
+    path: &Path,
+    answer: impl Fn(Vec<AfterCommit>, Result<(), LedgerError>),
+) -> Result<u64, StoreError> {
     let mut written = 0u64;
     let mut last_error = None;
     let mut batch = Vec::with_capacity(256);
@@ -174,7 +220,7 @@ fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u6
         }
         let outcome =
             write_batch(&mut conn, &mut keys, &batch).map_err(|e| StoreError::sqlite(path, &e));
-        let answer = match &outcome {
+        let outcome_of_batch = match &outcome {
             Ok(()) => {
                 written += batch.len() as u64;
                 Ok(())
@@ -184,13 +230,15 @@ fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u6
                 Err(LedgerError(format!("{}: {e}", e.code())))
             }
         };
-        for msg in batch.drain(..) {
-            if let ToStore::Exit {
-                then: Some(then), ..
-            } = msg
-            {
-                then(answer.clone());
-            }
+        let thens: Vec<AfterCommit> = batch
+            .drain(..)
+            .filter_map(|msg| match msg {
+                ToStore::Exit { then, .. } => then,
+                _ => None,
+            })
+            .collect();
+        if !thens.is_empty() {
+            answer(thens, outcome_of_batch);
         }
         if let Err(e) = outcome {
             last_error = Some(e);
