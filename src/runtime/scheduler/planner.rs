@@ -471,17 +471,29 @@ impl Planner {
     }
 
     fn record(&mut self, result: &Arc<StageResult>) {
-        let s = self.stats.entry(result.stage_id.clone()).or_default();
-        match result.verdict {
-            Verdict::Ok => s.ok += 1,
-            Verdict::Fail => s.failed += 1,
-            Verdict::Skipped => s.skipped += 1,
+        let count = |s: &mut StageStats| {
+            match result.verdict {
+                Verdict::Ok => s.ok += 1,
+                Verdict::Fail => s.failed += 1,
+                Verdict::Skipped => s.skipped += 1,
+            }
+            s.retries += u64::from(result.attempt_count.saturating_sub(1));
+            s.cap_hits += u64::from(result.cap_hit);
+        };
+        // Once per sibling: the stage's id is copied only the first time
+        // it is seen, not for every lookup.
+        match self.stats.get_mut(&result.stage_id) {
+            Some(s) => count(s),
+            None => count(self.stats.entry(result.stage_id.clone()).or_default()),
         }
-        s.retries += u64::from(result.attempt_count.saturating_sub(1));
-        s.cap_hits += u64::from(result.cap_hit);
         self.usage.add(result.usage);
-        self.results
-            .insert(result.stage_id.clone(), Arc::clone(result));
+        match self.results.get_mut(&result.stage_id) {
+            Some(latest) => *latest = Arc::clone(result),
+            None => {
+                self.results
+                    .insert(result.stage_id.clone(), Arc::clone(result));
+            }
+        }
         self.all_results.push(Arc::clone(result));
     }
 
