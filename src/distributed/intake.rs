@@ -177,7 +177,7 @@ pub async fn accept_all(
             accepted.push(offer);
         } else {
             // The coordinator cannot hear about it: leave it to another try.
-            let _ = nats.client.publish(offer.reply, "-NAK".into()).await;
+            hand_back(nats, offer.reply, offer.delivered).await;
             intakes.push(Intake::HandedBack);
         }
     }
@@ -219,7 +219,7 @@ pub async fn accept_all(
             }
             Some(Found::Cancelled) => skipped.push(offer),
             Some(Found::Unknown) | None => {
-                let _ = nats.client.publish(offer.reply, "-NAK".into()).await;
+                hand_back(nats, offer.reply, offer.delivered).await;
                 intakes.push(Intake::HandedBack);
             }
         }
@@ -252,6 +252,29 @@ pub async fn accept_all(
         });
     intakes.extend(futures::future::join_all(settled).await);
     intakes
+}
+
+/// The first wait before a task handed back is delivered again.
+const HAND_BACK_DELAY: Duration = Duration::from_secs(1);
+
+/// How long a task handed back after its `delivered`-th delivery waits
+/// before the next: 1, 2, 4, then 8 s. A task is handed back when NATS
+/// could not take a report or read a mark, which is what a cluster
+/// electing a stream's leader looks like for a few seconds; at once, the
+/// task's five deliveries would be used up within the election and the
+/// task abandoned (the three-node test saw it). With these waits the
+/// five span 15 s.
+pub fn hand_back_delay(delivered: u64) -> Duration {
+    let doublings = delivered.saturating_sub(1).min(3) as u32;
+    HAND_BACK_DELAY * 2u32.pow(doublings)
+}
+
+/// Hands a delivered task back to the queue for a later delivery (a NAK
+/// with [`hand_back_delay`]).
+pub async fn hand_back(nats: &Nats, reply: Subject, delivered: u64) {
+    let delay = hand_back_delay(delivered);
+    let payload = format!("-NAK {{\"delay\":{}}}", delay.as_nanos());
+    let _ = nats.client.publish(reply, payload.into()).await;
 }
 
 /// What a group's reads found.
@@ -321,4 +344,16 @@ pub enum Intake {
 pub enum Counted {
     Refused,
     NotStarted,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_handed_back_waits_longer_each_time_fifteen_seconds_over_five_deliveries() {
+        let waits: Vec<u64> = (1..=6).map(|d| hand_back_delay(d).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 8, 8]);
+        assert_eq!(waits[..4].iter().sum::<u64>(), 15);
+    }
 }

@@ -544,8 +544,9 @@ impl WorkerHost {
             if reported {
                 let _ = nats.client.publish(reply, "+ACK".into()).await;
             } else {
-                // Not reported: let another worker run it.
-                let _ = nats.client.publish(reply, "-NAK".into()).await;
+                // Not reported: let another worker run it, once NATS
+                // is likely to take its report.
+                super::intake::hand_back(&nats, reply, delivered).await;
             }
             log_task(task_log, &name, &t.run_id, &report, reported);
             if let Ok(mut s) = summary.lock() {

@@ -48,6 +48,28 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `n` distinct ports below the kernel's ephemeral range (32768 and up
+/// on Linux) that nothing listens on now: a cluster's ports. Its servers
+/// dial each other's route ports before all of them listen, and each
+/// dial takes an ephemeral source port; a port picked from that range
+/// could be taken meanwhile, and the server meant to listen on it would
+/// fail ("address already in use").
+pub fn quiet_ports(n: usize) -> Vec<u16> {
+    use std::hash::{BuildHasher, Hasher};
+    let mut ports = Vec::with_capacity(n);
+    let mut tries = 0u64;
+    while ports.len() < n {
+        tries += 1;
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(tries);
+        let port = 20_000 + (h.finish() % 12_000) as u16;
+        if !ports.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+        }
+    }
+    ports
+}
+
 /// The lines a child writes on one of its pipes, as they come.
 pub struct Lines {
     pub rx: mpsc::Receiver<String>,
@@ -173,8 +195,12 @@ impl Server {
     }
 
     pub fn spawn(bin: &Path, extra: &[String], ready: &str) -> Server {
+        Server::spawn_on(bin, free_port(), extra, ready)
+    }
+
+    /// As `spawn`, serving clients on `port`.
+    pub fn spawn_on(bin: &Path, port: u16, extra: &[String], ready: &str) -> Server {
         let store = tempfile::tempdir().unwrap();
-        let port = free_port();
         let mut child = Command::new(bin)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(store.path())
@@ -198,7 +224,8 @@ impl Server {
     /// A cluster of three; returns once it has elected its JetStream
     /// metadata leader.
     pub fn cluster(bin: &Path) -> Vec<Server> {
-        let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let ports = quiet_ports(6);
+        let (routes, clients) = ports.split_at(3);
         let all = routes
             .iter()
             .map(|p| format!("nats://127.0.0.1:{p}"))
@@ -218,7 +245,7 @@ impl Server {
                     "--routes".to_owned(),
                     all.clone(),
                 ];
-                Server::spawn(bin, &extra, "Server is ready")
+                Server::spawn_on(bin, clients[i], &extra, "Server is ready")
             })
             .collect();
         // Every server hears who leads (itself or another).
