@@ -27,6 +27,43 @@ pub struct NatsError {
     pub message: String,
 }
 
+impl NatsError {
+    /// Whether trying again soon may succeed: the servers did not answer
+    /// in time, or said they cannot for now. A cluster that is forming or
+    /// electing a stream's leader answers so for a few seconds.
+    pub fn is_transient(&self) -> bool {
+        let text = self.message.to_ascii_lowercase();
+        self.code == "JetStream"
+            && ["timed out", "temporarily unavailable", "no responders"]
+                .iter()
+                .any(|t| text.contains(t))
+    }
+}
+
+/// How long setting up the streams and buckets keeps trying through
+/// transient errors before it gives up.
+const SETUP_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Runs `attempt` until it succeeds, fails for good, or [`SETUP_PATIENCE`]
+/// is spent, waiting 0.25 s, then twice as long each time (at most 4 s)
+/// between tries of a transient failure.
+async fn patiently<T, Fut>(mut attempt: impl FnMut() -> Fut) -> Result<T, NatsError>
+where
+    Fut: std::future::Future<Output = Result<T, NatsError>>,
+{
+    let deadline = tokio::time::Instant::now() + SETUP_PATIENCE;
+    let mut wait = Duration::from_millis(250);
+    loop {
+        match attempt().await {
+            Err(e) if e.is_transient() && tokio::time::Instant::now() + wait < deadline => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(4));
+            }
+            done => return done,
+        }
+    }
+}
+
 impl HasCode for NatsError {
     fn code(&self) -> Code {
         Code {
@@ -199,6 +236,36 @@ impl Nats {
             .await
             .map_err(|e| js_error("the task stream", e))?;
         self.at_least_our_replicas(stream, "the task stream").await
+    }
+
+    /// Everything a run's coordinator uses, created when absent: the
+    /// task and report streams and the two buckets. Transient failures (a
+    /// cluster still forming) are tried again for a while.
+    pub async fn run_topology(&self) -> Result<(), NatsError> {
+        patiently(|| async {
+            self.tasks().await?;
+            self.reports().await?;
+            self.cancelled().await?;
+            self.groups().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// What a worker uses: the workers' consumer, the cancelled and the
+    /// groups buckets (the report stream is made sure of too), tried
+    /// again as [`Nats::run_topology`] is.
+    pub async fn worker_topology(
+        &self,
+    ) -> Result<(consumer::PullConsumer, kv::Store, kv::Store), NatsError> {
+        patiently(|| async {
+            let consumer = self.workers_consumer().await?;
+            let cancelled = self.cancelled().await?;
+            let groups = self.groups().await?;
+            self.reports().await?;
+            Ok((consumer, cancelled, groups))
+        })
+        .await
     }
 
     /// The workers' shared consumer of the task queue.
@@ -401,5 +468,66 @@ pub async fn publish_acked(
             None => tokio::time::sleep(pause).await,
         }
         pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    fn js(message: &str) -> NatsError {
+        js_error("the report stream", message)
+    }
+
+    #[test]
+    fn timeouts_and_unavailable_servers_are_transient_refusals_are_not() {
+        assert!(js("jetstream request timed out").is_transient());
+        assert!(js("JetStream system temporarily unavailable").is_transient());
+        assert!(!js("insufficient resources").is_transient());
+        let unreachable = NatsError {
+            code: "Unreachable",
+            message: "timed out".to_owned(),
+        };
+        assert!(!unreachable.is_transient(), "only JetStream's answers");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn setup_tries_again_through_transient_failures_then_gives_up() {
+        let tries = Cell::new(0);
+        let got = patiently(|| async {
+            tries.set(tries.get() + 1);
+            if tries.get() < 3 {
+                Err(js("jetstream request timed out"))
+            } else {
+                Ok(tries.get())
+            }
+        })
+        .await;
+        assert_eq!(got, Ok(3));
+
+        let tries = Cell::new(0);
+        let refused = patiently(|| async {
+            tries.set(tries.get() + 1);
+            Err::<(), _>(js("insufficient resources"))
+        })
+        .await;
+        assert!(refused.is_err());
+        assert_eq!(tries.get(), 1, "a lasting error is not tried again");
+
+        let start = tokio::time::Instant::now();
+        let tries = Cell::new(0);
+        let gave_up = patiently(|| async {
+            tries.set(tries.get() + 1);
+            Err::<(), _>(js("jetstream request timed out"))
+        })
+        .await;
+        assert!(gave_up.is_err());
+        let waited = start.elapsed();
+        assert!(waited <= SETUP_PATIENCE, "{waited:?}");
+        // Ten waits (0.25 + 0.5 + 1 + 2 + six of 4 s = 27.75 s) between
+        // eleven tries; the next wait would pass the 30 s.
+        assert_eq!(tries.get(), 11);
     }
 }

@@ -80,13 +80,12 @@ pub async fn serve(
     config: WorkerConfig,
     mut drain: watch::Receiver<bool>,
 ) -> Result<WorkerSummary, NatsError> {
-    let consumer = nats.workers_consumer().await?;
+    let (consumer, cancelled, groups) = nats.worker_topology().await?;
     let buckets = Arc::new(Buckets {
-        cancelled: nats.cancelled().await?,
-        groups: nats.groups().await?,
+        cancelled,
+        groups,
         contexts: Mutex::default(),
     });
-    nats.reports().await?;
     let bus: EventBus<Event> = EventBus::new();
     let collected = Arc::new(Collected::default());
     let (seen_tx, seen) = watch::channel(0u64);

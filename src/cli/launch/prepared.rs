@@ -567,10 +567,7 @@ async fn remote_siblings(
     let nats = args.connect(&format!("troupe run {}", spec.run_id)).await?;
     // The topology first, so a misconfigured server fails here, not
     // halfway through a fan-out.
-    nats.tasks().await?;
-    nats.reports().await?;
-    nats.cancelled().await?;
-    nats.groups().await?;
+    nats.run_topology().await?;
     let digest = pipeline_digest(pipeline).map_err(|message| crate::distributed::NatsError {
         code: "PipelineUnreadable",
         message,
