@@ -403,14 +403,21 @@ fn an_interactor_whose_input_closes_mid_prompt_denies_and_the_run_ends() {
 
 const THREE_TURNS: &str = "stages:\n  s:\n    - { tool: Echo, args: { text: one } }\n    - { tool: Echo, args: { text: two } }\n    - complete: { n: 1 }\n";
 
+/// A three-turn stage whose audit log path is `/dev/full`: every write
+/// fails with "No space left on device".
+fn log_on_a_full_disk() -> (Fixture, std::path::PathBuf) {
+    let f = one_stage("Echo", "", THREE_TURNS);
+    let path = f.path().join("run/audit.jsonl.zst");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+    (f, path)
+}
+
 #[test]
 fn an_audit_log_on_a_full_disk_fails_the_run_and_says_what_was_lost() {
     // Formatted by the writer thread, and by formatter threads.
     for formatters in [0, 2] {
-        let f = one_stage("Echo", "", THREE_TURNS);
-        let path = f.path().join("run/audit.jsonl.zst");
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        let (f, path) = log_on_a_full_disk();
         let (report, events) = run_spec(f.path(), |spec| {
             vec![start_audit_log(&spec.bus, &path, formatters).unwrap()]
         });
@@ -455,10 +462,7 @@ fn an_audit_log_that_fails_stops_the_run_before_its_next_step() {
     for formatters in [0, 2] {
         // The writer fails on its first flush, long before the model's
         // second reply: the run is cancelled instead of working unrecorded.
-        let f = one_stage("Echo", "", THREE_TURNS);
-        let path = f.path().join("run/audit.jsonl.zst");
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        let (f, path) = log_on_a_full_disk();
         let (report, events) = run_spec(f.path(), |spec| {
             spec.provider = Arc::new(Silent);
             vec![start_audit_log(&spec.bus, &path, formatters).unwrap()]
