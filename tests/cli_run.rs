@@ -120,8 +120,10 @@ fn fail_sibling_exits_1_join_never_entered_others_cancelled() {
             "--fail-sibling",
             "worker#17",
             "--json",
-            "--runs-dir",
+            "--store",
         ])
+        .arg(runs.path().join("troupe.db"))
+        .arg("--runs-dir")
         .arg(runs.path().join("runs"))
         .output()
         .unwrap();
@@ -159,6 +161,26 @@ fn fail_sibling_exits_1_join_never_entered_others_cancelled() {
         exited as u64 + g["cancelled"].as_u64().unwrap() + g["neverStarted"].as_u64().unwrap(),
         300
     );
+    // The store holds each cancellation as the log records it: where it
+    // was, and why.
+    let store = troupe::store::Store::open_read_only(&runs.path().join("troupe.db")).unwrap();
+    let rows = store
+        .executions(report["runId"].as_str().unwrap(), Some("worker"), None)
+        .unwrap();
+    let stored: Vec<_> = rows.iter().filter(|r| r.outcome == "cancelled").collect();
+    assert_eq!(stored.len(), cancelled);
+    for row in stored {
+        let logged = lines
+            .iter()
+            .find(|l| {
+                l["event"] == "StageCancelled"
+                    && l["stageExecutionId"] == row.stage_execution_id.as_str()
+            })
+            .unwrap();
+        assert_eq!(row.phase.as_deref(), logged["phase"].as_str());
+        assert_eq!(row.reason.as_deref(), logged["reason"].as_str());
+        assert_eq!(row.turn, logged["turn"].as_u64().map(|t| t as u32));
+    }
 }
 
 #[test]

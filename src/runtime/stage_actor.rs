@@ -55,6 +55,9 @@ pub struct StageActor {
     started: bool,
     /// `StageCancelled` is recorded (the teardown may still be pending).
     cancel_recorded: bool,
+    /// When it was, while the store's record of it is still to be sent
+    /// (with the teardown, see [`StageActor::store_cancelled`]).
+    cancelled_at: Option<SystemTime>,
     reported: bool,
 }
 
@@ -94,6 +97,7 @@ impl StageActor {
             hub: run.hub.clone(),
             started: false,
             cancel_recorded: false,
+            cancelled_at: None,
             reported: false,
             run: Some(run),
         }
@@ -259,45 +263,30 @@ impl StageActor {
     }
 
     /// Records `StageCancelled` (and `ToolInvocationCancelled` for each call
-    /// in flight) once, with the phase, attempt and turn it was in.
+    /// in flight) once, with the phase, attempt and turn it was in. The
+    /// store's record of it is sent with the teardown
+    /// ([`StageActor::store_cancelled`]): after a fail-fast every sibling
+    /// records first, and this is the part each one waits behind.
     fn record_cancelled(&mut self) {
         if std::mem::replace(&mut self.cancel_recorded, true) {
             return;
+        }
+        if self.ledger.is_some() {
+            self.cancelled_at = Some(SystemTime::now());
         }
         let whereabouts = self.whereabouts.borrow();
         let reason = match self.scope.reason() {
             Some(reason) => FieldValue::Shared(reason),
             None => FieldValue::Static(TURN_CANCELLED),
         };
-        let mut calls = Vec::with_capacity(whereabouts.tool_calls.len());
         for (id, name) in &whereabouts.tool_calls {
             self.bus.publish(
                 self.event(EventName::ToolInvocationCancelled)
                     .tool(Arc::clone(name))
                     .with("callId", Arc::clone(id)),
             );
-            calls.push(json!({"callId": &**id, "tool": &**name}));
         }
-        if let Some(ledger) = &self.ledger {
-            ledger.cancelled(CancelRecord {
-                run_id: Arc::clone(&self.run_id),
-                stage_execution_id: Arc::clone(&self.exec.id),
-                stage_id: Arc::clone(&self.exec.stage),
-                index: self.index,
-                visit: self.visit,
-                reason: match &reason {
-                    FieldValue::Shared(r) => Arc::clone(r),
-                    _ => Arc::from(TURN_CANCELLED),
-                },
-                phase: whereabouts.phase,
-                attempt: whereabouts.attempt,
-                turn: whereabouts.turn,
-                tool_calls: Value::Array(calls.clone()),
-                usage: whereabouts.usage,
-                entered_at: self.entered_at,
-                cancelled_at: SystemTime::now(),
-            });
-        }
+        let calls = calls_in_flight(&whereabouts.tool_calls);
         self.bus.publish(
             self.event(EventName::StageCancelled)
                 .with("reason", reason)
@@ -307,6 +296,33 @@ impl StageActor {
                 .with("toolCalls", calls)
                 .with("usage", whereabouts.usage),
         );
+    }
+
+    /// Sends the store the record of a cancellation recorded earlier
+    /// (best effort, as every cancellation record; once).
+    fn store_cancelled(&mut self) {
+        let (Some(ledger), Some(cancelled_at)) = (&self.ledger, self.cancelled_at.take()) else {
+            return;
+        };
+        let whereabouts = self.whereabouts.borrow();
+        ledger.cancelled(CancelRecord {
+            run_id: Arc::clone(&self.run_id),
+            stage_execution_id: Arc::clone(&self.exec.id),
+            stage_id: Arc::clone(&self.exec.stage),
+            index: self.index,
+            visit: self.visit,
+            reason: self
+                .scope
+                .reason()
+                .unwrap_or_else(|| Arc::from(TURN_CANCELLED)),
+            phase: whereabouts.phase,
+            attempt: whereabouts.attempt,
+            turn: whereabouts.turn,
+            tool_calls: Value::Array(calls_in_flight(&whereabouts.tool_calls)),
+            usage: whereabouts.usage,
+            entered_at: self.entered_at,
+            cancelled_at,
+        });
     }
 
     /// The report of a cancelled execution, with what it had used.
@@ -331,6 +347,14 @@ impl StageActor {
             usage: whereabouts.usage,
         })
     }
+}
+
+/// The tool calls in flight as `StageCancelled` and its record list them.
+fn calls_in_flight(calls: &[(Arc<str>, Arc<str>)]) -> Vec<Value> {
+    calls
+        .iter()
+        .map(|(id, name)| json!({"callId": &**id, "tool": &**name}))
+        .collect()
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -387,6 +411,7 @@ impl Actor for StageActor {
             // Usually recorded already, when the token fired; not when the
             // actor was stopped from outside (the system shutting down).
             self.record_cancelled();
+            self.store_cancelled();
             self.send_report(self.cancelled());
         } else {
             self.send_report(StageOutcome::Withdrawn);
@@ -405,6 +430,7 @@ impl Drop for StageActor {
         // system shutting down in that turn): it ended cancelled, and its
         // record must not be followed by an Exit.
         if self.cancel_recorded {
+            self.store_cancelled();
             self.send_report(self.cancelled());
             return;
         }
