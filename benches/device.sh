@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 23's big-machine measurements in one go: build the release binary
+# on the development machine, carry it and stages/ to the big one, run
+#
+#     benches/device.sh target/release/troupe "$OUT"
+#
+# and bring the files back into BENCHMARKS.md with the machine's
+# description. About 3-5 minutes on 16 cores; every step writes its own
+# file, so a step cut short still leaves the others.
+#
+#   machine.txt       cores, memory, kernel
+#   threads.json      troupe bench, 100 000 wide, cap 256, 0 ms, store on,
+#                     --threads 1,2,4,8,16 (wall, x floor, peak RSS)
+#   threads_time.txt  user and system CPU of that matrix (/usr/bin/time)
+#   failfast.json     10 000 in flight, worker#9999 fails, 50 ms turns,
+#                     --threads 1,2,4,16 (ms to the last StageCancelled)
+#   thread_cpu.txt    CPU seconds per thread name, 200 000 wide,
+#                     --threads 16 (which one-per-run thread sets the pace)
+#   million.json      1 000 000 wide, --threads 16, against the floor
+#                     (wall, peak RSS), and million_audit.txt its log size
+#
+# SCALE=100 divides every width by 100: a dry run of the script anywhere.
+set -u
+bin=${1:-target/release/troupe}
+out=${2:-${OUT:-/tmp/troupe-device}}
+mkdir -p "$out"
+scale=${SCALE:-1}
+w100k=$((100000 / scale)) w200k=$((200000 / scale)) w1m=$((1000000 / scale))
+w10k=$((10000 / scale))
+runs=$(mktemp -d)
+trap 'rm -rf "$runs"' EXIT
+
+{
+    echo "cores: $(nproc)"
+    grep -m1 'model name' /proc/cpuinfo
+    grep MemTotal /proc/meminfo
+    uname -r
+} >"$out/machine.txt" 2>&1
+
+time_of() { # time_of FILE CMD...: the command's user/sys/wall/RSS in FILE
+    local file=$1
+    shift
+    if [ -x /usr/bin/time ]; then
+        /usr/bin/time -f 'wall %e s user %U s sys %S s maxrss %M KiB' -o "$file" "$@"
+    else
+        local t0=$SECONDS
+        "$@"
+        echo "wall $((SECONDS - t0)) s (no /usr/bin/time)" >"$file"
+    fi
+}
+
+time_of "$out/threads_time.txt" \
+    "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
+    --threads 1,2,4,8,16 --repeat 3 --runs-dir "$runs" --json \
+    >"$out/threads.json" 2>"$out/threads.err"
+
+"$bin" bench stages/fanout --width "$w10k" --cap "$w10k" --latency 50ms \
+    --fail-sibling "worker#$((w10k - 1))" --threads 1,2,4,16 --repeat 3 \
+    --runs-dir "$runs" --json >"$out/failfast.json" 2>"$out/failfast.err"
+
+if command -v python3 >/dev/null; then
+    python3 benches/thread_cpu.py "$bin" run stages/fanout --ctx "width=$w200k" \
+        --parallel-cap 256 --latency 0ms --threads 16 --runs-dir "$runs" \
+        >"$out/thread_cpu.txt" 2>&1
+else
+    echo "no python3 here" >"$out/thread_cpu.txt"
+fi
+
+rm -rf "${runs:?}"/*
+"$bin" bench stages/fanout --width "$w1m" --cap 256 --latency 0ms \
+    --threads 16 --repeat 1 --keep-runs --runs-dir "$runs" --json \
+    >"$out/million.json" 2>"$out/million.err"
+# `--keep-runs` says on stderr where it kept the logs.
+kept=$(sed -n 's/^audit logs kept in //p' "$out/million.err" | tail -1)
+if [ -n "$kept" ]; then
+    find "$kept" -name 'audit.jsonl*' -printf '%s bytes %p\n' >"$out/million_audit.txt"
+    rm -rf "$kept"
+fi
