@@ -102,7 +102,8 @@ impl Project {
     fn command(&self) -> String {
         let m = &self.marker;
         format!(
-            "exec 3>ready\n\
+            "echo \"$TMPDIR\" >tmpdir\n\
+             exec 3>ready\n\
              ( echo child >&3; exec -a {m}-child sleep 3600 ) &\n\
              ( ( echo grandchild >&3; exec -a {m}-grandchild sleep 3600 ) & wait ) &\n\
              wait\n"
@@ -359,5 +360,23 @@ fn sigkill_leaves_no_shell_process_behind() {
         );
         assert_all_gone(fifo, &project.marker);
         drop(stream.thread.join().unwrap());
+        // The shells' private temp folder goes with them: the reaper
+        // removes it, as troupe could not.
+        let tmpdir = std::fs::read_to_string(project.root.path().join("tmpdir")).unwrap();
+        let tmpdir = PathBuf::from(tmpdir.trim());
+        if sandbox {
+            assert!(
+                tmpdir.to_string_lossy().contains("troupe-bash-"),
+                "the sandbox's own TMPDIR: {tmpdir:?}"
+            );
+            let deadline = std::time::Instant::now() + GONE_WITHIN;
+            while tmpdir.exists() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{tmpdir:?} outlived troupe"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 }

@@ -324,7 +324,7 @@ fn dispatch(command: Command) -> Exit {
         Command::New { dir, from } => super::new::run(&dir, &from),
         Command::SandboxExec(args) => sandbox_exec::run(args),
         Command::Reaper => {
-            crate::tools::process_group::reap(std::io::stdin().lock());
+            crate::tools::process_group::reap(std::io::stdin().lock(), &std::env::temp_dir());
             Exit::Ok
         }
         Command::Report(args) => report::run(*args),

@@ -16,8 +16,32 @@ pub struct ShellSetup {
     /// For `RunSettings::sandbox`; `None` with `--no-sandbox`.
     pub sandbox: Option<Arc<ShellSandbox>>,
     /// The shells' private temp folder (their `TMPDIR`), removed when the
-    /// run is over (not after a second signal, which exits at once).
-    _tmp: Option<tempfile::TempDir>,
+    /// run is over, or by the reaper when troupe exits at once (a second
+    /// signal) or is killed.
+    _tmp: Option<ShellTemp>,
+}
+
+/// The shells' temp folder, listed with the reaper while it exists.
+#[derive(Debug)]
+struct ShellTemp(Option<tempfile::TempDir>);
+
+impl ShellTemp {
+    fn new(dir: tempfile::TempDir) -> ShellTemp {
+        crate::tools::process_group::remove_dir_with_troupe(dir.path());
+        ShellTemp(Some(dir))
+    }
+}
+
+impl Drop for ShellTemp {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let path = dir.path().to_owned();
+            // Removed first, then forgotten: a troupe killed in between
+            // leaves the reaper a folder that is already gone.
+            let _ = dir.close();
+            crate::tools::process_group::forget_dir(&path);
+        }
+    }
 }
 
 fn notice(text: &str) {
@@ -37,7 +61,7 @@ pub fn shell_sandbox(no_sandbox: bool, pass_env: &[String], root: &Path) -> Shel
     }
     let env = scrubbed_env(pass_env);
     let (writes, tmp) = match confinement(root) {
-        Ok((writes, tmp)) => (Some(writes), Some(tmp)),
+        Ok((writes, tmp)) => (Some(writes), Some(ShellTemp::new(tmp))),
         Err(why) => {
             notice(&format!(
                 "warning: {why}: Bash calls are NOT confined to --root and may write anywhere troupe may (their environment is still scrubbed)"

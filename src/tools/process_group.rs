@@ -9,7 +9,9 @@
 //! however it dies, the kernel closes the pipe; the reaper reads its end
 //! and kills every group still listed. One reaper per troupe process, not
 //! one keeper per call: a fan-out with hundreds of shells costs one small
-//! process.
+//! process. It also removes the temp folders troupe listed with it (the
+//! shells' private `TMPDIR`), which a troupe that exits at once or is
+//! killed never gets to remove.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, Write};
@@ -41,14 +43,46 @@ static REAPER: Mutex<Option<ChildStdin>> = Mutex::new(None);
 /// is gone is forgotten: the groups are then killed as before, only not
 /// after a `kill -9`.
 fn tell_reaper(sign: char, pgid: i32) {
+    tell_reaper_line(&format!("{sign}{pgid}"));
+}
+
+fn tell_reaper_line(line: &str) {
     let mut reaper = REAPER
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(pipe) = reaper.as_mut()
-        && writeln!(pipe, "{sign}{pgid}").is_err()
+        && writeln!(pipe, "{line}").is_err()
     {
         *reaper = None;
     }
+}
+
+/// Has the reaper remove the temp folder `dir` if troupe dies before it
+/// does ([`forget_dir`] once it is removed). Only a `troupe-` folder
+/// directly in the temp directory is taken.
+pub fn remove_dir_with_troupe(dir: &Path) {
+    if let Some(text) = dir.to_str().filter(|t| !t.contains('\n')) {
+        tell_reaper_line(&format!("D{text}"));
+    }
+}
+
+/// The folder given to [`remove_dir_with_troupe`] is gone: the reaper
+/// forgets it.
+pub fn forget_dir(dir: &Path) {
+    if let Some(text) = dir.to_str().filter(|t| !t.contains('\n')) {
+        tell_reaper_line(&format!("d{text}"));
+    }
+}
+
+/// Whether the reaper may remove `dir`: a `troupe-` folder directly in
+/// the temp directory (`TMPDIR` or `/tmp`), nothing else whatever the
+/// pipe says.
+fn removable(dir: &Path, temp: &Path) -> bool {
+    dir.parent() == Some(temp)
+        && dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("troupe-") && n.len() > "troupe-".len())
 }
 
 /// Starts the reaper (`launcher reaper`) for this process, once; later
@@ -137,25 +171,37 @@ fn children_of_self() -> Vec<i32> {
     out.into_iter().collect()
 }
 
-/// The reaper's side: reads `+PGID`/`-PGID` lines until the pipe closes
-/// (troupe ended), then kills every group still listed. Returns how many.
-pub fn reap(input: impl BufRead) -> usize {
+/// The reaper's side: reads `+PGID`/`-PGID` and `D<dir>`/`d<dir>` lines
+/// until the pipe closes (troupe ended), then kills every group still
+/// listed and removes every folder still listed (those [`removable`] in
+/// `temp`). Returns how many groups.
+pub fn reap(input: impl BufRead, temp: &Path) -> usize {
     let mut groups = BTreeSet::new();
+    let mut dirs = BTreeSet::new();
     for line in input.lines() {
         let Ok(line) = line else { break };
-        let (sign, id) = line.split_at(line.len().min(1));
-        match (sign, id.parse::<i32>()) {
+        let (sign, rest) = line.split_at(line.len().min(1));
+        match (sign, rest.parse::<i32>()) {
             ("+", Ok(pgid)) if pgid > 1 => {
                 groups.insert(pgid);
             }
             ("-", Ok(pgid)) => {
                 groups.remove(&pgid);
             }
+            ("D", _) => {
+                dirs.insert(std::path::PathBuf::from(rest));
+            }
+            ("d", _) => {
+                dirs.remove(Path::new(rest));
+            }
             _ => {}
         }
     }
     for &pgid in &groups {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+    for dir in dirs.iter().filter(|d| removable(d, temp)) {
+        let _ = std::fs::remove_dir_all(dir);
     }
     groups.len()
 }
@@ -229,6 +275,39 @@ mod tests {
         // Groups that ended are not killed; ids that cannot be a child's
         // group (0, 1, our own by `0`) and garbage are ignored.
         let lines = "+4000000\n+4000001\n-4000000\n+1\n+0\nnoise\n-\n+x\n";
-        assert_eq!(reap(lines.as_bytes()), 1);
+        assert_eq!(reap(lines.as_bytes(), Path::new("/nonexistent")), 1);
+    }
+
+    #[test]
+    fn the_reaper_removes_the_troupe_temp_folders_still_listed_and_nothing_else() {
+        let temp = tempfile::tempdir().unwrap();
+        let temp = temp.path();
+        let make = |name: &str| {
+            let dir = temp.join(name);
+            std::fs::create_dir_all(dir.join("inside")).unwrap();
+            std::fs::write(dir.join("inside/file"), "x").unwrap();
+            dir
+        };
+        let listed = make("troupe-bash-a1");
+        let forgotten = make("troupe-bash-b2");
+        let foreign = make("someone-else");
+        let nested = make("troupe-bash-c3").join("inside");
+        let lines = format!(
+            "D{}\nD{}\nd{}\nD{}\nD{}\nD/etc\nD{}/troupe-\n",
+            listed.display(),
+            forgotten.display(),
+            forgotten.display(),
+            foreign.display(),
+            nested.display(),
+            temp.display(),
+        );
+        reap(lines.as_bytes(), temp);
+        assert!(!listed.exists(), "removed when troupe is gone");
+        assert!(forgotten.exists(), "forgotten: troupe removed it itself");
+        assert!(
+            foreign.exists() && nested.exists(),
+            "not troupe's temp folders"
+        );
+        assert!(Path::new("/etc").exists());
     }
 }
