@@ -49,6 +49,21 @@ fn sibling_events(run: &Arc<str>, i: usize) -> Vec<Event> {
             .with_static("tool", "Echo")
             .with_static("callId", "call_1_0")
     };
+    // A model turn: its request started and completed.
+    let turn = |n: u32, spent: Usage| {
+        [
+            ev(EventName::ProviderRequestStarted)
+                .with_static("provider", "scripted")
+                .with("turn", n)
+                .with("try", 1u32),
+            ev(EventName::ProviderRequestCompleted)
+                .with("turn", n)
+                .with("toolCalls", 1u32)
+                .with("usage", spent),
+        ]
+    };
+    let [first_asked, first_answered] = turn(1, usage(56, 6, 1));
+    let [second_asked, second_answered] = turn(2, usage(63, 11, 1));
     vec![
         ev(EventName::StageEntered)
             .with_static("kind", "llm")
@@ -57,27 +72,15 @@ fn sibling_events(run: &Arc<str>, i: usize) -> Vec<Event> {
         ev(EventName::StageCheckGateResult)
             .with_static("outcome", "proceed")
             .with("check", 1u32),
-        ev(EventName::ProviderRequestStarted)
-            .with_static("provider", "scripted")
-            .with("turn", 1u32)
-            .with("try", 1u32),
-        ev(EventName::ProviderRequestCompleted)
-            .with("turn", 1u32)
-            .with("toolCalls", 1u32)
-            .with("usage", usage(56, 6, 1)),
+        first_asked,
+        first_answered,
         call(EventName::ToolInvocationProposed)
             .with("arguments", format!("{{\"text\":\"item {i}\"}}").as_str()),
         call(EventName::ToolCallApproved).with_static("by", "allowedTools"),
         call(EventName::ToolInvocationStarted),
         call(EventName::ToolInvocationSucceeded).with("bytes", 7u32),
-        ev(EventName::ProviderRequestStarted)
-            .with_static("provider", "scripted")
-            .with("turn", 2u32)
-            .with("try", 1u32),
-        ev(EventName::ProviderRequestCompleted)
-            .with("turn", 2u32)
-            .with("toolCalls", 1u32)
-            .with("usage", usage(63, 11, 1)),
+        second_asked,
+        second_answered,
         ev(EventName::StageAssertOutcome)
             .with_static("verdict", "ok")
             .with("attempt", 1u32)

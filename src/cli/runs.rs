@@ -467,9 +467,6 @@ const TAIL_READ: usize = 1 << 20;
 /// How often `runs tail --follow` looks for more.
 const TAIL_POLL: Duration = Duration::from_millis(50);
 
-/// `runs tail`: the last `lines` events of the run's log; with `follow`,
-/// then every event it gets until the run ends (its `WorkflowExit` with no
-/// process left running it) or its process is gone.
 /// Reads `follower` to the log's end: its last `lines` lines, how many it
 /// read, and whether the last was the run's end.
 fn last_lines(
@@ -498,6 +495,9 @@ fn last_lines(
     }
 }
 
+/// `runs tail`: the last `lines` events of the run's log; with `follow`,
+/// then every event it gets until the run ends (its `WorkflowExit` with no
+/// process left running it) or its process is gone.
 fn tail(path: &Path, id: &str, lines: usize, follow: bool) -> Result<Exit, StoreError> {
     let store = Store::open_read_only(path)?;
     let run = store.find_run(id)?;
@@ -510,13 +510,17 @@ fn tail(path: &Path, id: &str, lines: usize, follow: bool) -> Result<Exit, Store
         detail: e.to_string(),
     };
     // What is there now: the last `lines` of it, decoded from the last
-    // segments that hold them rather than from the log's first byte.
+    // segments that hold them rather than from the log's first byte. Too
+    // few lines: start twice as many segments back, so a log of small
+    // segments (formatter threads write 512 lines each) is decoded about
+    // twice at most, not once per step.
     let starts = if log.exists() && !auditlog::is_plain(&log) {
         auditlog::segment_starts(&log)?
     } else {
         Vec::new()
     };
     let mut from = starts.len().saturating_sub(1);
+    let mut step = 1;
     let (mut follower, last, mut exited) = loop {
         let mut follower = match starts.get(from) {
             Some(at) => auditlog::Follower::at_segment(&log, *at)?,
@@ -526,7 +530,8 @@ fn tail(path: &Path, id: &str, lines: usize, follow: bool) -> Result<Exit, Store
         if seen >= lines || from == 0 {
             break (follower, last, exited);
         }
-        from -= 1;
+        from = from.saturating_sub(step);
+        step *= 2;
     };
     let mut batch = Vec::new();
     for line in &last {

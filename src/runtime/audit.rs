@@ -132,12 +132,7 @@ fn open_audit_log(
         } else {
             Compressed::create(file)?
         };
-        AuditOut::Compact(Compressing::start(
-            log,
-            BATCH + 4096,
-            formatters,
-            on_failure,
-        )?)
+        AuditOut::Compact(Compressing::start(log, BATCH + 4096, 0, on_failure)?)
     };
     let sub = bus.subscribe_audit("audit-log", AUDIT_QUEUE);
     let line = LineFormat::of(&sub, "");
@@ -162,7 +157,9 @@ fn open_audit_log(
                         log: &mut log,
                     };
                     let written = drain(&sub, &mut gathered, PACE);
-                    gathered.formatters.finish();
+                    // The formatters end once every batch handed on is
+                    // formatted, before the log is closed.
+                    drop(gathered);
                     written
                         .and_then(|n| log.finish().map_err(|e| lost_from(e, n, None)).map(|()| n))
                 }
@@ -402,8 +399,18 @@ impl<W: Write> Lines for Formatted<'_, W> {
         Ok(self.pending.len() >= BATCH)
     }
 
+    /// Writes and flushes the pending lines. A failure says from which
+    /// seq on events are missing: the pending ones and every later one
+    /// (the writer stops, and the bus drops a subscriber that stopped
+    /// reading).
     fn write_out(&mut self, lines: u64) -> io::Result<()> {
-        write_out(self.out, &mut self.pending, &mut self.from, lines)
+        let from = self.from.take();
+        let written = self
+            .out
+            .write_all(&self.pending)
+            .and_then(|()| self.out.flush());
+        self.pending.clear();
+        written.map_err(|e| lost_from(e, lines, from))
     }
 }
 
@@ -422,7 +429,6 @@ impl Lines for Gathered<'_> {
     fn write_out(&mut self, lines: u64) -> io::Result<()> {
         self.formatters
             .hand_on(self.log)
-            .map(drop)
             .map_err(|e| lost_from(e, lines, None))
     }
 }
@@ -489,21 +495,6 @@ fn drain(sub: &Subscription<Event>, into: &mut impl Lines, pace: Pace) -> io::Re
     }
     into.write_out(lines)?;
     Ok(lines)
-}
-
-/// Writes and flushes the pending lines (`lines` so far, these included).
-/// A failure says from which seq on events are missing: the pending ones and every later one (the writer
-/// stops, and the bus drops a subscriber that stopped reading).
-fn write_out<W: Write>(
-    out: &mut W,
-    pending: &mut Vec<u8>,
-    pending_from: &mut Option<u64>,
-    lines: u64,
-) -> io::Result<()> {
-    let from = pending_from.take();
-    let written = out.write_all(pending).and_then(|()| out.flush());
-    pending.clear();
-    written.map_err(|e| lost_from(e, lines, from))
 }
 
 /// A failed write's error, saying how many lines went with a removed file

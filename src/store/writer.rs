@@ -162,21 +162,13 @@ fn write(conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u64, S
         .name("troupe-answers".into())
         .spawn(move || {
             for (thens, outcome) in answers {
-                for then in thens {
-                    // One answer that panics must not leave the others
-                    // (and their executions) unanswered.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        then(outcome.clone())
-                    }));
-                }
+                answer_all(thens, &outcome);
             }
         });
     let Ok(answering) = answering else {
         // No second thread: the writer answers itself.
         return write_batches(conn, rx, path, |thens, outcome| {
-            for then in thens {
-                then(outcome.clone());
-            }
+            answer_all(thens, &outcome);
         });
     };
     let written = write_batches(conn, rx, path, |thens, outcome| {
@@ -191,6 +183,14 @@ fn write(conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u64, S
 
 /// The executions waiting on one batch and its outcome.
 type Answers = (Vec<AfterCommit>, Result<(), LedgerError>);
+
+/// Answers every execution of a batch. One answer that panics must not
+/// leave the others (and their executions) unanswered.
+fn answer_all(thens: Vec<AfterCommit>, outcome: &Result<(), LedgerError>) {
+    for then in thens {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| then(outcome.clone())));
+    }
+}
 
 fn write_batches(
     mut conn: Connection,

@@ -61,16 +61,19 @@ fn tell_reaper_line(line: &str) {
 /// does ([`forget_dir`] once it is removed). Only a `troupe-` folder
 /// directly in the temp directory is taken.
 pub fn remove_dir_with_troupe(dir: &Path) {
-    if let Some(text) = dir.to_str().filter(|t| !t.contains('\n')) {
-        tell_reaper_line(&format!("D{text}"));
-    }
+    tell_reaper_dir('D', dir);
 }
 
 /// The folder given to [`remove_dir_with_troupe`] is gone: the reaper
 /// forgets it.
 pub fn forget_dir(dir: &Path) {
+    tell_reaper_dir('d', dir);
+}
+
+/// A `D`/`d` line: a path that is not one line of UTF-8 is not sent.
+fn tell_reaper_dir(sign: char, dir: &Path) {
     if let Some(text) = dir.to_str().filter(|t| !t.contains('\n')) {
-        tell_reaper_line(&format!("d{text}"));
+        tell_reaper_line(&format!("{sign}{text}"));
     }
 }
 

@@ -140,9 +140,9 @@ impl Formatters {
     /// formatter. Waits while the formatters or the compressing thread
     /// are behind; an error is the compressing thread's (it stopped),
     /// with the `seq` the loss starts at.
-    pub(super) fn hand_on(&mut self, log: &mut Compressing) -> io::Result<Option<u64>> {
+    pub(super) fn hand_on(&mut self, log: &mut Compressing) -> io::Result<()> {
         let Some(from) = self.from.take() else {
-            return Ok(None);
+            return Ok(());
         };
         let events = std::mem::replace(&mut self.held, Vec::with_capacity(BATCH_EVENTS));
         let segment = log.slot(from)?;
@@ -152,16 +152,12 @@ impl Formatters {
             // reported by the compressing thread as a loss from `from`.
             let _ = work.send(Job { events, segment });
         }
-        Ok(Some(from))
-    }
-
-    /// Ends the formatter threads once every batch handed on is
-    /// formatted.
-    pub(super) fn finish(self) {
-        drop(self);
+        Ok(())
     }
 }
 
+/// Dropping ends the formatter threads once every batch handed on is
+/// formatted.
 impl Drop for Formatters {
     fn drop(&mut self) {
         self.work = None;
@@ -235,7 +231,7 @@ mod tests {
             }
         }
         formatters.hand_on(&mut log)?;
-        formatters.finish();
+        drop(formatters);
         log.finish()
     }
 

@@ -102,53 +102,6 @@ fn needs_reading(text: &str) -> bool {
     false
 }
 
-/// Any JSON value, read as values (numbers parsed, so out of range is an
-/// error) and kept as nothing.
-struct Checked;
-
-impl<'de> de::Deserialize<'de> for Checked {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct CheckedVisitor;
-        impl<'de> Visitor<'de> for CheckedVisitor {
-            type Value = Checked;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Checked, E> {
-                if v.is_finite() {
-                    Ok(Checked)
-                } else {
-                    Err(E::custom("number out of range"))
-                }
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
-                Ok(Checked)
-            }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
-                while seq.next_element::<Checked>()?.is_some() {}
-                Ok(Checked)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
-                while map.next_entry::<IgnoredAny, Checked>()?.is_some() {}
-                Ok(Checked)
-            }
-        }
-        d.deserialize_any(CheckedVisitor)
-    }
-}
-
 struct LineVisitor;
 
 impl<'de> Visitor<'de> for LineVisitor {
@@ -184,8 +137,12 @@ impl<'de> Visitor<'de> for LineVisitor {
                 "tool" => tool = shared(map.next_value()?),
                 other => {
                     let value: &'de RawValue = map.next_value()?;
+                    // Read as a value only when it may hold what JSON
+                    // allows and a value cannot (a number out of range, a
+                    // lone surrogate escape): serde_json refuses those.
                     if needs_reading(value.get()) {
-                        serde_json::from_str::<Checked>(value.get()).map_err(de::Error::custom)?;
+                        serde_json::from_str::<serde_json::Value>(value.get())
+                            .map_err(de::Error::custom)?;
                     }
                     if !members.is_empty() {
                         members.push(b',');
