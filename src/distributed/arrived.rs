@@ -50,6 +50,8 @@ pub async fn take_arrived(
     nats: &Nats,
     run_id: &str,
 ) -> Result<Vec<(Arc<StageResult>, Vec<Value>)>, super::NatsError> {
+    // A resume against a cluster still forming waits for it, as a run does.
+    nats.run_topology().await?;
     let consumer = nats.coordinator_consumer(run_id).await?;
     let mut results = Vec::new();
     loop {

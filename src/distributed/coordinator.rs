@@ -188,8 +188,6 @@ struct Committed {
     exec: ExecKey,
     result: Arc<StageResult>,
     events: Vec<EventLine>,
-    /// The report message it came in.
-    ack: Arc<Settling>,
 }
 
 struct Coordinator {
@@ -200,7 +198,7 @@ struct Coordinator {
     /// Executions whose end was recorded (a task runs at least once).
     resolved: HashSet<String>,
     /// Exited siblings whose result is being committed, with the report
-    /// messages of any copies that came meanwhile.
+    /// message it came in and those of any copies that came meanwhile.
     committing: HashMap<String, Vec<Arc<Settling>>>,
     /// The task stream's sequence of each published task, for the
     /// advisory of a task no worker finished.
@@ -280,13 +278,12 @@ impl Coordinator {
                     exec,
                     result,
                     events,
-                    ack,
                 } = *done;
-                let copies = self.committing.remove(&*exec.id).unwrap_or_default();
+                // The message it came in, and the copies delivered since.
+                let messages = self.committing.remove(&*exec.id).unwrap_or_default();
                 self.record_exit(exec, result, events);
-                self.settled(&ack).await;
-                for copy in copies {
-                    self.settled(&copy).await;
+                for message in messages {
+                    self.settled(&message).await;
                 }
             }
             Cmd::GiveUp { turn } => {

@@ -272,9 +272,8 @@ pub fn hand_back_delay(delivered: u64) -> Duration {
 /// Hands a delivered task back to the queue for a later delivery (a NAK
 /// with [`hand_back_delay`]).
 pub async fn hand_back(nats: &Nats, reply: Subject, delivered: u64) {
-    let delay = hand_back_delay(delivered);
-    let payload = format!("-NAK {{\"delay\":{}}}", delay.as_nanos());
-    let _ = nats.client.publish(reply, payload.into()).await;
+    let nak = async_nats::jetstream::AckKind::Nak(Some(hand_back_delay(delivered)));
+    let _ = nats.client.publish(reply, nak.into()).await;
 }
 
 /// What a group's reads found.
@@ -336,7 +335,8 @@ pub enum Intake {
     Start(Box<Offer>),
     /// Answered without running (refused, or its group was cancelled).
     Settled(Counted),
-    /// Given back to the queue (the coordinator could not be told).
+    /// Given back to the queue: the coordinator could not be told, or the
+    /// group's cancelled mark could not be read.
     HandedBack,
 }
 

@@ -9,8 +9,6 @@
 //! fill). Reports of one run keep their order: the outbox publishes one
 //! batch at a time and the next only after the server stored the last.
 
-use std::collections::VecDeque;
-
 use async_nats::HeaderMap;
 use tokio::sync::{mpsc, oneshot};
 
@@ -78,10 +76,12 @@ async fn publish_batches(nats: Nats, mut rx: mpsc::UnboundedReceiver<Outgoing>, 
         0 => DEFAULT_MAX_BYTES,
         limit => (limit / 2).max(1024),
     };
-    let mut held: VecDeque<Outgoing> = VecDeque::new();
+    // The report that ended the last batch (another run's, or too heavy
+    // for it): the first of the next.
+    let mut held: Option<Outgoing> = None;
     let mut number = 0u64;
     loop {
-        let first = match held.pop_front() {
+        let first = match held.take() {
             Some(first) => first,
             None => match rx.recv().await {
                 Some(first) => first,
@@ -94,13 +94,13 @@ async fn publish_batches(nats: Nats, mut rx: mpsc::UnboundedReceiver<Outgoing>, 
         body.extend_from_slice(&first.body);
         let mut waiting = vec![first.stored];
         while waiting.len() < MAX_REPORTS {
-            let Some(next) = held.pop_front().or_else(|| rx.try_recv().ok()) else {
+            let Some(next) = rx.try_recv().ok() else {
                 break;
             };
             // Another run's report, or one that would make the batch too
             // heavy, starts the next batch.
             if next.run_id != run_id || body.len() + next.body.len() + 2 > max_bytes {
-                held.push_front(next);
+                held = Some(next);
                 break;
             }
             body.push(b',');

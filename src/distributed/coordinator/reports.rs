@@ -18,7 +18,8 @@ use crate::runtime::scheduler::{ExecKey, StageOutcome, ToScheduler};
 
 /// A report message's acknowledgement, sent once every report in it is
 /// settled: held once while the message is read and once more for each
-/// exited sibling whose result is being committed.
+/// exited sibling in it whose result (its own, or a first copy's) is
+/// being committed.
 pub(super) struct Settling {
     left: AtomicUsize,
     acker: Mutex<Option<async_nats::jetstream::message::Acker>>,
@@ -45,8 +46,8 @@ impl Settling {
     }
 }
 
-/// `ExecKey` of a report, from the group's unit or rebuilt.
-pub(super) fn exec_of(units: &HashMap<usize, Unit>, unit: usize) -> Option<ExecKey> {
+/// `ExecKey` of a report, from the group's unit.
+fn exec_of(units: &HashMap<usize, Unit>, unit: usize) -> Option<ExecKey> {
     units.get(&unit).and_then(|u| u.exec.clone())
 }
 
@@ -145,9 +146,11 @@ impl Coordinator {
                         let tx = self.tx.clone();
                         let scheduler = self.scheduler.clone();
                         let stored = Arc::clone(&result);
-                        let ack = Arc::clone(ack);
+                        // This message and any copy delivered meanwhile
+                        // are settled once the commit is done.
                         ack.hold();
-                        self.committing.insert(stage_execution_id, Vec::new());
+                        self.committing
+                            .insert(stage_execution_id, vec![Arc::clone(ack)]);
                         ledger.persist(
                             exit_record(&self.spec.run_id, &result),
                             Some(Box::new(move |outcome| {
@@ -173,7 +176,6 @@ impl Coordinator {
                                     exec,
                                     result: stored,
                                     events,
-                                    ack,
                                 })));
                             })),
                         );
