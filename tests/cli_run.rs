@@ -106,6 +106,15 @@ fn json_report_and_audit_log_agree() {
 
 #[test]
 fn fail_sibling_exits_1_join_never_entered_others_cancelled() {
+    // One thread: every sibling on the session's arbiter, cancelled
+    // through the group's token. Four: siblings on four arbiters, each
+    // woken through its arbiter's relay of the group's cancel.
+    for threads in ["1", "4"] {
+        fail_fast_with_threads(threads);
+    }
+}
+
+fn fail_fast_with_threads(threads: &str) {
     let runs = tempfile::tempdir().unwrap();
     let out = troupe()
         .args([
@@ -119,6 +128,8 @@ fn fail_sibling_exits_1_join_never_entered_others_cancelled() {
             "5ms",
             "--fail-sibling",
             "worker#17",
+            "--threads",
+            threads,
             "--json",
             "--store",
         ])

@@ -146,14 +146,20 @@ impl Drop for RemoteExecutor {
 }
 
 impl Executor for RemoteExecutor {
-    fn start(&mut self, spawn: Spawn, scope: CancelScope, group: Option<CancelScope>) {
+    fn start(
+        &mut self,
+        spawn: Spawn,
+        parent: &CancelScope,
+        group: Option<CancelScope>,
+    ) -> CancelScope {
         if !spawn.is_sibling() {
-            return self.local.start(spawn, scope, group);
+            return self.local.start(spawn, parent, group);
         }
         let _ = self.tx.send(Cmd::Sibling {
             spawn: Box::new(spawn),
             group,
         });
+        parent.child()
     }
 }
 

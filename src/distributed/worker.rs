@@ -374,7 +374,8 @@ impl WorkerHost {
                 None,
                 ctx.address().recipient(),
                 self.arbiters.clone(),
-            );
+            )
+            .without_relays();
             self.executors.insert(task.run_id.clone(), (local, now));
         }
         self.executors.get_mut(&task.run_id).map(|(local, used)| {
@@ -464,7 +465,9 @@ impl WorkerHost {
         self.in_flight.insert(Arc::clone(&id), in_flight);
         self.in_flight_count.send_modify(|n| *n += 1);
         match self.executor(&task, &group.fields, ctx) {
-            Some(local) => local.start(spawn, scope, None),
+            Some(local) => {
+                local.start(spawn, &scope, None);
+            }
             None => {
                 self.in_flight.remove(&id);
                 self.in_flight_count

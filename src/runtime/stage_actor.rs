@@ -136,25 +136,28 @@ impl StageActor {
             self.entered_at = SystemTime::now();
         }
         let whereabouts = Rc::clone(&self.whereabouts);
-        let token = self.scope.token().clone();
+        let scope = self.scope.clone();
         // Boxed so that a cancelled execution can be handed back alive and
         // dropped later (below), and so the wrappers around it move a
         // pointer, not the whole state machine.
         let mut execute = Box::pin(AssertUnwindSafe(run.execute(whereabouts)).catch_unwind());
-        // The token is checked first on every poll: once it is cancelled the
-        // execution is never polled again, wherever it waits, and Exit never
-        // runs. The execution ends in the same poll as its Assert, and the
-        // Exit that follows has no await, so an execution is never both
-        // exited and cancelled.
+        // The scope is checked first on every poll: once it or an ancestor
+        // is cancelled the execution is never polled again, wherever it
+        // waits, and Exit never runs. The token wakes it; the marks catch a
+        // group cancel a relay has not forwarded yet (`cancel.rs`). The
+        // execution ends in the same poll as its Assert, and the Exit that
+        // follows has no await, so an execution is never both exited and
+        // cancelled.
         let race = async move {
-            let cancelled = token.cancelled_owned();
             let finished = {
-                let mut cancelled = std::pin::pin!(cancelled);
-                tokio::select! {
-                    biased;
-                    () = &mut cancelled => None,
-                    result = &mut execute => Some(result),
-                }
+                let mut cancelled = std::pin::pin!(scope.token().clone().cancelled_owned());
+                std::future::poll_fn(|cx| {
+                    if cancelled.as_mut().poll(cx).is_ready() || scope.is_marked() {
+                        return std::task::Poll::Ready(None);
+                    }
+                    execute.as_mut().poll(cx).map(Some)
+                })
+                .await
             };
             finished.ok_or(execute)
         };
@@ -389,7 +392,7 @@ impl Actor for StageActor {
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         // Whatever is still running belongs to a cancelled execution, and
         // no one is to be asked about its tool calls any more.
-        self.scope.token().cancel();
+        self.scope.stop();
         // Only an execution that raised an interaction can have prompts out;
         // skipping the others keeps a 10 000-sibling cancel off the hub.
         if let Some(hub) = self
@@ -434,7 +437,7 @@ impl Drop for StageActor {
             self.send_report(self.cancelled());
             return;
         }
-        self.scope.token().cancel();
+        self.scope.stop();
         // A failure: recorded at once (a resumed run runs it again).
         let result = self.panicked("the stage actor ended without reporting".to_owned());
         if let Some(ledger) = &self.ledger {

@@ -93,32 +93,32 @@ impl Scheduler {
         while let Some(command) = commands.next() {
             match command {
                 PlanCommand::Spawn(spawn) => {
-                    let scope = match (&spawn.exec.slot, &self.group) {
+                    let parent = match (&spawn.exec.slot, &self.group) {
                         (Slot::Unit(_), Some((turn, group))) if *turn == spawn.exec.turn => {
-                            group.child()
+                            group.clone()
                         }
                         (Slot::Unit(_), _) => {
                             // The group's scope, made on its first spawn.
                             let group = self.spec.cancel.child();
                             self.group = Some((spawn.exec.turn, group.clone()));
-                            group.child()
+                            group
                         }
-                        _ => self.spec.cancel.child(),
+                        _ => self.spec.cancel.clone(),
                     };
                     let group = spawn
                         .is_sibling()
                         .then(|| self.group.as_ref().map(|(_, g)| g.clone()))
                         .flatten();
-                    self.live
-                        .insert((spawn.exec.turn, spawn.exec.slot), scope.clone());
-                    self.executor(ctx).start(*spawn, scope, group);
+                    let key = (spawn.exec.turn, spawn.exec.slot);
+                    let scope = self.executor(ctx).start(*spawn, &parent, group);
+                    self.live.insert(key, scope);
                 }
                 PlanCommand::Grant { unit } => granted.push(unit),
                 // A started execution stops when its scope is cancelled;
                 // one not yet granted is refused when it asks.
                 PlanCommand::Cancel { turn, slot } => {
                     if let Some(scope) = self.live.get(&(turn, slot)) {
-                        scope.token().cancel();
+                        scope.stop();
                     }
                 }
                 PlanCommand::CancelGroup { sibling } => {
@@ -217,7 +217,7 @@ impl Drop for Scheduler {
         if self.finished {
             return;
         }
-        self.spec.cancel.token().cancel();
+        self.spec.cancel.stop();
         let mut out = Vec::new();
         self.planner.abandon(
             "ExtensionHost/ActorPanicked: the scheduler stopped unexpectedly".to_owned(),

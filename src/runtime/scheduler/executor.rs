@@ -38,10 +38,17 @@ pub trait ExecutorFactory: Send + Sync + std::fmt::Debug {
 
 /// Runs the executions the scheduler starts.
 pub trait Executor: std::fmt::Debug {
-    /// Starts one execution under `scope`; `group` is its parallel
-    /// group's scope (siblings only), which a failing sibling cancels on
-    /// its way out. The execution reports to `scheduler`.
-    fn start(&mut self, spawn: Spawn, scope: CancelScope, group: Option<CancelScope>);
+    /// Starts one execution in a scope of its own under `parent`, and
+    /// returns that scope (which the scheduler cancels to stop it alone);
+    /// `group` is its parallel group's scope (siblings only), which a
+    /// failing sibling cancels on its way out. The execution reports to
+    /// the scheduler.
+    fn start(
+        &mut self,
+        spawn: Spawn,
+        parent: &CancelScope,
+        group: Option<CancelScope>,
+    ) -> CancelScope;
 }
 
 /// What every execution of a run shares, whichever executor starts it.
@@ -67,6 +74,12 @@ pub struct LocalExecutor {
     /// The arbiters executions run on; empty runs them on the current one.
     arbiters: Vec<ArbiterHandle>,
     next: usize,
+    /// Per arbiter, the relay its siblings are started under, with the
+    /// group scope it stands for (`cancel.rs`): a group cancel then wakes
+    /// one task per arbiter, and siblings link to a scope of their
+    /// arbiter's, not all to the group's.
+    relays: Vec<Option<(CancelScope, CancelScope)>>,
+    relaying: bool,
 }
 
 impl std::fmt::Debug for LocalExecutor {
@@ -89,9 +102,19 @@ impl LocalExecutor {
             hub: hub.map(Arc::new),
             scheduler: Arc::new(scheduler),
             manifests: HashMap::new(),
+            relays: vec![None; arbiters.len()],
+            relaying: true,
             arbiters,
             next: 0,
         }
+    }
+
+    /// Starts siblings directly under the scope they are given: for a
+    /// caller that gives each its own parent (a worker, which cancels its
+    /// tasks one by one), where a relay per execution would only add a task.
+    pub fn without_relays(mut self) -> LocalExecutor {
+        self.relaying = false;
+        self
     }
 
     /// One of the run's arbiters, for work the run does off the thread
@@ -137,9 +160,23 @@ impl LocalExecutor {
 }
 
 impl Executor for LocalExecutor {
-    fn start(&mut self, spawn: Spawn, scope: CancelScope, group: Option<CancelScope>) {
+    fn start(
+        &mut self,
+        spawn: Spawn,
+        parent: &CancelScope,
+        group: Option<CancelScope>,
+    ) -> CancelScope {
         let tools = self.tools(&spawn);
         let gated = spawn.is_sibling();
+        let arbiter = (!self.arbiters.is_empty()).then(|| {
+            let at = self.next % self.arbiters.len();
+            self.next = self.next.wrapping_add(1);
+            at
+        });
+        let scope = match arbiter {
+            Some(at) if gated && self.relaying => self.relayed(at, parent).child(),
+            _ => parent.child(),
+        };
         let Spawn {
             exec,
             stage,
@@ -162,13 +199,31 @@ impl Executor for LocalExecutor {
             tools,
         };
         let scheduler = Arc::clone(&self.scheduler);
-        let make = move || StageActor::new(run, exec, gated, scheduler, scope, group);
-        if self.arbiters.is_empty() {
-            make().start();
-        } else {
-            let arbiter = &self.arbiters[self.next % self.arbiters.len()];
-            self.next = self.next.wrapping_add(1);
-            StageActor::start_in_arbiter(arbiter, move |_| make());
+        let own = scope.clone();
+        let make = move || StageActor::new(run, exec, gated, scheduler, own, group);
+        match arbiter {
+            None => {
+                make().start();
+            }
+            Some(at) => {
+                StageActor::start_in_arbiter(&self.arbiters[at], move |_| make());
+            }
         }
+        scope
+    }
+}
+
+impl LocalExecutor {
+    /// The relay of `group` on arbiter `at`, made (and its task sent
+    /// there, ahead of the executions under it) when the arbiter's last
+    /// one stood for another scope.
+    fn relayed(&mut self, at: usize, group: &CancelScope) -> &CancelScope {
+        let slot = &mut self.relays[at];
+        if !slot.as_ref().is_some_and(|(of, _)| of.same(group)) {
+            let (relay, forward) = group.relay();
+            self.arbiters[at].spawn(forward);
+            *slot = Some((group.clone(), relay));
+        }
+        &slot.as_ref().expect("set above").1
     }
 }
