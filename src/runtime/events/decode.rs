@@ -216,6 +216,27 @@ mod tests {
     }
 
     #[test]
+    fn one_relayed_field_reads_as_the_whole_members_would_give_it() {
+        use super::super::vocabulary::{relayed_field, relayed_fields};
+        let members = concat!(
+            r#""verdict":"ok","out":{"k\"ey":[1.5,-3,null,"\u0001"]},"#,
+            r#""a\u0062c":"escaped name","twice":1,"n":12e2,"twice":2"#
+        );
+        let all = relayed_fields(members);
+        assert_eq!(all.len(), 5);
+        for key in ["verdict", "out", "abc", "twice", "n", "missing", ""] {
+            assert_eq!(relayed_field(members, key), all.get(key).cloned(), "{key}");
+        }
+        for broken in ["", "\"x\":", "\"x\":1}{", "\"x\":1 trailing"] {
+            assert_eq!(
+                relayed_field(broken, "x"),
+                relayed_fields(broken).remove("x"),
+                "{broken}"
+            );
+        }
+    }
+
+    #[test]
     fn only_what_may_not_fit_a_json_value_is_read_twice() {
         for plain in [
             "\"01a2173f-7d20-7668-add4-3d73ef83f622\"",

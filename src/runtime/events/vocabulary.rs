@@ -240,6 +240,62 @@ pub(super) fn relayed_fields(members: &str) -> serde_json::Map<String, Value> {
     serde_json::from_str(&format!("{{{members}}}")).unwrap_or_default()
 }
 
+/// One field of a relayed event's members, as [`relayed_fields`] would
+/// give it (the last of a key written twice), with the other members
+/// skipped, not built: a coordinator's telemetry asks three or four
+/// fields of every relayed event.
+pub(super) fn relayed_field(members: &str, key: &str) -> Option<Value> {
+    use serde::Deserializer as _;
+    use serde::de::{Deserialize, IgnoredAny, MapAccess, Visitor};
+    use std::borrow::Cow;
+
+    /// A member's name, borrowed from the text unless it had escapes.
+    struct Name<'de>(Cow<'de, str>);
+    impl<'de> Deserialize<'de> for Name<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Text;
+            impl<'de> Visitor<'de> for Text {
+                type Value = Name<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a member's name")
+                }
+                fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Name<'de>, E> {
+                    Ok(Name(Cow::Borrowed(v)))
+                }
+                fn visit_str<E>(self, v: &str) -> Result<Name<'de>, E> {
+                    Ok(Name(Cow::Owned(v.to_owned())))
+                }
+            }
+            d.deserialize_str(Text)
+        }
+    }
+
+    struct Find<'k>(&'k str);
+    impl<'de> Visitor<'de> for Find<'_> {
+        type Value = Option<Value>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<Value>, A::Error> {
+            let mut found = None;
+            while let Some(Name(name)) = map.next_key()? {
+                if name == self.0 {
+                    found = Some(map.next_value()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+
+    let text = format!("{{{members}}}");
+    let mut reader = serde_json::Deserializer::from_str(&text);
+    let found = reader.deserialize_map(Find(key)).ok()?;
+    reader.end().ok()?;
+    found
+}
+
 impl From<&str> for FieldValue {
     fn from(s: &str) -> Self {
         FieldValue::Json(Value::from(s))
@@ -348,7 +404,7 @@ impl Event {
             return Some(own.to_value());
         }
         match self.field_value("") {
-            Some(FieldValue::Relayed(members)) => relayed_fields(members).remove(key),
+            Some(FieldValue::Relayed(members)) => relayed_field(members, key),
             _ => None,
         }
     }
