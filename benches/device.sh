@@ -18,6 +18,10 @@
 #                     --threads 16 (which one-per-run thread sets the pace)
 #   million.json      1 000 000 wide, --threads 16, against the floor
 #                     (wall, peak RSS), and million_audit.txt its log size
+#   syscalls_T.csv    perf stat of one 100 000-wide run at --threads 2 and
+#                     16: system calls by kind (futex, eventfd writes,
+#                     epoll_wait, sched_yield, pwrite64), context switches,
+#                     migrations, page faults (where the system time goes)
 #
 # SCALE=100 divides every width by 100: a dry run of the script anywhere.
 set -u
@@ -64,6 +68,25 @@ if command -v python3 >/dev/null; then
         >"$out/thread_cpu.txt" 2>&1
 else
     echo "no python3 here" >"$out/thread_cpu.txt"
+fi
+
+# Tracepoints need tracefs; the software counters work without it.
+if command -v perf >/dev/null; then
+    [ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
+    events=context-switches,cpu-migrations,page-faults
+    if perf list 2>/dev/null | grep -q 'syscalls:sys_enter_futex '; then
+        for call in futex write read epoll_wait sched_yield pwrite64 madvise munmap mmap; do
+            events="$events,syscalls:sys_enter_$call"
+        done
+        events="$events,raw_syscalls:sys_enter"
+    fi
+    for t in 2 16; do
+        perf stat -x, -e "$events" -o "$out/syscalls_$t.csv" \
+            "$bin" run stages/fanout --ctx "width=$w100k" --parallel-cap 256 \
+            --latency 0ms --threads "$t" --runs-dir "$runs" >/dev/null 2>&1
+    done
+else
+    echo "no perf here" >"$out/syscalls_2.csv"
 fi
 
 rm -rf "${runs:?}"/*
