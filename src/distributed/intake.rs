@@ -185,10 +185,13 @@ pub async fn accept_all(
     // read of its cancelled mark, then its context. A mark that cannot be
     // read leaves the group's tasks to another delivery: started blind,
     // one could start after the coordinator's barrier.
-    let mut groups: Vec<&Task> = accepted.iter().map(|o| &o.task).collect();
-    groups.sort_unstable_by(|a, b| (&a.run_id, a.turn).cmp(&(&b.run_id, b.turn)));
-    groups.dedup_by(|a, b| a.run_id == b.run_id && a.turn == b.turn);
-    let per_group = groups.iter().map(|task| async move {
+    let mut groups: HashMap<(&str, u64), &Task> = HashMap::new();
+    for offer in &accepted {
+        groups
+            .entry((&offer.task.run_id, offer.task.turn))
+            .or_insert(&offer.task);
+    }
+    let per_group = groups.into_values().map(|task| async move {
         let mark = buckets
             .cancelled
             .get(cancelled_key(&task.run_id, task.turn))
@@ -198,17 +201,18 @@ pub async fn accept_all(
             Ok(None) => Found::Clear(buckets.context(task).await),
             Err(_) => Found::Unknown,
         };
-        (task.run_id.clone(), task.turn, found)
+        ((task.run_id.clone(), task.turn), found)
     });
-    // By group: a fetch's tasks nearly always share one.
-    let found: Vec<(String, u64, Found)> = futures::future::join_all(per_group).await;
+    // By group: a fetch's tasks nearly always share one (the worker's loop
+    // hands each group its own call).
+    let found: HashMap<(String, u64), Found> = futures::future::join_all(per_group)
+        .await
+        .into_iter()
+        .collect();
     let mut skipped = Vec::new();
     for mut offer in accepted {
-        let group = found
-            .iter()
-            .find(|(run, turn, _)| *run == offer.task.run_id && *turn == offer.task.turn)
-            .map(|(_, _, found)| found);
-        match group {
+        let key = (offer.task.run_id.clone(), offer.task.turn);
+        match found.get(&key) {
             Some(Found::Clear(Ok(context))) => {
                 offer.context = Some(Arc::clone(context));
                 intakes.push(Intake::Start(Box::new(offer)));

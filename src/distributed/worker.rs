@@ -223,10 +223,17 @@ pub async fn serve(
                 permit: Some(permit),
             });
         }
-        if !offers.is_empty() {
-            // Accepting takes round trips to the server (the reports, the
-            // cancelled marks): they are made for the fetch's tasks
-            // together, and off this loop, which goes on fetching.
+        // Accepting takes round trips to the server (the reports, the
+        // cancelled marks): they are made for a group's tasks of the fetch
+        // together, and off this loop, which goes on fetching. One call
+        // per group: a group whose context is slow to read (its read is
+        // retried for seconds) holds only its own tasks.
+        let mut by_group: HashMap<(String, u64), Vec<Offer>> = HashMap::new();
+        for offer in offers {
+            let key = (offer.task.run_id.clone(), offer.task.turn);
+            by_group.entry(key).or_default().push(offer);
+        }
+        for offers in by_group.into_values() {
             let (nats, config, buckets, outbox, host) = (
                 nats.clone(),
                 config.clone(),
