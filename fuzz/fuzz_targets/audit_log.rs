@@ -50,6 +50,8 @@ fuzz_target!(|data: &[u8]| {
                 let _ = follower.read_more(1 << 20, &mut lines);
             }
         }
+        // Removed each time: a fuzz process is killed, never told it ends.
+        let _ = std::fs::remove_file(&file);
     }
     let mut plain = LogDecoder::plain();
     let mut out = Vec::new();

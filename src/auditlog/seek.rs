@@ -42,14 +42,15 @@ pub fn segment_starts(path: &Path) -> Result<Vec<u64>, AuditError> {
         .map_err(|f| f.at(path))?;
     let mut at = 8 + u64::from(len);
     let mut starts = Vec::new();
+    // The file as it is now: a live run's later frames are not counted.
+    let size = file.get_ref().metadata().map_err(&io)?.len();
     file.seek(SeekFrom::Start(at)).map_err(&io)?;
-    while let Some(length) = frame_length(&mut file).map_err(&io)? {
+    while let Some(length) = frame_length(&mut file, size).map_err(&io)? {
         starts.push(at);
         at += length;
         file.seek(SeekFrom::Start(at)).map_err(&io)?;
     }
     // A frame begun and not ended (the open segment) starts here.
-    let size = file.get_ref().metadata().map_err(&io)?.len();
     if at < size {
         starts.push(at);
     }
@@ -57,9 +58,10 @@ pub fn segment_starts(path: &Path) -> Result<Vec<u64>, AuditError> {
 }
 
 /// The length of the zstd frame that starts where `file` is, reading only
-/// its headers; `None` where no whole frame is there (the end of the file,
-/// a frame cut short, bytes that are not a frame).
-fn frame_length(file: &mut BufReader<File>) -> io::Result<Option<u64>> {
+/// its headers; `None` where no whole frame is within the file's first
+/// `size` bytes (the end of the file, a frame cut short, bytes that are
+/// not a frame).
+fn frame_length(file: &mut BufReader<File>, size: u64) -> io::Result<Option<u64>> {
     let mut magic = [0u8; 4];
     if read_full(file, &mut magic)? < 4 {
         return Ok(None);
@@ -120,7 +122,7 @@ fn frame_length(file: &mut BufReader<File>) -> io::Result<Option<u64>> {
     }
     // The frame is whole only if the file holds all of it.
     let end = file.stream_position()? + if checksum { 4 } else { 0 };
-    if end > file.get_ref().metadata()?.len() {
+    if end > size {
         return Ok(None);
     }
     Ok(Some(length))
