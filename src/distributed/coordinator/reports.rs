@@ -20,13 +20,14 @@ use crate::runtime::scheduler::{ExecKey, StageOutcome, ToScheduler};
 /// settled: held once while the message is read and once more for each
 /// exited sibling in it whose result (its own, or a first copy's) is
 /// being committed.
-pub(super) struct Settling {
+/// (Generic over the acker only for its tests.)
+pub(super) struct Settling<A = async_nats::jetstream::message::Acker> {
     left: AtomicUsize,
-    acker: Mutex<Option<async_nats::jetstream::message::Acker>>,
+    acker: Mutex<Option<A>>,
 }
 
-impl Settling {
-    pub(super) fn new(acker: async_nats::jetstream::message::Acker) -> Arc<Settling> {
+impl<A> Settling<A> {
+    pub(super) fn new(acker: A) -> Arc<Settling<A>> {
         Arc::new(Settling {
             left: AtomicUsize::new(1),
             acker: Mutex::new(Some(acker)),
@@ -38,7 +39,7 @@ impl Settling {
     }
 
     /// One hold is over: the acker, when it was the last.
-    pub(super) fn settle(&self) -> Option<async_nats::jetstream::message::Acker> {
+    pub(super) fn settle(&self) -> Option<A> {
         if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return None;
         }
@@ -262,5 +263,35 @@ impl Coordinator {
             exec,
             outcome: StageOutcome::Exited { result, seq },
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Settling;
+
+    /// A message with two exits, the first stored slowly, and a copy of
+    /// the first delivered in a second message meanwhile: neither message
+    /// is acknowledged before every commit it waits on is done, and each
+    /// exactly once.
+    #[test]
+    fn a_message_is_acknowledged_once_after_its_last_commit() {
+        let first = Settling::new("first");
+        let copy = Settling::new("copy");
+        // Reading the first message: both exits are being committed.
+        first.hold();
+        first.hold();
+        assert_eq!(first.settle(), None, "read, two commits outstanding");
+        // The copy arrives while the slow commit is outstanding: it waits
+        // with it (the coordinator's `committing` list).
+        copy.hold();
+        assert_eq!(copy.settle(), None, "read, its first's commit outstanding");
+        // The fast commit.
+        assert_eq!(first.settle(), None);
+        // The slow commit settles both messages.
+        assert_eq!(first.settle(), Some("first"));
+        assert_eq!(copy.settle(), Some("copy"));
+        // Nothing is acknowledged twice.
+        assert_eq!(first.settle(), None);
     }
 }
