@@ -317,3 +317,25 @@ fn a_hook_gets_the_scrubbed_environment_and_the_names_it_lists() {
     assert!(!env.contains(&key), "{env}");
     assert!(!env.contains("kept-back"), "{env}");
 }
+
+/// Under valgrind troupe cannot re-execute itself (`/proc/self/exe` is
+/// valgrind's tool): it runs unsealed and says so, rather than dying in
+/// the re-exec. Valgrind is told by its preload library; a path that does
+/// not exist is only warned about by the loader.
+#[test]
+fn under_valgrind_troupe_runs_unsealed_and_says_so() {
+    let fanout = Path::new(env!("CARGO_MANIFEST_DIR")).join("stages/fanout");
+    let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["validate"])
+        .arg(&fanout)
+        .env("LD_PRELOAD", "/nonexistent/vgpreload_core-amd64-linux.so")
+        .env("OPENAI_API_KEY", secret("valgrind"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("could not seal its environment (it runs under valgrind)"),
+        "{stderr}"
+    );
+}

@@ -70,6 +70,16 @@ pub fn seal() -> Vec<OsString> {
 /// Re-executes this binary with the harmless variables only, the rest on a
 /// pipe. Returns only on failure, with why.
 fn reexec(args: &[OsString], vars: &[(OsString, OsString)]) -> String {
+    // Under valgrind /proc/self/exe is valgrind's own tool, which refuses
+    // to be run directly (and a traced re-exec of troupe fails to load):
+    // a profile of troupe runs unsealed, and says so. Valgrind preloads
+    // its `vgpreload_*` libraries into the program it runs.
+    let under_valgrind = vars.iter().any(|(name, value)| {
+        name == "LD_PRELOAD" && value.to_string_lossy().contains("/vgpreload_")
+    });
+    if under_valgrind {
+        return "it runs under valgrind".to_owned();
+    }
     let bytes = environ::encode(vars);
     if bytes.len() > MAX_SEALED_BYTES {
         return format!("the environment is {} bytes, over 1 MiB", bytes.len());
