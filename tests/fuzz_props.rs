@@ -449,3 +449,76 @@ mod control_requests {
         }
     }
 }
+
+/// A worker's event line read inside its report (`EventLine`'s
+/// deserialization, the coordinator's one pass) gives what reading the
+/// line alone gives: the same event, or none.
+mod relayed_lines {
+    use super::*;
+    use troupe::distributed::wire::EventLine;
+    use troupe::runtime::events::Event;
+
+    fn values() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("1".to_owned()),
+            Just("-2.5e3".to_owned()),
+            Just("1e999".to_owned()),
+            Just("null".to_owned()),
+            Just(r#""\ud800""#.to_owned()),
+            Just(r#"{"k\"ey":[true,{"x":"\u0001"}]}"#.to_owned()),
+            "\"[a-z é\\\\\"]{0,8}\"".prop_map(|s| s),
+            any::<i64>().prop_map(|n| n.to_string()),
+        ]
+    }
+
+    fn lines() -> impl Strategy<Value = String> {
+        let head = prop_oneof![
+            Just(r#""event":"StageEntered","workflowRunId":"r""#.to_owned()),
+            Just(r#""seq":4,"ts":"2026-11-26T10:00:00.000001Z","event":"StageExited","workflowRunId":"r","stageId":"w","stageExecutionId":"r/w#1/1""#.to_owned()),
+            Just(r#""event":"NoSuchEvent","workflowRunId":"r""#.to_owned()),
+            Just(r#""workflowRunId":"r""#.to_owned()),
+        ];
+        let fields = proptest::collection::vec(("[a-zA-Z\"\\\\]{0,6}", values()), 0..5);
+        prop_oneof![
+            4 => (head, fields).prop_map(|(head, fields)| {
+                let mut line = format!("{{{head}");
+                for (key, value) in fields {
+                    line.push(',');
+                    line.push_str(&serde_json::to_string(&key).unwrap());
+                    line.push(':');
+                    line.push_str(&value);
+                }
+                line.push('}');
+                line
+            }),
+            1 => values(),
+            1 => "[\\[\\]{}\":,a-z0-9 ]{0,24}".prop_map(|s| s),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+        #[test]
+        fn a_line_read_in_its_report_is_the_line_read_alone(line in lines()) {
+            // A line without a timestamp is stamped when it is read.
+            let stamped = |event: Option<Event>| {
+                event.map(|mut e| {
+                    if !line.contains("\"ts\"") {
+                        e.ts = std::time::UNIX_EPOCH;
+                    }
+                    e
+                })
+            };
+            let alone = stamped(Event::from_line(&line));
+            let embedded: Result<Vec<EventLine>, _> = serde_json::from_str(&format!("[{line}]"));
+            match embedded {
+                Ok(read) if read.len() == 1 => {
+                    let read = stamped(read.into_iter().next().unwrap().into_event());
+                    prop_assert_eq!(read, alone);
+                }
+                // Not one JSON value: the line alone is no event either.
+                _ => prop_assert!(alone.is_none(), "{}", line),
+            }
+        }
+    }
+}

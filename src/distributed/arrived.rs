@@ -72,9 +72,11 @@ pub async fn take_arrived(
                 if let Ok(Report::Exited { result, events, .. }) = report
                     && result.verdict != Verdict::Fail
                 {
+                    // As the worker wrote them (its seq, 0, is the
+                    // coordinator's to give).
                     let lines = events
-                        .iter()
-                        .filter_map(|e| serde_json::from_str(e.text()).ok())
+                        .into_iter()
+                        .filter_map(|e| e.into_event().map(|event| event.to_json(0)))
                         .collect();
                     results.push((result, lines));
                 }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::runtime::events::Event;
 use crate::runtime::result::{StageResult, Usage};
 
 /// The work queue of sibling tasks (work-queue retention).
@@ -221,25 +222,66 @@ impl Report {
     }
 }
 
-/// One audit event of a worker's execution, as the JSON line the worker's
-/// bus wrote for it: the coordinator relays it into its own log without
-/// building a JSON value of it ([`Event::from_line`]).
+/// One audit event of a worker's execution. It travels as the JSON line
+/// the worker's bus wrote for it (`Line`, sent verbatim), and the
+/// coordinator reads it back into an event (`Read`) in the same pass that
+/// reads the report around it: each line is scanned once, and no JSON
+/// value is built of it ([`Event::read_embedded`]). `Read(None)` is a
+/// line that is no event troupe knows; relaying skips it.
 ///
-/// [`Event::from_line`]: crate::runtime::events::Event::from_line
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct EventLine(pub Box<RawValue>);
+/// [`Event::read_embedded`]: crate::runtime::events::Event::read_embedded
+#[derive(Debug, Clone)]
+pub enum EventLine {
+    Line(Box<RawValue>),
+    Read(Option<Event>),
+}
 
 impl EventLine {
-    /// The line's JSON text.
-    pub fn text(&self) -> &str {
-        self.0.get()
+    /// The event, read back from its line if it still is one.
+    pub fn into_event(self) -> Option<Event> {
+        match self {
+            EventLine::Line(line) => Event::from_line(line.get()),
+            EventLine::Read(event) => event,
+        }
+    }
+}
+
+impl Serialize for EventLine {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            EventLine::Line(line) => line.serialize(s),
+            // Read back, written as the worker would (its seq is the
+            // coordinator's to give): for tests and tools, never sent.
+            EventLine::Read(Some(event)) => {
+                let mut line = Vec::new();
+                event.write_json(0, &mut line);
+                let text = String::from_utf8(line).map_err(serde::ser::Error::custom)?;
+                RawValue::from_string(text)
+                    .map_err(serde::ser::Error::custom)?
+                    .serialize(s)
+            }
+            EventLine::Read(None) => s.serialize_unit(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EventLine {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Event::read_embedded(d).map(EventLine::Read)
     }
 }
 
 impl PartialEq for EventLine {
+    /// The same event, however each side holds it.
     fn eq(&self, other: &Self) -> bool {
-        self.text() == other.text()
+        match (self, other) {
+            (EventLine::Line(a), EventLine::Line(b)) => a.get() == b.get(),
+            (EventLine::Read(a), EventLine::Read(b)) => a == b,
+            (EventLine::Line(line), EventLine::Read(event))
+            | (EventLine::Read(event), EventLine::Line(line)) => {
+                Event::from_line(line.get()) == *event
+            }
+        }
     }
 }
 
@@ -269,5 +311,74 @@ mod tests {
         let back: Report = serde_json::from_str(&text).expect("parses");
         assert_eq!(back, report);
         assert_eq!(back.execution(), Some(("r/w#1/1", 2, 1)));
+    }
+
+    /// A report's events are read in the pass that reads the report: each
+    /// equals the event read back from its line alone, and writes the
+    /// same audit line.
+    #[test]
+    fn events_read_with_their_report_are_the_events_of_their_lines() {
+        use crate::runtime::events::EventName;
+        let cancelled = Event::new(EventName::StageCancelled, "run-1")
+            .stage("worker", "run-1/worker#3/1")
+            .with_static("phase", "Act")
+            .with("reason", "a \"quoted\" reason")
+            .with("out", serde_json::json!({"k": [1.5, null, "\u{1}"]}));
+        let mut line = Vec::new();
+        cancelled.write_json(0, &mut line);
+        let line = RawValue::from_string(String::from_utf8(line).unwrap()).unwrap();
+        let report = Report::Cancelled {
+            stage_execution_id: "run-1/worker#3/1".to_owned(),
+            turn: 1,
+            unit: 3,
+            worker: "w1".to_owned(),
+            usage: Usage::default(),
+            events: vec![EventLine::Line(line.clone())],
+        };
+        let text = serde_json::to_vec(&vec![report.clone()]).unwrap();
+        let back: Vec<Report> = serde_json::from_slice(&text).unwrap();
+        assert_eq!(back, vec![report], "Line and Read compare by their event");
+        let Report::Cancelled { events, .. } = back.into_iter().next().unwrap() else {
+            panic!("a cancelled report");
+        };
+        let read = events.into_iter().next().unwrap().into_event().unwrap();
+        let alone = Event::from_line(line.get()).unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        read.write_json(7, &mut a);
+        alone.write_json(7, &mut b);
+        assert_eq!(String::from_utf8(a).unwrap(), String::from_utf8(b).unwrap());
+    }
+
+    /// Lines that are no event troupe knows are skipped, and cost neither
+    /// their report nor the events beside them.
+    #[test]
+    fn a_line_that_is_no_event_reads_as_none_and_keeps_its_report() {
+        let event = r#"{"seq":0,"ts":"2026-11-26T10:00:00.000001Z","event":"StageEntered","workflowRunId":"r"}"#;
+        let odd = [
+            "42",
+            "\"text\"",
+            "null",
+            "[1,[2,{}]]",
+            r#"{"event":"NoSuchEvent","workflowRunId":"r"}"#,
+            r#"{"event":"StageEntered","workflowRunId":"r","x":1e999,"y":[{"z":true}]}"#,
+            r#"{"event":"StageEntered","workflowRunId":"r","x":"\ud800"}"#,
+        ];
+        let events = format!("[{event},{},{event}]", odd.join(","));
+        let text = format!(
+            r#"[{{"kind":"cancelled","body":{{"stageExecutionId":"r/w#1/1","turn":1,"unit":1,"worker":"w","usage":{},"events":{events}}}}}]"#,
+            serde_json::to_string(&Usage::default()).unwrap()
+        );
+        let reports: Vec<Report> = serde_json::from_str(&text).expect("the report reads");
+        let Some(Report::Cancelled { events, .. }) = reports.into_iter().next() else {
+            panic!("a cancelled report");
+        };
+        let read: Vec<bool> = events
+            .into_iter()
+            .map(|e| e.into_event().is_some())
+            .collect();
+        let mut expected = vec![true];
+        expected.extend(std::iter::repeat_n(false, odd.len()));
+        expected.push(true);
+        assert_eq!(read, expected);
     }
 }

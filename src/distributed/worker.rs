@@ -70,7 +70,7 @@ fn event_line(event: &Event, worker: &Arc<str>) -> Option<EventLine> {
         event.write_json(0, &mut line);
     }
     let text = String::from_utf8(line).ok()?;
-    RawValue::from_string(text).ok().map(EventLine)
+    RawValue::from_string(text).ok().map(EventLine::Line)
 }
 
 /// Runs the worker until `drain` says stop (then lets the siblings in

@@ -193,7 +193,7 @@ impl Coordinator {
                 if let Some(exec) = known.filter(|_| !resolved) {
                     self.done(&exec, turn, unit);
                     self.charge(usage);
-                    self.relay(&events);
+                    self.relay(events);
                     self.scheduler.do_send(ToScheduler::Report {
                         exec,
                         outcome: StageOutcome::Cancelled { usage },
@@ -230,12 +230,10 @@ impl Coordinator {
 
     /// Publishes a worker's events of one execution into the run's log,
     /// in order; the `seq` of the last.
-    pub(super) fn relay(&self, events: &[EventLine]) -> u64 {
+    pub(super) fn relay(&self, events: Vec<EventLine>) -> u64 {
         let mut last = 0;
-        for line in events {
-            if let Some(event) = Event::from_line(line.text()) {
-                last = self.spec.bus.publish(event).unwrap_or(last);
-            }
+        for event in events.into_iter().filter_map(EventLine::into_event) {
+            last = self.spec.bus.publish(event).unwrap_or(last);
         }
         last
     }
@@ -258,7 +256,7 @@ impl Coordinator {
         result: Arc<StageResult>,
         events: Vec<EventLine>,
     ) {
-        let seq = self.relay(&events);
+        let seq = self.relay(events);
         self.scheduler.do_send(ToScheduler::Report {
             exec,
             outcome: StageOutcome::Exited { result, seq },

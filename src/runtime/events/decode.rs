@@ -26,6 +26,60 @@ impl Event {
         de.end().ok()?;
         event
     }
+
+    /// [`Event::from_line`] for a line that is one value inside a larger
+    /// JSON text (a worker's report): read in the same pass as the text
+    /// around it. Any JSON value is taken; one that is not an object of a
+    /// known event reads as `None`, and so does an object with a value
+    /// `from_line` refuses, without failing the text around it.
+    pub fn read_embedded<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Event>, D::Error> {
+        d.deserialize_any(AnyLine)
+    }
+}
+
+/// Any JSON value: an object is read as an event line, anything else
+/// skipped whole.
+struct AnyLine;
+
+impl<'de> Visitor<'de> for AnyLine {
+    type Value = Option<Event>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<Event>, A::Error> {
+        LineVisitor.visit_map(map)
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Option<Event>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Option<Event>, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Option<Event>, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Option<Event>, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Option<Event>, E> {
+        Ok(None)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Option<Event>, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Option<Event>, E> {
+        Ok(None)
+    }
 }
 
 /// A string borrowed from the line where it has no escapes.
@@ -118,7 +172,9 @@ impl<'de> Visitor<'de> for LineVisitor {
         let mut ts = None;
         let (mut exec, mut stage, mut tool) = (None, None, None);
         let mut known = true;
-        let mut members: Vec<u8> = Vec::new();
+        // Room for a usual line's fields: growing by doubling from empty
+        // was a tenth of reading one.
+        let mut members: Vec<u8> = Vec::with_capacity(256);
         while let Some(key) = map.next_key::<Text<'de>>()? {
             let shared = |t: Text<'de>| Some(Arc::<str>::from(t.as_str()));
             match key.as_str() {
@@ -135,19 +191,34 @@ impl<'de> Visitor<'de> for LineVisitor {
                 "stageExecutionId" => exec = shared(map.next_value()?),
                 "stageId" => stage = shared(map.next_value()?),
                 "tool" => tool = shared(map.next_value()?),
-                other => {
+                _ => {
                     let value: &'de RawValue = map.next_value()?;
                     // Read as a value only when it may hold what JSON
                     // allows and a value cannot (a number out of range, a
                     // lone surrogate escape): serde_json refuses those.
-                    if needs_reading(value.get()) {
-                        serde_json::from_str::<serde_json::Value>(value.get())
-                            .map_err(de::Error::custom)?;
+                    // Refused, it makes the line no event; the rest of the
+                    // object is still read, so a line inside a larger text
+                    // leaves that text readable.
+                    if needs_reading(value.get())
+                        && serde_json::from_str::<serde_json::Value>(value.get()).is_err()
+                    {
+                        known = false;
+                        continue;
                     }
                     if !members.is_empty() {
                         members.push(b',');
                     }
-                    write_json_str(&mut members, other);
+                    match &key {
+                        // Borrowed from the text only when it had no
+                        // escapes, and JSON text holds no raw control
+                        // characters: it is a string's body as it stands.
+                        Text::Borrowed(name) => {
+                            members.push(b'"');
+                            members.extend_from_slice(name.as_bytes());
+                            members.push(b'"');
+                        }
+                        Text::Owned(name) => write_json_str(&mut members, name),
+                    }
                     members.push(b':');
                     members.extend_from_slice(value.get().as_bytes());
                 }
@@ -248,6 +319,16 @@ mod tests {
         for risky in ["1e999", "[0.5E3]", "\"\\ud800\"", &"9".repeat(301)] {
             assert!(needs_reading(risky), "{risky}");
         }
+    }
+
+    #[test]
+    fn field_names_with_and_without_escapes_are_written_back_as_json() {
+        let line = r#"{"event":"StageEntered","workflowRunId":"r","a\u0062c":1,"k\"ey":2,"plain":3,"é\n":4}"#;
+        let back = Event::from_line(line).expect("known");
+        let Some(FieldValue::Relayed(members)) = back.field_value("") else {
+            panic!("relayed members");
+        };
+        assert_eq!(&**members, r#""abc":1,"k\"ey":2,"plain":3,"é\n":4"#);
     }
 
     #[test]
