@@ -5,10 +5,10 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use crate::runtime::cancel::CancelScope;
 use actix::prelude::*;
 use futures::FutureExt;
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 use crate::tools::ToolEnv;
 use crate::tools::ToolError;
@@ -29,7 +29,9 @@ pub struct RunTool {
     pub args: Value,
     /// The root the call is confined to, and its caps.
     pub env: ToolEnv,
-    pub cancel: CancellationToken,
+    /// The call's scope, a child of its execution's: checked (marks
+    /// first) before the call runs, its token watched while it runs.
+    pub cancel: CancelScope,
 }
 
 /// How a tool call ended.
@@ -63,8 +65,13 @@ impl Handler<RunTool> for ToolCallActor {
             );
         }
         let fut = async move {
-            let run = AssertUnwindSafe(execute_output(&msg.env, &msg.name, &msg.args, &msg.cancel))
-                .catch_unwind();
+            let run = AssertUnwindSafe(execute_output(
+                &msg.env,
+                &msg.name,
+                &msg.args,
+                msg.cancel.token(),
+            ))
+            .catch_unwind();
             match run.await {
                 _ if msg.cancel.is_cancelled() => ToolOutcome::Cancelled,
                 Ok(Ok(out)) => ToolOutcome::Succeeded(out),
@@ -88,7 +95,7 @@ mod tests {
 
     use super::*;
 
-    fn write_call(root: &Path, cancel: CancellationToken) -> ToolOutcome {
+    fn write_call(root: &Path, cancel: CancelScope) -> ToolOutcome {
         let args = serde_json::json!({"path": "made.txt", "content": "x"});
         actix::System::new().block_on(async move {
             ToolCallActor
@@ -107,12 +114,24 @@ mod tests {
     #[test]
     fn a_call_cancelled_before_its_actor_runs_it_does_nothing() {
         let root = tempfile::tempdir().expect("a temp folder");
-        let cancelled = CancellationToken::new();
-        cancelled.cancel();
+        let cancelled = CancelScope::root().child();
+        cancelled.stop();
         assert_eq!(write_call(root.path(), cancelled), ToolOutcome::Cancelled);
         assert!(!root.path().join("made.txt").exists());
+        // Under a relay whose task has not forwarded the group's cancel
+        // yet: the marks refuse it all the same.
+        let group = CancelScope::root();
+        let (relay, _forward) = group.relay();
+        let execution = relay.child();
+        group.cancel("sibling failed");
+        assert!(!execution.token().is_cancelled());
+        assert_eq!(
+            write_call(root.path(), execution.child()),
+            ToolOutcome::Cancelled
+        );
+        assert!(!root.path().join("made.txt").exists());
         // The same call, not cancelled, writes the file.
-        let outcome = write_call(root.path(), CancellationToken::new());
+        let outcome = write_call(root.path(), CancelScope::root().child());
         assert!(matches!(outcome, ToolOutcome::Succeeded(_)), "{outcome:?}");
         assert!(root.path().join("made.txt").is_file());
     }

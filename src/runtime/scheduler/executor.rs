@@ -193,7 +193,7 @@ impl Executor for LocalExecutor {
             settings: Arc::clone(&self.kit.settings),
             index,
             visit,
-            cancel: scope.token().clone(),
+            cancel: scope.clone(),
             hub: self.hub.clone(),
             hooks: Arc::clone(&self.kit.hooks),
             tools,

@@ -111,7 +111,7 @@ impl StageRun {
                     .with_sandbox(self.settings.sandbox.clone())
                     .with_mcp(self.settings.mcp.clone())
                     .with_deny_network(self.settings.deny_network || self.network_denied()),
-                cancel: self.cancel.child_token(),
+                cancel: self.cancel.child(),
             })
             .await
             .unwrap_or(ToolOutcome::Failed(ToolError::Terminal {

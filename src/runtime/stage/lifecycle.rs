@@ -59,7 +59,7 @@ impl StageRun {
                         Err(_) => {
                             // Whatever was in flight is dropped; its tools are
                             // cancelled (child processes killed).
-                            self.cancel.cancel();
+                            self.cancel.stop();
                             let mut ended = Conclusion::early(
                                 Verdict::Fail,
                                 format!(

@@ -29,7 +29,7 @@ impl StageRun {
             {
                 // The scheduler is cancelling the run: no new request
                 // starts, and this execution waits to be dropped.
-                self.cancel.cancelled().await;
+                self.cancel.token().cancelled().await;
                 std::future::pending::<()>().await;
             }
             self.emit(

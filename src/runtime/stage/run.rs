@@ -6,8 +6,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use crate::runtime::cancel::CancelScope;
 use actix::Addr;
-use tokio_util::sync::CancellationToken;
 use troupe_actors::EventBus;
 
 use super::settings::RunSettings;
@@ -30,8 +30,11 @@ pub struct StageRun {
     pub settings: Arc<RunSettings>,
     pub index: Option<usize>,
     pub visit: u32,
-    /// Cancelled when the execution is strictly cancelled; tool calls watch it.
-    pub cancel: CancellationToken,
+    /// The execution's scope: cancelled when the execution is strictly
+    /// cancelled; tool calls run in child scopes of it. A scope, not only
+    /// its token: under a relay (`cancel.rs`) the token fires a moment
+    /// after a group's cancel, the scope's marks at once.
+    pub cancel: CancelScope,
     /// Where out-of-envelope calls are put to the interactors; `None`
     /// denies them (headless).
     pub hub: Option<Arc<Addr<InteractionHub>>>,
