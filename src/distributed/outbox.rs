@@ -13,7 +13,7 @@ use async_nats::HeaderMap;
 use tokio::sync::{mpsc, oneshot};
 
 use super::nats::{Nats, publish_acked};
-use super::wire::{Report, report_subject};
+use super::wire::{Report, line_by_line, report_subject};
 
 /// The most reports in one batch.
 pub const MAX_REPORTS: usize = 512;
@@ -145,18 +145,26 @@ pub fn decode(payload: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
     // when it does not. Read as text checked once: read from bytes,
     // serde_json checks each string and each event's raw member values
     // again (an eighth of the coordinator's reading).
-    if let Ok(text) = std::str::from_utf8(payload)
-        && let Ok(reports) = serde_json::from_str::<Vec<Report>>(text)
-    {
+    let whole = match std::str::from_utf8(payload) {
+        Ok(text) => serde_json::from_str::<Vec<Report>>(text),
+        // Bytes that are not UTF-8 may still sit in members a report
+        // ignores.
+        Err(_) => serde_json::from_slice::<Vec<Report>>(payload),
+    };
+    if let Ok(reports) = whole {
         return reports.into_iter().map(Ok).collect();
     }
     match serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(payload) {
-        Ok(items) => items
-            .into_iter()
-            .map(|raw| serde_json::from_str(raw.get()))
-            .collect(),
+        Ok(items) => items.into_iter().map(|raw| one(raw.get())).collect(),
         Err(e) => vec![Err(e)],
     }
+}
+
+/// One report: in one pass, or else with its event lines read one by one,
+/// so that a line the one pass cannot read (no JSON object, a head value
+/// that is no string, a name with a lone surrogate) costs only itself.
+fn one(text: &str) -> Result<Report, serde_json::Error> {
+    serde_json::from_str(text).or_else(|_| line_by_line(|| serde_json::from_str(text)))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! secret: a task names the pipeline (and its digest) and the sibling's
 //! ctx, nothing about how the worker reaches its model.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -267,8 +268,32 @@ impl Serialize for EventLine {
 
 impl<'de> Deserialize<'de> for EventLine {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if LINE_BY_LINE.with(Cell::get) {
+            let line = Box::<RawValue>::deserialize(d)?;
+            return Ok(EventLine::Read(Event::from_line(line.get())));
+        }
         Event::read_embedded(d).map(EventLine::Read)
     }
+}
+
+thread_local! {
+    /// Set by [`line_by_line`] while it reads.
+    static LINE_BY_LINE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `read` with each event line taken whole first and then read on
+/// its own (two scans, as `Event::from_line`): for a report the one-pass
+/// read refused, so that a line only `from_line` can turn down costs
+/// only itself, not the report around it.
+pub fn line_by_line<T>(read: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LINE_BY_LINE.with(|flag| flag.set(self.0));
+        }
+    }
+    let _restore = Restore(LINE_BY_LINE.with(|flag| flag.replace(true)));
+    read()
 }
 
 impl PartialEq for EventLine {
@@ -362,14 +387,23 @@ mod tests {
             r#"{"event":"NoSuchEvent","workflowRunId":"r"}"#,
             r#"{"event":"StageEntered","workflowRunId":"r","x":1e999,"y":[{"z":true}]}"#,
             r#"{"event":"StageEntered","workflowRunId":"r","x":"\ud800"}"#,
+            // What only a line read on its own can turn down.
+            "1e999",
+            r#""\ud800""#,
+            r#"{"event":"StageEntered","workflowRunId":1}"#,
+            r#"{"event":"StageEntered","workflowRunId":"r","\udc00":1}"#,
         ];
         let events = format!("[{event},{},{event}]", odd.join(","));
         let text = format!(
             r#"[{{"kind":"cancelled","body":{{"stageExecutionId":"r/w#1/1","turn":1,"unit":1,"worker":"w","usage":{},"events":{events}}}}}]"#,
             serde_json::to_string(&Usage::default()).unwrap()
         );
-        let reports: Vec<Report> = serde_json::from_str(&text).expect("the report reads");
-        let Some(Report::Cancelled { events, .. }) = reports.into_iter().next() else {
+        assert!(
+            serde_json::from_str::<Vec<Report>>(&text).is_err(),
+            "the one pass turns the last lines down"
+        );
+        let reports = crate::distributed::outbox::decode(text.as_bytes());
+        let Some(Ok(Report::Cancelled { events, .. })) = reports.into_iter().next() else {
             panic!("a cancelled report");
         };
         let read: Vec<bool> = events
