@@ -22,6 +22,13 @@
 #                     16: system calls by kind (futex, eventfd writes,
 #                     epoll_wait, sched_yield, pwrite64), context switches,
 #                     migrations, page faults (where the system time goes)
+#   distributed_*.txt with a nats-server binary at $NATS_SERVER or
+#                     target/nats-server (carry it: `cp "$(command -v
+#                     nats-server)" target/`): the coordinator at 0 ms over
+#                     three workers (siblings/s), and eight workers, cap
+#                     1 024, 50 ms turns (x the ideal); benches/distributed.sh
+#                     runs target/release/troupe. A stripped binary keeps
+#                     both under the 64 MiB a carry allows.
 #
 # SCALE=100 divides every width by 100: a dry run of the script anywhere.
 set -u
@@ -98,4 +105,14 @@ kept=$(sed -n 's/^audit logs kept in //p' "$out/million.err" | tail -1)
 if [ -n "$kept" ]; then
     find "$kept" -name 'audit.jsonl*' -printf '%s bytes %p\n' >"$out/million_audit.txt"
     rm -rf "$kept"
+fi
+
+nats=${NATS_SERVER:-target/nats-server}
+if [ -x "$nats" ] && [ -x target/release/troupe ]; then
+    TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
+        --latency 0ms --repeat 3 >"$out/distributed_0ms.txt" 2>&1
+    TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
+        --latency 50ms --workers 8 --repeat 3 >"$out/distributed_8w.txt" 2>&1
+else
+    echo "no nats-server at $nats (or no target/release/troupe)" >"$out/distributed_0ms.txt"
 fi

@@ -373,46 +373,4 @@ mod tests {
         alone.write_json(7, &mut b);
         assert_eq!(String::from_utf8(a).unwrap(), String::from_utf8(b).unwrap());
     }
-
-    /// Lines that are no event troupe knows are skipped, and cost neither
-    /// their report nor the events beside them.
-    #[test]
-    fn a_line_that_is_no_event_reads_as_none_and_keeps_its_report() {
-        let event = r#"{"seq":0,"ts":"2026-11-26T10:00:00.000001Z","event":"StageEntered","workflowRunId":"r"}"#;
-        let odd = [
-            "42",
-            "\"text\"",
-            "null",
-            "[1,[2,{}]]",
-            r#"{"event":"NoSuchEvent","workflowRunId":"r"}"#,
-            r#"{"event":"StageEntered","workflowRunId":"r","x":1e999,"y":[{"z":true}]}"#,
-            r#"{"event":"StageEntered","workflowRunId":"r","x":"\ud800"}"#,
-            // What only a line read on its own can turn down.
-            "1e999",
-            r#""\ud800""#,
-            r#"{"event":"StageEntered","workflowRunId":1}"#,
-            r#"{"event":"StageEntered","workflowRunId":"r","\udc00":1}"#,
-        ];
-        let events = format!("[{event},{},{event}]", odd.join(","));
-        let text = format!(
-            r#"[{{"kind":"cancelled","body":{{"stageExecutionId":"r/w#1/1","turn":1,"unit":1,"worker":"w","usage":{},"events":{events}}}}}]"#,
-            serde_json::to_string(&Usage::default()).unwrap()
-        );
-        assert!(
-            serde_json::from_str::<Vec<Report>>(&text).is_err(),
-            "the one pass turns the last lines down"
-        );
-        let reports = crate::distributed::outbox::decode(text.as_bytes());
-        let Some(Ok(Report::Cancelled { events, .. })) = reports.into_iter().next() else {
-            panic!("a cancelled report");
-        };
-        let read: Vec<bool> = events
-            .into_iter()
-            .map(|e| e.into_event().is_some())
-            .collect();
-        let mut expected = vec![true];
-        expected.extend(std::iter::repeat_n(false, odd.len()));
-        expected.push(true);
-        assert_eq!(read, expected);
-    }
 }
