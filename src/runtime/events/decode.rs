@@ -322,6 +322,28 @@ mod tests {
     }
 
     #[test]
+    fn a_field_value_stays_small() {
+        // Every field of every event is this large (an event's list holds
+        // six); an inline `serde_json::Value` made it 80 bytes.
+        assert!(std::mem::size_of::<FieldValue>() <= 32);
+        let n = Event::new(EventName::StageEntered, "r")
+            .with("n", 3u32)
+            .with("neg", -3i64)
+            .with("flag", true)
+            .with("value", serde_json::json!(2.5))
+            .with("list", vec![Value::from(1)]);
+        let mut line = Vec::new();
+        n.write_json(1, &mut line);
+        let line = String::from_utf8(line).unwrap();
+        assert!(
+            line.ends_with(r#""n":3,"neg":-3,"flag":true,"value":2.5,"list":[1]}"#),
+            "{line}"
+        );
+        assert_eq!(n.field("value"), Some(serde_json::json!(2.5)));
+        assert_eq!(n.field("flag"), Some(Value::Bool(true)));
+    }
+
+    #[test]
     fn field_names_with_and_without_escapes_are_written_back_as_json() {
         let line = r#"{"event":"StageEntered","workflowRunId":"r","a\u0062c":1,"k\"ey":2,"plain":3,"é\n":4}"#;
         let back = Event::from_line(line).expect("known");

@@ -163,16 +163,20 @@ enum Head<'a> {
 }
 
 /// `value` as compact JSON, as `serde_json::to_writer` writes it.
+fn write_json_number(out: &mut Vec<u8>, n: &serde_json::Number) {
+    match n.as_u64() {
+        Some(n) => write_u64(out, n),
+        // Negative and float numbers: serde_json's own formatting.
+        None => out.extend_from_slice(n.to_string().as_bytes()),
+    }
+}
+
 fn write_json_value(out: &mut Vec<u8>, value: &Value) {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(n) => match n.as_u64() {
-            Some(n) => write_u64(out, n),
-            // Negative and float numbers: serde_json's own formatting.
-            None => out.extend_from_slice(n.to_string().as_bytes()),
-        },
+        Value::Number(n) => write_json_number(out, n),
         Value::String(s) => write_json_str(out, s),
         Value::Array(items) => {
             out.push(b'[');
@@ -222,6 +226,9 @@ impl FieldValue {
             FieldValue::Usage(u) => {
                 let _ = serde_json::to_writer(&mut *out, u);
             }
+            FieldValue::Number(n) => write_json_number(out, n),
+            FieldValue::Bool(true) => out.extend_from_slice(b"true"),
+            FieldValue::Bool(false) => out.extend_from_slice(b"false"),
             FieldValue::Json(v) => write_json_value(out, v),
             FieldValue::Relayed(members) => {
                 out.push(b'{');

@@ -207,12 +207,18 @@ pub struct Event {
 /// already shares, a count, or a stage's usage: those are kept as they are
 /// and written straight to JSON, so building an event allocates no
 /// strings or maps for them — a `serde_json::Value` would (BENCHMARKS.md).
+/// Numbers and booleans are kept as they are; any other JSON value is
+/// boxed: a `Value` inline (80 bytes with ordered maps) made every field
+/// of every event that large, and an event's list of fields twice the
+/// memory it needs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FieldValue {
     Static(&'static str),
     Shared(Arc<str>),
     Usage(Usage),
-    Json(Value),
+    Number(serde_json::Number),
+    Bool(bool),
+    Json(Box<Value>),
     /// The fields of an event relayed from a worker, as the members of
     /// the JSON object they were written in (its text without the
     /// braces), kept under the key `""` and written back verbatim: the
@@ -228,7 +234,9 @@ impl FieldValue {
             FieldValue::Static(s) => Value::from(*s),
             FieldValue::Shared(s) => Value::from(&**s),
             FieldValue::Usage(u) => serde_json::to_value(u).unwrap_or(Value::Null),
-            FieldValue::Json(v) => v.clone(),
+            FieldValue::Number(n) => Value::Number(n.clone()),
+            FieldValue::Bool(b) => Value::Bool(*b),
+            FieldValue::Json(v) => (**v).clone(),
             FieldValue::Relayed(members) => Value::Object(relayed_fields(members)),
         }
     }
@@ -298,7 +306,7 @@ pub(super) fn relayed_field(members: &str, key: &str) -> Option<Value> {
 
 impl From<&str> for FieldValue {
     fn from(s: &str) -> Self {
-        FieldValue::Json(Value::from(s))
+        FieldValue::Json(Box::new(Value::from(s)))
     }
 }
 
@@ -316,20 +324,42 @@ impl From<Usage> for FieldValue {
 
 impl From<Value> for FieldValue {
     fn from(v: Value) -> Self {
-        FieldValue::Json(v)
+        match v {
+            Value::Number(n) => FieldValue::Number(n),
+            Value::Bool(b) => FieldValue::Bool(b),
+            other => FieldValue::Json(Box::new(other)),
+        }
     }
 }
 
-macro_rules! json_field_from {
+macro_rules! number_field_from {
     ($($t:ty),*) => {$(
         impl From<$t> for FieldValue {
             fn from(v: $t) -> Self {
-                FieldValue::Json(Value::from(v))
+                FieldValue::Number(serde_json::Number::from(v))
             }
         }
     )*};
 }
-json_field_from!(String, bool, i32, u32, u64, usize, i64, Vec<Value>);
+number_field_from!(i32, u32, u64, usize, i64);
+
+impl From<bool> for FieldValue {
+    fn from(b: bool) -> Self {
+        FieldValue::Bool(b)
+    }
+}
+
+impl From<String> for FieldValue {
+    fn from(s: String) -> Self {
+        FieldValue::Json(Box::new(Value::String(s)))
+    }
+}
+
+impl From<Vec<Value>> for FieldValue {
+    fn from(items: Vec<Value>) -> Self {
+        FieldValue::Json(Box::new(Value::Array(items)))
+    }
+}
 
 impl BusEvent for Event {
     fn class(&self) -> EventClass {
