@@ -154,6 +154,11 @@ pub fn decode(payload: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
     if let Ok(reports) = whole {
         return reports.into_iter().map(Ok).collect();
     }
+    // Still whole, each event line read on its own; then report by report
+    // (which needs every report valid UTF-8 on its own).
+    if let Ok(reports) = line_by_line(|| serde_json::from_slice::<Vec<Report>>(payload)) {
+        return reports.into_iter().map(Ok).collect();
+    }
     match serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(payload) {
         Ok(items) => items.into_iter().map(|raw| one(raw.get())).collect(),
         Err(e) => vec![Err(e)],
@@ -246,5 +251,35 @@ mod tests {
         expected.extend(std::iter::repeat_n(false, odd.len()));
         expected.push(true);
         assert_eq!(read, expected);
+    }
+
+    /// A batch that is not UTF-8 everywhere (a stray byte in a member no
+    /// report reads) with a line only a line read on its own turns down:
+    /// both reports still read.
+    #[test]
+    fn a_stray_byte_and_an_odd_line_in_one_batch_cost_neither_report() {
+        let usage = serde_json::to_string(&crate::runtime::result::Usage::default()).unwrap();
+        let mut batch = b"[{\"kind\":\"accepted\",\"body\":{\"stageExecutionId\":\"r/w#1/1\",\"turn\":1,\"unit\":1,\"worker\":\"w\",\"note\":\"".to_vec();
+        batch.push(0xff);
+        batch.extend_from_slice(b"\"}},");
+        batch.extend_from_slice(
+            format!(
+                r#"{{"kind":"cancelled","body":{{"stageExecutionId":"r/w#2/1","turn":1,"unit":2,"worker":"w","usage":{usage},"events":[1e999]}}}}]"#
+            )
+            .as_bytes(),
+        );
+        let reports = decode(&batch);
+        assert_eq!(reports.len(), 2, "{reports:?}");
+        assert!(
+            matches!(reports[0], Ok(Report::Accepted { unit: 1, .. })),
+            "{reports:?}"
+        );
+        let Ok(Report::Cancelled { events, .. }) = &reports[1] else {
+            panic!("{reports:?}");
+        };
+        assert!(
+            matches!(events[..], [super::super::wire::EventLine::Read(None)]),
+            "{events:?}"
+        );
     }
 }
