@@ -6,28 +6,36 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use troupe::distributed::wire::EventLine;
+use troupe::distributed::wire::{EventLine, Report};
 use troupe::runtime::events::Event;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(line) = std::str::from_utf8(data) else {
         return;
     };
-    // Read inside a report (the coordinator's one pass), the line gives
-    // what it gives alone; a line without a timestamp is stamped when
-    // read, so the stamps are left out of the comparison.
-    let embedded: Result<Vec<EventLine>, _> = serde_json::from_str(&format!("[{line}]"));
-    if let Ok(read) = embedded
-        && read.len() == 1
+    // Read inside a report, as the coordinator reads a worker's batch,
+    // the line gives what it gives alone, and any single JSON value keeps
+    // its report. A line without a timestamp is stamped when read, so the
+    // stamps are left out of the comparison.
+    let batch = format!(
+        r#"[{{"kind":"cancelled","body":{{"stageExecutionId":"r/w#1/1","turn":1,"unit":1,"worker":"w","usage":{{"promptTokens":0,"completionTokens":0,"requests":0}},"events":[{line}]}}}}]"#
+    );
+    let one_value = serde_json::from_str::<&serde_json::value::RawValue>(line).is_ok();
+    match troupe::distributed::outbox::decode(batch.as_bytes())
+        .into_iter()
+        .next()
     {
-        let unstamped = |e: Option<Event>| {
-            e.map(|mut e| {
-                e.ts = std::time::UNIX_EPOCH;
-                e
-            })
-        };
-        let read = read.into_iter().next().and_then(EventLine::into_event);
-        assert_eq!(unstamped(read), unstamped(Event::from_line(line)));
+        Some(Ok(Report::Cancelled { events, .. })) if events.len() == 1 => {
+            let unstamped = |e: Option<Event>| {
+                e.map(|mut e| {
+                    e.ts = std::time::UNIX_EPOCH;
+                    e
+                })
+            };
+            let read = events.into_iter().next().and_then(EventLine::into_event);
+            assert_eq!(unstamped(read), unstamped(Event::from_line(line)));
+        }
+        _ => assert!(!one_value, "a single JSON value lost its report: {line}"),
     }
     let Some(event) = Event::from_line(line) else {
         return;
@@ -38,6 +46,10 @@ fuzz_target!(|data: &[u8]| {
     let again = Event::from_line(&first).expect("a written line reads back");
     let mut second = Vec::new();
     again.write_json(7, &mut second);
-    assert_eq!(first.as_bytes(), &second[..], "written, read and written again");
+    assert_eq!(
+        first.as_bytes(),
+        &second[..],
+        "written, read and written again"
+    );
     serde_json::from_str::<serde_json::Value>(&first).expect("a written line is JSON");
 });
