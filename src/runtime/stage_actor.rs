@@ -239,7 +239,7 @@ impl StageActor {
             event = event.with("reason", r.as_str());
         }
         ExitRecorder {
-            event: Some(event),
+            event,
             result: Arc::clone(result),
             exec: self.exec.clone(),
             run_id: Arc::clone(&self.run_id),
@@ -452,9 +452,9 @@ impl Drop for StageActor {
 /// follow it, the report. It runs on the stage actor, or on the ledger's
 /// thread once the result is stored.
 struct ExitRecorder {
-    /// `StageExited`, published once (taken, not copied: this runs on
-    /// the store writer's thread, once per sibling).
-    event: Option<Event>,
+    /// `StageExited`, moved into the bus, not copied: this runs on the
+    /// store's answering thread, once per sibling.
+    event: Event,
     result: Arc<StageResult>,
     exec: ExecKey,
     run_id: Arc<str>,
@@ -473,21 +473,18 @@ impl ExitRecorder {
     }
 
     /// Publishes `StageExited` and reports the execution.
-    fn record(mut self) {
-        let seq = self
-            .event
-            .take()
-            .and_then(|event| self.bus.publish(event))
-            .unwrap_or(0);
-        if let Some(next) = &self.next {
-            self.bus
-                .publish(self.marker(EventName::StagePostFired, "Exit"));
-            self.bus
-                .publish(self.marker(EventName::StagePreFired, "Next"));
-            self.bus.publish(
+    fn record(self) {
+        let markers = self.next.as_ref().map(|next| {
+            [
+                self.marker(EventName::StagePostFired, "Exit"),
+                self.marker(EventName::StagePreFired, "Next"),
                 self.marker(EventName::StagePostFired, "Next")
                     .with("next", next.clone()),
-            );
+            ]
+        });
+        let seq = self.bus.publish(self.event).unwrap_or(0);
+        for marker in markers.into_iter().flatten() {
+            self.bus.publish(marker);
         }
         self.scheduler.do_send(ToScheduler::Report {
             exec: self.exec,
