@@ -334,7 +334,9 @@ fn an_answer_that_panics_leaves_no_other_execution_unanswered() {
     store.begin_run(&run_row("r", 1)).unwrap();
     let writer = StoreWriter::start(&path).unwrap();
     let ledger = writer.ledger();
-    // Both in one batch: the lock is held while they are handed over.
+    // Queued while the writer waits for the lock `holder` takes: in one
+    // batch or two, the panicking answer costs the other nothing (within
+    // one batch: `answer_all`'s unit test).
     let holder = Connection::open(&path).unwrap();
     holder.execute_batch("BEGIN IMMEDIATE").unwrap();
     ledger.persist(

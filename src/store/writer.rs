@@ -368,3 +368,26 @@ fn write_batch(
     }
     tx.commit()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[test]
+    fn one_answer_that_panics_leaves_the_rest_of_its_batch_answered() {
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let hear = |n: u32| -> AfterCommit {
+            let heard = Arc::clone(&heard);
+            Box::new(move |outcome| heard.lock().unwrap().push((n, outcome.is_ok())))
+        };
+        let thens: Vec<AfterCommit> = vec![
+            hear(1),
+            Box::new(|_| panic!("an answer with a bug")),
+            hear(3),
+        ];
+        answer_all(thens, &Ok(()));
+        assert_eq!(*heard.lock().unwrap(), [(1, true), (3, true)]);
+    }
+}
