@@ -194,8 +194,9 @@ impl Write for Compressing {
 
 impl Compressing {
     /// Hands over a slot for the lines of a batch whose first event is
-    /// `from`: the returned sender is the formatter's. Waits while
-    /// [`IN_FLIGHT`] batches are waiting already.
+    /// `from`: the returned sender is the formatter's. Waits while the
+    /// thread's queue is full ([`IN_FLIGHT`] batches beyond one per
+    /// formatter).
     pub(super) fn slot(&mut self, from: u64) -> io::Result<Sender<Segment>> {
         let (filled, segment) = bounded(1);
         let handed = self
