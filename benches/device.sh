@@ -10,12 +10,16 @@
 #
 #   machine.txt       cores, memory, kernel
 #   threads.json      troupe bench, 100 000 wide, cap 256, 0 ms, store on,
-#                     --threads 1,2,4,8,16 (wall, x floor, peak RSS)
-#   threads_time.txt  user and system CPU of that matrix (/usr/bin/time)
+#                     --threads 1,2,4,8,16 (wall, x floor, peak RSS), one
+#                     JSON document per thread count
+#   threads_time.txt  user and system CPU of each thread count's bench
+#                     (troupe's runs and the floor's together)
+#   store.json        the same at --threads 2 and 16, store on and off
 #   failfast.json     10 000 in flight, worker#9999 fails, 50 ms turns,
 #                     --threads 1,2,4,16 (ms to the last StageCancelled)
 #   thread_cpu.txt    CPU seconds per thread name, 200 000 wide,
-#                     --threads 16 (which one-per-run thread sets the pace)
+#                     --threads 2 and 16 (which one-per-run thread sets
+#                     the pace)
 #   million.json      1 000 000 wide, --threads 16, against the floor
 #                     (wall, peak RSS), and million_audit.txt its log size
 #   syscalls_T.csv    perf stat of one 100 000-wide run at --threads 2 and
@@ -26,9 +30,16 @@
 #                     target/nats-server (carry it: `cp "$(command -v
 #                     nats-server)" target/`): the coordinator at 0 ms over
 #                     three workers (siblings/s), and eight workers, cap
-#                     1 024, 50 ms turns (x the ideal); benches/distributed.sh
-#                     runs target/release/troupe. A stripped binary keeps
-#                     both under the 64 MiB a carry allows.
+#                     1 024, 50 ms turns (x the ideal), both with the
+#                     binary given. A stripped binary keeps both under the
+#                     64 MiB a carry allows.
+#   steps.txt         seconds since the start after each step
+#
+# The device tool brings back 8 files at most: run it into a folder of its
+# own and bring back one tarball of it, e.g.
+#
+#     timeout -s KILL 420 benches/device.sh dev/troupe /tmp/r
+#     tar czf "$OUT/device.tgz" -C /tmp/r .
 #
 # SCALE=100 divides every width by 100: a dry run of the script anywhere.
 set -u
@@ -60,19 +71,41 @@ time_of() { # time_of FILE CMD...: the command's user/sys/wall/RSS in FILE
     fi
 }
 
-time_of "$out/threads_time.txt" \
-    "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
-    --threads 1,2,4,8,16 --repeat 3 --runs-dir "$runs" --json \
-    >"$out/threads.json" 2>"$out/threads.err"
+# One bench per thread count, so that each one's user and system CPU
+# (bash's `times`, which counts the waited-for children) is its own.
+: >"$out/threads.json"
+: >"$out/threads_time.txt"
+for t in 1 2 4 8 16; do
+    (
+        "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
+            --threads "$t" --repeat 3 --runs-dir "$runs" --json \
+            >>"$out/threads.json" 2>>"$out/threads.err"
+        # `times` forks nothing only when not piped or substituted.
+        times >"$runs/times"
+        echo "threads $t: children's user, system $(tail -1 "$runs/times")" \
+            >>"$out/threads_time.txt"
+    )
+done
+
+# What the store costs at 2 and 16 threads.
+"$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
+    --threads 2,16 --store on,off --repeat 3 --runs-dir "$runs" --json \
+    >"$out/store.json" 2>>"$out/threads.err"
+
+echo "$SECONDS s: threads, store" >>"$out/steps.txt"
 
 "$bin" bench stages/fanout --width "$w10k" --cap "$w10k" --latency 50ms \
     --fail-sibling "worker#$((w10k - 1))" --threads 1,2,4,16 --repeat 3 \
     --runs-dir "$runs" --json >"$out/failfast.json" 2>"$out/failfast.err"
 
+echo "$SECONDS s: fail-fast" >>"$out/steps.txt"
+
 if command -v python3 >/dev/null; then
-    python3 benches/thread_cpu.py "$bin" run stages/fanout --ctx "width=$w200k" \
-        --parallel-cap 256 --latency 0ms --threads 16 --runs-dir "$runs" \
-        >"$out/thread_cpu.txt" 2>&1
+    for t in 2 16; do
+        echo "--threads $t"
+        python3 benches/thread_cpu.py "$bin" run stages/fanout --ctx "width=$w200k" \
+            --parallel-cap 256 --latency 0ms --threads "$t" --runs-dir "$runs" 2>&1
+    done >"$out/thread_cpu.txt"
 else
     echo "no python3 here" >"$out/thread_cpu.txt"
 fi
@@ -96,6 +129,8 @@ else
     echo "no perf here" >"$out/syscalls_2.csv"
 fi
 
+echo "$SECONDS s: thread CPU, system calls" >>"$out/steps.txt"
+
 rm -rf "${runs:?}"/*
 "$bin" bench stages/fanout --width "$w1m" --cap 256 --latency 0ms \
     --threads 16 --repeat 1 --keep-runs --runs-dir "$runs" --json \
@@ -107,12 +142,15 @@ if [ -n "$kept" ]; then
     rm -rf "$kept"
 fi
 
+echo "$SECONDS s: a million" >>"$out/steps.txt"
+
 nats=${NATS_SERVER:-target/nats-server}
-if [ -x "$nats" ] && [ -x target/release/troupe ]; then
-    TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
+if [ -x "$nats" ]; then
+    TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
         --latency 0ms --repeat 3 >"$out/distributed_0ms.txt" 2>&1
-    TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
+    TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
         --latency 50ms --workers 8 --repeat 3 >"$out/distributed_8w.txt" 2>&1
 else
-    echo "no nats-server at $nats (or no target/release/troupe)" >"$out/distributed_0ms.txt"
+    echo "no nats-server at $nats" >"$out/distributed_0ms.txt"
 fi
+echo "$SECONDS s: distributed" >>"$out/steps.txt"

@@ -27,7 +27,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-troupe=$PWD/target/release/troupe
+# TROUPE_BIN: another binary than the release build (the script cds away,
+# so relative paths are made absolute).
+troupe=$(realpath -m "${TROUPE_BIN:-target/release/troupe}")
 server=${TROUPE_NATS_SERVER:-$(command -v nats-server || true)}
 [ -x "$troupe" ] || { echo "build first: cargo build --release" >&2; exit 2; }
 [ -n "$server" ] || { echo "nats-server not found (PATH or TROUPE_NATS_SERVER)" >&2; exit 2; }
