@@ -3,8 +3,8 @@
 //! with their state as people read it (`interrupted` when no process holds
 //! a `running` run); `runs show` has the per-stage table and the results,
 //! one sibling's with `--stage`; `runs export` is the audit log's whole
-//! lines; `runs rm` and `runs gc` delete rows and folders, never those of a
-//! run a process holds.
+//! lines (also of a run kept with `--no-store`); `runs rm` and `runs gc`
+//! delete rows and folders, never those of a run a process holds.
 
 // Test code: a failed unwrap is a failed test with its location.
 #![allow(clippy::unwrap_used)]
@@ -349,6 +349,34 @@ fn runs_tail_of_a_log_of_many_segments_gives_the_logs_last_lines() {
         let tail = stdout(&project, &["runs", "tail", id, "-n", &n.to_string()]);
         let want = &all[all.len() - n.min(all.len())..];
         assert_eq!(tail.lines().collect::<Vec<_>>(), want, "-n {n}");
+    }
+}
+
+/// A run kept with `--no-store` has its audit log and no row: `runs
+/// export` and `runs tail` find it in `--runs-dir` by its exact id, and a
+/// name that is no run there is still the store's refusal.
+#[test]
+fn export_and_tail_read_a_run_kept_without_a_store() {
+    let project = Project::new();
+    let fanout = bundled("fanout");
+    let report = project.json(&[
+        "run",
+        fanout.to_str().unwrap(),
+        "--ctx",
+        "width=3",
+        "--no-store",
+        "--json",
+    ]);
+    assert_eq!(report["status"], "ok", "{report}");
+    assert!(!project.path().join(".troupe/troupe.db").exists());
+    let id = report["runId"].as_str().unwrap();
+    let log = project.audit_text(id);
+    assert_eq!(stdout(&project, &["runs", "export", id]), log);
+    let last = log.lines().last().unwrap();
+    assert_eq!(stdout(&project, &["runs", "tail", id, "-n", "1"]).trim_end(), last);
+    for not_a_run in [&id[..8], "../runs", "elsewhere"] {
+        let out = project.output(&["runs", "export", not_a_run]);
+        assert_eq!(out.status.code(), Some(2), "{not_a_run}: {}", said(&out));
     }
 }
 

@@ -28,7 +28,8 @@ pub struct StoreArgs {
     /// The run store [default: troupe.db beside --runs-dir].
     #[arg(long, value_name = "FILE", global = true)]
     pub store: Option<PathBuf>,
-    /// The runs folder (locates the default store).
+    /// The runs folder (locates the default store; `export` and `tail` also
+    /// find a run kept with `--no-store` there by its id).
     #[arg(
         long,
         value_name = "DIR",
@@ -119,12 +120,17 @@ pub fn run(args: RunsArgs) -> Exit {
     let done = match args.command {
         None => list(&path, args.limit, json),
         Some(RunsCommand::Show { run_id, stage }) => show(&path, &run_id, stage.as_deref(), json),
-        Some(RunsCommand::Export { run_id, output }) => export(&path, &run_id, output.as_deref()),
+        Some(RunsCommand::Export { run_id, output }) => {
+            run_dir(&path, &args.store.runs_dir, &run_id)
+                .and_then(|dir| export(&dir, output.as_deref()))
+        }
         Some(RunsCommand::Tail {
             run_id,
             lines,
             follow,
-        }) => tail(&path, &run_id, lines, follow),
+        }) => {
+            run_dir(&path, &args.store.runs_dir, &run_id).and_then(|dir| tail(&dir, lines, follow))
+        }
         Some(RunsCommand::Rm { run_ids }) => remove(&path, &run_ids, json),
         Some(RunsCommand::Gc {
             older_than,
@@ -434,10 +440,27 @@ fn label(e: &ExecRow) -> String {
     l
 }
 
-fn export(path: &Path, id: &str, output: Option<&Path>) -> Result<Exit, StoreError> {
-    let store = Store::open_read_only(path)?;
-    let run = store.find_run(id)?;
-    let log = auditlog::in_dir(Path::new(&run.run_dir));
+/// A run's folder: where the run store says (it takes an id prefix), or,
+/// for a run kept with `--no-store` or a store that lacks it, the folder
+/// of that exact name in `--runs-dir` when it holds an audit log.
+fn run_dir(store: &Path, runs_dir: &Path, id: &str) -> Result<PathBuf, StoreError> {
+    let stored = Store::open_read_only(store).and_then(|s| s.find_run(id));
+    match stored {
+        Ok(run) => Ok(PathBuf::from(run.run_dir)),
+        Err(e) => {
+            let dir = runs_dir.join(id);
+            let plain_name = Path::new(id).file_name() == Some(std::ffi::OsStr::new(id));
+            if plain_name && auditlog::in_dir(&dir).exists() {
+                Ok(dir)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+fn export(dir: &Path, output: Option<&Path>) -> Result<Exit, StoreError> {
+    let log = auditlog::in_dir(dir);
     let mut reader = auditlog::DecodedReader::open(&log)?;
     let mut sink: Box<dyn Write> = match output {
         Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(
@@ -498,12 +521,8 @@ fn last_lines(
 /// `runs tail`: the last `lines` events of the run's log; with `follow`,
 /// then every event it gets until the run ends (its `WorkflowExit` with no
 /// process left running it) or its process is gone.
-fn tail(path: &Path, id: &str, lines: usize, follow: bool) -> Result<Exit, StoreError> {
-    let store = Store::open_read_only(path)?;
-    let run = store.find_run(id)?;
-    drop(store);
-    let dir = PathBuf::from(&run.run_dir);
-    let log = auditlog::in_dir(&dir);
+fn tail(dir: &Path, lines: usize, follow: bool) -> Result<Exit, StoreError> {
+    let log = auditlog::in_dir(dir);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let io = |e: std::io::Error| StoreError::Io {
         path: PathBuf::from("stdout"),
@@ -563,7 +582,7 @@ fn tail(path: &Path, id: &str, lines: usize, follow: bool) -> Result<Exit, Store
             if !exited {
                 eprintln!(
                     "note: the run is not running and its log has no end: it was killed (`troupe resume {}` continues it)",
-                    run.id
+                    dir.file_name().unwrap_or_default().to_string_lossy()
                 );
             }
             return Ok(Exit::Ok);
