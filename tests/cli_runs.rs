@@ -373,7 +373,10 @@ fn export_and_tail_read_a_run_kept_without_a_store() {
     let log = project.audit_text(id);
     assert_eq!(stdout(&project, &["runs", "export", id]), log);
     let last = log.lines().last().unwrap();
-    assert_eq!(stdout(&project, &["runs", "tail", id, "-n", "1"]).trim_end(), last);
+    assert_eq!(
+        stdout(&project, &["runs", "tail", id, "-n", "1"]).trim_end(),
+        last
+    );
     for not_a_run in [&id[..8], "../runs", "elsewhere"] {
         let out = project.output(&["runs", "export", not_a_run]);
         assert_eq!(out.status.code(), Some(2), "{not_a_run}: {}", said(&out));

@@ -43,8 +43,59 @@ impl fmt::Display for RunId {
 /// `<workflowRunId>/<stageId>[#<index>]/<visit>`; stable across a re-run so
 /// it can serve as an idempotency key.
 pub fn stage_execution_id(run: &RunId, stage: &str, index: Option<usize>, visit: u32) -> String {
-    match index {
-        Some(i) => format!("{run}/{stage}#{i}/{visit}"),
-        None => format!("{run}/{stage}/{visit}"),
+    // Built by hand: one per sibling on the scheduler's thread, where
+    // `format!` cost five times as much.
+    let mut id = String::with_capacity(run.as_str().len() + stage.len() + 24);
+    id.push_str(run.as_str());
+    id.push('/');
+    id.push_str(stage);
+    if let Some(i) = index {
+        id.push('#');
+        push_decimal(&mut id, i as u64);
+    }
+    id.push('/');
+    push_decimal(&mut id, u64::from(visit));
+    id
+}
+
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        out.push(char::from(d));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn execution_ids_are_what_format_would_write() {
+        let run = RunId::existing("01a2-run");
+        for index in [
+            None,
+            Some(0),
+            Some(9),
+            Some(10),
+            Some(99_999),
+            Some(usize::MAX),
+        ] {
+            for visit in [0, 1, 10, u32::MAX] {
+                let want = match index {
+                    Some(i) => format!("{run}/worker#{i}/{visit}"),
+                    None => format!("{run}/worker/{visit}"),
+                };
+                assert_eq!(stage_execution_id(&run, "worker", index, visit), want);
+            }
+        }
     }
 }
