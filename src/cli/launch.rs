@@ -118,9 +118,25 @@ pub fn nats_refusal(e: &crate::distributed::NatsError) -> Refusal {
     Refusal::typed(e, e.to_string(), hint)
 }
 
-/// One thread per core (at least one).
+/// The default `--threads`: [`threads_for`] this machine's cores.
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+    threads_for(std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
+}
+
+/// Arbiters for `cores`: one per core up to four. On more, the cores that
+/// the run's own threads keep busy are left to them: the scheduler's, the
+/// store writer and its answers, the audit writer with its compressor, and
+/// the audit formatters ([`formatters_for`]). With one arbiter per core a
+/// 16-core run had 25 busy threads, and it was slower with 16 arbiters
+/// than with 8 (BENCHMARKS.md, "Every core, fifth round").
+///
+/// [`formatters_for`]: crate::runtime::audit::formatters_for
+pub fn threads_for(cores: usize) -> usize {
+    if cores <= 4 {
+        return cores.max(1);
+    }
+    let own = crate::runtime::audit::formatters_for(cores) + 3;
+    cores.saturating_sub(own).max(4)
 }
 
 /// Runs `launch` with `opts` in this process, on an actor system of its
@@ -299,5 +315,33 @@ pub fn make_provider(
                 Err(e) => Err(Refusal::invalid(path, e)),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::threads_for;
+
+    #[test]
+    fn arbiters_leave_the_runs_own_threads_their_cores_on_big_machines() {
+        let by_cores: Vec<(usize, usize)> = [0, 1, 2, 4, 5, 8, 12, 16, 32, 64]
+            .into_iter()
+            .map(|c| (c, threads_for(c)))
+            .collect();
+        assert_eq!(
+            by_cores,
+            [
+                (0, 1),
+                (1, 1),
+                (2, 2),
+                (4, 4),
+                (5, 4),
+                (8, 4),
+                (12, 6),
+                (16, 9),
+                (32, 25),
+                (64, 57)
+            ]
+        );
     }
 }

@@ -67,8 +67,9 @@ pub struct RunOptions {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub stage_timeout: Option<Duration>,
     /// Threads (actix arbiters) stage executions and their tool calls run
-    /// on [default: one per core]; the scheduler, the audit writer and
-    /// the store have their own.
+    /// on [default: one per core up to 4 cores; on more, the cores less
+    /// those the run's own threads use: 9 on 16]; the scheduler, the audit
+    /// writer and the store have their own.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
     /// Pass this variable of troupe's environment on to Bash calls, whose

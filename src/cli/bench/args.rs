@@ -27,7 +27,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "LIST", default_value = "0ms,50ms")]
     pub latency: String,
     /// Threads the runtime's stage executions spread over (`troupe run
-    /// --threads`), comma-separated [default: one per core].
+    /// --threads`), comma-separated [default: as `troupe run`'s].
     #[arg(long, value_name = "LIST")]
     pub threads: Option<String>,
     /// The run store: `on` (as `troupe run` keeps it), `off`
