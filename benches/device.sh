@@ -42,6 +42,8 @@
 #     tar czf "$OUT/device.tgz" -C /tmp/r .
 #
 # SCALE=100 divides every width by 100: a dry run of the script anywhere.
+# THREADS (default "1 2 4 8 16") is the thread counts of threads.json;
+# BIG_THREADS (default 16) the one of the million-wide run.
 set -u
 bin=${1:-target/release/troupe}
 out=${2:-${OUT:-/tmp/troupe-device}}
@@ -75,7 +77,7 @@ time_of() { # time_of FILE CMD...: the command's user/sys/wall/RSS in FILE
 # (bash's `times`, which counts the waited-for children) is its own.
 : >"$out/threads.json"
 : >"$out/threads_time.txt"
-for t in 1 2 4 8 16; do
+for t in ${THREADS:-1 2 4 8 16}; do
     (
         "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
             --threads "$t" --repeat 3 --runs-dir "$runs" --json \
@@ -133,7 +135,7 @@ echo "$SECONDS s: thread CPU, system calls" >>"$out/steps.txt"
 
 rm -rf "${runs:?}"/*
 "$bin" bench stages/fanout --width "$w1m" --cap 256 --latency 0ms \
-    --threads 16 --repeat 1 --keep-runs --runs-dir "$runs" --json \
+    --threads "${BIG_THREADS:-16}" --repeat 1 --keep-runs --runs-dir "$runs" --json \
     >"$out/million.json" 2>"$out/million.err"
 # `--keep-runs` says on stderr where it kept the logs.
 kept=$(sed -n 's/^audit logs kept in //p' "$out/million.err" | tail -1)

@@ -22,6 +22,7 @@
 #   steps.txt       seconds since the start after each step
 #
 # SCALE=100 divides every width by 100: a dry run anywhere.
+# RESIDENCE_THREADS and PERF_THREADS choose other thread counts.
 set -u
 bin=$(realpath -m "${1:?binary}")
 out=$(realpath -m "${2:?output folder}")
@@ -37,7 +38,7 @@ run() { # run THREADS WIDTH: one fan-out, 0 ms, cap 256
         --threads "$1" --runs-dir "$runs" --store "$runs/troupe.db"
 }
 
-for t in 2 4 8 16; do
+for t in ${RESIDENCE_THREADS:-2 4 8 16}; do
     rm -rf "${runs:?}"/*
     echo "--threads $t" >>"$out/residence.txt"
     run "$t" "$w50k" >/dev/null 2>>"$out/residence.txt"
@@ -56,7 +57,7 @@ if "$perf" stat -e task-clock -o /dev/null true 2>/dev/null; then
         done
         events="$events,raw_syscalls:sys_enter"
     fi
-    for t in 2 16; do
+    for t in ${PERF_THREADS:-2 16}; do
         rm -rf "${runs:?}"/*
         "$perf" record -F 999 -g -o "$out/perf_$t.data" -- \
             "$bin" run stages/fanout --ctx "width=$w100k" --parallel-cap 256 \
