@@ -563,7 +563,7 @@ fn tail(dir: &Path, lines: usize, follow: bool) -> Result<Exit, StoreError> {
         return Ok(Exit::Ok);
     }
     loop {
-        let running = is_held(&dir);
+        let running = is_held(dir);
         let n = follower.read_more(TAIL_READ, &mut batch)?;
         for line in batch.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             exited = is_exit(line);
