@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use super::executor::{Executor, LocalExecutor};
 use super::planner::{PlanCommand, PlanEvent, Planner};
-use super::protocol::{RunFinished, Slot, ToScheduler, sibling_failed_reason};
+use super::protocol::{ExecKey, RunFinished, Slot, ToScheduler, sibling_failed_reason};
 use crate::error::HasCode;
 use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
 use crate::runtime::interaction::InteractionHub;
@@ -89,6 +89,9 @@ impl Scheduler {
 
     fn carry_out(&mut self, commands: Vec<PlanCommand>, ctx: &mut Context<Self>) -> Vec<usize> {
         let mut granted = Vec::new();
+        // Siblings started by an executor that grants at spawn: their
+        // start requests, fed to the planner once this batch is done.
+        let mut asked = Vec::new();
         let mut commands = commands.into_iter();
         while let Some(command) = commands.next() {
             match command {
@@ -110,7 +113,12 @@ impl Scheduler {
                         .then(|| self.group.as_ref().map(|(_, g)| g.clone()))
                         .flatten();
                     let key = (spawn.exec.turn, spawn.exec.slot);
-                    let scope = self.executor(ctx).start(*spawn, &parent, group);
+                    let sibling = spawn.is_sibling().then(|| spawn.exec.clone());
+                    let executor = self.executor(ctx);
+                    let scope = executor.start(*spawn, &parent, group);
+                    if executor.grants_at_spawn() {
+                        asked.extend(sibling);
+                    }
                     self.live.insert(key, scope);
                 }
                 PlanCommand::Grant { unit } => granted.push(unit),
@@ -161,7 +169,29 @@ impl Scheduler {
                 }
             }
         }
+        for exec in asked {
+            self.granted_at_spawn(exec, ctx);
+        }
         granted
+    }
+
+    /// The start request of a sibling that began without asking. Its group
+    /// was live when the planner spawned it and nothing has been read
+    /// since, so the planner grants it; should it not, the sibling's scope
+    /// is stopped, and it ends before it starts or, if it already has,
+    /// cancelled.
+    fn granted_at_spawn(&mut self, exec: ExecKey, ctx: &mut Context<Self>) {
+        let Slot::Unit(unit) = exec.slot else {
+            return;
+        };
+        let key = (exec.turn, exec.slot);
+        if !self
+            .step(PlanEvent::StartRequested { exec }, ctx)
+            .contains(&unit)
+            && let Some(scope) = self.live.get(&key)
+        {
+            scope.stop();
+        }
     }
 
     /// The executor, made on first use (it needs the actor's address).
@@ -178,7 +208,7 @@ impl Scheduler {
             );
             match &spec.executor {
                 Some(factory) => factory.make(local, ctx.address().recipient()),
-                None => Box::new(local),
+                None => Box::new(local.granting_at_spawn()),
             }
         })
     }

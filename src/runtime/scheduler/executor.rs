@@ -4,9 +4,15 @@
 //! it as a stage actor on one of the run's arbiters, and an executor for
 //! remote workers can take its place without the scheduler changing.
 //!
-//! Every execution an executor starts asks the scheduler before it begins
-//! (siblings), reports exactly once ([`ToScheduler::Report`]) and stops
-//! when its cancellation scope fires.
+//! Every execution an executor starts reports exactly once
+//! ([`ToScheduler::Report`]) and stops when its cancellation scope fires.
+//! A sibling asks the scheduler before it begins
+//! ([`ToScheduler::StartRequest`]), unless its executor
+//! [grants at spawn](Executor::grants_at_spawn): then the scheduler
+//! records the start request itself as it starts the sibling, and the
+//! sibling checks only its scope. The local pool does that: the ask and
+//! its grant were two of the four hops between threads each sibling made,
+//! each a wake of a parked thread.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,6 +55,13 @@ pub trait Executor: std::fmt::Debug {
         parent: &CancelScope,
         group: Option<CancelScope>,
     ) -> CancelScope;
+
+    /// Whether the siblings this executor starts begin without asking:
+    /// the scheduler then feeds the start request to the planner itself,
+    /// right after `start`, before it reads any other message.
+    fn grants_at_spawn(&self) -> bool {
+        false
+    }
 }
 
 /// What every execution of a run shares, whichever executor starts it.
@@ -80,6 +93,8 @@ pub struct LocalExecutor {
     /// arbiter's, not all to the group's.
     relays: Vec<Option<(CancelScope, CancelScope)>>,
     relaying: bool,
+    /// Siblings begin without asking ([`Executor::grants_at_spawn`]).
+    granting: bool,
 }
 
 impl std::fmt::Debug for LocalExecutor {
@@ -104,9 +119,19 @@ impl LocalExecutor {
             manifests: HashMap::new(),
             relays: vec![None; arbiters.len()],
             relaying: true,
+            granting: false,
             arbiters,
             next: 0,
         }
+    }
+
+    /// Siblings begin without asking the scheduler: for the scheduler of
+    /// a run whose every execution is local, which records each sibling's
+    /// start request as it starts it. Anyone else (a worker, whose
+    /// scheduler is across NATS) keeps the handshake.
+    pub fn granting_at_spawn(mut self) -> LocalExecutor {
+        self.granting = true;
+        self
     }
 
     /// Starts siblings directly under the scope they are given: for a
@@ -167,7 +192,7 @@ impl Executor for LocalExecutor {
         group: Option<CancelScope>,
     ) -> CancelScope {
         let tools = self.tools(&spawn);
-        let gated = spawn.is_sibling();
+        let gated = spawn.is_sibling() && !self.granting;
         let arbiter = (!self.arbiters.is_empty()).then(|| {
             let at = self.next % self.arbiters.len();
             self.next = self.next.wrapping_add(1);
@@ -217,6 +242,10 @@ impl Executor for LocalExecutor {
             }
         }
         scope
+    }
+
+    fn grants_at_spawn(&self) -> bool {
+        self.granting
     }
 }
 
