@@ -15,9 +15,13 @@
 //!   waited for; the ones after it are held) and delivers it to every
 //!   subscriber. A publisher that finds another deliverer at work returns
 //!   at once: that one delivers its event, because every holder of the
-//!   registry looks at the hand-off queue again after letting it go. With
-//!   one publishing thread, an event is in every queue when `publish`
-//!   returns; with several, it is delivered by whichever of them delivers.
+//!   registry looks at the hand-off queue again after letting it go. When
+//!   no other thread holds the registry (another publisher, a subscribe, a
+//!   close), an event is in every queue when `publish` returns; otherwise
+//!   whoever holds it delivers it. A publisher preempted between drawing
+//!   its number and handing its event off holds back the events drawn
+//!   after it: they wait, in order, until it hands off (for the length of
+//!   that preemption, the hand-off queue's bound does not bound them).
 //!   (Before, the whole publish ran under one lock: on 16 threads that lock
 //!   put a third of the runtime's time into futex waits.)
 //! * Each subscriber has its own bounded queue. An [`EventClass::Observer`]
@@ -49,6 +53,9 @@ const CLOSED: u64 = 1 << 63;
 /// Events handed off and not yet taken by a deliverer. Publishers wait
 /// when it is full (a deliverer is waiting on a full audit queue).
 const HANDOFF: usize = 4096;
+
+/// Room for events held back behind a late hand-off that stays allocated.
+const EARLY_KEPT: usize = 64;
 
 /// Whether an event may be dropped under backpressure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -302,7 +309,19 @@ impl<E: BusEvent> EventBus<E> {
     /// once its queued items are drained. Waits for the publishes in
     /// progress: every event that drew its number before is delivered.
     pub fn close(&self) {
-        let before = self.shared.next.fetch_or(CLOSED, Ordering::SeqCst) & !CLOSED;
+        let drawn = self.shared.next.fetch_or(CLOSED, Ordering::SeqCst);
+        if drawn & CLOSED != 0 {
+            // Another close set the bit (and the draws refused since have
+            // moved the counter on): wait for it to finish, without
+            // holding the registry it needs.
+            loop {
+                if self.lock().closed {
+                    return;
+                }
+                std::thread::yield_now();
+            }
+        }
+        let before = drawn;
         let mut registry = self.lock();
         loop {
             self.take_handed(&mut registry);
@@ -329,11 +348,17 @@ impl<E: BusEvent> EventBus<E> {
     }
 
     /// The sequence number of the last event published, 0 before the
-    /// first. Publishing is synchronous, so a caller on the publishing
-    /// thread can place what it does between two events.
+    /// first. A publish has its number when it returns, so a caller on the
+    /// publishing thread can place what it does between two events. On a
+    /// closed bus it is the last event delivered: publishes refused after
+    /// the close move the counter but publish nothing.
     #[must_use]
     pub fn last_seq(&self) -> u64 {
-        (self.shared.next.load(Ordering::SeqCst) & !CLOSED) - 1
+        let next = self.shared.next.load(Ordering::SeqCst);
+        if next & CLOSED == 0 {
+            return next - 1;
+        }
+        self.with_registry(|registry| registry.next_seq - 1)
     }
 
     /// Whether [`EventBus::close`] was called.
@@ -414,6 +439,10 @@ impl<E> EventBus<E> {
                     live
                 });
             }
+        }
+        // What a preempted publisher held back is not kept allocated.
+        if registry.early.is_empty() && registry.early.capacity() > EARLY_KEPT {
+            registry.early.shrink_to(EARLY_KEPT);
         }
     }
 
@@ -843,6 +872,26 @@ mod tests {
         assert_eq!(bus.last_seq(), 1);
         assert_eq!(event(sub.recv()).seq, 1);
         assert!(sub.recv().is_none(), "the subscription ends after it");
+    }
+
+    #[test]
+    fn a_second_close_after_a_refused_publish_returns_and_last_seq_stays() {
+        let bus: EventBus<Ev> = EventBus::new();
+        let sub = bus.subscribe_audit("audit", 16);
+        assert_eq!(bus.publish(Ev::Audit(1)), Some(1));
+        bus.close();
+        // A publisher that looked before the close and drew after it.
+        let refused = bus.shared.next.fetch_add(1, Ordering::SeqCst);
+        assert_ne!(refused & CLOSED, 0);
+        let again = {
+            let bus = bus.clone();
+            thread::spawn(move || bus.close())
+        };
+        again.join().unwrap();
+        assert_eq!(bus.publish(Ev::Audit(2)), None);
+        assert_eq!(bus.last_seq(), 1, "refused draws publish nothing");
+        assert_eq!(event(sub.recv()).seq, 1);
+        assert!(sub.recv().is_none());
     }
 
     #[test]

@@ -177,13 +177,16 @@ impl Scheduler {
 
     /// The start request of a sibling that began without asking. Its group
     /// was live when the planner spawned it and nothing has been read
-    /// since, so the planner grants it; should it not, the sibling's scope
-    /// is stopped, and it ends before it starts or, if it already has,
-    /// cancelled.
+    /// since, so the planner grants it unless the budget tripped; if it
+    /// does not, the sibling's scope is stopped, and it ends before it
+    /// starts or, if it already has, cancelled.
     fn granted_at_spawn(&mut self, exec: ExecKey, ctx: &mut Context<Self>) {
         let Slot::Unit(unit) = exec.slot else {
             return;
         };
+        // As a start request is answered: a budget tripped meanwhile on
+        // another thread decides the run first, and the planner refuses.
+        self.check_budget(ctx);
         let key = (exec.turn, exec.slot);
         if !self
             .step(PlanEvent::StartRequested { exec }, ctx)

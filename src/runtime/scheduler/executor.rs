@@ -198,8 +198,10 @@ impl Executor for LocalExecutor {
             self.next = self.next.wrapping_add(1);
             at
         });
+        // Every sibling goes under its arbiter's relay, asked or granted
+        // at spawn.
         let scope = match arbiter {
-            Some(at) if gated && self.relaying => self.relayed(at, parent).child(),
+            Some(at) if spawn.is_sibling() && self.relaying => self.relayed(at, parent).child(),
             _ => parent.child(),
         };
         let Spawn {
