@@ -817,6 +817,19 @@ mod tests {
         assert_eq!(writer.join().unwrap(), 6);
     }
 
+    /// What a publisher that drew `seq` earlier does last: hands it off.
+    fn hand_off(bus: &EventBus<Ev>, seq: u64, ev: Ev) {
+        let class = ev.class();
+        bus.shared
+            .handoff
+            .send(Handed {
+                seq,
+                class,
+                event: Arc::new(ev),
+            })
+            .unwrap();
+    }
+
     #[test]
     fn an_event_handed_off_late_is_delivered_before_the_ones_drawn_after_it() {
         let bus: EventBus<Ev> = EventBus::new();
@@ -828,14 +841,7 @@ mod tests {
         assert_eq!(bus.publish(Ev::Audit(2)), Some(2));
         assert_eq!(bus.publish(Ev::Audit(3)), Some(3));
         assert!(sub.try_recv().is_none(), "2 and 3 wait for 1");
-        bus.shared
-            .handoff
-            .send(Handed {
-                seq: 1,
-                class: EventClass::Audit,
-                event: Arc::new(Ev::Audit(1)),
-            })
-            .unwrap();
+        hand_off(&bus, 1, Ev::Audit(1));
         bus.deliver_handed();
         let got: Vec<_> = (0..3).map(|_| event(sub.try_recv())).collect();
         assert_eq!(
@@ -856,14 +862,7 @@ mod tests {
                 while !bus.is_closed() {
                     thread::yield_now();
                 }
-                bus.shared
-                    .handoff
-                    .send(Handed {
-                        seq: 1,
-                        class: EventClass::Audit,
-                        event: Arc::new(Ev::Audit(1)),
-                    })
-                    .unwrap();
+                hand_off(&bus, 1, Ev::Audit(1));
             })
         };
         bus.close();

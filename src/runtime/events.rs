@@ -9,4 +9,5 @@ mod encode;
 mod vocabulary;
 
 pub use clock::{parse_rfc3339, rfc3339};
+pub(crate) use encode::decimal;
 pub use vocabulary::{Event, EventName, FieldValue};

@@ -58,20 +58,9 @@ pub fn stage_execution_id(run: &RunId, stage: &str, index: Option<usize>, visit:
     id
 }
 
-fn push_decimal(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &d in &digits[at..] {
-        out.push(char::from(d));
-    }
+fn push_decimal(out: &mut String, n: u64) {
+    let (digits, from) = super::events::decimal(n);
+    out.extend(digits[from..].iter().map(|&d| char::from(d)));
 }
 
 #[cfg(test)]

@@ -267,7 +267,13 @@ fn needs_escape(bytes: &[u8]) -> bool {
 }
 
 /// Decimal digits of `n`, without `fmt`.
-fn write_u64(out: &mut Vec<u8>, mut n: u64) {
+fn write_u64(out: &mut Vec<u8>, n: u64) {
+    let (buf, from) = decimal(n);
+    out.extend_from_slice(&buf[from..]);
+}
+
+/// The decimal digits of `n`: `buf[from..]`, ASCII.
+pub(crate) fn decimal(mut n: u64) -> ([u8; 20], usize) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {
@@ -278,7 +284,7 @@ fn write_u64(out: &mut Vec<u8>, mut n: u64) {
             break;
         }
     }
-    out.extend_from_slice(&buf[i..]);
+    (buf, i)
 }
 
 #[cfg(test)]
