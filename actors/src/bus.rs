@@ -8,14 +8,15 @@
 //!   (strictly increasing, starting at 1) from an atomic counter, and every
 //!   subscriber receives events in `seq` order.
 //! * Publishing takes no lock that a publisher waits for. The publisher
-//!   hands its event, with its `seq`, to a bounded hand-off queue and then
 //!   tries to become the *deliverer*: whoever holds the registry takes
 //!   everything handed off, puts it back in `seq` order (an event whose
 //!   publisher is still between taking its number and handing it off is
 //!   waited for; the ones after it are held) and delivers it to every
-//!   subscriber. A publisher that finds another deliverer at work returns
-//!   at once: that one delivers its event, because every holder of the
-//!   registry looks at the hand-off queue again after letting it go. When
+//!   subscriber, its own event included. A publisher that finds another
+//!   deliverer at work hands its event, with its `seq`, to a bounded
+//!   hand-off queue and returns: that one delivers it, because every
+//!   holder of the registry looks at the hand-off queue again after
+//!   letting it go. When
 //!   no other thread holds the registry (another publisher, a subscribe, a
 //!   close), an event is in every queue when `publish` returns; otherwise
 //!   whoever holds it delivers it. A publisher preempted between drawing
@@ -299,9 +300,31 @@ impl<E: BusEvent> EventBus<E> {
             class,
             event: Arc::new(event),
         };
-        // The bus holds the receiving end, so this cannot fail.
-        let _ = shared.handoff.send(handed);
-        self.deliver_handed();
+        // Uncontended, the publisher delivers its own event without the
+        // hand-off queue; only one that finds the registry held hands off.
+        match shared.registry.try_lock() {
+            Ok(mut registry) => {
+                self.take_handed(&mut registry);
+                self.place(&mut registry, handed);
+                drop(registry);
+                fence(Ordering::SeqCst);
+                if !shared.handed.is_empty() {
+                    self.deliver_handed();
+                }
+            }
+            Err(TryLockError::Poisoned(p)) => {
+                let mut registry = p.into_inner();
+                self.take_handed(&mut registry);
+                self.place(&mut registry, handed);
+                drop(registry);
+                self.deliver_handed();
+            }
+            Err(TryLockError::WouldBlock) => {
+                // The bus holds the receiving end, so this cannot fail.
+                let _ = shared.handoff.send(handed);
+                self.deliver_handed();
+            }
+        }
         Some(seq)
     }
 
@@ -409,41 +432,56 @@ impl<E> EventBus<E> {
     /// Takes everything handed off and delivers, in `seq` order, every
     /// event whose turn has come.
     fn take_handed(&self, registry: &mut Registry<E>) {
-        let shared = &*self.shared;
-        while let Ok(handed) = shared.handed.try_recv() {
-            // Numbers are drawn once each and handed off once each, and
-            // `next_seq` passes only numbers that were taken: a number
-            // below it cannot arrive.
-            let Some(at) = handed.seq.checked_sub(registry.next_seq) else {
-                continue;
-            };
-            let at = usize::try_from(at).unwrap_or(usize::MAX);
-            if at >= registry.early.len() {
-                registry.early.resize_with(at + 1, || None);
-            }
-            registry.early[at] = Some(handed);
-            while let Some(Some(_)) = registry.early.front() {
-                let Some(Some(next)) = registry.early.pop_front() else {
-                    break;
-                };
-                registry.next_seq += 1;
-                registry.subscribers.retain_mut(|sub| {
-                    if next.seq < sub.from {
-                        return true;
-                    }
-                    let live =
-                        deliver(sub, next.seq, &next.event, next.class, &shared.lagged_total);
-                    if !live && sub.interest == Interest::All {
-                        shared.observers.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    live
-                });
-            }
+        while let Ok(handed) = self.shared.handed.try_recv() {
+            self.place(registry, handed);
         }
         // What a preempted publisher held back is not kept allocated.
         if registry.early.is_empty() && registry.early.capacity() > EARLY_KEPT {
             registry.early.shrink_to(EARLY_KEPT);
         }
+    }
+
+    /// Delivers `handed` if its turn has come, and then every event held
+    /// back behind it; otherwise holds it back.
+    fn place(&self, registry: &mut Registry<E>, handed: Handed<E>) {
+        if handed.seq == registry.next_seq && registry.early.is_empty() {
+            // In order, as nearly every event arrives.
+            self.deliver_next(registry, &handed);
+            return;
+        }
+        // Numbers are drawn once each and handed off once each, and
+        // `next_seq` passes only numbers that were taken: a number below
+        // it cannot arrive.
+        let Some(at) = handed.seq.checked_sub(registry.next_seq) else {
+            return;
+        };
+        let at = usize::try_from(at).unwrap_or(usize::MAX);
+        if at >= registry.early.len() {
+            registry.early.resize_with(at + 1, || None);
+        }
+        registry.early[at] = Some(handed);
+        while let Some(Some(_)) = registry.early.front() {
+            let Some(Some(next)) = registry.early.pop_front() else {
+                break;
+            };
+            self.deliver_next(registry, &next);
+        }
+    }
+
+    /// Delivers the event whose turn it is to every subscriber.
+    fn deliver_next(&self, registry: &mut Registry<E>, next: &Handed<E>) {
+        let shared = &*self.shared;
+        registry.next_seq += 1;
+        registry.subscribers.retain_mut(|sub| {
+            if next.seq < sub.from {
+                return true;
+            }
+            let live = deliver(sub, next.seq, &next.event, next.class, &shared.lagged_total);
+            if !live && sub.interest == Interest::All {
+                shared.observers.fetch_sub(1, Ordering::Relaxed);
+            }
+            live
+        });
     }
 
     /// Runs `f` on the registry once everything handed off so far is
