@@ -60,7 +60,11 @@ pub fn stage_execution_id(run: &RunId, stage: &str, index: Option<usize>, visit:
 
 fn push_decimal(out: &mut String, n: u64) {
     let (digits, from) = super::events::decimal(n);
-    out.extend(digits[from..].iter().map(|&d| char::from(d)));
+    // ASCII digits: the check cannot fail, and is cheaper than pushing
+    // them one char at a time.
+    if let Ok(text) = std::str::from_utf8(&digits[from..]) {
+        out.push_str(text);
+    }
 }
 
 #[cfg(test)]

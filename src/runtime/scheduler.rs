@@ -18,3 +18,7 @@ pub use planner::{PlanCommand, PlanEvent, Planner, Restore, Spawn};
 pub use protocol::{
     ExecKey, RunFinished, Slot, StageOutcome, ToScheduler, sibling_failed_reason, sibling_label,
 };
+
+/// A map the scheduler's thread looks up once or more per execution:
+/// foldhash, not SipHash (its keys are the run's own stage ids and slots).
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

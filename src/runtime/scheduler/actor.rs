@@ -5,7 +5,6 @@
 //! events — so all scheduling state stays in one synchronous state machine
 //! and nothing is shared between actors.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,7 +31,7 @@ pub struct Scheduler {
     /// The arbiters executions run on (`RunSettings::threads` > 1).
     arbiters: Vec<ArbiterHandle>,
     /// The scopes of the live executions, by turn and slot.
-    live: HashMap<(u64, Slot), CancelScope>,
+    live: super::FastMap<(u64, Slot), CancelScope>,
     /// The current parallel group's scope, by session turn.
     group: Option<(u64, CancelScope)>,
     finished: bool,
@@ -71,7 +70,7 @@ impl Scheduler {
             hub,
             settling: false,
             arbiters,
-            live: HashMap::new(),
+            live: super::FastMap::default(),
             group: None,
             finished: false,
             started_at: Instant::now(),

@@ -14,7 +14,6 @@
 //! its grant were two of the four hops between threads each sibling made,
 //! each a wake of a parked thread.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -83,7 +82,7 @@ pub struct LocalExecutor {
     hub: Option<Arc<Addr<InteractionHub>>>,
     scheduler: Arc<Recipient<ToScheduler>>,
     /// Each LLM stage's manifest, with the MCP listings' generation it was built on.
-    manifests: HashMap<String, (u64, Arc<Vec<ToolSpec>>)>,
+    manifests: super::FastMap<String, (u64, Arc<Vec<ToolSpec>>)>,
     /// The arbiters executions run on; empty runs them on the current one.
     arbiters: Vec<ArbiterHandle>,
     next: usize,
@@ -116,7 +115,7 @@ impl LocalExecutor {
             kit,
             hub: hub.map(Arc::new),
             scheduler: Arc::new(scheduler),
-            manifests: HashMap::new(),
+            manifests: super::FastMap::default(),
             relays: vec![None; arbiters.len()],
             relaying: true,
             granting: false,

@@ -104,7 +104,7 @@ struct Shared {
     name: Arc<str>,
 }
 
-fn shared_stages(pipeline: &Pipeline) -> HashMap<String, Shared> {
+fn shared_stages(pipeline: &Pipeline) -> super::FastMap<String, Shared> {
     pipeline
         .stages
         .iter()
@@ -181,7 +181,7 @@ pub struct Planner {
     observed: bool,
     /// Every stage, its id and its display name, shared by its executions
     /// instead of copied into each.
-    stages: HashMap<String, Shared>,
+    stages: super::FastMap<String, Shared>,
     /// The upstream of a sibling: none, shared.
     no_upstream: Arc<Vec<Arc<StageResult>>>,
     /// What a resumed run already has.
