@@ -58,6 +58,11 @@ const HANDOFF: usize = 4096;
 /// Room for events held back behind a late hand-off that stays allocated.
 const EARLY_KEPT: usize = 64;
 
+/// The largest `seq` a bus continues after ([`EventBus::continuing_after`]):
+/// the largest integer every JSON reader keeps exact, and far below the
+/// closed bit.
+pub const MAX_LAST_SEQ: u64 = (1 << 53) - 1;
+
 /// Whether an event may be dropped under backpressure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventClass {
@@ -213,8 +218,13 @@ impl<E: BusEvent> EventBus<E> {
     }
 
     /// A bus whose first event gets `last_seq + 1`: a sequence continued
-    /// from an earlier one (a resumed run's audit log).
+    /// from an earlier one (a resumed run's audit log). `last_seq` is
+    /// taken at most as [`MAX_LAST_SEQ`]: a log beyond it is no log troupe
+    /// wrote (its reader refuses it), and a counter started near the
+    /// closed bit would read as a bus that is closed and never finishes
+    /// closing.
     pub fn continuing_after(last_seq: u64) -> Self {
+        let last_seq = last_seq.min(MAX_LAST_SEQ);
         let (handoff, handed) = crossbeam_channel::bounded(HANDOFF);
         Self {
             shared: Arc::new(Shared {
@@ -234,7 +244,9 @@ impl<E: BusEvent> EventBus<E> {
     }
 
     /// Subscribes to every event, with a queue of `capacity` items (at least 1).
-    /// Only events published after this call are received.
+    /// Only events published after this call are received. It first
+    /// delivers what other publishers handed off, so it may wait, as a
+    /// publisher does, for room in an audit subscriber's queue.
     #[must_use]
     pub fn subscribe(&self, name: &str, capacity: usize) -> Subscription<E> {
         self.add_subscriber(name, capacity, Interest::All)
@@ -364,7 +376,7 @@ impl<E: BusEvent> EventBus<E> {
     /// Whether any live subscriber receives observer events. Publishers of
     /// observer events (progress, phase markers) check this first and skip
     /// building events no one would see. A subscriber that was dropped counts
-    /// until the next publish prunes it, so this errs on the side of `true`.
+    /// until a delivery prunes it, so this errs on the side of `true`.
     #[must_use]
     pub fn has_observers(&self) -> bool {
         self.shared.observers.load(Ordering::Relaxed) > 0
@@ -381,7 +393,16 @@ impl<E: BusEvent> EventBus<E> {
         if next & CLOSED == 0 {
             return next - 1;
         }
-        self.with_registry(|registry| registry.next_seq - 1)
+        // Closing: once done, every number drawn before it is delivered,
+        // so the last delivered is the last published.
+        loop {
+            let registry = self.lock();
+            if registry.closed {
+                return registry.next_seq - 1;
+            }
+            drop(registry);
+            std::thread::yield_now();
+        }
     }
 
     /// Whether [`EventBus::close`] was called.
@@ -452,6 +473,7 @@ impl<E> EventBus<E> {
         // Numbers are drawn once each and handed off once each, and
         // `next_seq` passes only numbers that were taken: a number below
         // it cannot arrive.
+        debug_assert!(handed.seq >= registry.next_seq, "seq {} twice", handed.seq);
         let Some(at) = handed.seq.checked_sub(registry.next_seq) else {
             return;
         };
@@ -928,6 +950,18 @@ mod tests {
         assert_eq!(bus.publish(Ev::Audit(2)), None);
         assert_eq!(bus.last_seq(), 1, "refused draws publish nothing");
         assert_eq!(event(sub.recv()).seq, 1);
+        assert!(sub.recv().is_none());
+    }
+
+    #[test]
+    fn a_bus_continued_after_an_absurd_seq_still_publishes_and_closes() {
+        let bus: EventBus<Ev> = EventBus::continuing_after(u64::MAX);
+        let sub = bus.subscribe_audit("audit", 4);
+        assert!(!bus.is_closed());
+        assert_eq!(bus.publish(Ev::Audit(1)), Some(MAX_LAST_SEQ + 1));
+        bus.close();
+        assert_eq!(bus.last_seq(), MAX_LAST_SEQ + 1);
+        assert_eq!(event(sub.recv()).seq, MAX_LAST_SEQ + 1);
         assert!(sub.recv().is_none());
     }
 

@@ -27,6 +27,7 @@ use std::io::Write;
 use std::path::Path;
 
 use serde_json::Value;
+use troupe_actors::bus::MAX_LAST_SEQ;
 
 use crate::auditlog::{self, AuditError, Compressed, LogEnd};
 
@@ -68,6 +69,11 @@ pub fn scan(path: &Path) -> Result<LogScan, AuditError> {
                 .ok()
                 .filter(|v: &Value| v["seq"].is_u64())
                 .ok_or_else(|| format!("line {number} is not an audit event"))?;
+            // The run goes on from the last seq: one past what any bus
+            // counts to is no log troupe wrote.
+            if event["seq"].as_u64().is_some_and(|s| s > MAX_LAST_SEQ) {
+                return Err(format!("line {number} has a seq beyond {MAX_LAST_SEQ}"));
+            }
             note(&mut scan, &event);
         }
         Ok(())
@@ -282,6 +288,20 @@ mod tests {
                 expect(4, "StageCancelled", "r/w#0/1"),
             ]
         );
+    }
+
+    #[test]
+    fn a_seq_no_bus_counts_to_is_refused_not_continued() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("audit.jsonl");
+        let mut log = line(1, "StageEntered", "r/w#0/1");
+        log += &line(MAX_LAST_SEQ, "StageExited", "r/w#0/1");
+        std::fs::write(&path, &log).expect("write");
+        assert_eq!(scan(&path).expect("scan").last_seq, MAX_LAST_SEQ);
+        log += &line(u64::MAX, "StageEntered", "r/w#1/1");
+        std::fs::write(&path, &log).expect("write");
+        let refused = scan(&path).expect_err("refused").to_string();
+        assert!(refused.contains("line 3 has a seq beyond"), "{refused}");
     }
 
     #[test]
