@@ -16,10 +16,10 @@
 //!   deliverer at work hands its event, with its `seq`, to a bounded
 //!   hand-off queue and returns: that one delivers it, because every
 //!   holder of the registry looks at the hand-off queue again after
-//!   letting it go. When
-//!   no other thread holds the registry (another publisher, a subscribe, a
-//!   close), an event is in every queue when `publish` returns; otherwise
-//!   whoever holds it delivers it. A publisher preempted between drawing
+//!   letting it go. When no other thread holds the registry (another
+//!   publisher, a subscribe, a close), an event is in every queue when
+//!   `publish` returns; otherwise whoever holds it delivers it. A
+//!   publisher preempted between drawing
 //!   its number and handing its event off holds back the events drawn
 //!   after it: they wait, in order, until it hands off (for the length of
 //!   that preemption, the hand-off queue's bound does not bound them).
@@ -33,8 +33,8 @@
 //!   publisher blocks with it (backpressure on every publisher). A
 //!   subscriber must therefore never publish on the bus it drains.
 //! * A subscriber whose [`Subscription`] was dropped is removed on the next
-//!   publish; a publisher blocked on it is woken up, so publish never blocks
-//!   forever on a dead subscriber.
+//!   delivery; a deliverer blocked on it is woken up, so publish never
+//!   blocks forever on a dead subscriber.
 //! * When the last [`EventBus`] handle is dropped, or [`EventBus::close`] is
 //!   called, every subscription ends once its queued items are drained: a
 //!   writer thread looping over [`Subscription::iter`] terminates.
@@ -314,28 +314,24 @@ impl<E: BusEvent> EventBus<E> {
         };
         // Uncontended, the publisher delivers its own event without the
         // hand-off queue; only one that finds the registry held hands off.
-        match shared.registry.try_lock() {
-            Ok(mut registry) => {
-                self.take_handed(&mut registry);
-                self.place(&mut registry, handed);
-                drop(registry);
-                fence(Ordering::SeqCst);
-                if !shared.handed.is_empty() {
-                    self.deliver_handed();
-                }
-            }
-            Err(TryLockError::Poisoned(p)) => {
-                let mut registry = p.into_inner();
-                self.take_handed(&mut registry);
-                self.place(&mut registry, handed);
-                drop(registry);
-                self.deliver_handed();
-            }
+        let mut registry = match shared.registry.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => {
                 // The bus holds the receiving end, so this cannot fail.
                 let _ = shared.handoff.send(handed);
                 self.deliver_handed();
+                return Some(seq);
             }
+        };
+        self.take_handed(&mut registry);
+        self.place(&mut registry, handed);
+        drop(registry);
+        // What others handed off while this publisher held the registry
+        // (the fence pairs with theirs, as in `deliver_handed`).
+        fence(Ordering::SeqCst);
+        if !shared.handed.is_empty() {
+            self.deliver_handed();
         }
         Some(seq)
     }
@@ -360,7 +356,7 @@ impl<E: BusEvent> EventBus<E> {
         let mut registry = self.lock();
         loop {
             self.take_handed(&mut registry);
-            if registry.next_seq >= before || registry.closed {
+            if registry.next_seq >= before {
                 break;
             }
             // A publisher drew a number and has not handed its event off
@@ -482,11 +478,10 @@ impl<E> EventBus<E> {
             registry.early.resize_with(at + 1, || None);
         }
         registry.early[at] = Some(handed);
-        while let Some(Some(_)) = registry.early.front() {
-            let Some(Some(next)) = registry.early.pop_front() else {
-                break;
-            };
-            self.deliver_next(registry, &next);
+        while registry.early.front().is_some_and(Option::is_some) {
+            if let Some(Some(next)) = registry.early.pop_front() {
+                self.deliver_next(registry, &next);
+            }
         }
     }
 
