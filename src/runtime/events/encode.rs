@@ -162,7 +162,7 @@ enum Head<'a> {
     Text(&'a str),
 }
 
-/// `value` as compact JSON, as `serde_json::to_writer` writes it.
+/// A JSON number as `serde_json::to_writer` writes it.
 fn write_json_number(out: &mut Vec<u8>, n: &serde_json::Number) {
     match n.as_u64() {
         Some(n) => write_u64(out, n),
@@ -171,6 +171,7 @@ fn write_json_number(out: &mut Vec<u8>, n: &serde_json::Number) {
     }
 }
 
+/// `value` as compact JSON, as `serde_json::to_writer` writes it.
 fn write_json_value(out: &mut Vec<u8>, value: &Value) {
     match value {
         Value::Null => out.extend_from_slice(b"null"),

@@ -112,12 +112,11 @@ impl Scheduler {
                         .then(|| self.group.as_ref().map(|(_, g)| g.clone()))
                         .flatten();
                     let key = (spawn.exec.turn, spawn.exec.slot);
-                    let sibling = spawn.is_sibling().then(|| spawn.exec.clone());
                     let executor = self.executor(ctx);
-                    let scope = executor.start(*spawn, &parent, group);
-                    if executor.grants_at_spawn() {
-                        asked.extend(sibling);
+                    if spawn.is_sibling() && executor.grants_at_spawn() {
+                        asked.push(spawn.exec.clone());
                     }
+                    let scope = executor.start(*spawn, &parent, group);
                     self.live.insert(key, scope);
                 }
                 PlanCommand::Grant { unit } => granted.push(unit),
@@ -168,8 +167,14 @@ impl Scheduler {
                 }
             }
         }
-        for exec in asked {
-            self.granted_at_spawn(exec, ctx);
+        if !asked.is_empty() {
+            // As a start request is answered: a budget tripped meanwhile
+            // on another thread decides the run first, and the planner
+            // refuses.
+            self.check_budget(ctx);
+            for exec in asked {
+                self.granted_at_spawn(exec, ctx);
+            }
         }
         granted
     }
@@ -183,9 +188,6 @@ impl Scheduler {
         let Slot::Unit(unit) = exec.slot else {
             return;
         };
-        // As a start request is answered: a budget tripped meanwhile on
-        // another thread decides the run first, and the planner refuses.
-        self.check_budget(ctx);
         let key = (exec.turn, exec.slot);
         if !self
             .step(PlanEvent::StartRequested { exec }, ctx)

@@ -147,6 +147,19 @@ impl LocalExecutor {
         self.arbiters.first().cloned()
     }
 
+    /// The relay of `group` on arbiter `at`, made (and its task sent
+    /// there, ahead of the executions under it) when the arbiter's last
+    /// one stood for another scope.
+    fn relayed(&mut self, at: usize, group: &CancelScope) -> &CancelScope {
+        let slot = &mut self.relays[at];
+        if !slot.as_ref().is_some_and(|(of, _)| of.same(group)) {
+            let (relay, forward) = group.relay();
+            self.arbiters[at].spawn(forward);
+            *slot = Some((group.clone(), relay));
+        }
+        &slot.as_ref().expect("set above").1
+    }
+
     fn tools(&mut self, spawn: &Spawn) -> Arc<Vec<ToolSpec>> {
         // A server that announced a changed tool list makes every manifest
         // built before stale: executions that start later see the new one.
@@ -247,20 +260,5 @@ impl Executor for LocalExecutor {
 
     fn grants_at_spawn(&self) -> bool {
         self.granting
-    }
-}
-
-impl LocalExecutor {
-    /// The relay of `group` on arbiter `at`, made (and its task sent
-    /// there, ahead of the executions under it) when the arbiter's last
-    /// one stood for another scope.
-    fn relayed(&mut self, at: usize, group: &CancelScope) -> &CancelScope {
-        let slot = &mut self.relays[at];
-        if !slot.as_ref().is_some_and(|(of, _)| of.same(group)) {
-            let (relay, forward) = group.relay();
-            self.arbiters[at].spawn(forward);
-            *slot = Some((group.clone(), relay));
-        }
-        &slot.as_ref().expect("set above").1
     }
 }
