@@ -129,6 +129,42 @@ impl RunOptions {
     }
 }
 
+/// A run's folder, and the pipeline folder it ran where the store says.
+#[derive(Debug)]
+pub struct RunFolder {
+    pub dir: PathBuf,
+    pub pipeline: Option<PathBuf>,
+}
+
+/// Where run `id` is: where the run store at `store` says (it takes an id
+/// prefix), or, for a run kept with `--no-store` or a store that lacks
+/// it, the folder of that exact name in `runs_dir` when it holds an audit
+/// log. Else the store's refusal.
+pub fn find_run_folder(
+    store: &Path,
+    runs_dir: &Path,
+    id: &str,
+) -> Result<RunFolder, crate::store::StoreError> {
+    match crate::store::Store::open_read_only(store).and_then(|s| s.find_run(id)) {
+        Ok(run) => Ok(RunFolder {
+            dir: PathBuf::from(run.run_dir),
+            pipeline: Some(PathBuf::from(run.pipeline_dir)),
+        }),
+        Err(e) => {
+            let dir = runs_dir.join(id);
+            let plain_name = Path::new(id).file_name() == Some(std::ffi::OsStr::new(id));
+            if plain_name && crate::auditlog::in_dir(&dir).exists() {
+                Ok(RunFolder {
+                    dir,
+                    pipeline: None,
+                })
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
 /// `store`, else `troupe.db` in the folder that holds `runs_dir`.
 pub fn store_path(store: Option<&Path>, runs_dir: &Path) -> PathBuf {
     match store {

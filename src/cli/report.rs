@@ -70,28 +70,23 @@ pub struct ReportArgs {
     pub graph: bool,
 }
 
-/// Where the run's folder is: the run store knows (and takes an id
-/// prefix); without a store, or a run it does not have, `--runs-dir`.
+/// Where the run's folder is (`options::find_run_folder`), as the folder
+/// that holds it and its name; a run it does not find is looked for in
+/// `--runs-dir` by the name given, and `load_run` says what is missing.
 fn locate(args: &ReportArgs) -> (PathBuf, String, Option<PathBuf>) {
     let path = super::options::store_path(args.store.as_deref(), &args.runs_dir);
-    let found = path
-        .exists()
-        .then(|| crate::store::Store::open_read_only(&path).ok())
-        .flatten()
-        .and_then(|store| store.find_run(&args.run_id).ok());
-    match found {
-        Some(run) => {
-            let dir = PathBuf::from(&run.run_dir);
-            let pipeline = Some(PathBuf::from(&run.pipeline_dir));
-            match (dir.parent(), dir.file_name()) {
-                (Some(parent), Some(name)) => (
-                    parent.to_owned(),
-                    name.to_string_lossy().into_owned(),
-                    pipeline,
-                ),
-                _ => (args.runs_dir.clone(), args.run_id.clone(), pipeline),
-            }
-        }
+    let found = super::options::find_run_folder(&path, &args.runs_dir, &args.run_id).ok();
+    let split = found.as_ref().and_then(|run| {
+        let parent = run.dir.parent()?;
+        let name = run.dir.file_name()?;
+        Some((parent, name, &run.pipeline))
+    });
+    match split {
+        Some((parent, name, pipeline)) => (
+            parent.to_owned(),
+            name.to_string_lossy().into_owned(),
+            pipeline.clone(),
+        ),
         None => (args.runs_dir.clone(), args.run_id.clone(), None),
     }
 }

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::Exit;
 use super::launch::store_failed;
-use super::options::store_path;
+use super::options::{find_run_folder, store_path};
 use crate::auditlog;
 use crate::definition::duration::parse_positive_duration;
 use crate::provider::Usage;
@@ -121,16 +121,15 @@ pub fn run(args: RunsArgs) -> Exit {
         None => list(&path, args.limit, json),
         Some(RunsCommand::Show { run_id, stage }) => show(&path, &run_id, stage.as_deref(), json),
         Some(RunsCommand::Export { run_id, output }) => {
-            run_dir(&path, &args.store.runs_dir, &run_id)
-                .and_then(|dir| export(&dir, output.as_deref()))
+            find_run_folder(&path, &args.store.runs_dir, &run_id)
+                .and_then(|run| export(&run.dir, output.as_deref()))
         }
         Some(RunsCommand::Tail {
             run_id,
             lines,
             follow,
-        }) => {
-            run_dir(&path, &args.store.runs_dir, &run_id).and_then(|dir| tail(&dir, lines, follow))
-        }
+        }) => find_run_folder(&path, &args.store.runs_dir, &run_id)
+            .and_then(|run| tail(&run.dir, lines, follow)),
         Some(RunsCommand::Rm { run_ids }) => remove(&path, &run_ids, json),
         Some(RunsCommand::Gc {
             older_than,
@@ -438,25 +437,6 @@ fn label(e: &ExecRow) -> String {
         let _ = write!(l, "@{}", e.visit);
     }
     l
-}
-
-/// A run's folder: where the run store says (it takes an id prefix), or,
-/// for a run kept with `--no-store` or a store that lacks it, the folder
-/// of that exact name in `--runs-dir` when it holds an audit log.
-fn run_dir(store: &Path, runs_dir: &Path, id: &str) -> Result<PathBuf, StoreError> {
-    let stored = Store::open_read_only(store).and_then(|s| s.find_run(id));
-    match stored {
-        Ok(run) => Ok(PathBuf::from(run.run_dir)),
-        Err(e) => {
-            let dir = runs_dir.join(id);
-            let plain_name = Path::new(id).file_name() == Some(std::ffi::OsStr::new(id));
-            if plain_name && auditlog::in_dir(&dir).exists() {
-                Ok(dir)
-            } else {
-                Err(e)
-            }
-        }
-    }
 }
 
 fn export(dir: &Path, output: Option<&Path>) -> Result<Exit, StoreError> {
