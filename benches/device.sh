@@ -112,16 +112,11 @@ else
     echo "no python3 here" >"$out/thread_cpu.txt"
 fi
 
-# Tracepoints need tracefs; the software counters work without it.
+# Tracepoints need tracefs (perf_events.sh mounts it); the software
+# counters work without it.
 if command -v perf >/dev/null; then
-    [ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
-    events=context-switches,cpu-migrations,page-faults
-    if perf list 2>/dev/null | grep -q 'syscalls:sys_enter_futex '; then
-        for call in futex write read epoll_wait sched_yield pwrite64 madvise munmap mmap; do
-            events="$events,syscalls:sys_enter_$call"
-        done
-        events="$events,raw_syscalls:sys_enter"
-    fi
+    . benches/perf_events.sh
+    events=$(syscall_events perf context-switches,cpu-migrations,page-faults)
     for t in 2 16; do
         perf stat -x, -e "$events" -o "$out/syscalls_$t.csv" \
             "$bin" run stages/fanout --ctx "width=$w100k" --parallel-cap 256 \

@@ -49,14 +49,8 @@ done
 echo "$SECONDS s: residence" >>"$out/steps.txt"
 
 if "$perf" stat -e task-clock -o /dev/null true 2>/dev/null; then
-    [ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
-    events=task-clock,context-switches,cpu-migrations,page-faults
-    if "$perf" list 2>/dev/null | grep -q 'syscalls:sys_enter_futex '; then
-        for call in futex write read epoll_wait sched_yield pwrite64 madvise munmap mmap; do
-            events="$events,syscalls:sys_enter_$call"
-        done
-        events="$events,raw_syscalls:sys_enter"
-    fi
+    . benches/perf_events.sh
+    events=$(syscall_events "$perf" task-clock,context-switches,cpu-migrations,page-faults)
     for t in ${PERF_THREADS:-2 16}; do
         rm -rf "${runs:?}"/*
         "$perf" record -F 999 -g -o "$out/perf_$t.data" -- \

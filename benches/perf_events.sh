@@ -1,0 +1,18 @@
+# Sourced by device.sh and device_profile.sh.
+#
+#     syscall_events PERF EVENTS
+#
+# prints EVENTS (perf's software counters, comma-separated) followed by
+# the tracepoints that count system calls by kind, where PERF lists them:
+# they need tracefs, mounted here if it is not.
+syscall_events() {
+    local perf=$1 events=$2
+    [ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
+    if "$perf" list 2>/dev/null | grep -q 'syscalls:sys_enter_futex '; then
+        for call in futex write read epoll_wait sched_yield pwrite64 madvise munmap mmap; do
+            events="$events,syscalls:sys_enter_$call"
+        done
+        events="$events,raw_syscalls:sys_enter"
+    fi
+    echo "$events"
+}
