@@ -298,11 +298,8 @@ impl<E: BusEvent> EventBus<E> {
     pub fn publish(&self, event: E) -> Option<u64> {
         let class = event.class();
         let shared = &*self.shared;
-        // Looked at first so that publishing on a closed bus does not move
-        // `last_seq`; the draw itself decides.
-        if shared.next.load(Ordering::Relaxed) & CLOSED != 0 {
-            return None;
-        }
+        // A draw refused after the close moves the counter and nothing
+        // else: `last_seq` of a closed bus reads what was delivered.
         let seq = shared.next.fetch_add(1, Ordering::SeqCst);
         if seq & CLOSED != 0 {
             return None;
