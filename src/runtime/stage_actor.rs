@@ -150,7 +150,7 @@ impl StageActor {
         // cancelled.
         let race = async move {
             let finished = {
-                let mut cancelled = std::pin::pin!(scope.token().clone().cancelled_owned());
+                let mut cancelled = std::pin::pin!(scope.token().cancelled());
                 std::future::poll_fn(|cx| {
                     if cancelled.as_mut().poll(cx).is_ready() || scope.is_marked() {
                         return std::task::Poll::Ready(None);
