@@ -127,7 +127,7 @@ fn acceptance_31_deny_or_headless_gives_a_typed_denial_and_act_goes_on() {
             RunStatus::Ok,
             "Act continues to completion"
         );
-        assert_eq!(out.report.results["s"].parsed["n"], 2);
+        assert_eq!(out.report.results["s"].result().parsed["n"], 2);
         assert_eq!(out.named("InteractionAnswered")[0]["outcome"], outcome);
         assert_eq!(out.count("ToolCallDenied"), 1);
         assert_eq!(out.count("ToolInvocationStarted"), 0, "nothing ran");

@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use troupe::definition::{Pipeline, load_pipeline};
 use troupe::runtime::ids::RunId;
-use troupe::runtime::result::{StageResult, Usage, Verdict};
+use troupe::runtime::result::{Kept, StageResult, Usage, Verdict};
 use troupe::runtime::scheduler::Slot as Exec;
 use troupe::runtime::scheduler::{ExecKey, PlanCommand, PlanEvent, Planner, StageOutcome};
 use troupe::runtime::summary::RunStatus;
@@ -137,6 +137,15 @@ impl Driver {
             attempt_count: 1,
             usage: Usage::default(),
         });
+        // Siblings report their results packed, as their executions do.
+        let result = match unit {
+            Some(_) => Kept::packed(
+                Arc::clone(&result),
+                stage.into(),
+                result.stage_execution_id.as_str().into(),
+            ),
+            None => Kept::Whole(result),
+        };
         self.seq += 1;
         let seq = self.seq;
         self.report(unit, StageOutcome::Exited { result, seq })
@@ -692,7 +701,7 @@ fn a_restored_run_skips_finished_executions_and_runs_the_rest() {
         .ctx
         .upstream
         .iter()
-        .map(|r| r.parsed["n"].clone())
+        .map(|r| r.result().parsed["n"].clone())
         .collect();
     assert_eq!(
         seen,

@@ -15,6 +15,7 @@ use common::Fixture;
 use common::run::{Opts, Outcome, run};
 use proptest::prelude::*;
 use serde_json::{Value, json};
+use troupe::runtime::result::{Kept, Verdict};
 use troupe::runtime::summary::RunStatus;
 
 fn llm(id: &str, schema_props: &str, body: &str) -> String {
@@ -120,7 +121,8 @@ fn acceptance_21_sequential_chain_turns_and_upstream() {
     };
     assert!(seq_of("a", "StageExited", None) < seq_of("b", "StagePreFired", Some("Setup")));
     assert_eq!(
-        out.report.results["b"].parsed["v"], "from-a",
+        out.report.results["b"].result().parsed["v"],
+        "from-a",
         "b saw a's StageResult as ctx.upstream[0]"
     );
     let reqs = out.requests();
@@ -166,13 +168,29 @@ fn acceptance_22_static_fan_out_is_one_compound_turn_join_sees_plan_order() {
         ends[0]["seq"].as_u64().unwrap() > join_exit,
         "the compound turn ends after the join's Exit"
     );
-    let seen: Vec<&str> = out.report.results["j"].parsed["seen"]
+    let join = out.report.results["j"].result();
+    let seen: Vec<&str> = join.parsed["seen"]
         .as_array()
         .unwrap()
         .iter()
         .map(|r| r["parsed"]["v"].as_str().unwrap())
         .collect();
     assert_eq!(seen, ["z", "x", "y"], "plan order, not finish order");
+    // The run keeps its siblings' results packed (their JSON as text, see
+    // `Kept`) and its sequential stages' and join's whole; every one of
+    // them reads back the same.
+    for kept in &out.report.all_results {
+        let sibling = ["x", "y", "z"].contains(&kept.stage_id());
+        assert_eq!(
+            matches!(kept, Kept::Packed(_)),
+            sibling,
+            "{} kept packed only as a sibling",
+            kept.stage_id()
+        );
+    }
+    let packed = out.report.all_results.iter().find(|k| k.stage_id() == "x");
+    let x = packed.unwrap().result();
+    assert_eq!((x.verdict, &*x.parsed), (Verdict::Ok, &json!({"v": "x"})));
     check_invariants(&out, 8);
 }
 
@@ -205,7 +223,7 @@ fn acceptance_23_map_of_50_under_cap_4() {
     check_invariants(&out, 4);
     let peak = out.report.groups[0].peak_running;
     assert_eq!(peak, 4, "the cap is reached and never exceeded");
-    let seen = out.report.results["join"].parsed["seen"]
+    let seen = out.report.results["join"].result().parsed["seen"]
         .as_array()
         .unwrap()
         .clone();
@@ -468,12 +486,13 @@ fn acceptance_28_deterministic_steps() {
         let out = run(f.path(), Opts::default());
         assert_eq!(out.report.status, RunStatus::Ok, "{:?}", out.report.status);
         assert_eq!(
-            out.report.results["extract"].parsed.as_ref(),
+            out.report.results["extract"].result().parsed.as_ref(),
             &json!([{"score": 8}, {"category": category}]),
             "a fence and a raw object become an array of two"
         );
         assert_eq!(
-            out.report.results[route].output["text"], printed,
+            out.report.results[route].result().output["text"],
+            printed,
             "print after switch reads the step before it"
         );
         for step in ["extract", "route", route] {

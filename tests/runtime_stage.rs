@@ -105,7 +105,7 @@ fn acceptance_11_schema_failure_returns_as_tool_result_then_valid_completion_end
         other => panic!("expected the schema error as a tool result, got {other:?}"),
     }
     assert_eq!(
-        out.report.results["a"].parsed.as_ref(),
+        out.report.results["a"].result().parsed.as_ref(),
         &json!({"summary": "fixed"})
     );
     assert_eq!(out.count("StageAssertOutcome"), 1);
@@ -492,5 +492,8 @@ fn gates_and_asserts_on_deterministic_steps_are_evaluated() {
         },
     );
     assert_eq!(out.report.status, RunStatus::Ok, "{:?}", out.report.status);
-    assert_eq!(out.report.results["report"].output["text"], "score 9");
+    assert_eq!(
+        out.report.results["report"].result().output["text"],
+        "score 9"
+    );
 }

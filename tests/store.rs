@@ -18,7 +18,7 @@ use rusqlite::Connection;
 use serde_json::{Value, json};
 use troupe::error::HasCode;
 use troupe::runtime::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
-use troupe::runtime::result::{StageResult, Usage, Verdict};
+use troupe::runtime::result::{Kept, StageResult, Usage, Verdict};
 use troupe::store::schema::SCHEMA_VERSION;
 use troupe::store::{RunRow, Store, StoreError, StoreWriter, unix_ms};
 
@@ -74,7 +74,13 @@ fn exit(run: &str, index: usize, verdict: Verdict, parsed: Value) -> ExitRecord 
         stage_id: "worker".into(),
         index: Some(index),
         visit: 1,
-        result,
+        // Odd siblings packed, as executions hand them over; even ones
+        // whole: the store keeps both the same.
+        result: if index % 2 == 1 {
+            Kept::packed(result, "worker".into(), exec_id.as_str().into())
+        } else {
+            Kept::Whole(result)
+        },
         entered_at: SystemTime::now(),
         exited_at: SystemTime::now(),
     }

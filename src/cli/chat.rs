@@ -367,8 +367,8 @@ fn turn(
             RunStatus::Ok => Ok(report
                 .results
                 .values()
-                .find(|r| r.stage_id == CHAT)
-                .and_then(|r| r.parsed["message"].as_str().map(str::to_owned))
+                .find(|r| r.stage_id() == CHAT)
+                .and_then(|r| r.result().parsed["message"].as_str().map(str::to_owned))
                 .unwrap_or_default()),
             RunStatus::Failed { reason } => Err((Exit::RunFailed, reason.clone())),
             RunStatus::Cancelled => Err((first.exit(), "the turn was cancelled".to_owned())),

@@ -227,7 +227,7 @@ fn store_arrived(
     Ok(arrived
         .into_iter()
         .map(|(result, events)| LostExit {
-            id: result.stage_execution_id.to_string(),
+            id: result.stage_execution_id().to_string(),
             lines: events,
         })
         .collect())

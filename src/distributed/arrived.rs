@@ -11,19 +11,19 @@ use super::nats::Nats;
 use super::outbox;
 use super::wire::Report;
 use crate::runtime::ledger::ExitRecord;
-use crate::runtime::result::{StageResult, Verdict};
+use crate::runtime::result::{Kept, Verdict};
 
 /// The store's record of a result that came from a worker.
-pub fn exit_record(run_id: &str, result: &Arc<StageResult>) -> ExitRecord {
-    let (stage_id, index) = match result.stage_execution_id.rsplit('/').nth(1) {
+pub fn exit_record(run_id: &str, result: &Kept) -> ExitRecord {
+    let (stage_id, index) = match result.stage_execution_id().rsplit('/').nth(1) {
         Some(label) => match label.split_once('#') {
             Some((s, i)) => (s.to_owned(), i.parse().ok()),
             None => (label.to_owned(), None),
         },
-        None => (result.stage_id.clone(), None),
+        None => (result.stage_id().to_owned(), None),
     };
     let visit = result
-        .stage_execution_id
+        .stage_execution_id()
         .rsplit('/')
         .next()
         .and_then(|v| v.parse().ok())
@@ -31,11 +31,11 @@ pub fn exit_record(run_id: &str, result: &Arc<StageResult>) -> ExitRecord {
     let now = std::time::SystemTime::now();
     ExitRecord {
         run_id: Arc::from(run_id),
-        stage_execution_id: Arc::from(result.stage_execution_id.as_str()),
+        stage_execution_id: Arc::from(result.stage_execution_id()),
         stage_id: Arc::from(stage_id.as_str()),
         index,
         visit,
-        result: Arc::clone(result),
+        result: result.clone(),
         entered_at: std::time::SystemTime::UNIX_EPOCH,
         exited_at: now,
     }
@@ -49,7 +49,7 @@ pub fn exit_record(run_id: &str, result: &Arc<StageResult>) -> ExitRecord {
 pub async fn take_arrived(
     nats: &Nats,
     run_id: &str,
-) -> Result<Vec<(Arc<StageResult>, Vec<Value>)>, super::NatsError> {
+) -> Result<Vec<(Kept, Vec<Value>)>, super::NatsError> {
     // A resume against a cluster still forming waits for it, as a run does.
     nats.run_topology().await?;
     let consumer = nats.coordinator_consumer(run_id).await?;
@@ -70,7 +70,7 @@ pub async fn take_arrived(
             got += 1;
             for report in outbox::decode(&msg.payload) {
                 if let Ok(Report::Exited { result, events, .. }) = report
-                    && result.verdict != Verdict::Fail
+                    && result.verdict() != Verdict::Fail
                 {
                     // As the worker wrote them (its seq, 0, is the
                     // coordinator's to give).

@@ -50,7 +50,7 @@ use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
 use crate::runtime::events::{Event, EventName};
 use crate::runtime::ledger::Ledger;
 use crate::runtime::limits::Budget;
-use crate::runtime::result::{StageResult, Usage, Verdict};
+use crate::runtime::result::{Kept, StageResult, Usage, Verdict};
 use crate::runtime::scheduler::{
     ExecKey, Executor, ExecutorFactory, LocalExecutor, Slot, Spawn, StageOutcome, ToScheduler,
 };
@@ -192,7 +192,7 @@ enum Cmd {
 /// An exited sibling whose result is committed.
 struct Committed {
     exec: ExecKey,
-    result: Arc<StageResult>,
+    result: Kept,
     events: Vec<EventLine>,
 }
 
@@ -479,7 +479,7 @@ impl Coordinator {
         if !self.done(&exec, turn, unit) {
             return;
         }
-        let result = Arc::new(StageResult {
+        let result = Kept::Whole(Arc::new(StageResult {
             stage_id: exec.stage.to_string(),
             stage_execution_id: exec.id.to_string(),
             verdict: Verdict::Fail,
@@ -489,7 +489,7 @@ impl Coordinator {
             cap_hit: false,
             attempt_count: 0,
             usage: Usage::default(),
-        });
+        }));
         let run: Arc<str> = Arc::from(self.spec.run_id.as_str());
         let event = |name| {
             Event::new(name, Arc::clone(&run)).stage(Arc::clone(&exec.stage), Arc::clone(&exec.id))

@@ -65,7 +65,7 @@ pub fn log_task(enabled: bool, worker: &str, run_id: &str, report: &Report, repo
         Report::Exited {
             result, delivered, ..
         } => {
-            line["verdict"] = serde_json::to_value(result.verdict).unwrap_or_default();
+            line["verdict"] = serde_json::to_value(result.verdict()).unwrap_or_default();
             line["delivered"] = Value::from(*delivered);
         }
         Report::Refused { code, .. } => line["code"] = Value::from(code.as_str()),

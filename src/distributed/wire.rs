@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::runtime::events::Event;
-use crate::runtime::result::{StageResult, Usage};
+use crate::runtime::result::{Kept, Usage};
 
 /// The work queue of sibling tasks (work-queue retention).
 pub const TASKS_STREAM: &str = "TROUPE_TASKS";
@@ -99,7 +99,7 @@ pub struct GroupContext {
     /// The run's ctx fields.
     pub fields: Arc<Map<String, Value>>,
     /// The state slot as the group saw it when it started.
-    pub slot: Arc<BTreeMap<String, Arc<StageResult>>>,
+    pub slot: Arc<BTreeMap<String, Kept>>,
 }
 
 /// What a worker (or the coordinator) reports on a run's report subject:
@@ -131,7 +131,8 @@ pub enum Report {
         /// How many times the work queue delivered the task (above 1:
         /// a worker was lost and the sibling ran again from its start).
         delivered: u64,
-        result: Arc<StageResult>,
+        /// Written as a StageResult; read back whole.
+        result: Kept,
         events: Vec<EventLine>,
     },
     /// The sibling was strictly cancelled (its `StageCancelled` is the

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::result::StageResult;
+use super::result::{Kept, StageResult};
 use crate::definition::template::{Segment, lookup};
 use crate::provider::TemplateScope;
 
@@ -19,9 +19,9 @@ pub struct StageContext {
     pub fields: Arc<Map<String, Value>>,
     /// Predecessor results: one for a sequential successor, one per sibling
     /// (plan order) for a join, empty for the entry stage and siblings.
-    pub upstream: Arc<Vec<Arc<StageResult>>>,
+    pub upstream: Arc<Vec<Kept>>,
     /// The state slot: the latest result of every finished stage.
-    pub results: Arc<BTreeMap<String, Arc<StageResult>>>,
+    pub results: Arc<BTreeMap<String, Kept>>,
     pub workflow_run_id: Arc<str>,
     pub stage_execution_id: Arc<str>,
     pub item: Option<Value>,
@@ -42,7 +42,7 @@ impl StageContext {
             (Some("stage"), Some("name")) if path.len() == 2 => Ok(Value::from(&*self.stage_name)),
             (Some("ctx"), Some("upstream")) => match path.get(2) {
                 None => Ok(Value::Array(
-                    self.upstream.iter().map(|r| r.to_json()).collect(),
+                    self.upstream.iter().map(Kept::to_json).collect(),
                 )),
                 Some(Segment::Index(i)) => {
                     let result = self.upstream.get(*i).ok_or_else(|| {
@@ -51,7 +51,7 @@ impl StageContext {
                             self.upstream.len()
                         )
                     })?;
-                    resolve_in_result(result, &path[3..])
+                    resolve_in_result(&result.result(), &path[3..])
                 }
                 Some(Segment::Key(k)) => {
                     Err(format!("`ctx.upstream.{k}`: upstream is a list; index it"))
@@ -68,7 +68,7 @@ impl StageContext {
                     let result = self.results.get(stage).ok_or_else(|| {
                         format!("`ctx.results.{stage}` is not set (that stage has not finished)")
                     })?;
-                    resolve_in_result(result, &path[3..])
+                    resolve_in_result(&result.result(), &path[3..])
                 }
             },
             (Some("ctx"), Some("workflowRunId")) => {
@@ -109,7 +109,7 @@ impl StageContext {
         if source.contains("upstream") {
             ctx.insert(
                 "upstream".into(),
-                Value::Array(self.upstream.iter().map(|r| r.to_json()).collect()),
+                Value::Array(self.upstream.iter().map(Kept::to_json).collect()),
             );
         }
         if source.contains("results") {
@@ -183,10 +183,13 @@ mod tests {
         let mut fields = Map::new();
         fields.insert("task".into(), json!("fix it"));
         fields.insert("width".into(), json!(3));
+        // Upstream packed, as a join reads its siblings; the slot whole.
+        let packed = Kept::packed(Arc::clone(&prior), "plan".into(), "r/plan/1".into());
+        assert!(matches!(packed, Kept::Packed(_)));
         StageContext {
             fields: Arc::new(fields),
-            upstream: Arc::new(vec![prior.clone()]),
-            results: Arc::new(BTreeMap::from([("plan".to_owned(), prior)])),
+            upstream: Arc::new(vec![packed]),
+            results: Arc::new(BTreeMap::from([("plan".to_owned(), Kept::Whole(prior))])),
             workflow_run_id: "r".into(),
             stage_execution_id: "r/worker#2/1".into(),
             item: Some(json!(7)),

@@ -13,7 +13,7 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-use super::result::StageResult;
+use super::result::Kept;
 use crate::provider::Usage;
 
 /// A finished execution: its result and the `StageExited` record it will
@@ -26,7 +26,7 @@ pub struct ExitRecord {
     /// The map index of a sibling.
     pub index: Option<usize>,
     pub visit: u32,
-    pub result: Arc<StageResult>,
+    pub result: Kept,
     pub entered_at: SystemTime,
     pub exited_at: SystemTime,
 }

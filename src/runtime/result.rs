@@ -6,6 +6,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod kept;
+
+pub use kept::{Kept, PackedResult};
+
 /// A result's token counts: the provider's, summed over its requests.
 pub use crate::provider::Usage;
 

@@ -21,9 +21,9 @@ use super::cancel::{CancelScope, TURN_CANCELLED};
 use super::events::{Event, EventName, FieldValue};
 use super::interaction::{InteractionHub, WithdrawOwner};
 use super::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
-use super::result::{StageResult, Verdict};
+use super::result::{Kept, StageResult, Verdict};
 use super::scheduler::{
-    ExecKey, StageOutcome, ToScheduler, next_of, sibling_failed_reason, sibling_label,
+    ExecKey, Slot, StageOutcome, ToScheduler, next_of, sibling_failed_reason, sibling_label,
 };
 use super::stage::{StageRun, Whereabouts};
 use crate::definition::{Pipeline, Stage};
@@ -208,16 +208,17 @@ impl StageActor {
                 self.index,
             )));
         }
-        let recorder = self.recorder(&result);
+        let verdict = result.verdict;
+        let recorder = self.recorder(result);
         self.reported = true;
         match self.ledger.clone() {
             None => recorder.record(),
-            Some(ledger) if result.verdict == Verdict::Fail => {
-                ledger.persist(self.exit_record(&result), None);
+            Some(ledger) if verdict == Verdict::Fail => {
+                ledger.persist(self.exit_record(&recorder.result), None);
                 recorder.record();
             }
             Some(ledger) => ledger.persist(
-                self.exit_record(&result),
+                self.exit_record(&recorder.result),
                 Some(Box::new(move |stored| match stored {
                     Ok(()) => recorder.record(),
                     Err(e) => recorder.not_stored(&e),
@@ -228,7 +229,9 @@ impl StageActor {
     }
 
     /// Everything recording this execution's exit needs, wherever it runs.
-    fn recorder(&self, result: &Arc<StageResult>) -> ExitRecorder {
+    /// A sibling's result is packed here, on the execution's own thread,
+    /// before anyone keeps it (see [`Kept`]).
+    fn recorder(&self, result: Arc<StageResult>) -> ExitRecorder {
         let mut event = self
             .event(EventName::StageExited)
             .with_static("verdict", result.verdict.as_str())
@@ -238,28 +241,37 @@ impl StageActor {
         if let Some(r) = &result.reason {
             event = event.with("reason", r.as_str());
         }
+        let next = self
+            .bus
+            .has_observers()
+            .then(|| next_of(&self.pipeline, &self.stage, &result).describe());
+        let result = match self.exec.slot {
+            Slot::Unit(_) => Kept::packed(
+                result,
+                Arc::clone(&self.exec.stage),
+                Arc::clone(&self.exec.id),
+            ),
+            Slot::Sequential | Slot::Join => Kept::Whole(result),
+        };
         ExitRecorder {
             event,
-            result: Arc::clone(result),
+            result,
             exec: self.exec.clone(),
             run_id: Arc::clone(&self.run_id),
             bus: self.bus.clone(),
             scheduler: Arc::clone(&self.scheduler),
-            next: self
-                .bus
-                .has_observers()
-                .then(|| next_of(&self.pipeline, &self.stage, result).describe()),
+            next,
         }
     }
 
-    fn exit_record(&self, result: &Arc<StageResult>) -> ExitRecord {
+    fn exit_record(&self, result: &Kept) -> ExitRecord {
         ExitRecord {
             run_id: Arc::clone(&self.run_id),
             stage_execution_id: Arc::clone(&self.exec.id),
             stage_id: Arc::clone(&self.exec.stage),
             index: self.index,
             visit: self.visit,
-            result: Arc::clone(result),
+            result: result.clone(),
             entered_at: self.entered_at,
             exited_at: SystemTime::now(),
         }
@@ -440,11 +452,12 @@ impl Drop for StageActor {
         self.scope.stop();
         // A failure: recorded at once (a resumed run runs it again).
         let result = self.panicked("the stage actor ended without reporting".to_owned());
+        let recorder = self.recorder(result);
         if let Some(ledger) = &self.ledger {
-            ledger.persist(self.exit_record(&result), None);
+            ledger.persist(self.exit_record(&recorder.result), None);
         }
         self.reported = true;
-        self.recorder(&result).record();
+        recorder.record();
     }
 }
 
@@ -455,7 +468,7 @@ struct ExitRecorder {
     /// `StageExited`, moved into the bus, not copied: this runs on the
     /// store's answering thread, once per sibling.
     event: Event,
-    result: Arc<StageResult>,
+    result: Kept,
     exec: ExecKey,
     run_id: Arc<str>,
     bus: EventBus<Event>,
@@ -506,16 +519,16 @@ impl ExitRecorder {
                 .stage(Arc::clone(&self.exec.stage), Arc::clone(&self.exec.id))
                 .with("reason", reason.as_str())
                 .with_static("phase", "Exit")
-                .with("attempt", self.result.attempt_count)
+                .with("attempt", self.result.attempt_count())
                 .with("turn", 0u32)
                 .with("toolCalls", Vec::<Value>::new())
-                .with("usage", self.result.usage),
+                .with("usage", self.result.usage()),
         );
         self.scheduler.do_send(ToScheduler::LimitReached { reason });
         self.scheduler.do_send(ToScheduler::Report {
             exec: self.exec,
             outcome: StageOutcome::Cancelled {
-                usage: self.result.usage,
+                usage: self.result.usage(),
             },
         });
     }

@@ -4,12 +4,11 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use super::result::StageResult;
+use super::result::Kept;
 use crate::provider::Usage;
 
 /// How a run ended.
@@ -88,10 +87,10 @@ pub struct RunReport {
     pub warnings: Vec<String>,
     /// The state slot at the end: latest result per stage.
     #[serde(skip)]
-    pub results: BTreeMap<String, Arc<StageResult>>,
+    pub results: BTreeMap<String, Kept>,
     /// Every StageResult of the run, in the order the executions ended.
     #[serde(rename = "results")]
-    pub all_results: Vec<Arc<StageResult>>,
+    pub all_results: Vec<Kept>,
 }
 
 fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {

@@ -124,12 +124,9 @@ struct ResultColumns {
 }
 
 impl ResultColumns {
-    fn of(result: &crate::runtime::result::StageResult) -> ResultColumns {
-        ResultColumns {
-            parsed: serde_json::to_string(&*result.parsed).unwrap_or_default(),
-            output: (!Arc::ptr_eq(&result.parsed, &result.output))
-                .then(|| serde_json::to_string(&*result.output).unwrap_or_default()),
-        }
+    fn of(result: &crate::runtime::result::Kept) -> ResultColumns {
+        let (parsed, output) = result.json_columns();
+        ResultColumns { parsed, output }
     }
 }
 
@@ -329,13 +326,13 @@ fn write_batch(
                         &*r.stage_id,
                         index(r.index),
                         r.visit,
-                        result.verdict.as_str(),
-                        result.reason,
-                        result.attempt_count,
-                        result.cap_hit,
-                        count(result.usage.prompt_tokens),
-                        count(result.usage.completion_tokens),
-                        count(result.usage.requests),
+                        result.verdict().as_str(),
+                        result.reason(),
+                        result.attempt_count(),
+                        result.cap_hit(),
+                        count(result.usage().prompt_tokens),
+                        count(result.usage().completion_tokens),
+                        count(result.usage().requests),
                         ms(r.entered_at),
                         unix_ms(r.exited_at),
                         columns.parsed,

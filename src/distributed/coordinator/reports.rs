@@ -13,7 +13,7 @@ use super::super::outbox;
 use super::super::wire::{EventLine, Report};
 use super::{Cmd, Committed, Coordinator};
 use crate::runtime::events::{Event, EventName};
-use crate::runtime::result::{StageResult, Usage, Verdict};
+use crate::runtime::result::{Kept, Usage, Verdict};
 use crate::runtime::scheduler::{ExecKey, StageOutcome, ToScheduler};
 
 /// A report message's acknowledgement, sent once every report in it is
@@ -126,14 +126,14 @@ impl Coordinator {
                     // A sibling of another session (before a resume): store
                     // it all the same, a resumed run will find it.
                     if let Some(ledger) = &self.spec.ledger
-                        && result.verdict != Verdict::Fail
+                        && result.verdict() != Verdict::Fail
                     {
                         ledger.persist(exit_record(&self.spec.run_id, &result), None);
                     }
                     return;
                 };
                 self.done(&exec, turn, unit);
-                self.charge(result.usage);
+                self.charge(result.usage());
                 if delivered > 1 {
                     self.spec.bus.publish(
                         Event::new(EventName::SiblingRedelivered, self.spec.run_id.as_str())
@@ -142,11 +142,11 @@ impl Coordinator {
                             .with("worker", worker),
                     );
                 }
-                match (&self.spec.ledger, result.verdict) {
+                match (&self.spec.ledger, result.verdict()) {
                     (Some(ledger), Verdict::Ok | Verdict::Skipped) => {
                         let tx = self.tx.clone();
                         let scheduler = self.scheduler.clone();
-                        let stored = Arc::clone(&result);
+                        let stored = result.clone();
                         // This message and any copy delivered meanwhile
                         // are settled once the commit is done.
                         ack.hold();
@@ -168,7 +168,7 @@ impl Coordinator {
                                     scheduler.do_send(ToScheduler::Report {
                                         exec,
                                         outcome: StageOutcome::Cancelled {
-                                            usage: stored.usage,
+                                            usage: stored.usage(),
                                         },
                                     });
                                     return;
@@ -250,12 +250,7 @@ impl Coordinator {
 
     /// An exited sibling, stored: its events into the log, its report to
     /// the scheduler.
-    pub(super) fn record_exit(
-        &self,
-        exec: ExecKey,
-        result: Arc<StageResult>,
-        events: Vec<EventLine>,
-    ) {
+    pub(super) fn record_exit(&self, exec: ExecKey, result: Kept, events: Vec<EventLine>) {
         let seq = self.relay(events);
         self.scheduler.do_send(ToScheduler::Report {
             exec,

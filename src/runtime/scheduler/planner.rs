@@ -39,7 +39,7 @@ use crate::error::{HasCode, ValidationCode};
 use crate::runtime::context::StageContext;
 use crate::runtime::events::{Event, EventName};
 use crate::runtime::ids::{RunId, stage_execution_id};
-use crate::runtime::result::{StageResult, Usage, Verdict};
+use crate::runtime::result::{Kept, StageResult, Usage, Verdict};
 use crate::runtime::summary::{GroupStats, RunReport, RunStatus, StageStats};
 use group::Group;
 
@@ -150,7 +150,7 @@ enum Current {
     Idle,
     Sequential {
         turn_id: String,
-        upstream: Arc<Vec<Arc<StageResult>>>,
+        upstream: Arc<Vec<Kept>>,
         stage: Arc<Stage>,
     },
     Group(Box<Group>),
@@ -163,7 +163,7 @@ pub struct Planner {
     run_id: RunId,
     fields: Arc<Map<String, Value>>,
     cap: usize,
-    results: BTreeMap<String, Arc<StageResult>>,
+    results: BTreeMap<String, Kept>,
     visits: HashMap<String, u32>,
     turns: u64,
     current: Current,
@@ -183,12 +183,12 @@ pub struct Planner {
     /// instead of copied into each.
     stages: super::FastMap<String, Shared>,
     /// The upstream of a sibling: none, shared.
-    no_upstream: Arc<Vec<Arc<StageResult>>>,
+    no_upstream: Arc<Vec<Kept>>,
     /// What a resumed run already has.
     restore: Restore,
     /// Every result of the run, in the order the executions ended
     /// (stored ones of a resumed run first).
-    all_results: Vec<Arc<StageResult>>,
+    all_results: Vec<Kept>,
 }
 
 type Out = Vec<PlanCommand>;
@@ -325,7 +325,7 @@ impl Planner {
     }
 
     /// The state slot as it is now, shared by whoever reads it next.
-    fn snapshot(&self) -> Arc<BTreeMap<String, Arc<StageResult>>> {
+    fn snapshot(&self) -> Arc<BTreeMap<String, Kept>> {
         Arc::new(self.results.clone())
     }
 
@@ -334,8 +334,8 @@ impl Planner {
         stage: &str,
         index: Option<usize>,
         visit: u32,
-        upstream: Arc<Vec<Arc<StageResult>>>,
-        slot: Arc<BTreeMap<String, Arc<StageResult>>>,
+        upstream: Arc<Vec<Kept>>,
+        slot: Arc<BTreeMap<String, Kept>>,
         item: Option<Value>,
     ) -> Arc<StageContext> {
         let (stage_id, name) = match self.stages.get(stage) {
@@ -385,6 +385,7 @@ impl Planner {
         if let Some(result) = self.restored(&exec.id) {
             // Finished before the run was interrupted: its Exit is in the
             // store (and the log); the walk goes on from it.
+            let result = Kept::Whole(result);
             return self.reported(exec, StageOutcome::Exited { result, seq: 0 }, out);
         }
         out.push(PlanCommand::Spawn(Box::new(Spawn {
@@ -429,12 +430,7 @@ impl Planner {
     }
 
     /// Starts a sequential stage as its own session turn.
-    fn enter_sequential(
-        &mut self,
-        stage: &str,
-        upstream: Arc<Vec<Arc<StageResult>>>,
-        out: &mut Out,
-    ) {
+    fn enter_sequential(&mut self, stage: &str, upstream: Arc<Vec<Kept>>, out: &mut Out) {
         let visit = match self.visit(stage) {
             Ok(v) => v,
             Err(reason) => return self.finish(RunStatus::Failed { reason }, out),
@@ -470,31 +466,31 @@ impl Planner {
         self.spawn(Slot::Sequential, stage, ctx, None, visit, out);
     }
 
-    fn record(&mut self, result: &Arc<StageResult>) {
+    fn record(&mut self, result: &Kept) {
         let count = |s: &mut StageStats| {
-            match result.verdict {
+            match result.verdict() {
                 Verdict::Ok => s.ok += 1,
                 Verdict::Fail => s.failed += 1,
                 Verdict::Skipped => s.skipped += 1,
             }
-            s.retries += u64::from(result.attempt_count.saturating_sub(1));
-            s.cap_hits += u64::from(result.cap_hit);
+            s.retries += u64::from(result.attempt_count().saturating_sub(1));
+            s.cap_hits += u64::from(result.cap_hit());
         };
         // Once per sibling: the stage's id is copied only the first time
         // it is seen, not for every lookup.
-        match self.stats.get_mut(&result.stage_id) {
+        let stage = result.stage_id();
+        match self.stats.get_mut(stage) {
             Some(s) => count(s),
-            None => count(self.stats.entry(result.stage_id.clone()).or_default()),
+            None => count(self.stats.entry(stage.to_owned()).or_default()),
         }
-        self.usage.add(result.usage);
-        match self.results.get_mut(&result.stage_id) {
-            Some(latest) => *latest = Arc::clone(result),
+        self.usage.add(result.usage());
+        match self.results.get_mut(stage) {
+            Some(latest) => *latest = result.clone(),
             None => {
-                self.results
-                    .insert(result.stage_id.clone(), Arc::clone(result));
+                self.results.insert(stage.to_owned(), result.clone());
             }
         }
-        self.all_results.push(Arc::clone(result));
+        self.all_results.push(result.clone());
     }
 
     /// Walks one step of the Next table from a finished execution.
@@ -502,7 +498,7 @@ impl Planner {
         &mut self,
         stage: &Stage,
         result: Arc<StageResult>,
-        upstream_of_result: Arc<Vec<Arc<StageResult>>>,
+        upstream_of_result: Arc<Vec<Kept>>,
         out: &mut Out,
     ) {
         let next = next_of(&self.pipeline, stage, &result);
@@ -524,11 +520,13 @@ impl Planner {
                 let upstream = if transparent {
                     upstream_of_result
                 } else {
-                    Arc::new(vec![result])
+                    Arc::new(vec![Kept::Whole(result)])
                 };
                 self.enter_sequential(&id, upstream, out);
             }
-            NextDecision::Parallel(plan) => self.enter_group(plan, Arc::new(vec![result]), out),
+            NextDecision::Parallel(plan) => {
+                self.enter_group(plan, Arc::new(vec![Kept::Whole(result)]), out)
+            }
         }
     }
 
@@ -567,13 +565,13 @@ impl Planner {
         &mut self,
         stage: &Stage,
         outcome: StageOutcome,
-        upstream: Arc<Vec<Arc<StageResult>>>,
+        upstream: Arc<Vec<Kept>>,
         out: &mut Out,
     ) {
         match outcome {
             StageOutcome::Exited { result, .. } => {
                 self.record(&result);
-                self.follow(stage, result, upstream, out);
+                self.follow(stage, result.result(), upstream, out);
             }
             StageOutcome::Cancelled { .. }
             | StageOutcome::CancelledBeforeStart
@@ -638,7 +636,7 @@ impl Planner {
             (Current::Group(mut g), Slot::Unit(unit)) if unit < g.results.len() => {
                 let outcome = match outcome {
                     StageOutcome::Exited { result, seq } => {
-                        let verdict = result.verdict;
+                        let verdict = result.verdict();
                         self.record(&result);
                         g.results[unit] = Some(result);
                         match verdict {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use actix::Message;
 use tokio::sync::oneshot;
 
-use crate::runtime::result::{StageResult, Usage};
+use crate::runtime::result::{Kept, Usage};
 use crate::runtime::summary::RunReport;
 
 pub use crate::runtime::cancel::TURN_CANCELLED;
@@ -42,8 +42,8 @@ pub struct ExecKey {
 pub enum StageOutcome {
     /// Exit ran (verdict ok, fail or skipped) and `StageExited` was
     /// published with `seq`: the order of Exits, whatever the order the
-    /// reports arrive in.
-    Exited { result: Arc<StageResult>, seq: u64 },
+    /// reports arrive in. A sibling's result comes packed.
+    Exited { result: Kept, seq: u64 },
     /// Strictly cancelled after it started: no Exit. `usage` is what its
     /// model requests had used by then.
     Cancelled { usage: Usage },

@@ -110,6 +110,8 @@ impl StageRun {
         // Setup: tools were resolved at load; check each upstream element.
         self.phase(whereabouts, "Setup", true);
         if let Some(schema) = &def.inputs_schema {
+            // One result at a time: a join's packed upstream is parsed
+            // back as it is checked, never all at once.
             for (i, up) in self.ctx.upstream.iter().enumerate() {
                 if let Err(errors) = schema.check(&up.to_json()) {
                     self.phase(whereabouts, "Setup", false);

@@ -12,12 +12,13 @@ pub(super) struct Group {
     pub(super) core: FanOut,
     /// Map items (shared), `None` for a static list.
     pub(super) items: Option<Arc<Vec<Value>>>,
-    pub(super) upstream_for_join: Arc<Vec<Arc<StageResult>>>,
+    pub(super) upstream_for_join: Arc<Vec<Kept>>,
     /// The state slot every sibling sees: taken once when the group starts,
     /// so siblings neither copy it nor see each other's results.
-    pub(super) slot: Arc<BTreeMap<String, Arc<StageResult>>>,
+    pub(super) slot: Arc<BTreeMap<String, Kept>>,
     pub(super) visit: u32,
-    pub(super) results: Vec<Option<Arc<StageResult>>>,
+    /// Each sibling's result, packed by its execution (see [`Kept`]).
+    pub(super) results: Vec<Option<Kept>>,
     pub(super) joining: bool,
     /// Siblings that exited with verdict `fail`, as `(seq, unit)`: the
     /// one with the lowest `seq` is the failure the group is named by.
@@ -45,7 +46,7 @@ impl Planner {
         &self,
         stage: &str,
         over: &crate::definition::expr::Expr,
-        upstream: &Arc<Vec<Arc<StageResult>>>,
+        upstream: &Arc<Vec<Kept>>,
     ) -> Result<Vec<Value>, String> {
         let sctx = self.context(stage, None, 0, Arc::clone(upstream), self.snapshot(), None);
         let value = sctx.to_expr_value(over.source());
@@ -65,7 +66,7 @@ impl Planner {
     pub(super) fn enter_group(
         &mut self,
         plan: ParallelPlan,
-        upstream: Arc<Vec<Arc<StageResult>>>,
+        upstream: Arc<Vec<Kept>>,
         out: &mut Out,
     ) {
         let (total, items, visit) = match &plan.siblings {
@@ -117,6 +118,7 @@ impl Planner {
                 };
                 let id = stage_execution_id(&self.run_id, stage, index, visit);
                 if let Some(result) = self.restored(&id) {
+                    let result = Kept::Whole(result);
                     self.record(&result);
                     *slot = Some(result);
                     done.push(unit);
@@ -220,7 +222,7 @@ impl Planner {
             .results
             .get(unit)
             .and_then(|r| r.as_ref())
-            .and_then(|r| r.reason.clone())
+            .and_then(|r| r.reason().map(str::to_owned))
             .unwrap_or_else(|| "its stage actor ended without an outcome".to_owned());
         Some((g.sibling_label(unit), reason))
     }
@@ -229,7 +231,7 @@ impl Planner {
         let Current::Group(g) = &mut self.current else {
             return;
         };
-        let upstream: Vec<Arc<StageResult>> = g.results.iter().flatten().cloned().collect();
+        let upstream: Vec<Kept> = g.results.iter().flatten().cloned().collect();
         g.upstream_for_join = Arc::new(upstream);
         match g.plan.join.clone() {
             Some(join) => {

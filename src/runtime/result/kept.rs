@@ -1,0 +1,366 @@
+//! A finished execution's result as the run keeps it: whole, or packed.
+//!
+//! A fan-out keeps every sibling's result until the run ends: its join
+//! reads them as `ctx.upstream`, the `--json` summary prints them. As
+//! serde_json values a small `{"item": 7, "summary": "done 7"}` result
+//! took about 860 bytes (the map's entries and index table, a `String`
+//! per key, the `Arc`s, the execution id copied again), most of what a
+//! million-wide run holds. A sibling's result is therefore packed by its
+//! own execution, on its own thread, once it exits: its JSON as compact
+//! text, its names shared with the execution, its scalars as they are.
+//! It is parsed again only when something reads it (the join's
+//! templates and expressions, its `inputsSchema` check, the summary),
+//! one result at a time.
+
+use std::sync::Arc;
+
+use serde::de::{Deserialize, Deserializer};
+use serde::ser::{Serialize, SerializeStruct, Serializer};
+use serde_json::Value;
+
+use super::{StageResult, Usage, Verdict};
+
+/// Deeper than this, a value stays whole: serde_json refuses to parse
+/// text nested past 128 levels, so packing it could not be undone.
+const MAX_PACKED_DEPTH: usize = 100;
+
+/// A result held as its JSON text and its scalars.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedResult {
+    stage_id: Arc<str>,
+    stage_execution_id: Arc<str>,
+    verdict: Verdict,
+    cap_hit: bool,
+    attempt_count: u32,
+    usage: Usage,
+    reason: Option<Box<str>>,
+    /// `parsed`, serialized compactly.
+    parsed: Box<str>,
+    /// `output`, serialized compactly; `None` when it is `parsed`.
+    output: Option<Box<str>>,
+}
+
+/// A finished execution's result as the run keeps it.
+#[derive(Debug, Clone)]
+pub enum Kept {
+    /// As the execution made it: sequential stages and joins, whose
+    /// results the scheduler reads at once (Next, the walk).
+    Whole(Arc<StageResult>),
+    /// Packed by a sibling's execution (see the module documentation).
+    Packed(Arc<PackedResult>),
+}
+
+impl Kept {
+    /// Packs `result`; `stage_id` and `stage_execution_id` are the
+    /// execution's own shared names (equal to the result's), not copies.
+    /// A value too deep to parse back stays whole.
+    pub fn packed(
+        result: Arc<StageResult>,
+        stage_id: Arc<str>,
+        stage_execution_id: Arc<str>,
+    ) -> Kept {
+        let same = Arc::ptr_eq(&result.parsed, &result.output);
+        if too_deep(&result.parsed, 0) || (!same && too_deep(&result.output, 0)) {
+            return Kept::Whole(result);
+        }
+        let text = |v: &Value| {
+            serde_json::to_string(v)
+                .unwrap_or_else(|_| "null".to_owned())
+                .into_boxed_str()
+        };
+        Kept::Packed(Arc::new(PackedResult {
+            stage_id,
+            stage_execution_id,
+            verdict: result.verdict,
+            cap_hit: result.cap_hit,
+            attempt_count: result.attempt_count,
+            usage: result.usage,
+            reason: result.reason.as_deref().map(Box::from),
+            parsed: text(&result.parsed),
+            output: (!same).then(|| text(&result.output)),
+        }))
+    }
+
+    /// The result itself: shared when whole, parsed again when packed.
+    pub fn result(&self) -> Arc<StageResult> {
+        match self {
+            Kept::Whole(r) => Arc::clone(r),
+            Kept::Packed(p) => Arc::new(p.unpack()),
+        }
+    }
+
+    /// The result as a JSON value, as templates and expressions see it.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Kept::Whole(r) => r.to_json(),
+            Kept::Packed(p) => p.unpack().to_json(),
+        }
+    }
+
+    pub fn verdict(&self) -> Verdict {
+        match self {
+            Kept::Whole(r) => r.verdict,
+            Kept::Packed(p) => p.verdict,
+        }
+    }
+
+    pub fn stage_id(&self) -> &str {
+        match self {
+            Kept::Whole(r) => &r.stage_id,
+            Kept::Packed(p) => &p.stage_id,
+        }
+    }
+
+    pub fn stage_execution_id(&self) -> &str {
+        match self {
+            Kept::Whole(r) => &r.stage_execution_id,
+            Kept::Packed(p) => &p.stage_execution_id,
+        }
+    }
+
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Kept::Whole(r) => r.reason.as_deref(),
+            Kept::Packed(p) => p.reason.as_deref(),
+        }
+    }
+
+    pub fn cap_hit(&self) -> bool {
+        match self {
+            Kept::Whole(r) => r.cap_hit,
+            Kept::Packed(p) => p.cap_hit,
+        }
+    }
+
+    pub fn attempt_count(&self) -> u32 {
+        match self {
+            Kept::Whole(r) => r.attempt_count,
+            Kept::Packed(p) => p.attempt_count,
+        }
+    }
+
+    pub fn usage(&self) -> Usage {
+        match self {
+            Kept::Whole(r) => r.usage,
+            Kept::Packed(p) => p.usage,
+        }
+    }
+
+    /// `parsed` and `output` as the run store's columns: JSON text, and
+    /// `None` for `output` when it is `parsed` (stored once).
+    pub fn json_columns(&self) -> (String, Option<String>) {
+        match self {
+            Kept::Whole(r) => (
+                serde_json::to_string(&*r.parsed).unwrap_or_default(),
+                (!Arc::ptr_eq(&r.parsed, &r.output))
+                    .then(|| serde_json::to_string(&*r.output).unwrap_or_default()),
+            ),
+            Kept::Packed(p) => (p.parsed.to_string(), p.output.as_deref().map(str::to_owned)),
+        }
+    }
+}
+
+impl From<Arc<StageResult>> for Kept {
+    fn from(result: Arc<StageResult>) -> Kept {
+        Kept::Whole(result)
+    }
+}
+
+/// Equal when the results are, however each is held.
+impl PartialEq for Kept {
+    fn eq(&self, other: &Kept) -> bool {
+        match (self, other) {
+            (Kept::Whole(a), Kept::Whole(b)) => a == b,
+            (Kept::Packed(a), Kept::Packed(b)) => a == b,
+            _ => self.result() == other.result(),
+        }
+    }
+}
+
+impl PackedResult {
+    fn unpack(&self) -> StageResult {
+        let parse = |text: &str| Arc::new(serde_json::from_str(text).unwrap_or(Value::Null));
+        let parsed = parse(&self.parsed);
+        let output = self
+            .output
+            .as_deref()
+            .map_or_else(|| Arc::clone(&parsed), parse);
+        StageResult {
+            stage_id: self.stage_id.to_string(),
+            stage_execution_id: self.stage_execution_id.to_string(),
+            verdict: self.verdict,
+            reason: self.reason.as_deref().map(str::to_owned),
+            parsed,
+            output,
+            cap_hit: self.cap_hit,
+            attempt_count: self.attempt_count,
+            usage: self.usage,
+        }
+    }
+}
+
+/// The same JSON as [`StageResult`]'s, whichever way it is held: a
+/// packed result's values are parsed back one at a time as they are
+/// written, so a printer formats them as it formats any value.
+impl Serialize for Kept {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let p = match self {
+            Kept::Whole(r) => return r.serialize(serializer),
+            Kept::Packed(p) => p,
+        };
+        let parse =
+            |text: &str| serde_json::from_str::<Value>(text).map_err(serde::ser::Error::custom);
+        let parsed = parse(&p.parsed)?;
+        let output = p.output.as_deref().map(parse).transpose()?;
+        let fields = 8 + usize::from(p.reason.is_some());
+        let mut s = serializer.serialize_struct("StageResult", fields)?;
+        s.serialize_field("stageId", &*p.stage_id)?;
+        s.serialize_field("stageExecutionId", &*p.stage_execution_id)?;
+        s.serialize_field("verdict", &p.verdict)?;
+        if let Some(reason) = &p.reason {
+            s.serialize_field("reason", &**reason)?;
+        } else {
+            s.skip_field("reason")?;
+        }
+        s.serialize_field("parsed", &parsed)?;
+        s.serialize_field("output", output.as_ref().unwrap_or(&parsed))?;
+        s.serialize_field("capHit", &p.cap_hit)?;
+        s.serialize_field("attemptCount", &p.attempt_count)?;
+        s.serialize_field("usage", &p.usage)?;
+        s.end()
+    }
+}
+
+/// Read back whole (the distributed wire, a stored slot).
+impl<'de> Deserialize<'de> for Kept {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Kept, D::Error> {
+        StageResult::deserialize(deserializer).map(|r| Kept::Whole(Arc::new(r)))
+    }
+}
+
+/// Whether `value` nests deeper than [`MAX_PACKED_DEPTH`] below `depth`.
+fn too_deep(value: &Value, depth: usize) -> bool {
+    if depth > MAX_PACKED_DEPTH {
+        return true;
+    }
+    match value {
+        Value::Array(items) => items.iter().any(|v| too_deep(v, depth + 1)),
+        Value::Object(map) => map.values().any(|v| too_deep(v, depth + 1)),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn result(parsed: Value, output: Option<Value>, reason: Option<&str>) -> Arc<StageResult> {
+        let parsed = Arc::new(parsed);
+        Arc::new(StageResult {
+            stage_id: "worker".into(),
+            stage_execution_id: "run/worker#3/1".into(),
+            verdict: if reason.is_some() {
+                Verdict::Fail
+            } else {
+                Verdict::Ok
+            },
+            reason: reason.map(str::to_owned),
+            output: output.map_or_else(|| Arc::clone(&parsed), Arc::new),
+            parsed,
+            cap_hit: true,
+            attempt_count: 2,
+            usage: Usage {
+                prompt_tokens: 11,
+                completion_tokens: 5,
+                requests: 2,
+            },
+        })
+    }
+
+    fn pack(r: &Arc<StageResult>) -> Kept {
+        Kept::packed(
+            Arc::clone(r),
+            r.stage_id.as_str().into(),
+            r.stage_execution_id.as_str().into(),
+        )
+    }
+
+    #[test]
+    fn packed_reads_back_and_prints_as_whole() {
+        let values = [
+            json!({"item": 7, "summary": "done 7"}),
+            json!({"z": 1, "a": [1.5, -0.0, 1e300, null, true], "é": {"\u{2028}": "\"\\"}}),
+            json!(u64::MAX),
+            json!(i64::MIN),
+            Value::Null,
+            json!("text"),
+        ];
+        for v in values {
+            for (output, reason) in [
+                (None, None),
+                (Some(json!({"text": "report"})), None),
+                (None, Some("Validation/AssertFailed: no")),
+            ] {
+                let whole = result(v.clone(), output, reason);
+                let packed = pack(&whole);
+                assert!(matches!(packed, Kept::Packed(_)));
+                assert_eq!(*packed.result(), *whole);
+                assert_eq!(packed.to_json(), whole.to_json());
+                let as_whole = Kept::Whole(Arc::clone(&whole));
+                for (a, b) in [
+                    (
+                        serde_json::to_string(&packed),
+                        serde_json::to_string(&*whole),
+                    ),
+                    (
+                        serde_json::to_string_pretty(&packed),
+                        serde_json::to_string_pretty(&*whole),
+                    ),
+                ] {
+                    assert_eq!(a.unwrap(), b.unwrap());
+                }
+                assert_eq!(serde_json::to_value(&packed).unwrap(), whole.to_json());
+                assert_eq!(packed.json_columns(), as_whole.json_columns());
+                assert_eq!(packed, as_whole);
+                assert_eq!(
+                    (packed.verdict(), packed.reason(), packed.stage_id()),
+                    (whole.verdict, whole.reason.as_deref(), "worker")
+                );
+                assert_eq!(
+                    (packed.cap_hit(), packed.attempt_count(), packed.usage()),
+                    (true, 2, whole.usage)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn output_that_is_parsed_stays_shared_when_read_back() {
+        let packed = pack(&result(json!({"a": 1}), None, None));
+        let back = packed.result();
+        assert!(Arc::ptr_eq(&back.parsed, &back.output));
+        assert_eq!(packed.json_columns().1, None);
+    }
+
+    #[test]
+    fn a_value_too_deep_to_parse_back_stays_whole() {
+        let mut deep = json!(1);
+        for _ in 0..=MAX_PACKED_DEPTH + 1 {
+            deep = json!([deep]);
+        }
+        let whole = result(deep, None, None);
+        assert!(matches!(pack(&whole), Kept::Whole(_)));
+        let shallow = result(json!([[[1]]]), Some(json!({"deep": 1})), None);
+        assert!(matches!(pack(&shallow), Kept::Packed(_)));
+    }
+
+    #[test]
+    fn deserialized_it_is_whole_and_equal() {
+        let whole = result(json!({"item": 1}), None, None);
+        let text = serde_json::to_string(&pack(&whole)).unwrap();
+        let back: Kept = serde_json::from_str(&text).unwrap();
+        assert!(matches!(back, Kept::Whole(_)));
+        assert_eq!(*back.result(), *whole);
+    }
+}
