@@ -108,7 +108,7 @@ impl Compressing {
                     // The batch, its first line's seq and its line count.
                     let (mut batch, from, count) = match batch {
                         Batch::Lines(text) => {
-                            let count = text.iter().filter(|b| **b == b'\n').count() as u64;
+                            let count = memchr::memchr_iter(b'\n', &text).count() as u64;
                             let from = LostFrom::first_seq(&text);
                             (text, from, count)
                         }
