@@ -55,8 +55,10 @@ use crate::runtime::scheduler::{
     ExecKey, Executor, ExecutorFactory, LocalExecutor, Slot, Spawn, StageOutcome, ToScheduler,
 };
 
+mod decoding;
 mod reports;
 
+use decoding::{Decoders, Incoming};
 use reports::Settling;
 
 /// Makes a run's remote executor.
@@ -93,6 +95,7 @@ impl ExecutorFactory for RemoteSiblings {
         // siblings run on the workers. (The loop is made where it runs:
         // what it keeps of a group is not `Send`.)
         let stopped = scheduler.clone();
+        let decoders = Decoders::new(local.other_arbiters());
         let start = {
             let (spec, tx, stop) = (self.clone(), tx.clone(), shutdown.clone());
             move || {
@@ -105,7 +108,7 @@ impl ExecutorFactory for RemoteSiblings {
                     committing: HashMap::new(),
                     by_sequence: HashMap::new(),
                 };
-                actix::spawn(coordinator.run(rx, stop));
+                actix::spawn(coordinator.run(rx, decoders, stop));
             }
         };
         match local.arbiter() {
@@ -212,15 +215,32 @@ struct Coordinator {
 }
 
 impl Coordinator {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>, shutdown: CancellationToken) {
+    async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Cmd>,
+        decoders: Decoders,
+        shutdown: CancellationToken,
+    ) {
         let consumer = match self.spec.nats.coordinator_consumer(&self.spec.run_id).await {
             Ok(c) => c,
             Err(e) => return self.abort(format!("{e}")),
         };
-        let mut reports = match consumer.messages().await {
+        let reports = match consumer.messages().await {
             Ok(m) => m,
             Err(e) => return self.abort(format!("cannot read the run's reports: {e}")),
         };
+        // Messages are read and decoded ahead of this loop (see
+        // `decoding`); the reader stops once this loop drops `incoming`.
+        let (ahead, mut incoming) = mpsc::channel(decoding::READ_AHEAD);
+        actix::spawn(decoding::read_ahead(
+            reports,
+            |message: async_nats::jetstream::Message| {
+                let (message, acker) = message.split();
+                (message.payload, acker)
+            },
+            decoders,
+            ahead,
+        ));
         let advisory = format!(
             "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
             super::wire::TASKS_STREAM,
@@ -234,9 +254,9 @@ impl Coordinator {
                     Some(cmd) => self.command(cmd).await,
                     None => return,
                 },
-                msg = reports.next() => match msg {
-                    Some(Ok(msg)) => self.reports(msg).await,
-                    Some(Err(_)) => continue,
+                message = incoming.recv() => match message {
+                    Some(message) => self.reports(message).await,
+                    None if shutdown.is_cancelled() => return,
                     None => return self.abort("the run's report stream ended".to_owned()),
                 },
                 Some(advisory) = async {

@@ -9,19 +9,19 @@ use std::sync::{Arc, Mutex};
 
 use super::super::arrived::exit_record;
 use super::super::groups::Unit;
-use super::super::outbox;
 use super::super::wire::{EventLine, Report};
-use super::{Cmd, Committed, Coordinator};
+use super::{Cmd, Committed, Coordinator, Incoming};
 use crate::runtime::events::{Event, EventName};
 use crate::runtime::result::{Kept, Usage, Verdict};
 use crate::runtime::scheduler::{ExecKey, StageOutcome, ToScheduler};
+use async_nats::jetstream::message::Acker;
 
 /// A report message's acknowledgement, sent once every report in it is
 /// settled: held once while the message is read and once more for each
 /// exited sibling in it whose result (its own, or a first copy's) is
 /// being committed.
 /// (Generic over the acker only for its tests.)
-pub(super) struct Settling<A = async_nats::jetstream::message::Acker> {
+pub(super) struct Settling<A = Acker> {
     left: AtomicUsize,
     acker: Mutex<Option<A>>,
 }
@@ -57,10 +57,16 @@ impl Coordinator {
     /// reports, or the coordinator's own barrier. It is acknowledged once
     /// every report in it is settled (an exited sibling's, once its result
     /// is committed), so a coordinator killed in between reads it again.
-    pub(super) async fn reports(&mut self, msg: async_nats::jetstream::Message) {
-        let (msg, acker) = msg.split();
-        let ack = Settling::new(acker);
-        for report in outbox::decode(&msg.payload) {
+    pub(super) async fn reports(&mut self, message: Incoming<Acker>) {
+        let ack = Settling::new(message.acker);
+        // Decoded on another arbiter (see `decoding`); lost only when that
+        // arbiter stopped, as the run ends.
+        let decoded = message.reports.await.unwrap_or_else(|_| {
+            vec![Err(serde::de::Error::custom(
+                "its decoder stopped before it read the message",
+            ))]
+        });
+        for report in decoded {
             match report {
                 Ok(report) => self.report(report, &ack),
                 // Not a report this troupe knows: nothing to do with it.

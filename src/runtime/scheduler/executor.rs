@@ -147,6 +147,12 @@ impl LocalExecutor {
         self.arbiters.first().cloned()
     }
 
+    /// The run's arbiters but the one [`LocalExecutor::arbiter`] gives,
+    /// for work spread off it.
+    pub fn other_arbiters(&self) -> Vec<ArbiterHandle> {
+        self.arbiters.iter().skip(1).cloned().collect()
+    }
+
     /// The relay of `group` on arbiter `at`, made (and its task sent
     /// there, ahead of the executions under it) when the arbiter's last
     /// one stood for another scope.

@@ -1,0 +1,183 @@
+//! Reading the workers' report messages ahead of the coordinator's loop,
+//! decoded on the run's other arbiters.
+//!
+//! Decoding a report message (its reports, each exited sibling's result
+//! and its events read back from their lines) was two thirds of the
+//! coordinator thread's instructions (callgrind: ~100 000 of ~157 000 a
+//! sibling), and that thread sets a distributed run's pace. In a
+//! distributed run the run's arbiters are otherwise idle, since its
+//! siblings run on the workers. So a reader task takes each message off
+//! the report stream as it comes, hands its payload to the next of those
+//! arbiters, and queues the answer's receiver in arrival order; the loop
+//! takes them from that queue, so messages are settled in the order the
+//! stream gave them whichever decoder finishes first. With no other
+//! arbiter (`--threads 1`), the reader decodes them itself.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use actix::ArbiterHandle;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+
+use super::super::outbox;
+use super::super::wire::Report;
+
+/// The reports of one message, or why each could not be read.
+pub(super) type Decoded = Vec<Result<Report, serde_json::Error>>;
+
+/// Messages decoded (or being decoded) ahead of the loop, at most.
+pub(super) const READ_AHEAD: usize = 64;
+
+/// One message, in the order the stream gave it: its acknowledgement and
+/// its reports once decoded.
+pub(super) struct Incoming<A> {
+    pub(super) acker: A,
+    pub(super) reports: oneshot::Receiver<Decoded>,
+}
+
+/// Where payloads are decoded: the run's arbiters other than the
+/// coordinator's, in turn.
+#[derive(Debug, Clone)]
+pub(super) struct Decoders {
+    arbiters: Vec<ArbiterHandle>,
+    next: usize,
+}
+
+impl Decoders {
+    pub(super) fn new(arbiters: Vec<ArbiterHandle>) -> Decoders {
+        Decoders { arbiters, next: 0 }
+    }
+
+    /// Decodes `payload` on the next arbiter (here, when there is none or
+    /// it has stopped); the answer comes on the receiver. A decoder that
+    /// panics answers with that as the message's one error.
+    pub(super) fn decode(&mut self, payload: Bytes) -> oneshot::Receiver<Decoded> {
+        let (tx, rx) = oneshot::channel();
+        let job = move || {
+            let decoded = catch_unwind(AssertUnwindSafe(|| outbox::decode(&payload)))
+                .unwrap_or_else(|_| {
+                    vec![Err(serde::de::Error::custom(
+                        "the report decoder panicked on this message",
+                    ))]
+                });
+            let _ = tx.send(decoded);
+        };
+        if self.arbiters.is_empty() {
+            job();
+            return rx;
+        }
+        let at = self.next % self.arbiters.len();
+        self.next = self.next.wrapping_add(1);
+        // A stopped arbiter drops the job, and with it the answer: the
+        // receiver then reads as a message that could not be decoded.
+        let _ = self.arbiters[at].spawn_fn(job);
+        rx
+    }
+}
+
+/// Takes messages off `stream` until it ends or the loop stops reading
+/// (drops the receiver of `out`): each is split into its payload and its
+/// acknowledgement (`split`), its payload handed to `decoders`, and both
+/// queued on `out` in the stream's order. The end of the stream is `out`
+/// closing.
+pub(super) async fn read_ahead<M, E, A>(
+    mut stream: impl Stream<Item = Result<M, E>> + Unpin,
+    split: impl Fn(M) -> (Bytes, A),
+    mut decoders: Decoders,
+    out: mpsc::Sender<Incoming<A>>,
+) {
+    loop {
+        let next = tokio::select! {
+            () = out.closed() => return,
+            next = stream.next() => next,
+        };
+        match next {
+            Some(Ok(message)) => {
+                let (payload, acker) = split(message);
+                let reports = decoders.decode(payload);
+                if out.send(Incoming { acker, reports }).await.is_err() {
+                    return;
+                }
+            }
+            // A message the client could not take: the stream goes on.
+            Some(Err(_)) => continue,
+            None => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::distributed::wire::Report;
+
+    fn barrier(turn: u64) -> Bytes {
+        Bytes::from(serde_json::to_vec(&vec![Report::Barrier { turn }]).unwrap())
+    }
+
+    /// Messages decoded on three arbiters, some slower than others, come
+    /// to the loop in the stream's order, each with its own reports.
+    #[test]
+    fn decoded_on_other_arbiters_in_the_streams_order() {
+        let system = actix::System::new();
+        system.block_on(async {
+            let arbiters: Vec<actix::Arbiter> = (0..3).map(|_| actix::Arbiter::new()).collect();
+            let decoders = Decoders::new(arbiters.iter().map(actix::Arbiter::handle).collect());
+            // The first arbiter is held busy until the others are done.
+            let (release, held) = std::sync::mpsc::channel::<()>();
+            arbiters[0].spawn_fn(move || {
+                let _ = held.recv();
+            });
+            let messages: Vec<Result<(u64, Bytes), ()>> = (0..30)
+                .map(|turn| {
+                    if turn == 7 {
+                        Err(())
+                    } else {
+                        Ok((turn, barrier(turn)))
+                    }
+                })
+                .collect();
+            let (tx, mut rx) = mpsc::channel(READ_AHEAD);
+            actix::spawn(read_ahead(
+                futures::stream::iter(messages),
+                |(turn, payload)| (payload, turn),
+                decoders,
+                tx,
+            ));
+            let mut seen = Vec::new();
+            let mut first = true;
+            while let Some(Incoming { acker, reports }) = rx.recv().await {
+                if first {
+                    first = false;
+                    release.send(()).unwrap();
+                }
+                let reports = reports.await.expect("every message is answered");
+                let turns: Vec<u64> = reports
+                    .into_iter()
+                    .map(|r| match r.unwrap() {
+                        Report::Barrier { turn } => turn,
+                        other => panic!("not the message's report: {other:?}"),
+                    })
+                    .collect();
+                assert_eq!(turns, [acker], "each message its own reports");
+                seen.push(acker);
+            }
+            let expected: Vec<u64> = (0..30).filter(|t| *t != 7).collect();
+            assert_eq!(seen, expected, "the stream's order, the bad item skipped");
+            for a in arbiters {
+                a.stop();
+            }
+        });
+    }
+
+    #[test]
+    fn without_other_arbiters_it_decodes_in_place() {
+        let mut decoders = Decoders::new(Vec::new());
+        let mut rx = decoders.decode(barrier(3));
+        let reports = rx.try_recv().expect("answered at once");
+        assert!(matches!(reports[..], [Ok(Report::Barrier { turn: 3 })]));
+        let mut rx = decoders.decode(Bytes::from_static(b"{not json"));
+        assert!(rx.try_recv().expect("answered")[0].is_err());
+    }
+}
