@@ -382,7 +382,8 @@ impl WorkerHost {
                 ctx.address().recipient(),
                 self.arbiters.clone(),
             )
-            .without_relays();
+            .without_relays()
+            .keeping_results_whole();
             self.executors.insert(task.run_id.clone(), (local, now));
         }
         self.executors.get_mut(&task.run_id).map(|(local, used)| {

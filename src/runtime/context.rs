@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::result::{Kept, StageResult};
+use super::result::Kept;
 use crate::definition::template::{Segment, lookup};
 use crate::provider::TemplateScope;
 
@@ -51,7 +51,7 @@ impl StageContext {
                             self.upstream.len()
                         )
                     })?;
-                    resolve_in_result(&result.result(), &path[3..])
+                    resolve_in_result(result, &path[3..])
                 }
                 Some(Segment::Key(k)) => {
                     Err(format!("`ctx.upstream.{k}`: upstream is a list; index it"))
@@ -68,7 +68,7 @@ impl StageContext {
                     let result = self.results.get(stage).ok_or_else(|| {
                         format!("`ctx.results.{stage}` is not set (that stage has not finished)")
                     })?;
-                    resolve_in_result(&result.result(), &path[3..])
+                    resolve_in_result(result, &path[3..])
                 }
             },
             (Some("ctx"), Some("workflowRunId")) => {
@@ -150,11 +150,12 @@ fn sub(value: Value, rest: &[Segment]) -> Result<Value, String> {
     lookup(&value, rest).cloned()
 }
 
-/// Looks into a StageResult without serialising it whole.
-fn resolve_in_result(result: &StageResult, rest: &[Segment]) -> Result<Value, String> {
+/// Looks into a kept result without serialising it whole: `parsed` or
+/// `output` alone is all a packed one parses again.
+fn resolve_in_result(result: &Kept, rest: &[Segment]) -> Result<Value, String> {
     match rest.first() {
-        Some(Segment::Key(k)) if k == "parsed" => lookup(&result.parsed, &rest[1..]).cloned(),
-        Some(Segment::Key(k)) if k == "output" => lookup(&result.output, &rest[1..]).cloned(),
+        Some(Segment::Key(k)) if k == "parsed" => lookup(&result.parsed(), &rest[1..]).cloned(),
+        Some(Segment::Key(k)) if k == "output" => lookup(&result.output(), &rest[1..]).cloned(),
         _ => lookup(&result.to_json(), rest).cloned(),
     }
 }
@@ -164,7 +165,7 @@ mod tests {
     use super::*;
     use crate::definition::template::Template;
     use crate::provider::Usage;
-    use crate::runtime::result::Verdict;
+    use crate::runtime::result::{StageResult, Verdict};
     use serde_json::json;
 
     fn ctx() -> StageContext {

@@ -59,6 +59,9 @@ pub struct StageActor {
     /// (with the teardown, see [`StageActor::store_cancelled`]).
     cancelled_at: Option<SystemTime>,
     reported: bool,
+    /// A sibling's result is packed when it exits (see [`Kept`]), unless
+    /// whoever receives it sends it on at once (a worker).
+    pack: bool,
 }
 
 impl std::fmt::Debug for StageActor {
@@ -99,8 +102,16 @@ impl StageActor {
             cancel_recorded: false,
             cancelled_at: None,
             reported: false,
+            pack: true,
             run: Some(run),
         }
+    }
+
+    /// Hands a sibling's result over whole: for a worker, which writes it
+    /// into its report at once, where packing would only encode it twice.
+    pub fn keeping_results_whole(mut self) -> StageActor {
+        self.pack = false;
+        self
     }
 
     fn event(&self, name: EventName) -> Event {
@@ -246,12 +257,12 @@ impl StageActor {
             .has_observers()
             .then(|| next_of(&self.pipeline, &self.stage, &result).describe());
         let result = match self.exec.slot {
-            Slot::Unit(_) => Kept::packed(
+            Slot::Unit(_) if self.pack => Kept::packed(
                 result,
                 Arc::clone(&self.exec.stage),
                 Arc::clone(&self.exec.id),
             ),
-            Slot::Sequential | Slot::Join => Kept::Whole(result),
+            Slot::Unit(_) | Slot::Sequential | Slot::Join => Kept::Whole(result),
         };
         ExitRecorder {
             event,

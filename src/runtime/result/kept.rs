@@ -43,8 +43,10 @@ pub struct PackedResult {
 /// A finished execution's result as the run keeps it.
 #[derive(Debug, Clone)]
 pub enum Kept {
-    /// As the execution made it: sequential stages and joins, whose
-    /// results the scheduler reads at once (Next, the walk).
+    /// As it was made or read: sequential stages and joins (the
+    /// scheduler reads them at once to walk Next), results restored on a
+    /// resume or read off the distributed wire, a worker's siblings (sent
+    /// on at once) and values nested too deep to pack.
     Whole(Arc<StageResult>),
     /// Packed by a sibling's execution (see the module documentation).
     Packed(Arc<PackedResult>),
@@ -59,6 +61,11 @@ impl Kept {
         stage_id: Arc<str>,
         stage_execution_id: Arc<str>,
     ) -> Kept {
+        debug_assert_eq!(
+            (&*stage_id, &*stage_execution_id),
+            (&*result.stage_id, &*result.stage_execution_id),
+            "packed under the execution's own names"
+        );
         let same = Arc::ptr_eq(&result.parsed, &result.output);
         if too_deep(&result.parsed, 0) || (!same && too_deep(&result.output, 0)) {
             return Kept::Whole(result);
@@ -89,12 +96,50 @@ impl Kept {
         }
     }
 
-    /// The result as a JSON value, as templates and expressions see it.
-    pub fn to_json(&self) -> Value {
+    /// `parsed`, parsed again when packed (and nothing else).
+    pub fn parsed(&self) -> Arc<Value> {
         match self {
-            Kept::Whole(r) => r.to_json(),
-            Kept::Packed(p) => p.unpack().to_json(),
+            Kept::Whole(r) => Arc::clone(&r.parsed),
+            Kept::Packed(p) => Arc::new(parse(&p.parsed)),
         }
+    }
+
+    /// `output`, parsed again when packed (and nothing else).
+    pub fn output(&self) -> Arc<Value> {
+        match self {
+            Kept::Whole(r) => Arc::clone(&r.output),
+            Kept::Packed(p) => Arc::new(parse(p.output.as_deref().unwrap_or(&p.parsed))),
+        }
+    }
+
+    /// The result as a JSON value, as templates and expressions see it:
+    /// for a packed one, built from its text without a copy between.
+    pub fn to_json(&self) -> Value {
+        let p = match self {
+            Kept::Whole(r) => return r.to_json(),
+            Kept::Packed(p) => p,
+        };
+        let parsed = parse(&p.parsed);
+        let output = p.output.as_deref().map_or_else(|| parsed.clone(), parse);
+        let mut map = serde_json::Map::new();
+        map.insert("stageId".into(), Value::from(&*p.stage_id));
+        map.insert(
+            "stageExecutionId".into(),
+            Value::from(&*p.stage_execution_id),
+        );
+        map.insert("verdict".into(), Value::from(p.verdict.as_str()));
+        if let Some(reason) = &p.reason {
+            map.insert("reason".into(), Value::from(&**reason));
+        }
+        map.insert("parsed".into(), parsed);
+        map.insert("output".into(), output);
+        map.insert("capHit".into(), Value::from(p.cap_hit));
+        map.insert("attemptCount".into(), Value::from(p.attempt_count));
+        map.insert(
+            "usage".into(),
+            serde_json::to_value(p.usage).unwrap_or(Value::Null),
+        );
+        Value::Object(map)
     }
 
     pub fn verdict(&self) -> Verdict {
@@ -166,12 +211,13 @@ impl From<Arc<StageResult>> for Kept {
     }
 }
 
-/// Equal when the results are, however each is held.
+/// Equal when the results are, however each is held (a packed one is
+/// compared as its values, not its text: `-0.0` is `0.0`, and an `output`
+/// stored apart from `parsed` equals the same value shared).
 impl PartialEq for Kept {
     fn eq(&self, other: &Kept) -> bool {
         match (self, other) {
             (Kept::Whole(a), Kept::Whole(b)) => a == b,
-            (Kept::Packed(a), Kept::Packed(b)) => a == b,
             _ => self.result() == other.result(),
         }
     }
@@ -179,12 +225,11 @@ impl PartialEq for Kept {
 
 impl PackedResult {
     fn unpack(&self) -> StageResult {
-        let parse = |text: &str| Arc::new(serde_json::from_str(text).unwrap_or(Value::Null));
-        let parsed = parse(&self.parsed);
+        let parsed = Arc::new(parse(&self.parsed));
         let output = self
             .output
             .as_deref()
-            .map_or_else(|| Arc::clone(&parsed), parse);
+            .map_or_else(|| Arc::clone(&parsed), |text| Arc::new(parse(text)));
         StageResult {
             stage_id: self.stage_id.to_string(),
             stage_execution_id: self.stage_execution_id.to_string(),
@@ -236,6 +281,12 @@ impl<'de> Deserialize<'de> for Kept {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Kept, D::Error> {
         StageResult::deserialize(deserializer).map(|r| Kept::Whole(Arc::new(r)))
     }
+}
+
+/// A packed value read back. Its text is serde_json's own and nests at
+/// most [`MAX_PACKED_DEPTH`] deep, so it always parses; `null` otherwise.
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
 }
 
 /// Whether `value` nests deeper than [`MAX_PACKED_DEPTH`] below `depth`.
@@ -293,6 +344,16 @@ mod tests {
             json!({"z": 1, "a": [1.5, -0.0, 1e300, null, true], "é": {"\u{2028}": "\"\\"}}),
             json!(u64::MAX),
             json!(i64::MIN),
+            // Floats whose shortest text parses back to the same bits only
+            // with serde_json's `float_roundtrip` (the workspace asks for it).
+            json!([
+                0.9146155235219107,
+                117.63331139400017,
+                f64::MAX,
+                5e-324,
+                9007199254740991.0
+            ]),
+            json!({"p": 2.2250738585072014e-308, "q": -1.7976931348623157e308, "r": 0.1}),
             Value::Null,
             json!("text"),
         ];
@@ -307,6 +368,10 @@ mod tests {
                 assert!(matches!(packed, Kept::Packed(_)));
                 assert_eq!(*packed.result(), *whole);
                 assert_eq!(packed.to_json(), whole.to_json());
+                assert_eq!(
+                    (&*packed.parsed(), &*packed.output()),
+                    (&*whole.parsed, &*whole.output)
+                );
                 let as_whole = Kept::Whole(Arc::clone(&whole));
                 for (a, b) in [
                     (
@@ -353,6 +418,14 @@ mod tests {
         assert!(matches!(pack(&whole), Kept::Whole(_)));
         let shallow = result(json!([[[1]]]), Some(json!({"deep": 1})), None);
         assert!(matches!(pack(&shallow), Kept::Packed(_)));
+    }
+
+    #[test]
+    fn packed_results_are_equal_when_their_values_are() {
+        let shared = result(json!({"x": 0.0}), None, None);
+        let apart = result(json!({"x": -0.0}), Some(json!({"x": 0.0})), None);
+        assert_eq!(pack(&shared), pack(&apart));
+        assert_ne!(pack(&shared), pack(&result(json!({"x": 1}), None, None)));
     }
 
     #[test]

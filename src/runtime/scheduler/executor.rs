@@ -94,6 +94,8 @@ pub struct LocalExecutor {
     relaying: bool,
     /// Siblings begin without asking ([`Executor::grants_at_spawn`]).
     granting: bool,
+    /// Siblings hand their results over packed (`Kept`).
+    packing: bool,
 }
 
 impl std::fmt::Debug for LocalExecutor {
@@ -119,6 +121,7 @@ impl LocalExecutor {
             relays: vec![None; arbiters.len()],
             relaying: true,
             granting: false,
+            packing: true,
             arbiters,
             next: 0,
         }
@@ -138,6 +141,13 @@ impl LocalExecutor {
     /// tasks one by one), where a relay per execution would only add a task.
     pub fn without_relays(mut self) -> LocalExecutor {
         self.relaying = false;
+        self
+    }
+
+    /// Siblings hand their results over whole: for a worker, which sends
+    /// each on at once rather than keeping it.
+    pub fn keeping_results_whole(mut self) -> LocalExecutor {
+        self.packing = false;
         self
     }
 
@@ -245,7 +255,15 @@ impl Executor for LocalExecutor {
         };
         let scheduler = Arc::clone(&self.scheduler);
         let own = scope.clone();
-        let make = move || StageActor::new(run, exec, gated, scheduler, own, group);
+        let packing = self.packing;
+        let make = move || {
+            let actor = StageActor::new(run, exec, gated, scheduler, own, group);
+            if packing {
+                actor
+            } else {
+                actor.keeping_results_whole()
+            }
+        };
         match arbiter {
             None => {
                 make().start();

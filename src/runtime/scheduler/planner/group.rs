@@ -17,7 +17,8 @@ pub(super) struct Group {
     /// so siblings neither copy it nor see each other's results.
     pub(super) slot: Arc<BTreeMap<String, Kept>>,
     pub(super) visit: u32,
-    /// Each sibling's result, packed by its execution (see [`Kept`]).
+    /// Each sibling's result as its execution handed it over: packed on a
+    /// local run (see [`Kept`]), whole from a worker or a resume.
     pub(super) results: Vec<Option<Kept>>,
     pub(super) joining: bool,
     /// Siblings that exited with verdict `fail`, as `(seq, unit)`: the
