@@ -5,6 +5,7 @@
 //! cancelled groups.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -172,8 +173,23 @@ impl NatsArgs {
             options = options.require_tls(true);
         }
         let servers: Vec<String> = url.split(',').map(|s| s.trim().to_owned()).collect();
-        let connect = options.connect(servers.as_slice());
-        let client = match tokio::time::timeout(Duration::from_secs(15), connect).await {
+        // The connection's own task (socket reads and writes, parsing every
+        // message) runs where the connection is made: on a thread of its
+        // own, not on the caller's. On a distributed run's coordinator that
+        // caller is the system's thread, which also runs the scheduler, and
+        // the connection was more than half of that thread's work.
+        let io = IoRuntime::start().map_err(|e| NatsError {
+            code: "Unreachable",
+            message: format!("cannot start the NATS connection's thread: {e}"),
+        })?;
+        let connect = io.spawn(async move {
+            tokio::time::timeout(Duration::from_secs(15), options.connect(servers.as_slice())).await
+        });
+        let connected = connect.await.map_err(|e| NatsError {
+            code: "Unreachable",
+            message: format!("the NATS connection's thread failed: {e}"),
+        })?;
+        let client = match connected {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
                 let text = e.to_string();
@@ -198,10 +214,47 @@ impl NatsArgs {
         Ok(Nats {
             client,
             js,
+            _io: Arc::new(io),
             replicas: self.nats_replicas as usize,
             lease: self.nats_lease,
             max_pending: i64::from(self.nats_max_pending),
         })
+    }
+}
+
+/// The one-thread runtime a connection runs on. Dropped (with the last
+/// [`Nats`] handle), it stops without waiting, so it may be dropped
+/// inside another runtime's task.
+#[derive(Debug)]
+struct IoRuntime(Option<tokio::runtime::Runtime>);
+
+impl IoRuntime {
+    fn start() -> std::io::Result<IoRuntime> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("troupe-nats")
+            .enable_all()
+            .build()
+            .map(|rt| IoRuntime(Some(rt)))
+    }
+
+    fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.0 {
+            Some(rt) => rt.spawn(future),
+            None => tokio::spawn(future),
+        }
+    }
+}
+
+impl Drop for IoRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -214,6 +267,8 @@ pub const REPORT_ACK_WAIT: Duration = Duration::from_secs(10);
 pub struct Nats {
     pub client: async_nats::Client,
     pub js: jetstream::Context,
+    /// The thread the connection runs on, stopped with the last handle.
+    _io: Arc<IoRuntime>,
     pub replicas: usize,
     pub lease: Duration,
     pub max_pending: i64,
