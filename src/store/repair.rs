@@ -31,6 +31,10 @@ use troupe_actors::bus::MAX_LAST_SEQ;
 
 use crate::auditlog::{self, AuditError, Compressed, LogEnd};
 
+mod head;
+
+use head::Head;
+
 /// What a scan of the log found.
 #[derive(Debug, Default)]
 pub struct LogScan {
@@ -65,13 +69,13 @@ pub fn scan(path: &Path) -> Result<LogScan, AuditError> {
     let end = auditlog::scan_end(path, |lines| {
         for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             number += 1;
-            let event: Value = serde_json::from_slice(line)
+            let event: Head = serde_json::from_slice(line)
                 .ok()
-                .filter(|v: &Value| v["seq"].is_u64())
+                .filter(|h: &Head| h.seq.is_some())
                 .ok_or_else(|| format!("line {number} is not an audit event"))?;
             // The run goes on from the last seq: one past what any bus
             // counts to is no log troupe wrote.
-            if event["seq"].as_u64().is_some_and(|s| s > MAX_LAST_SEQ) {
+            if event.seq.is_some_and(|s| s > MAX_LAST_SEQ) {
                 return Err(format!("line {number} has a seq beyond {MAX_LAST_SEQ}"));
             }
             note(&mut scan, &event);
@@ -82,14 +86,14 @@ pub fn scan(path: &Path) -> Result<LogScan, AuditError> {
     Ok(scan)
 }
 
-fn note(scan: &mut LogScan, e: &Value) {
-    scan.last_seq = e["seq"].as_u64().unwrap_or(scan.last_seq);
-    let id = e["stageExecutionId"].as_str().unwrap_or_default();
-    match e["event"].as_str().unwrap_or_default() {
+fn note(scan: &mut LogScan, e: &Head) {
+    scan.last_seq = e.seq.unwrap_or(scan.last_seq);
+    let id = e.stage_execution_id.as_deref().unwrap_or_default();
+    match e.event.as_deref().unwrap_or_default() {
         "StageEntered" => {
             scan.open.insert(
                 id.to_owned(),
-                e["stageId"].as_str().unwrap_or_default().to_owned(),
+                e.stage_id.as_deref().unwrap_or_default().to_owned(),
             );
         }
         "StageExited" => {
@@ -100,16 +104,16 @@ fn note(scan: &mut LogScan, e: &Value) {
             scan.open.remove(id);
         }
         "SessionTurnStart" => {
-            if let Some(t) = e["turnId"].as_str() {
+            if let Some(t) = e.turn_id.as_deref() {
                 scan.turns_started.insert(t.to_owned());
             }
         }
         "SessionTurnEnd" => {
-            if let Some(t) = e["turnId"].as_str() {
+            if let Some(t) = e.turn_id.as_deref() {
                 scan.turns_ended.insert(t.to_owned());
             }
         }
-        "WorkflowExit" => scan.last_exit = e["status"].as_str().map(str::to_owned),
+        "WorkflowExit" => scan.last_exit = e.status.as_deref().map(str::to_owned),
         _ => {}
     }
 }
