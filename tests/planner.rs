@@ -656,7 +656,13 @@ fn a_restored_run_skips_finished_executions_and_runs_the_rest() {
             result("worker", format!("{run}/worker#3/1"), json!({"n": 3})),
         ),
     ] {
-        restore.results.insert(id, r);
+        // As a resume reads them from the store: packed.
+        let kept = Kept::packed(
+            Arc::clone(&r),
+            r.stage_id.as_str().into(),
+            id.as_str().into(),
+        );
+        restore.results.insert(id, kept);
     }
     restore.turns_started.insert(format!("{run}/turn/1"));
     restore.turns_ended.insert(format!("{run}/turn/1"));

@@ -463,3 +463,69 @@ fn runs_are_found_by_id_or_prefix_and_deleted_with_their_executions() {
         .unwrap();
     assert_eq!(left, 1);
 }
+
+#[test]
+fn a_resume_reads_stored_results_packed_and_only_the_exits_its_log_lacks() {
+    let (_dir, path) = store_path();
+    let store = Store::open(&path).unwrap();
+    store.begin_run(&run_row("r", 1)).unwrap();
+    let writer = StoreWriter::start(&path).unwrap();
+    let ledger = writer.ledger();
+    for i in 0..6 {
+        let verdict = if i == 4 { Verdict::Fail } else { Verdict::Ok };
+        let parsed = json!({ "item": i, "x": [0.9146155235219107, -0.0, "é\u{2028}"] });
+        assert_eq!(
+            persist(&ledger, exit("r", i, verdict, parsed))
+                .recv()
+                .unwrap(),
+            Ok(())
+        );
+    }
+    ledger.cancelled(cancel("r", 6));
+    assert_eq!(writer.finish(), Ok(7));
+    // What an older or damaged store may hold: a column that is no JSON,
+    // an output column left empty.
+    let raw = Connection::open(&path).unwrap();
+    raw.execute(
+        "UPDATE executions SET parsed = '{no json' WHERE exec = 'worker#1/1'",
+        [],
+    )
+    .unwrap();
+    raw.execute(
+        "UPDATE executions SET output = NULL WHERE exec = 'worker#2/1'",
+        [],
+    )
+    .unwrap();
+
+    let kept = store.kept_results("r").unwrap();
+    let whole = store.results("r").unwrap();
+    assert_eq!(kept.len(), 6, "every exited execution, the failed one too");
+    assert_eq!(whole.len(), kept.len());
+    for result in &whole {
+        let k = &kept[&result.stage_execution_id];
+        assert!(matches!(k, Kept::Packed(_)));
+        assert_eq!(*k.result(), **result, "{}", result.stage_execution_id);
+    }
+    assert_eq!(*kept["r/worker#1/1"].parsed(), Value::Null);
+    let two = kept["r/worker#2/1"].result();
+    assert!(
+        Arc::ptr_eq(&two.parsed, &two.output),
+        "an absent output is parsed"
+    );
+
+    let in_log = ["r/worker#0/1", "r/worker#3/1", "r/worker#5/1"];
+    let lost = store.exit_events("r", |id| in_log.contains(&id)).unwrap();
+    let ids: Vec<&str> = lost.iter().map(|l| l.id.as_str()).collect();
+    assert_eq!(ids.len(), 3, "exited, not in the log: {ids:?}");
+    for id in ["r/worker#1/1", "r/worker#2/1", "r/worker#4/1"] {
+        assert!(ids.contains(&id), "{id} in {ids:?}");
+    }
+    for l in &lost {
+        let events: Vec<&str> = l
+            .lines
+            .iter()
+            .map(|v| v["event"].as_str().unwrap())
+            .collect();
+        assert_eq!(events, ["StageEntered", "StageExited"]);
+    }
+}

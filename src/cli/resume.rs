@@ -7,7 +7,6 @@
 //! left open), and runs on: finished executions are not run again, and the
 //! run keeps its `workflowRunId` and every `stageExecutionId`.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -119,7 +118,7 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
     } else {
         Vec::new()
     };
-    let results = store.results(&run.id)?;
+    let results = store.kept_results(&run.id)?;
     let audit = crate::auditlog::in_dir(&run_dir);
     if !audit.exists() {
         std::fs::write(&audit, b"").map_err(|e| StoreError::Io {
@@ -130,7 +129,7 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
     let scanned = scan(&audit).map_err(StoreError::from)?;
     // A result a worker reported while no coordinator read it goes into
     // the log with the events the worker recorded, not a bare recovery.
-    let mut exits = store.exit_events(&run.id)?;
+    let mut exits = store.exit_events(&run.id, |id| scanned.exited.contains(id))?;
     for exit in &mut exits {
         if let Some(found) = arrived.iter().find(|a| a.id == exit.id) {
             exit.lines.clone_from(&found.lines);
@@ -154,10 +153,7 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
     }
     let restore = Restore {
         resumed: true,
-        results: results
-            .into_iter()
-            .map(|r| (r.stage_execution_id.clone(), r))
-            .collect::<HashMap<_, _>>(),
+        results,
         turns_started: scanned.turns_started,
         turns_ended: scanned.turns_ended,
     };

@@ -3,6 +3,7 @@
 //! with their executions and results, and deleted. Executions' ends are
 //! written by the store's writer (`writer`), in batches.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,7 +16,7 @@ use super::repair::LostExit;
 use super::rows::{Counts, ExecRow, RunRow};
 use super::schema;
 use crate::provider::Usage;
-use crate::runtime::result::{StageResult, Verdict};
+use crate::runtime::result::{Kept, StageResult, Verdict};
 
 /// Unix milliseconds of `t`.
 pub fn unix_ms(t: SystemTime) -> i64 {
@@ -340,19 +341,98 @@ impl Store {
             .collect())
     }
 
-    /// Each of a run's exited executions as the audit log records it —
-    /// a `StageEntered` and its `StageExited`, both marked `recovered` —
-    /// for the log's repair.
-    pub fn exit_events(&self, run_id: &str) -> Result<Vec<LostExit>, StoreError> {
-        Ok(self
-            .executions(run_id, None, None)?
-            .into_iter()
-            .filter(|e| e.outcome == "exited")
-            .map(|e| LostExit {
+    /// The results of a run's exited executions by `stageExecutionId`,
+    /// for a resumed run (which runs the failed ones again): read a row at
+    /// a time and kept packed as they were stored (`Kept::stored`), so a
+    /// run with a million stored results resumes in the memory its
+    /// results take packed, not as parsed values.
+    pub fn kept_results(&self, run_id: &str) -> Result<HashMap<String, Kept>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT exec, stage_id, verdict, reason, attempts, cap_hit, prompt_tokens, \
+                 completion_tokens, requests, parsed, output FROM executions \
+                 WHERE run = {RUN_KEY} AND outcome = 'exited'"
+            ))
+            .map_err(|e| self.err(&e))?;
+        let mut rows = stmt.query(params![run_id]).map_err(|e| self.err(&e))?;
+        // One name per stage, shared by its executions' results.
+        let mut stages: HashMap<String, Arc<str>> = HashMap::new();
+        let mut kept = HashMap::new();
+        while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
+            let mut row = || -> rusqlite::Result<(String, Kept)> {
+                let count =
+                    |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
+                let id = format!("{run_id}/{}", r.get_ref(0)?.as_str()?);
+                let stage = r.get_ref(1)?.as_str()?;
+                let stage = match stages.get(stage) {
+                    Some(s) => Arc::clone(s),
+                    None => {
+                        let s: Arc<str> = stage.into();
+                        stages.insert(stage.to_owned(), Arc::clone(&s));
+                        s
+                    }
+                };
+                let verdict = r
+                    .get::<_, Option<String>>(2)?
+                    .as_deref()
+                    .map_or(Verdict::Fail, Verdict::parse);
+                let result = Kept::stored(
+                    stage,
+                    id.as_str().into(),
+                    verdict,
+                    r.get(3)?,
+                    r.get::<_, i64>(5)? != 0,
+                    r.get::<_, i64>(4)?.clamp(0, i64::from(u32::MAX)) as u32,
+                    Usage {
+                        prompt_tokens: count(6)?,
+                        completion_tokens: count(7)?,
+                        requests: count(8)?,
+                    },
+                    (r.get(9)?, r.get(10)?),
+                );
+                Ok((id, result))
+            };
+            let (id, result) = row().map_err(|e| self.err(&e))?;
+            kept.insert(id, result);
+        }
+        Ok(kept)
+    }
+
+    /// Each of a run's exited executions whose `StageExited` the audit
+    /// log lacks (`in_log` says which it has) as the log records it — a
+    /// `StageEntered` and its `StageExited`, both marked `recovered` — for
+    /// the log's repair. Rows the log has are skipped before they are
+    /// read whole.
+    pub fn exit_events(
+        &self,
+        run_id: &str,
+        in_log: impl Fn(&str) -> bool,
+    ) -> Result<Vec<LostExit>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {EXEC_COLUMNS} FROM executions WHERE run = {RUN_KEY} \
+                 AND outcome = 'exited' ORDER BY ended_at, exec"
+            ))
+            .map_err(|e| self.err(&e))?;
+        let mut rows = stmt.query(params![run_id]).map_err(|e| self.err(&e))?;
+        let mut lost = Vec::new();
+        while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
+            let exec = r
+                .get_ref(0)
+                .and_then(|v| Ok(v.as_str()?))
+                .map_err(|e| self.err(&e))?;
+            if in_log(&format!("{run_id}/{exec}")) {
+                continue;
+            }
+            let e = exec_row(run_id, r).map_err(|e| self.err(&e))?;
+            lost.push(LostExit {
                 lines: vec![entered_line(run_id, &e), exit_line(run_id, &e)],
                 id: e.stage_execution_id,
-            })
-            .collect())
+            });
+        }
+        Ok(lost)
     }
 
     /// Deletes a run and its executions (its folder is the caller's).

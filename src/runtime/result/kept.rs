@@ -88,6 +88,38 @@ impl Kept {
         }))
     }
 
+    /// A result read back from the run store, packed as it was stored:
+    /// its JSON columns are checked, not parsed. A column that is absent
+    /// or is no JSON reads as `null`, and an `output` that is absent or
+    /// no JSON as `parsed`, as a stored result always has.
+    #[allow(clippy::too_many_arguments)]
+    pub fn stored(
+        stage_id: Arc<str>,
+        stage_execution_id: Arc<str>,
+        verdict: Verdict,
+        reason: Option<String>,
+        cap_hit: bool,
+        attempt_count: u32,
+        usage: Usage,
+        (parsed, output): (Option<String>, Option<String>),
+    ) -> Kept {
+        let json = |text: Option<String>| {
+            text.filter(|t| serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok())
+                .map(String::into_boxed_str)
+        };
+        Kept::Packed(Arc::new(PackedResult {
+            stage_id,
+            stage_execution_id,
+            verdict,
+            cap_hit,
+            attempt_count,
+            usage,
+            reason: reason.map(String::into_boxed_str),
+            parsed: json(parsed).unwrap_or_else(|| "null".into()),
+            output: json(output),
+        }))
+    }
+
     /// The result itself: shared when whole, parsed again when packed.
     pub fn result(&self) -> Arc<StageResult> {
         match self {

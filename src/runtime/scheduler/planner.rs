@@ -90,7 +90,8 @@ pub struct Restore {
     /// A new session of an earlier run: `WorkflowResumed` opens it
     /// instead of `WorkflowStarted`.
     pub resumed: bool,
-    pub results: HashMap<String, Arc<StageResult>>,
+    /// Packed as stored (see `Kept`).
+    pub results: HashMap<String, Kept>,
     pub turns_started: HashSet<String>,
     pub turns_ended: HashSet<String>,
 }
@@ -232,11 +233,11 @@ impl Planner {
     }
 
     /// The stored result of an execution that need not run again.
-    fn restored(&self, id: &str) -> Option<Arc<StageResult>> {
+    fn restored(&self, id: &str) -> Option<Kept> {
         self.restore
             .results
             .get(id)
-            .filter(|r| r.verdict != Verdict::Fail)
+            .filter(|r| r.verdict() != Verdict::Fail)
             .cloned()
     }
 
@@ -385,7 +386,6 @@ impl Planner {
         if let Some(result) = self.restored(&exec.id) {
             // Finished before the run was interrupted: its Exit is in the
             // store (and the log); the walk goes on from it.
-            let result = Kept::Whole(result);
             return self.reported(exec, StageOutcome::Exited { result, seq: 0 }, out);
         }
         out.push(PlanCommand::Spawn(Box::new(Spawn {
@@ -421,7 +421,7 @@ impl Planner {
                 .restore
                 .results
                 .values()
-                .filter(|r| r.verdict != Verdict::Fail)
+                .filter(|r| r.verdict() != Verdict::Fail)
                 .count();
             started = started.with("storedResults", stored);
         }

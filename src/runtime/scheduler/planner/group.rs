@@ -119,7 +119,6 @@ impl Planner {
                 };
                 let id = stage_execution_id(&self.run_id, stage, index, visit);
                 if let Some(result) = self.restored(&id) {
-                    let result = Kept::Whole(result);
                     self.record(&result);
                     *slot = Some(result);
                     done.push(unit);
