@@ -88,9 +88,9 @@ impl ExecutorFactory for RemoteSiblings {
         let (tx, rx) = mpsc::unbounded_channel();
         let shutdown = CancellationToken::new();
         // Off the scheduler's thread where the run has another: there the
-        // scheduler, the session and the NATS connection are the busiest
-        // thread of a distributed run, and decoding and relaying the
-        // workers' reports is as much again (BENCHMARKS.md). The run's
+        // scheduler and the session are the busiest thread of a
+        // distributed run, and decoding and relaying the workers' reports
+        // is as much again (BENCHMARKS.md). The run's
         // arbiters are otherwise idle in a distributed run, since its
         // siblings run on the workers. (The loop is made where it runs:
         // what it keeps of a group is not `Send`.)
@@ -249,14 +249,14 @@ impl Coordinator {
         let mut abandoned = self.spec.nats.client.subscribe(advisory).await.ok();
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => return self.flush().await,
                 cmd = rx.recv() => match cmd {
                     Some(cmd) => self.command(cmd).await,
                     None => return,
                 },
                 message = incoming.recv() => match message {
                     Some(message) => self.reports(message).await,
-                    None if shutdown.is_cancelled() => return,
+                    None if shutdown.is_cancelled() => return self.flush().await,
                     None => return self.abort("the run's report stream ended".to_owned()),
                 },
                 Some(advisory) = async {
@@ -267,6 +267,18 @@ impl Coordinator {
                 } => self.abandoned(&advisory.payload),
             }
         }
+    }
+
+    /// Waits (a little) for what the connection still has queued, the
+    /// last acknowledgements above all, to reach the server: the
+    /// connection runs on a thread of its own, stopped when its last
+    /// handle goes.
+    async fn flush(&self) {
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            self.spec.nats.client.flush(),
+        )
+        .await;
     }
 
     /// NATS failed under the run: it cannot go on.

@@ -69,8 +69,11 @@ pub fn scan(path: &Path) -> Result<LogScan, AuditError> {
     let end = auditlog::scan_end(path, |lines| {
         for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             number += 1;
-            let event: Head = serde_json::from_slice(line)
+            // Checked as UTF-8 whole first: the members the scan skips
+            // are not read closely enough to find bytes that are not.
+            let event: Head = std::str::from_utf8(line)
                 .ok()
+                .and_then(|text| serde_json::from_str(text).ok())
                 .filter(|h: &Head| h.seq.is_some())
                 .ok_or_else(|| format!("line {number} is not an audit event"))?;
             // The run goes on from the last seq: one past what any bus

@@ -29,11 +29,35 @@ pub(super) type Decoded = Vec<Result<Report, serde_json::Error>>;
 /// Messages decoded (or being decoded) ahead of the loop, at most.
 pub(super) const READ_AHEAD: usize = 64;
 
-/// One message, in the order the stream gave it: its acknowledgement and
-/// its reports once decoded.
+/// One message, in the order the stream gave it: its acknowledgement, its
+/// payload (shared, not copied) and its reports once decoded.
 pub(super) struct Incoming<A> {
     pub(super) acker: A,
-    pub(super) reports: oneshot::Receiver<Decoded>,
+    payload: Bytes,
+    reports: oneshot::Receiver<Decoded>,
+}
+
+impl<A> Incoming<A> {
+    /// The message's reports: as its decoder answered, or decoded here
+    /// when the answer was lost (its arbiter stopped before it ran the
+    /// job, as the run ends). A message is never settled unread.
+    pub(super) async fn reports(&mut self) -> Decoded {
+        match (&mut self.reports).await {
+            Ok(decoded) => decoded,
+            Err(_) => decode(&self.payload),
+        }
+    }
+}
+
+/// Decodes a payload; a decoder that panics answers with that as the
+/// message's one error (the message is skipped, as one that cannot be
+/// read, rather than taking the coordinator down).
+fn decode(payload: &[u8]) -> Decoded {
+    catch_unwind(AssertUnwindSafe(|| outbox::decode(payload))).unwrap_or_else(|_| {
+        vec![Err(serde::de::Error::custom(
+            "the report decoder panicked on this message",
+        ))]
+    })
 }
 
 /// Where payloads are decoded: the run's arbiters other than the
@@ -49,19 +73,14 @@ impl Decoders {
         Decoders { arbiters, next: 0 }
     }
 
-    /// Decodes `payload` on the next arbiter (here, when there is none or
-    /// it has stopped); the answer comes on the receiver. A decoder that
-    /// panics answers with that as the message's one error.
+    /// Decodes `payload` on the next arbiter (here, when there is none);
+    /// the answer comes on the receiver. An arbiter that has stopped drops
+    /// the job and with it the answer: [`Incoming::reports`] then decodes
+    /// the payload itself.
     pub(super) fn decode(&mut self, payload: Bytes) -> oneshot::Receiver<Decoded> {
         let (tx, rx) = oneshot::channel();
         let job = move || {
-            let decoded = catch_unwind(AssertUnwindSafe(|| outbox::decode(&payload)))
-                .unwrap_or_else(|_| {
-                    vec![Err(serde::de::Error::custom(
-                        "the report decoder panicked on this message",
-                    ))]
-                });
-            let _ = tx.send(decoded);
+            let _ = tx.send(decode(&payload));
         };
         if self.arbiters.is_empty() {
             job();
@@ -69,8 +88,6 @@ impl Decoders {
         }
         let at = self.next % self.arbiters.len();
         self.next = self.next.wrapping_add(1);
-        // A stopped arbiter drops the job, and with it the answer: the
-        // receiver then reads as a message that could not be decoded.
         let _ = self.arbiters[at].spawn_fn(job);
         rx
     }
@@ -95,8 +112,13 @@ pub(super) async fn read_ahead<M, E, A>(
         match next {
             Some(Ok(message)) => {
                 let (payload, acker) = split(message);
-                let reports = decoders.decode(payload);
-                if out.send(Incoming { acker, reports }).await.is_err() {
+                let reports = decoders.decode(payload.clone());
+                let incoming = Incoming {
+                    acker,
+                    payload,
+                    reports,
+                };
+                if out.send(incoming).await.is_err() {
                     return;
                 }
             }
@@ -147,12 +169,13 @@ mod tests {
             ));
             let mut seen = Vec::new();
             let mut first = true;
-            while let Some(Incoming { acker, reports }) = rx.recv().await {
+            while let Some(mut incoming) = rx.recv().await {
                 if first {
                     first = false;
                     release.send(()).unwrap();
                 }
-                let reports = reports.await.expect("every message is answered");
+                let reports = incoming.reports().await;
+                let acker = incoming.acker;
                 let turns: Vec<u64> = reports
                     .into_iter()
                     .map(|r| match r.unwrap() {
@@ -168,6 +191,28 @@ mod tests {
             for a in arbiters {
                 a.stop();
             }
+        });
+    }
+
+    /// An arbiter that stopped before it decoded a message: the message
+    /// is decoded where it is read, not lost (or acknowledged unread).
+    #[test]
+    fn a_message_whose_decoder_stopped_is_decoded_where_it_is_read() {
+        let system = actix::System::new();
+        system.block_on(async {
+            let arbiter = actix::Arbiter::new();
+            let handle = arbiter.handle();
+            arbiter.stop();
+            arbiter.join().unwrap();
+            let mut decoders = Decoders::new(vec![handle]);
+            let payload = barrier(9);
+            let mut incoming = Incoming {
+                acker: (),
+                reports: decoders.decode(payload.clone()),
+                payload,
+            };
+            let reports = incoming.reports().await;
+            assert!(matches!(reports[..], [Ok(Report::Barrier { turn: 9 })]));
         });
     }
 

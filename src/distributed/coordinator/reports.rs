@@ -57,15 +57,10 @@ impl Coordinator {
     /// reports, or the coordinator's own barrier. It is acknowledged once
     /// every report in it is settled (an exited sibling's, once its result
     /// is committed), so a coordinator killed in between reads it again.
-    pub(super) async fn reports(&mut self, message: Incoming<Acker>) {
+    pub(super) async fn reports(&mut self, mut message: Incoming<Acker>) {
+        // Decoded on another arbiter (see `decoding`).
+        let decoded = message.reports().await;
         let ack = Settling::new(message.acker);
-        // Decoded on another arbiter (see `decoding`); lost only when that
-        // arbiter stopped, as the run ends.
-        let decoded = message.reports.await.unwrap_or_else(|_| {
-            vec![Err(serde::de::Error::custom(
-                "its decoder stopped before it read the message",
-            ))]
-        });
         for report in decoded {
             match report {
                 Ok(report) => self.report(report, &ack),

@@ -44,9 +44,10 @@ pub struct PackedResult {
 #[derive(Debug, Clone)]
 pub enum Kept {
     /// As it was made or read: sequential stages and joins (the
-    /// scheduler reads them at once to walk Next), results restored on a
-    /// resume or read off the distributed wire, a worker's siblings (sent
-    /// on at once) and values nested too deep to pack.
+    /// scheduler reads them at once to walk Next), results read off the
+    /// distributed wire, a worker's siblings (sent on at once) and values
+    /// nested too deep to pack. (Results restored on a resume are packed
+    /// as stored, see [`Kept::stored`].)
     Whole(Arc<StageResult>),
     /// Packed by a sibling's execution (see the module documentation).
     Packed(Arc<PackedResult>),
@@ -285,10 +286,9 @@ impl Serialize for Kept {
             Kept::Whole(r) => return r.serialize(serializer),
             Kept::Packed(p) => p,
         };
-        let parse =
-            |text: &str| serde_json::from_str::<Value>(text).map_err(serde::ser::Error::custom);
-        let parsed = parse(&p.parsed)?;
-        let output = p.output.as_deref().map(parse).transpose()?;
+        // As every reader reads it: a column that does not parse is null.
+        let parsed = parse(&p.parsed);
+        let output = p.output.as_deref().map(parse);
         let fields = 8 + usize::from(p.reason.is_some());
         let mut s = serializer.serialize_struct("StageResult", fields)?;
         s.serialize_field("stageId", &*p.stage_id)?;
@@ -315,8 +315,11 @@ impl<'de> Deserialize<'de> for Kept {
     }
 }
 
-/// A packed value read back. Its text is serde_json's own and nests at
-/// most [`MAX_PACKED_DEPTH`] deep, so it always parses; `null` otherwise.
+/// A packed value read back, `null` when its text does not parse. Text
+/// packed here is serde_json's own and nests at most [`MAX_PACKED_DEPTH`]
+/// deep, so it parses; text read from a store (written by another troupe,
+/// or damaged) may not, and reads as `null` as the store's reader always
+/// read such a column.
 fn parse(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or(Value::Null)
 }
@@ -458,6 +461,27 @@ mod tests {
         let apart = result(json!({"x": -0.0}), Some(json!({"x": 0.0})), None);
         assert_eq!(pack(&shared), pack(&apart));
         assert_ne!(pack(&shared), pack(&result(json!({"x": 1}), None, None)));
+    }
+
+    #[test]
+    fn stored_text_that_does_not_parse_reads_and_prints_as_null() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        for text in [deep.as_str(), "\"\\ud800\"", "1e400", "{no json"] {
+            let kept = Kept::stored(
+                "worker".into(),
+                "run/worker#1/1".into(),
+                Verdict::Ok,
+                None,
+                false,
+                1,
+                Usage::default(),
+                (Some(text.to_owned()), None),
+            );
+            assert_eq!(*kept.parsed(), Value::Null, "{text}");
+            let printed: Value = serde_json::to_value(&kept).expect("it prints");
+            assert_eq!(printed["parsed"], Value::Null, "{text}");
+            assert_eq!(printed["output"], Value::Null, "{text}");
+        }
     }
 
     #[test]

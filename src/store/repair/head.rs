@@ -4,9 +4,13 @@
 //! a `String` per key, every nested value built) was most of a resume's
 //! time on a large log: a million-wide run's log has twelve million lines.
 //!
-//! It reads as leniently as the `Value` it replaces: a member of another
-//! type than expected reads as absent, and of a member given twice the
-//! last counts. A line that is not a JSON object is refused.
+//! It reads the members it uses as leniently as the `Value` it replaced:
+//! a member of another type than expected reads as absent, and of a
+//! member given twice the last counts. A line that is not a JSON object,
+//! or not UTF-8 (the scan checks that first), is refused. The members it
+//! skips are only checked to be well-formed JSON: a lone surrogate
+//! escape, a number out of range or nesting past 128 levels inside one
+//! of them no longer refuses the line, as the `Value` did.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -42,21 +46,60 @@ impl<'de> Visitor<'de> for HeadVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Head<'de>, A::Error> {
         let mut head = Head::default();
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(key) = map.next_key::<Key>()? {
             let text = |map: &mut A| map.next_value::<Text<'de>>().map(|t| t.0);
-            match &*key {
-                "seq" => head.seq = map.next_value::<Unsigned>()?.0,
-                "event" => head.event = text(&mut map)?,
-                "stageExecutionId" => head.stage_execution_id = text(&mut map)?,
-                "stageId" => head.stage_id = text(&mut map)?,
-                "turnId" => head.turn_id = text(&mut map)?,
-                "status" => head.status = text(&mut map)?,
-                _ => {
+            match key {
+                Key::Seq => head.seq = map.next_value::<Unsigned>()?.0,
+                Key::Event => head.event = text(&mut map)?,
+                Key::StageExecutionId => head.stage_execution_id = text(&mut map)?,
+                Key::StageId => head.stage_id = text(&mut map)?,
+                Key::TurnId => head.turn_id = text(&mut map)?,
+                Key::Status => head.status = text(&mut map)?,
+                Key::Other => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
         Ok(head)
+    }
+}
+
+/// A member's name, matched without copying it.
+enum Key {
+    Seq,
+    Event,
+    StageExecutionId,
+    StageId,
+    TurnId,
+    Status,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Key, D::Error> {
+        d.deserialize_identifier(KeyVisitor)
+    }
+}
+
+struct KeyVisitor;
+
+impl Visitor<'_> for KeyVisitor {
+    type Value = Key;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Key, E> {
+        Ok(match v {
+            "seq" => Key::Seq,
+            "event" => Key::Event,
+            "stageExecutionId" => Key::StageExecutionId,
+            "stageId" => Key::StageId,
+            "turnId" => Key::TurnId,
+            "status" => Key::Status,
+            _ => Key::Other,
+        })
     }
 }
 
