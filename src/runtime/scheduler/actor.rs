@@ -36,6 +36,13 @@ pub struct Scheduler {
     group: Option<(u64, CancelScope)>,
     finished: bool,
     started_at: Instant,
+    /// Emptied command buffers, for the next event's commands: every
+    /// sibling's start and end is an event (two, nested, where siblings
+    /// are granted at spawn), and a buffer allocated for each was a
+    /// good part of this thread's allocations.
+    spare: Vec<Vec<PlanCommand>>,
+    /// The same for the start requests of siblings granted at spawn.
+    spare_asked: Vec<ExecKey>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -74,24 +81,26 @@ impl Scheduler {
             group: None,
             finished: false,
             started_at: Instant::now(),
+            spare: Vec::new(),
+            spare_asked: Vec::new(),
         }
     }
 
     /// Feeds one event to the planner and carries out its commands.
     /// Returns the units granted a start.
     fn step(&mut self, event: PlanEvent, ctx: &mut Context<Self>) -> Vec<usize> {
-        let mut out = Vec::new();
+        let mut out = self.spare.pop().unwrap_or_default();
         self.planner.set_observed(self.spec.bus.has_observers());
         self.planner.handle(event, &mut out);
         self.carry_out(out, ctx)
     }
 
-    fn carry_out(&mut self, commands: Vec<PlanCommand>, ctx: &mut Context<Self>) -> Vec<usize> {
+    fn carry_out(&mut self, mut buffer: Vec<PlanCommand>, ctx: &mut Context<Self>) -> Vec<usize> {
         let mut granted = Vec::new();
         // Siblings started by an executor that grants at spawn: their
         // start requests, fed to the planner once this batch is done.
-        let mut asked = Vec::new();
-        let mut commands = commands.into_iter();
+        let mut asked = std::mem::take(&mut self.spare_asked);
+        let mut commands = buffer.drain(..);
         while let Some(command) = commands.next() {
             match command {
                 PlanCommand::Spawn(spawn) => {
@@ -167,15 +176,18 @@ impl Scheduler {
                 }
             }
         }
+        drop(commands);
+        self.spare.push(buffer);
         if !asked.is_empty() {
             // As a start request is answered: a budget tripped meanwhile
             // on another thread decides the run first, and the planner
             // refuses.
             self.check_budget(ctx);
-            for exec in asked {
+            for exec in asked.drain(..) {
                 self.granted_at_spawn(exec, ctx);
             }
         }
+        self.spare_asked = asked;
         granted
     }
 

@@ -190,6 +190,9 @@ pub struct Planner {
     /// Every result of the run, in the order the executions ended
     /// (stored ones of a resumed run first).
     all_results: Vec<Kept>,
+    /// The fan-out core's commands of the event being handled: one
+    /// buffer kept, not one allocated for each sibling's start and end.
+    fan_out: Vec<FanOutCommand>,
 }
 
 type Out = Vec<PlanCommand>;
@@ -222,6 +225,7 @@ impl Planner {
             no_upstream: Arc::default(),
             restore: Restore::default(),
             all_results: Vec::new(),
+            fan_out: Vec::new(),
         }
     }
 
@@ -537,10 +541,10 @@ impl Planner {
         if exec.turn != self.turns {
             return;
         }
+        let mut cmds = std::mem::take(&mut self.fan_out);
         let Current::Group(g) = &mut self.current else {
             return;
         };
-        let mut cmds = Vec::new();
         // A protocol violation (a stale or duplicate request) is answered
         // by not granting it: the requester then reports Withdrawn.
         if g.core
@@ -550,13 +554,15 @@ impl Planner {
             let granted = cmds
                 .iter()
                 .any(|c| matches!(c, FanOutCommand::Grant { .. }));
-            self.apply(cmds, out);
+            self.apply(&mut cmds, out);
             // Counts stay live: a sibling is running from its grant, not
             // only once the first one finishes.
             if granted {
                 self.progress(out);
             }
         }
+        cmds.clear();
+        self.fan_out = cmds;
     }
 
     /// A sequential execution or a join ended: follow its Next, or end the
@@ -666,12 +672,13 @@ impl Planner {
                         return;
                     }
                 };
-                let mut cmds = Vec::new();
+                let mut cmds = std::mem::take(&mut self.fan_out);
                 let _ = g
                     .core
                     .handle(FanOutEvent::Finished { unit, outcome }, &mut cmds);
                 self.current = Current::Group(g);
-                self.apply(cmds, out);
+                self.apply(&mut cmds, out);
+                self.fan_out = cmds;
                 self.progress(out);
             }
             // A report that belongs to no execution of this turn.
@@ -718,7 +725,7 @@ impl Planner {
                     },
                     &mut cmds,
                 );
-                self.apply(cmds, out);
+                self.apply(&mut cmds, out);
             }
         }
     }

@@ -148,12 +148,13 @@ impl Planner {
             failures: Vec::new(),
             stats,
         }));
-        self.apply(cmds, out);
+        self.apply(&mut cmds, out);
     }
 
     /// Turns fan-out commands into plan commands.
-    pub(super) fn apply(&mut self, cmds: Vec<FanOutCommand>, out: &mut Out) {
-        for cmd in cmds {
+    /// Takes every command out of `cmds` (left empty, for reuse).
+    pub(super) fn apply(&mut self, cmds: &mut Vec<FanOutCommand>, out: &mut Out) {
+        for cmd in cmds.drain(..) {
             match cmd {
                 FanOutCommand::Spawn { unit } => self.spawn_unit(unit, out),
                 FanOutCommand::Grant { unit } => out.push(PlanCommand::Grant { unit }),
