@@ -10,6 +10,7 @@ mod groups;
 pub mod intake;
 pub mod nats;
 pub mod outbox;
+pub mod stored_context;
 pub mod wire;
 pub mod worker;
 

@@ -729,3 +729,42 @@ fn reports_sent_together_travel_as_one_message_in_order() {
     assert_eq!(sizes, vec![100, 1, 1], "batches");
     assert_eq!(messages.concat(), sent, "every report, in order");
 }
+
+#[test]
+fn a_group_context_past_the_servers_message_limit_is_stored_in_parts() {
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let fixture = pipeline("true", None);
+    // The plan's result carries 1.5 MB besides its items: the group's
+    // context (its state slot holds that result, parsed and output) is
+    // past the server's 1 MiB limit on a message.
+    let script = fixture.path().join("script.yaml");
+    let text = std::fs::read_to_string(&script).unwrap();
+    let padded = text.replacen(
+        "$range: \"{{ctx.width}}\" } }",
+        &format!(
+            "$range: \"{{{{ctx.width}}}}\" }}, pad: \"{}\" }}",
+            "x".repeat(1_500_000)
+        ),
+        1,
+    );
+    assert_ne!(
+        padded, text,
+        "the plan's script line is where the test expects it"
+    );
+    std::fs::write(&script, padded).unwrap();
+    let project = Project::new();
+    let _workers = Worker::several(2, fixture.path(), &server.url(), project.root(), &[]);
+    let out = project
+        .run(fixture.path(), &server.url())
+        .args(["--ctx", "width=6", "--json"])
+        .output()
+        .unwrap();
+    let remote = summary(&out);
+    // (The summary holds the 1.5 MB twice: only its verdict is shown.)
+    assert!(out.status.success(), "{}", remote["reason"]);
+    assert_eq!(remote["stages"]["worker"]["ok"], 6, "{}", remote["stages"]);
+    let mut started = project.started();
+    started.sort_unstable();
+    assert_eq!(started, (0..6).collect::<Vec<_>>(), "each sibling ran once");
+}

@@ -374,15 +374,17 @@ impl Coordinator {
                 slot: Arc::clone(&spawn.ctx.results),
             };
             let js = self.spec.nats.js.clone();
-            let subject = format!("$KV.{GROUPS_BUCKET}.{}", group_key(&self.spec.run_id, turn));
+            let key = group_key(&self.spec.run_id, turn);
             let stop = group.as_ref().map(|g| g.token().clone());
             let put = async move {
-                let body = serde_json::to_vec(&context)
-                    .map_err(|e| format!("the group's context cannot be encoded: {e}"))?;
-                publish_acked(&js, subject, HeaderMap::new(), body.into(), stop.as_ref())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| format!("the group's context could not be stored: {e}"))
+                // One value, or parts and then the key (`stored_context`).
+                for (key, body) in super::stored_context::encode(&key, &context)? {
+                    let subject = format!("$KV.{GROUPS_BUCKET}.{key}");
+                    publish_acked(&js, subject, HeaderMap::new(), body.into(), stop.as_ref())
+                        .await
+                        .map_err(|e| format!("the group's context could not be stored: {e}"))?;
+                }
+                Ok(())
             };
             g.context = Some(put.boxed_local().shared());
         }

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::nats::Nats;
 use super::outbox::Outbox;
+use super::stored_context::{self, Parts, Stored};
 use super::wire::{GROUPS_BUCKET, GroupContext, Report, Task, cancelled_key, group_key};
 use crate::definition::Pipeline;
 use crate::provider::Provider;
@@ -106,8 +107,10 @@ impl Buckets {
         for _ in 0..12 {
             match self.groups.get(key.as_str()).await {
                 Ok(Some(bytes)) => {
-                    let context: GroupContext = serde_json::from_slice(&bytes)
-                        .map_err(|e| format!("the group's context is not valid: {e}"))?;
+                    let context = match stored_context::decode(&bytes)? {
+                        Stored::Whole(context) => context,
+                        Stored::Parts(parts) => self.parts(&key, parts).await?,
+                    };
                     let context = Arc::new(context);
                     self.contexts
                         .lock()
@@ -124,6 +127,27 @@ impl Buckets {
         Err(format!(
             "the context of group {key} cannot be read from {GROUPS_BUCKET}: {last}"
         ))
+    }
+}
+
+impl Buckets {
+    /// A context stored in parts: each part (stored before the group's
+    /// key, so present once the key is), then the whole.
+    async fn parts(&self, key: &str, parts: Parts) -> Result<GroupContext, String> {
+        let mut read = Vec::with_capacity(parts.zstd_parts);
+        for i in 0..parts.zstd_parts {
+            let part = stored_context::part_key(key, i);
+            match self.groups.get(part.as_str()).await {
+                Ok(Some(bytes)) => read.push(bytes),
+                Ok(None) => return Err(format!("part {i} of the group's context is missing")),
+                Err(e) => {
+                    return Err(format!(
+                        "part {i} of the group's context cannot be read: {e}"
+                    ));
+                }
+            }
+        }
+        parts.assemble(&read)
     }
 }
 

@@ -1,0 +1,214 @@
+//! How a group's context is stored in the group bucket. A context that
+//! fits in one value is stored as its JSON, as it always was. A bigger
+//! one is stored zstd-compressed in parts, each its own key
+//! (`<group>.part<i>`), and the group's key holds only how many parts
+//! there are and how long the JSON is; the parts are stored before it,
+//! so a worker that finds the key finds every part.
+//!
+//! The context carries the state slot, and the slot carries the planning
+//! stage's result: a map over 100 000 items made a 1.18 MB context, past
+//! a NATS server's default 1 MiB limit on a message, and every sibling of
+//! the group failed to be queued.
+
+use serde::{Deserialize, Serialize};
+
+use super::wire::GroupContext;
+
+/// A context's JSON longer than this is stored in parts of this size
+/// (compressed): well under a server's default 1 MiB message limit.
+pub const PART: usize = 512 * 1024;
+
+/// The longest context JSON a worker unpacks: a damaged or foreign
+/// manifest cannot make it allocate more.
+pub const MAX_CONTEXT: u64 = 1 << 30;
+
+/// What the group's key holds for a context stored in parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Parts {
+    /// How many `<group>.part<i>` keys hold the compressed JSON.
+    pub zstd_parts: usize,
+    /// How long the JSON is once decompressed.
+    pub bytes: u64,
+}
+
+/// A part's key.
+pub fn part_key(group: &str, index: usize) -> String {
+    format!("{group}.part{index}")
+}
+
+/// The values to store for `context` under the group key `group`, in
+/// the order to store them (the group's key last).
+pub fn encode(group: &str, context: &GroupContext) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let json = serde_json::to_vec(context)
+        .map_err(|e| format!("the group's context cannot be encoded: {e}"))?;
+    if json.len() <= PART {
+        return Ok(vec![(group.to_owned(), json)]);
+    }
+    let packed = zstd::bulk::compress(&json, 3)
+        .map_err(|e| format!("the group's context cannot be compressed: {e}"))?;
+    let mut values: Vec<(String, Vec<u8>)> = packed
+        .chunks(PART)
+        .enumerate()
+        .map(|(i, part)| (part_key(group, i), part.to_vec()))
+        .collect();
+    let parts = Parts {
+        zstd_parts: values.len(),
+        bytes: json.len() as u64,
+    };
+    let manifest = serde_json::to_vec(&parts)
+        .map_err(|e| format!("the group's context cannot be encoded: {e}"))?;
+    values.push((group.to_owned(), manifest));
+    Ok(values)
+}
+
+/// What the group's key held.
+#[derive(Debug)]
+pub enum Stored {
+    Whole(GroupContext),
+    Parts(Parts),
+}
+
+/// Reads the value of a group's key.
+pub fn decode(value: &[u8]) -> Result<Stored, String> {
+    match serde_json::from_slice::<GroupContext>(value) {
+        Ok(context) => Ok(Stored::Whole(context)),
+        Err(e) => serde_json::from_slice::<Parts>(value)
+            .map(Stored::Parts)
+            .map_err(|_| format!("the group's context is not valid: {e}")),
+    }
+}
+
+impl Parts {
+    /// The context from its parts' values, in order.
+    pub fn assemble(&self, parts: &[impl AsRef<[u8]>]) -> Result<GroupContext, String> {
+        if parts.len() != self.zstd_parts {
+            return Err(format!(
+                "the group's context has {} of its {} parts",
+                parts.len(),
+                self.zstd_parts
+            ));
+        }
+        if self.bytes > MAX_CONTEXT {
+            return Err(format!(
+                "the group's context says it is {} bytes, more than a worker reads ({MAX_CONTEXT})",
+                self.bytes
+            ));
+        }
+        let packed: Vec<u8> = parts
+            .iter()
+            .flat_map(|p| p.as_ref().iter().copied())
+            .collect();
+        let json = zstd::bulk::decompress(&packed, self.bytes as usize)
+            .map_err(|e| format!("the group's context cannot be decompressed: {e}"))?;
+        if json.len() as u64 != self.bytes {
+            return Err(format!(
+                "the group's context is {} bytes, not the {} its key says",
+                json.len(),
+                self.bytes
+            ));
+        }
+        serde_json::from_slice(&json).map_err(|e| format!("the group's context is not valid: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+    use std::sync::Arc;
+
+    use serde_json::{Map, Value, json};
+
+    use super::*;
+
+    fn context(items: usize) -> GroupContext {
+        let mut fields = Map::new();
+        fields.insert("width".into(), json!(items));
+        fields.insert(
+            "items".into(),
+            Value::from(
+                (0..items)
+                    .map(|i| json!(format!("item {i}")))
+                    .collect::<Vec<_>>(),
+            ),
+        );
+        GroupContext {
+            fields: Arc::new(fields),
+            slot: Arc::new(BTreeMap::new()),
+        }
+    }
+
+    /// Stores as the coordinator does, reads as a worker does.
+    fn round_trip(context: &GroupContext) -> (usize, Result<GroupContext, String>) {
+        let values = encode("run.2", context).unwrap();
+        assert_eq!(values.last().unwrap().0, "run.2", "the group's key last");
+        let stored: HashMap<String, Vec<u8>> = values.iter().cloned().collect();
+        let read = match decode(&stored["run.2"]).unwrap() {
+            Stored::Whole(c) => Ok(c),
+            Stored::Parts(parts) => {
+                let parts: Vec<&Vec<u8>> = (0..parts.zstd_parts)
+                    .map(|i| &stored[&part_key("run.2", i)])
+                    .collect();
+                match decode(&stored["run.2"]).unwrap() {
+                    Stored::Parts(p) => p.assemble(&parts),
+                    Stored::Whole(_) => unreachable!(),
+                }
+            }
+        };
+        (values.len(), read)
+    }
+
+    #[test]
+    fn a_small_context_is_one_value_as_before() {
+        let small = context(10);
+        let (values, read) = round_trip(&small);
+        assert_eq!((values, read.unwrap()), (1, small.clone()));
+        let values = encode("g", &small).unwrap();
+        assert_eq!(values[0].1, serde_json::to_vec(&small).unwrap());
+    }
+
+    #[test]
+    fn a_context_past_the_message_limit_is_stored_in_parts_and_read_back_whole() {
+        for items in [100_000, 400_000] {
+            let big = context(items);
+            let json = serde_json::to_vec(&big).unwrap().len();
+            assert!(json > 1 << 20, "{items} items make {json} bytes");
+            let (values, read) = round_trip(&big);
+            assert!(values >= 2, "parts and the key");
+            assert_eq!(read.unwrap(), big);
+        }
+    }
+
+    #[test]
+    fn damaged_parts_or_manifests_are_typed_errors_not_panics() {
+        let big = context(100_000);
+        let values = encode("g", &big).unwrap();
+        let Stored::Parts(parts) = decode(&values.last().unwrap().1).unwrap() else {
+            panic!("stored in parts");
+        };
+        let chunks: Vec<Vec<u8>> = values[..values.len() - 1]
+            .iter()
+            .map(|(_, v)| v.clone())
+            .collect();
+        assert!(
+            parts.assemble(&chunks[..chunks.len() - 1]).is_err(),
+            "a part missing"
+        );
+        let mut bad = chunks.clone();
+        bad[0][10] ^= 0xff;
+        assert!(parts.assemble(&bad).is_err(), "a part damaged");
+        let lying = Parts {
+            bytes: parts.bytes + 1,
+            ..parts
+        };
+        assert!(lying.assemble(&chunks).is_err(), "a wrong length");
+        let huge = Parts {
+            bytes: MAX_CONTEXT + 1,
+            ..parts
+        };
+        assert!(huge.assemble(&chunks).is_err(), "past what a worker reads");
+        for value in [&b"{}"[..], b"[1]", b"{\"zstdParts\":1}", b"\xff"] {
+            assert!(decode(value).is_err(), "{value:?}");
+        }
+    }
+}
