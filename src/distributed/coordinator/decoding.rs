@@ -14,6 +14,7 @@
 //! arbiter (`--threads 1`), the reader decodes them itself.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 
 use actix::ArbiterHandle;
 use bytes::Bytes;
@@ -22,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::super::outbox;
 use super::super::wire::Report;
+use crate::runtime::result::Kept;
 
 /// The reports of one message, or why each could not be read.
 pub(super) type Decoded = Vec<Result<Report, serde_json::Error>>;
@@ -51,9 +53,25 @@ impl<A> Incoming<A> {
 
 /// Decodes a payload; a decoder that panics answers with that as the
 /// message's one error (the message is skipped, as one that cannot be
-/// read, rather than taking the coordinator down).
+/// read, rather than taking the coordinator down). An exited sibling's
+/// result is packed here, off the coordinator's loop, as a local
+/// sibling's is by its execution: the coordinator keeps every one until
+/// the run ends.
 fn decode(payload: &[u8]) -> Decoded {
-    catch_unwind(AssertUnwindSafe(|| outbox::decode(payload))).unwrap_or_else(|_| {
+    let decoded = || {
+        let mut reports = outbox::decode(payload);
+        for report in reports.iter_mut().flatten() {
+            if let Report::Exited { result, .. } = report
+                && let Kept::Whole(whole) = result
+            {
+                let stage: Arc<str> = whole.stage_id.as_str().into();
+                let id: Arc<str> = whole.stage_execution_id.as_str().into();
+                *result = Kept::packed(Arc::clone(whole), stage, id);
+            }
+        }
+        reports
+    };
+    catch_unwind(AssertUnwindSafe(decoded)).unwrap_or_else(|_| {
         vec![Err(serde::de::Error::custom(
             "the report decoder panicked on this message",
         ))]
@@ -214,6 +232,43 @@ mod tests {
             let reports = incoming.reports().await;
             assert!(matches!(reports[..], [Ok(Report::Barrier { turn: 9 })]));
         });
+    }
+
+    /// An exited sibling's result comes out of the decoder packed, and
+    /// reads back as the worker sent it.
+    #[test]
+    fn an_exited_siblings_result_is_packed_where_it_is_decoded() {
+        use crate::runtime::result::{StageResult, Usage, Verdict};
+        let parsed = Arc::new(serde_json::json!({"item": 3, "x": [1.5, "é"]}));
+        let sent = Arc::new(StageResult {
+            stage_id: "worker".into(),
+            stage_execution_id: "r/worker#3/1".into(),
+            verdict: Verdict::Ok,
+            reason: None,
+            output: Arc::clone(&parsed),
+            parsed,
+            cap_hit: false,
+            attempt_count: 1,
+            usage: Usage::default(),
+        });
+        let report = Report::Exited {
+            stage_execution_id: "r/worker#3/1".into(),
+            turn: 2,
+            unit: 3,
+            worker: "w1".into(),
+            delivered: 1,
+            result: Kept::Whole(Arc::clone(&sent)),
+            events: Vec::new(),
+        };
+        let payload = serde_json::to_vec(&vec![report]).unwrap();
+        let decoded = decode(&payload);
+        match &decoded[..] {
+            [Ok(Report::Exited { result, .. })] => {
+                assert!(matches!(result, Kept::Packed(_)));
+                assert_eq!(*result.result(), *sent);
+            }
+            other => panic!("not the exited report: {other:?}"),
+        }
     }
 
     #[test]
