@@ -44,10 +44,10 @@ pub struct PackedResult {
 #[derive(Debug, Clone)]
 pub enum Kept {
     /// As it was made or read: sequential stages and joins (the
-    /// scheduler reads them at once to walk Next), results read off the
-    /// distributed wire, a worker's siblings (sent on at once) and values
-    /// nested too deep to pack. (Results restored on a resume are packed
-    /// as stored, see [`Kept::stored`].)
+    /// scheduler reads them at once to walk Next), a worker's siblings
+    /// (sent on at once; the coordinator packs them as it decodes them)
+    /// and values nested too deep to pack. (Results restored on a resume
+    /// are packed as stored, see [`Kept::stored`].)
     Whole(Arc<StageResult>),
     /// Packed by a sibling's execution (see the module documentation).
     Packed(Arc<PackedResult>),
