@@ -109,7 +109,17 @@ impl Buckets {
                 Ok(Some(bytes)) => {
                     let context = match stored_context::decode(&bytes)? {
                         Stored::Whole(context) => context,
-                        Stored::Parts(parts) => self.parts(&key, parts).await?,
+                        // A part the replica asked has not caught up with
+                        // is read again, as a missing key is.
+                        Stored::Parts(parts) => match self.parts(&key, parts).await {
+                            Ok(context) => context,
+                            Err(e) => {
+                                last = e;
+                                tokio::time::sleep(wait).await;
+                                wait = (wait * 2).min(Duration::from_secs(1));
+                                continue;
+                            }
+                        },
                     };
                     let context = Arc::new(context);
                     self.contexts
@@ -136,7 +146,7 @@ impl Buckets {
     async fn parts(&self, key: &str, parts: Parts) -> Result<GroupContext, String> {
         let mut read = Vec::with_capacity(parts.zstd_parts);
         for i in 0..parts.zstd_parts {
-            let part = stored_context::part_key(key, i);
+            let part = parts.key(key, i);
             match self.groups.get(part.as_str()).await {
                 Ok(Some(bytes)) => read.push(bytes),
                 Ok(None) => return Err(format!("part {i} of the group's context is missing")),

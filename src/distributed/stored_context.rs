@@ -1,9 +1,12 @@
 //! How a group's context is stored in the group bucket. A context that
 //! fits in one value is stored as its JSON, as it always was. A bigger
 //! one is stored zstd-compressed in parts, each its own key
-//! (`<group>.part<i>`), and the group's key holds only how many parts
-//! there are and how long the JSON is; the parts are stored before it,
-//! so a worker that finds the key finds every part.
+//! (`<group>.<digest>.<i>`, named by a digest of the compressed bytes, so
+//! a resumed run that stores its group again never mixes its parts with
+//! the last session's), and the group's key holds only the digest, how
+//! many parts there are and how long the JSON is. The parts are stored
+//! before the key; a worker that finds the key and not yet a part (a
+//! replica that lags) reads again, as it does for a missing key.
 //!
 //! The context carries the state slot, and the slot carries the planning
 //! stage's result: a map over 100 000 items made a 1.18 MB context, past
@@ -11,6 +14,7 @@
 //! the group failed to be queued.
 
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
 
 use super::wire::GroupContext;
 
@@ -22,19 +26,48 @@ pub const PART: usize = 512 * 1024;
 /// manifest cannot make it allocate more.
 pub const MAX_CONTEXT: u64 = 1 << 30;
 
+/// The most parts a context of [`MAX_CONTEXT`] bytes can take (zstd's
+/// output is at most a little longer than its input).
+pub const MAX_PARTS: usize = (MAX_CONTEXT as usize) / PART + 2;
+
 /// What the group's key holds for a context stored in parts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Parts {
-    /// How many `<group>.part<i>` keys hold the compressed JSON.
+    /// Names the parts: the first 16 hex digits of the compressed
+    /// bytes' SHA-256.
+    pub digest: String,
+    /// How many parts hold the compressed JSON.
     pub zstd_parts: usize,
     /// How long the JSON is once decompressed.
     pub bytes: u64,
 }
 
-/// A part's key.
-pub fn part_key(group: &str, index: usize) -> String {
-    format!("{group}.part{index}")
+impl Parts {
+    /// Part `index`'s key under the group key `group`.
+    pub fn key(&self, group: &str, index: usize) -> String {
+        format!("{group}.{}.{index}", self.digest)
+    }
+
+    /// A manifest that could have been written: within the limits, its
+    /// digest 16 hex digits.
+    fn check(self) -> Result<Parts, String> {
+        let digest_ok =
+            self.digest.len() == 16 && self.digest.bytes().all(|b| b.is_ascii_hexdigit());
+        if !digest_ok || self.zstd_parts == 0 || self.zstd_parts > MAX_PARTS {
+            return Err(format!(
+                "the group's context names {} parts under `{}`, which no troupe writes",
+                self.zstd_parts, self.digest
+            ));
+        }
+        if self.bytes > MAX_CONTEXT {
+            return Err(format!(
+                "the group's context says it is {} bytes, more than a worker reads ({MAX_CONTEXT})",
+                self.bytes
+            ));
+        }
+        Ok(self)
+    }
 }
 
 /// The values to store for `context` under the group key `group`, in
@@ -47,15 +80,20 @@ pub fn encode(group: &str, context: &GroupContext) -> Result<Vec<(String, Vec<u8
     }
     let packed = zstd::bulk::compress(&json, 3)
         .map_err(|e| format!("the group's context cannot be compressed: {e}"))?;
+    let digest: String = sha2::Sha256::digest(&packed)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let parts = Parts {
+        digest,
+        zstd_parts: packed.chunks(PART).len(),
+        bytes: json.len() as u64,
+    };
     let mut values: Vec<(String, Vec<u8>)> = packed
         .chunks(PART)
         .enumerate()
-        .map(|(i, part)| (part_key(group, i), part.to_vec()))
+        .map(|(i, part)| (parts.key(group, i), part.to_vec()))
         .collect();
-    let parts = Parts {
-        zstd_parts: values.len(),
-        bytes: json.len() as u64,
-    };
     let manifest = serde_json::to_vec(&parts)
         .map_err(|e| format!("the group's context cannot be encoded: {e}"))?;
     values.push((group.to_owned(), manifest));
@@ -73,9 +111,10 @@ pub enum Stored {
 pub fn decode(value: &[u8]) -> Result<Stored, String> {
     match serde_json::from_slice::<GroupContext>(value) {
         Ok(context) => Ok(Stored::Whole(context)),
-        Err(e) => serde_json::from_slice::<Parts>(value)
-            .map(Stored::Parts)
-            .map_err(|_| format!("the group's context is not valid: {e}")),
+        Err(e) => match serde_json::from_slice::<Parts>(value) {
+            Ok(parts) => parts.check().map(Stored::Parts),
+            Err(_) => Err(format!("the group's context is not valid: {e}")),
+        },
     }
 }
 
@@ -87,12 +126,6 @@ impl Parts {
                 "the group's context has {} of its {} parts",
                 parts.len(),
                 self.zstd_parts
-            ));
-        }
-        if self.bytes > MAX_CONTEXT {
-            return Err(format!(
-                "the group's context says it is {} bytes, more than a worker reads ({MAX_CONTEXT})",
-                self.bytes
             ));
         }
         let packed: Vec<u8> = parts
@@ -147,7 +180,7 @@ mod tests {
             Stored::Whole(c) => Ok(c),
             Stored::Parts(parts) => {
                 let parts: Vec<&Vec<u8>> = (0..parts.zstd_parts)
-                    .map(|i| &stored[&part_key("run.2", i)])
+                    .map(|i| &stored[&parts.key("run.2", i)])
                     .collect();
                 match decode(&stored["run.2"]).unwrap() {
                     Stored::Parts(p) => p.assemble(&parts),
@@ -183,6 +216,12 @@ mod tests {
     fn damaged_parts_or_manifests_are_typed_errors_not_panics() {
         let big = context(100_000);
         let values = encode("g", &big).unwrap();
+        assert!(
+            values[..values.len() - 1]
+                .iter()
+                .all(|(k, _)| k.starts_with("g.") && k.len() > "g.0123456789abcdef.".len()),
+            "parts are named by the digest"
+        );
         let Stored::Parts(parts) = decode(&values.last().unwrap().1).unwrap() else {
             panic!("stored in parts");
         };
@@ -199,16 +238,24 @@ mod tests {
         assert!(parts.assemble(&bad).is_err(), "a part damaged");
         let lying = Parts {
             bytes: parts.bytes + 1,
-            ..parts
+            ..parts.clone()
         };
         assert!(lying.assemble(&chunks).is_err(), "a wrong length");
-        let huge = Parts {
-            bytes: MAX_CONTEXT + 1,
-            ..parts
-        };
-        assert!(huge.assemble(&chunks).is_err(), "past what a worker reads");
-        for value in [&b"{}"[..], b"[1]", b"{\"zstdParts\":1}", b"\xff"] {
-            assert!(decode(value).is_err(), "{value:?}");
+        let manifests = [
+            &br#"{}"#[..],
+            br#"[1]"#,
+            br#"{"zstdParts":1}"#,
+            b"\xff",
+            br#"{"digest":"0123456789abcdef","zstdParts":18446744073709551615,"bytes":1}"#,
+            br#"{"digest":"0123456789abcdef","zstdParts":0,"bytes":1}"#,
+            br#"{"digest":"0123456789abcdef","zstdParts":2,"bytes":1073741825}"#,
+            br#"{"digest":"../x","zstdParts":2,"bytes":10}"#,
+            br#"{"digest":"0123456789abcdef","zstdParts":2,"bytes":10,"more":1}"#,
+        ];
+        for value in manifests {
+            assert!(decode(value).is_err(), "{}", String::from_utf8_lossy(value));
         }
+        let good = serde_json::to_vec(&parts).unwrap();
+        assert!(matches!(decode(&good), Ok(Stored::Parts(p)) if p == parts));
     }
 }

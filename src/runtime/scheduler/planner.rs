@@ -541,10 +541,10 @@ impl Planner {
         if exec.turn != self.turns {
             return;
         }
-        let mut cmds = std::mem::take(&mut self.fan_out);
         let Current::Group(g) = &mut self.current else {
             return;
         };
+        let mut cmds = std::mem::take(&mut self.fan_out);
         // A protocol violation (a stale or duplicate request) is answered
         // by not granting it: the requester then reports Withdrawn.
         if g.core
