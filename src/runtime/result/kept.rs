@@ -76,6 +76,12 @@ impl Kept {
                 .unwrap_or_else(|_| "null".to_owned())
                 .into_boxed_str()
         };
+        let parsed = text(&result.parsed);
+        // An `output` that reads the same as `parsed` is kept once, even
+        // as two values (a result read off the wire always is two).
+        let output = (!same)
+            .then(|| text(&result.output))
+            .filter(|output| *output != parsed);
         Kept::Packed(Arc::new(PackedResult {
             stage_id,
             stage_execution_id,
@@ -84,8 +90,8 @@ impl Kept {
             attempt_count: result.attempt_count,
             usage: result.usage,
             reason: result.reason.as_deref().map(Box::from),
-            parsed: text(&result.parsed),
-            output: (!same).then(|| text(&result.output)),
+            parsed,
+            output,
         }))
     }
 
@@ -441,6 +447,20 @@ mod tests {
         let back = packed.result();
         assert!(Arc::ptr_eq(&back.parsed, &back.output));
         assert_eq!(packed.json_columns().1, None);
+        // Two values that read the same (as off the wire): kept once.
+        let twice = pack(&result(
+            json!({"a": [1.5, "é"]}),
+            Some(json!({"a": [1.5, "é"]})),
+            None,
+        ));
+        assert_eq!(twice.json_columns().1, None);
+        assert_eq!(*twice.output(), json!({"a": [1.5, "é"]}));
+        // Equal as values but not as text: both kept, each as it was.
+        let zeros = pack(&result(json!(-0.0), Some(json!(0.0)), None));
+        assert_eq!(
+            zeros.json_columns(),
+            ("-0.0".to_owned(), Some("0.0".to_owned()))
+        );
     }
 
     #[test]
