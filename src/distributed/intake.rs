@@ -105,22 +105,8 @@ impl Buckets {
         let mut wait = Duration::from_millis(50);
         let mut last = String::from("no such key");
         for _ in 0..12 {
-            match self.groups.get(key.as_str()).await {
-                Ok(Some(bytes)) => {
-                    let context = match stored_context::decode(&bytes)? {
-                        Stored::Whole(context) => context,
-                        // A part the replica asked has not caught up with
-                        // is read again, as a missing key is.
-                        Stored::Parts(parts) => match self.parts(&key, parts).await {
-                            Ok(context) => context,
-                            Err(e) => {
-                                last = e;
-                                tokio::time::sleep(wait).await;
-                                wait = (wait * 2).min(Duration::from_secs(1));
-                                continue;
-                            }
-                        },
-                    };
+            match self.read(&key).await? {
+                Ok(context) => {
                     let context = Arc::new(context);
                     self.contexts
                         .lock()
@@ -128,8 +114,7 @@ impl Buckets {
                         .insert(key, (Arc::clone(&context), now));
                     return Ok(context);
                 }
-                Ok(None) => last = "no such key".to_owned(),
-                Err(e) => last = e.to_string(),
+                Err(why) => last = why,
             }
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_secs(1));
@@ -141,8 +126,24 @@ impl Buckets {
 }
 
 impl Buckets {
+    /// One read of a group's context: `Ok(Err(why))` when it may yet be
+    /// there (a missing key or part: a replica that lags), `Err` when
+    /// what is stored is no context at all.
+    async fn read(&self, key: &str) -> Result<Result<GroupContext, String>, String> {
+        let bytes = match self.groups.get(key).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(Err("no such key".to_owned())),
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        Ok(match stored_context::decode(&bytes)? {
+            Stored::Whole(context) => Ok(context),
+            Stored::Parts(parts) => self.parts(key, parts).await,
+        })
+    }
+
     /// A context stored in parts: each part (stored before the group's
-    /// key, so present once the key is), then the whole.
+    /// key, though a lagging replica may not have them yet), then the
+    /// whole.
     async fn parts(&self, key: &str, parts: Parts) -> Result<GroupContext, String> {
         let mut read = Vec::with_capacity(parts.zstd_parts);
         for i in 0..parts.zstd_parts {
