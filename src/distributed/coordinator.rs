@@ -249,14 +249,14 @@ impl Coordinator {
         let mut abandoned = self.spec.nats.client.subscribe(advisory).await.ok();
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => return self.flush().await,
+                () = shutdown.cancelled() => return self.spec.nats.flush().await,
                 cmd = rx.recv() => match cmd {
                     Some(cmd) => self.command(cmd).await,
                     None => return,
                 },
                 message = incoming.recv() => match message {
                     Some(message) => self.reports(message).await,
-                    None if shutdown.is_cancelled() => return self.flush().await,
+                    None if shutdown.is_cancelled() => return self.spec.nats.flush().await,
                     None => return self.abort("the run's report stream ended".to_owned()),
                 },
                 Some(advisory) = async {
@@ -267,18 +267,6 @@ impl Coordinator {
                 } => self.abandoned(&advisory.payload),
             }
         }
-    }
-
-    /// Waits (a little) for what the connection still has queued, the
-    /// last acknowledgements above all, to reach the server: the
-    /// connection runs on a thread of its own, stopped when its last
-    /// handle goes.
-    async fn flush(&self) {
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            self.spec.nats.client.flush(),
-        )
-        .await;
     }
 
     /// NATS failed under the run: it cannot go on.

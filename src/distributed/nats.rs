@@ -178,11 +178,11 @@ impl NatsArgs {
         // own, not on the caller's. On a distributed run's coordinator that
         // caller is the system's thread, which also runs the scheduler, and
         // the connection was more than half of that thread's work.
-        let io = IoRuntime::start().map_err(|e| NatsError {
+        let (io, runtime) = IoRuntime::start().map_err(|e| NatsError {
             code: "Unreachable",
             message: format!("cannot start the NATS connection's thread: {e}"),
         })?;
-        let connect = io.spawn(async move {
+        let connect = runtime.spawn(async move {
             tokio::time::timeout(Duration::from_secs(15), options.connect(servers.as_slice())).await
         });
         let connected = connect.await.map_err(|e| NatsError {
@@ -222,31 +222,22 @@ impl NatsArgs {
     }
 }
 
-/// The one-thread runtime a connection runs on. Dropped (with the last
-/// [`Nats`] handle), it stops without waiting, so it may be dropped
-/// inside another runtime's task.
+/// The runtime (one worker thread) a connection runs on. Dropped (with
+/// the last [`Nats`] handle), it stops without waiting, so it may be
+/// dropped inside another runtime's task.
 #[derive(Debug)]
 struct IoRuntime(Option<tokio::runtime::Runtime>);
 
 impl IoRuntime {
-    fn start() -> std::io::Result<IoRuntime> {
-        tokio::runtime::Builder::new_multi_thread()
+    /// The runtime, and a handle to spawn the connection on it.
+    fn start() -> std::io::Result<(IoRuntime, tokio::runtime::Handle)> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("troupe-nats")
             .enable_all()
-            .build()
-            .map(|rt| IoRuntime(Some(rt)))
-    }
-
-    fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
-    where
-        F: std::future::Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        match &self.0 {
-            Some(rt) => rt.spawn(future),
-            None => tokio::spawn(future),
-        }
+            .build()?;
+        let handle = rt.handle().clone();
+        Ok((IoRuntime(Some(rt)), handle))
     }
 }
 
@@ -275,6 +266,14 @@ pub struct Nats {
 }
 
 impl Nats {
+    /// Waits (at most five seconds) for what the connection still has
+    /// queued, the last acknowledgements above all, to reach the server:
+    /// the connection runs on a thread of its own, stopped when its last
+    /// handle goes. For whoever stops using it.
+    pub async fn flush(&self) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.client.flush()).await;
+    }
+
     /// The task work queue (created when absent).
     pub async fn tasks(&self) -> Result<stream::Stream, NatsError> {
         let stream = self

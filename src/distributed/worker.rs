@@ -267,7 +267,7 @@ pub async fn serve(
     }
     // The last reports' and tasks' acknowledgements out before the
     // connection's thread can stop.
-    let _ = tokio::time::timeout(Duration::from_secs(5), nats.client.flush()).await;
+    nats.flush().await;
     let summary = summary.lock().map(|s| *s).unwrap_or_default();
     Ok(summary)
 }
