@@ -72,28 +72,42 @@ fn run_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
     })
 }
 
+/// A count column: a negative one reads as 0.
+fn count(r: &Row<'_>, i: usize) -> rusqlite::Result<u64> {
+    Ok(r.get::<_, i64>(i)?.max(0) as u64)
+}
+
+/// A visit or attempt column, clamped into `u32`.
+fn small(r: &Row<'_>, i: usize) -> rusqlite::Result<u32> {
+    Ok(r.get::<_, i64>(i)?.clamp(0, i64::from(u32::MAX)) as u32)
+}
+
+/// The three usage columns, from `first` on.
+fn usage(r: &Row<'_>, first: usize) -> rusqlite::Result<Usage> {
+    Ok(Usage {
+        prompt_tokens: count(r, first)?,
+        completion_tokens: count(r, first + 1)?,
+        requests: count(r, first + 2)?,
+    })
+}
+
 fn exec_row(run_id: &str, r: &Row<'_>) -> rusqlite::Result<ExecRow> {
-    let count = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
     Ok(ExecRow {
         stage_execution_id: format!("{run_id}/{}", r.get::<_, String>(0)?),
         stage_id: r.get(1)?,
         index: r.get::<_, Option<i64>>(2)?.map(|i| i.max(0) as u64),
-        visit: r.get::<_, i64>(3)?.clamp(0, i64::from(u32::MAX)) as u32,
+        visit: small(r, 3)?,
         outcome: r.get(4)?,
         verdict: r.get(5)?,
         reason: r.get(6)?,
-        attempts: r.get::<_, i64>(7)?.clamp(0, i64::from(u32::MAX)) as u32,
+        attempts: small(r, 7)?,
         cap_hit: r.get::<_, i64>(8)? != 0,
         phase: r.get(9)?,
         turn: r
             .get::<_, Option<i64>>(10)?
             .map(|t| t.clamp(0, i64::from(u32::MAX)) as u32),
         tool_calls: json_column(r.get(11)?),
-        usage: Usage {
-            prompt_tokens: count(12)?,
-            completion_tokens: count(13)?,
-            requests: count(14)?,
-        },
+        usage: usage(r, 12)?,
         entered_at: r.get(15)?,
         ended_at: r.get(16)?,
         parsed: json_column(r.get(17)?),
@@ -361,8 +375,6 @@ impl Store {
         let mut kept = HashMap::new();
         while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
             let mut row = || -> rusqlite::Result<(String, Kept)> {
-                let count =
-                    |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
                 let id = format!("{run_id}/{}", r.get_ref(0)?.as_str()?);
                 let stage = r.get_ref(1)?.as_str()?;
                 let stage = match stages.get(stage) {
@@ -383,12 +395,8 @@ impl Store {
                     verdict,
                     r.get(3)?,
                     r.get::<_, i64>(5)? != 0,
-                    r.get::<_, i64>(4)?.clamp(0, i64::from(u32::MAX)) as u32,
-                    Usage {
-                        prompt_tokens: count(6)?,
-                        completion_tokens: count(7)?,
-                        requests: count(8)?,
-                    },
+                    small(r, 4)?,
+                    usage(r, 6)?,
                     (r.get(9)?, r.get(10)?),
                 );
                 Ok((id, result))
