@@ -151,34 +151,10 @@ impl Kept {
         }
     }
 
-    /// The result as a JSON value, as templates and expressions see it:
-    /// for a packed one, built from its text without a copy between.
+    /// The result as a JSON value, as templates and expressions see it
+    /// (through the one serialization both ways of holding it share).
     pub fn to_json(&self) -> Value {
-        let p = match self {
-            Kept::Whole(r) => return r.to_json(),
-            Kept::Packed(p) => p,
-        };
-        let parsed = parse(&p.parsed);
-        let output = p.output.as_deref().map_or_else(|| parsed.clone(), parse);
-        let mut map = serde_json::Map::new();
-        map.insert("stageId".into(), Value::from(&*p.stage_id));
-        map.insert(
-            "stageExecutionId".into(),
-            Value::from(&*p.stage_execution_id),
-        );
-        map.insert("verdict".into(), Value::from(p.verdict.as_str()));
-        if let Some(reason) = &p.reason {
-            map.insert("reason".into(), Value::from(&**reason));
-        }
-        map.insert("parsed".into(), parsed);
-        map.insert("output".into(), output);
-        map.insert("capHit".into(), Value::from(p.cap_hit));
-        map.insert("attemptCount".into(), Value::from(p.attempt_count));
-        map.insert(
-            "usage".into(),
-            serde_json::to_value(p.usage).unwrap_or(Value::Null),
-        );
-        Value::Object(map)
+        serde_json::to_value(self).unwrap_or(Value::Null)
     }
 
     pub fn verdict(&self) -> Verdict {
