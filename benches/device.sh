@@ -118,9 +118,8 @@ if command -v perf >/dev/null; then
     . benches/perf_events.sh
     events=$(syscall_events perf context-switches,cpu-migrations,page-faults)
     for t in 2 16; do
-        perf stat -x, -e "$events" -o "$out/syscalls_$t.csv" \
-            "$bin" run stages/fanout --ctx "width=$w100k" --parallel-cap 256 \
-            --latency 0ms --threads "$t" --runs-dir "$runs" >/dev/null 2>&1
+        fanout_args "$w100k" "$t" "$runs"
+        perf stat -x, -e "$events" -o "$out/syscalls_$t.csv" "$bin" "${FANOUT[@]}" >/dev/null 2>&1
     done
 else
     echo "no perf here" >"$out/syscalls_2.csv"

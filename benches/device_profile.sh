@@ -53,16 +53,15 @@ if "$perf" stat -e task-clock -o /dev/null true 2>/dev/null; then
     events=$(syscall_events "$perf" task-clock,context-switches,cpu-migrations,page-faults)
     for t in ${PERF_THREADS:-2 16}; do
         rm -rf "${runs:?}"/*
+        fanout_args "$w100k" "$t" "$runs"
         "$perf" record -F 999 -g -o "$out/perf_$t.data" -- \
-            "$bin" run stages/fanout --ctx "width=$w100k" --parallel-cap 256 \
-            --latency 0ms --threads "$t" --runs-dir "$runs" >/dev/null 2>"$out/perf_$t.err"
+            "$bin" "${FANOUT[@]}" >/dev/null 2>"$out/perf_$t.err"
         "$perf" report -i "$out/perf_$t.data" --stdio --no-children \
             --sort comm,dso,sym --percent-limit 0.2 -g none \
             >"$out/perf_$t.txt" 2>>"$out/perf_$t.err"
         rm -rf "${runs:?}"/*
         "$perf" stat -x, -e "$events" -o "$out/stat_$t.csv" -- \
-            "$bin" run stages/fanout --ctx "width=$w100k" --parallel-cap 256 \
-            --latency 0ms --threads "$t" --runs-dir "$runs" >/dev/null 2>&1
+            "$bin" "${FANOUT[@]}" >/dev/null 2>&1
     done
 else
     echo "no working perf ($perf)" >"$out/perf_2.txt"

@@ -1,5 +1,14 @@
 # Sourced by device.sh and device_profile.sh.
 #
+#     fanout_args WIDTH THREADS RUNS
+#
+# sets FANOUT to the `troupe` arguments of the profiled run: stages/fanout
+# WIDTH wide, cap 256, 0 ms, on THREADS threads, its log in RUNS.
+fanout_args() {
+    FANOUT=(run stages/fanout --ctx "width=$1" --parallel-cap 256
+        --latency 0ms --threads "$2" --runs-dir "$3")
+}
+
 #     syscall_events PERF EVENTS
 #
 # prints EVENTS (perf's software counters, comma-separated) followed by
