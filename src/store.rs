@@ -4,6 +4,7 @@
 //! be browsed afterwards. See ARCHITECTURE.md for how it and the audit log
 //! stay consistent.
 
+mod checkpoint;
 pub mod db;
 pub mod digest;
 pub mod error;

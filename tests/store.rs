@@ -334,6 +334,40 @@ fn a_burst_of_exits_is_committed_in_one_or_two_transactions() {
 }
 
 #[test]
+fn a_long_write_ahead_log_is_checkpointed_while_the_store_stays_open() {
+    const EXITS: usize = 2000;
+    let (_dir, path) = store_path();
+    // Kept open, so closing the writer's connection folds nothing into
+    // the database: only a checkpoint during the run does.
+    let store = Store::open(&path).unwrap();
+    store.begin_run(&run_row("r", 1)).unwrap();
+    let writer = StoreWriter::start(&path).unwrap();
+    let ledger = writer.ledger();
+    let before = std::fs::metadata(&path).unwrap().len();
+    // 2 000 results of 4 KB: about 2 000 WAL pages, twice the point past
+    // which the writer's hook asks for a checkpoint.
+    let text = "x".repeat(4096);
+    let answers: Vec<_> = (0..EXITS)
+        .map(|i| {
+            persist(
+                &ledger,
+                exit("r", i, Verdict::Ok, json!({ "text": text, "i": i })),
+            )
+        })
+        .collect();
+    for answer in &answers {
+        assert_eq!(answer.recv().unwrap(), Ok(()));
+    }
+    assert_eq!(writer.finish(), Ok(EXITS as u64));
+    let after = std::fs::metadata(&path).unwrap().len();
+    assert!(
+        after > before + 4 * 1024 * 1024,
+        "the database grew from {before} to {after} bytes: the log was not checkpointed"
+    );
+    assert_eq!(store.counts("r").unwrap().ok, EXITS as u64);
+}
+
+#[test]
 fn an_answer_that_panics_leaves_no_other_execution_unanswered() {
     let (_dir, path) = store_path();
     let store = Store::open(&path).unwrap();

@@ -20,6 +20,7 @@ use std::time::SystemTime;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, params};
 
+use super::checkpoint::Checkpointer;
 use super::db::{exec_key, unix_ms};
 use super::error::StoreError;
 use super::schema;
@@ -151,9 +152,26 @@ impl Ledger for StoreLedger {
     }
 }
 
+/// The writer's thread: checkpoints handed to a thread of their own
+/// ([`Checkpointer`]), then the writer loop.
+fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u64, StoreError> {
+    let checkpointer = Checkpointer::start(&mut conn, path);
+    let written = write_answered(conn, rx, path);
+    // The writer's connection, and with it the checkpointer's nudge, is
+    // closed by now.
+    if let Some(checkpointer) = checkpointer {
+        checkpointer.join();
+    }
+    written
+}
+
 /// The writer loop: a blocking wait for the first record, then whatever
 /// else is queued, one transaction, the answers.
-fn write(conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u64, StoreError> {
+fn write_answered(
+    conn: Connection,
+    rx: &Receiver<ToStore>,
+    path: &Path,
+) -> Result<u64, StoreError> {
     let (answer, answers) = crossbeam_channel::unbounded::<Answers>();
     let answering = std::thread::Builder::new()
         .name("troupe-answers".into())

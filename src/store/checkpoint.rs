@@ -1,0 +1,82 @@
+//! Checkpoints off the writer's thread.
+//!
+//! In WAL mode every commit appends pages to the `-wal` file, and now and
+//! then those pages must be copied back into the database (a checkpoint)
+//! so the WAL can start over. SQLite does that by default inside the
+//! commit that takes the WAL past 1 000 pages, on the committing thread,
+//! and a checkpoint syncs twice (the WAL, then the database). For the
+//! store's one writer that meant a stall of several milliseconds every
+//! few thousand rows, during which a whole batch of finished executions
+//! waited for their answers while holding their slots: a 100 000-wide run
+//! checkpointed about 19 times, and its commit latency's tail was these
+//! stalls.
+//!
+//! Here the writer's connection gets a WAL hook in place of SQLite's own:
+//! past the same 1 000 pages it only nudges a thread of its own, which
+//! runs a *passive* checkpoint on a second connection. A passive
+//! checkpoint never waits on the writer; it copies what no reader still
+//! needs, and the writer's next transaction restarts the WAL once all of
+//! it is copied. Durability is unchanged: a commit is durable once it is
+//! in the WAL, checkpointed or not.
+
+use std::path::Path;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use rusqlite::Connection;
+
+use super::schema;
+
+/// WAL pages past which a checkpoint is asked for (SQLite's default
+/// auto-checkpoint).
+const PAGES: i32 = 1000;
+
+/// The checkpointing thread, owned by the writer's thread: it ends once
+/// every connection holding its nudge (the writer's hook) is closed.
+pub(super) struct Checkpointer {
+    thread: JoinHandle<()>,
+}
+
+impl Checkpointer {
+    /// Starts the thread and hands `writer` a WAL hook that nudges it.
+    /// `None` (and SQLite's own checkpoints left in place) when it cannot
+    /// start: checkpoints then run on the writer's thread, as before.
+    pub(super) fn start(writer: &mut Connection, path: &Path) -> Option<Checkpointer> {
+        let conn = schema::open(path).ok()?;
+        let (nudge, nudges) = crossbeam_channel::bounded::<()>(1);
+        let thread = std::thread::Builder::new()
+            .name("troupe-checkpoint".into())
+            .spawn(move || checkpoint(&conn, &nudges))
+            .ok()?;
+        if writer.wal_hook(Some(hook(nudge))).is_err() {
+            // The nudge went with the refused hook: the thread ends.
+            let _ = thread.join();
+            return None;
+        }
+        Some(Checkpointer { thread })
+    }
+
+    /// Waits for the thread, once the writer's connection is closed.
+    pub(super) fn join(self) {
+        let _ = self.thread.join();
+    }
+}
+
+/// The writer's WAL hook: called after each commit with the WAL's size in
+/// pages. A nudge already waiting is enough, so it never blocks.
+fn hook(nudge: Sender<()>) -> impl FnMut(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()> {
+    move |_wal, pages| {
+        if pages >= PAGES {
+            let _ = nudge.try_send(());
+        }
+        Ok(())
+    }
+}
+
+fn checkpoint(conn: &Connection, nudges: &Receiver<()>) {
+    for () in nudges {
+        // Busy (another process checkpointing) or an I/O error loses
+        // nothing: the pages stay in the WAL and the next nudge tries again.
+        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+    }
+}
