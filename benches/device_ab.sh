@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Two builds against each other on the big machine, in one call: the
+# cells a change should move, each one run for the base build and then
+# for the new one, alternating, so both see the same machine.
+#
+#     benches/device_ab.sh BASE_BIN NEW_BIN OUT_DIR
+#
+#   machine.txt        cores, memory, kernel
+#   ab_threads.json    troupe bench, 100 000 wide, cap 256, 0 ms, store
+#                      on, --threads $AB_THREADS (default "1 9 16"),
+#                      --repeat 3: one line per build and thread count,
+#                      base first, {"bin": ..., "bench": the bench's JSON}
+#   ab_failfast.json   10 000 in flight, the last sibling fails, 50 ms
+#                      turns, --threads 1,2,4,16
+#   ab_residence.txt   benches/residence.py of a 50 000-wide run at
+#                      --threads 9 and 16: where a slot's cycle goes
+#   steps.txt          seconds since the start after each step
+#
+# SCALE=100 divides every width by 100: a dry run anywhere.
+set -u
+base=$(realpath -m "${1:?base binary}")
+new=$(realpath -m "${2:?new binary}")
+out=$(realpath -m "${3:?output folder}")
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+scale=${SCALE:-1}
+w100k=$((100000 / scale)) w50k=$((50000 / scale)) w10k=$((10000 / scale))
+runs=$(mktemp -d)
+trap 'rm -rf "$runs"' EXIT
+
+{
+    echo "cores: $(nproc)"
+    grep -m1 'model name' /proc/cpuinfo
+    grep MemTotal /proc/meminfo
+    uname -r
+} >"$out/machine.txt" 2>&1
+
+# bench --json | tagged BIN: the bench's document on one line, with the
+# build it came from.
+tagged() {
+    python3 -c 'import json, sys
+print(json.dumps({"bin": sys.argv[1], "bench": json.load(sys.stdin)}))' "$1"
+}
+
+for t in ${AB_THREADS:-1 9 16}; do
+    for bin in "$base" "$new"; do
+        "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
+            --threads "$t" --repeat 3 --runs-dir "$runs" --json 2>>"$out/ab.err" \
+            | tagged "$(basename "$bin")" >>"$out/ab_threads.json"
+    done
+done
+echo "$SECONDS s: threads" >>"$out/steps.txt"
+
+for bin in "$base" "$new"; do
+    "$bin" bench stages/fanout --width "$w10k" --cap "$w10k" --latency 50ms \
+        --fail-sibling "worker#$((w10k - 1))" --threads 1,2,4,16 --repeat 3 \
+        --runs-dir "$runs" --json 2>>"$out/ab.err" \
+        | tagged "$(basename "$bin")" >>"$out/ab_failfast.json"
+done
+echo "$SECONDS s: fail-fast" >>"$out/steps.txt"
+
+for t in 9 16; do
+    for bin in "$base" "$new"; do
+        rm -rf "${runs:?}"/*
+        echo "$(basename "$bin") --threads $t" >>"$out/ab_residence.txt"
+        "$bin" run stages/fanout --ctx "width=$w50k" --parallel-cap 256 --latency 0ms \
+            --threads "$t" --runs-dir "$runs" --store "$runs/troupe.db" \
+            >/dev/null 2>>"$out/ab.err"
+        id=$(ls "$runs" | grep -v troupe.db | head -1)
+        "$bin" runs export "$id" --runs-dir "$runs" --store "$runs/troupe.db" \
+            | python3 benches/residence.py --cap 256 >>"$out/ab_residence.txt" 2>&1
+    done
+done
+echo "$SECONDS s: residence" >>"$out/steps.txt"
