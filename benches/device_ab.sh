@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Two builds against each other on the big machine, in one call: the
-# cells a change should move, each one run for the base build and then
-# for the new one, alternating, so both see the same machine.
+# Builds against each other on the big machine, in one call: the cells a
+# change should move, each one run for every build in turn (the base
+# first), so all of them see the same machine.
 #
-#     benches/device_ab.sh BASE_BIN NEW_BIN OUT_DIR
+#     benches/device_ab.sh OUT_DIR BASE_BIN NEW_BIN [NEWER_BIN...]
 #
 #   machine.txt        cores, memory, kernel
 #   ab_threads.json    troupe bench, 100 000 wide, cap 256, 0 ms, store
 #                      on, --threads $AB_THREADS (default "1 9 16"),
 #                      --repeat 3: one line per build and thread count,
-#                      base first, {"bin": ..., "bench": the bench's JSON}
+#                      {"bin": the binary's name, "bench": the bench's JSON}
 #   ab_failfast.json   10 000 in flight, the last sibling fails, 50 ms
 #                      turns, --threads 1,2,4,16
 #   ab_residence.txt   benches/residence.py of a 50 000-wide run at
@@ -18,9 +18,11 @@
 #
 # SCALE=100 divides every width by 100: a dry run anywhere.
 set -u
-base=$(realpath -m "${1:?base binary}")
-new=$(realpath -m "${2:?new binary}")
-out=$(realpath -m "${3:?output folder}")
+out=$(realpath -m "${1:?output folder}")
+shift
+[ $# -ge 2 ] || { echo "two builds at least" >&2; exit 2; }
+bins=()
+for b in "$@"; do bins+=("$(realpath -m "$b")"); done
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 scale=${SCALE:-1}
@@ -43,7 +45,7 @@ print(json.dumps({"bin": sys.argv[1], "bench": json.load(sys.stdin)}))' "$1"
 }
 
 for t in ${AB_THREADS:-1 9 16}; do
-    for bin in "$base" "$new"; do
+    for bin in "${bins[@]}"; do
         "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
             --threads "$t" --repeat 3 --runs-dir "$runs" --json 2>>"$out/ab.err" \
             | tagged "$(basename "$bin")" >>"$out/ab_threads.json"
@@ -51,7 +53,7 @@ for t in ${AB_THREADS:-1 9 16}; do
 done
 echo "$SECONDS s: threads" >>"$out/steps.txt"
 
-for bin in "$base" "$new"; do
+for bin in "${bins[@]}"; do
     "$bin" bench stages/fanout --width "$w10k" --cap "$w10k" --latency 50ms \
         --fail-sibling "worker#$((w10k - 1))" --threads 1,2,4,16 --repeat 3 \
         --runs-dir "$runs" --json 2>>"$out/ab.err" \
@@ -60,7 +62,7 @@ done
 echo "$SECONDS s: fail-fast" >>"$out/steps.txt"
 
 for t in 9 16; do
-    for bin in "$base" "$new"; do
+    for bin in "${bins[@]}"; do
         rm -rf "${runs:?}"/*
         echo "$(basename "$bin") --threads $t" >>"$out/ab_residence.txt"
         "$bin" run stages/fanout --ctx "width=$w50k" --parallel-cap 256 --latency 0ms \
