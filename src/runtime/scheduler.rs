@@ -22,3 +22,6 @@ pub use protocol::{
 /// A map the scheduler's thread looks up once or more per execution:
 /// foldhash, not SipHash (its keys are the run's own stage ids and slots).
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The set of [`FastMap`].
+pub(crate) type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;

@@ -37,7 +37,9 @@ pub struct StageActor {
     scheduler: Arc<Recipient<ToScheduler>>,
     whereabouts: Rc<RefCell<Whereabouts>>,
     bus: EventBus<Event>,
+    /// The ids its events carry: the execution's own copies (`EventIds`).
     run_id: Arc<str>,
+    stage_id: Arc<str>,
     pipeline: Arc<Pipeline>,
     stage: Arc<Stage>,
     /// The execution's own scope in the cancellation tree.
@@ -90,12 +92,13 @@ impl StageActor {
             scope,
             index: run.index,
             visit: run.visit,
-            ledger: run.settings.ledger.clone(),
+            ledger: run.kit.settings.ledger.clone(),
             entered_at: SystemTime::UNIX_EPOCH,
             whereabouts: Rc::default(),
-            bus: run.bus.clone(),
-            run_id: Arc::clone(&run.ctx.workflow_run_id),
-            pipeline: Arc::clone(&run.pipeline),
+            bus: run.kit.bus.clone(),
+            run_id: Arc::clone(&run.ids.run),
+            stage_id: Arc::clone(&run.ids.stage),
+            pipeline: Arc::clone(&run.kit.pipeline),
             stage: Arc::clone(&run.stage),
             hub: run.hub.clone(),
             started: false,
@@ -116,7 +119,7 @@ impl StageActor {
 
     fn event(&self, name: EventName) -> Event {
         Event::new(name, Arc::clone(&self.run_id))
-            .stage(Arc::clone(&self.exec.stage), Arc::clone(&self.exec.id))
+            .stage(Arc::clone(&self.stage_id), Arc::clone(&self.exec.id))
     }
 
     fn send_report(&mut self, outcome: StageOutcome) {
@@ -269,6 +272,7 @@ impl StageActor {
             result,
             exec: self.exec.clone(),
             run_id: Arc::clone(&self.run_id),
+            stage_id: Arc::clone(&self.stage_id),
             bus: self.bus.clone(),
             scheduler: Arc::clone(&self.scheduler),
             next,
@@ -279,7 +283,7 @@ impl StageActor {
         ExitRecord {
             run_id: Arc::clone(&self.run_id),
             stage_execution_id: Arc::clone(&self.exec.id),
-            stage_id: Arc::clone(&self.exec.stage),
+            stage_id: Arc::clone(&self.stage_id),
             index: self.index,
             visit: self.visit,
             result: result.clone(),
@@ -334,7 +338,7 @@ impl StageActor {
         ledger.cancelled(CancelRecord {
             run_id: Arc::clone(&self.run_id),
             stage_execution_id: Arc::clone(&self.exec.id),
-            stage_id: Arc::clone(&self.exec.stage),
+            stage_id: Arc::clone(&self.stage_id),
             index: self.index,
             visit: self.visit,
             reason: self
@@ -482,6 +486,7 @@ struct ExitRecorder {
     result: Kept,
     exec: ExecKey,
     run_id: Arc<str>,
+    stage_id: Arc<str>,
     bus: EventBus<Event>,
     scheduler: Arc<Recipient<ToScheduler>>,
     /// The Next decision as the `Next` marker describes it, when someone
@@ -492,7 +497,7 @@ struct ExitRecorder {
 impl ExitRecorder {
     fn marker(&self, name: EventName, phase: &'static str) -> Event {
         Event::new(name, Arc::clone(&self.run_id))
-            .stage(Arc::clone(&self.exec.stage), Arc::clone(&self.exec.id))
+            .stage(Arc::clone(&self.stage_id), Arc::clone(&self.exec.id))
             .with_static("phase", phase)
     }
 
@@ -527,7 +532,7 @@ impl ExitRecorder {
         let reason = format!("Store/WriteFailed: the result could not be stored: {error}");
         self.bus.publish(
             Event::new(EventName::StageCancelled, Arc::clone(&self.run_id))
-                .stage(Arc::clone(&self.exec.stage), Arc::clone(&self.exec.id))
+                .stage(Arc::clone(&self.stage_id), Arc::clone(&self.exec.id))
                 .with("reason", reason.as_str())
                 .with_static("phase", "Exit")
                 .with("attempt", self.result.attempt_count())

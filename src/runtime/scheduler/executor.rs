@@ -29,7 +29,7 @@ use crate::runtime::events::Event;
 use crate::runtime::hooks::HookSet;
 use crate::runtime::interaction::InteractionHub;
 use crate::runtime::stage::RunSettings;
-use crate::runtime::stage::StageRun;
+use crate::runtime::stage::{EventIds, StageRun};
 use crate::runtime::stage_actor::StageActor;
 use crate::tools::ToolSpec;
 use troupe_actors::EventBus;
@@ -76,7 +76,7 @@ pub struct StageKit {
 /// The local pool: each execution is a [`StageActor`], started on one of
 /// the run's arbiters in turn (on the caller's when there are none).
 pub struct LocalExecutor {
-    kit: StageKit,
+    kit: Arc<StageKit>,
     /// Shared by every execution: cloning an `Addr` allocates (actix gives
     /// each sender its own parking slot), an `Arc` clone does not.
     hub: Option<Arc<Addr<InteractionHub>>>,
@@ -114,7 +114,7 @@ impl LocalExecutor {
         arbiters: Vec<ArbiterHandle>,
     ) -> LocalExecutor {
         LocalExecutor {
-            kit,
+            kit: Arc::new(kit),
             hub: hub.map(Arc::new),
             scheduler: Arc::new(scheduler),
             manifests: super::FastMap::default(),
@@ -239,24 +239,23 @@ impl Executor for LocalExecutor {
             index,
             visit,
         } = spawn;
-        let run = StageRun {
-            pipeline: Arc::clone(&self.kit.pipeline),
-            stage,
-            ctx,
-            provider: Arc::clone(&self.kit.provider),
-            bus: self.kit.bus.clone(),
-            settings: Arc::clone(&self.kit.settings),
-            index,
-            visit,
-            cancel: scope.clone(),
-            hub: self.hub.clone(),
-            hooks: Arc::clone(&self.kit.hooks),
-            tools,
-        };
+        let (kit, hub, cancel) = (Arc::clone(&self.kit), self.hub.clone(), scope.clone());
         let scheduler = Arc::clone(&self.scheduler);
         let own = scope.clone();
         let packing = self.packing;
+        // Made where it runs: its event ids are allocated on its arbiter.
         let make = move || {
+            let run = StageRun {
+                kit,
+                stage,
+                ids: EventIds::own(&ctx),
+                ctx,
+                index,
+                visit,
+                cancel,
+                hub,
+                tools,
+            };
             let actor = StageActor::new(run, exec, gated, scheduler, own, group);
             if packing {
                 actor

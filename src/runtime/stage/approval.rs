@@ -35,7 +35,7 @@ impl StageRun {
         whereabouts: &Rc<RefCell<Whereabouts>>,
     ) -> Result<Value, String> {
         let args = self.authorize(def, call, index, whereabouts).await?;
-        if !self.hooks.has("TOOL_CALL/pre", Some(&call.name)) {
+        if !self.kit.hooks.has("TOOL_CALL/pre", Some(&call.name)) {
             return Ok(args);
         }
         // Guard hooks run on every approved call and win in any mode;
@@ -103,6 +103,7 @@ impl StageRun {
         };
         let known = is_builtin(&call.name)
             || self
+                .kit
                 .settings
                 .mcp
                 .as_ref()
@@ -113,7 +114,7 @@ impl StageRun {
                 format!("there is no tool `{}`", call.name),
             ));
         }
-        if let Some(mode) = &self.settings.tool_mode {
+        if let Some(mode) = &self.kit.settings.tool_mode {
             // A model may name a tool it was not shown (a prompt-injected
             // one will): the chat's tool list bounds every mode, yolo too.
             if !mode.offers(&call.name) {

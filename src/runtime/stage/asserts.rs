@@ -9,7 +9,7 @@ use crate::error::{HasCode, ValidationCode};
 
 impl StageRun {
     pub(super) fn assert_payload(&self, parsed: &Value, attempt: u32) -> AssertOutcome {
-        let Some(exprs) = self.pipeline.asserts.get(&self.stage.id) else {
+        let Some(exprs) = self.kit.pipeline.asserts.get(&self.stage.id) else {
             return AssertOutcome::Ok;
         };
         for expr in exprs {

@@ -55,7 +55,7 @@ impl StageRun {
                     .zip(approved)
                     .map(|(call, approval)| self.run_approved(call, approval)),
             )
-            .buffered(self.settings.tool_concurrency.max(1))
+            .buffered(self.kit.settings.tool_concurrency.max(1))
             .collect::<Vec<String>>()
             .await
         };
@@ -74,7 +74,7 @@ impl StageRun {
     /// Executes one approved call, then lets TOOL_CALL/post hooks see (and
     /// transforms rewrite) its result.
     async fn execute_tool(&self, call: &ToolCall, args: Value) -> String {
-        if !self.hooks.has("TOOL_CALL/post", Some(&call.name)) {
+        if !self.kit.hooks.has("TOOL_CALL/post", Some(&call.name)) {
             return self.run_tool_actor(call, args).await;
         }
         let result = self.run_tool_actor(call, args.clone()).await;
@@ -107,10 +107,10 @@ impl StageRun {
             .send(RunTool {
                 name: Arc::clone(name),
                 args,
-                env: ToolEnv::new(self.settings.root.clone())
-                    .with_sandbox(self.settings.sandbox.clone())
-                    .with_mcp(self.settings.mcp.clone())
-                    .with_deny_network(self.settings.deny_network || self.network_denied()),
+                env: ToolEnv::new(self.kit.settings.root.clone())
+                    .with_sandbox(self.kit.settings.sandbox.clone())
+                    .with_mcp(self.kit.settings.mcp.clone())
+                    .with_deny_network(self.kit.settings.deny_network || self.network_denied()),
                 cancel: self.cancel.child(),
             })
             .await

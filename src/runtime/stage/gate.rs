@@ -21,7 +21,7 @@ impl StageRun {
         policy: GatePolicy,
         whereabouts: &Rc<RefCell<Whereabouts>>,
     ) -> GateResolution {
-        let Some(gate) = self.pipeline.gates.get(&self.stage.id) else {
+        let Some(gate) = self.kit.pipeline.gates.get(&self.stage.id) else {
             self.phase(whereabouts, "CheckGate", true);
             self.emit(
                 self.event(EventName::StageCheckGateResult)

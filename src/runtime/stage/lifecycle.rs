@@ -51,7 +51,7 @@ impl StageRun {
             attempts,
             usage,
         } = match &self.stage.kind {
-            StageKind::Llm(def) => match self.settings.stage_timeout {
+            StageKind::Llm(def) => match self.kit.settings.stage_timeout {
                 None => self.run_llm(def, &whereabouts).await,
                 Some(limit) => {
                     match tokio::time::timeout(limit, self.run_llm(def, &whereabouts)).await {

@@ -54,7 +54,7 @@ impl StageRun {
                 }
             }
             let request = ModelRequest {
-                stage_id: Arc::clone(&self.ctx.stage_id),
+                stage_id: Arc::clone(&self.ids.stage),
                 stage_execution_id: Arc::clone(&self.ctx.stage_execution_id),
                 index: self.index,
                 messages: transcript.shared(),
@@ -64,11 +64,11 @@ impl StageRun {
                 ctx: Arc::clone(&self.ctx) as Arc<dyn TemplateScope>,
                 // Tokens and slot waits are observer events: skip them
                 // when no one observes.
-                observer: self.bus.has_observers().then(|| {
+                observer: self.kit.bus.has_observers().then(|| {
                     Arc::new(BusObserver {
-                        bus: self.bus.clone(),
-                        workflow_run_id: Arc::clone(&self.ctx.workflow_run_id),
-                        stage_id: Arc::clone(&self.ctx.stage_id),
+                        bus: self.kit.bus.clone(),
+                        workflow_run_id: Arc::clone(&self.ids.run),
+                        stage_id: Arc::clone(&self.ids.stage),
                         stage_execution_id: Arc::clone(&self.ctx.stage_execution_id),
                         turn: turns,
                     }) as Arc<dyn RequestObserver>

@@ -24,7 +24,7 @@ impl StageRun {
     ) -> Result<ModelResponse, ProviderError> {
         let mut retry = 0u32;
         loop {
-            if let Some(budget) = &self.settings.budget
+            if let Some(budget) = &self.kit.settings.budget
                 && !budget.allows_request()
             {
                 // The scheduler is cancelling the run: no new request
@@ -34,15 +34,15 @@ impl StageRun {
             }
             self.emit(
                 self.event(EventName::ProviderRequestStarted)
-                    .with_static("provider", self.provider.name())
+                    .with_static("provider", self.kit.provider.name())
                     .with("turn", turn)
                     .with("try", retry + 1),
             );
-            let outcome = self.provider.complete(request.clone()).await;
-            for notice in self.provider.take_notices() {
+            let outcome = self.kit.provider.complete(request.clone()).await;
+            for notice in self.kit.provider.take_notices() {
                 self.emit(
                     self.event(EventName::ProviderNotice)
-                        .with_static("provider", self.provider.name())
+                        .with_static("provider", self.kit.provider.name())
                         .with_static("code", notice.code)
                         .with("message", notice.message),
                 );
@@ -56,7 +56,7 @@ impl StageRun {
             };
             usage.add(spent);
             whereabouts.borrow_mut().usage.add(spent);
-            if let Some(budget) = &self.settings.budget {
+            if let Some(budget) = &self.kit.settings.budget {
                 budget.record(spent);
             }
             match outcome {
@@ -72,9 +72,9 @@ impl StageRun {
                 Err(err) => {
                     let wait = match &err {
                         ProviderError::Transient { retry_after, .. }
-                            if retry < self.settings.provider_retries =>
+                            if retry < self.kit.settings.provider_retries =>
                         {
-                            self.settings.retry_wait(retry + 1, *retry_after)
+                            self.kit.settings.retry_wait(retry + 1, *retry_after)
                         }
                         _ => None,
                     };

@@ -8,26 +8,48 @@ use std::sync::Arc;
 
 use crate::runtime::cancel::CancelScope;
 use actix::Addr;
-use troupe_actors::EventBus;
 
-use super::settings::RunSettings;
 use super::whereabouts::Whereabouts;
-use crate::definition::{Pipeline, Stage, ToolSpec};
-use crate::provider::{Provider, ToolCall};
+use crate::definition::{Stage, ToolSpec};
+use crate::provider::ToolCall;
 use crate::runtime::context::StageContext;
 use crate::runtime::events::{Event, EventName};
-use crate::runtime::hooks::HookSet;
 use crate::runtime::interaction::InteractionHub;
+use crate::runtime::scheduler::StageKit;
+
+/// The run's and the stage's ids as one execution's events carry them:
+/// copies of its own, not the `Arc`s every execution shares. Each event
+/// clones them where it is made and drops them on an audit thread, and a
+/// reference count is a cache line: shared, the run's id and the stage's
+/// were written by every arbiter and every formatter, a dozen times per
+/// sibling. Made on the execution's arbiter ([`EventIds::own`]).
+#[derive(Debug, Clone)]
+pub struct EventIds {
+    pub run: Arc<str>,
+    pub stage: Arc<str>,
+}
+
+impl EventIds {
+    /// Fresh copies of the context's ids.
+    pub fn own(ctx: &StageContext) -> EventIds {
+        EventIds {
+            run: Arc::from(&*ctx.workflow_run_id),
+            stage: Arc::from(&*ctx.stage_id),
+        }
+    }
+}
 
 /// Everything one execution needs; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct StageRun {
-    pub pipeline: Arc<Pipeline>,
+    /// What every execution of the run shares, in one `Arc`: each clone
+    /// of a shared `Arc` is a write to a cache line every arbiter and the
+    /// scheduler's thread contend for, so an execution takes one, not five.
+    pub kit: Arc<StageKit>,
     pub stage: Arc<Stage>,
     pub ctx: Arc<StageContext>,
-    pub provider: Arc<dyn Provider>,
-    pub bus: EventBus<Event>,
-    pub settings: Arc<RunSettings>,
+    /// The ids its events carry (see [`EventIds`]).
+    pub ids: EventIds,
     pub index: Option<usize>,
     pub visit: u32,
     /// The execution's scope: cancelled when the execution is strictly
@@ -38,8 +60,6 @@ pub struct StageRun {
     /// Where out-of-envelope calls are put to the interactors; `None`
     /// denies them (headless).
     pub hub: Option<Arc<Addr<InteractionHub>>>,
-    /// Hooks at the message-loop slots.
-    pub hooks: Arc<HookSet>,
     /// The stage's tool manifest (`allowedTools` plus the completion
     /// channel), built once per stage and shared by its executions; empty
     /// for deterministic steps.
@@ -48,14 +68,14 @@ pub struct StageRun {
 
 impl StageRun {
     pub(super) fn event(&self, name: EventName) -> Event {
-        Event::new(name, Arc::clone(&self.ctx.workflow_run_id)).stage(
-            Arc::clone(&self.ctx.stage_id),
+        Event::new(name, Arc::clone(&self.ids.run)).stage(
+            Arc::clone(&self.ids.stage),
             Arc::clone(&self.ctx.stage_execution_id),
         )
     }
 
     pub(super) fn emit(&self, event: Event) {
-        self.bus.publish(event);
+        self.kit.bus.publish(event);
     }
 
     /// Marks a phase boundary: the phase is remembered for `StageCancelled`,
@@ -70,7 +90,7 @@ impl StageRun {
         if pre {
             whereabouts.borrow_mut().phase = phase;
         }
-        if !self.bus.has_observers() {
+        if !self.kit.bus.has_observers() {
             return;
         }
         let name = if pre {

@@ -14,7 +14,7 @@ impl StageRun {
     /// here) and audits every hook run. Without hooks at the slot it costs
     /// nothing and returns the payload as it was.
     pub(super) async fn hook(&self, slot: &str, tool: Option<&str>, fields: Value) -> SlotOutcome {
-        if !self.hooks.has(slot, tool) {
+        if !self.kit.hooks.has(slot, tool) {
             return SlotOutcome::Proceed(fields);
         }
         let mut payload = serde_json::Map::new();
@@ -33,6 +33,7 @@ impl StageRun {
         }
         let mut log = Vec::new();
         let outcome = self
+            .kit
             .hooks
             .run(slot, tool, Value::Object(payload), &mut log)
             .await;
@@ -64,7 +65,7 @@ impl StageRun {
         fields: impl FnOnce() -> Value,
         field: Option<&str>,
     ) -> Result<Option<Value>, (Code, String)> {
-        if !self.hooks.has(slot, None) {
+        if !self.kit.hooks.has(slot, None) {
             return Ok(None);
         }
         // Boxed: only a slot with hooks gets here, and the hook machinery

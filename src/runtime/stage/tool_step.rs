@@ -164,7 +164,7 @@ impl StageRun {
             );
             Err(format!("Session/HumanUnanswered: {why}"))
         };
-        let Some(asker) = self.settings.asker.clone() else {
+        let Some(asker) = self.kit.settings.asker.clone() else {
             return unanswered(
                 "noInteractor",
                 "no one to ask (headless, and no answers rule for this step)".to_owned(),
