@@ -2,12 +2,10 @@
 //! its siblings (units) and where each is, its shared context being put,
 //! its cancellation.
 
-use std::collections::HashMap;
-
 use futures::future::{LocalBoxFuture, Shared};
 
 use crate::runtime::cancel::CancelScope;
-use crate::runtime::scheduler::ExecKey;
+use crate::runtime::scheduler::{ExecKey, FastMap};
 
 /// One sibling of a group, by its unit number.
 #[derive(Debug, Default)]
@@ -25,7 +23,7 @@ pub type ContextReady = Shared<LocalBoxFuture<'static, Result<(), String>>>;
 
 #[derive(Default)]
 pub struct Group {
-    pub units: HashMap<usize, Unit>,
+    pub units: FastMap<usize, Unit>,
     /// The group's [`GroupContext`](super::wire::GroupContext) being put, made with the group.
     pub context: Option<ContextReady>,
     /// The group's scope: cancelled by the scheduler the moment it

@@ -78,17 +78,27 @@ fn decode(payload: &[u8]) -> Decoded {
     })
 }
 
-/// Where payloads are decoded: the run's arbiters other than the
-/// coordinator's, in turn.
+/// The run's arbiters other than the coordinator's, taken in turn: where
+/// payloads are decoded, and tasks published (`Coordinator::publish`).
 #[derive(Debug, Clone)]
-pub(super) struct Decoders {
+pub(super) struct Helpers {
     arbiters: Vec<ArbiterHandle>,
     next: usize,
 }
 
-impl Decoders {
-    pub(super) fn new(arbiters: Vec<ArbiterHandle>) -> Decoders {
-        Decoders { arbiters, next: 0 }
+impl Helpers {
+    pub(super) fn new(arbiters: Vec<ArbiterHandle>) -> Helpers {
+        Helpers { arbiters, next: 0 }
+    }
+
+    /// The next arbiter; `None` when the run has no other.
+    pub(super) fn next(&mut self) -> Option<&ArbiterHandle> {
+        if self.arbiters.is_empty() {
+            return None;
+        }
+        let at = self.next % self.arbiters.len();
+        self.next = self.next.wrapping_add(1);
+        Some(&self.arbiters[at])
     }
 
     /// Decodes `payload` on the next arbiter (here, when there is none);
@@ -100,13 +110,12 @@ impl Decoders {
         let job = move || {
             let _ = tx.send(decode(&payload));
         };
-        if self.arbiters.is_empty() {
-            job();
-            return rx;
+        match self.next() {
+            Some(arbiter) => {
+                let _ = arbiter.spawn_fn(job);
+            }
+            None => job(),
         }
-        let at = self.next % self.arbiters.len();
-        self.next = self.next.wrapping_add(1);
-        let _ = self.arbiters[at].spawn_fn(job);
         rx
     }
 }
@@ -119,7 +128,7 @@ impl Decoders {
 pub(super) async fn read_ahead<M, E, A>(
     mut stream: impl Stream<Item = Result<M, E>> + Unpin,
     split: impl Fn(M) -> (Bytes, A),
-    mut decoders: Decoders,
+    mut decoders: Helpers,
     out: mpsc::Sender<Incoming<A>>,
 ) {
     loop {
@@ -163,7 +172,7 @@ mod tests {
         let system = actix::System::new();
         system.block_on(async {
             let arbiters: Vec<actix::Arbiter> = (0..3).map(|_| actix::Arbiter::new()).collect();
-            let decoders = Decoders::new(arbiters.iter().map(actix::Arbiter::handle).collect());
+            let decoders = Helpers::new(arbiters.iter().map(actix::Arbiter::handle).collect());
             // The first arbiter is held busy until the others are done.
             let (release, held) = std::sync::mpsc::channel::<()>();
             arbiters[0].spawn_fn(move || {
@@ -222,7 +231,7 @@ mod tests {
             let handle = arbiter.handle();
             arbiter.stop();
             arbiter.join().unwrap();
-            let mut decoders = Decoders::new(vec![handle]);
+            let mut decoders = Helpers::new(vec![handle]);
             let payload = barrier(9);
             let mut incoming = Incoming {
                 acker: (),
@@ -273,7 +282,7 @@ mod tests {
 
     #[test]
     fn without_other_arbiters_it_decodes_in_place() {
-        let mut decoders = Decoders::new(Vec::new());
+        let mut decoders = Helpers::new(Vec::new());
         let mut rx = decoders.decode(barrier(3));
         let reports = rx.try_recv().expect("answered at once");
         assert!(matches!(reports[..], [Ok(Report::Barrier { turn: 3 })]));

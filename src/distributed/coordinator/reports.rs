@@ -3,7 +3,6 @@
 //! are, exited siblings' results stored before their events are relayed
 //! and the scheduler told.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -13,7 +12,7 @@ use super::super::wire::{EventLine, Report};
 use super::{Cmd, Committed, Coordinator, Incoming};
 use crate::runtime::events::{Event, EventName};
 use crate::runtime::result::{Kept, Usage, Verdict};
-use crate::runtime::scheduler::{ExecKey, StageOutcome, ToScheduler};
+use crate::runtime::scheduler::{ExecKey, FastMap, StageOutcome, ToScheduler};
 use async_nats::jetstream::message::Acker;
 
 /// A report message's acknowledgement, sent once every report in it is
@@ -48,7 +47,7 @@ impl<A> Settling<A> {
 }
 
 /// `ExecKey` of a report, from the group's unit.
-fn exec_of(units: &HashMap<usize, Unit>, unit: usize) -> Option<ExecKey> {
+fn exec_of(units: &FastMap<usize, Unit>, unit: usize) -> Option<ExecKey> {
     units.get(&unit).and_then(|u| u.exec.clone())
 }
 
