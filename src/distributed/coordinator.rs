@@ -42,7 +42,7 @@ use troupe_actors::EventBus;
 use super::groups::{Group, Unit};
 use super::nats::{Nats, publish_acked};
 use super::wire::{
-    CANCELLED_BUCKET, Cancel, EventLine, GROUPS_BUCKET, GroupContext, Report, Task, cancel_subject,
+    CANCELLED_BUCKET, Cancel, GROUPS_BUCKET, GroupContext, Report, Task, cancel_subject,
     cancelled_key, group_key, report_subject, task_subject,
 };
 use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
@@ -188,18 +188,12 @@ enum Cmd {
     },
     /// The group's scope was cancelled.
     GroupCancelled { turn: u64, reason: String },
-    /// An exited sibling's result is committed: record it.
-    Committed(Box<Committed>),
+    /// An exited sibling's result is committed and recorded: settle the
+    /// messages that waited on it.
+    Committed(Arc<str>),
     /// The cancelled group's wait for siblings accepted before the barrier
     /// is over: whatever did not report was lost with its worker.
     GiveUp { turn: u64 },
-}
-
-/// An exited sibling whose result is committed.
-struct Committed {
-    exec: ExecKey,
-    result: Kept,
-    events: Vec<EventLine>,
 }
 
 struct Coordinator {
@@ -354,15 +348,9 @@ impl Coordinator {
                 Err(reason) => self.fail_unit(exec, turn, unit, reason),
             },
             Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
-            Cmd::Committed(done) => {
-                let Committed {
-                    exec,
-                    result,
-                    events,
-                } = *done;
+            Cmd::Committed(id) => {
                 // The message it came in, and the copies delivered since.
-                let messages = self.committing.remove(&*exec.id).unwrap_or_default();
-                self.record_exit(exec, result, events);
+                let messages = self.committing.remove(&*id).unwrap_or_default();
                 for message in messages {
                     self.settled(&message).await;
                 }

@@ -9,11 +9,13 @@ use std::sync::{Arc, Mutex};
 use super::super::arrived::exit_record;
 use super::super::groups::Unit;
 use super::super::wire::{EventLine, Report};
-use super::{Cmd, Committed, Coordinator, Incoming};
+use super::{Cmd, Coordinator, Incoming};
 use crate::runtime::events::{Event, EventName};
 use crate::runtime::result::{Kept, Usage, Verdict};
 use crate::runtime::scheduler::{ExecKey, FastMap, StageOutcome, ToScheduler};
+use actix::Recipient;
 use async_nats::jetstream::message::Acker;
+use troupe_actors::EventBus;
 
 /// A report message's acknowledgement, sent once every report in it is
 /// settled: held once while the message is read and once more for each
@@ -146,6 +148,7 @@ impl Coordinator {
                     (Some(ledger), Verdict::Ok | Verdict::Skipped) => {
                         let tx = self.tx.clone();
                         let scheduler = self.scheduler.clone();
+                        let bus = self.spec.bus.clone();
                         let stored = result.clone();
                         // This message and any copy delivered meanwhile
                         // are settled once the commit is done.
@@ -173,11 +176,14 @@ impl Coordinator {
                                     });
                                     return;
                                 }
-                                let _ = tx.send(Cmd::Committed(Box::new(Committed {
-                                    exec,
-                                    result: stored,
-                                    events,
-                                })));
+                                // Recorded here, on the store's answering
+                                // thread, as a local sibling's exit is:
+                                // relaying a sibling's events was the
+                                // largest part left of what it cost the
+                                // loop. The loop then settles the message.
+                                let id = Arc::clone(&exec.id);
+                                record_exit(&bus, &scheduler, exec, stored, events);
+                                let _ = tx.send(Cmd::Committed(id));
                             })),
                         );
                     }
@@ -231,11 +237,7 @@ impl Coordinator {
     /// Publishes a worker's events of one execution into the run's log,
     /// in order; the `seq` of the last.
     pub(super) fn relay(&self, events: Vec<EventLine>) -> u64 {
-        let mut last = 0;
-        for event in events.into_iter().filter_map(EventLine::into_event) {
-            last = self.spec.bus.publish(event).unwrap_or(last);
-        }
-        last
+        relay(&self.spec.bus, events)
     }
 
     /// Counts what a sibling spent on its worker against the run's
@@ -251,12 +253,35 @@ impl Coordinator {
     /// An exited sibling, stored: its events into the log, its report to
     /// the scheduler.
     pub(super) fn record_exit(&self, exec: ExecKey, result: Kept, events: Vec<EventLine>) {
-        let seq = self.relay(events);
-        self.scheduler.do_send(ToScheduler::Report {
-            exec,
-            outcome: StageOutcome::Exited { result, seq },
-        });
+        record_exit(&self.spec.bus, &self.scheduler, exec, result, events);
     }
+}
+
+/// Publishes a sibling's events, as its worker made them, on the run's
+/// bus; the last one's `seq`.
+fn relay(bus: &EventBus<Event>, events: Vec<EventLine>) -> u64 {
+    let mut last = 0;
+    for event in events.into_iter().filter_map(EventLine::into_event) {
+        last = bus.publish(event).unwrap_or(last);
+    }
+    last
+}
+
+/// An exited sibling's events into the log, then its report to the
+/// scheduler: in that order, so the log shows it exited before anything
+/// its report lets start.
+fn record_exit(
+    bus: &EventBus<Event>,
+    scheduler: &Recipient<ToScheduler>,
+    exec: ExecKey,
+    result: Kept,
+    events: Vec<EventLine>,
+) {
+    let seq = relay(bus, events);
+    scheduler.do_send(ToScheduler::Report {
+        exec,
+        outcome: StageOutcome::Exited { result, seq },
+    });
 }
 
 #[cfg(test)]
