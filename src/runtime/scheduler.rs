@@ -12,7 +12,7 @@ pub mod planner;
 pub mod protocol;
 
 pub use actor::Scheduler;
-pub use executor::{Executor, ExecutorFactory, LocalExecutor, StageKit};
+pub use executor::{Executor, ExecutorFactory, LocalExecutor};
 pub use next::{NextDecision, next_of};
 pub use planner::{PlanCommand, PlanEvent, Planner, Restore, Spawn};
 pub use protocol::{

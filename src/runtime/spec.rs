@@ -12,8 +12,9 @@ use super::cancel::CancelScope;
 use super::events::Event;
 use super::ids::RunId;
 use super::interaction::InteractorSpec;
-use super::scheduler::{ExecutorFactory, Restore, StageKit};
+use super::scheduler::{ExecutorFactory, Restore};
 use super::stage::RunSettings;
+use super::stage::StageKit;
 use crate::definition::Pipeline;
 use crate::provider::Provider;
 

@@ -20,19 +20,13 @@ use actix::prelude::*;
 
 use super::planner::Spawn;
 use super::protocol::ToScheduler;
-use crate::definition::Pipeline;
 use crate::definition::StageKind;
 use crate::definition::tool_manifest::stage_manifest_with;
-use crate::provider::Provider;
 use crate::runtime::cancel::CancelScope;
-use crate::runtime::events::Event;
-use crate::runtime::hooks::HookSet;
 use crate::runtime::interaction::InteractionHub;
-use crate::runtime::stage::RunSettings;
-use crate::runtime::stage::{EventIds, StageRun};
+use crate::runtime::stage::{EventIds, StageKit, StageRun};
 use crate::runtime::stage_actor::StageActor;
 use crate::tools::ToolSpec;
-use troupe_actors::EventBus;
 
 /// Makes a run's executor once the scheduler can be addressed: the run's
 /// way to put its executions somewhere else than the local pool (workers
@@ -61,16 +55,6 @@ pub trait Executor: std::fmt::Debug {
     fn grants_at_spawn(&self) -> bool {
         false
     }
-}
-
-/// What every execution of a run shares, whichever executor starts it.
-#[derive(Debug, Clone)]
-pub struct StageKit {
-    pub pipeline: Arc<Pipeline>,
-    pub provider: Arc<dyn Provider>,
-    pub bus: EventBus<Event>,
-    pub settings: Arc<RunSettings>,
-    pub hooks: Arc<HookSet>,
 }
 
 /// The local pool: each execution is a [`StageActor`], started on one of

@@ -10,12 +10,25 @@ use crate::runtime::cancel::CancelScope;
 use actix::Addr;
 
 use super::whereabouts::Whereabouts;
-use crate::definition::{Stage, ToolSpec};
-use crate::provider::ToolCall;
+use crate::definition::{Pipeline, Stage, ToolSpec};
+use crate::provider::{Provider, ToolCall};
 use crate::runtime::context::StageContext;
 use crate::runtime::events::{Event, EventName};
+use crate::runtime::hooks::HookSet;
 use crate::runtime::interaction::InteractionHub;
-use crate::runtime::scheduler::StageKit;
+use troupe_actors::EventBus;
+
+use super::settings::RunSettings;
+
+/// What every execution of a run shares, whichever executor starts it.
+#[derive(Debug, Clone)]
+pub struct StageKit {
+    pub pipeline: Arc<Pipeline>,
+    pub provider: Arc<dyn Provider>,
+    pub bus: EventBus<Event>,
+    pub settings: Arc<RunSettings>,
+    pub hooks: Arc<HookSet>,
+}
 
 /// The run's and the stage's ids as one execution's events carry them:
 /// copies of its own, not the `Arc`s every execution shares. Each event
