@@ -448,6 +448,63 @@ fn an_exit_never_replaces_a_stored_ok_result_but_replaces_a_failed_or_cancelled_
 }
 
 #[test]
+fn the_same_rules_hold_for_records_written_in_one_transaction() {
+    let (_dir, path) = store_path();
+    let store = Store::open(&path).unwrap();
+    store.begin_run(&run_row("r", 1)).unwrap();
+    let writer = StoreWriter::start(&path).unwrap();
+    let ledger = writer.ledger();
+    // Queued while the lock is held: one batch (but for the first record,
+    // which the writer may take alone), applied in the order it came.
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let mut answers = vec![persist(&ledger, exit("r", 99, Verdict::Ok, json!({})))];
+    for (index, verdict, v) in [
+        (0, Verdict::Ok, "first"),
+        (0, Verdict::Ok, "second"),
+        (1, Verdict::Fail, "failed"),
+        (1, Verdict::Ok, "fixed"),
+    ] {
+        answers.push(persist(
+            &ledger,
+            exit("r", index, verdict, json!({ "v": v })),
+        ));
+    }
+    for index in 10..50 {
+        answers.push(persist(
+            &ledger,
+            exit("r", index, Verdict::Ok, json!({ "v": index })),
+        ));
+    }
+    ledger.cancelled(cancel("r", 0));
+    ledger.cancelled(cancel("r", 3));
+    answers.push(persist(
+        &ledger,
+        exit("r", 4, Verdict::Ok, json!({ "v": "last" })),
+    ));
+    holder.execute_batch("ROLLBACK").unwrap();
+    for answer in &answers {
+        assert_eq!(answer.recv().unwrap(), Ok(()));
+    }
+    let ok = |v: Value| {
+        (
+            "exited".to_owned(),
+            Some("ok".to_owned()),
+            Some(json!({ "v": v })),
+        )
+    };
+    assert_eq!(stored(&store, "r", 0), ok(json!("first")));
+    assert_eq!(stored(&store, "r", 1), ok(json!("fixed")));
+    assert_eq!(stored(&store, "r", 3), ("cancelled".to_owned(), None, None));
+    assert_eq!(stored(&store, "r", 4), ok(json!("last")));
+    for index in 10..50u64 {
+        assert_eq!(stored(&store, "r", index), ok(json!(index)));
+    }
+    assert_eq!(store.counts("r").unwrap().ok, 44);
+    assert_eq!(writer.finish(), Ok(48));
+}
+
+#[test]
 fn runs_are_found_by_id_or_prefix_and_deleted_with_their_executions() {
     let (_dir, path) = store_path();
     let store = Store::open(&path).unwrap();
