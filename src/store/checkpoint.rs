@@ -23,7 +23,7 @@ use std::path::Path;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
-use rusqlite::Connection;
+use rusqlite::{Connection, OpenFlags};
 
 use super::schema;
 
@@ -42,11 +42,11 @@ impl Checkpointer {
     /// `None` (and SQLite's own checkpoints left in place) when it cannot
     /// start: checkpoints then run on the writer's thread, as before.
     pub(super) fn start(writer: &mut Connection, path: &Path) -> Option<Checkpointer> {
-        let conn = schema::open(path).ok()?;
         let (nudge, nudges) = crossbeam_channel::bounded::<()>(1);
+        let path = path.to_owned();
         let thread = std::thread::Builder::new()
             .name("troupe-checkpoint".into())
-            .spawn(move || checkpoint(&conn, &nudges))
+            .spawn(move || checkpoint(&path, &nudges))
             .ok()?;
         if writer.wal_hook(Some(hook(nudge))).is_err() {
             // The nudge went with the refused hook: the thread ends.
@@ -73,10 +73,22 @@ fn hook(nudge: Sender<()>) -> impl FnMut(&mut rusqlite::hooks::Wal, i32) -> rusq
     }
 }
 
-fn checkpoint(conn: &Connection, nudges: &Receiver<()>) {
+/// Checkpoints once per nudge. The connection is opened at the first: a
+/// run whose WAL never grows that long (most runs) opens none, and the
+/// writer's connection has already checked and migrated the file.
+fn checkpoint(path: &Path, nudges: &Receiver<()>) {
+    let mut conn = None;
     for () in nudges {
-        // Busy (another process checkpointing) or an I/O error loses
-        // nothing: the pages stay in the WAL and the next nudge tries again.
-        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        if conn.is_none() {
+            conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
+                .and_then(|c| c.busy_timeout(schema::BUSY_TIMEOUT).map(|()| c))
+                .ok();
+        }
+        // Not opened, busy (another process checkpointing) or an I/O error:
+        // nothing is lost, the pages stay in the WAL and the next nudge
+        // tries again.
+        if let Some(conn) = &conn {
+            let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        }
     }
 }
