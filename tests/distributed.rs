@@ -100,6 +100,7 @@ fn three_workers_give_the_results_one_process_gives_under_the_cap() {
     assert!(out.status.success(), "{out:?}");
     let local = summary(&out);
     assert_eq!(remote["stages"], local["stages"]);
+    every_report_acknowledged(&server.url(), remote["runId"].as_str().unwrap());
     assert_eq!(
         results(&project, remote["runId"].as_str().unwrap()),
         results(&local_project, local["runId"].as_str().unwrap())
@@ -664,6 +665,44 @@ fn distributed_siblings_continue_the_runs_trace() {
 /// the order they were sent; a report too heavy to share a message goes
 /// alone, and what follows it starts the next batch. (Deterministic: the
 /// sends are queued before the outbox's task can run, on one thread.)
+/// Once its run is over, the coordinator has acknowledged every report
+/// message (the last exits are recorded on the store's thread, and their
+/// messages settled after the run may already have ended): one left
+/// pending would be read again by a resume.
+fn every_report_acknowledged(url: &str, run_id: &str) {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        nats: troupe::distributed::NatsArgs,
+    }
+    let args = Flags::parse_from(["test", "--nats", url]).nats;
+    let name = troupe::distributed::wire::coordinator_consumer(run_id);
+    actix::System::new().block_on(async move {
+        let nats = args.connect("ack test").await.unwrap();
+        let stream = nats.reports().await.unwrap();
+        let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+            stream.get_consumer(&name).await.unwrap();
+        // The server applies acks the coordinator flushed before it
+        // exited; give it a moment to have them all.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let info = consumer.info().await.unwrap().clone();
+            if info.num_ack_pending == 0 && info.num_pending == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "reports left unacknowledged: {} pending, {} delivered and not acked",
+                info.num_pending,
+                info.num_ack_pending
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
 #[test]
 fn reports_sent_together_travel_as_one_message_in_order() {
     use clap::Parser;

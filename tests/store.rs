@@ -454,8 +454,9 @@ fn the_same_rules_hold_for_records_written_in_one_transaction() {
     store.begin_run(&run_row("r", 1)).unwrap();
     let writer = StoreWriter::start(&path).unwrap();
     let ledger = writer.ledger();
-    // Queued while the lock is held: one batch (but for the first record,
-    // which the writer may take alone), applied in the order it came.
+    // Queued while the lock is held, so records share transactions (how
+    // they are split is the writer's); each is applied in the order it
+    // came, as if alone.
     let holder = Connection::open(&path).unwrap();
     holder.execute_batch("BEGIN IMMEDIATE").unwrap();
     let mut answers = vec![persist(&ledger, exit("r", 99, Verdict::Ok, json!({})))];

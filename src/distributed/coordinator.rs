@@ -169,6 +169,10 @@ impl Executor for RemoteExecutor {
     }
 }
 
+/// How long a coordinator whose run is over waits for the commits still
+/// being answered before it stops (see `Coordinator::finish`).
+const SETTLE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What the coordinator loop is told.
 enum Cmd {
     /// The scheduler spawned a sibling.
@@ -188,9 +192,10 @@ enum Cmd {
     },
     /// The group's scope was cancelled.
     GroupCancelled { turn: u64, reason: String },
-    /// An exited sibling's result is committed and recorded: settle the
-    /// messages that waited on it.
-    Committed(Arc<str>),
+    /// An exited sibling's result is committed (`true`) and recorded, or
+    /// could not be (`false`): settle the messages that waited on it, or
+    /// leave them unacknowledged for a resume to read again.
+    Committed(Arc<str>, bool),
     /// The cancelled group's wait for siblings accepted before the barrier
     /// is over: whatever did not report was lost with its worker.
     GiveUp { turn: u64 },
@@ -303,14 +308,14 @@ impl Coordinator {
         let mut abandoned = self.spec.nats.client.subscribe(advisory).await.ok();
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => return self.spec.nats.flush().await,
+                () = shutdown.cancelled() => return self.finish(&mut rx).await,
                 cmd = rx.recv() => match cmd {
                     Some(cmd) => self.command(cmd).await,
                     None => return,
                 },
                 message = incoming.recv() => match message {
                     Some(message) => self.reports(message).await,
-                    None if shutdown.is_cancelled() => return self.spec.nats.flush().await,
+                    None if shutdown.is_cancelled() => return self.finish(&mut rx).await,
                     None => return self.abort("the run's report stream ended".to_owned()),
                 },
                 Some(advisory) = async {
@@ -319,6 +324,35 @@ impl Coordinator {
                         None => std::future::pending().await,
                     }
                 } => self.abandoned(&advisory.payload),
+            }
+        }
+    }
+
+    /// The run is over. Exits whose commit is still being answered are
+    /// recorded already, and their last one may be what ended the run:
+    /// their messages are settled first (for at most
+    /// [`SETTLE_PATIENCE`]; one left unacknowledged would be read again
+    /// by a resume), then the connection is flushed.
+    async fn finish(&mut self, rx: &mut mpsc::UnboundedReceiver<Cmd>) {
+        let deadline = tokio::time::Instant::now() + SETTLE_PATIENCE;
+        while !self.committing.is_empty() {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(Cmd::Committed(id, stored))) => self.committed(&id, stored).await,
+                // Nothing else matters once the run is over.
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.spec.nats.flush().await;
+    }
+
+    /// The message an exit came in, and the copies delivered since, once
+    /// its commit is answered: acknowledged if it was stored.
+    async fn committed(&mut self, id: &str, stored: bool) {
+        let messages = self.committing.remove(id).unwrap_or_default();
+        if stored {
+            for message in messages {
+                self.settled(&message).await;
             }
         }
     }
@@ -348,13 +382,7 @@ impl Coordinator {
                 Err(reason) => self.fail_unit(exec, turn, unit, reason),
             },
             Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
-            Cmd::Committed(id) => {
-                // The message it came in, and the copies delivered since.
-                let messages = self.committing.remove(&*id).unwrap_or_default();
-                for message in messages {
-                    self.settled(&message).await;
-                }
-            }
+            Cmd::Committed(id, stored) => self.committed(&id, stored).await,
             Cmd::GiveUp { turn } => {
                 let lost: Vec<ExecKey> = self
                     .groups

@@ -15,9 +15,13 @@
 //! past the same 1 000 pages it only nudges a thread of its own, which
 //! runs a *passive* checkpoint on a second connection. A passive
 //! checkpoint never waits on the writer; it copies what no reader still
-//! needs, and the writer's next transaction restarts the WAL once all of
-//! it is copied. Durability is unchanged: a commit is durable once it is
-//! in the WAL, checkpointed or not.
+//! needs, up to the WAL's end as it was when the pass began. The WAL
+//! starts over at the writer's next transaction only if nothing was
+//! committed since then, so the thread runs a pass after every commit
+//! while the WAL is long, and a short pass soon catches up. Should the WAL
+//! still grow past [`MOST_PAGES`], the writer checkpoints it itself, as
+//! SQLite would have. Durability is unchanged: a commit is durable once
+//! it is in the WAL, checkpointed or not.
 
 use std::path::Path;
 use std::thread::JoinHandle;
@@ -30,6 +34,9 @@ use super::schema;
 /// WAL pages past which a checkpoint is asked for (SQLite's default
 /// auto-checkpoint).
 const PAGES: i32 = 1000;
+
+/// WAL pages (64 MiB) past which the writer checkpoints itself.
+const MOST_PAGES: i32 = 16 * PAGES;
 
 /// The checkpointing thread, owned by the writer's thread: it ends once
 /// every connection holding its nudge (the writer's hook) is closed.
@@ -65,8 +72,11 @@ impl Checkpointer {
 /// The writer's WAL hook: called after each commit with the WAL's size in
 /// pages. A nudge already waiting is enough, so it never blocks.
 fn hook(nudge: Sender<()>) -> impl FnMut(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()> {
-    move |_wal, pages| {
-        if pages >= PAGES {
+    move |wal, pages| {
+        if pages >= MOST_PAGES {
+            // As SQLite's own hook would; what it could not copy stays.
+            let _ = wal.checkpoint();
+        } else if pages >= PAGES {
             let _ = nudge.try_send(());
         }
         Ok(())

@@ -259,6 +259,12 @@ fn write_batches(
             last_error = Some(e);
         }
     }
+    // Closed here, and the WAL hook with it: a close refused (busy) would
+    // keep the hook's nudge alive, and the checkpointer, which ends once
+    // the nudge is dropped, would never be joined.
+    if let Err((mut conn, _)) = conn.close() {
+        let _ = conn.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()>>);
+    }
     match last_error {
         Some(e) => Err(e),
         None => Ok(written),

@@ -163,6 +163,7 @@ impl Coordinator {
                                 // the run stops with the store's error and
                                 // a resume runs it again.
                                 if let Err(e) = outcome {
+                                    let _ = tx.send(Cmd::Committed(Arc::clone(&exec.id), false));
                                     scheduler.do_send(ToScheduler::LimitReached {
                                         reason: format!(
                                             "Store/WriteFailed: the result could not be stored: {e}"
@@ -183,7 +184,7 @@ impl Coordinator {
                                 // loop. The loop then settles the message.
                                 let id = Arc::clone(&exec.id);
                                 record_exit(&bus, &scheduler, exec, stored, events);
-                                let _ = tx.send(Cmd::Committed(id));
+                                let _ = tx.send(Cmd::Committed(id, true));
                             })),
                         );
                     }
