@@ -54,12 +54,8 @@ w10k=$((10000 / scale))
 runs=$(mktemp -d)
 trap 'rm -rf "$runs"' EXIT
 
-{
-    echo "cores: $(nproc)"
-    grep -m1 'model name' /proc/cpuinfo
-    grep MemTotal /proc/meminfo
-    uname -r
-} >"$out/machine.txt" 2>&1
+. benches/perf_events.sh
+describe_machine "$out/machine.txt"
 
 time_of() { # time_of FILE CMD...: the command's user/sys/wall/RSS in FILE
     local file=$1
@@ -115,7 +111,6 @@ fi
 # Tracepoints need tracefs (perf_events.sh mounts it); the software
 # counters work without it.
 if command -v perf >/dev/null; then
-    . benches/perf_events.sh
     events=$(syscall_events perf context-switches,cpu-migrations,page-faults)
     for t in 2 16; do
         fanout_args "$w100k" "$t" "$runs"

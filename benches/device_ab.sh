@@ -30,12 +30,8 @@ w100k=$((100000 / scale)) w50k=$((50000 / scale)) w10k=$((10000 / scale))
 runs=$(mktemp -d)
 trap 'rm -rf "$runs"' EXIT
 
-{
-    echo "cores: $(nproc)"
-    grep -m1 'model name' /proc/cpuinfo
-    grep MemTotal /proc/meminfo
-    uname -r
-} >"$out/machine.txt" 2>&1
+. benches/perf_events.sh
+describe_machine "$out/machine.txt"
 
 # bench --json | tagged BIN: the bench's document on one line, with the
 # build it came from.

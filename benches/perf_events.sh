@@ -1,5 +1,17 @@
-# Sourced by device.sh and device_profile.sh.
+# Sourced by device.sh, device_ab.sh and device_profile.sh.
 #
+#     describe_machine FILE
+#
+# writes the machine's cores, processor, memory and kernel to FILE.
+describe_machine() {
+    {
+        echo "cores: $(nproc)"
+        grep -m1 'model name' /proc/cpuinfo
+        grep MemTotal /proc/meminfo
+        uname -r
+    } >"$1" 2>&1
+}
+
 #     fanout_args WIDTH THREADS RUNS
 #
 # sets FANOUT to the `troupe` arguments of the profiled run: stages/fanout
