@@ -35,7 +35,7 @@ use actix::prelude::*;
 use async_nats::HeaderMap;
 use futures::{FutureExt, StreamExt};
 use serde_json::{Map, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use troupe_actors::EventBus;
 
@@ -240,17 +240,11 @@ impl Queue {
     /// `Nats-Msg-Id`, so the server stores it once).
     async fn on(self, helper: Option<ArbiterHandle>) -> Result<u64, String> {
         let queue = Arc::new(self);
-        if let Some(helper) = helper {
-            let (answer, answered) = oneshot::channel();
-            let job = Arc::clone(&queue);
-            let sent = helper.spawn(async move {
-                let _ = answer.send(job.publish().await);
-            });
-            if sent && let Ok(outcome) = answered.await {
-                return outcome;
-            }
-        }
-        queue.publish().await
+        decoding::on_helper(helper, move || {
+            let queue = Arc::clone(&queue);
+            async move { queue.publish().await }
+        })
+        .await
     }
 
     async fn publish(&self) -> Result<u64, String> {

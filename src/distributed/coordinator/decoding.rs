@@ -13,6 +13,7 @@
 //! stream gave them whichever decoder finishes first. With no other
 //! arbiter (`--threads 1`), the reader decodes them itself.
 
+use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
@@ -118,6 +119,30 @@ impl Helpers {
         }
         rx
     }
+}
+
+/// Runs `job` on `helper` and waits for its answer; runs it here when
+/// there is no helper, or when the helper stopped before it answered (its
+/// run is ending): the job may then have run twice, once in part, so it
+/// must be one that can (a publish with its `Nats-Msg-Id` is).
+pub(super) async fn on_helper<T, F, Fut>(helper: Option<ArbiterHandle>, job: F) -> T
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let job = Arc::new(job);
+    if let Some(helper) = helper {
+        let (answer, answered) = oneshot::channel();
+        let there = Arc::clone(&job);
+        let sent = helper.spawn(async move {
+            let _ = answer.send(there().await);
+        });
+        if sent && let Ok(outcome) = answered.await {
+            return outcome;
+        }
+    }
+    job().await
 }
 
 /// Takes messages off `stream` until it ends or the loop stops reading
@@ -245,6 +270,26 @@ mod tests {
 
     /// An exited sibling's result comes out of the decoder packed, and
     /// reads back as the worker sent it.
+    /// A job sent to a helper runs there; with a helper that has stopped
+    /// (or none), it runs here, and its answer is not lost either way.
+    #[test]
+    fn a_job_runs_on_its_helper_and_here_when_the_helper_has_stopped() {
+        let system = actix::System::new();
+        system.block_on(async {
+            let here = std::thread::current().id();
+            let ran_on = || async { std::thread::current().id() };
+            let live = actix::Arbiter::new();
+            let helper = live.handle();
+            let there = on_helper(Some(helper.clone()), ran_on).await;
+            assert_ne!(there, here, "on the helper's thread");
+            live.stop();
+            live.join().unwrap();
+            let stopped = on_helper(Some(helper), ran_on).await;
+            assert_eq!(stopped, here, "the helper had stopped: here");
+            assert_eq!(on_helper(None, ran_on).await, here, "no helper: here");
+        });
+    }
+
     #[test]
     fn an_exited_siblings_result_is_packed_where_it_is_decoded() {
         use crate::runtime::result::{StageResult, Usage, Verdict};
