@@ -20,13 +20,33 @@ use troupe::error::HasCode;
 use troupe::runtime::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
 use troupe::runtime::result::{Kept, StageResult, Usage, Verdict};
 use troupe::store::schema::SCHEMA_VERSION;
-use troupe::store::{RunRow, Store, StoreError, StoreWriter, unix_ms};
+use troupe::store::{RunRow, Store, StoreError, StoreLedger, StoreWriter, unix_ms};
 
 /// A store path in a fresh temp dir (the file does not exist yet).
 fn store_path() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(".troupe/troupe.db");
     (dir, path)
+}
+
+/// A store with run `r` begun, its writer started and the writer's ledger.
+/// The store stays open while the test runs, so the write-ahead log stays
+/// too: the last connection to close would fold it into the database.
+fn writing() -> (tempfile::TempDir, PathBuf, Store, StoreWriter, StoreLedger) {
+    let (dir, path) = store_path();
+    let store = Store::open(&path).unwrap();
+    store.begin_run(&run_row("r", 1)).unwrap();
+    let writer = StoreWriter::start(&path).unwrap();
+    let ledger = writer.ledger();
+    (dir, path, store, writer, ledger)
+}
+
+/// Another connection holding the store's write lock until it rolls back
+/// or is dropped: meanwhile the writer's records queue, and opening waits.
+fn hold_lock(path: &Path) -> Connection {
+    let holder = Connection::open(path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    holder
 }
 
 fn code(e: &StoreError) -> String {
@@ -245,8 +265,7 @@ fn a_store_of_a_newer_schema_is_refused() {
 fn a_store_another_connection_is_writing_is_refused_as_locked() {
     let (_dir, path) = store_path();
     drop(Store::open(&path).unwrap());
-    let holder = Connection::open(&path).unwrap();
-    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let holder = hold_lock(&path);
     // Held for the whole wait: the outcome does not depend on timing.
     let e = Store::open_waiting(&path, Duration::from_millis(50)).unwrap_err();
     assert_eq!(code(&e), "Store/Locked", "{e}");
@@ -292,13 +311,7 @@ fn wal_commits(db: &Path) -> usize {
 #[test]
 fn a_burst_of_exits_is_committed_in_one_or_two_transactions() {
     const BURST: usize = 1000;
-    let (_dir, path) = store_path();
-    // Kept open: the write-ahead log stays (the last connection to close
-    // would fold it into the database).
-    let store = Store::open(&path).unwrap();
-    store.begin_run(&run_row("r", 1)).unwrap();
-    let writer = StoreWriter::start(&path).unwrap();
-    let ledger = writer.ledger();
+    let (_dir, path, store, writer, ledger) = writing();
     let before = wal_commits(&path);
     assert!(before > 0, "the schema and the run are in the log");
 
@@ -306,8 +319,7 @@ fn a_burst_of_exits_is_committed_in_one_or_two_transactions() {
     // writer takes at most the first record alone before it waits; all
     // the others are queued by the time it can commit, and go in one
     // more transaction.
-    let holder = Connection::open(&path).unwrap();
-    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let holder = hold_lock(&path);
     let answers: Vec<_> = (0..BURST)
         .map(|i| persist(&ledger, exit("r", i, Verdict::Ok, json!({ "item": i }))))
         .collect();
@@ -336,13 +348,7 @@ fn a_burst_of_exits_is_committed_in_one_or_two_transactions() {
 #[test]
 fn a_long_write_ahead_log_is_checkpointed_while_the_store_stays_open() {
     const EXITS: usize = 2000;
-    let (_dir, path) = store_path();
-    // Kept open, so closing the writer's connection folds nothing into
-    // the database: only a checkpoint during the run does.
-    let store = Store::open(&path).unwrap();
-    store.begin_run(&run_row("r", 1)).unwrap();
-    let writer = StoreWriter::start(&path).unwrap();
-    let ledger = writer.ledger();
+    let (_dir, path, store, writer, ledger) = writing();
     let before = std::fs::metadata(&path).unwrap().len();
     // 2 000 results of 4 KB: about 2 000 WAL pages, twice the point past
     // which the writer's hook asks for a checkpoint.
@@ -369,16 +375,11 @@ fn a_long_write_ahead_log_is_checkpointed_while_the_store_stays_open() {
 
 #[test]
 fn an_answer_that_panics_leaves_no_other_execution_unanswered() {
-    let (_dir, path) = store_path();
-    let store = Store::open(&path).unwrap();
-    store.begin_run(&run_row("r", 1)).unwrap();
-    let writer = StoreWriter::start(&path).unwrap();
-    let ledger = writer.ledger();
+    let (_dir, path, _store, writer, ledger) = writing();
     // Queued while the writer waits for the lock `holder` takes: in one
     // batch or two, the panicking answer costs the other nothing (within
     // one batch: `answer_all`'s unit test).
-    let holder = Connection::open(&path).unwrap();
-    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let holder = hold_lock(&path);
     ledger.persist(
         exit("r", 0, Verdict::Ok, json!({})),
         Some(Box::new(|_| panic!("an answer with a bug"))),
@@ -394,11 +395,7 @@ fn an_answer_that_panics_leaves_no_other_execution_unanswered() {
 
 #[test]
 fn an_exit_never_replaces_a_stored_ok_result_but_replaces_a_failed_or_cancelled_one() {
-    let (_dir, path) = store_path();
-    let store = Store::open(&path).unwrap();
-    store.begin_run(&run_row("r", 1)).unwrap();
-    let writer = StoreWriter::start(&path).unwrap();
-    let ledger = writer.ledger();
+    let (_dir, _path, store, writer, ledger) = writing();
     let persist = |index, verdict, parsed| {
         persist(&ledger, exit("r", index, verdict, parsed))
             .recv()
@@ -449,16 +446,11 @@ fn an_exit_never_replaces_a_stored_ok_result_but_replaces_a_failed_or_cancelled_
 
 #[test]
 fn the_same_rules_hold_for_records_written_in_one_transaction() {
-    let (_dir, path) = store_path();
-    let store = Store::open(&path).unwrap();
-    store.begin_run(&run_row("r", 1)).unwrap();
-    let writer = StoreWriter::start(&path).unwrap();
-    let ledger = writer.ledger();
+    let (_dir, path, store, writer, ledger) = writing();
     // Queued while the lock is held, so records share transactions (how
     // they are split is the writer's); each is applied in the order it
     // came, as if alone.
-    let holder = Connection::open(&path).unwrap();
-    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let holder = hold_lock(&path);
     let mut answers = vec![persist(&ledger, exit("r", 99, Verdict::Ok, json!({})))];
     for (index, verdict, v) in [
         (0, Verdict::Ok, "first"),
@@ -558,11 +550,7 @@ fn runs_are_found_by_id_or_prefix_and_deleted_with_their_executions() {
 
 #[test]
 fn a_resume_reads_stored_results_packed_and_only_the_exits_its_log_lacks() {
-    let (_dir, path) = store_path();
-    let store = Store::open(&path).unwrap();
-    store.begin_run(&run_row("r", 1)).unwrap();
-    let writer = StoreWriter::start(&path).unwrap();
-    let ledger = writer.ledger();
+    let (_dir, path, store, writer, ledger) = writing();
     for i in 0..6 {
         let verdict = if i == 4 { Verdict::Fail } else { Verdict::Ok };
         let parsed = json!({ "item": i, "x": [0.9146155235219107, -0.0, "é\u{2028}"] });
