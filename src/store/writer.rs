@@ -9,7 +9,9 @@
 //! The answers (each execution's `StageExited` and its report to the
 //! scheduler) run on a second thread, a batch at a time, while the writer
 //! goes on to the next transaction: both threads are one per run, and
-//! together they were the busiest of a wide run's such threads.
+//! together they were the busiest of a wide run's such threads. A third,
+//! the checkpointer (`store/checkpoint.rs`), keeps WAL checkpoints out of
+//! the writer's commits.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
