@@ -661,23 +661,12 @@ fn distributed_siblings_continue_the_runs_trace() {
     }
 }
 
-/// A worker's reports sent at the same moment travel as one message, in
-/// the order they were sent; a report too heavy to share a message goes
-/// alone, and what follows it starts the next batch. (Deterministic: the
-/// sends are queued before the outbox's task can run, on one thread.)
 /// Once its run is over, the coordinator has acknowledged every report
 /// message (the last exits are recorded on the store's thread, and their
 /// messages settled after the run may already have ended): one left
 /// pending would be read again by a resume.
 fn every_report_acknowledged(url: &str, run_id: &str) {
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Flags {
-        #[command(flatten)]
-        nats: troupe::distributed::NatsArgs,
-    }
-    let args = Flags::parse_from(["test", "--nats", url]).nats;
+    let args = nats_args(url);
     let name = troupe::distributed::wire::coordinator_consumer(run_id);
     actix::System::new().block_on(async move {
         let nats = args.connect("ack test").await.unwrap();
@@ -703,21 +692,19 @@ fn every_report_acknowledged(url: &str, run_id: &str) {
     });
 }
 
+/// A worker's reports sent at the same moment travel as one message, in
+/// the order they were sent; a report too heavy to share a message goes
+/// alone, and what follows it starts the next batch. (Deterministic: the
+/// sends are queued before the outbox's task can run, on one thread.)
 #[test]
 fn reports_sent_together_travel_as_one_message_in_order() {
-    use clap::Parser;
     use futures::StreamExt;
     use troupe::distributed::outbox::{self, Outbox};
     use troupe::distributed::wire::{Report, report_subject};
 
-    #[derive(Parser)]
-    struct Flags {
-        #[command(flatten)]
-        nats: troupe::distributed::NatsArgs,
-    }
     let Some(bin) = nats_server() else { return };
     let server = Server::start(&bin);
-    let args = Flags::parse_from(["test", "--nats", &server.url()]).nats;
+    let args = nats_args(&server.url());
     let accepted = |unit: usize| Report::Accepted {
         stage_execution_id: format!("run-1/worker#{unit}/1"),
         turn: 2,

@@ -80,7 +80,7 @@ pub struct RemoteSiblings {
     /// execution id at this session: the server drops a retried publish
     /// as a duplicate, yet a resumed run may queue the same execution
     /// again (its first task was purged with the run's queue).
-    pub session: String,
+    pub session: Arc<str>,
 }
 
 impl ExecutorFactory for RemoteSiblings {
@@ -98,7 +98,6 @@ impl ExecutorFactory for RemoteSiblings {
         let helpers = Helpers::new(local.other_arbiters());
         let start = {
             let (spec, tx, stop) = (self.clone(), tx.clone(), shutdown.clone());
-            let spec_session: Arc<str> = self.session.as_str().into();
             move || {
                 let coordinator = Coordinator {
                     spec,
@@ -108,7 +107,6 @@ impl ExecutorFactory for RemoteSiblings {
                     resolved: FastSet::default(),
                     committing: FastMap::default(),
                     by_sequence: FastMap::default(),
-                    session: spec_session,
                     publishers: helpers.clone(),
                 };
                 actix::spawn(coordinator.run(rx, helpers, stop));
@@ -214,9 +212,6 @@ struct Coordinator {
     /// The task stream's sequence of each published task, for the
     /// advisory of a task no worker finished.
     by_sequence: FastMap<u64, ExecKey>,
-    /// This coordinator process's id (`RemoteSiblings::session`), for
-    /// every task's `Nats-Msg-Id`.
-    session: Arc<str>,
     /// Where tasks are serialized and published, off this loop's thread.
     publishers: Helpers,
 }
@@ -512,7 +507,7 @@ impl Coordinator {
         let context = self.groups.get(&task.turn).and_then(|g| g.context.clone());
         let queue = Queue {
             js: self.spec.nats.js.clone(),
-            session: Arc::clone(&self.session),
+            session: Arc::clone(&self.spec.session),
             task,
             stop,
         };

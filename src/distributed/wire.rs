@@ -26,8 +26,9 @@ pub const REPORTS_STREAM: &str = "TROUPE_REPORTS";
 /// Key-value bucket of cancelled groups, read by a worker before it starts
 /// a task it was delivered.
 pub const CANCELLED_BUCKET: &str = "TROUPE_CANCELLED";
-/// The key-value bucket of group contexts ([`GroupContext`]), one key
-/// per group.
+/// The key-value bucket of group contexts ([`GroupContext`]): one key
+/// per group, and for a context too big for one message its compressed
+/// parts under keys of their own (see `stored_context`).
 pub const GROUPS_BUCKET: &str = "TROUPE_GROUPS";
 
 /// `troupe.task.<run>.<turn>`: a group's tasks (purged by this subject

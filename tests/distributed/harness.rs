@@ -259,6 +259,19 @@ impl Server {
     }
 }
 
+/// The connection flags a `troupe` command would take for `url`, for a
+/// test that talks to the server itself.
+pub fn nats_args(url: &str) -> troupe::distributed::NatsArgs {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        nats: troupe::distributed::NatsArgs,
+    }
+    Flags::parse_from(["test", "--nats", url]).nats
+}
+
 pub fn troupe() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_troupe"));
     cmd.stdin(Stdio::null());

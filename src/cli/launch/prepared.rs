@@ -581,7 +581,7 @@ async fn remote_siblings(
         bus: spec.bus.clone(),
         ledger: settings.ledger.clone(),
         budget: settings.budget.clone(),
-        session: uuid::Uuid::now_v7().simple().to_string(),
+        session: uuid::Uuid::now_v7().simple().to_string().into(),
     })
 }
 

@@ -268,8 +268,6 @@ mod tests {
         });
     }
 
-    /// An exited sibling's result comes out of the decoder packed, and
-    /// reads back as the worker sent it.
     /// A job sent to a helper runs there; with a helper that has stopped
     /// (or none), it runs here, and its answer is not lost either way.
     #[test]
@@ -290,6 +288,8 @@ mod tests {
         });
     }
 
+    /// An exited sibling's result comes out of the decoder packed, and
+    /// reads back as the worker sent it.
     #[test]
     fn an_exited_siblings_result_is_packed_where_it_is_decoded() {
         use crate::runtime::result::{StageResult, Usage, Verdict};

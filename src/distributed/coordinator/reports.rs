@@ -192,7 +192,7 @@ impl Coordinator {
                         if let Some(ledger) = ledger {
                             ledger.persist(exit_record(&self.spec.run_id, &result), None);
                         }
-                        self.record_exit(exec, result, events);
+                        record_exit(&self.spec.bus, &self.scheduler, exec, result, events);
                     }
                 }
             }
@@ -200,7 +200,7 @@ impl Coordinator {
                 if let Some(exec) = known.filter(|_| !resolved) {
                     self.done(&exec, turn, unit);
                     self.charge(usage);
-                    self.relay(events);
+                    relay(&self.spec.bus, events);
                     self.scheduler.do_send(ToScheduler::Report {
                         exec,
                         outcome: StageOutcome::Cancelled { usage },
@@ -235,12 +235,6 @@ impl Coordinator {
         }
     }
 
-    /// Publishes a worker's events of one execution into the run's log,
-    /// in order; the `seq` of the last.
-    pub(super) fn relay(&self, events: Vec<EventLine>) -> u64 {
-        relay(&self.spec.bus, events)
-    }
-
     /// Counts what a sibling spent on its worker against the run's
     /// budget, before the scheduler hears of the sibling: the scheduler
     /// checks the meter before it handles a report, so a report that
@@ -250,16 +244,10 @@ impl Coordinator {
             budget.record(usage);
         }
     }
-
-    /// An exited sibling, stored: its events into the log, its report to
-    /// the scheduler.
-    pub(super) fn record_exit(&self, exec: ExecKey, result: Kept, events: Vec<EventLine>) {
-        record_exit(&self.spec.bus, &self.scheduler, exec, result, events);
-    }
 }
 
 /// Publishes a sibling's events, as its worker made them, on the run's
-/// bus; the last one's `seq`.
+/// bus, in order; the last one's `seq`.
 fn relay(bus: &EventBus<Event>, events: Vec<EventLine>) -> u64 {
     let mut last = 0;
     for event in events.into_iter().filter_map(EventLine::into_event) {
