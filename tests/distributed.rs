@@ -762,16 +762,23 @@ fn a_group_context_past_the_servers_message_limit_is_stored_in_parts() {
     let server = Server::start(&bin);
     let fixture = pipeline("true", None);
     // The plan's result carries 1.5 MB besides its items: the group's
-    // context (its state slot holds that result, parsed and output) is
-    // past the server's 1 MiB limit on a message.
+    // context (its state slot holds that result) is past the server's
+    // 1 MiB limit on a message. Letters that do not repeat, so that even
+    // compressed it takes more than one part.
     let script = fixture.path().join("script.yaml");
     let text = std::fs::read_to_string(&script).unwrap();
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let pad: String = (0..1_500_000)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[(state >> 33) as usize % 36])
+        })
+        .collect();
     let padded = text.replacen(
         "$range: \"{{ctx.width}}\" } }",
-        &format!(
-            "$range: \"{{{{ctx.width}}}}\" }}, pad: \"{}\" }}",
-            "x".repeat(1_500_000)
-        ),
+        &format!("$range: \"{{{{ctx.width}}}}\" }}, pad: \"{pad}\" }}"),
         1,
     );
     assert_ne!(
@@ -793,4 +800,25 @@ fn a_group_context_past_the_servers_message_limit_is_stored_in_parts() {
     let mut started = project.started();
     started.sort_unstable();
     assert_eq!(started, (0..6).collect::<Vec<_>>(), "each sibling ran once");
+    // The parts are in the bucket, more than one of them.
+    let run = remote["runId"].as_str().unwrap().to_owned();
+    let args = nats_args(&server.url());
+    let parts = actix::System::new().block_on(async move {
+        use futures::StreamExt;
+        let nats = args.connect("parts test").await.unwrap();
+        let keys: Vec<String> = nats
+            .groups()
+            .await
+            .unwrap()
+            .keys()
+            .await
+            .unwrap()
+            .filter_map(|k| async move { k.ok() })
+            .collect()
+            .await;
+        keys.iter()
+            .filter(|k| k.starts_with(&format!("{run}.")) && k.split('.').count() == 4)
+            .count()
+    });
+    assert!(parts >= 2, "{parts} parts stored");
 }

@@ -422,11 +422,12 @@ impl Coordinator {
                 slot: Arc::clone(&spawn.ctx.results),
             };
             let js = self.spec.nats.js.clone();
+            let part = self.spec.nats.message_budget();
             let key = group_key(&self.spec.run_id, turn);
             let stop = group.as_ref().map(|g| g.token().clone());
             let put = async move {
                 // One value, or parts and then the key (`stored_context`).
-                for (key, body) in super::stored_context::encode(&key, &context)? {
+                for (key, body) in super::stored_context::encode(&key, &context, part)? {
                     let subject = format!("$KV.{GROUPS_BUCKET}.{key}");
                     publish_acked(&js, subject, HeaderMap::new(), body.into(), stop.as_ref())
                         .await

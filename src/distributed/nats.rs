@@ -274,6 +274,16 @@ impl Nats {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.client.flush()).await;
     }
 
+    /// What one message of troupe's may weigh: half of what the server
+    /// allows (room for headers, and for a server that lowers its limit
+    /// later), 512 KiB when it names none (NATS's default is 1 MiB).
+    pub fn message_budget(&self) -> usize {
+        match self.client.server_info().max_payload {
+            0 => 512 * 1024,
+            limit => (limit / 2).max(1024),
+        }
+    }
+
     /// The task work queue (created when absent).
     pub async fn tasks(&self) -> Result<stream::Stream, NatsError> {
         let stream = self

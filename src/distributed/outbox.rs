@@ -18,11 +18,6 @@ use super::wire::{Report, line_by_line, report_subject};
 /// The most reports in one batch.
 pub const MAX_REPORTS: usize = 512;
 
-/// What a batch may weigh when the server names no limit (NATS's default
-/// `max_payload` is 1 MiB; a batch keeps half of what the server allows,
-/// for headers and a server that lowers it later).
-const DEFAULT_MAX_BYTES: usize = 512 * 1024;
-
 /// Hands reports to the worker's publisher task; cloned by everything
 /// that reports.
 #[derive(Debug, Clone)]
@@ -72,10 +67,7 @@ impl Outbox {
 /// The publisher: one batch at a time, each the reports waiting for the
 /// same run, in the order they were sent.
 async fn publish_batches(nats: Nats, mut rx: mpsc::UnboundedReceiver<Outgoing>, prefix: String) {
-    let max_bytes = match nats.client.server_info().max_payload {
-        0 => DEFAULT_MAX_BYTES,
-        limit => (limit / 2).max(1024),
-    };
+    let max_bytes = nats.message_budget();
     // The report that ended the last batch (another run's, or too heavy
     // for it): the first of the next.
     let mut held: Option<Outgoing> = None;

@@ -18,9 +18,9 @@ use sha2::Digest;
 
 use super::wire::GroupContext;
 
-/// A context's JSON longer than this is stored in parts of this size
-/// (compressed): well under a server's default 1 MiB message limit.
-pub const PART: usize = 512 * 1024;
+/// The smallest part a context is cut into, whatever the server's limit
+/// on a message (`Nats::message_budget` gives the size).
+pub const MIN_PART: usize = 16 * 1024;
 
 /// The longest context JSON a worker unpacks: a damaged or foreign
 /// manifest cannot make it allocate more.
@@ -28,7 +28,7 @@ pub const MAX_CONTEXT: u64 = 1 << 30;
 
 /// The most parts a context of [`MAX_CONTEXT`] bytes can take (zstd's
 /// output is at most a little longer than its input).
-pub const MAX_PARTS: usize = (MAX_CONTEXT as usize) / PART + 2;
+pub const MAX_PARTS: usize = (MAX_CONTEXT as usize) / MIN_PART + 2;
 
 /// What the group's key holds for a context stored in parts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,11 +71,18 @@ impl Parts {
 }
 
 /// The values to store for `context` under the group key `group`, in
-/// the order to store them (the group's key last).
-pub fn encode(group: &str, context: &GroupContext) -> Result<Vec<(String, Vec<u8>)>, String> {
+/// the order to store them (the group's key last): one value when its JSON
+/// fits in `part` bytes, else its compressed bytes in parts of at most
+/// `part` (or [`MIN_PART`]) and a manifest.
+pub fn encode(
+    group: &str,
+    context: &GroupContext,
+    part: usize,
+) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let part = part.max(MIN_PART);
     let json = serde_json::to_vec(context)
         .map_err(|e| format!("the group's context cannot be encoded: {e}"))?;
-    if json.len() <= PART {
+    if json.len() <= part {
         return Ok(vec![(group.to_owned(), json)]);
     }
     let packed = zstd::bulk::compress(&json, 3)
@@ -86,11 +93,11 @@ pub fn encode(group: &str, context: &GroupContext) -> Result<Vec<(String, Vec<u8
         .collect();
     let parts = Parts {
         digest,
-        zstd_parts: packed.chunks(PART).len(),
+        zstd_parts: packed.chunks(part).len(),
         bytes: json.len() as u64,
     };
     let mut values: Vec<(String, Vec<u8>)> = packed
-        .chunks(PART)
+        .chunks(part)
         .enumerate()
         .map(|(i, part)| (parts.key(group, i), part.to_vec()))
         .collect();
@@ -172,9 +179,13 @@ mod tests {
         }
     }
 
-    /// Stores as the coordinator does, reads as a worker does.
-    fn round_trip(context: &GroupContext) -> (usize, Result<GroupContext, String>) {
-        let values = encode("run.2", context).unwrap();
+    /// What a server on NATS's default limit allows a message.
+    const PART: usize = 512 * 1024;
+
+    /// Stores as the coordinator does with parts of `part` bytes, reads as
+    /// a worker does; the values stored, and the context read.
+    fn round_trip(context: &GroupContext, part: usize) -> (usize, Result<GroupContext, String>) {
+        let values = encode("run.2", context, part).unwrap();
         assert_eq!(values.last().unwrap().0, "run.2", "the group's key last");
         let stored: HashMap<String, Vec<u8>> = values.iter().cloned().collect();
         let read = match decode(&stored["run.2"]).unwrap() {
@@ -192,9 +203,9 @@ mod tests {
     #[test]
     fn a_small_context_is_one_value_as_before() {
         let small = context(10);
-        let (values, read) = round_trip(&small);
+        let (values, read) = round_trip(&small, PART);
         assert_eq!((values, read.unwrap()), (1, small.clone()));
-        let values = encode("g", &small).unwrap();
+        let values = encode("g", &small, PART).unwrap();
         assert_eq!(values[0].1, serde_json::to_vec(&small).unwrap());
     }
 
@@ -204,8 +215,13 @@ mod tests {
             let big = context(items);
             let json = serde_json::to_vec(&big).unwrap().len();
             assert!(json > 1 << 20, "{items} items make {json} bytes");
-            let (values, read) = round_trip(&big);
+            let (values, read) = round_trip(&big, PART);
             assert!(values >= 2, "parts and the key");
+            assert_eq!(read.unwrap(), big);
+            // A server with a lower limit: the parts are smaller, and
+            // there are several, each read back in its place.
+            let (values, read) = round_trip(&big, MIN_PART);
+            assert!(values > 3, "{values} values: several parts and the key");
             assert_eq!(read.unwrap(), big);
         }
     }
@@ -213,7 +229,7 @@ mod tests {
     #[test]
     fn damaged_parts_or_manifests_are_typed_errors_not_panics() {
         let big = context(100_000);
-        let values = encode("g", &big).unwrap();
+        let values = encode("g", &big, MIN_PART).unwrap();
         assert!(
             values[..values.len() - 1]
                 .iter()
