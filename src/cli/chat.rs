@@ -368,7 +368,7 @@ fn turn(
                 .results
                 .values()
                 .find(|r| r.stage_id() == CHAT)
-                .and_then(|r| r.result().parsed["message"].as_str().map(str::to_owned))
+                .and_then(|r| r.parsed()["message"].as_str().map(str::to_owned))
                 .unwrap_or_default()),
             RunStatus::Failed { reason } => Err((Exit::RunFailed, reason.clone())),
             RunStatus::Cancelled => Err((first.exit(), "the turn was cancelled".to_owned())),
@@ -491,11 +491,11 @@ fn continued(store_path: &Path, run: &str) -> Result<Vec<Said>, String> {
         })
         .unwrap_or_default();
     let reply = store
-        .results(&row.id)
+        .kept_results(&row.id)
         .map_err(|e| e.to_string())?
-        .into_iter()
-        .find(|r| r.stage_id == CHAT)
-        .and_then(|r| r.parsed["message"].as_str().map(str::to_owned));
+        .values()
+        .find(|r| r.stage_id() == CHAT)
+        .and_then(|r| r.parsed()["message"].as_str().map(str::to_owned));
     match reply {
         Some(reply) => history.push(Said {
             role: "assistant".to_owned(),

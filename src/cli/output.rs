@@ -160,8 +160,8 @@ pub fn print_check_error(e: &CheckError, json: bool) {
 
 /// Prints the text of `print` steps that ran, so a run shows its report.
 fn print_outputs(report: &RunReport) {
-    for result in report.results.values().map(|r| r.result()) {
-        if let Some(text) = result.output.get("text").and_then(Value::as_str) {
+    for output in report.results.values().map(|r| r.output()) {
+        if let Some(text) = output.get("text").and_then(Value::as_str) {
             println!("\n{text}");
         }
     }

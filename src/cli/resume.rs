@@ -129,7 +129,13 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
     let scanned = scan(&audit).map_err(StoreError::from)?;
     // A result a worker reported while no coordinator read it goes into
     // the log with the events the worker recorded, not a bare recovery.
-    let mut exits = store.exit_events(&run.id, |id| scanned.exited.contains(id))?;
+    // Both read the run's exited rows: a log that has every one (a run
+    // stopped cleanly, the usual case) needs no second pass.
+    let mut exits = if results.keys().all(|id| scanned.exited.contains(id)) {
+        Vec::new()
+    } else {
+        store.exit_events(&run.id, |id| scanned.exited.contains(id))?
+    };
     for exit in &mut exits {
         if let Some(found) = arrived.iter().find(|a| a.id == exit.id) {
             exit.lines.clone_from(&found.lines);

@@ -16,7 +16,7 @@ use super::repair::LostExit;
 use super::rows::{Counts, ExecRow, RunRow};
 use super::schema;
 use crate::provider::Usage;
-use crate::runtime::result::{Kept, StageResult, Verdict};
+use crate::runtime::result::{Kept, Verdict};
 
 /// Unix milliseconds of `t`.
 pub fn unix_ms(t: SystemTime) -> i64 {
@@ -328,31 +328,6 @@ impl Store {
             .collect::<Result<_, _>>()
             .map_err(|e| self.err(&e))?;
         Ok(rows)
-    }
-
-    /// The results of a run's exited executions, by `stageExecutionId`:
-    /// what a resumed run does not run again (the failed ones it does).
-    pub fn results(&self, run_id: &str) -> Result<Vec<Arc<StageResult>>, StoreError> {
-        Ok(self
-            .executions(run_id, None, None)?
-            .into_iter()
-            .filter(|e| e.outcome == "exited")
-            .map(|e| {
-                let parsed = Arc::new(e.parsed.unwrap_or(Value::Null));
-                let output = e.output.map_or_else(|| Arc::clone(&parsed), Arc::new);
-                Arc::new(StageResult {
-                    stage_id: e.stage_id,
-                    stage_execution_id: e.stage_execution_id,
-                    verdict: e.verdict.as_deref().map_or(Verdict::Fail, Verdict::parse),
-                    reason: e.reason,
-                    parsed,
-                    output,
-                    cap_hit: e.cap_hit,
-                    attempt_count: e.attempts,
-                    usage: e.usage,
-                })
-            })
-            .collect())
     }
 
     /// The results of a run's exited executions by `stageExecutionId`,

@@ -9,8 +9,9 @@
 //! own execution, on its own thread, once it exits: its JSON as compact
 //! text, its names shared with the execution, its scalars as they are.
 //! It is parsed again only when something reads it (the join's
-//! templates and expressions, its `inputsSchema` check, the summary),
-//! one result at a time.
+//! templates and expressions, its `inputsSchema` check, the summary), by
+//! whoever reads it; reading the whole of `ctx.upstream` parses every
+//! sibling's result at once.
 
 use std::sync::Arc;
 

@@ -42,7 +42,8 @@ pub struct ExecKey {
 pub enum StageOutcome {
     /// Exit ran (verdict ok, fail or skipped) and `StageExited` was
     /// published with `seq`: the order of Exits, whatever the order the
-    /// reports arrive in. A sibling's result comes packed.
+    /// reports arrive in. A sibling's result comes packed, but on a
+    /// worker (which sends it on at once).
     Exited { result: Kept, seq: u64 },
     /// Strictly cancelled after it started: no Exit. `usage` is what its
     /// model requests had used by then.

@@ -17,8 +17,9 @@ pub(super) struct Group {
     /// so siblings neither copy it nor see each other's results.
     pub(super) slot: Arc<BTreeMap<String, Kept>>,
     pub(super) visit: u32,
-    /// Each sibling's result as its execution handed it over: packed on a
-    /// local run (see [`Kept`]), whole from a worker or a resume.
+    /// Each sibling's result as it was handed over: packed (see [`Kept`])
+    /// by a local execution, by the coordinator's decoder for a worker's,
+    /// as stored on a resume; whole only when nested too deep to pack.
     pub(super) results: Vec<Option<Kept>>,
     pub(super) joining: bool,
     /// Siblings that exited with verdict `fail`, as `(seq, unit)`: the
