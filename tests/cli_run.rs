@@ -165,6 +165,27 @@ fn fail_fast_with_threads(threads: &str) {
         exited + cancelled,
         "every other started sibling was cancelled"
     );
+    // A cancellation is an execution's last word, wherever it was recorded
+    // (by the execution's actor, its arbiter's relay or the failing
+    // sibling): it follows its entry, and nothing of it follows.
+    let mut ended = std::collections::HashSet::new();
+    let mut started = std::collections::HashSet::new();
+    for l in &lines {
+        let Some(exec) = l["stageExecutionId"].as_str() else {
+            continue;
+        };
+        assert!(!ended.contains(exec), "{exec} went on after it ended: {l}");
+        match l["event"].as_str() {
+            Some("StageEntered") => {
+                started.insert(exec);
+            }
+            Some("StageCancelled") => {
+                assert!(started.contains(exec), "{exec} cancelled unentered");
+                ended.insert(exec);
+            }
+            _ => {}
+        }
+    }
     // Every sibling is accounted for: it ran, was cancelled, or never started.
     let g = &report["groups"][0];
     assert_eq!(g["cancelled"].as_u64().unwrap(), cancelled as u64);

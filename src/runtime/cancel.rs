@@ -33,6 +33,40 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 /// reason recorded when no scope says otherwise.
 pub const TURN_CANCELLED: &str = "Cancellation/TurnCancelled";
 
+/// A scope's identity, for tables kept beside the tree (the stage actors'
+/// rolls): it keeps no scope alive, and while it exists no other scope can
+/// have the same one.
+#[derive(Debug, Clone)]
+pub struct ScopeKey(std::sync::Weak<Node>);
+
+impl ScopeKey {
+    /// Whether the scope still exists.
+    pub fn is_live(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+
+    /// Whether the scope exists and is cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.0
+            .upgrade()
+            .is_some_and(|node| CancelScope(node).is_cancelled())
+    }
+}
+
+impl PartialEq for ScopeKey {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Weak::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ScopeKey {}
+
+impl std::hash::Hash for ScopeKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.as_ptr().hash(state);
+    }
+}
+
 /// One node of the cancellation tree. Cheap to clone (one `Arc`).
 #[derive(Debug, Clone)]
 pub struct CancelScope(Arc<Node>);
@@ -85,8 +119,9 @@ impl CancelScope {
     /// forwards this scope's cancel to it, to be spawned on that thread
     /// (see the module's doc). The relay's children are cancelled with
     /// this scope, a moment later, and report its reason; the task ends
-    /// when the relay and its children are gone, or once it has forwarded.
-    pub fn relay(&self) -> (CancelScope, impl Future<Output = ()> + Send + 'static) {
+    /// when the relay and its children are gone (with `false`), or once
+    /// it has forwarded (with `true`).
+    pub fn relay(&self) -> (CancelScope, impl Future<Output = bool> + Send + 'static) {
         let token = CancellationToken::new();
         let retire = CancellationToken::new();
         let relay = CancelScope::with(
@@ -98,8 +133,11 @@ impl CancelScope {
         let forward = async move {
             tokio::select! {
                 biased;
-                () = watched.cancelled() => token.cancel(),
-                () = retire.cancelled() => {}
+                () = watched.cancelled() => {
+                    token.cancel();
+                    true
+                }
+                () = retire.cancelled() => false,
             }
         };
         (relay, forward)
@@ -158,6 +196,16 @@ impl CancelScope {
             scope = s.0.parent.as_ref();
         }
         None
+    }
+
+    /// The scope this one is cancelled with, if any.
+    pub fn parent(&self) -> Option<&CancelScope> {
+        self.0.parent.as_ref()
+    }
+
+    /// This scope's identity (see [`ScopeKey`]).
+    pub fn key(&self) -> ScopeKey {
+        ScopeKey(Arc::downgrade(&self.0))
     }
 
     /// Whether both are the same scope.
@@ -224,7 +272,7 @@ mod tests {
         let exec = relay.child();
         run.cancel("interrupted");
         assert!(exec.is_cancelled());
-        forward.await;
+        assert!(forward.await, "forwarded");
         assert!(exec.token().is_cancelled());
         assert_eq!(exec.reason().as_deref(), Some("interrupted"));
         let (late, forward) = group.relay();
@@ -232,7 +280,7 @@ mod tests {
             late.is_cancelled(),
             "a relay of a cancelled scope starts cancelled"
         );
-        forward.await;
+        assert!(forward.await);
         assert!(late.child().token().is_cancelled());
     }
 
@@ -246,7 +294,7 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!forwarding.is_finished(), "a child still holds the relay");
         drop(exec);
-        forwarding.await.unwrap();
+        assert!(!forwarding.await.unwrap(), "retired, not forwarded");
         assert!(!group.is_cancelled());
     }
 

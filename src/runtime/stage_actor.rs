@@ -5,7 +5,6 @@
 //! panic in the phases becomes the stage's `ExtensionHost/ActorPanicked`
 //! failure, recorded and reported like any failed Exit.
 
-use std::cell::RefCell;
 use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -13,20 +12,25 @@ use std::time::SystemTime;
 
 use actix::prelude::*;
 use futures::FutureExt;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::oneshot;
 use troupe_actors::EventBus;
 
 use super::cancel::{CancelScope, TURN_CANCELLED};
-use super::events::{Event, EventName, FieldValue};
+use super::events::{Event, EventName};
 use super::interaction::{InteractionHub, WithdrawOwner};
 use super::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
 use super::result::{Kept, StageResult, Verdict};
 use super::scheduler::{
     ExecKey, Slot, StageOutcome, ToScheduler, next_of, sibling_failed_reason, sibling_label,
 };
-use super::stage::{StageRun, Whereabouts};
+use super::stage::StageRun;
 use crate::definition::{Pipeline, Stage};
+
+mod roll;
+
+use roll::{Note, calls_in_flight};
+pub use roll::{forget, record_under};
 
 /// Runs one stage execution.
 pub struct StageActor {
@@ -35,15 +39,13 @@ pub struct StageActor {
     /// Siblings ask the scheduler before they start.
     gated: bool,
     scheduler: Arc<Recipient<ToScheduler>>,
-    whereabouts: Rc<RefCell<Whereabouts>>,
-    bus: EventBus<Event>,
-    /// The ids its events carry: the execution's own copies (`EventIds`).
-    run_id: Arc<str>,
-    stage_id: Arc<str>,
+    /// Its whereabouts, event ids and scope, and whether its end is
+    /// recorded: shared with its thread's roll (see `roll`).
+    note: Rc<Note>,
+    /// Whether it enrols in its thread's roll when it starts.
+    enrolling: bool,
     pipeline: Arc<Pipeline>,
     stage: Arc<Stage>,
-    /// The execution's own scope in the cancellation tree.
-    scope: CancelScope,
     hub: Option<Arc<Addr<InteractionHub>>>,
     /// For siblings: the group's scope, which a failed sibling cancels so
     /// the others stop at once (the scheduler still decides the failure).
@@ -55,11 +57,6 @@ pub struct StageActor {
     ledger: Option<Arc<dyn Ledger>>,
     entered_at: SystemTime,
     started: bool,
-    /// `StageCancelled` is recorded (the teardown may still be pending).
-    cancel_recorded: bool,
-    /// When it was, while the store's record of it is still to be sent
-    /// (with the teardown, see [`StageActor::store_cancelled`]).
-    cancelled_at: Option<SystemTime>,
     reported: bool,
     /// A sibling's result is packed when it exits (see [`Kept`]), unless
     /// whoever receives it sends it on at once (a worker).
@@ -84,26 +81,32 @@ impl StageActor {
         scope: CancelScope,
         group: Option<CancelScope>,
     ) -> StageActor {
+        let ledger = run.kit.settings.ledger.clone();
+        let note = Note::new(
+            run.kit.bus.clone(),
+            [
+                Arc::clone(&run.ids.run),
+                Arc::clone(&run.ids.stage),
+                Arc::clone(&exec.id),
+            ],
+            scope,
+            ledger.is_some(),
+        );
         StageActor {
             exec,
             gated,
             scheduler,
             group,
-            scope,
+            note: Rc::new(note),
+            enrolling: false,
             index: run.index,
             visit: run.visit,
-            ledger: run.kit.settings.ledger.clone(),
+            ledger,
             entered_at: SystemTime::UNIX_EPOCH,
-            whereabouts: Rc::default(),
-            bus: run.kit.bus.clone(),
-            run_id: Arc::clone(&run.ids.run),
-            stage_id: Arc::clone(&run.ids.stage),
             pipeline: Arc::clone(&run.kit.pipeline),
             stage: Arc::clone(&run.stage),
             hub: run.hub.clone(),
             started: false,
-            cancel_recorded: false,
-            cancelled_at: None,
             reported: false,
             pack: true,
             run: Some(run),
@@ -117,9 +120,13 @@ impl StageActor {
         self
     }
 
-    fn event(&self, name: EventName) -> Event {
-        Event::new(name, Arc::clone(&self.run_id))
-            .stage(Arc::clone(&self.stage_id), Arc::clone(&self.exec.id))
+    /// Enrols the execution, once started, in its thread's roll under its
+    /// parent scope, so that a cancel of that scope is recorded at once
+    /// (see `roll`): for a sibling whose parent scope someone records
+    /// under (the local executor's relays and groups).
+    pub fn enrolling(mut self) -> StageActor {
+        self.enrolling = true;
+        self
     }
 
     fn send_report(&mut self, outcome: StageOutcome) {
@@ -137,7 +144,7 @@ impl StageActor {
         let Some(run) = self.run.take() else { return };
         // Granted before the scheduler read the failure (or the Ctrl-C) that
         // has cancelled it since: it never starts, and nothing is logged.
-        if self.scope.is_cancelled() {
+        if self.note.scope.is_cancelled() {
             self.send_report(StageOutcome::CancelledBeforeStart);
             ctx.stop();
             return;
@@ -149,8 +156,11 @@ impl StageActor {
         if self.ledger.is_some() {
             self.entered_at = SystemTime::now();
         }
-        let whereabouts = Rc::clone(&self.whereabouts);
-        let scope = self.scope.clone();
+        if self.enrolling {
+            roll::enrol(&self.note);
+        }
+        let whereabouts = Rc::clone(&self.note.whereabouts);
+        let scope = self.note.scope.clone();
         // Boxed so that a cancelled execution can be handed back alive and
         // dropped later (below), and so the wrappers around it move a
         // pointer, not the whole state machine.
@@ -207,21 +217,31 @@ impl StageActor {
 
     /// Exit: the one place an execution's `StageExited` is recorded. A
     /// failed sibling first cancels its group's scope, so its siblings stop
-    /// at once; the scheduler decides the failure from the report. With a
+    /// at once, and once its own exit is recorded records the cancellation
+    /// of those enrolled on its thread (`roll`); the others' are recorded
+    /// by their threads' relays. The scheduler decides the failure from
+    /// the report. With a
     /// ledger, an `ok`/`skipped` result is made durable before its
     /// `StageExited` is published and the execution reported: both happen
     /// on the ledger's thread once the batch holding it is committed, so
     /// the actor hands the record over and stops. A failed result (run
     /// again on resume anyway) is recorded at once and written unwaited.
     fn exit(&mut self, result: Arc<StageResult>, ctx: &mut Context<Self>) {
-        if result.verdict == Verdict::Fail
-            && let Some(group) = &self.group
-        {
+        self.note.exiting();
+        let failed_group = self
+            .group
+            .as_ref()
+            .filter(|_| result.verdict == Verdict::Fail);
+        if let Some(group) = failed_group {
             group.cancel(sibling_failed_reason(&sibling_label(
                 &self.exec.stage,
                 self.index,
             )));
         }
+        let cancelled_here = failed_group
+            .is_some()
+            .then(|| self.note.scope.parent().map(CancelScope::key))
+            .flatten();
         let verdict = result.verdict;
         let recorder = self.recorder(result);
         self.reported = true;
@@ -239,6 +259,10 @@ impl StageActor {
                 })),
             ),
         }
+        // A failure is recorded above, before the cancellations it causes.
+        if let Some(scope) = cancelled_here {
+            roll::record_under(&scope);
+        }
         ctx.stop();
     }
 
@@ -247,6 +271,7 @@ impl StageActor {
     /// before anyone keeps it (see [`Kept`]).
     fn recorder(&self, result: Arc<StageResult>) -> ExitRecorder {
         let mut event = self
+            .note
             .event(EventName::StageExited)
             .with_static("verdict", result.verdict.as_str())
             .with("capHit", result.cap_hit)
@@ -256,6 +281,7 @@ impl StageActor {
             event = event.with("reason", r.as_str());
         }
         let next = self
+            .note
             .bus
             .has_observers()
             .then(|| next_of(&self.pipeline, &self.stage, &result).describe());
@@ -271,9 +297,9 @@ impl StageActor {
             event,
             result,
             exec: self.exec.clone(),
-            run_id: Arc::clone(&self.run_id),
-            stage_id: Arc::clone(&self.stage_id),
-            bus: self.bus.clone(),
+            run_id: Arc::clone(&self.note.run_id),
+            stage_id: Arc::clone(&self.note.stage_id),
+            bus: self.note.bus.clone(),
             scheduler: Arc::clone(&self.scheduler),
             next,
         }
@@ -281,9 +307,9 @@ impl StageActor {
 
     fn exit_record(&self, result: &Kept) -> ExitRecord {
         ExitRecord {
-            run_id: Arc::clone(&self.run_id),
+            run_id: Arc::clone(&self.note.run_id),
             stage_execution_id: Arc::clone(&self.exec.id),
-            stage_id: Arc::clone(&self.stage_id),
+            stage_id: Arc::clone(&self.note.stage_id),
             index: self.index,
             visit: self.visit,
             result: result.clone(),
@@ -292,56 +318,30 @@ impl StageActor {
         }
     }
 
-    /// Records `StageCancelled` (and `ToolInvocationCancelled` for each call
-    /// in flight) once, with the phase, attempt and turn it was in. The
+    /// Records `StageCancelled` once (see [`Note::record_cancelled`]). The
     /// store's record of it is sent with the teardown
     /// ([`StageActor::store_cancelled`]): after a fail-fast every sibling
     /// records first, and this is the part each one waits behind.
-    fn record_cancelled(&mut self) {
-        if std::mem::replace(&mut self.cancel_recorded, true) {
-            return;
-        }
-        if self.ledger.is_some() {
-            self.cancelled_at = Some(SystemTime::now());
-        }
-        let whereabouts = self.whereabouts.borrow();
-        let reason = match self.scope.reason() {
-            Some(reason) => FieldValue::Shared(reason),
-            None => FieldValue::Static(TURN_CANCELLED),
-        };
-        for (id, name) in &whereabouts.tool_calls {
-            self.bus.publish(
-                self.event(EventName::ToolInvocationCancelled)
-                    .tool(Arc::clone(name))
-                    .with("callId", Arc::clone(id)),
-            );
-        }
-        let calls = calls_in_flight(&whereabouts.tool_calls);
-        self.bus.publish(
-            self.event(EventName::StageCancelled)
-                .with("reason", reason)
-                .with_static("phase", whereabouts.phase)
-                .with("attempt", whereabouts.attempt)
-                .with("turn", whereabouts.turn)
-                .with("toolCalls", calls)
-                .with("usage", whereabouts.usage),
-        );
+    fn record_cancelled(&self) {
+        self.note.record_cancelled();
     }
 
     /// Sends the store the record of a cancellation recorded earlier
     /// (best effort, as every cancellation record; once).
-    fn store_cancelled(&mut self) {
-        let (Some(ledger), Some(cancelled_at)) = (&self.ledger, self.cancelled_at.take()) else {
+    fn store_cancelled(&self) {
+        let (Some(ledger), Some(cancelled_at)) = (&self.ledger, self.note.take_cancelled_at())
+        else {
             return;
         };
-        let whereabouts = self.whereabouts.borrow();
+        let whereabouts = self.note.whereabouts.borrow();
         ledger.cancelled(CancelRecord {
-            run_id: Arc::clone(&self.run_id),
+            run_id: Arc::clone(&self.note.run_id),
             stage_execution_id: Arc::clone(&self.exec.id),
-            stage_id: Arc::clone(&self.stage_id),
+            stage_id: Arc::clone(&self.note.stage_id),
             index: self.index,
             visit: self.visit,
             reason: self
+                .note
                 .scope
                 .reason()
                 .unwrap_or_else(|| Arc::from(TURN_CANCELLED)),
@@ -358,13 +358,13 @@ impl StageActor {
     /// The report of a cancelled execution, with what it had used.
     fn cancelled(&self) -> StageOutcome {
         StageOutcome::Cancelled {
-            usage: self.whereabouts.borrow().usage,
+            usage: self.note.whereabouts.borrow().usage,
         }
     }
 
     /// A panic in the phases: the stage fails with a typed reason.
     fn panicked(&self, message: String) -> Arc<StageResult> {
-        let whereabouts = self.whereabouts.borrow();
+        let whereabouts = self.note.whereabouts.borrow();
         Arc::new(StageResult {
             stage_id: self.exec.stage.to_string(),
             stage_execution_id: self.exec.id.to_string(),
@@ -377,14 +377,6 @@ impl StageActor {
             usage: whereabouts.usage,
         })
     }
-}
-
-/// The tool calls in flight as `StageCancelled` and its record list them.
-fn calls_in_flight(calls: &[(Arc<str>, Arc<str>)]) -> Vec<Value> {
-    calls
-        .iter()
-        .map(|(id, name)| json!({"callId": &**id, "tool": &**name}))
-        .collect()
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -419,13 +411,13 @@ impl Actor for StageActor {
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         // Whatever is still running belongs to a cancelled execution, and
         // no one is to be asked about its tool calls any more.
-        self.scope.stop();
+        self.note.scope.stop();
         // Only an execution that raised an interaction can have prompts out;
         // skipping the others keeps a 10 000-sibling cancel off the hub.
         if let Some(hub) = self
             .hub
             .as_ref()
-            .filter(|_| self.whereabouts.borrow().raised)
+            .filter(|_| self.note.whereabouts.borrow().raised)
         {
             hub.do_send(WithdrawOwner {
                 stage_execution_id: self.exec.id.to_string(),
@@ -459,12 +451,13 @@ impl Drop for StageActor {
         // Dropped between its cancellation record and its teardown (the
         // system shutting down in that turn): it ended cancelled, and its
         // record must not be followed by an Exit.
-        if self.cancel_recorded {
+        if self.note.cancel_recorded() {
             self.store_cancelled();
             self.send_report(self.cancelled());
             return;
         }
-        self.scope.stop();
+        self.note.scope.stop();
+        self.note.exiting();
         // A failure: recorded at once (a resumed run runs it again).
         let result = self.panicked("the stage actor ended without reporting".to_owned());
         let recorder = self.recorder(result);

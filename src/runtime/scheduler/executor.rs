@@ -25,7 +25,7 @@ use crate::definition::tool_manifest::stage_manifest_with;
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::interaction::InteractionHub;
 use crate::runtime::stage::{EventIds, StageKit, StageRun};
-use crate::runtime::stage_actor::StageActor;
+use crate::runtime::stage_actor::{self, StageActor};
 use crate::tools::ToolSpec;
 
 /// Makes a run's executor once the scheduler can be addressed: the run's
@@ -149,12 +149,21 @@ impl LocalExecutor {
 
     /// The relay of `group` on arbiter `at`, made (and its task sent
     /// there, ahead of the executions under it) when the arbiter's last
-    /// one stood for another scope.
+    /// one stood for another scope. Once the task has forwarded a cancel
+    /// it records the cancellation of the executions enrolled under the
+    /// relay (see `stage_actor`'s roll).
     fn relayed(&mut self, at: usize, group: &CancelScope) -> &CancelScope {
         let slot = &mut self.relays[at];
         if !slot.as_ref().is_some_and(|(of, _)| of.same(group)) {
             let (relay, forward) = group.relay();
-            self.arbiters[at].spawn(forward);
+            let key = relay.key();
+            self.arbiters[at].spawn(async move {
+                if forward.await {
+                    stage_actor::record_under(&key);
+                } else {
+                    stage_actor::forget(&key);
+                }
+            });
             *slot = Some((group.clone(), relay));
         }
         &slot.as_ref().expect("set above").1
@@ -205,6 +214,9 @@ impl Executor for LocalExecutor {
     ) -> CancelScope {
         let tools = self.tools(&spawn);
         let gated = spawn.is_sibling() && !self.granting;
+        // A sibling under a relay or straight under its group: someone
+        // records under that scope (the relay's task, a failed sibling).
+        let enrolling = spawn.is_sibling() && self.relaying;
         let arbiter = (!self.arbiters.is_empty()).then(|| {
             let at = self.next % self.arbiters.len();
             self.next = self.next.wrapping_add(1);
@@ -240,7 +252,10 @@ impl Executor for LocalExecutor {
                 hub,
                 tools,
             };
-            let actor = StageActor::new(run, exec, gated, scheduler, own, group);
+            let mut actor = StageActor::new(run, exec, gated, scheduler, own, group);
+            if enrolling {
+                actor = actor.enrolling();
+            }
             if packing {
                 actor
             } else {

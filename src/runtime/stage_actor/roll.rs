@@ -1,0 +1,296 @@
+//! The roll: the siblings started on this thread, by the scope their
+//! cancel comes through, so that a fail-fast records their
+//! `StageCancelled` in one pass instead of one wake-up each.
+//!
+//! A group's cancel wakes each of its executions, and each recorded its
+//! own cancellation when its actor was next polled: on a busy arbiter,
+//! behind everything already queued there. With thousands of model answers
+//! just in, the last record came tens of milliseconds after the failure
+//! (BENCHMARKS.md, "Fail-fast recorded in one pass"). So each started
+//! sibling enrols a [`Note`] under its parent scope (its arbiter's relay,
+//! or the group itself when the run has one thread), and whoever sees that
+//! scope cancelled on this thread records every enrolled execution at
+//! once: the relay's task once it has forwarded the cancel, and a failed
+//! sibling right after its own `StageExited`. The actors, woken as before,
+//! find their record made and only tear down.
+//!
+//! A record made here is the one the actor would make, and it is made
+//! once: a [`Note`] is running until its execution exits (then nobody
+//! records it cancelled) or is recorded cancelled (then it never exits:
+//! the stage actor never polls an execution whose scope is marked
+//! cancelled, and a roll records only executions whose scope is). Both
+//! happen on the execution's own thread, so nothing races.
+
+use std::cell::{Cell, RefCell};
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+use troupe_actors::EventBus;
+
+use crate::runtime::cancel::{CancelScope, ScopeKey, TURN_CANCELLED};
+use crate::runtime::events::{Event, EventName, FieldValue};
+use crate::runtime::scheduler::FastMap;
+use crate::runtime::stage::Whereabouts;
+
+/// Where an execution stands, as far as recording its end goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Open,
+    /// `StageCancelled` is recorded (the teardown may still be pending).
+    Cancelled,
+    /// Its exit is recorded or on its way: never to be recorded cancelled.
+    Exited,
+}
+
+/// What recording an execution's cancellation needs, shared by its actor
+/// and its thread's roll.
+pub(super) struct Note {
+    end: Cell<End>,
+    /// When the cancellation was recorded, while the store's record of it
+    /// is still to be sent (with the teardown); kept only with a store.
+    cancelled_at: Cell<Option<SystemTime>>,
+    timed: bool,
+    pub(super) whereabouts: Rc<RefCell<Whereabouts>>,
+    pub(super) bus: EventBus<Event>,
+    /// The ids its events carry: the execution's own copies (`EventIds`).
+    pub(super) run_id: Arc<str>,
+    pub(super) stage_id: Arc<str>,
+    pub(super) exec_id: Arc<str>,
+    /// The execution's own scope in the cancellation tree.
+    pub(super) scope: CancelScope,
+}
+
+impl Note {
+    pub(super) fn new(
+        bus: EventBus<Event>,
+        ids: [Arc<str>; 3],
+        scope: CancelScope,
+        timed: bool,
+    ) -> Note {
+        let [run_id, stage_id, exec_id] = ids;
+        Note {
+            end: Cell::new(End::Open),
+            cancelled_at: Cell::new(None),
+            timed,
+            whereabouts: Rc::default(),
+            bus,
+            run_id,
+            stage_id,
+            exec_id,
+            scope,
+        }
+    }
+
+    pub(super) fn event(&self, name: EventName) -> Event {
+        Event::new(name, Arc::clone(&self.run_id))
+            .stage(Arc::clone(&self.stage_id), Arc::clone(&self.exec_id))
+    }
+
+    /// Whether `StageCancelled` is recorded.
+    pub(super) fn cancel_recorded(&self) -> bool {
+        self.end.get() == End::Cancelled
+    }
+
+    /// The execution exits: from now on nobody records it cancelled.
+    pub(super) fn exiting(&self) {
+        if self.end.get() == End::Open {
+            self.end.set(End::Exited);
+        }
+    }
+
+    /// When the cancellation was recorded, once (for the store's record).
+    pub(super) fn take_cancelled_at(&self) -> Option<SystemTime> {
+        self.cancelled_at.take()
+    }
+
+    /// Records `StageCancelled` (and `ToolInvocationCancelled` for each call
+    /// in flight) once, with the phase, attempt and turn it was in; nothing
+    /// for an execution that exits.
+    pub(super) fn record_cancelled(&self) {
+        if self.end.get() != End::Open {
+            return;
+        }
+        self.end.set(End::Cancelled);
+        if self.timed {
+            self.cancelled_at.set(Some(SystemTime::now()));
+        }
+        let whereabouts = self.whereabouts.borrow();
+        let reason = match self.scope.reason() {
+            Some(reason) => FieldValue::Shared(reason),
+            None => FieldValue::Static(TURN_CANCELLED),
+        };
+        for (id, name) in &whereabouts.tool_calls {
+            self.bus.publish(
+                self.event(EventName::ToolInvocationCancelled)
+                    .tool(Arc::clone(name))
+                    .with("callId", Arc::clone(id)),
+            );
+        }
+        let calls = calls_in_flight(&whereabouts.tool_calls);
+        self.bus.publish(
+            self.event(EventName::StageCancelled)
+                .with("reason", reason)
+                .with_static("phase", whereabouts.phase)
+                .with("attempt", whereabouts.attempt)
+                .with("turn", whereabouts.turn)
+                .with("toolCalls", calls)
+                .with("usage", whereabouts.usage),
+        );
+    }
+}
+
+/// The tool calls in flight as `StageCancelled` and its record list them.
+pub(super) fn calls_in_flight(calls: &[(Arc<str>, Arc<str>)]) -> Vec<Value> {
+    calls
+        .iter()
+        .map(|(id, name)| json!({"callId": &**id, "tool": &**name}))
+        .collect()
+}
+
+/// The executions enrolled under one scope on this thread. Entries of
+/// executions that have ended are dropped when the list has doubled since
+/// the last sweep, so it follows the cap, not the width.
+#[derive(Default)]
+struct Roll {
+    notes: Vec<Weak<Note>>,
+    sweep_at: usize,
+}
+
+const FIRST_SWEEP: usize = 64;
+
+thread_local! {
+    static ROLLS: RefCell<FastMap<ScopeKey, Roll>> = RefCell::default();
+}
+
+/// Enrols a started execution under its parent scope on this thread.
+pub(super) fn enrol(note: &Rc<Note>) {
+    let Some(parent) = note.scope.parent() else {
+        return;
+    };
+    let key = parent.key();
+    let _ = ROLLS.try_with(|rolls| {
+        let mut rolls = rolls.borrow_mut();
+        let roll = match rolls.get_mut(&key) {
+            Some(roll) => roll,
+            None => {
+                // A new scope: drop the lists of scopes gone meanwhile
+                // (one per group or relay, so this is rare and short).
+                rolls.retain(|k, _| k.is_live());
+                rolls.entry(key).or_default()
+            }
+        };
+        if roll.notes.len() >= roll.sweep_at.max(FIRST_SWEEP) {
+            roll.notes.retain(|n| n.strong_count() > 0);
+            roll.sweep_at = roll.notes.len() * 2;
+        }
+        roll.notes.push(Rc::downgrade(note));
+    });
+}
+
+/// Records the cancellation of every execution enrolled under the scope
+/// on this thread that has not ended, and forgets them; nothing while the
+/// scope is not cancelled.
+pub fn record_under(scope: &ScopeKey) {
+    if !scope.is_cancelled() {
+        return;
+    }
+    let Some(roll) = take(scope) else {
+        return;
+    };
+    for note in roll.notes.iter().filter_map(Weak::upgrade) {
+        if note.scope.is_cancelled() {
+            note.record_cancelled();
+        }
+    }
+}
+
+/// Forgets the executions enrolled under a scope that has gone.
+pub fn forget(key: &ScopeKey) {
+    drop(take(key));
+}
+
+fn take(key: &ScopeKey) -> Option<Roll> {
+    // Out of the map before anything is recorded: publishing must not
+    // find the map borrowed.
+    ROLLS
+        .try_with(|rolls| rolls.borrow_mut().remove(key))
+        .ok()
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(bus: &EventBus<Event>, scope: CancelScope, n: usize) -> Rc<Note> {
+        let id = |s: String| Arc::<str>::from(s);
+        Rc::new(Note::new(
+            bus.clone(),
+            [id("run".into()), id("w".into()), id(format!("run/w#{n}/1"))],
+            scope,
+            false,
+        ))
+    }
+
+    fn cancelled_ids(rx: &troupe_actors::Subscription<Event>) -> Vec<String> {
+        std::iter::from_fn(|| rx.try_recv())
+            .filter_map(|d| match d {
+                troupe_actors::Delivery::Event(env) => Some(env.event),
+                troupe_actors::Delivery::Lagged { .. } => None,
+            })
+            .filter(|e| e.name == EventName::StageCancelled)
+            .map(|e| e.stage_execution_id.as_deref().unwrap_or("").to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_cancelled_scope_records_each_open_execution_under_it_once() {
+        let bus = EventBus::new();
+        let rx = bus.subscribe_audit("test", 1 << 10);
+        let group = CancelScope::root();
+        let other = CancelScope::root();
+        let notes: Vec<_> = (0..3).map(|n| note(&bus, group.child(), n)).collect();
+        let elsewhere = note(&bus, other.child(), 9);
+        for n in notes.iter().chain([&elsewhere]) {
+            enrol(n);
+        }
+        notes[1].exiting();
+        record_under(&group.key());
+        assert!(cancelled_ids(&rx).is_empty(), "not cancelled: nothing");
+        group.cancel("sibling failed");
+        record_under(&group.key());
+        assert_eq!(cancelled_ids(&rx), ["run/w#0/1", "run/w#2/1"]);
+        notes[0].record_cancelled();
+        record_under(&group.key());
+        assert!(cancelled_ids(&rx).is_empty(), "each once");
+        assert!(notes[0].cancel_recorded() && !notes[1].cancel_recorded());
+        assert!(!elsewhere.cancel_recorded(), "another scope's roll");
+        other.cancel("x");
+        forget(&other.key());
+        record_under(&other.key());
+        assert!(
+            cancelled_ids(&rx).is_empty(),
+            "a forgotten roll records nothing"
+        );
+    }
+
+    #[test]
+    fn ended_executions_leave_the_roll() {
+        let bus = EventBus::new();
+        let group = CancelScope::root();
+        let live: Vec<_> = (0..10).map(|n| note(&bus, group.child(), n)).collect();
+        for n in 0..10_000 {
+            enrol(&note(&bus, group.child(), n));
+        }
+        for n in &live {
+            enrol(n);
+        }
+        let held = ROLLS.with_borrow(|r| r[&group.key()].notes.len());
+        assert!(
+            held <= 2 * FIRST_SWEEP,
+            "{held} entries for 10 live executions"
+        );
+    }
+}
