@@ -4,6 +4,7 @@
 // Test code: a failed unwrap is a failed test with its location.
 #![allow(clippy::unwrap_used)]
 
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 
@@ -167,25 +168,35 @@ fn fail_fast_with_threads(threads: &str) {
     );
     // A cancellation is an execution's last word, wherever it was recorded
     // (by the execution's actor, its arbiter's relay or the failing
-    // sibling): it follows its entry, and nothing of it follows.
-    let mut ended = std::collections::HashSet::new();
-    let mut started = std::collections::HashSet::new();
+    // sibling): it follows its entry, nothing of it follows, and every
+    // entered execution ends once, exited or cancelled.
+    let mut ends: HashMap<&str, usize> = HashMap::new();
+    let mut cancelled_execs = HashSet::new();
     for l in &lines {
         let Some(exec) = l["stageExecutionId"].as_str() else {
             continue;
         };
-        assert!(!ended.contains(exec), "{exec} went on after it ended: {l}");
+        assert!(
+            !cancelled_execs.contains(exec),
+            "{exec} went on after it was cancelled: {l}"
+        );
         match l["event"].as_str() {
             Some("StageEntered") => {
-                started.insert(exec);
+                ends.entry(exec).or_default();
             }
-            Some("StageCancelled") => {
-                assert!(started.contains(exec), "{exec} cancelled unentered");
-                ended.insert(exec);
+            Some(end @ ("StageCancelled" | "StageExited")) => {
+                *ends.get_mut(exec).expect("ended unentered") += 1;
+                if end == "StageCancelled" {
+                    cancelled_execs.insert(exec);
+                }
             }
             _ => {}
         }
     }
+    assert!(
+        ends.values().all(|&n| n == 1),
+        "an execution ended twice or never"
+    );
     // Every sibling is accounted for: it ran, was cancelled, or never started.
     let g = &report["groups"][0];
     assert_eq!(g["cancelled"].as_u64().unwrap(), cancelled as u64);

@@ -35,11 +35,16 @@ pub const TURN_CANCELLED: &str = "Cancellation/TurnCancelled";
 
 /// A scope's identity, for tables kept beside the tree (the stage actors'
 /// rolls): it keeps no scope alive, and while it exists no other scope can
-/// have the same one.
+/// have the same [`id`](ScopeKey::id).
 #[derive(Debug, Clone)]
 pub struct ScopeKey(std::sync::Weak<Node>);
 
 impl ScopeKey {
+    /// The scope's [`CancelScope::id`].
+    pub fn id(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
+
     /// Whether the scope still exists.
     pub fn is_live(&self) -> bool {
         self.0.strong_count() > 0
@@ -50,20 +55,6 @@ impl ScopeKey {
         self.0
             .upgrade()
             .is_some_and(|node| CancelScope(node).is_cancelled())
-    }
-}
-
-impl PartialEq for ScopeKey {
-    fn eq(&self, other: &Self) -> bool {
-        std::sync::Weak::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for ScopeKey {}
-
-impl std::hash::Hash for ScopeKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.as_ptr().hash(state);
     }
 }
 
@@ -206,6 +197,13 @@ impl CancelScope {
     /// This scope's identity (see [`ScopeKey`]).
     pub fn key(&self) -> ScopeKey {
         ScopeKey(Arc::downgrade(&self.0))
+    }
+
+    /// A number no other living scope has, and no other scope has while a
+    /// [`ScopeKey`] of this one exists. Reading it writes nothing (a key
+    /// counts itself on the scope), so a table looks scopes up by it.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
     }
 
     /// Whether both are the same scope.

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use troupe_actors::EventBus;
 
-use super::cancel::{CancelScope, TURN_CANCELLED};
+use super::cancel::CancelScope;
 use super::events::{Event, EventName};
 use super::interaction::{InteractionHub, WithdrawOwner};
 use super::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
@@ -29,7 +29,7 @@ use crate::definition::{Pipeline, Stage};
 
 mod roll;
 
-use roll::{Note, calls_in_flight};
+use roll::Note;
 pub use roll::{forget, record_under};
 
 /// Runs one stage execution.
@@ -194,14 +194,15 @@ impl StageActor {
                 act.exit(result, ctx);
             }
             Err(execution) => {
-                // Strictly cancelled through the token tree. Record it now,
-                // then let every other execution woken by the same cancel
-                // record its own before this one is torn down: dropping
-                // what it held (transcript, request, tool call) and
-                // stopping the actor cost more than the record, and done
-                // inline they would delay the last sibling's record by
-                // the teardown of all the others (BENCHMARKS.md). The
-                // execution is never polled again either way.
+                // Strictly cancelled through the token tree. Record it now
+                // (unless its thread's roll has: `roll`), then let every
+                // other execution woken by the same cancel record its own
+                // before this one is torn down: dropping what it held
+                // (transcript, request, tool call) and stopping the actor
+                // cost more than the record, and done inline they would
+                // delay the last sibling's record by the teardown of all
+                // the others (BENCHMARKS.md). The execution is never
+                // polled again either way.
                 act.record_cancelled();
                 ctx.spawn(
                     async move {
@@ -329,8 +330,7 @@ impl StageActor {
     /// Sends the store the record of a cancellation recorded earlier
     /// (best effort, as every cancellation record; once).
     fn store_cancelled(&self) {
-        let (Some(ledger), Some(cancelled_at)) = (&self.ledger, self.note.take_cancelled_at())
-        else {
+        let (Some(ledger), Some(recorded)) = (&self.ledger, self.note.take_recorded()) else {
             return;
         };
         let whereabouts = self.note.whereabouts.borrow();
@@ -340,18 +340,14 @@ impl StageActor {
             stage_id: Arc::clone(&self.note.stage_id),
             index: self.index,
             visit: self.visit,
-            reason: self
-                .note
-                .scope
-                .reason()
-                .unwrap_or_else(|| Arc::from(TURN_CANCELLED)),
+            reason: recorded.reason,
             phase: whereabouts.phase,
             attempt: whereabouts.attempt,
             turn: whereabouts.turn,
-            tool_calls: Value::Array(calls_in_flight(&whereabouts.tool_calls)),
+            tool_calls: recorded.tool_calls,
             usage: whereabouts.usage,
             entered_at: self.entered_at,
-            cancelled_at,
+            cancelled_at: recorded.at,
         });
     }
 
@@ -449,7 +445,7 @@ impl Drop for StageActor {
             return;
         }
         // Dropped between its cancellation record and its teardown (the
-        // system shutting down in that turn): it ended cancelled, and its
+        // system shutting down meanwhile): it ended cancelled, and its
         // record must not be followed by an Exit.
         if self.note.cancel_recorded() {
             self.store_cancelled();

@@ -214,8 +214,11 @@ impl Executor for LocalExecutor {
     ) -> CancelScope {
         let tools = self.tools(&spawn);
         let gated = spawn.is_sibling() && !self.granting;
-        // A sibling under a relay or straight under its group: someone
-        // records under that scope (the relay's task, a failed sibling).
+        // A sibling under a relay or straight under its group enrols in
+        // its thread's roll: a relay's task records under the relay when
+        // it forwards a cancel, a failed sibling under its own parent. (A
+        // cancel from the scheduler with one thread has no relay: each
+        // actor records its own, as before.)
         let enrolling = spawn.is_sibling() && self.relaying;
         let arbiter = (!self.arbiters.is_empty()).then(|| {
             let at = self.next % self.arbiters.len();

@@ -15,11 +15,13 @@
 //! find their record made and only tear down.
 //!
 //! A record made here is the one the actor would make, and it is made
-//! once: a [`Note`] is running until its execution exits (then nobody
+//! once: a [`Note`] is open until its execution exits (then nobody
 //! records it cancelled) or is recorded cancelled (then it never exits:
-//! the stage actor never polls an execution whose scope is marked
-//! cancelled, and a roll records only executions whose scope is). Both
-//! happen on the execution's own thread, so nothing races.
+//! the stage actor never polls an execution whose scope is cancelled,
+//! by its marks or its token, and a roll records only executions whose
+//! scope is). Both happen on the execution's own thread, so nothing
+//! races. What the store keeps of the cancellation (sent with the
+//! teardown, later) is taken from the record, so the two agree.
 
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
@@ -44,13 +46,20 @@ enum End {
     Exited,
 }
 
+/// A recorded cancellation as the store's record of it repeats it.
+pub(super) struct Recorded {
+    pub at: SystemTime,
+    pub reason: Arc<str>,
+    pub tool_calls: Value,
+}
+
 /// What recording an execution's cancellation needs, shared by its actor
 /// and its thread's roll.
 pub(super) struct Note {
     end: Cell<End>,
-    /// When the cancellation was recorded, while the store's record of it
-    /// is still to be sent (with the teardown); kept only with a store.
-    cancelled_at: Cell<Option<SystemTime>>,
+    /// The recorded cancellation, while the store's record of it is still
+    /// to be sent (with the teardown); kept only with a store.
+    recorded: RefCell<Option<Recorded>>,
     timed: bool,
     pub(super) whereabouts: Rc<RefCell<Whereabouts>>,
     pub(super) bus: EventBus<Event>,
@@ -72,7 +81,7 @@ impl Note {
         let [run_id, stage_id, exec_id] = ids;
         Note {
             end: Cell::new(End::Open),
-            cancelled_at: Cell::new(None),
+            recorded: RefCell::new(None),
             timed,
             whereabouts: Rc::default(),
             bus,
@@ -100,9 +109,9 @@ impl Note {
         }
     }
 
-    /// When the cancellation was recorded, once (for the store's record).
-    pub(super) fn take_cancelled_at(&self) -> Option<SystemTime> {
-        self.cancelled_at.take()
+    /// The recorded cancellation, once (for the store's record).
+    pub(super) fn take_recorded(&self) -> Option<Recorded> {
+        self.recorded.take()
     }
 
     /// Records `StageCancelled` (and `ToolInvocationCancelled` for each call
@@ -113,11 +122,17 @@ impl Note {
             return;
         }
         self.end.set(End::Cancelled);
-        if self.timed {
-            self.cancelled_at.set(Some(SystemTime::now()));
-        }
         let whereabouts = self.whereabouts.borrow();
-        let reason = match self.scope.reason() {
+        let reason = self.scope.reason();
+        let calls = calls_in_flight(&whereabouts.tool_calls);
+        if self.timed {
+            *self.recorded.borrow_mut() = Some(Recorded {
+                at: SystemTime::now(),
+                reason: reason.clone().unwrap_or_else(|| Arc::from(TURN_CANCELLED)),
+                tool_calls: Value::Array(calls.clone()),
+            });
+        }
+        let reason = match reason {
             Some(reason) => FieldValue::Shared(reason),
             None => FieldValue::Static(TURN_CANCELLED),
         };
@@ -128,7 +143,6 @@ impl Note {
                     .with("callId", Arc::clone(id)),
             );
         }
-        let calls = calls_in_flight(&whereabouts.tool_calls);
         self.bus.publish(
             self.event(EventName::StageCancelled)
                 .with("reason", reason)
@@ -161,7 +175,9 @@ struct Roll {
 const FIRST_SWEEP: usize = 64;
 
 thread_local! {
-    static ROLLS: RefCell<FastMap<ScopeKey, Roll>> = RefCell::default();
+    /// By [`CancelScope::id`]: each roll keeps its scope's key, so no
+    /// other scope can take the id while the roll is here.
+    static ROLLS: RefCell<FastMap<usize, (ScopeKey, Roll)>> = RefCell::default();
 }
 
 /// Enrols a started execution under its parent scope on this thread.
@@ -169,16 +185,17 @@ pub(super) fn enrol(note: &Rc<Note>) {
     let Some(parent) = note.scope.parent() else {
         return;
     };
-    let key = parent.key();
     let _ = ROLLS.try_with(|rolls| {
         let mut rolls = rolls.borrow_mut();
-        let roll = match rolls.get_mut(&key) {
+        let (_, roll) = match rolls.get_mut(&parent.id()) {
             Some(roll) => roll,
             None => {
                 // A new scope: drop the lists of scopes gone meanwhile
                 // (one per group or relay, so this is rare and short).
-                rolls.retain(|k, _| k.is_live());
-                rolls.entry(key).or_default()
+                rolls.retain(|_, (key, _)| key.is_live());
+                rolls
+                    .entry(parent.id())
+                    .or_insert_with(|| (parent.key(), Roll::default()))
             }
         };
         if roll.notes.len() >= roll.sweep_at.max(FIRST_SWEEP) {
@@ -193,6 +210,9 @@ pub(super) fn enrol(note: &Rc<Note>) {
 /// on this thread that has not ended, and forgets them; nothing while the
 /// scope is not cancelled.
 pub fn record_under(scope: &ScopeKey) {
+    if !scope.is_live() {
+        return forget(scope);
+    }
     if !scope.is_cancelled() {
         return;
     }
@@ -215,9 +235,10 @@ fn take(key: &ScopeKey) -> Option<Roll> {
     // Out of the map before anything is recorded: publishing must not
     // find the map borrowed.
     ROLLS
-        .try_with(|rolls| rolls.borrow_mut().remove(key))
+        .try_with(|rolls| rolls.borrow_mut().remove(&key.id()))
         .ok()
         .flatten()
+        .map(|(_, roll)| roll)
 }
 
 #[cfg(test)]
@@ -260,11 +281,13 @@ mod tests {
         record_under(&group.key());
         assert!(cancelled_ids(&rx).is_empty(), "not cancelled: nothing");
         group.cancel("sibling failed");
-        record_under(&group.key());
-        assert_eq!(cancelled_ids(&rx), ["run/w#0/1", "run/w#2/1"]);
+        // Its actor was polled first and recorded it.
         notes[0].record_cancelled();
+        assert_eq!(cancelled_ids(&rx), ["run/w#0/1"]);
         record_under(&group.key());
-        assert!(cancelled_ids(&rx).is_empty(), "each once");
+        assert_eq!(cancelled_ids(&rx), ["run/w#2/1"], "each once, none exited");
+        notes[2].record_cancelled();
+        assert!(cancelled_ids(&rx).is_empty(), "the actor finds it recorded");
         assert!(notes[0].cancel_recorded() && !notes[1].cancel_recorded());
         assert!(!elsewhere.cancel_recorded(), "another scope's roll");
         other.cancel("x");
@@ -287,7 +310,7 @@ mod tests {
         for n in &live {
             enrol(n);
         }
-        let held = ROLLS.with_borrow(|r| r[&group.key()].notes.len());
+        let held = ROLLS.with_borrow(|r| r[&group.id()].1.notes.len());
         assert!(
             held <= 2 * FIRST_SWEEP,
             "{held} entries for 10 live executions"
