@@ -822,3 +822,71 @@ fn a_group_context_past_the_servers_message_limit_is_stored_in_parts() {
     });
     assert!(parts >= 2, "{parts} parts stored");
 }
+
+#[test]
+fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
+    use std::sync::Arc;
+    use troupe::distributed::intake::Buckets;
+    use troupe::distributed::stored_context;
+    use troupe::distributed::wire::{GroupContext, Task, group_key};
+
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let args = nats_args(&server.url());
+    actix::System::new().block_on(async move {
+        let nats = args.connect("context test").await.unwrap();
+        let (_consumer, cancelled, groups) = nats.worker_topology().await.unwrap();
+        let buckets = Buckets::new(cancelled, groups.clone());
+        let task = |turn| Task {
+            run_id: "run-1".into(),
+            turn,
+            unit: 0,
+            stage_execution_id: "run-1/worker#0/1".into(),
+            stage_id: "worker".into(),
+            index: Some(0),
+            visit: 1,
+            item: None,
+            pipeline_id: "p".into(),
+            digest: "d".into(),
+        };
+        // In parts (a small part size): each read is several round trips.
+        let mut fields = serde_json::Map::new();
+        let long: String = (0..200_000)
+            .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+            .collect();
+        fields.insert("long".into(), Value::String(long));
+        let context = GroupContext {
+            fields: Arc::new(fields),
+            slot: Arc::default(),
+        };
+        let stored = stored_context::encode(&group_key("run-1", 1), &context, 1).unwrap();
+        assert!(stored.len() > 1, "stored in parts");
+        for (key, value) in stored {
+            groups.put(key, value.into()).await.unwrap();
+        }
+        // Eight tasks of the group accepted side by side get one read.
+        let first = task(1);
+        let read = futures::future::join_all((0..8).map(|_| buckets.context(&first))).await;
+        let read: Vec<Arc<GroupContext>> = read.into_iter().map(Result::unwrap).collect();
+        assert_eq!(*read[0], context);
+        assert!(
+            read.iter().all(|c| Arc::ptr_eq(c, &read[0])),
+            "each task read the context again"
+        );
+        // A later task has it from memory; another group is read anew.
+        assert!(Arc::ptr_eq(
+            &buckets.context(&first).await.unwrap(),
+            &read[0]
+        ));
+        groups
+            .put(
+                group_key("run-1", 2),
+                serde_json::to_vec(&context).unwrap().into(),
+            )
+            .await
+            .unwrap();
+        let other = buckets.context(&task(2)).await.unwrap();
+        assert!(!Arc::ptr_eq(&other, &read[0]));
+        assert_eq!(*other, context);
+    });
+}

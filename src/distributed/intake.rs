@@ -75,6 +75,9 @@ pub fn log_task(enabled: bool, worker: &str, run_id: &str, report: &Report, repo
     println!("{line}");
 }
 
+/// A group's context, read once however many tasks ask for it at once.
+type Context = Arc<tokio::sync::OnceCell<Arc<GroupContext>>>;
+
 /// The buckets a worker reads before it starts a task, and the group
 /// contexts it has read.
 #[derive(Debug)]
@@ -83,37 +86,52 @@ pub struct Buckets {
     pub groups: async_nats::jetstream::kv::Store,
     /// By group key, with when it was last used (forgotten after
     /// [`FORGET_AFTER`]).
-    pub contexts: Mutex<HashMap<String, (Arc<GroupContext>, Instant)>>,
+    contexts: Mutex<HashMap<String, (Context, Instant)>>,
 }
 
 impl Buckets {
+    pub fn new(
+        cancelled: async_nats::jetstream::kv::Store,
+        groups: async_nats::jetstream::kv::Store,
+    ) -> Buckets {
+        Buckets {
+            cancelled,
+            groups,
+            contexts: Mutex::default(),
+        }
+    }
+
     /// The context of the task's group: from memory, or read from the
     /// bucket (which the coordinator fills before it queues the group's
     /// first task; a replica may lag a moment behind, so a missing key is
-    /// read again for a while before the task is refused).
+    /// read again for a while before the task is refused). The fetches of
+    /// a group's first tasks are accepted side by side: they wait for one
+    /// read (a context in parts is several round trips and a
+    /// decompression), and a read that fails leaves the next to try again.
     pub async fn context(&self, task: &Task) -> Result<Arc<GroupContext>, String> {
         let key = group_key(&task.run_id, task.turn);
-        let now = Instant::now();
-        {
+        let cell = {
+            let now = Instant::now();
             let mut known = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((context, used)) = known.get_mut(&key) {
-                *used = now;
-                return Ok(Arc::clone(context));
+            if !known.contains_key(&key) {
+                known.retain(|_, (_, used)| now.duration_since(*used) < FORGET_AFTER);
             }
-            known.retain(|_, (_, used)| now.duration_since(*used) < FORGET_AFTER);
-        }
+            let (cell, used) = known
+                .entry(key.clone())
+                .or_insert_with(|| (Context::default(), now));
+            *used = now;
+            Arc::clone(cell)
+        };
+        cell.get_or_try_init(|| self.load(&key)).await.cloned()
+    }
+
+    /// Reads a group's context, again for a while when it is not there.
+    async fn load(&self, key: &str) -> Result<Arc<GroupContext>, String> {
         let mut wait = Duration::from_millis(50);
         let mut last = String::from("no such key");
         for _ in 0..12 {
-            match self.read(&key).await? {
-                Ok(context) => {
-                    let context = Arc::new(context);
-                    self.contexts
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(key, (Arc::clone(&context), now));
-                    return Ok(context);
-                }
+            match self.read(key).await? {
+                Ok(context) => return Ok(Arc::new(context)),
                 Err(why) => last = why,
             }
             tokio::time::sleep(wait).await;

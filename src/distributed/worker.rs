@@ -81,11 +81,7 @@ pub async fn serve(
     mut drain: watch::Receiver<bool>,
 ) -> Result<WorkerSummary, NatsError> {
     let (consumer, cancelled, groups) = nats.worker_topology().await?;
-    let buckets = Arc::new(Buckets {
-        cancelled,
-        groups,
-        contexts: Mutex::default(),
-    });
+    let buckets = Arc::new(Buckets::new(cancelled, groups));
     let bus: EventBus<Event> = EventBus::new();
     let collected = Arc::new(Collected::default());
     let (seen_tx, seen) = watch::channel(0u64);
