@@ -29,7 +29,7 @@ use crate::definition::{Pipeline, Stage};
 
 mod roll;
 
-use roll::Note;
+use roll::{Note, calls_in_flight};
 pub use roll::{forget, record_under};
 
 /// Runs one stage execution.
@@ -344,7 +344,7 @@ impl StageActor {
             phase: whereabouts.phase,
             attempt: whereabouts.attempt,
             turn: whereabouts.turn,
-            tool_calls: recorded.tool_calls,
+            tool_calls: Value::Array(calls_in_flight(&whereabouts.tool_calls)),
             usage: whereabouts.usage,
             entered_at: self.entered_at,
             cancelled_at: recorded.at,

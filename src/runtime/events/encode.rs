@@ -231,6 +231,20 @@ impl FieldValue {
             FieldValue::Bool(true) => out.extend_from_slice(b"true"),
             FieldValue::Bool(false) => out.extend_from_slice(b"false"),
             FieldValue::Json(v) => write_json_value(out, v),
+            FieldValue::Calls(calls) => {
+                out.push(b'[');
+                for (i, (id, tool)) in calls.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(br#"{"callId":"#);
+                    write_json_str(out, id);
+                    out.extend_from_slice(br#","tool":"#);
+                    write_json_str(out, tool);
+                    out.push(b'}');
+                }
+                out.push(b']');
+            }
             FieldValue::Relayed(members) => {
                 out.push(b'{');
                 out.extend_from_slice(members.as_bytes());
@@ -358,12 +372,30 @@ mod tests {
                     requests: 2,
                 },
             );
+        // Tool calls in flight, none and two (one escaped).
+        let calls: Vec<(Arc<str>, Arc<str>)> = vec![
+            ("c1".into(), "Echo".into()),
+            ("c\"2\n".into(), "Bash".into()),
+        ];
+        let cancelled = Event::new(EventName::StageCancelled, "run")
+            .with("toolCalls", FieldValue::calls(&calls))
+            .with("none", FieldValue::calls(&[]));
+        assert_eq!(
+            cancelled.field("toolCalls"),
+            Some(
+                serde_json::json!([{"callId": "c1", "tool": "Echo"}, {"callId": "c\"2\n", "tool": "Bash"}])
+            )
+        );
+        assert_eq!(cancelled.field("none"), Some(serde_json::json!([])));
         assert_eq!(typed.field("verdict"), Some(serde_json::json!("ok")));
         assert_eq!(
             typed.field("usage"),
             Some(serde_json::json!({"promptTokens": 12, "completionTokens": 3, "requests": 2}))
         );
-        for (i, e) in [plain, full, clash, awkward, typed].iter().enumerate() {
+        for (i, e) in [plain, full, clash, awkward, typed, cancelled]
+            .iter()
+            .enumerate()
+        {
             let mut fast = Vec::new();
             e.write_json(i as u64 + 1, &mut fast);
             let slow = serde_json::to_vec(&e.to_json(i as u64 + 1)).unwrap();

@@ -219,6 +219,10 @@ pub enum FieldValue {
     Number(serde_json::Number),
     Bool(bool),
     Json(Box<Value>),
+    /// Tool calls in flight, as `(callId, tool)`: written as the list
+    /// `[{"callId": …, "tool": …}]` (`StageCancelled`'s `toolCalls`)
+    /// without a map built per call; none allocates nothing.
+    Calls(Box<[(Arc<str>, Arc<str>)]>),
     /// The fields of an event relayed from a worker, as the members of
     /// the JSON object they were written in (its text without the
     /// braces), kept under the key `""` and written back verbatim: the
@@ -237,8 +241,19 @@ impl FieldValue {
             FieldValue::Number(n) => Value::Number(n.clone()),
             FieldValue::Bool(b) => Value::Bool(*b),
             FieldValue::Json(v) => (**v).clone(),
+            FieldValue::Calls(calls) => Value::Array(
+                calls
+                    .iter()
+                    .map(|(id, tool)| serde_json::json!({"callId": &**id, "tool": &**tool}))
+                    .collect(),
+            ),
             FieldValue::Relayed(members) => Value::Object(relayed_fields(members)),
         }
+    }
+
+    /// Tool calls in flight (see [`FieldValue::Calls`]).
+    pub fn calls(calls: &[(Arc<str>, Arc<str>)]) -> FieldValue {
+        FieldValue::Calls(calls.into())
     }
 }
 

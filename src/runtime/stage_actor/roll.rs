@@ -46,11 +46,12 @@ enum End {
     Exited,
 }
 
-/// A recorded cancellation as the store's record of it repeats it.
+/// What the store's record of a cancellation takes from its record: the
+/// reason may change later (a run cancelled, then its group by a failing
+/// sibling), where the execution stood may not (it is never polled again).
 pub(super) struct Recorded {
     pub at: SystemTime,
     pub reason: Arc<str>,
-    pub tool_calls: Value,
 }
 
 /// What recording an execution's cancellation needs, shared by its actor
@@ -124,12 +125,10 @@ impl Note {
         self.end.set(End::Cancelled);
         let whereabouts = self.whereabouts.borrow();
         let reason = self.scope.reason();
-        let calls = calls_in_flight(&whereabouts.tool_calls);
         if self.timed {
             *self.recorded.borrow_mut() = Some(Recorded {
                 at: SystemTime::now(),
                 reason: reason.clone().unwrap_or_else(|| Arc::from(TURN_CANCELLED)),
-                tool_calls: Value::Array(calls.clone()),
             });
         }
         let reason = match reason {
@@ -149,7 +148,7 @@ impl Note {
                 .with_static("phase", whereabouts.phase)
                 .with("attempt", whereabouts.attempt)
                 .with("turn", whereabouts.turn)
-                .with("toolCalls", calls)
+                .with("toolCalls", FieldValue::calls(&whereabouts.tool_calls))
                 .with("usage", whereabouts.usage),
         );
     }
