@@ -6,7 +6,7 @@
 //! own cancellation when its actor was next polled: on a busy arbiter,
 //! behind everything already queued there. With thousands of model answers
 //! just in, the last record came tens of milliseconds after the failure
-//! (BENCHMARKS.md, "Fail-fast recorded in one pass"). So each started
+//! (BENCHMARKS.md, "Every core, eighth round"). So each started
 //! sibling enrols a [`Note`] under its parent scope (its arbiter's relay,
 //! or the group itself when the run has one thread), and whoever sees that
 //! scope cancelled on this thread records every enrolled execution at
