@@ -102,3 +102,52 @@ fn checkpoint(path: &Path, nudges: &Receiver<()>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The safety valve: with the checkpointing thread stalled (its nudges
+    /// never taken), the writer's hook checkpoints the WAL itself once it
+    /// passes [`MOST_PAGES`], so the WAL stops growing there. Without the
+    /// valve it grows to all the pages written (the hook replaces
+    /// SQLite's own checkpoints).
+    #[test]
+    fn the_writer_checkpoints_a_wal_past_the_most_pages_when_the_thread_lags() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("valve.db");
+        let mut conn = Connection::open(&path).expect("open");
+        // Small pages, so that the valve is reached with little written.
+        conn.execute_batch(
+            "PRAGMA page_size = 512; PRAGMA journal_mode = WAL; PRAGMA synchronous = OFF;
+             CREATE TABLE t (x BLOB);",
+        )
+        .expect("set up");
+        let (nudge, _stalled) = crossbeam_channel::bounded::<()>(1);
+        conn.wal_hook(Some(hook(nudge))).expect("hook");
+        let row = vec![7u8; 400];
+        let frame = 512 + 24;
+        let wal = dir.path().join("valve.db-wal");
+        let mut largest = 0;
+        // Twice the valve's pages, a hundred rows (about a hundred pages)
+        // a commit.
+        for _ in 0..(2 * MOST_PAGES / 100) {
+            let tx = conn.transaction().expect("begin");
+            for _ in 0..100 {
+                tx.execute("INSERT INTO t (x) VALUES (?1)", [&row])
+                    .expect("insert");
+            }
+            tx.commit().expect("commit");
+            largest = largest.max(std::fs::metadata(&wal).expect("the WAL").len());
+        }
+        let valve = u64::try_from(MOST_PAGES).expect("positive") * frame;
+        assert!(
+            largest > valve,
+            "the WAL reached the valve ({largest} bytes)"
+        );
+        assert!(
+            largest < valve + valve / 4,
+            "the WAL grew to {largest} bytes, past the valve's {valve}"
+        );
+    }
+}
