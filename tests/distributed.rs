@@ -888,5 +888,22 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
         let other = buckets.context(&task(2)).await.unwrap();
         assert!(!Arc::ptr_eq(&other, &read[0]));
         assert_eq!(*other, context);
+        // What is stored is no context: those asking at once share the
+        // refusal, and once it is mended the next to ask reads again.
+        groups
+            .put(group_key("run-1", 3), "not a context".into())
+            .await
+            .unwrap();
+        let third = task(3);
+        let refused = futures::future::join_all((0..4).map(|_| buckets.context(&third))).await;
+        assert!(refused.iter().all(Result::is_err), "{refused:?}");
+        groups
+            .put(
+                group_key("run-1", 3),
+                serde_json::to_vec(&context).unwrap().into(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(*buckets.context(&third).await.unwrap(), context);
     });
 }

@@ -75,8 +75,9 @@ pub fn log_task(enabled: bool, worker: &str, run_id: &str, report: &Report, repo
     println!("{line}");
 }
 
-/// A group's context, read once however many tasks ask for it at once.
-type Context = Arc<tokio::sync::OnceCell<Arc<GroupContext>>>;
+/// A group's context, read once however many tasks ask for it at once:
+/// what they get, the context or why it could not be read.
+type Context = Arc<tokio::sync::OnceCell<Result<Arc<GroupContext>, String>>>;
 
 /// The buckets a worker reads before it starts a task, and the group
 /// contexts it has read.
@@ -107,7 +108,8 @@ impl Buckets {
     /// read again for a while before the task is refused). The fetches of
     /// a group's first tasks are accepted side by side: they wait for one
     /// read (a context in parts is several round trips and a
-    /// decompression), and a read that fails leaves the next to try again.
+    /// decompression) and share its outcome; after a failed read, the
+    /// next to ask reads again.
     pub async fn context(&self, task: &Task) -> Result<Arc<GroupContext>, String> {
         let key = group_key(&task.run_id, task.turn);
         let cell = {
@@ -122,7 +124,14 @@ impl Buckets {
             *used = now;
             Arc::clone(cell)
         };
-        cell.get_or_try_init(|| self.load(&key)).await.cloned()
+        let read = cell.get_or_init(|| self.load(&key)).await.clone();
+        if read.is_err() {
+            let mut known = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+            if known.get(&key).is_some_and(|(c, _)| Arc::ptr_eq(c, &cell)) {
+                known.remove(&key);
+            }
+        }
+        read
     }
 
     /// Reads a group's context, again for a while when it is not there.
