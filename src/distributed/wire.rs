@@ -240,6 +240,26 @@ pub enum EventLine {
 }
 
 impl EventLine {
+    /// The line `event` writes (its `seq` is the coordinator's to give).
+    /// Made from the encoder's own output without parsing it again: a
+    /// worker relays a dozen lines a sibling, and checking each with
+    /// `RawValue::from_string` was half of relaying them (callgrind). The
+    /// encoder's output is JSON by construction (its tests compare it
+    /// byte for byte with serde_json's); debug builds, and so every test,
+    /// check each line still.
+    pub fn written(event: &Event) -> Option<EventLine> {
+        let mut line = Vec::with_capacity(256);
+        event.write_json(0, &mut line);
+        let text = String::from_utf8(line).ok()?;
+        debug_assert!(
+            serde_json::from_str::<&RawValue>(&text).is_ok(),
+            "not JSON: {text}"
+        );
+        serde_json::value::to_raw_value(&Written(&text))
+            .ok()
+            .map(EventLine::Line)
+    }
+
     /// The event, read back from its line if it still is one.
     pub fn into_event(self) -> Option<Event> {
         match self {
@@ -249,20 +269,34 @@ impl EventLine {
     }
 }
 
+/// JSON text serde_json writes as it stands: serde_json's serializer
+/// writes a struct of this name and field as the field's string, verbatim
+/// (the protocol `RawValue`'s own `Serialize` uses). Given only text the
+/// encoder wrote; `written_text_is_written_as_it_stands` pins the
+/// protocol to the serde_json in use.
+struct Written<'a>(&'a str);
+
+const RAW_VALUE: &str = "$serde_json::private::RawValue";
+
+impl Serialize for Written<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut raw = s.serialize_struct(RAW_VALUE, 1)?;
+        raw.serialize_field(RAW_VALUE, self.0)?;
+        raw.end()
+    }
+}
+
 impl Serialize for EventLine {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             EventLine::Line(line) => line.serialize(s),
             // Read back, written as the worker would (its seq is the
             // coordinator's to give): for tests and tools, never sent.
-            EventLine::Read(Some(event)) => {
-                let mut line = Vec::new();
-                event.write_json(0, &mut line);
-                let text = String::from_utf8(line).map_err(serde::ser::Error::custom)?;
-                RawValue::from_string(text)
-                    .map_err(serde::ser::Error::custom)?
-                    .serialize(s)
-            }
+            EventLine::Read(Some(event)) => match EventLine::written(event) {
+                Some(line) => line.serialize(s),
+                None => Err(serde::ser::Error::custom("an event that is not UTF-8")),
+            },
             EventLine::Read(None) => s.serialize_unit(),
         }
     }
@@ -351,9 +385,16 @@ mod tests {
             .with_static("phase", "Act")
             .with("reason", "a \"quoted\" reason")
             .with("out", serde_json::json!({"k": [1.5, null, "\u{1}"]}));
-        let mut line = Vec::new();
-        cancelled.write_json(0, &mut line);
-        let line = RawValue::from_string(String::from_utf8(line).unwrap()).unwrap();
+        let EventLine::Line(line) = EventLine::written(&cancelled).unwrap() else {
+            panic!("a written line");
+        };
+        let mut written = Vec::new();
+        cancelled.write_json(0, &mut written);
+        assert_eq!(
+            line.get().as_bytes(),
+            written,
+            "the encoder's line, as it stands"
+        );
         let report = Report::Cancelled {
             stage_execution_id: "run-1/worker#3/1".to_owned(),
             turn: 1,
@@ -374,5 +415,17 @@ mod tests {
         read.write_json(7, &mut a);
         alone.write_json(7, &mut b);
         assert_eq!(String::from_utf8(a).unwrap(), String::from_utf8(b).unwrap());
+    }
+
+    /// The raw-value protocol `Written` relies on, checked against the
+    /// serde_json in use: text written as it stands, inside a larger
+    /// text too.
+    #[test]
+    fn written_text_is_written_as_it_stands() {
+        let text = r#"{"a":[1,2.5,"x\"y"],"b":{}}"#;
+        let raw = serde_json::value::to_raw_value(&Written(text)).unwrap();
+        assert_eq!(raw.get(), text);
+        let around = serde_json::to_string(&vec![Written(text), Written("null")]).unwrap();
+        assert_eq!(around, format!("[{text},null]"));
     }
 }

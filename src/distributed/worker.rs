@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use async_nats::Subject;
 use futures::StreamExt;
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tokio::sync::{Semaphore, watch};
 use troupe_actors::{Delivery, EventBus};
@@ -60,17 +59,11 @@ struct Collected {
 /// An event as the line relayed to the coordinator (its `seq` is the
 /// coordinator's to give). A `StageEntered` says which worker ran it.
 fn event_line(event: &Event, worker: &Arc<str>) -> Option<EventLine> {
-    let mut line = Vec::with_capacity(256);
     if event.name == EventName::StageEntered {
-        event
-            .clone()
-            .with("worker", Arc::clone(worker))
-            .write_json(0, &mut line);
+        EventLine::written(&event.clone().with("worker", Arc::clone(worker)))
     } else {
-        event.write_json(0, &mut line);
+        EventLine::written(event)
     }
-    let text = String::from_utf8(line).ok()?;
-    RawValue::from_string(text).ok().map(EventLine::Line)
 }
 
 /// Runs the worker until `drain` says stop (then lets the siblings in

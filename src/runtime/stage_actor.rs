@@ -221,12 +221,12 @@ impl StageActor {
     /// at once, and once its own exit is recorded records the cancellation
     /// of those enrolled on its thread (`roll`); the others' are recorded
     /// by their threads' relays. The scheduler decides the failure from
-    /// the report. With a
-    /// ledger, an `ok`/`skipped` result is made durable before its
-    /// `StageExited` is published and the execution reported: both happen
-    /// on the ledger's thread once the batch holding it is committed, so
-    /// the actor hands the record over and stops. A failed result (run
-    /// again on resume anyway) is recorded at once and written unwaited.
+    /// the report. With a ledger, an `ok`/`skipped` result is made durable
+    /// before its `StageExited` is published and the execution reported:
+    /// both happen on the ledger's thread once the batch holding it is
+    /// committed, so the actor hands the record over and stops. A failed
+    /// result (run again on resume anyway) is recorded at once and written
+    /// unwaited.
     fn exit(&mut self, result: Arc<StageResult>, ctx: &mut Context<Self>) {
         self.note.exiting();
         let failed_group = self
