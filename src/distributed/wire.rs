@@ -226,7 +226,7 @@ impl Report {
 }
 
 /// One audit event of a worker's execution. It travels as the JSON line
-/// the worker's bus wrote for it (`Line`, sent verbatim), and the
+/// the worker's encoder wrote for it (`Line`, sent verbatim), and the
 /// coordinator reads it back into an event (`Read`) in the same pass that
 /// reads the report around it: each line is scanned once, and no JSON
 /// value is built of it ([`Event::read_embedded`]). `Read(None)` is a
@@ -235,35 +235,34 @@ impl Report {
 /// [`Event::read_embedded`]: crate::runtime::events::Event::read_embedded
 #[derive(Debug, Clone)]
 pub enum EventLine {
-    Line(Box<RawValue>),
+    /// JSON text the event encoder wrote ([`EventLine::written`]).
+    Line(Box<str>),
     Read(Option<Event>),
 }
 
 impl EventLine {
-    /// The line `event` writes (its `seq` is the coordinator's to give).
-    /// Made from the encoder's own output without parsing it again: a
-    /// worker relays a dozen lines a sibling, and checking each with
+    /// The line `event` writes (its `seq` is the coordinator's to give),
+    /// serialized as it stands, without parsing it again: a worker relays
+    /// a dozen lines a sibling, and checking each with
     /// `RawValue::from_string` was half of relaying them (callgrind). The
     /// encoder's output is JSON by construction (its tests compare it
     /// byte for byte with serde_json's); debug builds, and so every test,
     /// check each line still.
     pub fn written(event: &Event) -> Option<EventLine> {
-        let mut line = Vec::with_capacity(256);
+        let mut line = Vec::with_capacity(512);
         event.write_json(0, &mut line);
         let text = String::from_utf8(line).ok()?;
         debug_assert!(
             serde_json::from_str::<&RawValue>(&text).is_ok(),
             "not JSON: {text}"
         );
-        serde_json::value::to_raw_value(&Written(&text))
-            .ok()
-            .map(EventLine::Line)
+        Some(EventLine::Line(text.into_boxed_str()))
     }
 
     /// The event, read back from its line if it still is one.
     pub fn into_event(self) -> Option<Event> {
         match self {
-            EventLine::Line(line) => Event::from_line(line.get()),
+            EventLine::Line(line) => Event::from_line(&line),
             EventLine::Read(event) => event,
         }
     }
@@ -271,9 +270,10 @@ impl EventLine {
 
 /// JSON text serde_json writes as it stands: serde_json's serializer
 /// writes a struct of this name and field as the field's string, verbatim
-/// (the protocol `RawValue`'s own `Serialize` uses). Given only text the
-/// encoder wrote; `written_text_is_written_as_it_stands` pins the
-/// protocol to the serde_json in use.
+/// (the protocol `RawValue`'s own `Serialize` uses; its unchecked
+/// constructor is an `unsafe fn`, which this workspace forbids). Given
+/// only text the encoder wrote; `written_text_is_written_as_it_stands`
+/// pins the protocol to the serde_json in use.
 struct Written<'a>(&'a str);
 
 const RAW_VALUE: &str = "$serde_json::private::RawValue";
@@ -290,7 +290,7 @@ impl Serialize for Written<'_> {
 impl Serialize for EventLine {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            EventLine::Line(line) => line.serialize(s),
+            EventLine::Line(line) => Written(line).serialize(s),
             // Read back, written as the worker would (its seq is the
             // coordinator's to give): for tests and tools, never sent.
             EventLine::Read(Some(event)) => match EventLine::written(event) {
@@ -336,12 +336,10 @@ impl PartialEq for EventLine {
     /// The same event, however each side holds it.
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
-            (EventLine::Line(a), EventLine::Line(b)) => a.get() == b.get(),
+            (EventLine::Line(a), EventLine::Line(b)) => a == b,
             (EventLine::Read(a), EventLine::Read(b)) => a == b,
             (EventLine::Line(line), EventLine::Read(event))
-            | (EventLine::Read(event), EventLine::Line(line)) => {
-                Event::from_line(line.get()) == *event
-            }
+            | (EventLine::Read(event), EventLine::Line(line)) => Event::from_line(line) == *event,
         }
     }
 }
@@ -390,11 +388,7 @@ mod tests {
         };
         let mut written = Vec::new();
         cancelled.write_json(0, &mut written);
-        assert_eq!(
-            line.get().as_bytes(),
-            written,
-            "the encoder's line, as it stands"
-        );
+        assert_eq!(line.as_bytes(), written, "the encoder's line, as it stands");
         let report = Report::Cancelled {
             stage_execution_id: "run-1/worker#3/1".to_owned(),
             turn: 1,
@@ -410,7 +404,7 @@ mod tests {
             panic!("a cancelled report");
         };
         let read = events.into_iter().next().unwrap().into_event().unwrap();
-        let alone = Event::from_line(line.get()).unwrap();
+        let alone = Event::from_line(&line).unwrap();
         let (mut a, mut b) = (Vec::new(), Vec::new());
         read.write_json(7, &mut a);
         alone.write_json(7, &mut b);
@@ -423,8 +417,7 @@ mod tests {
     #[test]
     fn written_text_is_written_as_it_stands() {
         let text = r#"{"a":[1,2.5,"x\"y"],"b":{}}"#;
-        let raw = serde_json::value::to_raw_value(&Written(text)).unwrap();
-        assert_eq!(raw.get(), text);
+        assert_eq!(serde_json::to_string(&Written(text)).unwrap(), text);
         let around = serde_json::to_string(&vec![Written(text), Written("null")]).unwrap();
         assert_eq!(around, format!("[{text},null]"));
     }
