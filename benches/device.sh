@@ -139,6 +139,10 @@ nats=${NATS_SERVER:-target/nats-server}
 if [ -x "$nats" ]; then
     TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
         --latency 0ms --repeat 3 >"$out/distributed_0ms.txt" 2>&1
+    # The same with workers that have cores to spare: whether three
+    # one-thread workers, not the coordinator, set the pace above.
+    TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
+        --latency 0ms --worker-threads 4 --repeat 3 >"$out/distributed_0ms_4t.txt" 2>&1
     TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
         --latency 50ms --workers 8 --repeat 3 >"$out/distributed_8w.txt" 2>&1
 else

@@ -7,20 +7,26 @@
 # How it was used and what it showed: BENCHMARKS.md, "Across machines".
 #
 #   benches/distributed.sh [--width N] [--cap C] [--latency D] [--workers W]
-#                          [--repeat R] [--fail INDEX]
+#                          [--worker-threads T] [--repeat R] [--fail INDEX]
+#
+# Each worker runs on T threads (default 1). At 0 ms a worker's CPU per
+# sibling is what it is (~70-110 us on the 2-core VM): with one thread
+# each, three workers, not the coordinator, may set the pace; give them
+# threads (or more workers) to measure the coordinator's own ceiling.
 #
 # Needs a release build (cargo build --release) and nats-server on PATH or
 # in $TROUPE_NATS_SERVER.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-width=10000 cap=256 latency=50ms workers=3 repeat=3 fail=""
+width=10000 cap=256 latency=50ms workers=3 worker_threads=1 repeat=3 fail=""
 while [ $# -gt 0 ]; do
     case $1 in
         --width) width=$2; shift 2 ;;
         --cap) cap=$2; shift 2 ;;
         --latency) latency=$2; shift 2 ;;
         --workers) workers=$2; shift 2 ;;
+        --worker-threads) worker_threads=$2; shift 2 ;;
         --repeat) repeat=$2; shift 2 ;;
         --fail) fail=$2; shift 2 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
@@ -56,7 +62,7 @@ failing=()
 [ -n "$fail" ] && failing=(--fail-sibling "worker#$fail")
 for i in $(seq 1 "$workers"); do
     "$troupe" worker stages/fanout --nats "$url" --name "w$i" --root "$work" \
-        --max-siblings "$per" --threads 1 --latency "$latency" "${failing[@]}" \
+        --max-siblings "$per" --threads "$worker_threads" --latency "$latency" "${failing[@]}" \
         > /dev/null 2> "$work/w$i.err" &
     pids+=($!)
 done
@@ -93,8 +99,8 @@ EOF
 cd "$work"
 lat_ms=$(python3 -c "import re,sys; v='$latency'; m=re.fullmatch(r'(\d+)(ms|s)', v); print(int(m[1])*(1000 if m[2]=='s' else 1))")
 ideal=$(( ( (width + cap - 1) / cap ) * 2 * lat_ms + 2 * lat_ms ))
-printf 'fanout %s wide, cap %s, latency %s, %s workers; ideal %s ms (ceil(N/cap) x 2 turns + plan and reduce)\n' \
-    "$width" "$cap" "$latency" "$workers" "$ideal"
+printf 'fanout %s wide, cap %s, latency %s, %s workers on %s thread(s) each; ideal %s ms (ceil(N/cap) x 2 turns + plan and reduce)\n' \
+    "$width" "$cap" "$latency" "$workers" "$worker_threads" "$ideal"
 for mode in local distributed; do
     for r in $(seq 1 "$repeat"); do
         args=(run "$OLDPWD/stages/fanout" --ctx "width=$width" --parallel-cap "$cap" --latency "$latency" --json --threads 2)
