@@ -145,6 +145,8 @@ if [ -x "$nats" ]; then
         --latency 0ms --worker-threads 4 --repeat 3 >"$out/distributed_0ms_4t.txt" 2>&1
     TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
         --latency 50ms --workers 8 --repeat 3 >"$out/distributed_8w.txt" 2>&1
+    TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
+        --latency 50ms --workers 8 --worker-threads 2 --repeat 3 >"$out/distributed_8w_2t.txt" 2>&1
 else
     echo "no nats-server at $nats" >"$out/distributed_0ms.txt"
 fi
