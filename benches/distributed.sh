@@ -9,10 +9,10 @@
 #   benches/distributed.sh [--width N] [--cap C] [--latency D] [--workers W]
 #                          [--worker-threads T] [--repeat R] [--fail INDEX]
 #
-# Each worker runs on T threads (default 1). At 0 ms a worker's CPU per
-# sibling is what it is (~70-110 us on the 2-core VM): with one thread
-# each, three workers, not the coordinator, may set the pace; give them
-# threads (or more workers) to measure the coordinator's own ceiling.
+# Each worker runs its siblings on T threads (default 1). At 0 ms a
+# worker's siblings take 40-57 us of that thread's CPU each on the 2-core
+# VM: give the workers threads (or more workers) to be sure they are not
+# what sets the pace when measuring the coordinator's own ceiling.
 #
 # Needs a release build (cargo build --release) and nats-server on PATH or
 # in $TROUPE_NATS_SERVER.

@@ -5,6 +5,7 @@
 //! that settle a task.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -88,6 +89,9 @@ pub struct Buckets {
     /// By group key, with when it was last used (forgotten after
     /// [`FORGET_AFTER`]).
     contexts: Mutex<HashMap<String, (Context, Instant)>>,
+    /// Group contexts read from the bucket so far (a read's retries count
+    /// once).
+    loads: AtomicU64,
 }
 
 impl Buckets {
@@ -99,7 +103,14 @@ impl Buckets {
             cancelled,
             groups,
             contexts: Mutex::default(),
+            loads: AtomicU64::new(0),
         }
+    }
+
+    /// How many times a group's context was read from the bucket (a read
+    /// and its retries count once): what the tasks that ask at once share.
+    pub fn loads(&self) -> u64 {
+        self.loads.load(Ordering::Relaxed)
     }
 
     /// The context of the task's group: from memory, or read from the
@@ -108,8 +119,9 @@ impl Buckets {
     /// read again for a while before the task is refused). The fetches of
     /// a group's first tasks are accepted side by side: they wait for one
     /// read (a context in parts is several round trips and a
-    /// decompression) and share its outcome; after a failed read, the
-    /// next to ask reads again.
+    /// decompression) and share its outcome, so one that joins a read
+    /// under way waits only for what is left of its retries; after a
+    /// failed read, the next to ask reads again.
     pub async fn context(&self, task: &Task) -> Result<Arc<GroupContext>, String> {
         let key = group_key(&task.run_id, task.turn);
         let cell = {
@@ -136,15 +148,18 @@ impl Buckets {
 
     /// Reads a group's context, again for a while when it is not there.
     async fn load(&self, key: &str) -> Result<Arc<GroupContext>, String> {
+        self.loads.fetch_add(1, Ordering::Relaxed);
         let mut wait = Duration::from_millis(50);
         let mut last = String::from("no such key");
-        for _ in 0..12 {
+        for attempt in 1..=12 {
             match self.read(key).await? {
                 Ok(context) => return Ok(Arc::new(context)),
                 Err(why) => last = why,
             }
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_secs(1));
+            if attempt < 12 {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(1));
+            }
         }
         Err(format!(
             "the context of group {key} cannot be read from {GROUPS_BUCKET}: {last}"

@@ -235,9 +235,21 @@ impl Report {
 /// [`Event::read_embedded`]: crate::runtime::events::Event::read_embedded
 #[derive(Debug, Clone)]
 pub enum EventLine {
-    /// JSON text the event encoder wrote ([`EventLine::written`]).
-    Line(Box<str>),
+    Line(Encoded),
     Read(Option<Event>),
+}
+
+/// JSON text the event encoder wrote: made only by
+/// [`EventLine::written`], so it is written into a report as it stands
+/// without being checked again (one bad line would make the whole batch
+/// of reports unreadable).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded(Box<str>);
+
+impl Encoded {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 impl EventLine {
@@ -256,13 +268,13 @@ impl EventLine {
             serde_json::from_str::<&RawValue>(&text).is_ok(),
             "not JSON: {text}"
         );
-        Some(EventLine::Line(text.into_boxed_str()))
+        Some(EventLine::Line(Encoded(text.into_boxed_str())))
     }
 
     /// The event, read back from its line if it still is one.
     pub fn into_event(self) -> Option<Event> {
         match self {
-            EventLine::Line(line) => Event::from_line(&line),
+            EventLine::Line(line) => Event::from_line(line.as_str()),
             EventLine::Read(event) => event,
         }
     }
@@ -290,7 +302,7 @@ impl Serialize for Written<'_> {
 impl Serialize for EventLine {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            EventLine::Line(line) => Written(line).serialize(s),
+            EventLine::Line(line) => Written(line.as_str()).serialize(s),
             // Read back, written as the worker would (its seq is the
             // coordinator's to give): for tests and tools, never sent.
             EventLine::Read(Some(event)) => match EventLine::written(event) {
@@ -339,7 +351,9 @@ impl PartialEq for EventLine {
             (EventLine::Line(a), EventLine::Line(b)) => a == b,
             (EventLine::Read(a), EventLine::Read(b)) => a == b,
             (EventLine::Line(line), EventLine::Read(event))
-            | (EventLine::Read(event), EventLine::Line(line)) => Event::from_line(line) == *event,
+            | (EventLine::Read(event), EventLine::Line(line)) => {
+                Event::from_line(line.as_str()) == *event
+            }
         }
     }
 }
@@ -388,7 +402,11 @@ mod tests {
         };
         let mut written = Vec::new();
         cancelled.write_json(0, &mut written);
-        assert_eq!(line.as_bytes(), written, "the encoder's line, as it stands");
+        assert_eq!(
+            line.as_str().as_bytes(),
+            written,
+            "the encoder's line, as it stands"
+        );
         let report = Report::Cancelled {
             stage_execution_id: "run-1/worker#3/1".to_owned(),
             turn: 1,
@@ -404,7 +422,7 @@ mod tests {
             panic!("a cancelled report");
         };
         let read = events.into_iter().next().unwrap().into_event().unwrap();
-        let alone = Event::from_line(&line).unwrap();
+        let alone = Event::from_line(line.as_str()).unwrap();
         let (mut a, mut b) = (Vec::new(), Vec::new());
         read.write_json(7, &mut a);
         alone.write_json(7, &mut b);
