@@ -859,6 +859,11 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
             fields: Arc::new(fields),
             slot: Arc::default(),
         };
+        // A group's whole context, as the coordinator stores a small one.
+        let whole = |turn| {
+            let (groups, value) = (groups.clone(), serde_json::to_vec(&context).unwrap());
+            async move { groups.put(group_key("run-1", turn), value.into()).await }
+        };
         let stored = stored_context::encode(&group_key("run-1", 1), &context, 1).unwrap();
         assert!(stored.len() > 1, "stored in parts");
         for (key, value) in stored {
@@ -879,13 +884,7 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
             &buckets.context(&first).await.unwrap(),
             &read[0]
         ));
-        groups
-            .put(
-                group_key("run-1", 2),
-                serde_json::to_vec(&context).unwrap().into(),
-            )
-            .await
-            .unwrap();
+        whole(2).await.unwrap();
         let other = buckets.context(&task(2)).await.unwrap();
         assert!(!Arc::ptr_eq(&other, &read[0]));
         assert_eq!(*other, context);
@@ -901,13 +900,7 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
         let third = task(3);
         assert!(buckets.context(&third).await.is_err());
         assert_eq!(buckets.loads(), 3);
-        groups
-            .put(
-                group_key("run-1", 3),
-                serde_json::to_vec(&context).unwrap().into(),
-            )
-            .await
-            .unwrap();
+        whole(3).await.unwrap();
         assert_eq!(*buckets.context(&third).await.unwrap(), context);
         assert_eq!(buckets.loads(), 4, "read again after the refusal");
     });
