@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use troupe_actors::EventBus;
 
 use super::cancel::CancelScope;
-use super::events::{Event, EventName};
+use super::events::{Event, EventName, FieldValue};
 use super::interaction::{InteractionHub, WithdrawOwner};
 use super::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
 use super::result::{Kept, StageResult, Verdict};
@@ -29,7 +29,7 @@ use crate::definition::{Pipeline, Stage};
 
 mod roll;
 
-use roll::{Note, calls_in_flight};
+use roll::Note;
 pub use roll::{forget, record_under};
 
 /// Runs one stage execution.
@@ -344,7 +344,7 @@ impl StageActor {
             phase: whereabouts.phase,
             attempt: whereabouts.attempt,
             turn: whereabouts.turn,
-            tool_calls: Value::Array(calls_in_flight(&whereabouts.tool_calls)),
+            tool_calls: FieldValue::calls_json(&whereabouts.tool_calls),
             usage: whereabouts.usage,
             entered_at: self.entered_at,
             cancelled_at: recorded.at,

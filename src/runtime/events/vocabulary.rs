@@ -241,12 +241,7 @@ impl FieldValue {
             FieldValue::Number(n) => Value::Number(n.clone()),
             FieldValue::Bool(b) => Value::Bool(*b),
             FieldValue::Json(v) => (**v).clone(),
-            FieldValue::Calls(calls) => Value::Array(
-                calls
-                    .iter()
-                    .map(|(id, tool)| serde_json::json!({"callId": &**id, "tool": &**tool}))
-                    .collect(),
-            ),
+            FieldValue::Calls(calls) => FieldValue::calls_json(calls),
             FieldValue::Relayed(members) => Value::Object(relayed_fields(members)),
         }
     }
@@ -254,6 +249,15 @@ impl FieldValue {
     /// Tool calls in flight (see [`FieldValue::Calls`]).
     pub fn calls(calls: &[(Arc<str>, Arc<str>)]) -> FieldValue {
         FieldValue::Calls(calls.into())
+    }
+
+    /// Tool calls in flight as the JSON value [`FieldValue::Calls`]
+    /// writes (what a cancellation's store record keeps too).
+    pub fn calls_json(calls: &[(Arc<str>, Arc<str>)]) -> Value {
+        calls
+            .iter()
+            .map(|(id, tool)| serde_json::json!({"callId": &**id, "tool": &**tool}))
+            .collect()
     }
 }
 

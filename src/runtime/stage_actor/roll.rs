@@ -28,7 +28,6 @@ use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use serde_json::{Value, json};
 use troupe_actors::EventBus;
 
 use crate::runtime::cancel::{CancelScope, ScopeKey, TURN_CANCELLED};
@@ -152,14 +151,6 @@ impl Note {
                 .with("usage", whereabouts.usage),
         );
     }
-}
-
-/// The tool calls in flight as `StageCancelled` and its record list them.
-pub(super) fn calls_in_flight(calls: &[(Arc<str>, Arc<str>)]) -> Vec<Value> {
-    calls
-        .iter()
-        .map(|(id, name)| json!({"callId": &**id, "tool": &**name}))
-        .collect()
 }
 
 /// The executions enrolled under one scope on this thread. Entries of
