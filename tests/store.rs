@@ -107,10 +107,12 @@ fn exit(run: &str, index: usize, verdict: Verdict, parsed: Value) -> ExitRecord 
         parsed: Arc::new(parsed.clone()),
         output: Arc::new(parsed),
         cap_hit: false,
-        attempt_count: 1,
+        // Counts that differ from sibling to sibling, so a row written
+        // with another's columns shows.
+        attempt_count: 1 + (index % 3) as u32,
         usage: Usage {
-            prompt_tokens: 10,
-            completion_tokens: 2,
+            prompt_tokens: 10 + index as u64,
+            completion_tokens: 2 * index as u64,
             requests: 1,
         },
     });
@@ -362,6 +364,18 @@ fn a_burst_of_exits_is_committed_in_one_or_two_transactions() {
     let rows = store.executions("r", Some("worker"), None).unwrap();
     assert_eq!(rows.len(), BURST);
     assert!(rows.iter().all(|r| r.outcome == "exited"));
+    // Rows share statements (several to one); each keeps its own columns.
+    for row in &rows {
+        let i = row.index.expect("a sibling");
+        assert_eq!(row.stage_execution_id, format!("r/worker#{i}/1"));
+        assert_eq!(row.stage_id, "worker");
+        assert_eq!(row.attempts, 1 + (i % 3) as u32, "worker#{i}");
+        assert_eq!(
+            (row.usage.prompt_tokens, row.usage.completion_tokens),
+            (10 + i, 2 * i),
+            "worker#{i}"
+        );
+    }
     assert_eq!(store.counts("r").unwrap().ok, BURST as u64);
     assert_eq!(
         stored(&store, "r", 417).2,

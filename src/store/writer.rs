@@ -219,6 +219,7 @@ fn write_batches(
     let mut last_error = None;
     let mut batch = Vec::with_capacity(256);
     let mut keys = HashMap::new();
+    let statements = ExitStatements::new();
     let mut closing = false;
     while !closing {
         match rx.recv() {
@@ -235,8 +236,8 @@ fn write_batches(
                 Err(_) => break,
             }
         }
-        let outcome =
-            write_batch(&mut conn, &mut keys, &batch).map_err(|e| StoreError::sqlite(path, &e));
+        let outcome = write_batch(&mut conn, &statements, &mut keys, &batch)
+            .map_err(|e| StoreError::sqlite(path, &e));
         let outcome_of_batch = match &outcome {
             Ok(()) => {
                 written += batch.len() as u64;
@@ -273,17 +274,58 @@ fn write_batches(
     }
 }
 
-const UPSERT_EXIT: &str = "INSERT INTO executions (run, exec, stage_id, sibling, visit, \
+/// The columns an exit writes, with `outcome` fixed to `'exited'`.
+const EXIT_COLUMNS: &str = "INSERT INTO executions (run, exec, stage_id, sibling, visit, \
     outcome, verdict, reason, attempts, cap_hit, prompt_tokens, completion_tokens, requests, \
-    entered_at, ended_at, parsed, output) \
-    VALUES (?1, ?2, ?3, ?4, ?5, 'exited', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) \
-    ON CONFLICT (run, exec) DO UPDATE SET outcome = 'exited', verdict = excluded.verdict, \
+    entered_at, ended_at, parsed, output) VALUES ";
+const EXIT_ROW: &str = "(?, ?, ?, ?, ?, 'exited', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+/// The parameters of one row of [`EXIT_ROW`].
+const EXIT_PARAMS: usize = 16;
+const EXIT_CONFLICT: &str = " ON CONFLICT (run, exec) DO UPDATE SET outcome = 'exited', \
+    verdict = excluded.verdict, \
     reason = excluded.reason, attempts = excluded.attempts, cap_hit = excluded.cap_hit, \
     phase = NULL, turn = NULL, tool_calls = NULL, prompt_tokens = excluded.prompt_tokens, \
     completion_tokens = excluded.completion_tokens, requests = excluded.requests, \
     entered_at = excluded.entered_at, ended_at = excluded.ended_at, parsed = excluded.parsed, \
     output = excluded.output \
     WHERE executions.outcome <> 'exited' OR executions.verdict = 'fail'";
+
+/// Rows one exit statement writes, largest first: a run of exits is
+/// written by as few statements as these sizes allow, which spares each
+/// row a statement's own cost (its start and halt, its reset, its
+/// cursors): 7% of the writer's instructions in a 5 000-wide run.
+/// SQLite upserts the rows of a multi-row `VALUES` one after another, as
+/// if each had its own statement, so the conflict rule holds row by row.
+const EXIT_ROWS: [usize; 6] = [32, 16, 8, 4, 2, 1];
+
+/// The exit statements' text, one per size of [`EXIT_ROWS`], made once
+/// per writer (and the prepared-statement cache's keys).
+struct ExitStatements([String; EXIT_ROWS.len()]);
+
+impl ExitStatements {
+    fn new() -> ExitStatements {
+        ExitStatements(EXIT_ROWS.map(|rows| {
+            let mut sql = String::from(EXIT_COLUMNS);
+            for row in 0..rows {
+                if row > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(EXIT_ROW);
+            }
+            sql.push_str(EXIT_CONFLICT);
+            sql
+        }))
+    }
+
+    /// The largest statement for `left` rows, and its row count.
+    fn for_rows(&self, left: usize) -> (&str, usize) {
+        let at = EXIT_ROWS
+            .iter()
+            .position(|&rows| rows <= left)
+            .unwrap_or(EXIT_ROWS.len() - 1);
+        (&self.0[at], EXIT_ROWS[at])
+    }
+}
 
 const UPSERT_CANCEL: &str = "INSERT INTO executions (run, exec, stage_id, sibling, visit, \
     outcome, reason, attempts, phase, turn, tool_calls, prompt_tokens, completion_tokens, \
@@ -327,6 +369,7 @@ fn run_key(
 
 fn write_batch(
     conn: &mut Connection,
+    statements: &ExitStatements,
     keys: &mut HashMap<Arc<str>, i64>,
     batch: &[ToStore],
 ) -> rusqlite::Result<()> {
@@ -337,36 +380,18 @@ fn write_batch(
     // writing.
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     {
-        let mut exit = tx.prepare_cached(UPSERT_EXIT)?;
         let mut cancel = tx.prepare_cached(UPSERT_CANCEL)?;
+        // Exits in a row go in together; a cancellation keeps its place.
+        let mut exits = Vec::with_capacity(batch.len());
         for msg in batch {
             match msg {
                 ToStore::Exit {
-                    record: r, columns, ..
-                } => {
-                    let result = &r.result;
-                    let run = run_key(&tx, keys, &r.run_id)?;
-                    exit.execute(params![
-                        run,
-                        exec_key(&r.run_id, &r.stage_execution_id),
-                        &*r.stage_id,
-                        index(r.index),
-                        r.visit,
-                        result.verdict().as_str(),
-                        result.reason(),
-                        result.attempt_count(),
-                        result.cap_hit(),
-                        count(result.usage().prompt_tokens),
-                        count(result.usage().completion_tokens),
-                        count(result.usage().requests),
-                        ms(r.entered_at),
-                        unix_ms(r.exited_at),
-                        columns.parsed,
-                        columns.output,
-                    ])?;
-                }
+                    record, columns, ..
+                } => exits.push((&**record, &**columns)),
                 ToStore::Close => {}
                 ToStore::Cancel(r) => {
+                    write_exits(&tx, keys, statements, &exits)?;
+                    exits.clear();
                     let run = run_key(&tx, keys, &r.run_id)?;
                     cancel.execute(params![
                         run,
@@ -388,8 +413,67 @@ fn write_batch(
                 }
             }
         }
+        write_exits(&tx, keys, statements, &exits)?;
     }
     tx.commit()
+}
+
+/// Writes a run of exits, as many rows a statement as [`EXIT_ROWS`] allows.
+fn write_exits(
+    tx: &rusqlite::Transaction<'_>,
+    keys: &mut HashMap<Arc<str>, i64>,
+    statements: &ExitStatements,
+    exits: &[(&ExitRecord, &ResultColumns)],
+) -> rusqlite::Result<()> {
+    let mut left = exits;
+    while !left.is_empty() {
+        let (sql, rows) = statements.for_rows(left.len());
+        let (these, rest) = left.split_at(rows);
+        let mut statement = tx.prepare_cached(sql)?;
+        for (row, (r, columns)) in these.iter().enumerate() {
+            let result = &r.result;
+            let run = run_key(tx, keys, &r.run_id)?;
+            let first = row * EXIT_PARAMS + 1;
+            let mut bind = Binder {
+                statement: &mut statement,
+                next: first,
+            };
+            bind.one(run)?;
+            bind.one(exec_key(&r.run_id, &r.stage_execution_id))?;
+            bind.one(&*r.stage_id)?;
+            bind.one(index(r.index))?;
+            bind.one(r.visit)?;
+            bind.one(result.verdict().as_str())?;
+            bind.one(result.reason())?;
+            bind.one(result.attempt_count())?;
+            bind.one(result.cap_hit())?;
+            bind.one(count(result.usage().prompt_tokens))?;
+            bind.one(count(result.usage().completion_tokens))?;
+            bind.one(count(result.usage().requests))?;
+            bind.one(ms(r.entered_at))?;
+            bind.one(unix_ms(r.exited_at))?;
+            bind.one(&columns.parsed)?;
+            bind.one(&columns.output)?;
+            debug_assert_eq!(bind.next, first + EXIT_PARAMS);
+        }
+        statement.raw_execute()?;
+        left = rest;
+    }
+    Ok(())
+}
+
+/// Binds a statement's parameters in order.
+struct Binder<'s, 'c> {
+    statement: &'s mut rusqlite::CachedStatement<'c>,
+    next: usize,
+}
+
+impl Binder<'_, '_> {
+    fn one(&mut self, value: impl rusqlite::ToSql) -> rusqlite::Result<()> {
+        self.statement.raw_bind_parameter(self.next, value)?;
+        self.next += 1;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
