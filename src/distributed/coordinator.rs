@@ -4,11 +4,12 @@
 //! scheduler (the cap, fail-fast, the join), sequential stages and joins,
 //! the store and the audit log.
 //!
-//! - **Publishing.** A sibling the scheduler spawns asks it to start on
-//!   its own behalf (the start handshake); once granted, its task is
-//!   published on the group's subject, deduplicated by its
-//!   `stageExecutionId`. The scheduler's cap therefore bounds the tasks of
-//!   a group in the queue or on workers.
+//! - **Publishing.** The scheduler spawns a sibling only into a free
+//!   slot of its group and counts it started as it spawns it (granted at
+//!   spawn, as a local sibling is); its task is published on the group's
+//!   subject, deduplicated by its `stageExecutionId`, unless the group's
+//!   scope was cancelled since. The scheduler's cap therefore bounds the
+//!   tasks of a group in the queue or on workers.
 //! - **Reports.** Workers report on the run's report subject, in batches
 //!   (one message, many reports: see `outbox`), read by the run's durable
 //!   consumer in order. An exited sibling's result is stored first (the
@@ -165,6 +166,17 @@ impl Executor for RemoteExecutor {
         });
         parent.child()
     }
+
+    /// The scheduler spawns a sibling only into a free slot of a live
+    /// group, so it records the start itself as it spawns one: the
+    /// coordinator publishes the task without asking. Asking was three
+    /// hops on the way of every sibling (the ask to the scheduler, its
+    /// grant back to this arbiter, the grant into the loop), each behind
+    /// whatever that thread had queued. A group cancelled since is caught
+    /// where it was caught before: at the publish, from the group's scope.
+    fn grants_at_spawn(&self) -> bool {
+        true
+    }
 }
 
 /// How long a coordinator whose run is over waits for the commits still
@@ -178,8 +190,6 @@ enum Cmd {
         spawn: Box<Spawn>,
         group: Option<CancelScope>,
     },
-    /// The scheduler granted its start: publish its task.
-    Granted { exec: ExecKey, task: Box<Task> },
     /// JetStream stored a task (`Ok` with its stream sequence) or would
     /// not, however often asked (`Err` with the unit's failure).
     Queued {
@@ -356,7 +366,6 @@ impl Coordinator {
     async fn command(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Sibling { spawn, group } => self.sibling(*spawn, group),
-            Cmd::Granted { exec, task } => self.publish(exec, *task),
             Cmd::Queued {
                 exec,
                 turn,
@@ -399,8 +408,8 @@ impl Coordinator {
         }
     }
 
-    /// A sibling to send: ask the scheduler to start it, as the sibling
-    /// would, and publish it once granted.
+    /// A sibling to send, granted at its spawn
+    /// ([`RemoteExecutor::grants_at_spawn`]): publish it.
     fn sibling(&mut self, spawn: Spawn, group: Option<CancelScope>) {
         let turn = spawn.exec.turn;
         let unit = match spawn.exec.slot {
@@ -460,28 +469,7 @@ impl Coordinator {
             pipeline_id: self.spec.pipeline_id.clone(),
             digest: self.spec.digest.clone(),
         };
-        let (reply, granted) = tokio::sync::oneshot::channel();
-        self.scheduler.do_send(ToScheduler::StartRequest {
-            exec: spawn.exec.clone(),
-            reply,
-        });
-        let tx = self.tx.clone();
-        let scheduler = self.scheduler.clone();
-        let exec = spawn.exec;
-        actix::spawn(async move {
-            match granted.await {
-                Ok(()) => {
-                    let _ = tx.send(Cmd::Granted {
-                        exec,
-                        task: Box::new(task),
-                    });
-                }
-                Err(_) => scheduler.do_send(ToScheduler::Report {
-                    exec,
-                    outcome: StageOutcome::Withdrawn,
-                }),
-            }
-        });
+        self.publish(spawn.exec, task);
     }
 
     /// Queues a granted sibling's task, unless its group was cancelled

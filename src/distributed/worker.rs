@@ -375,7 +375,10 @@ impl WorkerHost {
                 self.arbiters.clone(),
             )
             .without_relays()
-            .keeping_results_whole();
+            .keeping_results_whole()
+            // This host grants every ask at once (the cap is the
+            // coordinator's scheduler's), so asking was only two hops.
+            .granting_at_spawn();
             self.executors.insert(task.run_id.clone(), (local, now));
         }
         self.executors.get_mut(&task.run_id).map(|(local, used)| {

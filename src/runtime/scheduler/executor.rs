@@ -111,10 +111,10 @@ impl LocalExecutor {
         }
     }
 
-    /// Siblings begin without asking the scheduler: for the scheduler of
-    /// a run whose every execution is local, which records each sibling's
-    /// start request as it starts it. Anyone else (a worker, whose
-    /// scheduler is across NATS) keeps the handshake.
+    /// Siblings begin without asking: for a scheduler that records each
+    /// sibling's start request itself as it starts it, and for a worker's
+    /// host, which would grant every ask at once (the cap is the
+    /// coordinator's). Without it a sibling asks and waits for the grant.
     pub fn granting_at_spawn(mut self) -> LocalExecutor {
         self.granting = true;
         self
