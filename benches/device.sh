@@ -18,8 +18,10 @@
 #   failfast.json     10 000 in flight, worker#9999 fails, 50 ms turns,
 #                     --threads 1,2,4,16 (ms to the last StageCancelled)
 #   thread_cpu.txt    CPU seconds per thread name, 200 000 wide,
-#                     --threads 2 and 16 (which one-per-run thread sets
-#                     the pace)
+#                     --threads 2, 9 (the default there) and 16, with
+#                     each name's busiest half second (which one-per-run
+#                     thread sets the pace: the store's writer near 100%
+#                     there is the bound the ninth round's model names)
 #   million.json      1 000 000 wide, --threads 16, against the floor
 #                     (wall, peak RSS), and million_audit.txt its log size
 #   syscalls_T.csv    perf stat of one 100 000-wide run at --threads 2 and
@@ -99,7 +101,7 @@ echo "$SECONDS s: threads, store" >>"$out/steps.txt"
 echo "$SECONDS s: fail-fast" >>"$out/steps.txt"
 
 if command -v python3 >/dev/null; then
-    for t in 2 16; do
+    for t in 2 9 16; do
         echo "--threads $t"
         python3 benches/thread_cpu.py "$bin" run stages/fanout --ctx "width=$w200k" \
             --parallel-cap 256 --latency 0ms --threads "$t" --runs-dir "$runs" 2>&1
