@@ -160,11 +160,15 @@ impl Executor for RemoteExecutor {
         if !spawn.is_sibling() {
             return self.local.start(spawn, parent, group);
         }
+        // The sibling's own scope, which the scheduler stops if it refuses
+        // the start it records at spawn (a budget tripped meanwhile).
+        let own = parent.child();
         let _ = self.tx.send(Cmd::Sibling {
             spawn: Box::new(spawn),
             group,
+            own: own.clone(),
         });
-        parent.child()
+        own
     }
 
     /// The scheduler spawns a sibling only into a free slot of a live
@@ -189,6 +193,8 @@ enum Cmd {
     Sibling {
         spawn: Box<Spawn>,
         group: Option<CancelScope>,
+        /// Its own scope, under the group's.
+        own: CancelScope,
     },
     /// JetStream stored a task (`Ok` with its stream sequence) or would
     /// not, however often asked (`Err` with the unit's failure).
@@ -365,7 +371,7 @@ impl Coordinator {
 
     async fn command(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Sibling { spawn, group } => self.sibling(*spawn, group),
+            Cmd::Sibling { spawn, group, own } => self.sibling(*spawn, group, &own),
             Cmd::Queued {
                 exec,
                 turn,
@@ -410,7 +416,7 @@ impl Coordinator {
 
     /// A sibling to send, granted at its spawn
     /// ([`RemoteExecutor::grants_at_spawn`]): publish it.
-    fn sibling(&mut self, spawn: Spawn, group: Option<CancelScope>) {
+    fn sibling(&mut self, spawn: Spawn, group: Option<CancelScope>, own: &CancelScope) {
         let turn = spawn.exec.turn;
         let unit = match spawn.exec.slot {
             Slot::Unit(u) => u,
@@ -469,17 +475,19 @@ impl Coordinator {
             pipeline_id: self.spec.pipeline_id.clone(),
             digest: self.spec.digest.clone(),
         };
-        self.publish(spawn.exec, task);
+        self.publish(spawn.exec, task, own);
     }
 
-    /// Queues a granted sibling's task, unless its group was cancelled
-    /// since the grant (the scheduler cancels the group's scope the moment
-    /// it decides: a task is never queued after the decision). The ack is
+    /// Queues a sibling's task, unless it or its group was cancelled since
+    /// its spawn (the scheduler cancels the group's scope the moment it
+    /// decides, and stops the sibling's own if it refuses the start it
+    /// recorded at spawn: a task is never queued after either). The ack is
     /// awaited off this loop, which goes on publishing and reading
     /// reports; a task JetStream will not take is retried (a cluster
     /// electing a leader) and fails its sibling only when that runs out.
-    fn publish(&mut self, exec: ExecKey, task: Task) {
-        let cancelled = self.groups.get(&task.turn).is_some_and(Group::is_cancelled);
+    fn publish(&mut self, exec: ExecKey, task: Task, own: &CancelScope) {
+        let cancelled =
+            own.is_cancelled() || self.groups.get(&task.turn).is_some_and(Group::is_cancelled);
         if cancelled {
             self.done(&exec, task.turn, task.unit);
             self.scheduler.do_send(ToScheduler::Report {
@@ -488,11 +496,9 @@ impl Coordinator {
             });
             return;
         }
-        let stop = self
-            .groups
-            .get(&task.turn)
-            .and_then(|g| g.scope.as_ref())
-            .map(|scope| scope.token().clone());
+        // Under the group's scope: fires with it, or when the scheduler
+        // stops this sibling alone.
+        let stop = Some(own.token().clone());
         let context = self.groups.get(&task.turn).and_then(|g| g.context.clone());
         let queue = Queue {
             js: self.spec.nats.js.clone(),
