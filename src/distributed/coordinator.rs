@@ -127,6 +127,7 @@ impl ExecutorFactory for RemoteSiblings {
             local,
             tx,
             shutdown,
+            scheduler: stopped,
         })
     }
 }
@@ -136,6 +137,7 @@ struct RemoteExecutor {
     local: LocalExecutor,
     tx: mpsc::UnboundedSender<Cmd>,
     shutdown: CancellationToken,
+    scheduler: Recipient<ToScheduler>,
 }
 
 impl std::fmt::Debug for RemoteExecutor {
@@ -163,23 +165,20 @@ impl Executor for RemoteExecutor {
         // The sibling's own scope, which the scheduler stops if it refuses
         // the start it records at spawn (a budget tripped meanwhile).
         let own = parent.child();
-        let _ = self.tx.send(Cmd::Sibling {
+        let sent = self.tx.send(Cmd::Sibling {
             spawn: Box::new(spawn),
             group,
             own: own.clone(),
         });
+        // No loop to take it (it could not start): the sibling never
+        // starts, and the scheduler, which counts it running, hears so.
+        if let Err(mpsc::error::SendError(Cmd::Sibling { spawn, .. })) = sent {
+            self.scheduler.do_send(ToScheduler::Report {
+                exec: spawn.exec,
+                outcome: StageOutcome::CancelledBeforeStart,
+            });
+        }
         own
-    }
-
-    /// The scheduler spawns a sibling only into a free slot of a live
-    /// group, so it records the start itself as it spawns one: the
-    /// coordinator publishes the task without asking. Asking was three
-    /// hops on the way of every sibling (the ask to the scheduler, its
-    /// grant back to this arbiter, the grant into the loop), each behind
-    /// whatever that thread had queued. A group cancelled since is caught
-    /// where it was caught before: at the publish, from the group's scope.
-    fn grants_at_spawn(&self) -> bool {
-        true
     }
 }
 
@@ -287,11 +286,14 @@ impl Coordinator {
     ) {
         let consumer = match self.spec.nats.coordinator_consumer(&self.spec.run_id).await {
             Ok(c) => c,
-            Err(e) => return self.abort(format!("{e}")),
+            Err(e) => return self.abort(format!("{e}"), &mut rx, &shutdown).await,
         };
         let reports = match consumer.messages().await {
             Ok(m) => m,
-            Err(e) => return self.abort(format!("cannot read the run's reports: {e}")),
+            Err(e) => {
+                let why = format!("cannot read the run's reports: {e}");
+                return self.abort(why, &mut rx, &shutdown).await;
+            }
         };
         // Messages are read and decoded ahead of this loop (see
         // `decoding`); the reader stops once this loop drops `incoming`.
@@ -321,7 +323,10 @@ impl Coordinator {
                 message = incoming.recv() => match message {
                     Some(message) => self.reports(message).await,
                     None if shutdown.is_cancelled() => return self.finish(&mut rx).await,
-                    None => return self.abort("the run's report stream ended".to_owned()),
+                    None => {
+                        let why = "the run's report stream ended".to_owned();
+                        return self.abort(why, &mut rx, &shutdown).await;
+                    }
                 },
                 Some(advisory) = async {
                     match &mut abandoned {
@@ -362,11 +367,54 @@ impl Coordinator {
         }
     }
 
-    /// NATS failed under the run: it cannot go on.
-    fn abort(&self, why: String) {
+    /// NATS failed under the run: it cannot go on. The scheduler is told
+    /// (it cancels the run), and the loop stays until the run is over to
+    /// answer for its siblings, which the scheduler counts running from
+    /// their spawn: those whose tasks went out will not be heard from
+    /// (cancelled), those spawned since never start. Without the answers
+    /// the run would wait for reports that cannot come.
+    async fn abort(
+        mut self,
+        why: String,
+        rx: &mut mpsc::UnboundedReceiver<Cmd>,
+        shutdown: &CancellationToken,
+    ) {
         self.scheduler.do_send(ToScheduler::LimitReached {
             reason: format!("Distributed/Unreachable: {why}"),
         });
+        let lost: Vec<ExecKey> = self
+            .groups
+            .values_mut()
+            .flat_map(|g| g.units.values_mut())
+            .filter(|u| !u.done)
+            .filter_map(|u| {
+                u.done = true;
+                u.exec.clone()
+            })
+            .collect();
+        for exec in lost {
+            self.scheduler.do_send(ToScheduler::Report {
+                exec,
+                outcome: StageOutcome::Cancelled {
+                    usage: Usage::default(),
+                },
+            });
+        }
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                cmd = rx.recv() => match cmd {
+                    Some(Cmd::Sibling { spawn, .. }) => {
+                        self.scheduler.do_send(ToScheduler::Report {
+                            exec: spawn.exec,
+                            outcome: StageOutcome::CancelledBeforeStart,
+                        });
+                    }
+                    Some(_) => {}
+                    None => return,
+                },
+            }
+        }
     }
 
     async fn command(&mut self, cmd: Cmd) {
@@ -414,8 +462,11 @@ impl Coordinator {
         }
     }
 
-    /// A sibling to send, granted at its spawn
-    /// ([`RemoteExecutor::grants_at_spawn`]): publish it.
+    /// A sibling to send, its start recorded by the scheduler as it spawned
+    /// it: publish it. (Asking the scheduler on its behalf was three hops
+    /// on every sibling's way: the ask to the scheduler, its grant back to
+    /// this arbiter, the grant into the loop, each behind whatever that
+    /// thread had queued.)
     fn sibling(&mut self, spawn: Spawn, group: Option<CancelScope>, own: &CancelScope) {
         let turn = spawn.exec.turn;
         let unit = match spawn.exec.slot {
@@ -486,8 +537,15 @@ impl Coordinator {
     /// reports; a task JetStream will not take is retried (a cluster
     /// electing a leader) and fails its sibling only when that runs out.
     fn publish(&mut self, exec: ExecKey, task: Task, own: &CancelScope) {
-        let cancelled =
-            own.is_cancelled() || self.groups.get(&task.turn).is_some_and(Group::is_cancelled);
+        // A budget this loop's own reports tripped counts too: the
+        // scheduler has not read it yet, and would refuse the start.
+        let cancelled = own.is_cancelled()
+            || self.groups.get(&task.turn).is_some_and(Group::is_cancelled)
+            || self
+                .spec
+                .budget
+                .as_ref()
+                .is_some_and(|b| b.exceeded().is_some());
         if cancelled {
             self.done(&exec, task.turn, task.unit);
             self.scheduler.do_send(ToScheduler::Report {

@@ -375,10 +375,7 @@ impl WorkerHost {
                 self.arbiters.clone(),
             )
             .without_relays()
-            .keeping_results_whole()
-            // This host grants every ask at once (the cap is the
-            // coordinator's scheduler's), so asking was only two hops.
-            .granting_at_spawn();
+            .keeping_results_whole();
             self.executors.insert(task.run_id.clone(), (local, now));
         }
         self.executors.get_mut(&task.run_id).map(|(local, used)| {
@@ -572,9 +569,6 @@ impl Handler<ToScheduler> for WorkerHost {
 
     fn handle(&mut self, msg: ToScheduler, ctx: &mut Context<Self>) {
         match msg {
-            ToScheduler::StartRequest { reply, .. } => {
-                let _ = reply.send(());
-            }
             ToScheduler::Report { exec, outcome } => self.report(exec, outcome, ctx),
             ToScheduler::CancelRun | ToScheduler::LimitReached { .. } => {}
         }

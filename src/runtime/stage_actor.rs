@@ -1,5 +1,6 @@
 //! The stage-execution actor: one per stage execution, siblings included.
-//! It asks the scheduler before starting (siblings only), runs the phases,
+//! It begins as soon as it is started (the scheduler records a sibling's
+//! start as it spawns it; its scope says whether it may), runs the phases,
 //! records the execution's end in exactly one place — `StageExited` after
 //! Exit, or `StageCancelled` after a strict cancel — and reports once. A
 //! panic in the phases becomes the stage's `ExtensionHost/ActorPanicked`
@@ -13,7 +14,6 @@ use std::time::SystemTime;
 use actix::prelude::*;
 use futures::FutureExt;
 use serde_json::Value;
-use tokio::sync::oneshot;
 use troupe_actors::EventBus;
 
 use super::cancel::CancelScope;
@@ -36,8 +36,6 @@ pub use roll::{forget, record_under};
 pub struct StageActor {
     run: Option<StageRun>,
     exec: ExecKey,
-    /// Siblings ask the scheduler before they start.
-    gated: bool,
     scheduler: Arc<Recipient<ToScheduler>>,
     /// Its whereabouts, event ids and scope, and whether its end is
     /// recorded: shared with its thread's roll (see `roll`).
@@ -76,7 +74,6 @@ impl StageActor {
     pub fn new(
         run: StageRun,
         exec: ExecKey,
-        gated: bool,
         scheduler: Arc<Recipient<ToScheduler>>,
         scope: CancelScope,
         group: Option<CancelScope>,
@@ -94,7 +91,6 @@ impl StageActor {
         );
         StageActor {
             exec,
-            gated,
             scheduler,
             group,
             note: Rc::new(note),
@@ -387,21 +383,7 @@ impl Actor for StageActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        if !self.gated {
-            return self.begin(ctx);
-        }
-        let (tx, rx) = oneshot::channel();
-        self.scheduler.do_send(ToScheduler::StartRequest {
-            exec: self.exec.clone(),
-            reply: tx,
-        });
-        ctx.spawn(rx.into_actor(self).map(|granted, act, ctx| match granted {
-            Ok(()) => act.begin(ctx),
-            Err(_) => {
-                act.send_report(StageOutcome::Withdrawn);
-                ctx.stop();
-            }
-        }));
+        self.begin(ctx);
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {

@@ -37,8 +37,8 @@ pub struct Scheduler {
     finished: bool,
     started_at: Instant,
     /// Emptied command buffers, for the next event's commands: every
-    /// sibling's start and end is an event (two, nested, where siblings
-    /// are granted at spawn), and a buffer allocated for each was a
+    /// sibling's start and end is an event (two, nested, since a
+    /// sibling's start is fed as it is spawned), and a buffer allocated for each was a
     /// good part of this thread's allocations.
     spare: Vec<Vec<PlanCommand>>,
     /// The same for the start requests of siblings granted at spawn.
@@ -122,7 +122,7 @@ impl Scheduler {
                         .flatten();
                     let key = (spawn.exec.turn, spawn.exec.slot);
                     let executor = self.executor(ctx);
-                    if spawn.is_sibling() && executor.grants_at_spawn() {
+                    if spawn.is_sibling() {
                         asked.push(spawn.exec.clone());
                     }
                     let scope = executor.start(*spawn, &parent, group);
@@ -224,7 +224,7 @@ impl Scheduler {
             );
             match &spec.executor {
                 Some(factory) => factory.make(local, ctx.address().recipient()),
-                None => Box::new(local.granting_at_spawn()),
+                None => Box::new(local),
             }
         })
     }
@@ -318,17 +318,6 @@ impl Handler<ToScheduler> for Scheduler {
 
     fn handle(&mut self, msg: ToScheduler, ctx: &mut Context<Self>) {
         match msg {
-            ToScheduler::StartRequest { exec, reply } => {
-                self.check_budget(ctx);
-                let Slot::Unit(unit) = exec.slot else {
-                    return;
-                };
-                let granted = self.step(PlanEvent::StartRequested { exec }, ctx);
-                if granted.contains(&unit) {
-                    let _ = reply.send(());
-                }
-                // Otherwise dropping the reply withdraws the unit.
-            }
             ToScheduler::Report { exec, outcome } => {
                 self.check_budget(ctx);
                 self.live.remove(&(exec.turn, exec.slot));

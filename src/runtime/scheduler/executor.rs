@@ -6,13 +6,13 @@
 //!
 //! Every execution an executor starts reports exactly once
 //! ([`ToScheduler::Report`]) and stops when its cancellation scope fires.
-//! A sibling asks the scheduler before it begins
-//! ([`ToScheduler::StartRequest`]), unless its executor
-//! [grants at spawn](Executor::grants_at_spawn): then the scheduler
-//! records the start request itself as it starts the sibling, and the
-//! sibling checks only its scope. The local pool does that: the ask and
-//! its grant were two of the four hops between threads each sibling made,
-//! each a wake of a parked thread.
+//! A sibling does not ask to start: the scheduler spawns one only into a
+//! free slot of a live group, so it records the sibling's start request
+//! itself as it starts it, and the sibling checks only its scope (which
+//! the scheduler stops if it refuses after all: a budget tripped
+//! meanwhile). Asking, and waiting for the grant, were two of the four
+//! hops between threads a local sibling made, each a wake of a parked
+//! thread, and three on a remote sibling's way.
 
 use std::sync::Arc;
 
@@ -48,13 +48,6 @@ pub trait Executor: std::fmt::Debug {
         parent: &CancelScope,
         group: Option<CancelScope>,
     ) -> CancelScope;
-
-    /// Whether the siblings this executor starts begin without asking:
-    /// the scheduler then feeds the start request to the planner itself,
-    /// right after `start`, before it reads any other message.
-    fn grants_at_spawn(&self) -> bool {
-        false
-    }
 }
 
 /// The local pool: each execution is a [`StageActor`], started on one of
@@ -76,8 +69,6 @@ pub struct LocalExecutor {
     /// arbiter's, not all to the group's.
     relays: Vec<Option<(CancelScope, CancelScope)>>,
     relaying: bool,
-    /// Siblings begin without asking ([`Executor::grants_at_spawn`]).
-    granting: bool,
     /// Siblings hand their results over packed (`Kept`).
     packing: bool,
 }
@@ -104,20 +95,10 @@ impl LocalExecutor {
             manifests: super::FastMap::default(),
             relays: vec![None; arbiters.len()],
             relaying: true,
-            granting: false,
             packing: true,
             arbiters,
             next: 0,
         }
-    }
-
-    /// Siblings begin without asking: for a scheduler that records each
-    /// sibling's start request itself as it starts it, and for a worker's
-    /// host, which would grant every ask at once (the cap is the
-    /// coordinator's). Without it a sibling asks and waits for the grant.
-    pub fn granting_at_spawn(mut self) -> LocalExecutor {
-        self.granting = true;
-        self
     }
 
     /// Starts siblings directly under the scope they are given: for a
@@ -213,7 +194,6 @@ impl Executor for LocalExecutor {
         group: Option<CancelScope>,
     ) -> CancelScope {
         let tools = self.tools(&spawn);
-        let gated = spawn.is_sibling() && !self.granting;
         // A sibling under a relay or straight under its group enrols in
         // its thread's roll: a relay's task records under the relay when
         // it forwards a cancel, a failed sibling under its own parent. (A
@@ -255,7 +235,7 @@ impl Executor for LocalExecutor {
                 hub,
                 tools,
             };
-            let mut actor = StageActor::new(run, exec, gated, scheduler, own, group);
+            let mut actor = StageActor::new(run, exec, scheduler, own, group);
             if enrolling {
                 actor = actor.enrolling();
             }
@@ -281,9 +261,5 @@ impl Executor for LocalExecutor {
             }
         }
         scope
-    }
-
-    fn grants_at_spawn(&self) -> bool {
-        self.granting
     }
 }

@@ -48,7 +48,8 @@ use group::Group;
 pub enum PlanEvent {
     /// The run starts at the pipeline's entry stage.
     Start,
-    /// A sibling asks to start (the start handshake).
+    /// A sibling's start request, which the scheduler feeds as it spawns
+    /// the sibling (the core's start handshake).
     StartRequested { exec: ExecKey },
     /// An execution ended.
     Reported {
@@ -75,8 +76,8 @@ pub struct Spawn {
 }
 
 impl Spawn {
-    /// A sibling of a parallel group: it asks to start, and its group
-    /// shares a cancellation scope.
+    /// A sibling of a parallel group: its start is requested as it is
+    /// spawned, and its group shares a cancellation scope.
     pub fn is_sibling(&self) -> bool {
         matches!(self.exec.slot, Slot::Unit(_))
     }

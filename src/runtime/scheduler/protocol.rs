@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use actix::Message;
-use tokio::sync::oneshot;
 
 use crate::runtime::result::{Kept, Usage};
 use crate::runtime::summary::RunReport;
@@ -55,17 +54,12 @@ pub enum StageOutcome {
     CancelledBeforeStart,
 }
 
-/// What the scheduler is told: by executions (start requests, reports),
-/// by the session (Ctrl-C) and by the run's limits.
+/// What the scheduler is told: by executions (their reports), by the
+/// session (Ctrl-C) and by the run's limits. (A sibling does not ask to
+/// start: the scheduler records its start as it spawns it.)
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub enum ToScheduler {
-    /// A sibling asks to start (the start handshake). The answer is a
-    /// message on `reply`; once the group is decided it never comes.
-    StartRequest {
-        exec: ExecKey,
-        reply: oneshot::Sender<()>,
-    },
     /// An execution ended.
     Report {
         exec: ExecKey,
