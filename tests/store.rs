@@ -385,6 +385,32 @@ fn a_burst_of_exits_is_committed_in_one_or_two_transactions() {
     assert_eq!(writer.finish(), Ok(BURST as u64));
 }
 
+/// A run deleted while its writer runs (`troupe runs delete` in another
+/// process): its later records are refused, not stored as rows of no run,
+/// and a run begun since (which gets the freed key) gets none of them.
+#[test]
+fn records_of_a_run_deleted_while_it_runs_are_refused_not_stored_under_another() {
+    let (_dir, path, store, writer, ledger) = writing();
+    let first = persist(&ledger, exit("r", 0, Verdict::Ok, json!({})));
+    assert_eq!(first.recv().unwrap(), Ok(()));
+    store.delete_run("r").unwrap();
+    store.begin_run(&run_row("s", 2)).unwrap();
+    let late = persist(&ledger, exit("r", 1, Verdict::Ok, json!({})));
+    let refused = late.recv().unwrap().unwrap_err();
+    assert!(refused.0.contains("no longer in the store"), "{refused:?}");
+    ledger.cancelled(cancel("r", 2));
+    assert!(writer.finish().is_err(), "the writer ends with the refusal");
+    assert!(
+        store.executions("s", None, None).unwrap().is_empty(),
+        "the new run got the deleted one's records"
+    );
+    let rows: i64 = Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM executions", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 0, "rows of a deleted run");
+}
+
 #[test]
 fn a_long_write_ahead_log_is_checkpointed_while_the_store_stays_open() {
     const EXITS: usize = 2000;
