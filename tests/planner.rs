@@ -322,6 +322,51 @@ fn the_first_failure_cancels_running_siblings_and_nothing_starts_after_it() {
     );
 }
 
+/// A limit decides the group between a sibling's spawn and its start
+/// request (which the scheduler feeds right after the spawn): the core
+/// withdraws it, and it then reports it never started, or that it was
+/// cancelled if it had begun. Each sibling is counted once: exited,
+/// cancelled or never started.
+#[test]
+fn a_sibling_withdrawn_at_its_spawn_is_counted_once() {
+    for begun in [false, true] {
+        let (_f, p) = map_pipeline(None);
+        let mut d = Driver::new(p, 3);
+        d.step(PlanEvent::Start);
+        d.exit(None, "plan", Verdict::Ok, items(10));
+        d.request(0);
+        d.request(1);
+        // Unit 2 is spawned; the limit is read before its request.
+        let cmds = d.step(PlanEvent::LimitReached {
+            reason: "Budget/TokensExceeded: over".to_owned(),
+        });
+        assert_eq!(cancels(&cmds).len(), 3, "two running, one withdrawn");
+        assert!(granted(&d.request(2)).is_empty());
+        // Unit 2 reports while the two running ones hold the group open.
+        if begun {
+            d.cancelled(Some(2), "worker");
+        } else {
+            d.report(Some(2), StageOutcome::CancelledBeforeStart);
+        }
+        d.cancelled(Some(0), "worker");
+        let cmds = d.cancelled(Some(1), "worker");
+        let report = cmds
+            .iter()
+            .find_map(|c| match c {
+                PlanCommand::Finish(report) => Some(report),
+                _ => None,
+            })
+            .expect("the run ends once every sibling reported");
+        let g = &report.groups[0];
+        let (cancelled, never) = if begun { (3, 7) } else { (2, 8) };
+        assert_eq!(
+            (g.cancelled, g.never_started),
+            (cancelled, never),
+            "begun: {begun}, {g:?}"
+        );
+    }
+}
+
 #[test]
 fn cancel_run_reaches_the_sequential_stage_then_ends_cancelled() {
     let (_f, p) = map_pipeline(None);

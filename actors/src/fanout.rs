@@ -611,6 +611,12 @@ impl FanOut {
         self.withdrawn
     }
 
+    /// Whether `unit` was sent `Withdraw` (its start was never granted).
+    #[must_use]
+    pub fn was_withdrawn(&self, unit: usize) -> bool {
+        self.withdrawn_units.contains(&unit)
+    }
+
     /// `Finished` events accepted from cancelled or withdrawn units and ignored.
     #[must_use]
     pub const fn late_finishes(&self) -> usize {

@@ -659,12 +659,24 @@ impl Planner {
                     // by itself (see the module documentation).
                     StageOutcome::Cancelled { .. } => {
                         g.stats.cancelled += 1;
+                        // Withdrawn when the group was decided, its start
+                        // never granted, yet it had begun (a sibling begins
+                        // as it is spawned): it did start.
+                        if g.core.was_withdrawn(unit) {
+                            g.stats.withdrawn = g.stats.withdrawn.saturating_sub(1);
+                        }
                         UnitOutcome::Cancelled
                     }
-                    // Granted, so the core counts it running; it never
-                    // started, so the summary counts it as never started.
+                    // It never started, so the summary counts it as never
+                    // started: here, unless the core withdrew it when the
+                    // group was decided (counted then). A sibling's start
+                    // is fed as it is spawned, so a decision in between
+                    // (a budget tripped on another thread) withdraws it
+                    // and then it reports this.
                     StageOutcome::CancelledBeforeStart => {
-                        g.stats.withdrawn += 1;
+                        if !g.core.was_withdrawn(unit) {
+                            g.stats.withdrawn += 1;
+                        }
                         UnitOutcome::Cancelled
                     }
                     StageOutcome::Withdrawn => {
