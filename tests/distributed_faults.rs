@@ -22,7 +22,6 @@ mod common;
 mod harness;
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::BufReader;
 use std::process::Stdio;
 
 use futures::TryStreamExt;
@@ -50,23 +49,19 @@ fn a_killed_workers_siblings_run_again_on_another_and_exit_once() {
         project.root(),
         &lease,
     );
-    let mut coordinator = project
-        .run(fixture.path(), &server.url())
-        .args(["--ctx", "width=10", "--json", "--nats-lease", "2s"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = coordinator.stdout.take().unwrap();
-    let mut coordinator = Owned { child: coordinator };
+    let coordinator = Background::start(project.run(fixture.path(), &server.url()).args([
+        "--ctx",
+        "width=10",
+        "--json",
+        "--nats-lease",
+        "2s",
+    ]));
     // Four in flight, two on each worker; one dies holding two.
     project.wait_started(4);
     doomed.process.signal(nix::sys::signal::Signal::SIGKILL);
     let _ = doomed.process.wait();
     project.release();
-    let status = coordinator.wait();
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut BufReader::new(stdout), &mut out).unwrap();
+    let (status, out) = coordinator.finish();
     assert!(status.success(), "{out}");
     let s: Value = serde_json::from_str(&out).unwrap();
     let events = audit(&s);
@@ -170,15 +165,13 @@ fn a_run_whose_reports_can_no_longer_be_read_ends_instead_of_waiting() {
         project.root(),
         &["--max-siblings", "2"],
     );
-    let mut coordinator = project
-        .run(fixture.path(), &server.url())
-        .args(["--ctx", "width=8", "--parallel-cap", "2", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = coordinator.stdout.take().unwrap();
-    let mut coordinator = Owned { child: coordinator };
+    let coordinator = Background::start(project.run(fixture.path(), &server.url()).args([
+        "--ctx",
+        "width=8",
+        "--parallel-cap",
+        "2",
+        "--json",
+    ]));
     // Two in flight on the worker, held there until `go`.
     project.wait_started(2);
     let url = server.url();
@@ -191,10 +184,8 @@ fn a_run_whose_reports_can_no_longer_be_read_ends_instead_of_waiting() {
             reports.delete_consumer(&name).await.unwrap();
         }
     });
-    let status = coordinator.wait();
+    let (status, out) = coordinator.finish();
     project.release();
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut BufReader::new(stdout), &mut out).unwrap();
     assert_eq!(status.code(), Some(1), "{out}");
     let s: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(s["status"], "failed");

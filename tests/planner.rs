@@ -276,14 +276,21 @@ fn the_join_starts_only_after_every_sibling_is_ok_or_skipped() {
     assert_eq!(d.status(), Some(&RunStatus::Ok));
 }
 
-#[test]
-fn the_first_failure_cancels_running_siblings_and_nothing_starts_after_it() {
-    let (_f, p) = map_pipeline(None);
+/// A map over ten items, cap 3: units 0 and 1 running, unit 2 spawned
+/// and not yet started.
+fn two_running_one_spawned() -> (Fixture, Driver) {
+    let (f, p) = map_pipeline(None);
     let mut d = Driver::new(p, 3);
     d.step(PlanEvent::Start);
     d.exit(None, "plan", Verdict::Ok, items(10));
     d.request(0);
     d.request(1);
+    (f, d)
+}
+
+#[test]
+fn the_first_failure_cancels_running_siblings_and_nothing_starts_after_it() {
+    let (_f, mut d) = two_running_one_spawned();
     // Unit 2 was spawned but has not asked yet.
     let cmds = d.exit(Some(0), "worker", Verdict::Fail, json!({}));
     assert!(spawned(&cmds).is_empty(), "no new sibling after a failure");
@@ -330,12 +337,7 @@ fn the_first_failure_cancels_running_siblings_and_nothing_starts_after_it() {
 #[test]
 fn a_sibling_withdrawn_at_its_spawn_is_counted_once() {
     for begun in [false, true] {
-        let (_f, p) = map_pipeline(None);
-        let mut d = Driver::new(p, 3);
-        d.step(PlanEvent::Start);
-        d.exit(None, "plan", Verdict::Ok, items(10));
-        d.request(0);
-        d.request(1);
+        let (_f, mut d) = two_running_one_spawned();
         // Unit 2 is spawned; the limit is read before its request.
         let cmds = d.step(PlanEvent::LimitReached {
             reason: "Budget/TokensExceeded: over".to_owned(),

@@ -171,6 +171,37 @@ impl Owned {
     }
 }
 
+/// A `troupe run … --json` started in the background and owned, for a
+/// test that acts on the run while it runs.
+pub struct Background {
+    pub process: Owned,
+    stdout: std::process::ChildStdout,
+}
+
+impl Background {
+    pub fn start(command: &mut Command) -> Background {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        Background {
+            process: Owned { child },
+            stdout,
+        }
+    }
+
+    /// Waits for the run to exit (at most [`WAIT`]): its exit status and
+    /// what it printed (the summary).
+    pub fn finish(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.process.wait();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut BufReader::new(&mut self.stdout), &mut out).unwrap();
+        (status, out)
+    }
+}
+
 impl Drop for Owned {
     fn drop(&mut self) {
         self.kill();
