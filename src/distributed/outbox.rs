@@ -48,9 +48,10 @@ impl Outbox {
 
     /// Sends one report; resolves to whether the server stored it.
     pub async fn send(&self, run_id: &str, report: &Report) -> bool {
-        let Ok(body) = serde_json::to_vec(report) else {
+        let mut body = Vec::with_capacity(report.size_hint());
+        if serde_json::to_writer(&mut body, report).is_err() {
             return false;
-        };
+        }
         let (stored, answer) = oneshot::channel();
         let outgoing = Outgoing {
             run_id: run_id.to_owned(),

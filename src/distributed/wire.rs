@@ -175,6 +175,23 @@ pub enum Report {
 }
 
 impl Report {
+    /// About how long the report's JSON is: its event lines, and room for
+    /// the rest (a buffer made at this size is grown at most once or
+    /// twice, where one grown from empty was copied as it doubled).
+    pub fn size_hint(&self) -> usize {
+        let lines = match self {
+            Report::Exited { events, .. } | Report::Cancelled { events, .. } => events
+                .iter()
+                .map(|e| match e {
+                    EventLine::Line(line) => line.as_str().len() + 1,
+                    EventLine::Read(_) => 256,
+                })
+                .sum(),
+            _ => 0,
+        };
+        lines + 512
+    }
+
     /// The report's kind, as the task log (`--task-log`) names it.
     pub fn kind(&self) -> &'static str {
         match self {
