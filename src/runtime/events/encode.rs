@@ -223,9 +223,17 @@ impl FieldValue {
         match self {
             FieldValue::Static(s) => write_json_str(out, s),
             FieldValue::Shared(s) => write_json_str(out, s),
-            // Writing a plain struct into a Vec cannot fail.
+            // By hand, as serde writes it (`Usage`'s camelCase names, in
+            // order): through serde it was a thousand instructions, and
+            // three of a sibling's events carry one.
             FieldValue::Usage(u) => {
-                let _ = serde_json::to_writer(&mut *out, u);
+                out.extend_from_slice(br#"{"promptTokens":"#);
+                write_u64(out, u.prompt_tokens);
+                out.extend_from_slice(br#","completionTokens":"#);
+                write_u64(out, u.completion_tokens);
+                out.extend_from_slice(br#","requests":"#);
+                write_u64(out, u.requests);
+                out.push(b'}');
             }
             FieldValue::Number(n) => write_json_number(out, n),
             FieldValue::Bool(true) => out.extend_from_slice(b"true"),
@@ -309,6 +317,20 @@ mod tests {
     use super::*;
     use crate::provider::Usage;
     use crate::runtime::events::EventName;
+
+    #[test]
+    fn usage_is_written_as_serde_writes_it() {
+        for n in [0, 1, 9, 10, 12_345, u64::MAX] {
+            let usage = Usage {
+                prompt_tokens: n,
+                completion_tokens: n / 3,
+                requests: u64::MAX - n,
+            };
+            let mut ours = Vec::new();
+            FieldValue::Usage(usage).write_json(&mut ours);
+            assert_eq!(ours, serde_json::to_vec(&usage).unwrap(), "{usage:?}");
+        }
+    }
 
     #[test]
     fn needs_escape_finds_every_byte_that_needs_it_at_every_offset() {
