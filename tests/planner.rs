@@ -311,7 +311,10 @@ fn the_first_failure_cancels_running_siblings_and_nothing_starts_after_it() {
         "the run ends once every started unit reported"
     );
     assert!(emitted(&cmds).contains(&"ParallelSiblingFailure".to_owned()));
-    assert!(d.report(Some(2), StageOutcome::Withdrawn).is_empty());
+    assert!(
+        d.report(Some(2), StageOutcome::CancelledBeforeStart)
+            .is_empty()
+    );
     match d.status() {
         Some(RunStatus::Failed { reason }) => {
             assert!(
@@ -492,6 +495,7 @@ proptest! {
             .filter_map(|c| match c { PlanCommand::Spawn(s) => match s.exec.slot { Exec::Unit(u) => Some((u, Sim::Spawned)), _ => None }, _ => None })
             .collect();
         let mut ok: BTreeSet<usize> = BTreeSet::new();
+        let mut exited = 0usize;
         let mut ended: HashSet<usize> = HashSet::new();
         let mut stopped = false;
         let mut join_live = d.log.iter().any(|c| matches!(c, PlanCommand::Spawn(s) if s.exec.slot == Exec::Join));
@@ -525,21 +529,24 @@ proptest! {
                         prop_assert!(!stopped, "granted after a failure or cancel");
                         live.insert(unit, Sim::Running);
                     } else {
-                        // Not granted: the actor reports Withdrawn.
+                        // Not granted: the scheduler stops its scope, and
+                        // it reports that it never started.
                         live.remove(&unit);
                         ended.insert(unit);
-                        d.report(Some(unit), StageOutcome::Withdrawn);
+                        d.report(Some(unit), StageOutcome::CancelledBeforeStart);
                     }
                 }
                 Sim::Running => {
                     live.remove(&unit);
                     ended.insert(unit);
                     if fail_at == Some(unit) {
+                        exited += 1;
                         d.exit(Some(unit), "worker", Verdict::Fail, json!({}));
                         stopped = true;
                     } else if stopped {
                         d.cancelled(Some(unit), "worker");
                     } else {
+                        exited += 1;
                         ok.insert(unit);
                         d.exit(Some(unit), "worker", Verdict::Ok, json!({}));
                     }
@@ -568,6 +575,15 @@ proptest! {
             let running = live.values().filter(|s| **s == Sim::Running).count();
             prop_assert!(running <= cap, "running {} > cap {}", running, cap);
             prop_assert!(live.len() <= cap);
+        }
+        // Each sibling is counted once in the summary: it exited, was
+        // cancelled, or never started.
+        let group = d.log.iter().find_map(|c| match c {
+            PlanCommand::Finish(report) => report.groups.first(),
+            _ => None,
+        });
+        if let Some(g) = group {
+            prop_assert_eq!(exited + g.cancelled + g.never_started, width, "{:?}", g);
         }
         let status = d.status().cloned();
         prop_assert!(status.is_some());

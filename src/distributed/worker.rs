@@ -549,7 +549,7 @@ impl WorkerHost {
                     },
                     |s| s.cancelled += 1,
                 ),
-                StageOutcome::CancelledBeforeStart | StageOutcome::Withdrawn => (
+                StageOutcome::CancelledBeforeStart => (
                     Report::NotStarted {
                         stage_execution_id: t.stage_execution_id.clone(),
                         turn: t.turn,

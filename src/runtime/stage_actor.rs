@@ -414,7 +414,7 @@ impl Actor for StageActor {
             self.store_cancelled();
             self.send_report(self.cancelled());
         } else {
-            self.send_report(StageOutcome::Withdrawn);
+            self.send_report(StageOutcome::CancelledBeforeStart);
         }
     }
 }

@@ -37,9 +37,9 @@ pub struct Scheduler {
     finished: bool,
     started_at: Instant,
     /// Emptied command buffers, for the next event's commands: every
-    /// sibling's start and end is an event (two, nested, since a
-    /// sibling's start is fed as it is spawned), and a buffer allocated for each was a
-    /// good part of this thread's allocations.
+    /// sibling's start and end is an event (two, nested, since a sibling's
+    /// start is fed as it is spawned), and a buffer allocated for each
+    /// was a good part of this thread's allocations.
     spare: Vec<Vec<PlanCommand>>,
     /// The same for the start requests of siblings granted at spawn.
     spare_asked: Vec<ExecKey>,

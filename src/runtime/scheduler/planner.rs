@@ -547,7 +547,8 @@ impl Planner {
         };
         let mut cmds = std::mem::take(&mut self.fan_out);
         // A protocol violation (a stale or duplicate request) is answered
-        // by not granting it: the requester then reports Withdrawn.
+        // by not granting it: the scheduler then stops the sibling's scope,
+        // and it reports that it never started.
         if g.core
             .handle(FanOutEvent::StartRequested { unit }, &mut cmds)
             .is_ok()
@@ -580,9 +581,7 @@ impl Planner {
                 self.record(&result);
                 self.follow(stage, result.result(), upstream, out);
             }
-            StageOutcome::Cancelled { .. }
-            | StageOutcome::CancelledBeforeStart
-            | StageOutcome::Withdrawn => {
+            StageOutcome::Cancelled { .. } | StageOutcome::CancelledBeforeStart => {
                 let status = self.cancelled_status();
                 self.finish(status, out)
             }
@@ -678,11 +677,6 @@ impl Planner {
                             g.stats.withdrawn += 1;
                         }
                         UnitOutcome::Cancelled
-                    }
-                    StageOutcome::Withdrawn => {
-                        self.current = Current::Group(g);
-                        self.maybe_end_group(out);
-                        return;
                     }
                 };
                 let mut cmds = std::mem::take(&mut self.fan_out);

@@ -47,10 +47,8 @@ pub enum StageOutcome {
     /// Strictly cancelled after it started: no Exit. `usage` is what its
     /// model requests had used by then.
     Cancelled { usage: Usage },
-    /// Never started: the start request was refused or dropped.
-    Withdrawn,
-    /// Granted a start, but cancelled (fail-fast, Ctrl-C, a limit) before
-    /// it began: it never started, yet the scheduler counted it running.
+    /// Cancelled (fail-fast, Ctrl-C, a limit) before it began: it never
+    /// started, though the scheduler counted it running from its spawn.
     CancelledBeforeStart,
 }
 
