@@ -7,8 +7,8 @@
 //! - **Publishing.** The scheduler spawns a sibling only into a free
 //!   slot of its group and counts it started as it spawns it (granted at
 //!   spawn, as a local sibling is); its task is published on the group's
-//!   subject, deduplicated by its `stageExecutionId`, unless the group's
-//!   scope was cancelled since. The scheduler's cap therefore bounds the
+//!   subject, deduplicated by its `stageExecutionId`, unless its scope
+//!   (under the group's) was cancelled since. The scheduler's cap therefore bounds the
 //!   tasks of a group in the queue or on workers.
 //! - **Reports.** Workers report on the run's report subject, in batches
 //!   (one message, many reports: see `outbox`), read by the run's durable
@@ -241,7 +241,8 @@ struct Queue {
     js: async_nats::jetstream::Context,
     session: Arc<str>,
     task: Task,
-    stop: Option<CancellationToken>,
+    /// The sibling's scope's token: retries stop once it fires.
+    stop: CancellationToken,
 }
 
 impl Queue {
@@ -266,7 +267,7 @@ impl Queue {
             format!("{}@{}", task.stage_execution_id, self.session).as_str(),
         );
         let subject = task_subject(&task.run_id, task.turn);
-        publish_acked(&self.js, subject, headers, body.into(), self.stop.as_ref())
+        publish_acked(&self.js, subject, headers, body.into(), Some(&self.stop))
             .await
             .map_err(|e| unreachable(&e))
     }
@@ -382,24 +383,12 @@ impl Coordinator {
         self.scheduler.do_send(ToScheduler::LimitReached {
             reason: format!("Distributed/Unreachable: {why}"),
         });
-        let lost: Vec<ExecKey> = self
+        let lost = self
             .groups
             .values_mut()
-            .flat_map(|g| g.units.values_mut())
-            .filter(|u| !u.done)
-            .filter_map(|u| {
-                u.done = true;
-                u.exec.clone()
-            })
+            .flat_map(Group::take_unsettled)
             .collect();
-        for exec in lost {
-            self.scheduler.do_send(ToScheduler::Report {
-                exec,
-                outcome: StageOutcome::Cancelled {
-                    usage: Usage::default(),
-                },
-            });
-        }
+        self.report_lost(lost);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -414,6 +403,19 @@ impl Coordinator {
                     None => return,
                 },
             }
+        }
+    }
+
+    /// Siblings that will not be heard from, as cancelled: nothing of what
+    /// they spent is known here.
+    fn report_lost(&self, lost: Vec<ExecKey>) {
+        for exec in lost {
+            self.scheduler.do_send(ToScheduler::Report {
+                exec,
+                outcome: StageOutcome::Cancelled {
+                    usage: Usage::default(),
+                },
+            });
         }
     }
 
@@ -436,28 +438,12 @@ impl Coordinator {
             Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
             Cmd::Committed(id, stored) => self.committed(&id, stored).await,
             Cmd::GiveUp { turn } => {
-                let lost: Vec<ExecKey> = self
+                let lost = self
                     .groups
                     .get_mut(&turn)
-                    .map(|g| {
-                        g.units
-                            .values_mut()
-                            .filter(|u| !u.done)
-                            .filter_map(|u| {
-                                u.done = true;
-                                u.exec.clone()
-                            })
-                            .collect()
-                    })
+                    .map(Group::take_unsettled)
                     .unwrap_or_default();
-                for exec in lost {
-                    self.scheduler.do_send(ToScheduler::Report {
-                        exec,
-                        outcome: StageOutcome::Cancelled {
-                            usage: Usage::default(),
-                        },
-                    });
-                }
+                self.report_lost(lost);
             }
         }
     }
@@ -556,7 +542,7 @@ impl Coordinator {
         }
         // Under the group's scope: fires with it, or when the scheduler
         // stops this sibling alone.
-        let stop = Some(own.token().clone());
+        let stop = own.token().clone();
         let context = self.groups.get(&task.turn).and_then(|g| g.context.clone());
         let queue = Queue {
             js: self.spec.nats.js.clone(),

@@ -46,6 +46,20 @@ impl std::fmt::Debug for Group {
 }
 
 impl Group {
+    /// Its siblings not yet settled, each marked settled now: for the
+    /// coordinator to report them lost (a worker that died holding them,
+    /// or NATS gone under the run).
+    pub fn take_unsettled(&mut self) -> Vec<ExecKey> {
+        self.units
+            .values_mut()
+            .filter(|u| !u.done)
+            .filter_map(|u| {
+                u.done = true;
+                u.exec.clone()
+            })
+            .collect()
+    }
+
     /// Cancelled by this loop or, already, by the scheduler.
     pub fn is_cancelled(&self) -> bool {
         self.cancelled || self.scope.as_ref().is_some_and(CancelScope::is_cancelled)
