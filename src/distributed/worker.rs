@@ -23,7 +23,7 @@ use async_nats::Subject;
 use futures::StreamExt;
 use serde_json::{Map, Value};
 use tokio::sync::{Semaphore, watch};
-use troupe_actors::{Delivery, EventBus};
+use troupe_actors::{Delivery, EventBus, Subscription};
 
 use super::intake::{Buckets, Counted, FORGET_AFTER, Intake, Offer, accept_all, log_task};
 pub use super::intake::{Served, WorkerConfig};
@@ -66,6 +66,51 @@ fn event_line(event: &Event, worker: &Arc<str>) -> Option<EventLine> {
     }
 }
 
+/// The event collector's thread: each execution's events as the lines
+/// relayed in its report, by `stageExecutionId`, and in `seen` the `seq`
+/// of the last event collected (a report waits for its own).
+///
+/// What is queued is taken together, up to a bound: one lock of the map
+/// and one wake of the reports waiting on `seen` for all of it (a watch
+/// send wakes every waiter: it was a tenth of this thread's work when made
+/// for each event). Lines are encoded before the lock is taken.
+fn collect_events(
+    sub: &Subscription<Event>,
+    collected: &Collected,
+    worker: &Arc<str>,
+    seen: &watch::Sender<u64>,
+) {
+    const TOGETHER: usize = 64;
+    let mut lines: Vec<(Arc<str>, EventLine)> = Vec::with_capacity(TOGETHER);
+    while let Some(first) = sub.recv() {
+        let mut last = None;
+        let mut next = Some(first);
+        while let Some(delivery) = next {
+            if let Delivery::Event(env) = delivery {
+                if let Some(id) = &env.event.stage_execution_id
+                    && let Some(line) = event_line(&env.event, worker)
+                {
+                    lines.push((Arc::clone(id), line));
+                }
+                last = Some(env.seq);
+            }
+            if lines.len() >= TOGETHER {
+                break;
+            }
+            next = sub.try_recv();
+        }
+        if !lines.is_empty() {
+            let mut events = collected.events.lock().unwrap_or_else(|e| e.into_inner());
+            for (id, line) in lines.drain(..) {
+                events.entry(id).or_default().push(line);
+            }
+        }
+        if let Some(seq) = last {
+            let _ = seen.send(seq);
+        }
+    }
+}
+
 /// Runs the worker until `drain` says stop (then lets the siblings in
 /// flight finish). Call inside an actix system.
 pub async fn serve(
@@ -84,42 +129,7 @@ pub async fn serve(
         let worker: Arc<str> = Arc::from(config.name.as_str());
         std::thread::Builder::new()
             .name("troupe-worker-events".into())
-            .spawn(move || {
-                // What is queued is taken together, up to a bound: one
-                // lock of the map and one wake of the reports waiting on
-                // `seen` for all of it (a watch send wakes every waiter:
-                // it was a tenth of this thread's work when made for each
-                // event). Lines are encoded before the lock is taken.
-                const TOGETHER: usize = 64;
-                let mut lines: Vec<(Arc<str>, EventLine)> = Vec::with_capacity(TOGETHER);
-                while let Some(first) = sub.recv() {
-                    let mut last = None;
-                    let mut next = Some(first);
-                    while let Some(delivery) = next {
-                        if let Delivery::Event(env) = delivery {
-                            if let Some(id) = &env.event.stage_execution_id
-                                && let Some(line) = event_line(&env.event, &worker)
-                            {
-                                lines.push((Arc::clone(id), line));
-                            }
-                            last = Some(env.seq);
-                        }
-                        if lines.len() >= TOGETHER {
-                            break;
-                        }
-                        next = sub.try_recv();
-                    }
-                    if !lines.is_empty() {
-                        let mut events = collected.events.lock().unwrap_or_else(|e| e.into_inner());
-                        for (id, line) in lines.drain(..) {
-                            events.entry(id).or_default().push(line);
-                        }
-                    }
-                    if let Some(seq) = last {
-                        let _ = seen_tx.send(seq);
-                    }
-                }
-            })
+            .spawn(move || collect_events(&sub, &collected, &worker, &seen_tx))
             .map_err(|e| NatsError {
                 code: "Worker",
                 message: format!("cannot start the event collector: {e}"),
