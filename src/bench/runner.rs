@@ -16,7 +16,7 @@ use crate::provider::script::{SCRIPT_FILE, Script};
 use crate::provider::scripted::ScriptedProvider;
 use crate::provider::selector::Selector;
 use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
-use crate::runtime::audit::{formatters_for, start_audit_log};
+use crate::runtime::audit::{formatters_here, start_audit_log};
 use crate::runtime::events::parse_rfc3339;
 use crate::runtime::launch::{resolve_fields, start_run};
 use crate::runtime::spec::RunSpec;
@@ -152,7 +152,7 @@ impl Workload {
         });
         let system = actix::System::new();
         let measured = system.block_on(async move {
-            let sink = start_audit_log(&spec.bus, &sink_path, formatters_for(cell.threads))?;
+            let sink = start_audit_log(&spec.bus, &sink_path, formatters_here(cell.threads))?;
             let start = Instant::now();
             let (_session, done) = start_run(spec, vec![sink]);
             let report = done.await.map_err(|_| RunnerError::NoReport)?;

@@ -29,7 +29,7 @@ mod compressing;
 mod formatting;
 use compressing::{Compressing, LostFrom};
 use formatting::Formatters;
-pub use formatting::formatters_for;
+pub use formatting::{formatters_for, formatters_here};
 
 /// Queue length of the audit subscriber; publishers wait when it is full.
 const AUDIT_QUEUE: usize = 65_536;
@@ -72,7 +72,7 @@ impl Sink {
 
 /// Starts the audit log writer at `path` (parent folders are created),
 /// a new file, with `formatters` threads formatting its lines
-/// ([`formatters_for`] the run's threads; 0: the writer formats).
+/// ([`formatters_here`] the run's threads; 0: the writer formats).
 pub fn start_audit_log(bus: &EventBus<Event>, path: &Path, formatters: usize) -> io::Result<Sink> {
     open_audit_log(bus, path, false, formatters)
 }

@@ -20,7 +20,7 @@ use crate::definition::{Backoff, Pipeline};
 use crate::error::HasCode;
 use crate::provider::openai::{CheckError, OpenAiProvider, ProviderStats};
 use crate::runtime::ask::QuestionDesk;
-use crate::runtime::audit::{Sink, continue_audit_log, formatters_for, start_audit_log};
+use crate::runtime::audit::{Sink, continue_audit_log, formatters_here, start_audit_log};
 use crate::runtime::events::Event;
 use crate::runtime::ids::RunId;
 use crate::runtime::interaction::{AnswerRules, InteractorSpec, RemoteDesk};
@@ -384,7 +384,7 @@ impl Prepared {
             }
         }
         spec.settings = Arc::new(settings);
-        let formatters = formatters_for(spec.settings.threads);
+        let formatters = formatters_here(spec.settings.threads);
         let audit = if resuming {
             continue_audit_log(&spec.bus, &audit_path, formatters)
         } else {

@@ -55,6 +55,30 @@ pub fn formatters_for(threads: usize) -> usize {
     }
 }
 
+/// The formatters a run with `threads` arbiters gets on a machine with
+/// `cores` cores: [`formatters_for`] its threads, or as many as
+/// [`formatters_for`] the machine's cores where the cores its arbiters and
+/// its three busy threads of its own (scheduler, store writer, audit
+/// writer) leave allow them. The default thread count leaves just those
+/// cores (`cli::launch::threads_for`): on 16 cores, 9 arbiters and 4
+/// formatters, where `formatters_for(9)` started only 2, and those two
+/// were busy all through a wide run's middle (BENCHMARKS.md, "Every core,
+/// tenth round").
+pub fn formatters_beside(threads: usize, cores: usize) -> usize {
+    let spare = cores.saturating_sub(threads + 3);
+    let room = formatters_for(cores).min(spare);
+    // Never a single one (see `formatters_for`).
+    formatters_for(threads).max(if room < 2 { 0 } else { room })
+}
+
+/// [`formatters_beside`] this machine's cores.
+pub fn formatters_here(threads: usize) -> usize {
+    formatters_beside(
+        threads,
+        std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+    )
+}
+
 /// How a formatter writes one delivery's line (without its newline).
 pub(super) type Format = Arc<dyn Fn(Delivery<Event>, &mut Vec<u8>) -> io::Result<()> + Send + Sync>;
 
@@ -289,5 +313,24 @@ mod tests {
             .map(formatters_for)
             .collect();
         assert_eq!(got, [0, 0, 0, 2, 2, 2, 3, 4, 4]);
+    }
+
+    #[test]
+    fn spare_cores_take_the_formatters_the_machine_would_have() {
+        // The default on 16 cores: 9 arbiters and the 4 formatters that
+        // `threads_for` left the cores for.
+        assert_eq!(formatters_beside(9, 16), 4);
+        // No cores to spare: as many as the threads would have.
+        assert_eq!(formatters_beside(16, 16), 4);
+        assert_eq!(formatters_beside(12, 16), 3);
+        assert_eq!(formatters_beside(2, 2), 0);
+        assert_eq!(formatters_beside(4, 4), 2);
+        // Few threads on a big machine: the machine's share.
+        assert_eq!(formatters_beside(1, 16), 4);
+        // 8 cores: 3 arbiters by default, and room for 2.
+        assert_eq!(formatters_beside(3, 8), 2);
+        // Room for only one is room for none: one formatter would only
+        // move the writer's work to another thread.
+        assert_eq!(formatters_beside(3, 7), 0);
     }
 }
