@@ -44,6 +44,10 @@
 #     tar czf "$OUT/device.tgz" -C /tmp/r .
 #
 # SCALE=100 divides every width by 100: a dry run of the script anywhere.
+# STEPS (default "threads store failfast cpu perf million distributed")
+# picks the steps, CPU_THREADS (default "2 9 16") thread_cpu's counts and
+# DIST (default "0ms 0ms_4t 8w 8w_2t") the distributed cases: a short
+# call when device time is scarce.
 # THREADS (default "1 2 4 8 16") is the thread counts of threads.json;
 # BIG_THREADS (default 16) the one of the million-wide run.
 set -u
@@ -55,6 +59,8 @@ w100k=$((100000 / scale)) w200k=$((200000 / scale)) w1m=$((1000000 / scale))
 w10k=$((10000 / scale))
 runs=$(mktemp -d)
 trap 'rm -rf "$runs"' EXIT
+# step NAME: whether STEPS asks for that step.
+step() { [[ " ${STEPS:-threads store failfast cpu perf million distributed} " == *" $1 "* ]]; }
 
 . benches/perf_events.sh
 describe_machine "$out/machine.txt"
@@ -73,8 +79,7 @@ time_of() { # time_of FILE CMD...: the command's user/sys/wall/RSS in FILE
 
 # One bench per thread count, so that each one's user and system CPU
 # (bash's `times`, which counts the waited-for children) is its own.
-: >"$out/threads.json"
-: >"$out/threads_time.txt"
+step threads && : >"$out/threads.json" && : >"$out/threads_time.txt" &&
 for t in ${THREADS:-1 2 4 8 16}; do
     (
         "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
@@ -88,20 +93,22 @@ for t in ${THREADS:-1 2 4 8 16}; do
 done
 
 # What the store costs at 2 and 16 threads.
-"$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
+step store && "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
     --threads 2,16 --store on,off --repeat 3 --runs-dir "$runs" --json \
     >"$out/store.json" 2>>"$out/threads.err"
 
 echo "$SECONDS s: threads, store" >>"$out/steps.txt"
 
-"$bin" bench stages/fanout --width "$w10k" --cap "$w10k" --latency 50ms \
+step failfast && "$bin" bench stages/fanout --width "$w10k" --cap "$w10k" --latency 50ms \
     --fail-sibling "worker#$((w10k - 1))" --threads 1,2,4,16 --repeat 3 \
     --runs-dir "$runs" --json >"$out/failfast.json" 2>"$out/failfast.err"
 
 echo "$SECONDS s: fail-fast" >>"$out/steps.txt"
 
-if command -v python3 >/dev/null; then
-    for t in 2 9 16; do
+if ! step cpu; then
+    :
+elif command -v python3 >/dev/null; then
+    for t in ${CPU_THREADS:-2 9 16}; do
         echo "--threads $t"
         python3 benches/thread_cpu.py "$bin" run stages/fanout --ctx "width=$w200k" \
             --parallel-cap 256 --latency 0ms --threads "$t" --runs-dir "$runs" 2>&1
@@ -112,7 +119,9 @@ fi
 
 # Tracepoints need tracefs (perf_events.sh mounts it); the software
 # counters work without it.
-if command -v perf >/dev/null; then
+if ! step perf; then
+    :
+elif command -v perf >/dev/null; then
     events=$(syscall_events perf context-switches,cpu-migrations,page-faults)
     for t in 2 16; do
         fanout_args "$w100k" "$t" "$runs"
@@ -125,7 +134,7 @@ fi
 echo "$SECONDS s: thread CPU, system calls" >>"$out/steps.txt"
 
 rm -rf "${runs:?}"/*
-"$bin" bench stages/fanout --width "$w1m" --cap 256 --latency 0ms \
+step million && "$bin" bench stages/fanout --width "$w1m" --cap 256 --latency 0ms \
     --threads "${BIG_THREADS:-16}" --repeat 1 --keep-runs --runs-dir "$runs" --json \
     >"$out/million.json" 2>"$out/million.err"
 # `--keep-runs` says on stderr where it kept the logs.
@@ -138,16 +147,20 @@ fi
 echo "$SECONDS s: a million" >>"$out/steps.txt"
 
 nats=${NATS_SERVER:-target/nats-server}
-if [ -x "$nats" ]; then
-    TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
+# dist CASE: whether DIST asks for that distributed case.
+dist() { [[ " ${DIST:-0ms 0ms_4t 8w 8w_2t} " == *" $1 "* ]]; }
+if ! step distributed; then
+    :
+elif [ -x "$nats" ]; then
+    dist 0ms && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
         --latency 0ms --repeat 3 >"$out/distributed_0ms.txt" 2>&1
     # The same with workers that have cores to spare: whether three
     # one-thread workers, not the coordinator, set the pace above.
-    TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
+    dist 0ms_4t && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
         --latency 0ms --worker-threads 4 --repeat 3 >"$out/distributed_0ms_4t.txt" 2>&1
-    TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
+    dist 8w && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
         --latency 50ms --workers 8 --repeat 3 >"$out/distributed_8w.txt" 2>&1
-    TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
+    dist 8w_2t && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
         --latency 50ms --workers 8 --worker-threads 2 --repeat 3 >"$out/distributed_8w_2t.txt" 2>&1
 else
     echo "no nats-server at $nats" >"$out/distributed_0ms.txt"

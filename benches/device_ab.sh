@@ -13,10 +13,11 @@
 #   ab_failfast.json   10 000 in flight, the last sibling fails, 50 ms
 #                      turns, --threads 1,2,4,16
 #   ab_residence.txt   benches/residence.py of a 50 000-wide run at
-#                      --threads 9 and 16: where a slot's cycle goes
+#                      --threads $RES_THREADS: where a slot's cycle goes
 #   steps.txt          seconds since the start after each step
 #
 # SCALE=100 divides every width by 100: a dry run anywhere.
+# RES_THREADS (default "9 16"): the thread counts of ab_residence.txt.
 set -u
 out=$(realpath -m "${1:?output folder}")
 shift
@@ -57,7 +58,7 @@ for bin in "${bins[@]}"; do
 done
 echo "$SECONDS s: fail-fast" >>"$out/steps.txt"
 
-for t in 9 16; do
+for t in ${RES_THREADS:-9 16}; do
     for bin in "${bins[@]}"; do
         rm -rf "${runs:?}"/*
         echo "$(basename "$bin") --threads $t" >>"$out/ab_residence.txt"

@@ -8,18 +8,23 @@
 #
 #   benches/distributed.sh [--width N] [--cap C] [--latency D] [--workers W]
 #                          [--worker-threads T] [--repeat R] [--fail INDEX]
+#                          [--threads T]
 #
 # Each worker runs its siblings on T threads (default 1). At 0 ms a
 # worker's siblings take 40-57 us of that thread's CPU each on the 2-core
 # VM: give the workers threads (or more workers) to be sure they are not
 # what sets the pace when measuring the coordinator's own ceiling.
 #
+# The coordinator (and the local run it is compared with) runs on
+# --threads T (default 2, as every round before the tenth measured it);
+# `--threads default` leaves it to troupe (the machine's cores, at most 9).
+#
 # Needs a release build (cargo build --release) and nats-server on PATH or
 # in $TROUPE_NATS_SERVER.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-width=10000 cap=256 latency=50ms workers=3 worker_threads=1 repeat=3 fail=""
+width=10000 cap=256 latency=50ms workers=3 worker_threads=1 repeat=3 fail="" threads=2
 while [ $# -gt 0 ]; do
     case $1 in
         --width) width=$2; shift 2 ;;
@@ -29,6 +34,7 @@ while [ $# -gt 0 ]; do
         --worker-threads) worker_threads=$2; shift 2 ;;
         --repeat) repeat=$2; shift 2 ;;
         --fail) fail=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -99,11 +105,13 @@ EOF
 cd "$work"
 lat_ms=$(python3 -c "import re,sys; v='$latency'; m=re.fullmatch(r'(\d+)(ms|s)', v); print(int(m[1])*(1000 if m[2]=='s' else 1))")
 ideal=$(( ( (width + cap - 1) / cap ) * 2 * lat_ms + 2 * lat_ms ))
-printf 'fanout %s wide, cap %s, latency %s, %s workers on %s thread(s) each; ideal %s ms (ceil(N/cap) x 2 turns + plan and reduce)\n' \
-    "$width" "$cap" "$latency" "$workers" "$worker_threads" "$ideal"
+printf 'fanout %s wide, cap %s, latency %s, %s workers on %s thread(s) each, coordinator on %s; ideal %s ms (ceil(N/cap) x 2 turns + plan and reduce)\n' \
+    "$width" "$cap" "$latency" "$workers" "$worker_threads" "$threads" "$ideal"
+own_threads=()
+[ "$threads" = default ] || own_threads=(--threads "$threads")
 for mode in local distributed; do
     for r in $(seq 1 "$repeat"); do
-        args=(run "$OLDPWD/stages/fanout" --ctx "width=$width" --parallel-cap "$cap" --latency "$latency" --json --threads 2)
+        args=(run "$OLDPWD/stages/fanout" --ctx "width=$width" --parallel-cap "$cap" --latency "$latency" --json "${own_threads[@]}")
         [ "$mode" = distributed ] && args+=(--nats "$url")
         [ "$mode" = local ] && [ -n "$fail" ] && args+=("${failing[@]}")
         "$troupe" "${args[@]}" > "$work/summary.json" 2> "$work/run.err" || true
