@@ -598,6 +598,11 @@ impl Handler<ToScheduler> for WorkerHost {
     fn handle(&mut self, msg: ToScheduler, ctx: &mut Context<Self>) {
         match msg {
             ToScheduler::Report { exec, outcome } => self.report(exec, outcome, ctx),
+            ToScheduler::Batch(letters) => {
+                for letter in letters {
+                    self.handle(letter, ctx);
+                }
+            }
             ToScheduler::CancelRun | ToScheduler::LimitReached { .. } => {}
         }
     }

@@ -9,6 +9,7 @@ pub mod actor;
 pub mod executor;
 pub mod next;
 pub mod planner;
+pub mod post;
 pub mod protocol;
 
 pub use actor::Scheduler;

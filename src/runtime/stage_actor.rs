@@ -21,6 +21,7 @@ use super::events::{Event, EventName, FieldValue};
 use super::interaction::{InteractionHub, WithdrawOwner};
 use super::ledger::{CancelRecord, ExitRecord, Ledger, LedgerError};
 use super::result::{Kept, StageResult, Verdict};
+use super::scheduler::post::post;
 use super::scheduler::{
     ExecKey, Slot, StageOutcome, ToScheduler, next_of, sibling_failed_reason, sibling_label,
 };
@@ -486,13 +487,18 @@ impl ExitRecorder {
         for marker in markers.into_iter().flatten() {
             self.bus.publish(marker);
         }
-        self.scheduler.do_send(ToScheduler::Report {
-            exec: self.exec,
-            outcome: StageOutcome::Exited {
-                result: self.result,
-                seq,
+        // Gathered with the batch's other reports when this runs on the
+        // store's answering thread (`scheduler::post`).
+        post(
+            &self.scheduler,
+            ToScheduler::Report {
+                exec: self.exec,
+                outcome: StageOutcome::Exited {
+                    result: self.result,
+                    seq,
+                },
             },
-        });
+        );
     }
 
     /// The result could not be made durable, so it is not recorded as
@@ -511,12 +517,15 @@ impl ExitRecorder {
                 .with("toolCalls", Vec::<Value>::new())
                 .with("usage", self.result.usage()),
         );
-        self.scheduler.do_send(ToScheduler::LimitReached { reason });
-        self.scheduler.do_send(ToScheduler::Report {
-            exec: self.exec,
-            outcome: StageOutcome::Cancelled {
-                usage: self.result.usage(),
+        post(&self.scheduler, ToScheduler::LimitReached { reason });
+        post(
+            &self.scheduler,
+            ToScheduler::Report {
+                exec: self.exec,
+                outcome: StageOutcome::Cancelled {
+                    usage: self.result.usage(),
+                },
             },
-        });
+        );
     }
 }

@@ -209,10 +209,15 @@ type Answers = (Vec<AfterCommit>, Result<(), LedgerError>);
 
 /// Answers every execution of a batch. One answer that panics must not
 /// leave the others (and their executions) unanswered.
+/// The scheduler hears of the whole batch in one message
+/// (`scheduler::post`).
 fn answer_all(thens: Vec<AfterCommit>, outcome: &Result<(), LedgerError>) {
-    for then in thens {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| then(outcome.clone())));
-    }
+    crate::runtime::scheduler::post::gathered(|| {
+        for then in thens {
+            let _ =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| then(outcome.clone())));
+        }
+    });
 }
 
 fn write_batches(

@@ -12,6 +12,7 @@ use super::super::wire::{EventLine, Report};
 use super::{Cmd, Coordinator, Incoming};
 use crate::runtime::events::{Event, EventName};
 use crate::runtime::result::{Kept, Usage, Verdict};
+use crate::runtime::scheduler::post::post;
 use crate::runtime::scheduler::{ExecKey, FastMap, StageOutcome, ToScheduler};
 use actix::Recipient;
 use async_nats::jetstream::message::Acker;
@@ -164,17 +165,23 @@ impl Coordinator {
                                 // a resume runs it again.
                                 if let Err(e) = outcome {
                                     let _ = tx.send(Cmd::Committed(Arc::clone(&exec.id), false));
-                                    scheduler.do_send(ToScheduler::LimitReached {
-                                        reason: format!(
-                                            "Store/WriteFailed: the result could not be stored: {e}"
-                                        ),
-                                    });
-                                    scheduler.do_send(ToScheduler::Report {
-                                        exec,
-                                        outcome: StageOutcome::Cancelled {
-                                            usage: stored.usage(),
+                                    post(
+                                        &scheduler,
+                                        ToScheduler::LimitReached {
+                                            reason: format!(
+                                                "Store/WriteFailed: the result could not be stored: {e}"
+                                            ),
                                         },
-                                    });
+                                    );
+                                    post(
+                                        &scheduler,
+                                        ToScheduler::Report {
+                                            exec,
+                                            outcome: StageOutcome::Cancelled {
+                                                usage: stored.usage(),
+                                            },
+                                        },
+                                    );
                                     return;
                                 }
                                 // Recorded here, on the store's answering
@@ -267,10 +274,15 @@ fn record_exit(
     events: Vec<EventLine>,
 ) {
     let seq = relay(bus, events);
-    scheduler.do_send(ToScheduler::Report {
-        exec,
-        outcome: StageOutcome::Exited { result, seq },
-    });
+    // On the store's answering thread, gathered with the batch's other
+    // reports (`scheduler::post`).
+    post(
+        scheduler,
+        ToScheduler::Report {
+            exec,
+            outcome: StageOutcome::Exited { result, seq },
+        },
+    );
 }
 
 #[cfg(test)]

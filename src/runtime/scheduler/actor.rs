@@ -43,6 +43,9 @@ pub struct Scheduler {
     spare: Vec<Vec<PlanCommand>>,
     /// The same for the start requests of siblings granted at spawn.
     spare_asked: Vec<ExecKey>,
+    /// Handling a [`ToScheduler::Batch`]: what its letters start is
+    /// started once all of them are handled, not after each.
+    batching: bool,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -83,6 +86,7 @@ impl Scheduler {
             started_at: Instant::now(),
             spare: Vec::new(),
             spare_asked: Vec::new(),
+            batching: false,
         }
     }
 
@@ -122,6 +126,10 @@ impl Scheduler {
                         .flatten();
                     let key = (spawn.exec.turn, spawn.exec.slot);
                     let executor = self.executor(ctx);
+                    // Started together when this batch is carried out
+                    // (or the letters' batch handled): one hand-over per
+                    // arbiter, not one per execution.
+                    executor.hold();
                     if spawn.is_sibling() {
                         asked.push(spawn.exec.clone());
                     }
@@ -188,7 +196,17 @@ impl Scheduler {
             }
         }
         self.spare_asked = asked;
+        if !self.batching {
+            self.start_held();
+        }
         granted
+    }
+
+    /// Starts what the executor holds.
+    fn start_held(&mut self) {
+        if let Some(executor) = self.executor.as_mut() {
+            executor.flush();
+        }
     }
 
     /// The start request of a sibling that began without asking. Its group
@@ -331,6 +349,21 @@ impl Handler<ToScheduler> for Scheduler {
                 self.step(PlanEvent::CancelRun, ctx);
             }
             ToScheduler::LimitReached { reason } => self.limit_reached(reason, ctx),
+            ToScheduler::Batch(letters) => {
+                let nested = std::mem::replace(&mut self.batching, true);
+                for letter in letters {
+                    // As with letters of their own: none is read once the
+                    // run is over.
+                    if self.finished {
+                        break;
+                    }
+                    self.handle(letter, ctx);
+                }
+                self.batching = nested;
+                if !nested {
+                    self.start_held();
+                }
+            }
         }
     }
 }

@@ -69,6 +69,10 @@ pub enum ToScheduler {
     /// store that cannot write): cancel it strictly, like Ctrl-C, and end
     /// it as failed with `reason` (`Class/Code: message`).
     LimitReached { reason: String },
+    /// Letters posted together ([`super::post::gathered`]: the reports of
+    /// one committed batch), handled one by one in this order; what they
+    /// free room for is started once all of them are handled.
+    Batch(Vec<ToScheduler>),
 }
 
 /// Sent to the scheduler's owner (the session) when the run is over.
