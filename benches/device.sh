@@ -46,8 +46,9 @@
 # SCALE=100 divides every width by 100: a dry run of the script anywhere.
 # STEPS (default "threads store failfast cpu perf million distributed")
 # picks the steps, CPU_THREADS (default "2 9 16") thread_cpu's counts and
-# DIST (default "0ms 0ms_4t 8w 8w_2t") the distributed cases: a short
-# call when device time is scarce.
+# DIST (default "0ms 0ms_4t 8w 8w_2t") the distributed cases, and
+# DIST_THREADS (default 2; "default" for troupe's own) the coordinator's
+# --threads: a short call when device time is scarce.
 # THREADS (default "1 2 4 8 16") is the thread counts of threads.json;
 # BIG_THREADS (default 16) the one of the million-wide run.
 set -u
@@ -152,15 +153,15 @@ dist() { [[ " ${DIST:-0ms 0ms_4t 8w 8w_2t} " == *" $1 "* ]]; }
 if ! step distributed; then
     :
 elif [ -x "$nats" ]; then
-    dist 0ms && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
+    dist 0ms && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --threads "${DIST_THREADS:-2}" --width "$w10k" --cap 256 \
         --latency 0ms --repeat 3 >"$out/distributed_0ms.txt" 2>&1
     # The same with workers that have cores to spare: whether three
     # one-thread workers, not the coordinator, set the pace above.
-    dist 0ms_4t && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 256 \
+    dist 0ms_4t && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --threads "${DIST_THREADS:-2}" --width "$w10k" --cap 256 \
         --latency 0ms --worker-threads 4 --repeat 3 >"$out/distributed_0ms_4t.txt" 2>&1
-    dist 8w && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
+    dist 8w && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --threads "${DIST_THREADS:-2}" --width "$w10k" --cap 1024 \
         --latency 50ms --workers 8 --repeat 3 >"$out/distributed_8w.txt" 2>&1
-    dist 8w_2t && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --width "$w10k" --cap 1024 \
+    dist 8w_2t && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --threads "${DIST_THREADS:-2}" --width "$w10k" --cap 1024 \
         --latency 50ms --workers 8 --worker-threads 2 --repeat 3 >"$out/distributed_8w_2t.txt" 2>&1
 else
     echo "no nats-server at $nats" >"$out/distributed_0ms.txt"

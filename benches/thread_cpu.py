@@ -13,6 +13,10 @@ whole run (start and drain included) looks modest.
     benches/thread_cpu.py target/release/troupe run stages/fanout \\
         --ctx width=200000 --parallel-cap 256 --latency 0ms --threads 2
 
+With THREAD_CPU_PASS=1 the command's own output passes through and the
+table goes to stderr: for wrapping a command whose output a script
+reads (a distributed run's coordinator inside benches/distributed.sh).
+
 How it was used: BENCHMARKS.md, "Every core and across machines, second
 round".
 """
@@ -25,7 +29,9 @@ import time
 if len(sys.argv) < 2:
     sys.exit(__doc__)
 tick = os.sysconf("SC_CLK_TCK")
-child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+passing = os.environ.get("THREAD_CPU_PASS") == "1"
+out = sys.stderr if passing else sys.stdout
+child = subprocess.Popen(sys.argv[1:], stdout=None if passing else subprocess.DEVNULL)
 WINDOW = 0.5
 last = {}
 # (time, {name: CPU seconds so far}) at every sample, for the busiest window.
@@ -64,10 +70,11 @@ def busiest(name):
     return best
 
 
-print(f"wall {wall:.2f} s, exit {child.returncode}  (last column: the busiest {WINDOW} s)")
+print(f"wall {wall:.2f} s, exit {child.returncode}  (last column: the busiest {WINDOW} s)", file=out)
 for name, cpu in sorted(by_name.items(), key=lambda kv: -kv[1]):
     if cpu >= 0.01:
         print(
             f"  {name:24s} {cpu:6.2f} s  {100 * cpu / wall:5.1f}% of a core"
-            f"  {100 * busiest(name):5.1f}%"
+            f"  {100 * busiest(name):5.1f}%",
+            file=out,
         )
