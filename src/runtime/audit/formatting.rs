@@ -327,7 +327,9 @@ mod tests {
         assert_eq!(formatters_beside(4, 4), 2);
         // Few threads on a big machine: the machine's share.
         assert_eq!(formatters_beside(1, 16), 4);
-        // 8 cores: 3 arbiters by default, and room for 2.
+        // 8 cores: 4 arbiters by default, with the 2 they had before;
+        // 3 arbiters leave room for those 2 as well.
+        assert_eq!(formatters_beside(4, 8), 2);
         assert_eq!(formatters_beside(3, 8), 2);
         // Room for only one is room for none: one formatter would only
         // move the writer's work to another thread.

@@ -353,8 +353,10 @@ impl Handler<ToScheduler> for Scheduler {
                 let nested = std::mem::replace(&mut self.batching, true);
                 for letter in letters {
                     // As with letters of their own: none is read once the
-                    // run is over.
-                    if self.finished {
+                    // run is over, or while its end waits for the hub to
+                    // settle (`ctx.wait` holds the mailbox back then; the
+                    // rest of a batch would not be).
+                    if self.finished || self.settling {
                         break;
                     }
                     self.handle(letter, ctx);
