@@ -1,0 +1,428 @@
+use super::*;
+use std::sync::Barrier;
+use std::thread;
+
+#[derive(Debug, PartialEq, Eq)]
+enum Ev {
+    Audit(u32),
+    Token(u32),
+}
+
+impl BusEvent for Ev {
+    fn class(&self) -> EventClass {
+        match self {
+            Ev::Audit(_) => EventClass::Audit,
+            Ev::Token(_) => EventClass::Observer,
+        }
+    }
+}
+
+fn event(delivery: Option<Delivery<Ev>>) -> Envelope<Ev> {
+    match delivery {
+        Some(Delivery::Event(env)) => env,
+        other => panic!("expected an event, got {other:?}"),
+    }
+}
+
+#[test]
+fn seq_starts_at_one_and_increases_per_subscriber() {
+    let bus = EventBus::new();
+    let sub = bus.subscribe("all", 16);
+    let audit = bus.subscribe_audit("audit", 16);
+    let seqs: Vec<_> = [Ev::Audit(1), Ev::Token(2), Ev::Audit(3), Ev::Token(4)]
+        .into_iter()
+        .map(|ev| bus.publish(ev).unwrap())
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4]);
+    assert_eq!(bus.last_seq(), 4);
+    assert_eq!(EventBus::<Ev>::new().last_seq(), 0);
+    drop(bus);
+    let got: Vec<(u64, u32)> = sub
+        .iter()
+        .map(|d| match d {
+            Delivery::Event(env) => match *env.event {
+                Ev::Audit(n) | Ev::Token(n) => (env.seq, n),
+            },
+            Delivery::Lagged { dropped, .. } => panic!("unexpected lag {dropped}"),
+        })
+        .collect();
+    assert_eq!(got, vec![(1, 1), (2, 2), (3, 3), (4, 4)]);
+    let audit_seqs: Vec<u64> = audit.into_iter().map(|d| event(Some(d)).seq).collect();
+    assert_eq!(audit_seqs, vec![1, 3]);
+}
+
+#[test]
+fn has_observers_follows_observer_subscribers() {
+    let bus = EventBus::<Ev>::new();
+    let audit = bus.subscribe_audit("audit", 4);
+    assert!(
+        !bus.has_observers(),
+        "an audit-only subscriber is no observer"
+    );
+    let all = bus.subscribe("all", 4);
+    assert!(bus.has_observers());
+    drop(all);
+    // Pruned on the next publish that reaches it.
+    bus.publish(Ev::Token(1));
+    assert!(!bus.has_observers());
+    let again = bus.subscribe("again", 4);
+    assert!(bus.has_observers());
+    bus.close();
+    assert!(!bus.has_observers());
+    drop((audit, again));
+}
+
+#[test]
+fn subscribers_share_one_allocation_per_event() {
+    let bus = EventBus::new();
+    let a = bus.subscribe("a", 4);
+    let b = bus.subscribe("b", 4);
+    bus.publish(Ev::Audit(7));
+    let (ea, eb) = (event(a.try_recv()), event(b.try_recv()));
+    assert!(Arc::ptr_eq(&ea.event, &eb.event));
+    assert_eq!(*ea.event, Ev::Audit(7));
+}
+
+#[test]
+fn slow_subscriber_keeps_audit_events_and_reports_exact_lag() {
+    let bus = EventBus::new();
+    let slow = bus.subscribe("slow", 2);
+    let fast = bus.subscribe("fast", 64);
+    bus.publish(Ev::Audit(1));
+    bus.publish(Ev::Audit(2));
+    for n in 0..3 {
+        bus.publish(Ev::Token(n));
+    }
+    assert_eq!(slow.dropped_total(), 3);
+    assert_eq!(bus.lagged_total(), 3);
+    // The queue is full: this publish blocks until `slow` makes room.
+    let publisher = {
+        let bus = bus.clone();
+        thread::spawn(move || bus.publish(Ev::Audit(3)))
+    };
+    assert_eq!(*event(slow.recv()).event, Ev::Audit(1));
+    assert_eq!(*event(slow.recv()).event, Ev::Audit(2));
+    assert!(matches!(
+        slow.recv(),
+        Some(Delivery::Lagged { dropped: 3, .. })
+    ));
+    let third = event(slow.recv());
+    assert_eq!((third.seq, &*third.event), (6, &Ev::Audit(3)));
+    assert_eq!(publisher.join().unwrap(), Some(6));
+    // After the lag marker the subscriber is back to normal delivery.
+    bus.publish(Ev::Token(9));
+    assert_eq!(*event(slow.try_recv()).event, Ev::Token(9));
+    assert_eq!(slow.dropped_total(), 3);
+    drop(bus);
+    let fast_seqs: Vec<u64> = fast.into_iter().map(|d| event(Some(d)).seq).collect();
+    assert_eq!(fast_seqs, vec![1, 2, 3, 4, 5, 6, 7]);
+}
+
+#[test]
+fn observer_lag_marker_waits_for_room() {
+    let bus = EventBus::new();
+    let sub = bus.subscribe("s", 1);
+    bus.publish(Ev::Token(0));
+    bus.publish(Ev::Token(1));
+    bus.publish(Ev::Token(2));
+    assert_eq!(*event(sub.try_recv()).event, Ev::Token(0));
+    // Room for one item: the lag marker takes it and the event is dropped too.
+    bus.publish(Ev::Token(3));
+    assert!(matches!(
+        sub.try_recv(),
+        Some(Delivery::Lagged { dropped: 2, .. })
+    ));
+    assert!(sub.try_recv().is_none());
+    bus.publish(Ev::Token(4));
+    // Again the marker takes the only slot, so Token(4) is dropped as well.
+    assert!(matches!(
+        sub.try_recv(),
+        Some(Delivery::Lagged { dropped: 1, .. })
+    ));
+    assert_eq!(sub.dropped_total(), 4);
+    // An audit event waits for the marker to be read (from another thread).
+    let publisher = {
+        let bus = bus.clone();
+        thread::spawn(move || bus.publish(Ev::Audit(5)))
+    };
+    assert!(matches!(
+        sub.recv(),
+        Some(Delivery::Lagged { dropped: 1, .. })
+    ));
+    assert_eq!(*event(sub.recv()).event, Ev::Audit(5));
+    assert_eq!(publisher.join().unwrap(), Some(6));
+}
+
+#[test]
+fn dropped_receiver_never_blocks_publish() {
+    let bus = EventBus::new();
+    let sub = bus.subscribe("gone", 1);
+    let keep = bus.subscribe("kept", 64);
+    drop(sub);
+    for n in 0..10 {
+        assert!(bus.publish(Ev::Audit(n)).is_some());
+    }
+    assert_eq!(bus.subscriber_count(), 1);
+    assert_eq!(keep.receiver().len(), 10);
+}
+
+#[test]
+fn dropping_a_full_receiver_unblocks_a_waiting_publisher() {
+    let bus = EventBus::new();
+    let sub = bus.subscribe("full", 1);
+    bus.publish(Ev::Audit(0));
+    let publisher = {
+        let bus = bus.clone();
+        thread::spawn(move || bus.publish(Ev::Audit(1)))
+    };
+    // Whether the publisher is already blocked or not, it must return.
+    drop(sub);
+    assert_eq!(publisher.join().unwrap(), Some(2));
+    assert_eq!(bus.subscriber_count(), 0);
+}
+
+#[test]
+fn close_ends_subscriptions_after_draining() {
+    let bus = EventBus::new();
+    let sub = bus.subscribe("s", 8);
+    bus.publish(Ev::Audit(1));
+    bus.close();
+    assert!(bus.is_closed());
+    assert_eq!(bus.publish(Ev::Audit(2)), None);
+    let drained: Vec<_> = sub.iter().map(|d| event(Some(d)).seq).collect();
+    assert_eq!(drained, vec![1]);
+    let late = bus.subscribe("late", 8);
+    assert!(late.recv().is_none());
+}
+
+#[test]
+fn dropping_the_last_handle_ends_a_writer_thread() {
+    let bus = EventBus::new();
+    let sub = bus.subscribe_audit("writer", 2);
+    let writer = thread::spawn(move || sub.into_iter().count());
+    let clone = bus.clone();
+    for n in 0..5 {
+        clone.publish(Ev::Audit(n));
+    }
+    drop(clone);
+    bus.publish(Ev::Audit(5));
+    drop(bus);
+    assert_eq!(writer.join().unwrap(), 6);
+}
+
+/// What a publisher that drew `seq` earlier does last: hands it off.
+fn hand_off(bus: &EventBus<Ev>, seq: u64, ev: Ev) {
+    let class = ev.class();
+    bus.shared
+        .handoff
+        .send(Handed {
+            seq,
+            class,
+            event: Arc::new(ev),
+        })
+        .unwrap();
+}
+
+#[test]
+fn an_event_handed_off_late_is_delivered_before_the_ones_drawn_after_it() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let sub = bus.subscribe_audit("audit", 16);
+    // A publisher draws 1 and stalls before handing its event off;
+    // two others draw 2 and 3 and publish.
+    let stalled = bus.shared.next.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(stalled, 1);
+    assert_eq!(bus.publish(Ev::Audit(2)), Some(2));
+    assert_eq!(bus.publish(Ev::Audit(3)), Some(3));
+    assert!(sub.try_recv().is_none(), "2 and 3 wait for 1");
+    hand_off(&bus, 1, Ev::Audit(1));
+    bus.deliver_handed();
+    let got: Vec<_> = (0..3).map(|_| event(sub.try_recv())).collect();
+    assert_eq!(
+        got.iter().map(|e| (e.seq, &*e.event)).collect::<Vec<_>>(),
+        [(1, &Ev::Audit(1)), (2, &Ev::Audit(2)), (3, &Ev::Audit(3))]
+    );
+}
+
+#[test]
+fn close_waits_for_an_event_drawn_before_it() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let sub = bus.subscribe_audit("audit", 16);
+    assert_eq!(bus.shared.next.fetch_add(1, Ordering::SeqCst), 1);
+    let late = {
+        let bus = bus.clone();
+        thread::spawn(move || {
+            // Hands its event off only once close is waiting for it.
+            while !bus.is_closed() {
+                thread::yield_now();
+            }
+            hand_off(&bus, 1, Ev::Audit(1));
+        })
+    };
+    bus.close();
+    late.join().unwrap();
+    assert_eq!(bus.publish(Ev::Audit(2)), None);
+    assert_eq!(bus.last_seq(), 1);
+    assert_eq!(event(sub.recv()).seq, 1);
+    assert!(sub.recv().is_none(), "the subscription ends after it");
+}
+
+#[test]
+fn a_second_close_after_a_refused_publish_returns_and_last_seq_stays() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let sub = bus.subscribe_audit("audit", 16);
+    assert_eq!(bus.publish(Ev::Audit(1)), Some(1));
+    bus.close();
+    // A publisher that looked before the close and drew after it.
+    let refused = bus.shared.next.fetch_add(1, Ordering::SeqCst);
+    assert_ne!(refused & CLOSED, 0);
+    let again = {
+        let bus = bus.clone();
+        thread::spawn(move || bus.close())
+    };
+    again.join().unwrap();
+    assert_eq!(bus.publish(Ev::Audit(2)), None);
+    assert_eq!(bus.last_seq(), 1, "refused draws publish nothing");
+    assert_eq!(event(sub.recv()).seq, 1);
+    assert!(sub.recv().is_none());
+}
+
+#[test]
+fn a_bus_continued_after_an_absurd_seq_still_publishes_and_closes() {
+    let bus: EventBus<Ev> = EventBus::continuing_after(u64::MAX);
+    let sub = bus.subscribe_audit("audit", 4);
+    assert!(!bus.is_closed());
+    assert_eq!(bus.publish(Ev::Audit(1)), Some(MAX_LAST_SEQ + 1));
+    bus.close();
+    assert_eq!(bus.last_seq(), MAX_LAST_SEQ + 1);
+    assert_eq!(event(sub.recv()).seq, MAX_LAST_SEQ + 1);
+    assert!(sub.recv().is_none());
+}
+
+#[test]
+fn a_subscriber_joining_under_load_gets_every_event_from_its_first_on() {
+    const THREADS: u32 = 4;
+    const PER_THREAD: u32 = 2_000;
+    let bus: EventBus<Ev> = EventBus::new();
+    let start = Arc::new(Barrier::new(THREADS as usize + 1));
+    let publishers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let bus = bus.clone();
+            let start = Arc::clone(&start);
+            thread::spawn(move || {
+                start.wait();
+                for _ in 0..PER_THREAD {
+                    bus.publish(Ev::Audit(t));
+                }
+            })
+        })
+        .collect();
+    start.wait();
+    let sub = bus.subscribe_audit("late", 1 << 16);
+    let joined_after = bus.last_seq();
+    for p in publishers {
+        p.join().unwrap();
+    }
+    let last = bus.last_seq();
+    drop(bus);
+    let seqs: Vec<u64> = sub.iter().map(|d| event(Some(d)).seq).collect();
+    let first = seqs.first().copied().unwrap_or(last + 1);
+    assert!(
+        first <= joined_after + 1,
+        "nothing published after joining is missed"
+    );
+    assert_eq!(
+        seqs,
+        (first..=last).collect::<Vec<_>>(),
+        "no gaps, in order"
+    );
+}
+
+#[test]
+fn concurrent_publishers_keep_seq_order_without_audit_gaps() {
+    const THREADS: u32 = 4;
+    const PER_THREAD: u32 = 300;
+    let bus: EventBus<Ev> = EventBus::new();
+    let all = bus.subscribe("all", 3);
+    let audit = bus.subscribe_audit("audit", 1);
+    let start = Arc::new(Barrier::new(THREADS as usize));
+    let readers: Vec<_> = [all, audit]
+        .into_iter()
+        .map(|sub| {
+            thread::spawn(move || {
+                let mut seqs = Vec::new();
+                let mut dropped = 0;
+                for delivery in sub {
+                    match delivery {
+                        Delivery::Event(env) => seqs.push((env.seq, env.event.class())),
+                        Delivery::Lagged { dropped: n, .. } => dropped += n,
+                    }
+                }
+                (seqs, dropped)
+            })
+        })
+        .collect();
+    let publishers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let bus = bus.clone();
+            let start = Arc::clone(&start);
+            thread::spawn(move || {
+                start.wait();
+                let mut audit_seqs = Vec::new();
+                let mut every_seq = Vec::new();
+                for n in 0..PER_THREAD {
+                    let ev = if n % 3 == 0 {
+                        Ev::Token(t)
+                    } else {
+                        Ev::Audit(t)
+                    };
+                    let is_audit = ev.class() == EventClass::Audit;
+                    let seq = bus.publish(ev).unwrap();
+                    every_seq.push(seq);
+                    if is_audit {
+                        audit_seqs.push(seq);
+                    }
+                }
+                (audit_seqs, every_seq)
+            })
+        })
+        .collect();
+    let mut audit_published = Vec::new();
+    let mut every_published = Vec::new();
+    for publisher in publishers {
+        let (audit_seqs, every_seq) = publisher.join().unwrap();
+        audit_published.extend(audit_seqs);
+        every_published.extend(every_seq);
+    }
+    audit_published.sort_unstable();
+    every_published.sort_unstable();
+    let total = u64::from(THREADS * PER_THREAD);
+    let lagged = bus.lagged_total();
+    drop(bus);
+    let mut results = readers.into_iter().map(|r| r.join().unwrap());
+    let (all_seqs, all_dropped) = results.next().unwrap();
+    let (audit_seqs, audit_dropped) = results.next().unwrap();
+
+    for seqs in [&all_seqs, &audit_seqs] {
+        assert!(
+            seqs.windows(2).all(|w| w[0].0 < w[1].0),
+            "seq not increasing"
+        );
+    }
+    let audit_of = |seqs: &[(u64, EventClass)]| -> Vec<u64> {
+        seqs.iter()
+            .filter(|(_, c)| *c == EventClass::Audit)
+            .map(|(s, _)| *s)
+            .collect()
+    };
+    assert_eq!(audit_of(&all_seqs), audit_published);
+    assert_eq!(audit_of(&audit_seqs), audit_published);
+    assert_eq!(audit_seqs.len(), audit_published.len());
+    assert_eq!(audit_dropped, 0);
+    // Every drop is counted; markers report the drops followed by a delivery.
+    assert_eq!(all_seqs.len() as u64 + lagged, total);
+    assert!(all_dropped <= lagged);
+    // Publishers got every number from 1 to total exactly once.
+    assert_eq!(every_published, (1..=total).collect::<Vec<_>>());
+    let observer_count = u64::from(THREADS * PER_THREAD.div_ceil(3));
+    assert_eq!(audit_published.len() as u64, total - observer_count);
+}
