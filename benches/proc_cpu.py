@@ -3,7 +3,8 @@
 given strings, sampled from /proc every 0.1 s until this script is sent
 SIGTERM: for each process its total, its busiest half second (as a share
 of a core) and its busiest thread names. Which process of a distributed
-run sets its pace: the coordinator, a worker, or nats-server. Linux only.
+run sets its pace: the coordinator, a worker, or nats-server. A process
+seen for less than half a second reads 0% at its busiest. Linux only.
 
     benches/proc_cpu.py nats-server target/release/troupe > procs.txt &
     benches/distributed.sh --threads default --width 40000 --cap 256 \\
@@ -17,6 +18,8 @@ import os
 import signal
 import sys
 import time
+
+import cpu_window
 
 if len(sys.argv) < 2:
     sys.exit(__doc__)
@@ -65,13 +68,7 @@ for pid in sorted({p for _, s in samples for (p, _) in s}, key=int):
         for (p, thread), cpu in snapshot.items():
             if p == pid:
                 threads[thread] = max(threads.get(thread, 0.0), cpu)
-    busiest, j = 0.0, 0
-    for t, snapshot in samples:
-        while j + 1 < len(samples) and t - samples[j + 1][0] >= WINDOW:
-            j += 1
-        t0, earlier = samples[j]
-        if t - t0 >= WINDOW:
-            busiest = max(busiest, (of(snapshot, pid) - of(earlier, pid)) / (t - t0))
+    busiest = cpu_window.busiest(samples, lambda snapshot: of(snapshot, pid), WINDOW)
     print(f"{pid:>7} {sum(threads.values()):6.2f} s  busiest {100 * busiest:4.0f}%  {commands[pid]}")
     for thread, cpu in sorted(threads.items(), key=lambda kv: -kv[1])[:6]:
         if cpu >= 0.02:

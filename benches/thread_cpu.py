@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+import cpu_window
+
 if len(sys.argv) < 2:
     sys.exit(__doc__)
 tick = os.sysconf("SC_CLK_TCK")
@@ -59,15 +61,7 @@ for name, cpu in last.values():
 
 def busiest(name):
     """The most CPU `name` took in any WINDOW seconds, per second."""
-    best, j = 0.0, 0
-    for t, cpu in samples:
-        # samples[j]: the latest sample at least WINDOW before this one.
-        while j + 1 < len(samples) and t - samples[j + 1][0] >= WINDOW:
-            j += 1
-        t0, cpu0 = samples[j]
-        if t - t0 >= WINDOW:
-            best = max(best, (cpu.get(name, 0.0) - cpu0.get(name, 0.0)) / (t - t0))
-    return best
+    return cpu_window.busiest(samples, lambda cpu: cpu.get(name, 0.0), WINDOW)
 
 
 print(f"wall {wall:.2f} s, exit {child.returncode}  (last column: the busiest {WINDOW} s)", file=out)
