@@ -10,6 +10,12 @@
 //!   are never dropped, for any subscriber, so publishing runs at the slow
 //!   subscriber's pace once its queue is full (ARCHITECTURE.md, Events and
 //!   audit). Fewer events, so the bench ends; read it as time per event.
+//! - `publishers/N`: audit events from N threads at once into one bus
+//!   with the audit subscriber only, the arbiters' case on a big machine:
+//!   every event passes one deliverer at a time, and on 16 cores the bus
+//!   was a third of the arbiters' time (BENCHMARKS.md, tenth round). On
+//!   2 cores only the 1 and 2 cells mean much; run the others where the
+//!   cores are.
 
 use std::hint::black_box;
 use std::thread::JoinHandle;
@@ -73,6 +79,36 @@ fn publish(count: usize, mix: Mix, slow: bool) -> Duration {
     took
 }
 
+/// Publishes `count` audit events from `threads` threads at once (their
+/// share each, started together); returns the time until the subscriber
+/// has taken the last of them (a publish may return with its event
+/// handed off, not yet delivered).
+fn publish_from(threads: usize, count: usize) -> Duration {
+    let bus = EventBus::new();
+    let drain = drain(bus.subscribe_audit("audit", 65_536), None);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
+    let publishers: Vec<_> = (0..threads)
+        .map(|_| {
+            let (bus, start) = (bus.clone(), std::sync::Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..count / threads {
+                    let ev = Event::new(EventName::StageEntered, "run-1").stage("worker", "exec-1");
+                    black_box(bus.publish(ev));
+                }
+            })
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    for p in publishers {
+        p.join().expect("publisher thread");
+    }
+    bus.close();
+    black_box(drain.join().expect("drain thread"));
+    began.elapsed()
+}
+
 fn bus_throughput(c: &mut Criterion) {
     let ci = std::env::var_os("CI").is_some();
     let count: usize = if ci { 10_000 } else { 100_000 };
@@ -87,6 +123,16 @@ fn bus_throughput(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new(label, n), &n, |b, &n| {
             b.iter_custom(|iters| (0..iters).map(|_| publish(n, mix, slow)).sum());
         });
+    }
+    group.throughput(Throughput::Elements(count as u64));
+    for threads in [1, 2, 8, 16] {
+        group.bench_with_input(
+            BenchmarkId::new("publishers", threads),
+            &threads,
+            |b, &threads| {
+                b.iter_custom(|iters| (0..iters).map(|_| publish_from(threads, count)).sum());
+            },
+        );
     }
     group.finish();
 }
