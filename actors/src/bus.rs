@@ -534,22 +534,22 @@ impl<E> EventBus<E> {
     fn deliver_next(&self, registry: &mut Registry<E>, next: Handed<E>) {
         let shared = &*self.shared;
         registry.next_seq += 1;
-        let last = registry
+        // Subscribers still to take it: the last one gets `event` itself.
+        let mut left = registry
             .subscribers
             .iter()
-            .rposition(|sub| sub.takes(next.seq, next.class));
+            .filter(|sub| sub.takes(next.seq, next.class))
+            .count();
         let mut event = Some(next.event);
-        let mut at = 0;
         registry.subscribers.retain_mut(|sub| {
-            let this = at;
-            at += 1;
             if !sub.takes(next.seq, next.class) {
                 return true;
             }
-            let own = if Some(this) == last {
+            left -= 1;
+            let own = if left == 0 {
                 event.take()
             } else {
-                event.as_ref().map(Arc::clone)
+                event.clone()
             };
             let Some(own) = own else {
                 return true;
