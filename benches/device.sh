@@ -80,18 +80,21 @@ time_of() { # time_of FILE CMD...: the command's user/sys/wall/RSS in FILE
 
 # One bench per thread count, so that each one's user and system CPU
 # (bash's `times`, which counts the waited-for children) is its own.
-step threads && : >"$out/threads.json" && : >"$out/threads_time.txt" &&
-for t in ${THREADS:-1 2 4 8 16}; do
-    (
-        "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
-            --threads "$t" --repeat 3 --runs-dir "$runs" --json \
-            >>"$out/threads.json" 2>>"$out/threads.err"
-        # `times` forks nothing only when not piped or substituted.
-        times >"$runs/times"
-        echo "threads $t: children's user, system $(tail -1 "$runs/times")" \
-            >>"$out/threads_time.txt"
-    )
-done
+if step threads; then
+    : >"$out/threads.json"
+    : >"$out/threads_time.txt"
+    for t in ${THREADS:-1 2 4 8 16}; do
+        (
+            "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
+                --threads "$t" --repeat 3 --runs-dir "$runs" --json \
+                >>"$out/threads.json" 2>>"$out/threads.err"
+            # `times` forks nothing only when not piped or substituted.
+            times >"$runs/times"
+            echo "threads $t: children's user, system $(tail -1 "$runs/times")" \
+                >>"$out/threads_time.txt"
+        )
+    done
+fi
 
 # What the store costs at 2 and 16 threads.
 step store && "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0ms \
@@ -107,7 +110,7 @@ step failfast && "$bin" bench stages/fanout --width "$w10k" --cap "$w10k" --late
 echo "$SECONDS s: fail-fast" >>"$out/steps.txt"
 
 if ! step cpu; then
-    :
+    : # not asked for
 elif command -v python3 >/dev/null; then
     for t in ${CPU_THREADS:-2 9 16}; do
         echo "--threads $t"
@@ -121,7 +124,7 @@ fi
 # Tracepoints need tracefs (perf_events.sh mounts it); the software
 # counters work without it.
 if ! step perf; then
-    :
+    : # not asked for
 elif command -v perf >/dev/null; then
     events=$(syscall_events perf context-switches,cpu-migrations,page-faults)
     for t in 2 16; do
@@ -148,21 +151,25 @@ fi
 echo "$SECONDS s: a million" >>"$out/steps.txt"
 
 nats=${NATS_SERVER:-target/nats-server}
-# dist CASE: whether DIST asks for that distributed case.
-dist() { [[ " ${DIST:-0ms 0ms_4t 8w 8w_2t} " == *" $1 "* ]]; }
+# distributed CASE ARGS...: benches/distributed.sh, 10 000 wide, three
+# runs, with ARGS into distributed_CASE.txt, when DIST asks for CASE.
+distributed() {
+    local case=$1
+    shift
+    [[ " ${DIST:-0ms 0ms_4t 8w 8w_2t} " == *" $case "* ]] || return 0
+    TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh \
+        --threads "${DIST_THREADS:-2}" --width "$w10k" --repeat 3 "$@" \
+        >"$out/distributed_$case.txt" 2>&1
+}
 if ! step distributed; then
-    :
+    : # not asked for
 elif [ -x "$nats" ]; then
-    dist 0ms && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --threads "${DIST_THREADS:-2}" --width "$w10k" --cap 256 \
-        --latency 0ms --repeat 3 >"$out/distributed_0ms.txt" 2>&1
+    distributed 0ms --cap 256 --latency 0ms
     # The same with workers that have cores to spare: whether three
     # one-thread workers, not the coordinator, set the pace above.
-    dist 0ms_4t && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --threads "${DIST_THREADS:-2}" --width "$w10k" --cap 256 \
-        --latency 0ms --worker-threads 4 --repeat 3 >"$out/distributed_0ms_4t.txt" 2>&1
-    dist 8w && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --threads "${DIST_THREADS:-2}" --width "$w10k" --cap 1024 \
-        --latency 50ms --workers 8 --repeat 3 >"$out/distributed_8w.txt" 2>&1
-    dist 8w_2t && TROUPE_BIN=$bin TROUPE_NATS_SERVER=$nats benches/distributed.sh --threads "${DIST_THREADS:-2}" --width "$w10k" --cap 1024 \
-        --latency 50ms --workers 8 --worker-threads 2 --repeat 3 >"$out/distributed_8w_2t.txt" 2>&1
+    distributed 0ms_4t --cap 256 --latency 0ms --worker-threads 4
+    distributed 8w --cap 1024 --latency 50ms --workers 8
+    distributed 8w_2t --cap 1024 --latency 50ms --workers 8 --worker-threads 2
 else
     echo "no nats-server at $nats" >"$out/distributed_0ms.txt"
 fi
