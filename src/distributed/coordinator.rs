@@ -690,16 +690,7 @@ impl Coordinator {
             return;
         };
         g.barrier = true;
-        let never: Vec<ExecKey> = g
-            .units
-            .values_mut()
-            .filter(|u| !u.done && !u.accepted)
-            .filter_map(|u| {
-                u.done = true;
-                u.exec.clone()
-            })
-            .collect();
-        for exec in never {
+        for exec in g.take_unaccepted() {
             self.resolved.insert(exec.id.to_string());
             self.scheduler.do_send(ToScheduler::Report {
                 exec,

@@ -50,9 +50,19 @@ impl Group {
     /// coordinator to report them lost (a worker that died holding them,
     /// or NATS gone under the run).
     pub fn take_unsettled(&mut self) -> Vec<ExecKey> {
+        self.settle_where(|_| true)
+    }
+
+    /// Its siblings not yet settled that no worker accepted, each marked
+    /// settled now: past a cancelled group's barrier, those never started.
+    pub fn take_unaccepted(&mut self) -> Vec<ExecKey> {
+        self.settle_where(|u| !u.accepted)
+    }
+
+    fn settle_where(&mut self, which: impl Fn(&Unit) -> bool) -> Vec<ExecKey> {
         self.units
             .values_mut()
-            .filter(|u| !u.done)
+            .filter(|u| !u.done && which(u))
             .filter_map(|u| {
                 u.done = true;
                 u.exec.clone()
