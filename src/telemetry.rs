@@ -118,9 +118,9 @@ pub fn start_otlp(bus: &EventBus<Event>, run_id: &str, config: OtlpConfig) -> io
             let mut total = 0u64;
             loop {
                 // A burst is drained without a clock read per event.
-                let next = match sub.receiver().try_recv() {
-                    Ok(d) => Ok(d),
-                    Err(_) => sub.receiver().recv_timeout(LINGER),
+                let next = match sub.try_recv() {
+                    Some(d) => Ok(d),
+                    None => sub.recv_timeout(LINGER),
                 };
                 match next {
                     Ok(Delivery::Event(envelope)) => {

@@ -107,7 +107,6 @@ fn run_spec(dir: &Path, tune: impl FnOnce(&mut RunSpec) -> Vec<Sink>) -> (RunRep
         done.await.expect("the run reports")
     });
     let events = published
-        .receiver()
         .iter()
         .filter_map(|d| match d {
             Delivery::Event(env) => Some(env.event.to_json(env.seq)),

@@ -32,6 +32,19 @@
 //!   the subscriber has room, and once the hand-off queue is full every
 //!   publisher blocks with it (backpressure on every publisher). A
 //!   subscriber must therefore never publish on the bus it drains.
+//! * What one holder of the registry delivers to a subscriber in a row goes
+//!   into its queue as one parcel (at most [`PARCEL`] events), not event by
+//!   event: under contention a deliverer takes dozens of handed-off events
+//!   at a time, and a queue operation per event was the larger part of its
+//!   time in the one-at-a-time section. A [`Subscription`] unpacks parcels
+//!   and hands out deliveries one at a time, so nothing else changes for
+//!   its reader. A parcel goes as such only while the subscriber keeps up
+//!   (the events of its queued parcels and this one within its capacity);
+//!   one that is behind is sent event by event as before, so a queue holds
+//!   at most about twice its capacity in events, and the rules above
+//!   (observer drops, audit waits) hold event by event for a lagging
+//!   subscriber. Observer events riding in a parcel with an audit event
+//!   wait with it rather than being dropped.
 //! * A subscriber whose [`Subscription`] was dropped is removed on the next
 //!   delivery; a deliverer blocked on it is woken up, so publish never
 //!   blocks forever on a dead subscriber.
@@ -39,12 +52,14 @@
 //!   called, every subscription ends once its queued items are drained: a
 //!   writer thread looping over [`Subscription::iter`] terminates.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError};
 
 /// The bit of [`Shared::next`] that says the bus is closed. A publisher
 /// that draws a number with it set publishes nothing; `close` sets it and
@@ -63,6 +78,9 @@ const HANDOFF: usize = 1 << 16;
 
 /// Room for events held back behind a late hand-off that stays allocated.
 const EARLY_KEPT: usize = 64;
+
+/// The most events one parcel carries (module documentation).
+pub const PARCEL: usize = 64;
 
 /// The largest `seq` a bus continues after ([`EventBus::continuing_after`]):
 /// the largest integer every JSON reader keeps exact, and far below the
@@ -131,6 +149,17 @@ enum Interest {
 #[derive(Debug, Default)]
 struct SubscriberStats {
     dropped_total: AtomicU64,
+    /// Deliveries in parcels of several that are queued and not yet
+    /// taken: the deliverer adds a parcel's before sending it, the
+    /// subscription takes them off when it receives it.
+    parcelled: AtomicUsize,
+}
+
+/// What a subscriber's queue carries: one delivery, or several a deliverer
+/// made in a row (never fewer than two).
+enum Parcel<E> {
+    One(Delivery<E>),
+    Many(Vec<Delivery<E>>),
 }
 
 /// The registry held by a publisher that delivers. The `delivering` mark
@@ -167,12 +196,17 @@ struct Subscriber<E> {
     /// The first `seq` it receives: the number the next publish would
     /// have drawn when it subscribed.
     from: u64,
-    sender: Sender<Delivery<E>>,
+    sender: Sender<Parcel<E>>,
+    /// The queue's capacity, in events.
+    capacity: usize,
     /// Dropped since the last successful delivery; reported as `Lagged`.
     pending_dropped: u64,
     /// The seq of the last of those.
     pending_last_seq: u64,
     stats: Arc<SubscriberStats>,
+    /// What the holder of the registry delivered to it and has not sent
+    /// yet: sent as one parcel when it fills or the holder lets go.
+    outgoing: Vec<(Envelope<E>, EventClass)>,
 }
 
 impl<E> Subscriber<E> {
@@ -234,7 +268,7 @@ impl<E> Clone for EventBus<E> {
     }
 }
 
-impl<E> fmt::Debug for EventBus<E> {
+impl<E: BusEvent> fmt::Debug for EventBus<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (next_seq, closed, names) = self.with_registry(|registry| {
             let names: Vec<String> = registry
@@ -310,7 +344,8 @@ impl<E: BusEvent> EventBus<E> {
     }
 
     fn add_subscriber(&self, name: &str, capacity: usize, interest: Interest) -> Subscription<E> {
-        let (sender, receiver) = crossbeam_channel::bounded(capacity.max(1));
+        let capacity = capacity.max(1);
+        let (sender, receiver) = crossbeam_channel::bounded(capacity);
         let stats = Arc::new(SubscriberStats::default());
         self.with_registry(|registry| {
             // On a closed bus the sender is dropped here, so the
@@ -329,15 +364,18 @@ impl<E: BusEvent> EventBus<E> {
                 interest,
                 from,
                 sender,
+                capacity,
                 pending_dropped: 0,
                 pending_last_seq: 0,
                 stats: Arc::clone(&stats),
+                outgoing: Vec::new(),
             });
         });
         Subscription {
             name: name.to_owned(),
             receiver,
             stats,
+            unpacked: RefCell::new(Vec::new().into_iter()),
         }
     }
 
@@ -369,6 +407,7 @@ impl<E: BusEvent> EventBus<E> {
         };
         self.take_handed(&mut registry);
         self.place(&mut registry, handed);
+        self.send_parcels(&mut registry);
         drop(registry);
         // What others handed off while this publisher held the registry
         // (the fence pairs with theirs, as in `deliver_handed`).
@@ -406,6 +445,7 @@ impl<E: BusEvent> EventBus<E> {
             // yet: it is between two instructions.
             std::thread::yield_now();
         }
+        self.send_parcels(&mut registry);
         registry.closed = true;
         registry.subscribers.clear();
         registry.early.clear();
@@ -458,7 +498,7 @@ impl<E: BusEvent> EventBus<E> {
     }
 }
 
-impl<E> EventBus<E> {
+impl<E: BusEvent> EventBus<E> {
     /// Total observer events dropped across all subscribers since creation.
     #[must_use]
     pub fn lagged_total(&self) -> u64 {
@@ -479,6 +519,7 @@ impl<E> EventBus<E> {
                 return;
             };
             self.take_handed(&mut registry);
+            self.send_parcels(&mut registry);
             drop(registry);
             fence(Ordering::SeqCst);
             if self.shared.handed.is_empty() {
@@ -526,11 +567,12 @@ impl<E> EventBus<E> {
         }
     }
 
-    /// Delivers the event whose turn it is to every subscriber. The last
-    /// subscriber that takes it is given the publisher's reference rather
-    /// than a copy of it: with one subscriber (the audit log) the
-    /// deliverer then never touches the event's reference count, a cache
-    /// line the publisher's core wrote last.
+    /// Delivers the event whose turn it is to every subscriber's parcel,
+    /// sending a parcel that is full. The last subscriber that takes it is
+    /// given the publisher's reference rather than a copy of it: with one
+    /// subscriber (the audit log) the deliverer then never touches the
+    /// event's reference count, a cache line the publisher's core wrote
+    /// last.
     fn deliver_next(&self, registry: &mut Registry<E>, next: Handed<E>) {
         let shared = &*self.shared;
         registry.next_seq += 1;
@@ -554,7 +596,28 @@ impl<E> EventBus<E> {
             let Some(own) = own else {
                 return true;
             };
-            let live = deliver(sub, next.seq, own, next.class, &shared.lagged_total);
+            let envelope = Envelope {
+                seq: next.seq,
+                event: own,
+            };
+            sub.outgoing.push((envelope, next.class));
+            if sub.outgoing.len() < PARCEL {
+                return true;
+            }
+            let live = send_parcel(sub, &shared.lagged_total);
+            if !live && sub.interest == Interest::All {
+                shared.observers.fetch_sub(1, Ordering::Relaxed);
+            }
+            live
+        });
+    }
+
+    /// Sends every subscriber what it was delivered in this hold of the
+    /// registry; called before the registry is let go.
+    fn send_parcels(&self, registry: &mut Registry<E>) {
+        let shared = &*self.shared;
+        registry.subscribers.retain_mut(|sub| {
+            let live = send_parcel(sub, &shared.lagged_total);
             if !live && sub.interest == Interest::All {
                 shared.observers.fetch_sub(1, Ordering::Relaxed);
             }
@@ -586,6 +649,7 @@ impl<E> EventBus<E> {
     fn with_registry<T>(&self, f: impl FnOnce(&mut Registry<E>) -> T) -> T {
         let mut registry = self.lock();
         self.take_handed(&mut registry);
+        self.send_parcels(&mut registry);
         let out = f(&mut registry);
         drop(registry);
         self.deliver_handed();
@@ -602,15 +666,76 @@ impl<E> EventBus<E> {
     }
 }
 
+/// Sends `sub` what it was delivered in this hold: as one parcel while it
+/// keeps up, else event by event. Returns `false` if it disconnected.
+fn send_parcel<E>(sub: &mut Subscriber<E>, lagged_total: &AtomicU64) -> bool {
+    let n = sub.outgoing.len();
+    if n == 0 {
+        return true;
+    }
+    let parcelled = sub.stats.parcelled.load(Ordering::Relaxed);
+    if n == 1 || parcelled + n > sub.capacity {
+        let mut outgoing = std::mem::take(&mut sub.outgoing);
+        let mut live = true;
+        for (envelope, class) in outgoing.drain(..) {
+            // Once disconnected, the rest is dropped with the subscriber.
+            live = live && deliver(sub, envelope, class, lagged_total);
+        }
+        sub.outgoing = outgoing;
+        return live;
+    }
+    let audit = sub.outgoing.iter().any(|(_, c)| *c == EventClass::Audit);
+    let last_seq = sub.outgoing[n - 1].0.seq;
+    let lag = sub.pending_dropped;
+    let mut parcel = Vec::with_capacity(n + usize::from(lag > 0));
+    if lag > 0 {
+        parcel.push(Delivery::Lagged {
+            dropped: lag,
+            last_seq: sub.pending_last_seq,
+        });
+    }
+    parcel.extend(sub.outgoing.drain(..).map(|(e, _)| Delivery::Event(e)));
+    let size = parcel.len();
+    sub.stats.parcelled.fetch_add(size, Ordering::Relaxed);
+    let sent = if audit {
+        // An audit event is never dropped: wait for room.
+        sub.sender
+            .send(Parcel::Many(parcel))
+            .map_err(|_| TrySendError::Disconnected(()))
+    } else {
+        sub.sender
+            .try_send(Parcel::Many(parcel))
+            .map_err(|e| match e {
+                TrySendError::Full(_) => TrySendError::Full(()),
+                TrySendError::Disconnected(_) => TrySendError::Disconnected(()),
+            })
+    };
+    if sent.is_err() {
+        sub.stats.parcelled.fetch_sub(size, Ordering::Relaxed);
+    }
+    match sent {
+        Ok(()) => {
+            sub.pending_dropped = 0;
+            true
+        }
+        Err(TrySendError::Full(())) => {
+            // Observer events only, and no room: every one of them dropped.
+            record_drops(sub, n as u64, last_seq, lagged_total);
+            true
+        }
+        Err(TrySendError::Disconnected(())) => false,
+    }
+}
+
 /// Delivers one event to one subscriber; returns `false` if it disconnected.
 fn deliver<E>(
     sub: &mut Subscriber<E>,
-    seq: u64,
-    event: Arc<E>,
+    envelope: Envelope<E>,
     class: EventClass,
     lagged_total: &AtomicU64,
 ) -> bool {
-    let item = Delivery::Event(Envelope { seq, event });
+    let seq = envelope.seq;
+    let item = Parcel::One(Delivery::Event(envelope));
     match class {
         EventClass::Audit => {
             if sub.pending_dropped > 0 {
@@ -618,7 +743,7 @@ fn deliver<E>(
                     dropped: sub.pending_dropped,
                     last_seq: sub.pending_last_seq,
                 };
-                if sub.sender.send(lagged).is_err() {
+                if sub.sender.send(Parcel::One(lagged)).is_err() {
                     return false;
                 }
                 sub.pending_dropped = 0;
@@ -631,10 +756,10 @@ fn deliver<E>(
                     dropped: sub.pending_dropped,
                     last_seq: sub.pending_last_seq,
                 };
-                match sub.sender.try_send(lagged) {
+                match sub.sender.try_send(Parcel::One(lagged)) {
                     Ok(()) => sub.pending_dropped = 0,
                     Err(TrySendError::Full(_)) => {
-                        record_drop(sub, seq, lagged_total);
+                        record_drops(sub, 1, seq, lagged_total);
                         return true;
                     }
                     Err(TrySendError::Disconnected(_)) => return false,
@@ -643,7 +768,7 @@ fn deliver<E>(
             match sub.sender.try_send(item) {
                 Ok(()) => true,
                 Err(TrySendError::Full(_)) => {
-                    record_drop(sub, seq, lagged_total);
+                    record_drops(sub, 1, seq, lagged_total);
                     true
                 }
                 Err(TrySendError::Disconnected(_)) => false,
@@ -652,25 +777,30 @@ fn deliver<E>(
     }
 }
 
-fn record_drop<E>(sub: &mut Subscriber<E>, seq: u64, lagged_total: &AtomicU64) {
-    sub.pending_dropped += 1;
+/// Counts `n` observer events dropped for `sub`, the last numbered `seq`.
+fn record_drops<E>(sub: &mut Subscriber<E>, n: u64, seq: u64, lagged_total: &AtomicU64) {
+    sub.pending_dropped += n;
     sub.pending_last_seq = seq;
-    sub.stats.dropped_total.fetch_add(1, Ordering::Relaxed);
-    lagged_total.fetch_add(1, Ordering::Relaxed);
+    sub.stats.dropped_total.fetch_add(n, Ordering::Relaxed);
+    lagged_total.fetch_add(n, Ordering::Relaxed);
 }
 
-/// The receiving end of one subscriber. Dropping it unsubscribes.
+/// The receiving end of one subscriber. Dropping it unsubscribes. It
+/// unpacks the parcels its queue carries and hands out one delivery at a
+/// time; it is read by one thread (it is `Send`, not `Sync`).
 pub struct Subscription<E> {
     name: String,
-    receiver: Receiver<Delivery<E>>,
+    receiver: Receiver<Parcel<E>>,
     stats: Arc<SubscriberStats>,
+    /// The rest of the last parcel taken.
+    unpacked: RefCell<std::vec::IntoIter<Delivery<E>>>,
 }
 
 impl<E> fmt::Debug for Subscription<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Subscription")
             .field("name", &self.name)
-            .field("queued", &self.receiver.len())
+            .field("queued_parcels", &self.receiver.len())
             .field("dropped_total", &self.dropped_total())
             .finish()
     }
@@ -687,24 +817,70 @@ impl<E> Subscription<E> {
     /// the queue is drained.
     #[must_use]
     pub fn recv(&self) -> Option<Delivery<E>> {
-        self.receiver.recv().ok()
+        self.next_with(|rx| rx.recv().map_err(|_| RecvTimeoutError::Disconnected))
+            .ok()
     }
 
     /// The next item if one is queued now.
     #[must_use]
     pub fn try_recv(&self) -> Option<Delivery<E>> {
-        self.receiver.try_recv().ok()
+        self.poll().ok()
+    }
+
+    /// The next item if one is queued now; `Disconnected` once the bus is
+    /// closed or dropped and the queue is drained.
+    pub fn poll(&self) -> Result<Delivery<E>, TryRecvError> {
+        self.next_with(|rx| {
+            rx.try_recv().map_err(|e| match e {
+                TryRecvError::Empty => RecvTimeoutError::Timeout,
+                TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+            })
+        })
+        .map_err(|e| match e {
+            RecvTimeoutError::Timeout => TryRecvError::Empty,
+            RecvTimeoutError::Disconnected => TryRecvError::Disconnected,
+        })
+    }
+
+    /// Waits for the next item until `deadline`.
+    pub fn recv_deadline(&self, deadline: Instant) -> Result<Delivery<E>, RecvTimeoutError> {
+        self.next_with(|rx| rx.recv_deadline(deadline))
+    }
+
+    /// Waits for the next item for at most `timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Delivery<E>, RecvTimeoutError> {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.recv_deadline(deadline),
+            None => self.next_with(|rx| rx.recv().map_err(|_| RecvTimeoutError::Disconnected)),
+        }
+    }
+
+    /// The next delivery: the rest of the last parcel first, then parcels
+    /// taken with `take`.
+    fn next_with(
+        &self,
+        mut take: impl FnMut(&Receiver<Parcel<E>>) -> Result<Parcel<E>, RecvTimeoutError>,
+    ) -> Result<Delivery<E>, RecvTimeoutError> {
+        let mut unpacked = self.unpacked.borrow_mut();
+        loop {
+            if let Some(delivery) = unpacked.next() {
+                return Ok(delivery);
+            }
+            match take(&self.receiver)? {
+                Parcel::One(delivery) => return Ok(delivery),
+                Parcel::Many(deliveries) => {
+                    self.stats
+                        .parcelled
+                        .fetch_sub(deliveries.len(), Ordering::Relaxed);
+                    *unpacked = deliveries.into_iter();
+                }
+            }
+        }
     }
 
     /// Blocking iterator that ends when the bus is closed or dropped.
-    pub fn iter(&self) -> crossbeam_channel::Iter<'_, Delivery<E>> {
-        self.receiver.iter()
-    }
-
-    /// The underlying receiver, e.g. for `crossbeam_channel::select!`.
-    #[must_use]
-    pub const fn receiver(&self) -> &Receiver<Delivery<E>> {
-        &self.receiver
+    pub fn iter(&self) -> Iter<'_, E> {
+        Iter { sub: self }
     }
 
     /// Observer events dropped for this subscriber since it subscribed.
@@ -714,21 +890,49 @@ impl<E> Subscription<E> {
     }
 }
 
+/// [`Subscription::iter`]: deliveries until the bus is closed or dropped.
+#[derive(Debug)]
+pub struct Iter<'a, E> {
+    sub: &'a Subscription<E>,
+}
+
+impl<E> Iterator for Iter<'_, E> {
+    type Item = Delivery<E>;
+
+    fn next(&mut self) -> Option<Delivery<E>> {
+        self.sub.recv()
+    }
+}
+
+/// A [`Subscription`] taken by value as an iterator.
+#[derive(Debug)]
+pub struct IntoIter<E> {
+    sub: Subscription<E>,
+}
+
+impl<E> Iterator for IntoIter<E> {
+    type Item = Delivery<E>;
+
+    fn next(&mut self) -> Option<Delivery<E>> {
+        self.sub.recv()
+    }
+}
+
 impl<E> IntoIterator for Subscription<E> {
     type Item = Delivery<E>;
-    type IntoIter = crossbeam_channel::IntoIter<Delivery<E>>;
+    type IntoIter = IntoIter<E>;
 
-    fn into_iter(self) -> Self::IntoIter {
-        self.receiver.into_iter()
+    fn into_iter(self) -> IntoIter<E> {
+        IntoIter { sub: self }
     }
 }
 
 impl<'a, E> IntoIterator for &'a Subscription<E> {
     type Item = Delivery<E>;
-    type IntoIter = crossbeam_channel::Iter<'a, Delivery<E>>;
+    type IntoIter = Iter<'a, E>;
 
-    fn into_iter(self) -> Self::IntoIter {
-        self.receiver.iter()
+    fn into_iter(self) -> Iter<'a, E> {
+        self.iter()
     }
 }
 

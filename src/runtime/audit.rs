@@ -436,7 +436,6 @@ impl Lines for Gathered<'_> {
 /// Takes what `sub` receives into `lines` until the bus closes; the
 /// number of lines.
 fn drain(sub: &Subscription<Event>, into: &mut impl Lines, pace: Pace) -> io::Result<u64> {
-    let rx = sub.receiver();
     let mut lines = 0u64;
     // When the oldest pending line must be written by.
     let mut flush_by: Option<Instant> = None;
@@ -444,7 +443,7 @@ fn drain(sub: &Subscription<Event>, into: &mut impl Lines, pace: Pace) -> io::Re
     loop {
         // What is queued is taken without reading the clock; the clock and
         // the deadline matter only when the queue runs dry.
-        let delivery = match rx.try_recv() {
+        let delivery = match sub.poll() {
             Ok(d) => d,
             Err(TryRecvError::Disconnected) => break,
             Err(TryRecvError::Empty) if idle < pace.idle_polls => {
@@ -458,8 +457,8 @@ fn drain(sub: &Subscription<Event>, into: &mut impl Lines, pace: Pace) -> io::Re
             }
             Err(TryRecvError::Empty) => {
                 let next = match flush_by {
-                    Some(deadline) => rx.recv_deadline(deadline),
-                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    Some(deadline) => sub.recv_deadline(deadline),
+                    None => sub.recv().ok_or(RecvTimeoutError::Disconnected),
                 };
                 match next {
                     Ok(d) => d,

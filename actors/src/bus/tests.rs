@@ -163,7 +163,7 @@ fn dropped_receiver_never_blocks_publish() {
         assert!(bus.publish(Ev::Audit(n)).is_some());
     }
     assert_eq!(bus.subscriber_count(), 1);
-    assert_eq!(keep.receiver().len(), 10);
+    assert_eq!(std::iter::from_fn(|| keep.try_recv()).count(), 10);
 }
 
 #[test]
@@ -425,4 +425,113 @@ fn concurrent_publishers_keep_seq_order_without_audit_gaps() {
     assert_eq!(every_published, (1..=total).collect::<Vec<_>>());
     let observer_count = u64::from(THREADS * PER_THREAD.div_ceil(3));
     assert_eq!(audit_published.len() as u64, total - observer_count);
+}
+
+/// Publishes `events` in one hold of the registry: the first number is
+/// drawn and stalls, the events after it are held back behind it, and its
+/// late hand-off delivers them all at once, as a deliverer under load does.
+fn in_one_hold(bus: &EventBus<Ev>, events: impl IntoIterator<Item = Ev>, first: Ev) {
+    let stalled = bus.shared.next.fetch_add(1, Ordering::SeqCst);
+    for ev in events {
+        bus.publish(ev);
+    }
+    hand_off(bus, stalled, first);
+    bus.deliver_handed();
+}
+
+fn seqs_of(sub: &Subscription<Ev>) -> Vec<u64> {
+    std::iter::from_fn(|| sub.try_recv())
+        .map(|d| event(Some(d)).seq)
+        .collect()
+}
+
+#[test]
+fn one_hold_sends_its_deliveries_as_parcels_in_order() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let sub = bus.subscribe_audit("audit", 1_000);
+    in_one_hold(&bus, (2..=200).map(Ev::Audit), Ev::Audit(1));
+    // 200 events: three full parcels and one of 8, not 200 queue items.
+    assert_eq!(sub.receiver.len(), 200usize.div_ceil(PARCEL));
+    assert_eq!(sub.stats.parcelled.load(Ordering::Relaxed), 200);
+    assert_eq!(seqs_of(&sub), (1..=200).collect::<Vec<_>>());
+    assert_eq!(sub.stats.parcelled.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_subscriber_without_room_for_a_parcel_gets_its_events_one_by_one() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let audit = bus.subscribe_audit("audit", 1_000);
+    let small = bus.subscribe("small", 10);
+    // 30 observer events do not fit a queue of 10: sent one by one, the
+    // first 10 kept and 20 dropped, counted exactly, as without parcels.
+    in_one_hold(&bus, (2..=30).map(Ev::Token), Ev::Token(1));
+    assert_eq!(small.receiver.len(), 10);
+    assert_eq!(small.dropped_total(), 20);
+    assert_eq!(seqs_of(&small), (1..=10).collect::<Vec<_>>());
+    // The audit-only subscriber took none of them.
+    assert!(audit.try_recv().is_none());
+    // Its next delivery says what it missed.
+    bus.publish(Ev::Audit(31));
+    assert!(matches!(
+        small.try_recv(),
+        Some(Delivery::Lagged {
+            dropped: 20,
+            last_seq: 30
+        })
+    ));
+    assert_eq!(event(small.try_recv()).seq, 31);
+}
+
+#[test]
+fn an_observer_parcel_meeting_a_full_queue_is_dropped_and_counted_whole() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let sub = bus.subscribe("s", 4);
+    for n in 0..4 {
+        bus.publish(Ev::Token(n));
+    }
+    // The queue holds four single events; a parcel of three has room by
+    // count but no place: all three are dropped.
+    in_one_hold(&bus, (6..=7).map(Ev::Token), Ev::Token(5));
+    assert_eq!(sub.dropped_total(), 3);
+    assert_eq!(bus.lagged_total(), 3);
+    assert_eq!(sub.stats.parcelled.load(Ordering::Relaxed), 0);
+    assert_eq!(seqs_of(&sub), vec![1, 2, 3, 4]);
+    // An audit parcel waits for room instead, its observer events with it.
+    in_one_hold(&bus, [Ev::Token(9), Ev::Audit(10)], Ev::Audit(8));
+    assert!(matches!(
+        sub.try_recv(),
+        Some(Delivery::Lagged {
+            dropped: 3,
+            last_seq: 7
+        })
+    ));
+    assert_eq!(seqs_of(&sub), vec![8, 9, 10]);
+    assert_eq!(sub.dropped_total(), 3);
+}
+
+#[test]
+fn a_full_audit_parcel_waits_for_room_and_loses_nothing() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let full = u32::try_from(2 * PARCEL).unwrap();
+    let sub = bus.subscribe_audit("audit", 2 * PARCEL);
+    for n in 0..full {
+        bus.publish(Ev::Audit(n));
+    }
+    // The queue is full of single events: the hold's parcel must wait.
+    let holder = {
+        let bus = bus.clone();
+        thread::spawn(move || {
+            // 40 more, one stalled and 39 behind it.
+            let first = full + 1;
+            in_one_hold(
+                &bus,
+                (first + 1..first + 40).map(Ev::Audit),
+                Ev::Audit(first),
+            );
+        })
+    };
+    let got: Vec<u64> = (0..full + 40).map(|_| event(sub.recv()).seq).collect();
+    holder.join().unwrap();
+    assert_eq!(got, (1..=u64::from(full) + 40).collect::<Vec<_>>());
+    assert!(sub.try_recv().is_none());
 }

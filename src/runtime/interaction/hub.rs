@@ -528,7 +528,6 @@ mod tests {
         });
         bus.close();
         let late = sub
-            .receiver()
             .iter()
             .filter(|d| match d {
                 troupe_actors::Delivery::Event(env) => {
