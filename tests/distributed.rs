@@ -578,7 +578,7 @@ fn every_report_acknowledged(url: &str, run_id: &str) {
 fn reports_sent_together_travel_as_one_message_in_order() {
     use futures::StreamExt;
     use troupe::distributed::outbox::{self, Outbox};
-    use troupe::distributed::wire::{Report, report_subject};
+    use troupe::distributed::wire::{Report, Task, report_subject};
 
     let Some(bin) = nats_server() else { return };
     let server = Server::start(&bin);
@@ -604,8 +604,31 @@ fn reports_sent_together_travel_as_one_message_in_order() {
         let nats = args.connect("outbox test").await.unwrap();
         let stream = nats.reports().await.unwrap();
         let outbox = Outbox::start(nats.clone(), "w1");
-        let stored = futures::future::join_all(sent.iter().map(|r| outbox.send("run-1", r))).await;
+        // From a coordinator that reads compressed batches.
+        let task = Task {
+            run_id: "run-1".into(),
+            turn: 2,
+            unit: 0,
+            stage_execution_id: "run-1/worker#0/1".into(),
+            stage_id: "worker".into(),
+            index: Some(0),
+            visit: 1,
+            item: None,
+            pipeline_id: "p".into(),
+            digest: "d".into(),
+            zstd_reports: true,
+        };
+        let stored = futures::future::join_all(sent.iter().map(|r| outbox.send(&task, r))).await;
         assert!(stored.iter().all(|s| *s), "{stored:?}");
+        // From an older coordinator, whose tasks do not say it: plain.
+        let older = Task {
+            zstd_reports: false,
+            ..task
+        };
+        let more: Vec<Report> = (200..220).map(accepted).collect();
+        let stored = futures::future::join_all(more.iter().map(|r| outbox.send(&older, r))).await;
+        assert!(stored.iter().all(|s| *s), "{stored:?}");
+        sent.extend(more);
         let consumer = stream
             .create_consumer(async_nats::jetstream::consumer::pull::Config {
                 filter_subject: report_subject("run-1"),
@@ -624,14 +647,22 @@ fn reports_sent_together_travel_as_one_message_in_order() {
         while let Some(Ok(msg)) = batch.next().await {
             let reports: Result<Vec<Report>, _> =
                 outbox::decode(&msg.payload).into_iter().collect();
-            messages.push(reports.unwrap());
+            let zstd = msg.payload.starts_with(&[0x28, 0xB5, 0x2F, 0xFD]);
+            messages.push((reports.unwrap(), zstd, msg.payload.len()));
         }
         (messages, sent)
     });
     let (messages, sent) = messages;
-    let sizes: Vec<usize> = messages.iter().map(Vec::len).collect();
-    assert_eq!(sizes, vec![100, 1, 1], "batches");
-    assert_eq!(messages.concat(), sent, "every report, in order");
+    let sizes: Vec<usize> = messages.iter().map(|m| m.0.len()).collect();
+    assert_eq!(sizes, vec![100, 1, 1, 20], "batches");
+    // The two large batches went compressed (the 600 KiB one in a few
+    // KiB); the lone small report as it is, and the older coordinator's
+    // batch as JSON.
+    let zstd: Vec<bool> = messages.iter().map(|m| m.1).collect();
+    assert_eq!(zstd, vec![true, true, false, false], "compressed");
+    assert!(messages[1].2 < 4096, "{} bytes", messages[1].2);
+    let reports: Vec<Report> = messages.into_iter().flat_map(|m| m.0).collect();
+    assert_eq!(reports, sent, "every report, in order");
 }
 
 #[test]
@@ -726,6 +757,7 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
             item: None,
             pipeline_id: "p".into(),
             digest: "d".into(),
+            zstd_reports: true,
         };
         // In parts (a small part size): each read is several round trips.
         let mut fields = serde_json::Map::new();

@@ -511,6 +511,7 @@ impl Coordinator {
             item: spawn.ctx.item.clone(),
             pipeline_id: self.spec.pipeline_id.clone(),
             digest: self.spec.digest.clone(),
+            zstd_reports: true,
         };
         self.publish(spawn.exec, task, own);
     }

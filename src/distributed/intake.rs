@@ -244,7 +244,7 @@ pub async fn accept_all(
             unit: t.unit,
             worker: config.name.clone(),
         };
-        async move { outbox.send(&t.run_id, &report).await }
+        async move { outbox.send(t, &report).await }
     });
     let told = futures::future::join_all(accepted).await;
     let mut intakes = Vec::new();
@@ -399,7 +399,7 @@ async fn settle(
     report: &Report,
 ) {
     let run_id = &offer.task.run_id;
-    let reported = outbox.send(run_id, report).await;
+    let reported = outbox.send(&offer.task, report).await;
     if reported {
         let _ = nats
             .client

@@ -89,6 +89,11 @@ pub struct Task {
     /// worker whose copy differs refuses the task.
     pub pipeline_id: String,
     pub digest: String,
+    /// The coordinator reads report batches compressed with zstd
+    /// ([`outbox`](super::outbox)). Absent (`false`) from a coordinator
+    /// that does not, which then gets them as plain JSON.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub zstd_reports: bool,
 }
 
 /// What every sibling of a group shares, put once in [`GROUPS_BUCKET`]

@@ -569,7 +569,7 @@ impl WorkerHost {
                     |s| s.not_started += 1,
                 ),
             };
-            let reported = outbox.send(&t.run_id, &report).await;
+            let reported = outbox.send(&t, &report).await;
             ticker.cancel();
             if reported {
                 let _ = nats.client.publish(reply, "+ACK".into()).await;
