@@ -101,7 +101,7 @@ fn three_workers_give_the_results_one_process_gives_under_the_cap() {
     assert!(out.status.success(), "{out:?}");
     let local = summary(&out);
     assert_eq!(remote["stages"], local["stages"]);
-    every_report_acknowledged(&server.url(), remote["runId"].as_str().unwrap());
+    nothing_left_on_the_server(&server.url(), remote["runId"].as_str().unwrap());
     assert_eq!(
         results(&project, remote["runId"].as_str().unwrap()),
         results(&local_project, local["runId"].as_str().unwrap())
@@ -187,6 +187,8 @@ fn a_failed_sibling_cancels_the_siblings_in_flight_on_every_worker() {
     let mut started = project.started();
     started.sort_unstable();
     assert_eq!(started, vec![0, 1, 2, 3], "a sibling past the cap started");
+    // A failed run may be resumed: its reports stay, every one read.
+    every_report_acknowledged(&server.url(), s["runId"].as_str().unwrap());
     // Each worker reported its cancelled siblings, and their shell
     // processes are gone.
     for w in &mut workers {
@@ -539,6 +541,59 @@ fn distributed_siblings_continue_the_runs_trace() {
     }
 }
 
+/// A run that ended ok took away what it left on the server: its report
+/// consumer, its reports (every sibling's events), its groups' contexts
+/// and cancelled marks, its queued tasks.
+fn nothing_left_on_the_server(url: &str, run_id: &str) {
+    use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+    use troupe::distributed::wire::{GROUPS_BUCKET, report_subject, run_tasks_subject};
+    let args = nats_args(url);
+    let run_id = run_id.to_owned();
+    actix::System::new().block_on(async move {
+        let nats = args.connect("cleanup test").await.unwrap();
+        let reports = nats.reports().await.unwrap();
+        let name = troupe::distributed::wire::coordinator_consumer(&run_id);
+        assert!(
+            reports.consumer_info(&name).await.is_err(),
+            "the run's report consumer is deleted"
+        );
+        // Messages left on a subject: what a new consumer of it would get.
+        let left = |stream: async_nats::jetstream::stream::Stream, subject: String| async move {
+            let mut consumer = stream
+                .create_consumer(pull::Config {
+                    filter_subject: subject,
+                    deliver_policy: DeliverPolicy::All,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            consumer.info().await.unwrap().num_pending
+        };
+        assert_eq!(left(reports, report_subject(&run_id)).await, 0, "reports");
+        let tasks = nats.tasks().await.unwrap();
+        // A work queue takes no second consumer of the same subjects: its
+        // count of the run's subjects says it.
+        let mut subjects = tasks
+            .info_with_subjects(run_tasks_subject(&run_id))
+            .await
+            .unwrap();
+        assert!(
+            futures::StreamExt::next(&mut subjects).await.is_none(),
+            "tasks"
+        );
+        let bucket = nats
+            .js
+            .get_stream(format!("KV_{GROUPS_BUCKET}"))
+            .await
+            .unwrap();
+        assert_eq!(
+            left(bucket, format!("$KV.{GROUPS_BUCKET}.{run_id}.>")).await,
+            0,
+            "group contexts"
+        );
+    });
+}
+
 /// Once its run is over, the coordinator has acknowledged every report
 /// message (the last exits are recorded on the store's thread, and their
 /// messages settled after the run may already have ended): one left
@@ -709,26 +764,24 @@ fn a_group_context_past_the_servers_message_limit_is_stored_in_parts() {
     let mut started = project.started();
     started.sort_unstable();
     assert_eq!(started, (0..6).collect::<Vec<_>>(), "each sibling ran once");
-    // The parts are in the bucket, more than one of them.
-    let run = remote["runId"].as_str().unwrap().to_owned();
+    // The parts went into the bucket, more than one of them, and went
+    // with the rest once the run ended ok. The server is this test's
+    // own: everything the bucket ever stored is this group's key and its
+    // parts.
     let args = nats_args(&server.url());
-    let parts = actix::System::new().block_on(async move {
-        use futures::StreamExt;
+    let (parts, left) = actix::System::new().block_on(async move {
+        use troupe::distributed::wire::GROUPS_BUCKET;
         let nats = args.connect("parts test").await.unwrap();
-        let keys: Vec<String> = nats
-            .groups()
+        nats.groups().await.unwrap();
+        let mut bucket = nats
+            .js
+            .get_stream(format!("KV_{GROUPS_BUCKET}"))
             .await
-            .unwrap()
-            .keys()
-            .await
-            .unwrap()
-            .filter_map(|k| async move { k.ok() })
-            .collect()
-            .await;
-        keys.iter()
-            .filter(|k| k.starts_with(&format!("{run}.")) && k.split('.').count() == 4)
-            .count()
+            .unwrap();
+        let state = bucket.info().await.unwrap().state.clone();
+        (state.last_sequence - 1, state.messages)
     });
+    assert_eq!(left, 0, "the run's contexts are gone");
     assert!(parts >= 2, "{parts} parts stored");
 }
 

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::wire::{
     CANCELLED_BUCKET, GROUPS_BUCKET, REPORTS_STREAM, TASKS_STREAM, WORKERS_CONSUMER,
-    coordinator_consumer, report_subject,
+    coordinator_consumer, report_subject, run_tasks_subject,
 };
 use crate::error::{Code, ErrorClass, HasCode};
 
@@ -253,6 +253,11 @@ impl Drop for IoRuntime {
 /// before it is delivered again.
 pub const REPORT_ACK_WAIT: Duration = Duration::from_secs(10);
 
+/// How long the server keeps what a run that did not end ok left for
+/// `troupe resume`: its reports, group contexts, cancelled marks and its
+/// report consumer (after that long unused).
+pub const KEPT_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// A connection and the topology settings.
 #[derive(Debug, Clone)]
 pub struct Nats {
@@ -361,7 +366,7 @@ impl Nats {
                 name: REPORTS_STREAM.to_owned(),
                 subjects: vec!["troupe.report.>".to_owned()],
                 retention: stream::RetentionPolicy::Limits,
-                max_age: Duration::from_secs(7 * 24 * 3600),
+                max_age: KEPT_FOR,
                 num_replicas: self.replicas,
                 duplicate_window: Duration::from_secs(120),
                 description: Some("troupe: reports from workers to run coordinators".to_owned()),
@@ -417,12 +422,84 @@ impl Nats {
                     // went down) comes again after this; one that merely
                     // came twice is deduplicated.
                     ack_wait: REPORT_ACK_WAIT,
+                    // A run that never ends ok (and is never resumed)
+                    // does not keep its consumer on the server for good.
+                    inactive_threshold: KEPT_FOR,
                     num_replicas: 0,
                     ..Default::default()
                 },
             )
             .await
             .map_err(|e| js_error("the run's report consumer", e))
+    }
+
+    /// Removes what run `run_id` left on the server, once it ended ok
+    /// (it cannot be resumed then, and nothing reads these again): its
+    /// reports, which carry every sibling's audit events, its report
+    /// consumer, its groups' contexts and cancelled marks, and any task
+    /// of it still queued (a copy of a sibling that finished). A run that
+    /// ends otherwise keeps them for `troupe resume`; they expire after
+    /// [`KEPT_FOR`]. Every step is tried; the first failure is returned.
+    pub async fn forget_run(&self, run_id: &str) -> Result<(), NatsError> {
+        let mut first_error = None;
+        let mut note = |outcome: Result<(), NatsError>| {
+            if let Err(e) = outcome {
+                first_error.get_or_insert(e);
+            }
+        };
+        let reports = self.reports().await;
+        if let Ok(reports) = &reports {
+            note(
+                reports
+                    .delete_consumer(&coordinator_consumer(run_id))
+                    .await
+                    .map(|_| ())
+                    .or_else(|e| match e.kind() {
+                        // Already gone (a consumer past its inactivity).
+                        stream::ConsumerErrorKind::JetStream(j)
+                            if j.error_code() == jetstream::ErrorCode::CONSUMER_NOT_FOUND =>
+                        {
+                            Ok(())
+                        }
+                        _ => Err(js_error("the run's report consumer", e)),
+                    }),
+            );
+            note(
+                reports
+                    .purge()
+                    .filter(report_subject(run_id))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| js_error("the run's reports", e)),
+            );
+        }
+        note(reports.map(|_| ()));
+        for (bucket, what) in [
+            (GROUPS_BUCKET, "the run's group contexts"),
+            (CANCELLED_BUCKET, "the run's cancelled marks"),
+        ] {
+            let purged = match self.js.get_stream(format!("KV_{bucket}")).await {
+                Ok(stream) => stream
+                    .purge()
+                    .filter(format!("$KV.{bucket}.{run_id}.>"))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| js_error(what, e)),
+                Err(e) => Err(js_error(what, e)),
+            };
+            note(purged);
+        }
+        let tasks = match self.tasks().await {
+            Ok(tasks) => tasks
+                .purge()
+                .filter(run_tasks_subject(run_id))
+                .await
+                .map(|_| ())
+                .map_err(|e| js_error("the run's queued tasks", e)),
+            Err(e) => Err(e),
+        };
+        note(tasks);
+        first_error.map_or(Ok(()), Err)
     }
 
     /// The bucket of cancelled groups (created when absent).
@@ -468,7 +545,7 @@ impl Nats {
             .create_key_value(kv::Config {
                 bucket: name.to_owned(),
                 description: description.to_owned(),
-                max_age: Duration::from_secs(7 * 24 * 3600),
+                max_age: KEPT_FOR,
                 num_replicas: self.replicas,
                 ..Default::default()
             })

@@ -374,9 +374,13 @@ impl Prepared {
             let _ = store_probe.set(kept.writer.ledger());
         }
         // Across machines: fan-out siblings go to the workers' queue.
+        let mut on_server = None;
         if nats.nats.is_some() {
             match remote_siblings(&nats, &spec, &pipeline, &settings).await {
-                Ok(remote) => spec.executor = Some(Arc::new(remote)),
+                Ok(remote) => {
+                    on_server = Some(remote.nats.clone());
+                    spec.executor = Some(Arc::new(remote));
+                }
                 Err(e) => {
                     driven.outcome = Outcome::Nats(e);
                     return driven;
@@ -408,10 +412,26 @@ impl Prepared {
         }
         all.extend(sinks(&spec.bus, &spec.settings));
         let bus = spec.bus.clone();
+        let run_id = spec.run_id.to_string();
         let (session, done) = start_run(spec, all);
         started(session);
         driven.outcome = match done.await {
-            Ok(report) => Outcome::Report(Box::new(report), bus.last_seq()),
+            Ok(mut report) => {
+                // A run that ended ok is never resumed: what it left on the
+                // NATS server (every sibling's report, with its events) is
+                // of no more use.
+                if let Some(nats) = on_server
+                    && report.status == RunStatus::Ok
+                    && let Err(e) = nats.forget_run(&run_id).await
+                {
+                    report.warnings.push(format!(
+                        "the NATS server keeps what the run left there until it expires \
+                         in seven days ({}: {e})",
+                        e.code()
+                    ));
+                }
+                Outcome::Report(Box::new(report), bus.last_seq())
+            }
             Err(_) => Outcome::Aborted("the run ended without a report".to_owned()),
         };
         driven
