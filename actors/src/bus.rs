@@ -531,8 +531,16 @@ impl<E: BusEvent> EventBus<E> {
     /// Takes everything handed off and delivers, in `seq` order, every
     /// event whose turn has come.
     fn take_handed(&self, registry: &mut Registry<E>) {
+        let mut taken = 0;
         while let Ok(handed) = self.shared.handed.try_recv() {
             self.place(registry, handed);
+            taken += 1;
+            // Under steady contention a hold can go on for long: a
+            // subscriber that gets few of the events (audit-only among
+            // token streams) is not kept waiting for its end.
+            if taken % PARCEL == 0 {
+                self.send_parcels(registry);
+            }
         }
         // What a preempted publisher held back is not kept allocated.
         if registry.early.is_empty() && registry.early.capacity() > EARLY_KEPT {
