@@ -253,6 +253,19 @@ impl Drop for IoRuntime {
 /// before it is delivered again.
 pub const REPORT_ACK_WAIT: Duration = Duration::from_secs(10);
 
+/// How long [`Nats::forget_run`] may take in all.
+pub const FORGET_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Removes the messages of `stream` on `subject`.
+async fn purge(stream: &stream::Stream, subject: String, what: &str) -> Result<(), NatsError> {
+    stream
+        .purge()
+        .filter(subject)
+        .await
+        .map(|_| ())
+        .map_err(|e| js_error(what, e))
+}
+
 /// How long the server keeps what a run that did not end ok left for
 /// `troupe resume`: its reports, group contexts, cancelled marks and its
 /// report consumer (after that long unused).
@@ -439,18 +452,39 @@ impl Nats {
     /// consumer, its groups' contexts and cancelled marks, and any task
     /// of it still queued (a copy of a sibling that finished). A run that
     /// ends otherwise keeps them for `troupe resume`; they expire after
-    /// [`KEPT_FOR`]. Every step is tried; the first failure is returned.
+    /// [`KEPT_FOR`]. Streams are looked up, never made or changed here.
+    /// Every step is tried, all within [`FORGET_PATIENCE`] (a server gone
+    /// by then must not hold the run's end); the first failure is
+    /// returned.
     pub async fn forget_run(&self, run_id: &str) -> Result<(), NatsError> {
+        match tokio::time::timeout(FORGET_PATIENCE, self.forget_steps(run_id)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(NatsError {
+                code: "JetStream",
+                message: format!(
+                    "the server did not answer within {} s",
+                    FORGET_PATIENCE.as_secs()
+                ),
+            }),
+        }
+    }
+
+    async fn forget_steps(&self, run_id: &str) -> Result<(), NatsError> {
         let mut first_error = None;
         let mut note = |outcome: Result<(), NatsError>| {
             if let Err(e) = outcome {
                 first_error.get_or_insert(e);
             }
         };
-        let reports = self.reports().await;
-        if let Ok(reports) = &reports {
-            note(
-                reports
+        let stream = |name: String, what: &'static str| async move {
+            self.js
+                .get_stream(name)
+                .await
+                .map_err(|e| js_error(what, e))
+        };
+        match stream(REPORTS_STREAM.to_owned(), "the report stream").await {
+            Ok(reports) => {
+                let consumer = reports
                     .delete_consumer(&coordinator_consumer(run_id))
                     .await
                     .map(|_| ())
@@ -462,43 +496,27 @@ impl Nats {
                             Ok(())
                         }
                         _ => Err(js_error("the run's report consumer", e)),
-                    }),
-            );
-            note(
-                reports
-                    .purge()
-                    .filter(report_subject(run_id))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| js_error("the run's reports", e)),
-            );
+                    });
+                note(consumer);
+                note(purge(&reports, report_subject(run_id), "the run's reports").await);
+            }
+            Err(e) => note(Err(e)),
         }
-        note(reports.map(|_| ()));
         for (bucket, what) in [
             (GROUPS_BUCKET, "the run's group contexts"),
             (CANCELLED_BUCKET, "the run's cancelled marks"),
         ] {
-            let purged = match self.js.get_stream(format!("KV_{bucket}")).await {
-                Ok(stream) => stream
-                    .purge()
-                    .filter(format!("$KV.{bucket}.{run_id}.>"))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| js_error(what, e)),
-                Err(e) => Err(js_error(what, e)),
-            };
-            note(purged);
+            match stream(format!("KV_{bucket}"), what).await {
+                Ok(kv) => note(purge(&kv, format!("$KV.{bucket}.{run_id}.>"), what).await),
+                Err(e) => note(Err(e)),
+            }
         }
-        let tasks = match self.tasks().await {
-            Ok(tasks) => tasks
-                .purge()
-                .filter(run_tasks_subject(run_id))
-                .await
-                .map(|_| ())
-                .map_err(|e| js_error("the run's queued tasks", e)),
-            Err(e) => Err(e),
-        };
-        note(tasks);
+        match stream(TASKS_STREAM.to_owned(), "the task stream").await {
+            Ok(tasks) => {
+                note(purge(&tasks, run_tasks_subject(run_id), "the run's queued tasks").await)
+            }
+            Err(e) => note(Err(e)),
+        }
         first_error.map_or(Ok(()), Err)
     }
 
