@@ -660,19 +660,7 @@ fn reports_sent_together_travel_as_one_message_in_order() {
         let stream = nats.reports().await.unwrap();
         let outbox = Outbox::start(nats.clone(), "w1");
         // From a coordinator that reads compressed batches.
-        let task = Task {
-            run_id: "run-1".into(),
-            turn: 2,
-            unit: 0,
-            stage_execution_id: "run-1/worker#0/1".into(),
-            stage_id: "worker".into(),
-            index: Some(0),
-            visit: 1,
-            item: None,
-            pipeline_id: "p".into(),
-            digest: "d".into(),
-            zstd_reports: true,
-        };
+        let task = sample_task(2);
         let stored = futures::future::join_all(sent.iter().map(|r| outbox.send(&task, r))).await;
         assert!(stored.iter().all(|s| *s), "{stored:?}");
         // From an older coordinator, whose tasks do not say it: plain.
@@ -790,7 +778,7 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
     use std::sync::Arc;
     use troupe::distributed::intake::Buckets;
     use troupe::distributed::stored_context;
-    use troupe::distributed::wire::{GroupContext, Task, group_key};
+    use troupe::distributed::wire::{GroupContext, group_key};
 
     let Some(bin) = nats_server() else { return };
     let server = Server::start(&bin);
@@ -799,19 +787,7 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
         let nats = args.connect("context test").await.unwrap();
         let (_consumer, cancelled, groups) = nats.worker_topology().await.unwrap();
         let buckets = Buckets::new(cancelled, groups.clone());
-        let task = |turn| Task {
-            run_id: "run-1".into(),
-            turn,
-            unit: 0,
-            stage_execution_id: "run-1/worker#0/1".into(),
-            stage_id: "worker".into(),
-            index: Some(0),
-            visit: 1,
-            item: None,
-            pipeline_id: "p".into(),
-            digest: "d".into(),
-            zstd_reports: true,
-        };
+        let task = sample_task;
         // In parts (a small part size): each read is several round trips.
         let mut fields = serde_json::Map::new();
         let long: String = (0..200_000)

@@ -292,6 +292,24 @@ impl Server {
 
 /// The connection flags a `troupe` command would take for `url`, for a
 /// test that talks to the server itself.
+/// A task of run `run-1`'s first sibling in group `turn`, from a
+/// coordinator that reads compressed report batches.
+pub fn sample_task(turn: u64) -> troupe::distributed::wire::Task {
+    troupe::distributed::wire::Task {
+        run_id: "run-1".into(),
+        turn,
+        unit: 0,
+        stage_execution_id: "run-1/worker#0/1".into(),
+        stage_id: "worker".into(),
+        index: Some(0),
+        visit: 1,
+        item: None,
+        pipeline_id: "p".into(),
+        digest: "d".into(),
+        zstd_reports: true,
+    }
+}
+
 pub fn nats_args(url: &str) -> troupe::distributed::NatsArgs {
     use clap::Parser;
 
