@@ -35,6 +35,12 @@
 #                     1 024, 50 ms turns (x the ideal), both with the
 #                     binary given. A stripped binary keeps both under the
 #                     64 MiB a carry allows.
+#   bus.txt           with the criterion bus_throughput executable at
+#                     $BUS_BENCH (`cargo bench --bench bus_throughput
+#                     --no-run` prints its path; carry it): events/s from
+#                     1, 2, 8 and 16 publishing threads into one bus, the
+#                     serial section the parcels of the eleventh round
+#                     cut (step `bus`, not in the default STEPS)
 #   steps.txt         seconds since the start after each step
 #
 # The device tool brings back 8 files at most: run it into a folder of its
@@ -103,6 +109,15 @@ step store && "$bin" bench stages/fanout --width "$w100k" --cap 256 --latency 0m
 
 echo "$SECONDS s: threads, store" >>"$out/steps.txt"
 
+if step bus; then
+    if [ -x "${BUS_BENCH:-}" ]; then
+        "$BUS_BENCH" --bench 'bus_throughput/publishers' --noplot >"$out/bus.txt" 2>&1
+    else
+        echo "no BUS_BENCH executable: step skipped" >"$out/bus.txt"
+    fi
+    echo "$SECONDS s: bus" >>"$out/steps.txt"
+fi
+
 step failfast && "$bin" bench stages/fanout --width "$w10k" --cap "$w10k" --latency 50ms \
     --fail-sibling "worker#$((w10k - 1))" --threads 1,2,4,16 --repeat 3 \
     --runs-dir "$runs" --json >"$out/failfast.json" 2>"$out/failfast.err"
@@ -142,7 +157,7 @@ step million && "$bin" bench stages/fanout --width "$w1m" --cap 256 --latency 0m
     --threads "${BIG_THREADS:-16}" --repeat 1 --keep-runs --runs-dir "$runs" --json \
     >"$out/million.json" 2>"$out/million.err"
 # `--keep-runs` says on stderr where it kept the logs.
-kept=$(sed -n 's/^audit logs kept in //p' "$out/million.err" | tail -1)
+kept=$(sed -n 's/^audit logs kept in //p' "$out/million.err" 2>/dev/null | tail -1)
 if [ -n "$kept" ]; then
     find "$kept" -name 'audit.jsonl*' -printf '%s bytes %p\n' >"$out/million_audit.txt"
     rm -rf "$kept"
