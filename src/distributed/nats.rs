@@ -87,7 +87,9 @@ fn js_error(what: &str, e: impl std::fmt::Display) -> NatsError {
 pub struct NatsArgs {
     /// The NATS server(s), e.g. nats://127.0.0.1:4222 (comma-separated
     /// for a cluster). With `troupe run`, fan-out siblings go to the
-    /// workers serving the pipeline instead of running here.
+    /// workers serving the pipeline instead of running here. A run that
+    /// ends ok removes what it left on the server; any other keeps it
+    /// for `troupe resume` (seven days).
     #[arg(long, value_name = "URL")]
     pub nats: Option<String>,
     /// The NATS user.
