@@ -52,14 +52,12 @@
 //!   called, every subscription ends once its queued items are drained: a
 //!   writer thread looping over [`Subscription::iter`] terminates.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
-use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError};
+use crossbeam_channel::{Receiver, Sender};
 
 /// The bit of [`Shared::next`] that says the bus is closed. A publisher
 /// that draws a number with it set publishes nothing; `close` sets it and
@@ -138,30 +136,6 @@ pub enum Delivery<E> {
     },
 }
 
-/// Which events a subscriber receives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Interest {
-    All,
-    AuditOnly,
-}
-
-/// Counters a subscriber shares with the bus.
-#[derive(Debug, Default)]
-struct SubscriberStats {
-    dropped_total: AtomicU64,
-    /// Deliveries in parcels of several that are queued and not yet
-    /// taken: the deliverer adds a parcel's before sending it, the
-    /// subscription takes them off when it receives it.
-    parcelled: AtomicUsize,
-}
-
-/// What a subscriber's queue carries: one delivery, or several a deliverer
-/// made in a row (never fewer than two).
-enum Parcel<E> {
-    One(Delivery<E>),
-    Many(Vec<Delivery<E>>),
-}
-
 /// The registry held by a publisher that delivers. The `delivering` mark
 /// is cleared before the lock is let go (on a panic too): `drop` runs
 /// before the guard, a field, is dropped.
@@ -187,32 +161,6 @@ impl<E> std::ops::DerefMut for Deliverer<'_, E> {
 impl<E> Drop for Deliverer<'_, E> {
     fn drop(&mut self) {
         self.mark.store(false, Ordering::Relaxed);
-    }
-}
-
-struct Subscriber<E> {
-    name: String,
-    interest: Interest,
-    /// The first `seq` it receives: the number the next publish would
-    /// have drawn when it subscribed.
-    from: u64,
-    sender: Sender<Parcel<E>>,
-    /// The queue's capacity, in events.
-    capacity: usize,
-    /// Dropped since the last successful delivery; reported as `Lagged`.
-    pending_dropped: u64,
-    /// The seq of the last of those.
-    pending_last_seq: u64,
-    stats: Arc<SubscriberStats>,
-    /// What the holder of the registry delivered to it and has not sent
-    /// yet: sent as one parcel when it fills or the holder lets go.
-    outgoing: Vec<(Envelope<E>, EventClass)>,
-}
-
-impl<E> Subscriber<E> {
-    /// Whether the event numbered `seq` is one this subscriber receives.
-    fn takes(&self, seq: u64, class: EventClass) -> bool {
-        seq >= self.from && (class == EventClass::Audit || self.interest == Interest::All)
     }
 }
 
@@ -344,9 +292,7 @@ impl<E: BusEvent> EventBus<E> {
     }
 
     fn add_subscriber(&self, name: &str, capacity: usize, interest: Interest) -> Subscription<E> {
-        let capacity = capacity.max(1);
-        let (sender, receiver) = crossbeam_channel::bounded(capacity);
-        let stats = Arc::new(SubscriberStats::default());
+        let (mut subscriber, subscription) = queue::pair(name, capacity, interest);
         self.with_registry(|registry| {
             // On a closed bus the sender is dropped here, so the
             // subscription ends at once.
@@ -358,25 +304,10 @@ impl<E: BusEvent> EventBus<E> {
             }
             // No one delivers while the registry is held: events drawn
             // before this are not received, the ones after are.
-            let from = self.shared.next.load(Ordering::SeqCst) & !CLOSED;
-            registry.subscribers.push(Subscriber {
-                name: name.to_owned(),
-                interest,
-                from,
-                sender,
-                capacity,
-                pending_dropped: 0,
-                pending_last_seq: 0,
-                stats: Arc::clone(&stats),
-                outgoing: Vec::new(),
-            });
+            subscriber.from = self.shared.next.load(Ordering::SeqCst) & !CLOSED;
+            registry.subscribers.push(subscriber);
         });
-        Subscription {
-            name: name.to_owned(),
-            receiver,
-            stats,
-            unpacked: RefCell::new(Vec::new().into_iter()),
-        }
+        subscription
     }
 
     /// Publishes `event` to every subscriber and returns its sequence number,
@@ -674,275 +605,10 @@ impl<E: BusEvent> EventBus<E> {
     }
 }
 
-/// Sends `sub` what it was delivered in this hold: as one parcel while it
-/// keeps up, else event by event. Returns `false` if it disconnected.
-fn send_parcel<E>(sub: &mut Subscriber<E>, lagged_total: &AtomicU64) -> bool {
-    let n = sub.outgoing.len();
-    if n == 0 {
-        return true;
-    }
-    let parcelled = sub.stats.parcelled.load(Ordering::Relaxed);
-    if n == 1 || parcelled + n > sub.capacity {
-        let mut outgoing = std::mem::take(&mut sub.outgoing);
-        let mut live = true;
-        for (envelope, class) in outgoing.drain(..) {
-            // Once disconnected, the rest is dropped with the subscriber.
-            live = live && deliver(sub, envelope, class, lagged_total);
-        }
-        sub.outgoing = outgoing;
-        return live;
-    }
-    let audit = sub.outgoing.iter().any(|(_, c)| *c == EventClass::Audit);
-    let last_seq = sub.outgoing[n - 1].0.seq;
-    let lag = sub.pending_dropped;
-    let mut parcel = Vec::with_capacity(n + usize::from(lag > 0));
-    if lag > 0 {
-        parcel.push(Delivery::Lagged {
-            dropped: lag,
-            last_seq: sub.pending_last_seq,
-        });
-    }
-    parcel.extend(sub.outgoing.drain(..).map(|(e, _)| Delivery::Event(e)));
-    let size = parcel.len();
-    sub.stats.parcelled.fetch_add(size, Ordering::Relaxed);
-    let sent = if audit {
-        // An audit event is never dropped: wait for room.
-        sub.sender
-            .send(Parcel::Many(parcel))
-            .map_err(|_| TrySendError::Disconnected(()))
-    } else {
-        sub.sender
-            .try_send(Parcel::Many(parcel))
-            .map_err(|e| match e {
-                TrySendError::Full(_) => TrySendError::Full(()),
-                TrySendError::Disconnected(_) => TrySendError::Disconnected(()),
-            })
-    };
-    if sent.is_err() {
-        sub.stats.parcelled.fetch_sub(size, Ordering::Relaxed);
-    }
-    match sent {
-        Ok(()) => {
-            sub.pending_dropped = 0;
-            true
-        }
-        Err(TrySendError::Full(())) => {
-            // Observer events only, and no room: every one of them dropped.
-            record_drops(sub, n as u64, last_seq, lagged_total);
-            true
-        }
-        Err(TrySendError::Disconnected(())) => false,
-    }
-}
+mod queue;
 
-/// Delivers one event to one subscriber; returns `false` if it disconnected.
-fn deliver<E>(
-    sub: &mut Subscriber<E>,
-    envelope: Envelope<E>,
-    class: EventClass,
-    lagged_total: &AtomicU64,
-) -> bool {
-    let seq = envelope.seq;
-    let item = Parcel::One(Delivery::Event(envelope));
-    match class {
-        EventClass::Audit => {
-            if sub.pending_dropped > 0 {
-                let lagged = Delivery::Lagged {
-                    dropped: sub.pending_dropped,
-                    last_seq: sub.pending_last_seq,
-                };
-                if sub.sender.send(Parcel::One(lagged)).is_err() {
-                    return false;
-                }
-                sub.pending_dropped = 0;
-            }
-            sub.sender.send(item).is_ok()
-        }
-        EventClass::Observer => {
-            if sub.pending_dropped > 0 {
-                let lagged = Delivery::Lagged {
-                    dropped: sub.pending_dropped,
-                    last_seq: sub.pending_last_seq,
-                };
-                match sub.sender.try_send(Parcel::One(lagged)) {
-                    Ok(()) => sub.pending_dropped = 0,
-                    Err(TrySendError::Full(_)) => {
-                        record_drops(sub, 1, seq, lagged_total);
-                        return true;
-                    }
-                    Err(TrySendError::Disconnected(_)) => return false,
-                }
-            }
-            match sub.sender.try_send(item) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_)) => {
-                    record_drops(sub, 1, seq, lagged_total);
-                    true
-                }
-                Err(TrySendError::Disconnected(_)) => false,
-            }
-        }
-    }
-}
-
-/// Counts `n` observer events dropped for `sub`, the last numbered `seq`.
-fn record_drops<E>(sub: &mut Subscriber<E>, n: u64, seq: u64, lagged_total: &AtomicU64) {
-    sub.pending_dropped += n;
-    sub.pending_last_seq = seq;
-    sub.stats.dropped_total.fetch_add(n, Ordering::Relaxed);
-    lagged_total.fetch_add(n, Ordering::Relaxed);
-}
-
-/// The receiving end of one subscriber. Dropping it unsubscribes. It
-/// unpacks the parcels its queue carries and hands out one delivery at a
-/// time; it is read by one thread (it is `Send`, not `Sync`).
-pub struct Subscription<E> {
-    name: String,
-    receiver: Receiver<Parcel<E>>,
-    stats: Arc<SubscriberStats>,
-    /// The rest of the last parcel taken.
-    unpacked: RefCell<std::vec::IntoIter<Delivery<E>>>,
-}
-
-impl<E> fmt::Debug for Subscription<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Subscription")
-            .field("name", &self.name)
-            .field("queued_parcels", &self.receiver.len())
-            .field("dropped_total", &self.dropped_total())
-            .finish()
-    }
-}
-
-impl<E> Subscription<E> {
-    /// The name given at subscription.
-    #[must_use]
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Waits for the next item; `None` once the bus is closed or dropped and
-    /// the queue is drained.
-    #[must_use]
-    pub fn recv(&self) -> Option<Delivery<E>> {
-        self.next_with(|rx| rx.recv().map_err(|_| RecvTimeoutError::Disconnected))
-            .ok()
-    }
-
-    /// The next item if one is queued now.
-    #[must_use]
-    pub fn try_recv(&self) -> Option<Delivery<E>> {
-        self.poll().ok()
-    }
-
-    /// The next item if one is queued now; `Disconnected` once the bus is
-    /// closed or dropped and the queue is drained.
-    pub fn poll(&self) -> Result<Delivery<E>, TryRecvError> {
-        self.next_with(|rx| {
-            rx.try_recv().map_err(|e| match e {
-                TryRecvError::Empty => RecvTimeoutError::Timeout,
-                TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
-            })
-        })
-        .map_err(|e| match e {
-            RecvTimeoutError::Timeout => TryRecvError::Empty,
-            RecvTimeoutError::Disconnected => TryRecvError::Disconnected,
-        })
-    }
-
-    /// Waits for the next item until `deadline`.
-    pub fn recv_deadline(&self, deadline: Instant) -> Result<Delivery<E>, RecvTimeoutError> {
-        self.next_with(|rx| rx.recv_deadline(deadline))
-    }
-
-    /// Waits for the next item for at most `timeout`.
-    pub fn recv_timeout(&self, timeout: Duration) -> Result<Delivery<E>, RecvTimeoutError> {
-        match Instant::now().checked_add(timeout) {
-            Some(deadline) => self.recv_deadline(deadline),
-            None => self.next_with(|rx| rx.recv().map_err(|_| RecvTimeoutError::Disconnected)),
-        }
-    }
-
-    /// The next delivery: the rest of the last parcel first, then parcels
-    /// taken with `take`.
-    fn next_with(
-        &self,
-        mut take: impl FnMut(&Receiver<Parcel<E>>) -> Result<Parcel<E>, RecvTimeoutError>,
-    ) -> Result<Delivery<E>, RecvTimeoutError> {
-        let mut unpacked = self.unpacked.borrow_mut();
-        loop {
-            if let Some(delivery) = unpacked.next() {
-                return Ok(delivery);
-            }
-            match take(&self.receiver)? {
-                Parcel::One(delivery) => return Ok(delivery),
-                Parcel::Many(deliveries) => {
-                    self.stats
-                        .parcelled
-                        .fetch_sub(deliveries.len(), Ordering::Relaxed);
-                    *unpacked = deliveries.into_iter();
-                }
-            }
-        }
-    }
-
-    /// Blocking iterator that ends when the bus is closed or dropped.
-    pub fn iter(&self) -> Iter<'_, E> {
-        Iter { sub: self }
-    }
-
-    /// Observer events dropped for this subscriber since it subscribed.
-    #[must_use]
-    pub fn dropped_total(&self) -> u64 {
-        self.stats.dropped_total.load(Ordering::Relaxed)
-    }
-}
-
-/// [`Subscription::iter`]: deliveries until the bus is closed or dropped.
-#[derive(Debug)]
-pub struct Iter<'a, E> {
-    sub: &'a Subscription<E>,
-}
-
-impl<E> Iterator for Iter<'_, E> {
-    type Item = Delivery<E>;
-
-    fn next(&mut self) -> Option<Delivery<E>> {
-        self.sub.recv()
-    }
-}
-
-/// A [`Subscription`] taken by value as an iterator.
-#[derive(Debug)]
-pub struct IntoIter<E> {
-    sub: Subscription<E>,
-}
-
-impl<E> Iterator for IntoIter<E> {
-    type Item = Delivery<E>;
-
-    fn next(&mut self) -> Option<Delivery<E>> {
-        self.sub.recv()
-    }
-}
-
-impl<E> IntoIterator for Subscription<E> {
-    type Item = Delivery<E>;
-    type IntoIter = IntoIter<E>;
-
-    fn into_iter(self) -> IntoIter<E> {
-        IntoIter { sub: self }
-    }
-}
-
-impl<'a, E> IntoIterator for &'a Subscription<E> {
-    type Item = Delivery<E>;
-    type IntoIter = Iter<'a, E>;
-
-    fn into_iter(self) -> Iter<'a, E> {
-        self.iter()
-    }
-}
+use queue::{Interest, Subscriber, send_parcel};
+pub use queue::{IntoIter, Iter, Subscription};
 
 #[cfg(test)]
 mod tests;
