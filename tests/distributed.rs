@@ -542,81 +542,70 @@ fn distributed_siblings_continue_the_runs_trace() {
     }
 }
 
-/// A run that ended ok took away what it left on the server: its report
-/// consumer, its reports (every sibling's events), its groups' contexts
-/// and cancelled marks, its queued tasks.
-fn nothing_left_on_the_server(url: &str, run_id: &str) {
-    use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-    use troupe::distributed::wire::{GROUPS_BUCKET, report_subject, run_tasks_subject};
+/// What run `run_id` has on the server.
+#[derive(Debug, Default, PartialEq)]
+struct OnTheServer {
+    /// Its report consumer's delivered stream sequence, if it has one.
+    consumer: Option<u64>,
+    reports: usize,
+    tasks: usize,
+    contexts: usize,
+}
+
+fn on_the_server(url: &str, run_id: &str) -> OnTheServer {
+    use troupe::distributed::wire::{
+        GROUPS_BUCKET, coordinator_consumer, report_subject, run_tasks_subject,
+    };
     let args = nats_args(url);
     let run_id = run_id.to_owned();
     actix::System::new().block_on(async move {
-        let nats = args.connect("cleanup test").await.unwrap();
-        let reports = nats.reports().await.unwrap();
-        let name = troupe::distributed::wire::coordinator_consumer(&run_id);
-        assert!(
-            reports.consumer_info(&name).await.is_err(),
-            "the run's report consumer is deleted"
-        );
-        // Messages left on a subject: what a new consumer of it would get.
-        let left = |stream: async_nats::jetstream::stream::Stream, subject: String| async move {
-            let mut consumer = stream
-                .create_consumer(pull::Config {
-                    filter_subject: subject,
-                    deliver_policy: DeliverPolicy::All,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
-            consumer.info().await.unwrap().num_pending
+        let nats = args.connect("what is left").await.unwrap();
+        // Messages of `stream` on `subject` (a wildcard sums its subjects).
+        let count = |stream: async_nats::jetstream::stream::Stream, subject: String| async move {
+            let mut subjects = stream.info_with_subjects(subject).await.unwrap();
+            let mut n = 0;
+            while let Some(entry) = futures::StreamExt::next(&mut subjects).await {
+                n += entry.unwrap().1;
+            }
+            n
         };
-        assert_eq!(left(reports, report_subject(&run_id)).await, 0, "reports");
-        let tasks = nats.tasks().await.unwrap();
-        // A work queue takes no second consumer of the same subjects: its
-        // count of the run's subjects says it.
-        let mut subjects = tasks
-            .info_with_subjects(run_tasks_subject(&run_id))
+        let reports = nats.reports().await.unwrap();
+        let consumer = reports
+            .consumer_info(&coordinator_consumer(&run_id))
             .await
-            .unwrap();
-        assert!(
-            futures::StreamExt::next(&mut subjects).await.is_none(),
-            "tasks"
-        );
-        let bucket = nats
+            .ok()
+            .map(|info| info.delivered.stream_sequence);
+        let groups = nats
             .js
             .get_stream(format!("KV_{GROUPS_BUCKET}"))
             .await
             .unwrap();
-        assert_eq!(
-            left(bucket, format!("$KV.{GROUPS_BUCKET}.{run_id}.>")).await,
-            0,
-            "group contexts"
-        );
-    });
+        OnTheServer {
+            consumer,
+            reports: count(reports, report_subject(&run_id)).await,
+            tasks: count(nats.tasks().await.unwrap(), run_tasks_subject(&run_id)).await,
+            contexts: count(groups, format!("$KV.{GROUPS_BUCKET}.{run_id}.>")).await,
+        }
+    })
+}
+
+/// A run that ended ok took away what it left on the server: its report
+/// consumer, its reports (every sibling's events), its groups' contexts,
+/// its queued tasks.
+fn nothing_left_on_the_server(url: &str, run_id: &str) {
+    assert_eq!(on_the_server(url, run_id), OnTheServer::default());
 }
 
 /// A run that did not end ok kept its report consumer and its reports
 /// for a resume. (Not every report need be acknowledged: a cancelled
 /// sibling's may come in after the run ended.)
 fn kept_on_the_server(url: &str, run_id: &str) {
-    let args = nats_args(url);
-    let run_id = run_id.to_owned();
-    actix::System::new().block_on(async move {
-        let nats = args.connect("kept test").await.unwrap();
-        let reports = nats.reports().await.unwrap();
-        let name = troupe::distributed::wire::coordinator_consumer(&run_id);
-        let info = reports.consumer_info(&name).await.unwrap();
-        assert!(info.delivered.stream_sequence > 0, "{info:?}");
-        let mut subjects = reports
-            .info_with_subjects(troupe::distributed::wire::report_subject(&run_id))
-            .await
-            .unwrap();
-        let kept = futures::StreamExt::next(&mut subjects).await;
-        assert!(
-            matches!(kept, Some(Ok((_, n))) if n > 0),
-            "the run's reports: {kept:?}"
-        );
-    });
+    let left = on_the_server(url, run_id);
+    assert!(
+        left.consumer.is_some_and(|delivered| delivered > 0),
+        "{left:?}"
+    );
+    assert!(left.reports > 0, "{left:?}");
 }
 
 /// A worker's reports sent at the same moment travel as one message, in

@@ -205,9 +205,8 @@ pub fn decode(payload: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
 /// A compressed batch's text: at most [`MAX_EXPANDED`] bytes, and the
 /// frame whole and checked. A worker's frame says its size, and is
 /// expanded in one call into a buffer of that size (through a stream it
-/// cost five times the instructions: a fifth of the coordinator's
-/// decoding); a frame that does not say it is read as a stream, up to
-/// the bound.
+/// cost twice the instructions, a fifth of the coordinator's decoding);
+/// a frame that does not say it is read as a stream, up to the bound.
 fn expand(payload: &[u8]) -> std::io::Result<Vec<u8>> {
     let too_large = || {
         std::io::Error::other(format!(
