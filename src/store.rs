@@ -9,14 +9,16 @@ pub mod db;
 pub mod digest;
 pub mod error;
 pub mod lock;
+pub mod pack;
 pub mod repair;
 pub mod rows;
 pub mod schema;
 pub mod writer;
 
-pub use db::{Store, unix_ms};
+pub use db::Store;
 pub use digest::pipeline_digest;
 pub use error::StoreError;
 pub use lock::RunLock;
+pub use pack::unix_ms;
 pub use rows::{Counts, ExecRow, RunRow};
 pub use writer::{StoreLedger, StoreWriter};

@@ -3,26 +3,22 @@
 //! with their executions and results, and deleted. Executions' ends are
 //! written by the store's writer (`writer`), in batches.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::error::StoreError;
+use super::pack::{self, End, Fold, Stored, unix_ms};
 use super::repair::LostExit;
 use super::rows::{Counts, ExecRow, RunRow};
 use super::schema;
-use crate::provider::Usage;
 use crate::runtime::result::{Kept, Verdict};
-
-/// Unix milliseconds of `t`.
-pub fn unix_ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
 
 /// The project's run store.
 #[derive(Debug)]
@@ -34,21 +30,8 @@ pub struct Store {
 const RUN_COLUMNS: &str = "id, pipeline_id, pipeline_dir, digest, ctx, cap, run_dir, status, \
                            reason, started_at, ended_at, summary, sessions";
 
-const EXEC_COLUMNS: &str = "exec, stage_id, sibling, visit, outcome, verdict, reason, \
-                            attempts, cap_hit, phase, turn, tool_calls, prompt_tokens, \
-                            completion_tokens, requests, entered_at, ended_at, parsed, output";
-
-/// The run's key in `executions`, from its id.
+/// The run's key in `packs`, from its id.
 const RUN_KEY: &str = "(SELECT key FROM runs WHERE id = ?1)";
-
-/// An execution's key within its run: its `stageExecutionId` without the
-/// leading `<workflowRunId>/`, which every row of the run would repeat.
-pub fn exec_key<'a>(run_id: &str, stage_execution_id: &'a str) -> &'a str {
-    stage_execution_id
-        .strip_prefix(run_id)
-        .and_then(|rest| rest.strip_prefix('/'))
-        .unwrap_or(stage_execution_id)
-}
 
 fn json_column(text: Option<String>) -> Option<Value> {
     text.and_then(|t| serde_json::from_str(&t).ok())
@@ -72,47 +55,57 @@ fn run_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
     })
 }
 
-/// A count column: a negative one reads as 0.
-fn count(r: &Row<'_>, i: usize) -> rusqlite::Result<u64> {
-    Ok(r.get::<_, i64>(i)?.max(0) as u64)
-}
-
-/// A visit or attempt column, clamped into `u32`.
-fn small(r: &Row<'_>, i: usize) -> rusqlite::Result<u32> {
-    Ok(r.get::<_, i64>(i)?.clamp(0, i64::from(u32::MAX)) as u32)
-}
-
-/// The three usage columns, from `first` on.
-fn usage(r: &Row<'_>, first: usize) -> rusqlite::Result<Usage> {
-    Ok(Usage {
-        prompt_tokens: count(r, first)?,
-        completion_tokens: count(r, first + 1)?,
-        requests: count(r, first + 2)?,
-    })
-}
-
-fn exec_row(run_id: &str, r: &Row<'_>) -> rusqlite::Result<ExecRow> {
-    Ok(ExecRow {
-        stage_execution_id: format!("{run_id}/{}", r.get::<_, String>(0)?),
-        stage_id: r.get(1)?,
-        index: r.get::<_, Option<i64>>(2)?.map(|i| i.max(0) as u64),
-        visit: small(r, 3)?,
-        outcome: r.get(4)?,
-        verdict: r.get(5)?,
-        reason: r.get(6)?,
-        attempts: small(r, 7)?,
-        cap_hit: r.get::<_, i64>(8)? != 0,
-        phase: r.get(9)?,
-        turn: r
-            .get::<_, Option<i64>>(10)?
-            .map(|t| t.clamp(0, i64::from(u32::MAX)) as u32),
-        tool_calls: json_column(r.get(11)?),
-        usage: usage(r, 12)?,
-        entered_at: r.get(15)?,
-        ended_at: r.get(16)?,
-        parsed: json_column(r.get(17)?),
-        output: json_column(r.get(18)?),
-    })
+/// A stored record as `runs show` prints it.
+fn exec_row(run_id: &str, r: &Stored<'_>) -> ExecRow {
+    let json = |text: &str| serde_json::from_str(text).ok();
+    let mut row = ExecRow {
+        stage_execution_id: format!("{run_id}/{}", r.exec),
+        stage_id: r.stage_id.to_owned(),
+        index: r.index,
+        visit: r.visit,
+        outcome: String::new(),
+        verdict: None,
+        reason: None,
+        attempts: r.attempts,
+        cap_hit: false,
+        phase: None,
+        turn: None,
+        tool_calls: None,
+        usage: r.usage,
+        entered_at: r.entered_at,
+        ended_at: r.ended_at,
+        parsed: None,
+        output: None,
+    };
+    match r.end {
+        End::Exited {
+            verdict,
+            cap_hit,
+            reason,
+            parsed,
+            output,
+        } => {
+            row.outcome = "exited".to_owned();
+            row.verdict = Some(verdict.as_str().to_owned());
+            row.reason = reason.map(str::to_owned);
+            row.cap_hit = cap_hit;
+            row.parsed = json(parsed);
+            row.output = output.and_then(json);
+        }
+        End::Cancelled {
+            reason,
+            phase,
+            turn,
+            tool_calls,
+        } => {
+            row.outcome = "cancelled".to_owned();
+            row.reason = Some(reason.to_owned());
+            row.phase = Some(phase.to_owned());
+            row.turn = Some(turn);
+            row.tool_calls = json(tool_calls);
+        }
+    }
+    row
 }
 
 impl Store {
@@ -274,32 +267,77 @@ impl Store {
             .collect()
     }
 
-    /// Executions of a run by outcome.
-    pub fn counts(&self, run_id: &str) -> Result<Counts, StoreError> {
+    /// Every record of a run's packs, in the order they were stored.
+    fn each_stored(
+        &self,
+        run_id: &str,
+        mut each: impl FnMut(&Stored<'_>),
+    ) -> Result<(), StoreError> {
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT outcome, verdict, count(*) FROM executions WHERE run = \
-                 (SELECT key FROM runs WHERE id = ?1) GROUP BY outcome, verdict",
-            )
+            .prepare_cached(&format!(
+                "SELECT seq, body FROM packs WHERE run = {RUN_KEY} ORDER BY seq"
+            ))
             .map_err(|e| self.err(&e))?;
+        let mut rows = stmt.query([run_id]).map_err(|e| self.err(&e))?;
+        while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
+            let seq: i64 = r.get(0).map_err(|e| self.err(&e))?;
+            let corrupt = |detail: String| StoreError::Corrupt {
+                path: self.path.clone(),
+                detail: format!("pack {seq} of run {run_id} is damaged {detail}"),
+            };
+            let body = match r.get_ref(1).map_err(|e| self.err(&e))? {
+                ValueRef::Blob(bytes) | ValueRef::Text(bytes) => bytes,
+                other => {
+                    return Err(corrupt(format!(
+                        "at byte 0: it holds {:?}, not bytes",
+                        other.data_type()
+                    )));
+                }
+            };
+            for record in pack::records(body) {
+                let record = record.map_err(|damage| corrupt(damage.to_string()))?;
+                each(&record);
+            }
+        }
+        Ok(())
+    }
+
+    /// What stands for each of a run's executions that `wanted` selects
+    /// (by its identity: the same for every record of an execution), as
+    /// `keep` makes it.
+    fn standing<T>(
+        &self,
+        run_id: &str,
+        wanted: impl Fn(&Stored<'_>) -> bool,
+        keep: impl Fn(&Stored<'_>) -> T,
+    ) -> Result<impl Iterator<Item = (Box<str>, T)>, StoreError> {
+        let mut fold = Fold::default();
+        self.each_stored(run_id, |record| {
+            if wanted(record) {
+                fold.add(record, &keep);
+            }
+        })?;
+        Ok(fold.into_standing())
+    }
+
+    /// Executions of a run by outcome.
+    pub fn counts(&self, run_id: &str) -> Result<Counts, StoreError> {
         let mut counts = Counts::default();
-        let rows = stmt
-            .query_map([run_id], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, Option<String>>(1)?,
-                    r.get::<_, i64>(2)?.max(0) as u64,
-                ))
-            })
-            .map_err(|e| self.err(&e))?;
-        for row in rows {
-            let (outcome, verdict, n) = row.map_err(|e| self.err(&e))?;
-            match (outcome.as_str(), verdict.as_deref()) {
-                ("exited", Some("ok")) => counts.ok += n,
-                ("exited", Some("skipped")) => counts.skipped += n,
-                ("exited", _) => counts.failed += n,
-                _ => counts.cancelled += n,
+        let ends = self.standing(
+            run_id,
+            |_| true,
+            |r| match r.end {
+                End::Exited { verdict, .. } => Some(verdict),
+                End::Cancelled { .. } => None,
+            },
+        )?;
+        for (_, end) in ends {
+            match end {
+                Some(Verdict::Ok) => counts.ok += 1,
+                Some(Verdict::Skipped) => counts.skipped += 1,
+                Some(Verdict::Fail) => counts.failed += 1,
+                None => counts.cancelled += 1,
             }
         }
         Ok(counts)
@@ -313,109 +351,100 @@ impl Store {
         stage: Option<&str>,
         index: Option<u64>,
     ) -> Result<Vec<ExecRow>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!(
-                "SELECT {EXEC_COLUMNS} FROM executions WHERE run = {RUN_KEY} \
-                 AND (?2 IS NULL OR stage_id = ?2) AND (?3 IS NULL OR sibling = ?3) \
-                 ORDER BY ended_at, exec"
-            ))
-            .map_err(|e| self.err(&e))?;
-        let index = index.map(|i| i64::try_from(i).unwrap_or(i64::MAX));
-        let rows = stmt
-            .query_map(params![run_id, stage, index], |r| exec_row(run_id, r))
-            .map_err(|e| self.err(&e))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| self.err(&e))?;
+        let mut rows: Vec<ExecRow> = self
+            .standing(
+                run_id,
+                |r| {
+                    stage.is_none_or(|s| r.stage_id == s)
+                        && index.is_none_or(|i| r.index == Some(i))
+                },
+                |r| exec_row(run_id, r),
+            )?
+            .map(|(_, row)| row)
+            .collect();
+        rows.sort_by(|a, b| {
+            (a.ended_at, &a.stage_execution_id).cmp(&(b.ended_at, &b.stage_execution_id))
+        });
         Ok(rows)
     }
 
     /// The results of a run's exited executions by `stageExecutionId`,
-    /// for a resumed run (which runs the failed ones again): read a row at
-    /// a time and kept packed as they were stored (`Kept::stored`), so a
-    /// run with a million stored results resumes in the memory its
-    /// results take packed, not as parsed values.
+    /// for a resumed run (which runs the failed ones again), kept packed
+    /// as they were stored (`Kept::stored`), so a run with a million
+    /// stored results resumes in the memory its results take packed, not
+    /// as parsed values.
     pub fn kept_results(&self, run_id: &str) -> Result<HashMap<String, Kept>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!(
-                "SELECT exec, stage_id, verdict, reason, attempts, cap_hit, prompt_tokens, \
-                 completion_tokens, requests, parsed, output FROM executions \
-                 WHERE run = {RUN_KEY} AND outcome = 'exited'"
-            ))
-            .map_err(|e| self.err(&e))?;
-        let mut rows = stmt.query(params![run_id]).map_err(|e| self.err(&e))?;
         // One name per stage, shared by its executions' results.
-        let mut stages: HashMap<String, Arc<str>> = HashMap::new();
-        let mut kept = HashMap::new();
-        while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
-            let mut row = || -> rusqlite::Result<(String, Kept)> {
-                let id = format!("{run_id}/{}", r.get_ref(0)?.as_str()?);
-                let stage = r.get_ref(1)?.as_str()?;
-                let stage = match stages.get(stage) {
+        let stages: RefCell<HashMap<String, Arc<str>>> = RefCell::default();
+        let kept = self.standing(
+            run_id,
+            |_| true,
+            |r| {
+                let End::Exited {
+                    verdict,
+                    cap_hit,
+                    reason,
+                    parsed,
+                    output,
+                } = r.end
+                else {
+                    return None;
+                };
+                let mut stages = stages.borrow_mut();
+                let stage = match stages.get(r.stage_id) {
                     Some(s) => Arc::clone(s),
                     None => {
-                        let s: Arc<str> = stage.into();
-                        stages.insert(stage.to_owned(), Arc::clone(&s));
+                        let s: Arc<str> = r.stage_id.into();
+                        stages.insert(r.stage_id.to_owned(), Arc::clone(&s));
                         s
                     }
                 };
-                let verdict = r
-                    .get::<_, Option<String>>(2)?
-                    .as_deref()
-                    .map_or(Verdict::Fail, Verdict::parse);
-                let result = Kept::stored(
+                let id = format!("{run_id}/{}", r.exec);
+                Some(Kept::stored(
                     stage,
                     id.as_str().into(),
                     verdict,
-                    r.get(3)?,
-                    r.get::<_, i64>(5)? != 0,
-                    small(r, 4)?,
-                    usage(r, 6)?,
-                    (r.get(9)?, r.get(10)?),
-                );
-                Ok((id, result))
-            };
-            let (id, result) = row().map_err(|e| self.err(&e))?;
-            kept.insert(id, result);
-        }
-        Ok(kept)
+                    reason.map(str::to_owned),
+                    cap_hit,
+                    r.attempts,
+                    r.usage,
+                    (Some(parsed.to_owned()), output.map(str::to_owned)),
+                ))
+            },
+        )?;
+        Ok(kept
+            .filter_map(|(exec, kept)| Some((format!("{run_id}/{exec}"), kept?)))
+            .collect())
     }
 
     /// Each of a run's exited executions whose `StageExited` the audit
     /// log lacks (`in_log` says which it has) as the log records it — a
     /// `StageEntered` and its `StageExited`, both marked `recovered` — for
-    /// the log's repair. Rows the log has are skipped before they are
-    /// read whole.
+    /// the log's repair, in the order they ended. Executions the log has
+    /// are skipped before they are read whole.
     pub fn exit_events(
         &self,
         run_id: &str,
         in_log: impl Fn(&str) -> bool,
     ) -> Result<Vec<LostExit>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!(
-                "SELECT {EXEC_COLUMNS} FROM executions WHERE run = {RUN_KEY} \
-                 AND outcome = 'exited' ORDER BY ended_at, exec"
-            ))
-            .map_err(|e| self.err(&e))?;
-        let mut rows = stmt.query(params![run_id]).map_err(|e| self.err(&e))?;
-        let mut lost = Vec::new();
-        while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
-            let exec = r
-                .get_ref(0)
-                .and_then(|v| Ok(v.as_str()?))
-                .map_err(|e| self.err(&e))?;
-            if in_log(&format!("{run_id}/{exec}")) {
-                continue;
-            }
-            let e = exec_row(run_id, r).map_err(|e| self.err(&e))?;
-            lost.push(LostExit {
+        let mut lost: Vec<ExecRow> = self
+            .standing(
+                run_id,
+                |r| !in_log(&format!("{run_id}/{}", r.exec)),
+                |r| matches!(r.end, End::Exited { .. }).then(|| exec_row(run_id, r)),
+            )?
+            .filter_map(|(_, row)| row)
+            .collect();
+        lost.sort_by(|a, b| {
+            (a.ended_at, &a.stage_execution_id).cmp(&(b.ended_at, &b.stage_execution_id))
+        });
+        Ok(lost
+            .into_iter()
+            .map(|e| LostExit {
                 lines: vec![entered_line(run_id, &e), exit_line(run_id, &e)],
                 id: e.stage_execution_id,
-            });
-        }
-        Ok(lost)
+            })
+            .collect())
     }
 
     /// Deletes a run and its executions (its folder is the caller's).

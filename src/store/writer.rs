@@ -2,9 +2,12 @@
 //! a run, and the run's [`Ledger`]. Records arrive on a channel; the
 //! writer takes everything queued, writes it in one transaction and then
 //! has every waiting execution answered, so a 100 000-wide fan-out commits
-//! in batches (group commit), not once per sibling. A batch that cannot be
-//! written (a full disk) is rolled back and every execution in it is told
-//! so: none of them is recorded as exited.
+//! in batches (group commit), not once per sibling. Each run's records of
+//! a transaction go in as one row, a pack (`store/pack.rs`), encoded by
+//! the executions themselves: the writer copies bytes and inserts a row
+//! per transaction. A batch that cannot be written (a full disk) is
+//! rolled back and every execution in it is told so: none of them is
+//! recorded as exited.
 //!
 //! The answers (each execution's `StageExited` and its report to the
 //! scheduler) run on a second thread, a batch at a time, while the writer
@@ -16,15 +19,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::SystemTime;
 
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, params};
 
 use super::checkpoint::Checkpointer;
-use super::db::{exec_key, unix_ms};
 use super::error::StoreError;
-use super::schema;
+use super::{pack, schema};
 use crate::runtime::ledger::{AfterCommit, CancelRecord, ExitRecord, Ledger, LedgerError};
 
 /// Records taken into one transaction at most.
@@ -32,13 +33,16 @@ const MAX_BATCH: usize = 4096;
 
 enum ToStore {
     Exit {
-        record: Box<ExitRecord>,
-        /// The result's `parsed` and `output` columns, serialized by the
-        /// execution's thread rather than the writer's (one per run).
-        columns: Box<ResultColumns>,
+        run_id: Arc<str>,
+        /// The pack record, encoded by the execution's thread rather than
+        /// the writer's (one per run).
+        record: Vec<u8>,
         then: Option<AfterCommit>,
     },
-    Cancel(Box<CancelRecord>),
+    Cancel {
+        run_id: Arc<str>,
+        record: Vec<u8>,
+    },
     /// Write what came before, then stop.
     Close,
 }
@@ -125,28 +129,14 @@ impl Drop for StoreWriter {
     }
 }
 
-/// A result's JSON columns.
-struct ResultColumns {
-    parsed: String,
-    /// `None` when `output` is `parsed` (stored once).
-    output: Option<String>,
-}
-
-impl ResultColumns {
-    fn of(result: &crate::runtime::result::Kept) -> ResultColumns {
-        let (parsed, output) = result.json_columns();
-        ResultColumns { parsed, output }
-    }
-}
-
 impl Ledger for StoreLedger {
     fn persist(&self, record: ExitRecord, then: Option<AfterCommit>) {
-        let columns = Box::new(ResultColumns::of(&record.result));
+        let packed = pack::encode_exit(&record);
         if let Err(crossbeam_channel::SendError(ToStore::Exit {
             then: Some(then), ..
         })) = self.tx.send(ToStore::Exit {
-            record: Box::new(record),
-            columns,
+            run_id: record.run_id,
+            record: packed,
             then,
         }) {
             then(Err(LedgerError(
@@ -156,7 +146,10 @@ impl Ledger for StoreLedger {
     }
 
     fn cancelled(&self, record: CancelRecord) {
-        let _ = self.tx.send(ToStore::Cancel(Box::new(record)));
+        let _ = self.tx.send(ToStore::Cancel {
+            record: pack::encode_cancel(&record),
+            run_id: record.run_id,
+        });
     }
 }
 
@@ -285,62 +278,12 @@ fn write_batches(
     }
 }
 
-/// The columns an exit writes, with `outcome` fixed to `'exited'`.
-const EXIT_COLUMNS: &str = "INSERT INTO executions (run, exec, stage_id, sibling, visit, \
-    outcome, verdict, reason, attempts, cap_hit, prompt_tokens, completion_tokens, requests, \
-    entered_at, ended_at, parsed, output) VALUES ";
-const EXIT_ROW: &str = "(?, ?, ?, ?, ?, 'exited', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
-/// The parameters of one row of [`EXIT_ROW`].
-const EXIT_PARAMS: usize = 16;
-const EXIT_CONFLICT: &str = " ON CONFLICT (run, exec) DO UPDATE SET outcome = 'exited', \
-    verdict = excluded.verdict, \
-    reason = excluded.reason, attempts = excluded.attempts, cap_hit = excluded.cap_hit, \
-    phase = NULL, turn = NULL, tool_calls = NULL, prompt_tokens = excluded.prompt_tokens, \
-    completion_tokens = excluded.completion_tokens, requests = excluded.requests, \
-    entered_at = excluded.entered_at, ended_at = excluded.ended_at, parsed = excluded.parsed, \
-    output = excluded.output \
-    WHERE executions.outcome <> 'exited' OR executions.verdict = 'fail'";
-
-/// Rows one exit statement writes, largest first: a run of exits is
-/// written by as few statements as these sizes allow, which spares each
-/// row a statement's own cost (its start and halt, its reset, its
-/// cursors): 7% of the writer's instructions in a 5 000-wide run.
-/// SQLite upserts the rows of a multi-row `VALUES` one after another, as
-/// if each had its own statement, so the conflict rule holds row by row.
-const EXIT_ROWS: [usize; 6] = [32, 16, 8, 4, 2, 1];
-
-/// The exit statements' text, one per size of [`EXIT_ROWS`], made once
-/// per writer.
-struct ExitStatements([String; EXIT_ROWS.len()]);
-
-impl ExitStatements {
-    fn new() -> ExitStatements {
-        ExitStatements(EXIT_ROWS.map(|rows| {
-            format!(
-                "{EXIT_COLUMNS}{}{EXIT_CONFLICT}",
-                [EXIT_ROW].repeat(rows).join(", ")
-            )
-        }))
-    }
-
-    /// Which of [`EXIT_ROWS`] is the largest statement for `left` rows.
-    fn for_rows(left: usize) -> usize {
-        EXIT_ROWS
-            .iter()
-            .position(|&rows| rows <= left)
-            .unwrap_or(EXIT_ROWS.len() - 1)
-    }
-}
-
 /// The writer's statements, each prepared when first needed and kept for
-/// the writer's life. Through rusqlite's statement cache, each use hashed
-/// the statement's text (2 KB for 32 rows) to find it and cleared its
-/// bindings to put it back: 3% of the writer's time on 16 cores.
+/// the writer's life (through rusqlite's statement cache each use hashed
+/// the statement's text to find it).
 struct Prepared<'c> {
     conn: &'c Connection,
-    texts: ExitStatements,
-    exits: [Option<rusqlite::Statement<'c>>; EXIT_ROWS.len()],
-    cancel: Option<rusqlite::Statement<'c>>,
+    pack: Option<rusqlite::Statement<'c>>,
     run: Option<rusqlite::Statement<'c>>,
 }
 
@@ -348,15 +291,9 @@ impl<'c> Prepared<'c> {
     fn new(conn: &'c Connection) -> Prepared<'c> {
         Prepared {
             conn,
-            texts: ExitStatements::new(),
-            exits: Default::default(),
-            cancel: None,
+            pack: None,
             run: None,
         }
-    }
-
-    fn cancel(&mut self) -> rusqlite::Result<&mut rusqlite::Statement<'c>> {
-        prepared(self.conn, &mut self.cancel, UPSERT_CANCEL)
     }
 }
 
@@ -373,31 +310,7 @@ fn prepared<'s, 'c>(
     Ok(slot.insert(statement))
 }
 
-const UPSERT_CANCEL: &str = "INSERT INTO executions (run, exec, stage_id, sibling, visit, \
-    outcome, reason, attempts, phase, turn, tool_calls, prompt_tokens, completion_tokens, \
-    requests, entered_at, ended_at) \
-    VALUES (?1, ?2, ?3, ?4, ?5, 'cancelled', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
-    ON CONFLICT (run, exec) DO UPDATE SET outcome = 'cancelled', verdict = NULL, \
-    reason = excluded.reason, attempts = excluded.attempts, cap_hit = 0, phase = excluded.phase, \
-    turn = excluded.turn, tool_calls = excluded.tool_calls, \
-    prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens, \
-    requests = excluded.requests, entered_at = excluded.entered_at, ended_at = excluded.ended_at, \
-    parsed = NULL, output = NULL \
-    WHERE executions.outcome <> 'exited' OR executions.verdict = 'fail'";
-
-fn ms(t: SystemTime) -> Option<i64> {
-    (t > SystemTime::UNIX_EPOCH).then(|| unix_ms(t))
-}
-
-fn index(i: Option<usize>) -> Option<i64> {
-    i.map(|i| i64::try_from(i).unwrap_or(i64::MAX))
-}
-
-fn count(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// The run's key in `executions`, looked up once per run in each batch
+/// The run's key in `packs`, looked up once per run in each batch
 /// (`keys` is emptied between batches). The lookup is the batch's
 /// foreign-key check: it runs inside the batch's write transaction, so
 /// the run cannot be deleted before the batch commits. A key kept from an
@@ -409,9 +322,9 @@ fn run_key<'c>(
     lookup: &mut Option<rusqlite::Statement<'c>>,
     keys: &mut RunKeys,
     run_id: &Arc<str>,
-) -> rusqlite::Result<i64> {
-    if let Some(k) = keys.get(run_id) {
-        return Ok(k);
+) -> rusqlite::Result<usize> {
+    if let Some(at) = keys.get(run_id) {
+        return Ok(at);
     }
     let k = prepared(conn, lookup, "SELECT key FROM runs WHERE id = ?1")?
         .query_row([&**run_id], |r| r.get(0))
@@ -424,27 +337,37 @@ fn run_key<'c>(
             ),
             other => other,
         })?;
-    keys.insert(run_id, k);
-    Ok(k)
+    Ok(keys.insert(run_id, k))
 }
 
-/// The run keys one batch has looked up. A batch nearly always holds the
-/// records of one run, which share its id: a short list searched by
-/// pointer first costs less than hashing the id for every row (SipHash of
-/// the id was 2% of the writer's time on 16 cores).
+/// The runs one batch has records of, each with its key and the pack
+/// being filled for it. A batch nearly always holds the records of one
+/// run, which share its id: a short list searched by pointer first costs
+/// less than hashing the id for every record.
 #[derive(Default)]
-struct RunKeys(Vec<(Arc<str>, i64)>);
+struct RunKeys(Vec<RunPack>);
+
+struct RunPack {
+    id: Arc<str>,
+    key: i64,
+    pack: Vec<u8>,
+}
 
 impl RunKeys {
-    fn get(&self, id: &Arc<str>) -> Option<i64> {
+    /// Where the run is in the list.
+    fn get(&self, id: &Arc<str>) -> Option<usize> {
         self.0
             .iter()
-            .find(|(known, _)| Arc::ptr_eq(known, id) || **known == **id)
-            .map(|&(_, key)| key)
+            .position(|known| Arc::ptr_eq(&known.id, id) || *known.id == **id)
     }
 
-    fn insert(&mut self, id: &Arc<str>, key: i64) {
-        self.0.push((Arc::clone(id), key));
+    fn insert(&mut self, id: &Arc<str>, key: i64) -> usize {
+        self.0.push(RunPack {
+            id: Arc::clone(id),
+            key,
+            pack: Vec::new(),
+        });
+        self.0.len() - 1
     }
 
     fn clear(&mut self) {
@@ -452,6 +375,8 @@ impl RunKeys {
     }
 }
 
+/// Writes one batch: each run's records, in the order they came, as
+/// packs of about [`pack::PACK_BYTES`].
 fn write_batch(
     conn: &Connection,
     statements: &mut Prepared<'_>,
@@ -467,109 +392,40 @@ fn write_batch(
     // kept statements hold too; the writer runs one transaction at a time.)
     let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
     keys.clear();
-    {
-        // Exits in a row go in together; a cancellation keeps its place.
-        let mut exits = Vec::with_capacity(batch.len());
-        for msg in batch {
-            match msg {
-                ToStore::Exit {
-                    record, columns, ..
-                } => exits.push((&**record, &**columns)),
-                ToStore::Close => {}
-                ToStore::Cancel(r) => {
-                    write_exits(keys, statements, &exits)?;
-                    exits.clear();
-                    let run = run_key(statements.conn, &mut statements.run, keys, &r.run_id)?;
-                    statements.cancel()?.execute(params![
-                        run,
-                        exec_key(&r.run_id, &r.stage_execution_id),
-                        &*r.stage_id,
-                        index(r.index),
-                        r.visit,
-                        &*r.reason,
-                        r.attempt,
-                        r.phase,
-                        r.turn,
-                        r.tool_calls.to_string(),
-                        count(r.usage.prompt_tokens),
-                        count(r.usage.completion_tokens),
-                        count(r.usage.requests),
-                        ms(r.entered_at),
-                        unix_ms(r.cancelled_at),
-                    ])?;
-                }
+    for msg in batch {
+        let (run_id, record) = match msg {
+            ToStore::Exit { run_id, record, .. } | ToStore::Cancel { run_id, record } => {
+                (run_id, record)
             }
+            ToStore::Close => continue,
+        };
+        let at = run_key(statements.conn, &mut statements.run, keys, run_id)?;
+        let run = &mut keys.0[at];
+        if run.pack.len() + record.len() > pack::PACK_BYTES && run.pack.len() > 1 {
+            insert_pack(statements, run.key, &run.pack)?;
+            run.pack.clear();
         }
-        write_exits(keys, statements, &exits)?;
+        if run.pack.is_empty() {
+            pack::start(&mut run.pack);
+        }
+        run.pack.extend_from_slice(record);
+    }
+    for run in &keys.0 {
+        if run.pack.len() > 1 {
+            insert_pack(statements, run.key, &run.pack)?;
+        }
     }
     tx.commit()
 }
 
-/// Writes a run of exits, as many rows a statement as [`EXIT_ROWS`] allows.
-fn write_exits(
-    keys: &mut RunKeys,
-    statements: &mut Prepared<'_>,
-    exits: &[(&ExitRecord, &ResultColumns)],
-) -> rusqlite::Result<()> {
-    let mut left = exits;
-    while !left.is_empty() {
-        let at = ExitStatements::for_rows(left.len());
-        let (these, rest) = left.split_at(EXIT_ROWS[at]);
-        let Prepared {
-            conn,
-            texts,
-            exits,
-            run: lookup,
-            ..
-        } = statements;
-        let statement = prepared(conn, &mut exits[at], &texts.0[at])?;
-        for (row, (r, columns)) in these.iter().enumerate() {
-            let result = &r.result;
-            let run = run_key(conn, lookup, keys, &r.run_id)?;
-            // Bound one by one, each with its own type: through a
-            // `[&dyn ToSql]` list every row cost the writer a thousand
-            // instructions more.
-            let first = row * EXIT_PARAMS + 1;
-            let mut bind = Binder {
-                statement,
-                next: first,
-            };
-            bind.one(run)?;
-            bind.one(exec_key(&r.run_id, &r.stage_execution_id))?;
-            bind.one(&*r.stage_id)?;
-            bind.one(index(r.index))?;
-            bind.one(r.visit)?;
-            bind.one(result.verdict().as_str())?;
-            bind.one(result.reason())?;
-            bind.one(result.attempt_count())?;
-            bind.one(result.cap_hit())?;
-            bind.one(count(result.usage().prompt_tokens))?;
-            bind.one(count(result.usage().completion_tokens))?;
-            bind.one(count(result.usage().requests))?;
-            bind.one(ms(r.entered_at))?;
-            bind.one(unix_ms(r.exited_at))?;
-            bind.one(&columns.parsed)?;
-            bind.one(&columns.output)?;
-            debug_assert_eq!(bind.next, first + EXIT_PARAMS);
-        }
-        statement.raw_execute()?;
-        left = rest;
-    }
+fn insert_pack(statements: &mut Prepared<'_>, run: i64, pack: &[u8]) -> rusqlite::Result<()> {
+    prepared(
+        statements.conn,
+        &mut statements.pack,
+        "INSERT INTO packs (run, body) VALUES (?1, ?2)",
+    )?
+    .execute(params![run, pack])?;
     Ok(())
-}
-
-/// Binds a statement's parameters in order.
-struct Binder<'s, 'c> {
-    statement: &'s mut rusqlite::Statement<'c>,
-    next: usize,
-}
-
-impl Binder<'_, '_> {
-    fn one(&mut self, value: impl rusqlite::ToSql) -> rusqlite::Result<()> {
-        self.statement.raw_bind_parameter(self.next, value)?;
-        self.next += 1;
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -579,15 +435,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_batch_finds_each_run_key_by_its_id_whichever_copy_of_it() {
+    fn a_batch_finds_each_run_by_its_id_whichever_copy_of_it() {
         let mut keys = RunKeys::default();
         let first: Arc<str> = Arc::from("run-a");
-        keys.insert(&first, 7);
-        keys.insert(&Arc::from("run-b"), 9);
-        assert_eq!(keys.get(&first), Some(7));
+        assert_eq!(keys.insert(&first, 7), 0);
+        assert_eq!(keys.insert(&Arc::from("run-b"), 9), 1);
+        assert_eq!(keys.get(&first), Some(0));
         // Another allocation of the same id is the same run.
-        assert_eq!(keys.get(&Arc::from("run-a")), Some(7));
-        assert_eq!(keys.get(&Arc::from("run-b")), Some(9));
+        assert_eq!(keys.get(&Arc::from("run-a")), Some(0));
+        assert_eq!(keys.get(&Arc::from("run-b")), Some(1));
+        assert_eq!(keys.0[1].key, 9);
         assert_eq!(keys.get(&Arc::from("run-c")), None);
         keys.clear();
         assert_eq!(keys.get(&first), None);

@@ -13,6 +13,7 @@
 //! whoever reads it; reading the whole of `ctx.upstream` parses every
 //! sibling's result at once.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde::de::{Deserialize, Deserializer};
@@ -207,16 +208,20 @@ impl Kept {
         }
     }
 
-    /// `parsed` and `output` as the run store's columns: JSON text, and
-    /// `None` for `output` when it is `parsed` (stored once).
-    pub fn json_columns(&self) -> (String, Option<String>) {
+    /// `parsed` and `output` as the run store keeps them: JSON text, and
+    /// `None` for `output` when it is `parsed` (stored once). Borrowed
+    /// when the result is held packed.
+    pub fn json_text(&self) -> (Cow<'_, str>, Option<Cow<'_, str>>) {
         match self {
             Kept::Whole(r) => (
-                serde_json::to_string(&*r.parsed).unwrap_or_default(),
+                serde_json::to_string(&*r.parsed).unwrap_or_default().into(),
                 (!Arc::ptr_eq(&r.parsed, &r.output))
-                    .then(|| serde_json::to_string(&*r.output).unwrap_or_default()),
+                    .then(|| serde_json::to_string(&*r.output).unwrap_or_default().into()),
             ),
-            Kept::Packed(p) => (p.parsed.to_string(), p.output.as_deref().map(str::to_owned)),
+            Kept::Packed(p) => (
+                Cow::Borrowed(&*p.parsed),
+                p.output.as_deref().map(Cow::Borrowed),
+            ),
         }
     }
 }
@@ -404,7 +409,7 @@ mod tests {
                     assert_eq!(a.unwrap(), b.unwrap());
                 }
                 assert_eq!(serde_json::to_value(&packed).unwrap(), whole.to_json());
-                assert_eq!(packed.json_columns(), as_whole.json_columns());
+                assert_eq!(packed.json_text(), as_whole.json_text());
                 assert_eq!(packed, as_whole);
                 assert_eq!(
                     (packed.verdict(), packed.reason(), packed.stage_id()),
@@ -423,20 +428,20 @@ mod tests {
         let packed = pack(&result(json!({"a": 1}), None, None));
         let back = packed.result();
         assert!(Arc::ptr_eq(&back.parsed, &back.output));
-        assert_eq!(packed.json_columns().1, None);
+        assert_eq!(packed.json_text().1, None);
         // Two values that read the same (as off the wire): kept once.
         let twice = pack(&result(
             json!({"a": [1.5, "é"]}),
             Some(json!({"a": [1.5, "é"]})),
             None,
         ));
-        assert_eq!(twice.json_columns().1, None);
+        assert_eq!(twice.json_text().1, None);
         assert_eq!(*twice.output(), json!({"a": [1.5, "é"]}));
         // Equal as values but not as text: both kept, each as it was.
         let zeros = pack(&result(json!(-0.0), Some(json!(0.0)), None));
         assert_eq!(
-            zeros.json_columns(),
-            ("-0.0".to_owned(), Some("0.0".to_owned()))
+            zeros.json_text(),
+            (Cow::from("-0.0"), Some(Cow::from("0.0")))
         );
     }
 

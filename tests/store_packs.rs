@@ -1,0 +1,562 @@
+//! The store's packs from outside: a store an older troupe wrote (an
+//! execution a row) is moved into packs by the first command that opens
+//! it, and reads the same after; a damaged pack is refused with
+//! `Store/Corrupt` and where it is damaged, by the library's every reader
+//! and by `troupe runs show`, never half read and never a panic.
+
+// Test code: a failed unwrap is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::SystemTime;
+
+use common::project::{Project, bundled};
+use rusqlite::{Connection, params};
+use serde_json::{Value, json};
+use troupe::error::HasCode;
+use troupe::runtime::ledger::{ExitRecord, Ledger};
+use troupe::runtime::result::{Kept, StageResult, Usage, Verdict};
+use troupe::store::schema::SCHEMA_VERSION;
+use troupe::store::{Counts, RunRow, Store, StoreError, StoreWriter};
+
+/// The schema troupe wrote before packs (version 1), as it wrote it.
+const FIRST_SCHEMA: &str = r#"
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE runs (
+    key INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, pipeline_id TEXT NOT NULL,
+    pipeline_dir TEXT NOT NULL, digest TEXT NOT NULL, ctx TEXT NOT NULL,
+    cap INTEGER NOT NULL, run_dir TEXT NOT NULL, status TEXT NOT NULL, reason TEXT,
+    started_at INTEGER NOT NULL, ended_at INTEGER, summary TEXT,
+    sessions INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX runs_started ON runs (started_at);
+CREATE TABLE executions (
+    run INTEGER NOT NULL REFERENCES runs (key) ON DELETE CASCADE,
+    exec TEXT NOT NULL, stage_id TEXT NOT NULL, sibling INTEGER, visit INTEGER NOT NULL,
+    outcome TEXT NOT NULL, verdict TEXT, reason TEXT, attempts INTEGER NOT NULL,
+    cap_hit INTEGER NOT NULL DEFAULT 0, phase TEXT, turn INTEGER, tool_calls TEXT,
+    prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
+    requests INTEGER NOT NULL, entered_at INTEGER, ended_at INTEGER NOT NULL,
+    parsed TEXT, output TEXT,
+    PRIMARY KEY (run, exec)
+) WITHOUT ROWID;
+INSERT INTO meta VALUES ('app', 'troupe'), ('schema_version', '1');
+INSERT INTO runs (key, id, pipeline_id, pipeline_dir, digest, ctx, cap, run_dir, status,
+                  started_at)
+    VALUES (1, 'old', 'fanout', 'stages/fanout', 'sha256:00', '{}', 4, '.troupe/runs/old',
+            'failed', 1000);
+"#;
+
+fn code(e: &StoreError) -> String {
+    e.code().to_string()
+}
+
+/// A first-schema store at `path` with run `old` and its executions:
+/// two ok, one failed, one cancelled, one whose `parsed` is no JSON and
+/// one whose `output` was left empty (parsed stood for it).
+fn first_schema_store(path: &Path) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let db = Connection::open(path).unwrap();
+    db.execute_batch(FIRST_SCHEMA).unwrap();
+    let mut insert = db
+        .prepare(
+            "INSERT INTO executions (run, exec, stage_id, sibling, visit, outcome, verdict, \
+             reason, attempts, cap_hit, phase, turn, tool_calls, prompt_tokens, \
+             completion_tokens, requests, entered_at, ended_at, parsed, output) \
+             VALUES (1, ?1, 'worker', ?2, 1, ?3, ?4, ?5, 1, 0, ?6, ?7, ?8, 10, 2, 1, 1000, \
+             ?9, ?10, ?11)",
+        )
+        .unwrap();
+    type Row<'a> = (
+        &'a str,
+        i64,
+        &'a str,
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<i64>,
+        Option<&'a str>,
+        i64,
+        Option<&'a str>,
+        Option<&'a str>,
+    );
+    let rows: [Row<'_>; 6] = [
+        (
+            "worker#0/1",
+            0,
+            "exited",
+            Some("ok"),
+            None,
+            None,
+            None,
+            None,
+            2000,
+            Some(r#"{"v":0}"#),
+            Some(r#""said 0""#),
+        ),
+        (
+            "worker#1/1",
+            1,
+            "exited",
+            Some("ok"),
+            None,
+            None,
+            None,
+            None,
+            2001,
+            Some(r#"{"v":1}"#),
+            None,
+        ),
+        (
+            "worker#2/1",
+            2,
+            "exited",
+            Some("fail"),
+            Some("Test/Failed: no"),
+            None,
+            None,
+            None,
+            2002,
+            Some("null"),
+            None,
+        ),
+        (
+            "worker#3/1",
+            3,
+            "cancelled",
+            None,
+            Some("Session/Cancelled: a sibling failed"),
+            Some("Execute"),
+            Some(2),
+            Some(r#"[{"callId":"c","tool":"shell"}]"#),
+            2003,
+            None,
+            None,
+        ),
+        (
+            "worker#4/1",
+            4,
+            "exited",
+            Some("ok"),
+            None,
+            None,
+            None,
+            None,
+            2004,
+            Some("{no json"),
+            None,
+        ),
+        (
+            "worker#5/1",
+            5,
+            "exited",
+            Some("skipped"),
+            None,
+            None,
+            None,
+            None,
+            2005,
+            Some("{}"),
+            None,
+        ),
+    ];
+    for r in rows {
+        insert
+            .execute(params![
+                r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7, r.8, r.9, r.10
+            ])
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_store_of_the_first_schema_moves_into_packs_when_first_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(".troupe/troupe.db");
+    first_schema_store(&path);
+
+    // A reading command is the first to open it.
+    let store = Store::open_read_only(&path).unwrap();
+    let raw = Connection::open(&path).unwrap();
+    let version: String = raw
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION.to_string());
+    let tables: Vec<String> = raw
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(tables, ["meta", "packs", "runs"], "the rows' table is gone");
+
+    assert_eq!(
+        store.counts("old").unwrap(),
+        Counts {
+            ok: 3,
+            failed: 1,
+            skipped: 1,
+            cancelled: 1
+        }
+    );
+    let rows = store.executions("old", None, None).unwrap();
+    let ids: Vec<&str> = rows.iter().map(|r| r.stage_execution_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        (0..6)
+            .map(|i| format!("old/worker#{i}/1"))
+            .collect::<Vec<_>>(),
+        "in the order they ended"
+    );
+    assert_eq!(rows[0].parsed, Some(json!({"v": 0})));
+    assert_eq!(rows[0].output, Some(json!("said 0")));
+    assert_eq!(rows[0].usage.prompt_tokens, 10);
+    assert_eq!(rows[0].entered_at, Some(1000));
+    assert_eq!(rows[2].reason.as_deref(), Some("Test/Failed: no"));
+    let cancelled = &rows[3];
+    assert_eq!(cancelled.outcome, "cancelled");
+    assert_eq!(cancelled.phase.as_deref(), Some("Execute"));
+    assert_eq!(cancelled.turn, Some(2));
+    assert_eq!(
+        cancelled.tool_calls,
+        Some(json!([{"callId": "c", "tool": "shell"}]))
+    );
+    assert_eq!(rows[4].parsed, None, "a column that is no JSON");
+
+    // What a resume restores from it.
+    let kept = store.kept_results("old").unwrap();
+    assert_eq!(kept.len(), 5, "every exited execution");
+    assert_eq!(*kept["old/worker#4/1"].parsed(), Value::Null);
+    let one = kept["old/worker#1/1"].result();
+    assert!(
+        std::sync::Arc::ptr_eq(&one.parsed, &one.output),
+        "an empty output column is parsed"
+    );
+    assert_eq!(*kept["old/worker#0/1"].output(), json!("said 0"));
+    assert_eq!(kept["old/worker#5/1"].verdict(), Verdict::Skipped);
+
+    // Opened again: nothing moves twice.
+    drop(store);
+    let again = Store::open(&path).unwrap();
+    assert_eq!(again.executions("old", None, None).unwrap(), rows);
+}
+
+/// A store with run `r` and `n` exits stored by the writer.
+fn stored_run(path: &Path, n: usize) -> Store {
+    let store = Store::open(path).unwrap();
+    store
+        .begin_run(&RunRow {
+            id: "r".to_owned(),
+            pipeline_id: "fanout".to_owned(),
+            pipeline_dir: "stages/fanout".to_owned(),
+            digest: "sha256:00".to_owned(),
+            ctx: json!({}),
+            cap: 4,
+            run_dir: ".troupe/runs/r".to_owned(),
+            status: "running".to_owned(),
+            reason: None,
+            started_at: 1,
+            ended_at: None,
+            summary: None,
+            sessions: 1,
+        })
+        .unwrap();
+    let writer = StoreWriter::start(path).unwrap();
+    let ledger = writer.ledger();
+    for i in 0..n {
+        let id = format!("r/worker#{i}/1");
+        let parsed = std::sync::Arc::new(json!({ "item": i }));
+        let (tx, rx) = mpsc::channel();
+        ledger.persist(
+            ExitRecord {
+                run_id: "r".into(),
+                stage_execution_id: id.as_str().into(),
+                stage_id: "worker".into(),
+                index: Some(i),
+                visit: 1,
+                result: Kept::Whole(std::sync::Arc::new(StageResult {
+                    stage_id: "worker".to_owned(),
+                    stage_execution_id: id,
+                    verdict: Verdict::Ok,
+                    reason: None,
+                    parsed: std::sync::Arc::clone(&parsed),
+                    output: parsed,
+                    cap_hit: false,
+                    attempt_count: 1,
+                    usage: Usage::default(),
+                })),
+                entered_at: SystemTime::now(),
+                exited_at: SystemTime::now(),
+            },
+            Some(Box::new(move |answer| {
+                let _ = tx.send(answer);
+            })),
+        );
+        rx.recv().unwrap().unwrap();
+    }
+    writer.finish().unwrap();
+    store
+}
+
+#[test]
+fn a_damaged_pack_is_refused_with_where_by_every_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(".troupe/troupe.db");
+    let store = stored_run(&path, 3);
+    assert_eq!(store.counts("r").unwrap().ok, 3);
+    let raw = Connection::open(&path).unwrap();
+    let first: i64 = raw
+        .query_row("SELECT min(seq) FROM packs", [], |r| r.get(0))
+        .unwrap();
+
+    for (damage, detail) in [
+        // Cut short, as a torn write would leave it.
+        (
+            "UPDATE packs SET body = substr(body, 1, length(body) - 3) WHERE seq = ?1",
+            "runs past the pack's end",
+        ),
+        // Written by a later troupe's format.
+        (
+            "UPDATE packs SET body = X'09' || substr(body, 2) WHERE seq = ?1",
+            "format 9",
+        ),
+        // Not bytes at all.
+        ("UPDATE packs SET body = 7 WHERE seq = ?1", "holds Integer"),
+        // Not a pack at all.
+        (
+            "UPDATE packs SET body = CAST('hello' AS BLOB) WHERE seq = ?1",
+            "format 104",
+        ),
+    ] {
+        let before: Vec<u8> = raw
+            .query_row("SELECT body FROM packs WHERE seq = ?1", [first], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        raw.execute(damage, [first]).unwrap();
+        let errors = [
+            store.counts("r").unwrap_err(),
+            store.executions("r", None, None).unwrap_err(),
+            store.kept_results("r").unwrap_err(),
+            store.exit_events("r", |_| false).unwrap_err(),
+        ];
+        for e in errors {
+            assert_eq!(code(&e), "Store/Corrupt", "{e}");
+            let said = e.to_string();
+            assert!(
+                said.contains(&format!("pack {first} of run r is damaged at byte")),
+                "{said}"
+            );
+            assert!(said.contains(detail), "{said}");
+        }
+        raw.execute(
+            "UPDATE packs SET body = ?2 WHERE seq = ?1",
+            params![first, before],
+        )
+        .unwrap();
+        assert_eq!(store.counts("r").unwrap().ok, 3, "mended");
+    }
+}
+
+#[test]
+fn runs_show_refuses_a_run_whose_pack_is_damaged_and_names_it() {
+    let project = Project::new();
+    let fanout = bundled("fanout");
+    let report = project.json(&[
+        "run",
+        fanout.to_str().unwrap(),
+        "--ctx",
+        "width=3",
+        "--json",
+    ]);
+    assert_eq!(report["status"], "ok", "{report}");
+    let run_id = report["runId"].as_str().unwrap();
+    let shown = project.json(&["runs", "show", run_id, "--json"]);
+    assert_eq!(shown["executions"].as_array().unwrap().len(), 5, "{shown}");
+
+    let db = Connection::open(project.path().join(".troupe/troupe.db")).unwrap();
+    db.execute(
+        "UPDATE packs SET body = substr(body, 1, length(body) - 1)",
+        [],
+    )
+    .unwrap();
+    let out = project.output(&["runs", "show", run_id, "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let refusal: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(refusal["code"], "Store/Corrupt", "{refusal}");
+    let message = refusal["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("of run {run_id} is damaged at byte")),
+        "{refusal}"
+    );
+}
+
+mod properties {
+    use proptest::prelude::*;
+    use troupe::runtime::result::{Usage, Verdict};
+    use troupe::store::pack::{self, End, Stored};
+
+    /// An exit's own parts: verdict (0 ok, 1 fail, 2 skipped), cap hit,
+    /// reason, parsed, output.
+    type Exited = (u8, bool, Option<String>, String, Option<String>);
+
+    /// The owned parts of a record, for proptest to make.
+    #[derive(Debug, Clone)]
+    struct Parts {
+        exec: String,
+        stage: String,
+        index: Option<u64>,
+        numbers: (u32, u32, u64, u64, u64),
+        entered_at: Option<i64>,
+        ended_at: i64,
+        exited: Option<Exited>,
+        cancelled: (String, String, u32, String),
+    }
+
+    impl Parts {
+        fn stored(&self) -> Stored<'_> {
+            let end = match &self.exited {
+                Some((verdict, cap_hit, reason, parsed, output)) => End::Exited {
+                    verdict: [Verdict::Ok, Verdict::Fail, Verdict::Skipped][usize::from(*verdict)],
+                    cap_hit: *cap_hit,
+                    reason: reason.as_deref(),
+                    parsed,
+                    output: output.as_deref(),
+                },
+                None => End::Cancelled {
+                    reason: &self.cancelled.0,
+                    phase: &self.cancelled.1,
+                    turn: self.cancelled.2,
+                    tool_calls: &self.cancelled.3,
+                },
+            };
+            Stored {
+                exec: &self.exec,
+                stage_id: &self.stage,
+                index: self.index,
+                visit: self.numbers.0,
+                attempts: self.numbers.1,
+                usage: Usage {
+                    prompt_tokens: self.numbers.2,
+                    completion_tokens: self.numbers.3,
+                    requests: self.numbers.4,
+                },
+                entered_at: self.entered_at,
+                ended_at: self.ended_at,
+                end,
+            }
+        }
+    }
+
+    fn parts() -> impl Strategy<Value = Parts> {
+        (
+            (
+                "\\PC{0,12}",
+                "[a-z_]{1,8}",
+                proptest::option::of(0..u64::MAX),
+            ),
+            (
+                any::<u32>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+            ),
+            (
+                proptest::option::of(0..i64::MAX - 1),
+                0..i64::MAX,
+                proptest::option::of((
+                    0..3u8,
+                    any::<bool>(),
+                    proptest::option::of("\\PC{0,10}"),
+                    "\\PC{0,40}",
+                    proptest::option::of("\\PC{0,20}"),
+                )),
+                ("\\PC{0,10}", "[A-Za-z]{0,8}", any::<u32>(), "\\PC{0,20}"),
+            ),
+        )
+            .prop_map(
+                |((exec, stage, index), numbers, (entered_at, ended_at, exited, cancelled))| {
+                    Parts {
+                        exec,
+                        stage,
+                        index,
+                        numbers,
+                        entered_at,
+                        ended_at,
+                        exited,
+                        cancelled,
+                    }
+                },
+            )
+    }
+
+    fn packed(records: &[Parts]) -> Vec<u8> {
+        let mut body = Vec::new();
+        pack::start(&mut body);
+        for r in records {
+            body.extend_from_slice(&pack::encode(&r.stored()));
+        }
+        body
+    }
+
+    proptest! {
+        #[test]
+        fn every_record_reads_back_as_it_was_written(
+            records in proptest::collection::vec(parts(), 0..6),
+        ) {
+            let body = packed(&records);
+            let back: Vec<Stored<'_>> = pack::records(&body).collect::<Result<_, _>>().unwrap();
+            let written: Vec<Stored<'_>> = records.iter().map(Parts::stored).collect();
+            prop_assert_eq!(back, written);
+        }
+
+        #[test]
+        fn a_pack_damaged_anywhere_reads_up_to_the_damage_and_no_further(
+            records in proptest::collection::vec(parts(), 1..4),
+            at in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+            cut in any::<bool>(),
+        ) {
+            let body = packed(&records);
+            let at = at.index(body.len());
+            let mut damaged = body.clone();
+            if cut {
+                damaged.truncate(at);
+            } else {
+                damaged[at] = byte;
+            }
+            let mut read = pack::records(&damaged);
+            let mut good = 0;
+            for record in read.by_ref() {
+                match record {
+                    Ok(r) => {
+                        // What reads is a whole record: written again, it
+                        // reads back the same.
+                        let again = pack::encode(&r);
+                        let mut one = Vec::new();
+                        pack::start(&mut one);
+                        one.extend_from_slice(&again);
+                        let back = pack::records(&one).next().unwrap().unwrap();
+                        prop_assert_eq!(back, r);
+                        good += 1;
+                    }
+                    Err(damage) => {
+                        prop_assert!(damage.at <= damaged.len());
+                        break;
+                    }
+                }
+            }
+            prop_assert!(read.next().is_none(), "reading went on after a damage");
+            prop_assert!(good <= records.len());
+        }
+    }
+}
