@@ -1,6 +1,6 @@
 //! The store's packs from outside: a store an older troupe wrote (an
-//! execution a row) is moved into packs by the first command that opens
-//! it, and reads the same after; a damaged pack is refused with
+//! execution a row) reads as before, and its rows stay beneath the packs
+//! a resume adds; a damaged pack is refused with
 //! `Store/Corrupt` and where it is damaged, by the library's every reader
 //! and by `troupe runs show`, never half read and never a panic.
 
@@ -172,36 +172,53 @@ fn first_schema_store(path: &Path) {
     }
 }
 
-#[test]
-fn a_store_of_the_first_schema_moves_into_packs_when_first_opened() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(".troupe/troupe.db");
-    first_schema_store(&path);
-
-    // A reading command is the first to open it.
-    let store = Store::open_read_only(&path).unwrap();
-    let raw = Connection::open(&path).unwrap();
-    let version: String = raw
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'schema_version'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(version, SCHEMA_VERSION.to_string());
-    let tables: Vec<String> = raw
+/// The names of the store's tables.
+fn tables(path: &Path) -> Vec<String> {
+    Connection::open(path)
+        .unwrap()
         .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
         .unwrap()
         .query_map([], |r| r.get(0))
         .unwrap()
         .collect::<Result<_, _>>()
-        .unwrap();
-    assert_eq!(tables, ["meta", "packs", "runs"], "the rows' table is gone");
+        .unwrap()
+}
 
+fn schema_version(path: &Path) -> String {
+    Connection::open(path)
+        .unwrap()
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_store_of_the_first_schema_reads_as_before_and_a_resume_adds_packs_to_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(".troupe/troupe.db");
+    first_schema_store(&path);
+    // A row of odd types, as another tool may have left one: read
+    // leniently, not refused.
+    Connection::open(&path)
+        .unwrap()
+        .execute(
+            "INSERT INTO executions (run, exec, stage_id, sibling, visit, outcome, verdict, \
+             attempts, prompt_tokens, completion_tokens, requests, ended_at, parsed) \
+             VALUES (1, 'worker#6/1', 'worker', '6', 'two', 'exited', 'ok', 1.5, 'x', 0, 1, \
+             2006.7, X'7B7D')",
+            [],
+        )
+        .unwrap();
+
+    // Read as it is: a reading command changes nothing in the file.
+    let store = Store::open_read_only(&path).unwrap();
     assert_eq!(
         store.counts("old").unwrap(),
         Counts {
-            ok: 3,
+            ok: 4,
             failed: 1,
             skipped: 1,
             cancelled: 1
@@ -211,7 +228,7 @@ fn a_store_of_the_first_schema_moves_into_packs_when_first_opened() {
     let ids: Vec<&str> = rows.iter().map(|r| r.stage_execution_id.as_str()).collect();
     assert_eq!(
         ids,
-        (0..6)
+        (0..7)
             .map(|i| format!("old/worker#{i}/1"))
             .collect::<Vec<_>>(),
         "in the order they ended"
@@ -230,10 +247,17 @@ fn a_store_of_the_first_schema_moves_into_packs_when_first_opened() {
         Some(json!([{"callId": "c", "tool": "shell"}]))
     );
     assert_eq!(rows[4].parsed, None, "a column that is no JSON");
+    let odd = &rows[6];
+    assert_eq!(
+        (odd.index, odd.visit, odd.attempts, odd.ended_at),
+        (Some(6), 0, 1, 2006)
+    );
+    assert_eq!(odd.usage.prompt_tokens, 0);
+    assert_eq!(odd.parsed, Some(json!({})));
 
     // What a resume restores from it.
     let kept = store.kept_results("old").unwrap();
-    assert_eq!(kept.len(), 5, "every exited execution");
+    assert_eq!(kept.len(), 6, "every exited execution");
     assert_eq!(*kept["old/worker#4/1"].parsed(), Value::Null);
     let one = kept["old/worker#1/1"].result();
     assert!(
@@ -242,11 +266,69 @@ fn a_store_of_the_first_schema_moves_into_packs_when_first_opened() {
     );
     assert_eq!(*kept["old/worker#0/1"].output(), json!("said 0"));
     assert_eq!(kept["old/worker#5/1"].verdict(), Verdict::Skipped);
-
-    // Opened again: nothing moves twice.
     drop(store);
-    let again = Store::open(&path).unwrap();
-    assert_eq!(again.executions("old", None, None).unwrap(), rows);
+    assert_eq!(schema_version(&path), "1");
+    assert_eq!(tables(&path), ["executions", "meta", "runs"]);
+
+    // Opened to write (a resume): packs beside the rows, which stay.
+    let store = Store::open(&path).unwrap();
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
+    assert_eq!(tables(&path), ["executions", "meta", "packs", "runs"]);
+    assert_eq!(store.executions("old", None, None).unwrap(), rows);
+    // The resume runs the failed and the cancelled sibling again; a replay
+    // of sibling 0 leaves its stored ok result as it was.
+    let writer = StoreWriter::start(&path).unwrap();
+    let ledger = writer.ledger();
+    for (i, v) in [(2, "again 2"), (3, "again 3"), (0, "replayed")] {
+        let (tx, rx) = mpsc::channel();
+        ledger.persist(
+            exit("old", i, json!({ "v": v })),
+            Some(Box::new(move |answer| {
+                let _ = tx.send(answer);
+            })),
+        );
+        rx.recv().unwrap().unwrap();
+    }
+    writer.finish().unwrap();
+    assert_eq!(
+        store.counts("old").unwrap(),
+        Counts {
+            ok: 6,
+            failed: 0,
+            skipped: 1,
+            cancelled: 0
+        }
+    );
+    let kept = store.kept_results("old").unwrap();
+    assert_eq!(*kept["old/worker#0/1"].parsed(), json!({"v": 0}));
+    assert_eq!(*kept["old/worker#2/1"].parsed(), json!({"v": "again 2"}));
+    assert_eq!(*kept["old/worker#3/1"].parsed(), json!({"v": "again 3"}));
+}
+
+/// Sibling `i` of `run` exited ok with `parsed`.
+fn exit(run: &str, i: usize, parsed: Value) -> ExitRecord {
+    let id = format!("{run}/worker#{i}/1");
+    let parsed = std::sync::Arc::new(parsed);
+    ExitRecord {
+        run_id: run.into(),
+        stage_execution_id: id.as_str().into(),
+        stage_id: "worker".into(),
+        index: Some(i),
+        visit: 1,
+        result: Kept::Whole(std::sync::Arc::new(StageResult {
+            stage_id: "worker".to_owned(),
+            stage_execution_id: id,
+            verdict: Verdict::Ok,
+            reason: None,
+            parsed: std::sync::Arc::clone(&parsed),
+            output: parsed,
+            cap_hit: false,
+            attempt_count: 1,
+            usage: Usage::default(),
+        })),
+        entered_at: SystemTime::now(),
+        exited_at: SystemTime::now(),
+    }
 }
 
 /// A store with run `r` and `n` exits stored by the writer.
@@ -272,30 +354,9 @@ fn stored_run(path: &Path, n: usize) -> Store {
     let writer = StoreWriter::start(path).unwrap();
     let ledger = writer.ledger();
     for i in 0..n {
-        let id = format!("r/worker#{i}/1");
-        let parsed = std::sync::Arc::new(json!({ "item": i }));
         let (tx, rx) = mpsc::channel();
         ledger.persist(
-            ExitRecord {
-                run_id: "r".into(),
-                stage_execution_id: id.as_str().into(),
-                stage_id: "worker".into(),
-                index: Some(i),
-                visit: 1,
-                result: Kept::Whole(std::sync::Arc::new(StageResult {
-                    stage_id: "worker".to_owned(),
-                    stage_execution_id: id,
-                    verdict: Verdict::Ok,
-                    reason: None,
-                    parsed: std::sync::Arc::clone(&parsed),
-                    output: parsed,
-                    cap_hit: false,
-                    attempt_count: 1,
-                    usage: Usage::default(),
-                })),
-                entered_at: SystemTime::now(),
-                exited_at: SystemTime::now(),
-            },
+            exit("r", i, json!({ "item": i })),
             Some(Box::new(move |answer| {
                 let _ = tx.send(answer);
             })),
@@ -367,35 +428,59 @@ fn a_damaged_pack_is_refused_with_where_by_every_reader() {
 }
 
 #[test]
-fn runs_show_refuses_a_run_whose_pack_is_damaged_and_names_it() {
+fn runs_show_refuses_a_run_whose_pack_is_damaged_and_runs_lists_it_with_why() {
     let project = Project::new();
     let fanout = bundled("fanout");
-    let report = project.json(&[
-        "run",
-        fanout.to_str().unwrap(),
-        "--ctx",
-        "width=3",
-        "--json",
-    ]);
-    assert_eq!(report["status"], "ok", "{report}");
-    let run_id = report["runId"].as_str().unwrap();
-    let shown = project.json(&["runs", "show", run_id, "--json"]);
+    let run = |width: &str| -> String {
+        let report = project.json(&[
+            "run",
+            fanout.to_str().unwrap(),
+            "--ctx",
+            &format!("width={width}"),
+            "--json",
+        ]);
+        assert_eq!(report["status"], "ok", "{report}");
+        report["runId"].as_str().unwrap().to_owned()
+    };
+    let damaged = run("3");
+    let sound = run("2");
+    let shown = project.json(&["runs", "show", &damaged, "--json"]);
     assert_eq!(shown["executions"].as_array().unwrap().len(), 5, "{shown}");
 
     let db = Connection::open(project.path().join(".troupe/troupe.db")).unwrap();
     db.execute(
-        "UPDATE packs SET body = substr(body, 1, length(body) - 1)",
-        [],
+        "UPDATE packs SET body = substr(body, 1, length(body) - 1) \
+         WHERE run = (SELECT key FROM runs WHERE id = ?1)",
+        [&damaged],
     )
     .unwrap();
-    let out = project.output(&["runs", "show", run_id, "--json"]);
+    let out = project.output(&["runs", "show", &damaged, "--json"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let refusal: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(refusal["code"], "Store/Corrupt", "{refusal}");
     let message = refusal["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains(&format!("of run {run_id} is damaged at byte")),
+        message.contains(&format!("of run {damaged} is damaged at byte")),
         "{refusal}"
+    );
+
+    // The list still lists both: the damaged run with why, not counts.
+    let listed = project.json(&["runs", "--json"]);
+    let runs = listed["runs"].as_array().unwrap();
+    let of = |id: &str| runs.iter().find(|r| r["id"] == id).unwrap().clone();
+    assert_eq!(of(&damaged)["counts"], Value::Null, "{listed}");
+    assert_eq!(of(&damaged)["error"]["code"], "Store/Corrupt", "{listed}");
+    assert_eq!(of(&sound)["counts"]["ok"], 4, "{listed}");
+    assert!(of(&sound).get("error").is_none(), "{listed}");
+    let out = project.output(&["runs"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let table = String::from_utf8(out.stdout).unwrap();
+    let line = table.lines().find(|l| l.starts_with(&damaged)).unwrap();
+    assert!(line.ends_with("?"), "{table}");
+    let warned = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        warned.contains(&format!("warning: run {damaged}: Store/Corrupt")),
+        "{warned}"
     );
 }
 

@@ -469,10 +469,9 @@ fn continued(store_path: &Path, run: &str) -> Result<Vec<Said>, String> {
     let store = Store::open(store_path).map_err(|e| e.to_string())?;
     let row = if run.is_empty() {
         store
-            .list_runs(usize::MAX)
+            .runs(usize::MAX)
             .map_err(|e| e.to_string())?
             .into_iter()
-            .map(|(r, _)| r)
             .filter(|r| r.pipeline_id == CHAT)
             .max_by_key(|r| (r.started_at, r.id.clone()))
             .ok_or_else(|| format!("no chat in {} to continue", store_path.display()))?

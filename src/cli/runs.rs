@@ -17,6 +17,7 @@ use super::launch::store_failed;
 use super::options::{find_run_folder, store_path};
 use crate::auditlog;
 use crate::definition::duration::parse_positive_duration;
+use crate::error::HasCode;
 use crate::provider::Usage;
 use crate::runtime::events::rfc3339;
 use crate::store::lock::is_held;
@@ -172,7 +173,10 @@ struct Listed<'a> {
     #[serde(flatten)]
     run: &'a RunRow,
     state: &'a str,
-    counts: Counts,
+    /// `null` when the run's records cannot be read (`error` says why).
+    counts: Option<Counts>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<Value>,
 }
 
 fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
@@ -191,7 +195,11 @@ fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
             .map(|(run, counts)| Listed {
                 run,
                 state: status_of(run),
-                counts: *counts,
+                counts: counts.as_ref().ok().copied(),
+                error: counts
+                    .as_ref()
+                    .err()
+                    .map(|e| json!({ "code": e.code().to_string(), "message": e.to_string() })),
             })
             .collect();
         println!(
@@ -204,7 +212,11 @@ fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
         "{:<36}  {:<16} {:<11} {:<19} {:>9}  {:>7} {:>6} {:>9}",
         "run", "pipeline", "status", "started (UTC)", "duration", "ok", "failed", "cancelled"
     );
-    for (run, c) in &runs {
+    for (run, counts) in &runs {
+        let [ok, failed, cancelled] = match counts {
+            Ok(c) => [c.ok + c.skipped, c.failed, c.cancelled].map(|n| n.to_string()),
+            Err(_) => ["?", "?", "?"].map(str::to_owned),
+        };
         println!(
             "{:<36}  {:<16} {:<11} {:<19} {:>9}  {:>7} {:>6} {:>9}",
             run.id,
@@ -212,10 +224,15 @@ fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
             status_of(run),
             when(run.started_at),
             duration(run),
-            c.ok + c.skipped,
-            c.failed,
-            c.cancelled
+            ok,
+            failed,
+            cancelled
         );
+    }
+    for (run, counts) in &runs {
+        if let Err(e) = counts {
+            eprintln!("warning: run {}: {}: {e}", run.id, e.code());
+        }
     }
     if runs.is_empty() {
         println!("(no runs in {})", path.display());

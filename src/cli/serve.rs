@@ -317,7 +317,7 @@ pub fn run(args: &ServeArgs) -> Exit {
     // Runs a killed server left: said now, resumed on request.
     match crate::store::Store::open(&store_path) {
         Ok(store) => {
-            for (run, _) in store.list_runs(usize::MAX).unwrap_or_default() {
+            for run in store.runs(usize::MAX).unwrap_or_default() {
                 if super::runs::status_of(&run) == "interrupted" {
                     say(&format!(
                         "run {} ({}) was interrupted: `troupe resume {}` continues it here",

@@ -18,13 +18,20 @@ use super::pack::{self, End, Fold, Stored, unix_ms};
 use super::repair::LostExit;
 use super::rows::{Counts, ExecRow, RunRow};
 use super::schema;
+use crate::provider::Usage;
 use crate::runtime::result::{Kept, Verdict};
+
+/// A listed run's counts, or why they cannot be read.
+pub type Listed = Result<Counts, StoreError>;
 
 /// The project's run store.
 #[derive(Debug)]
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+    /// Whether the file has packs: a store of the first schema, opened to
+    /// be read, has only rows.
+    packs: bool,
 }
 
 const RUN_COLUMNS: &str = "id, pipeline_id, pipeline_dir, digest, ctx, cap, run_dir, status, \
@@ -52,6 +59,62 @@ fn run_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
         ended_at: r.get(10)?,
         summary: json_column(r.get(11)?),
         sessions: r.get::<_, i64>(12)?.max(0) as u64,
+    })
+}
+
+/// A row of the first schema's `executions` as a record, read leniently:
+/// a column of another type than troupe wrote reads as absent (a number
+/// as 0), text that is not UTF-8 as empty.
+fn row_record<'r>(r: &'r Row<'_>) -> rusqlite::Result<Stored<'r>> {
+    let text = |i: usize| -> rusqlite::Result<Option<&'r str>> {
+        Ok(match r.get_ref(i)? {
+            ValueRef::Text(t) | ValueRef::Blob(t) => Some(std::str::from_utf8(t).unwrap_or("")),
+            _ => None,
+        })
+    };
+    let number = |i: usize| -> rusqlite::Result<Option<i64>> {
+        Ok(match r.get_ref(i)? {
+            ValueRef::Integer(n) => Some(n),
+            ValueRef::Real(x) => Some(x as i64),
+            ValueRef::Text(t) => std::str::from_utf8(t)
+                .ok()
+                .and_then(|t| t.trim().parse().ok()),
+            _ => None,
+        })
+    };
+    let count = |i: usize| -> rusqlite::Result<u64> { Ok(number(i)?.unwrap_or(0).max(0) as u64) };
+    let small =
+        |i: usize| -> rusqlite::Result<u32> { Ok(u32::try_from(count(i)?).unwrap_or(u32::MAX)) };
+    let end = if text(4)? == Some("exited") {
+        End::Exited {
+            verdict: text(5)?.map_or(Verdict::Fail, Verdict::parse),
+            cap_hit: count(8)? != 0,
+            reason: text(6)?,
+            parsed: text(17)?.unwrap_or("null"),
+            output: text(18)?,
+        }
+    } else {
+        End::Cancelled {
+            reason: text(6)?.unwrap_or_default(),
+            phase: text(9)?.unwrap_or_default(),
+            turn: small(10)?,
+            tool_calls: text(11)?.unwrap_or("[]"),
+        }
+    };
+    Ok(Stored {
+        exec: text(0)?.unwrap_or_default(),
+        stage_id: text(1)?.unwrap_or_default(),
+        index: number(2)?.map(|i| i.max(0) as u64),
+        visit: small(3)?,
+        attempts: small(7)?,
+        usage: Usage {
+            prompt_tokens: count(12)?,
+            completion_tokens: count(13)?,
+            requests: count(14)?,
+        },
+        entered_at: number(15)?,
+        ended_at: number(16)?.unwrap_or(0),
+        end,
     })
 }
 
@@ -114,6 +177,7 @@ impl Store {
         Ok(Store {
             conn: schema::open(path)?,
             path: path.to_owned(),
+            packs: true,
         })
     }
 
@@ -123,13 +187,16 @@ impl Store {
         Ok(Store {
             conn: schema::open_waiting(path, busy)?,
             path: path.to_owned(),
+            packs: true,
         })
     }
 
     /// Opens an existing store for reading only.
     pub fn open_read_only(path: &Path) -> Result<Store, StoreError> {
+        let conn = schema::open_read_only(path)?;
         Ok(Store {
-            conn: schema::open_read_only(path)?,
+            packs: schema::has_packs(&conn, path)?,
+            conn,
             path: path.to_owned(),
         })
     }
@@ -246,33 +313,57 @@ impl Store {
         }
     }
 
-    /// The newest runs first, at most `limit`, with their counts.
-    pub fn list_runs(&self, limit: usize) -> Result<Vec<(RunRow, Counts)>, StoreError> {
+    /// The newest runs first, at most `limit`.
+    pub fn runs(&self, limit: usize) -> Result<Vec<RunRow>, StoreError> {
         let mut stmt = self
             .conn
             .prepare(&format!(
                 "SELECT {RUN_COLUMNS} FROM runs ORDER BY started_at DESC, id DESC LIMIT ?1"
             ))
             .map_err(|e| self.err(&e))?;
-        let runs: Vec<RunRow> = stmt
-            .query_map([i64::try_from(limit).unwrap_or(i64::MAX)], run_row)
+        stmt.query_map([i64::try_from(limit).unwrap_or(i64::MAX)], run_row)
             .map_err(|e| self.err(&e))?
             .collect::<Result<_, _>>()
-            .map_err(|e| self.err(&e))?;
-        runs.into_iter()
-            .map(|run| {
-                let counts = self.counts(&run.id)?;
-                Ok((run, counts))
-            })
-            .collect()
+            .map_err(|e| self.err(&e))
     }
 
-    /// Every record of a run's packs, in the order they were stored.
+    /// The newest runs first, at most `limit`, with their counts: reading
+    /// them means reading each run's records, so a run whose records
+    /// cannot be read (a damaged pack) is listed with why.
+    pub fn list_runs(&self, limit: usize) -> Result<Vec<(RunRow, Listed)>, StoreError> {
+        Ok(self
+            .runs(limit)?
+            .into_iter()
+            .map(|run| {
+                let counts = self.counts(&run.id);
+                (run, counts)
+            })
+            .collect())
+    }
+
+    /// Every record of a run in the order it was stored: the run's rows
+    /// of the first schema (written before packs, each what stood for its
+    /// execution), then its packs.
     fn each_stored(
         &self,
         run_id: &str,
         mut each: impl FnMut(&Stored<'_>),
     ) -> Result<(), StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT exec, stage_id, sibling, visit, outcome, verdict, reason, attempts, \
+                 cap_hit, phase, turn, tool_calls, prompt_tokens, completion_tokens, requests, \
+                 entered_at, ended_at, parsed, output FROM executions WHERE run = {RUN_KEY}"
+            ))
+            .map_err(|e| self.err(&e))?;
+        let mut rows = stmt.query([run_id]).map_err(|e| self.err(&e))?;
+        while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
+            each(&row_record(r).map_err(|e| self.err(&e))?);
+        }
+        if !self.packs {
+            return Ok(());
+        }
         let mut stmt = self
             .conn
             .prepare_cached(&format!(

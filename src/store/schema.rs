@@ -8,13 +8,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use super::error::StoreError;
-use super::pack::{self, End, Stored};
-use crate::provider::Usage;
-use crate::runtime::result::Verdict;
 
 /// The schema version this troupe writes.
 pub const SCHEMA_VERSION: i64 = 2;
@@ -22,12 +18,8 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// How long a write waits for another process's before `Store/Locked`.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Migrations, in order: `MIGRATIONS[i]` takes schema `i` to `i + 1`: its
-/// SQL, then (when given) what it does that SQL cannot.
-const MIGRATIONS: [(&str, Option<Step>); 2] = [(V1, None), (V2, Some(rows_into_packs))];
-
-/// A migration's work beyond its SQL, inside its transaction.
-type Step = fn(&Connection) -> rusqlite::Result<()>;
+/// Migrations, in order: `MIGRATIONS[i]` takes schema `i` to `i + 1`.
+const MIGRATIONS: [&str; 2] = [V1, V2];
 
 /// Runs, and an execution's end a row.
 const V1: &str = r#"
@@ -78,8 +70,11 @@ CREATE TABLE executions (
 "#;
 
 /// Executions' ends in packs (`store/pack.rs`), a row per run and
-/// transaction of the writer, in the order written (`seq`). The rows of
-/// `executions` move into packs ([`rows_into_packs`]) and the table goes.
+/// transaction of the writer, in the order written (`seq`). The first
+/// schema's `executions` stays as it was: its rows are what stood for
+/// each execution written before packs, and readers read them first. So
+/// this step moves nothing, cannot fail on an odd old row, and leaves the
+/// table to an older troupe still running a run in the same store.
 const V2: &str = r#"
 CREATE TABLE packs (
     seq  INTEGER PRIMARY KEY,
@@ -88,87 +83,6 @@ CREATE TABLE packs (
 );
 CREATE INDEX packs_run ON packs (run);
 "#;
-
-/// Moves each run's rows of `executions` into packs, then drops the table.
-/// A row was already what stood for its execution, so their order in the
-/// packs does not matter.
-fn rows_into_packs(conn: &Connection) -> rusqlite::Result<()> {
-    let runs: Vec<i64> = conn
-        .prepare("SELECT DISTINCT run FROM executions")?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    let mut rows = conn.prepare(
-        "SELECT exec, stage_id, sibling, visit, outcome, verdict, reason, attempts, cap_hit, \
-         phase, turn, tool_calls, prompt_tokens, completion_tokens, requests, entered_at, \
-         ended_at, parsed, output FROM executions WHERE run = ?1 ORDER BY ended_at, exec",
-    )?;
-    let mut insert = conn.prepare("INSERT INTO packs (run, body) VALUES (?1, ?2)")?;
-    for run in runs {
-        let mut body = Vec::new();
-        let mut found = rows.query([run])?;
-        while let Some(r) = found.next()? {
-            let text = |i: usize| -> rusqlite::Result<Option<&str>> {
-                match r.get_ref(i)? {
-                    ValueRef::Null => Ok(None),
-                    ValueRef::Text(t) | ValueRef::Blob(t) => {
-                        Ok(Some(std::str::from_utf8(t).unwrap_or("")))
-                    }
-                    _ => Ok(None),
-                }
-            };
-            let number = |i: usize| -> rusqlite::Result<u64> {
-                Ok(r.get::<_, Option<i64>>(i)?.unwrap_or(0).max(0) as u64)
-            };
-            let small = |i: usize| -> rusqlite::Result<u32> {
-                Ok(u32::try_from(number(i)?).unwrap_or(u32::MAX))
-            };
-            let end = if text(4)? == Some("exited") {
-                End::Exited {
-                    verdict: text(5)?.map_or(Verdict::Fail, Verdict::parse),
-                    cap_hit: number(8)? != 0,
-                    reason: text(6)?,
-                    parsed: text(17)?.unwrap_or("null"),
-                    output: text(18)?,
-                }
-            } else {
-                End::Cancelled {
-                    reason: text(6)?.unwrap_or_default(),
-                    phase: text(9)?.unwrap_or_default(),
-                    turn: small(10)?,
-                    tool_calls: text(11)?.unwrap_or("[]"),
-                }
-            };
-            let record = pack::encode(&Stored {
-                exec: text(0)?.unwrap_or_default(),
-                stage_id: text(1)?.unwrap_or_default(),
-                index: r.get::<_, Option<i64>>(2)?.map(|i| i.max(0) as u64),
-                visit: small(3)?,
-                attempts: small(7)?,
-                usage: Usage {
-                    prompt_tokens: number(12)?,
-                    completion_tokens: number(13)?,
-                    requests: number(14)?,
-                },
-                entered_at: r.get(15)?,
-                ended_at: r.get::<_, Option<i64>>(16)?.unwrap_or(0),
-                end,
-            });
-            if body.len() + record.len() > pack::PACK_BYTES && body.len() > 1 {
-                insert.execute(rusqlite::params![run, body])?;
-                body.clear();
-            }
-            if body.is_empty() {
-                pack::start(&mut body);
-            }
-            body.extend_from_slice(&record);
-        }
-        if body.len() > 1 {
-            insert.execute(rusqlite::params![run, body])?;
-        }
-    }
-    drop((rows, insert));
-    conn.execute_batch("DROP TABLE executions")
-}
 
 /// Opens (creating when absent) the store at `path` for reading and
 /// writing, with the schema at [`SCHEMA_VERSION`].
@@ -212,15 +126,14 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     .map_err(|e| StoreError::sqlite(path, &e))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| StoreError::sqlite(path, &e))?;
-    let found = check_version(&conn, path)?;
-    if (1..SCHEMA_VERSION).contains(&found) {
-        // An older troupe's store is brought to this schema once, by the
-        // first command that opens it, whatever that command does.
-        drop(conn);
-        drop(open(path)?);
-        return open_read_only(path);
-    }
+    check_version(&conn, path)?;
     Ok(conn)
+}
+
+/// Whether the store has packs (schema 2 on): a store of the first
+/// schema, opened to be read, is read as it is.
+pub fn has_packs(conn: &Connection, path: &Path) -> Result<bool, StoreError> {
+    Ok(version(conn, path)? >= 2)
 }
 
 fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
@@ -317,11 +230,8 @@ fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
             if found >= SCHEMA_VERSION {
                 return Ok(false);
             }
-            let (sql, step) = MIGRATIONS[usize::try_from(found).unwrap_or(0)];
-            conn.execute_batch(sql).map_err(err)?;
-            if let Some(step) = step {
-                step(conn).map_err(err)?;
-            }
+            let migration = MIGRATIONS[usize::try_from(found).unwrap_or(0)];
+            conn.execute_batch(migration).map_err(err)?;
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES ('app', 'troupe')
                  ON CONFLICT (key) DO NOTHING",
