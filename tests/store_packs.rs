@@ -367,6 +367,26 @@ fn stored_run(path: &Path, n: usize) -> Store {
     store
 }
 
+/// Stores of schema 2 written before the first schema's table was kept
+/// (6011cd6 dropped it) read the same.
+#[test]
+fn a_store_with_packs_and_no_rows_table_reads_its_packs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(".troupe/troupe.db");
+    drop(stored_run(&path, 3));
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("DROP TABLE executions")
+        .unwrap();
+    for store in [
+        Store::open_read_only(&path).unwrap(),
+        Store::open(&path).unwrap(),
+    ] {
+        assert_eq!(store.counts("r").unwrap().ok, 3);
+        assert_eq!(store.kept_results("r").unwrap().len(), 3);
+    }
+}
+
 #[test]
 fn a_damaged_pack_is_refused_with_where_by_every_reader() {
     let dir = tempfile::tempdir().unwrap();

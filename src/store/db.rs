@@ -29,9 +29,34 @@ pub type Listed = Result<Counts, StoreError>;
 pub struct Store {
     conn: Connection,
     path: PathBuf,
-    /// Whether the file has packs: a store of the first schema, opened to
-    /// be read, has only rows.
+    /// Which of `executions` (the first schema's rows) and `packs` the
+    /// file has: a store of the first schema, opened to be read, has only
+    /// rows.
+    tables: Tables,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tables {
+    rows: bool,
     packs: bool,
+}
+
+impl Tables {
+    fn of(conn: &Connection, path: &Path) -> Result<Tables, StoreError> {
+        let has = |name: &str| -> Result<bool, StoreError> {
+            conn.query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                [name],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n > 0)
+            .map_err(|e| StoreError::sqlite(path, &e))
+        };
+        Ok(Tables {
+            rows: has("executions")?,
+            packs: has("packs")?,
+        })
+    }
 }
 
 const RUN_COLUMNS: &str = "id, pipeline_id, pipeline_dir, digest, ctx, cap, run_dir, status, \
@@ -174,28 +199,23 @@ fn exec_row(run_id: &str, r: &Stored<'_>) -> ExecRow {
 impl Store {
     /// Opens (creating when absent) the store for reading and writing.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        Ok(Store {
-            conn: schema::open(path)?,
-            path: path.to_owned(),
-            packs: true,
-        })
+        Store::from(schema::open(path)?, path)
     }
 
     /// [`Store::open`], waiting at most `busy` for another process's
     /// write before `Store/Locked`.
     pub fn open_waiting(path: &Path, busy: std::time::Duration) -> Result<Store, StoreError> {
-        Ok(Store {
-            conn: schema::open_waiting(path, busy)?,
-            path: path.to_owned(),
-            packs: true,
-        })
+        Store::from(schema::open_waiting(path, busy)?, path)
     }
 
     /// Opens an existing store for reading only.
     pub fn open_read_only(path: &Path) -> Result<Store, StoreError> {
-        let conn = schema::open_read_only(path)?;
+        Store::from(schema::open_read_only(path)?, path)
+    }
+
+    fn from(conn: Connection, path: &Path) -> Result<Store, StoreError> {
         Ok(Store {
-            packs: schema::has_packs(&conn, path)?,
+            tables: Tables::of(&conn, path)?,
             conn,
             path: path.to_owned(),
         })
@@ -341,14 +361,8 @@ impl Store {
             .collect())
     }
 
-    /// Every record of a run in the order it was stored: the run's rows
-    /// of the first schema (written before packs, each what stood for its
-    /// execution), then its packs.
-    fn each_stored(
-        &self,
-        run_id: &str,
-        mut each: impl FnMut(&Stored<'_>),
-    ) -> Result<(), StoreError> {
+    /// A run's rows of the first schema, as records.
+    fn each_row(&self, run_id: &str, each: &mut impl FnMut(&Stored<'_>)) -> Result<(), StoreError> {
         let mut stmt = self
             .conn
             .prepare_cached(&format!(
@@ -361,7 +375,21 @@ impl Store {
         while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
             each(&row_record(r).map_err(|e| self.err(&e))?);
         }
-        if !self.packs {
+        Ok(())
+    }
+
+    /// Every record of a run in the order it was stored: the run's rows
+    /// of the first schema (written before packs, each what stood for its
+    /// execution), then its packs.
+    fn each_stored(
+        &self,
+        run_id: &str,
+        mut each: impl FnMut(&Stored<'_>),
+    ) -> Result<(), StoreError> {
+        if self.tables.rows {
+            self.each_row(run_id, &mut each)?;
+        }
+        if !self.tables.packs {
             return Ok(());
         }
         let mut stmt = self

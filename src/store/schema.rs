@@ -130,12 +130,6 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-/// Whether the store has packs (schema 2 on): a store of the first
-/// schema, opened to be read, is read as it is.
-pub fn has_packs(conn: &Connection, path: &Path) -> Result<bool, StoreError> {
-    Ok(version(conn, path)? >= 2)
-}
-
 fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = |e: rusqlite::Error| StoreError::sqlite(path, &e);
     // WAL: readers never block the writer and a commit is one append;
