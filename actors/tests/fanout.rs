@@ -54,7 +54,16 @@ impl Model {
     }
 
     fn apply(&mut self, commands: &[FanOutCommand]) {
+        // (f) one step's cancellations and withdrawals go in index order.
+        let mut last_stopped: Option<usize> = None;
         for &cmd in commands {
+            if let FanOutCommand::CancelUnit { unit, .. } | FanOutCommand::Withdraw { unit } = cmd {
+                assert!(
+                    last_stopped.is_none_or(|last| unit > last),
+                    "{unit} stopped after {last_stopped:?}"
+                );
+                last_stopped = Some(unit);
+            }
             match cmd {
                 FanOutCommand::Spawn { unit } => {
                     assert!(!self.decided, "Spawn after the group was decided");
