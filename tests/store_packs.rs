@@ -1,6 +1,7 @@
 //! The store's packs from outside: a store an older troupe wrote (an
 //! execution a row) reads as before, and its rows stay beneath the packs
-//! a resume adds; a damaged pack is refused with
+//! a resume adds; a run's executions are read a pass at a time, in the
+//! order stored, the passes agreeing inside a snapshot; a damaged pack is refused with
 //! `Store/Corrupt` and where it is damaged, by the library's every reader
 //! and by `troupe runs show`, never half read and never a panic.
 
@@ -365,6 +366,78 @@ fn stored_run(path: &Path, n: usize) -> Store {
     }
     writer.finish().unwrap();
     store
+}
+
+/// `runs show` reads a run's executions a pass at a time: which records
+/// stand, then each pass in the order they were stored. The passes agree
+/// with each other inside a snapshot, whatever a running run writes
+/// meanwhile, and the order is the order stored, not sorted by time.
+#[test]
+fn executions_are_read_in_passes_in_the_order_stored_and_a_snapshot_holds_still() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(".troupe/troupe.db");
+    let store = stored_run(&path, 0);
+    let writer = StoreWriter::start(&path).unwrap();
+    let ledger = writer.ledger();
+    let persist = |i: usize, ended_ms: u64| {
+        let mut record = exit("r", i, json!({ "item": i }));
+        record.exited_at = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ended_ms);
+        let (tx, rx) = mpsc::channel();
+        ledger.persist(
+            record,
+            Some(Box::new(move |answer| {
+                let _ = tx.send(answer);
+            })),
+        );
+        rx.recv().unwrap().unwrap();
+    };
+    // Stored in index order, each ending (by its clock) before the last.
+    for i in 0..5 {
+        persist(i, 10_000 - i as u64);
+    }
+    let ids = |rows: &[troupe::store::ExecRow]| -> Vec<String> {
+        rows.iter().map(|r| r.stage_execution_id.clone()).collect()
+    };
+    let want: Vec<String> = (0..5).map(|i| format!("r/worker#{i}/1")).collect();
+    assert_eq!(ids(&store.executions("r", None, None).unwrap()), want);
+
+    let reader = Store::open_read_only(&path).unwrap();
+    let snapshot = reader.snapshot().unwrap();
+    let standing = reader.standing("r", None, None).unwrap();
+    assert_eq!(standing.len(), 5);
+    // The run goes on: a new sibling, and sibling 1 recorded again; and
+    // another process deletes the run's first pack (`runs rm` would take
+    // them all).
+    persist(5, 20_000);
+    persist(1, 20_001);
+    Connection::open(&path)
+        .unwrap()
+        .execute(
+            "DELETE FROM packs WHERE seq = (SELECT min(seq) FROM packs)",
+            [],
+        )
+        .unwrap();
+    let mut passes = Vec::new();
+    for _ in 0..2 {
+        let mut seen = Vec::new();
+        reader
+            .each_standing("r", &standing, |r| seen.push(r.exec.to_owned()))
+            .unwrap();
+        passes.push(seen);
+    }
+    assert_eq!(passes[0], passes[1]);
+    assert_eq!(
+        passes[0],
+        (0..5).map(|i| format!("worker#{i}/1")).collect::<Vec<_>>(),
+        "what the snapshot saw, nothing written after it"
+    );
+    drop(snapshot);
+    assert_eq!(
+        reader.executions("r", None, None).unwrap().len(),
+        5,
+        "after it: sibling 0's pack gone, sibling 5 added"
+    );
+    writer.finish().unwrap();
 }
 
 /// Stores of schema 2 written before the first schema's table was kept

@@ -3,8 +3,6 @@
 //! executions and where they were, the failure that stopped it), export
 //! its audit log, delete runs, and collect old ones.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -12,16 +10,17 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+mod show;
+
 use super::Exit;
 use super::launch::store_failed;
 use super::options::{find_run_folder, store_path};
 use crate::auditlog;
 use crate::definition::duration::parse_positive_duration;
 use crate::error::HasCode;
-use crate::provider::Usage;
 use crate::runtime::events::rfc3339;
 use crate::store::lock::is_held;
-use crate::store::{Counts, ExecRow, RunRow, Store, StoreError, unix_ms};
+use crate::store::{Counts, RunRow, Store, StoreError, unix_ms};
 
 /// Where the store is, for every `runs` command.
 #[derive(Debug, Clone, clap::Args)]
@@ -120,7 +119,9 @@ pub fn run(args: RunsArgs) -> Exit {
     let path = store_path(args.store.store.as_deref(), &args.store.runs_dir);
     let done = match args.command {
         None => list(&path, args.limit, json),
-        Some(RunsCommand::Show { run_id, stage }) => show(&path, &run_id, stage.as_deref(), json),
+        Some(RunsCommand::Show { run_id, stage }) => {
+            show::show(&path, &run_id, stage.as_deref(), json)
+        }
         Some(RunsCommand::Export { run_id, output }) => {
             find_run_folder(&path, &args.store.runs_dir, &run_id)
                 .and_then(|run| export(&run.dir, output.as_deref()))
@@ -238,222 +239,6 @@ fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
         println!("(no runs in {})", path.display());
     }
     Ok(Exit::Ok)
-}
-
-/// Per-stage figures of a run, from its executions.
-#[derive(Debug, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct StageFigures {
-    ok: u64,
-    failed: u64,
-    skipped: u64,
-    cancelled: u64,
-    retries: u64,
-    cap_hits: u64,
-    usage: Usage,
-}
-
-fn stage_figures(execs: &[ExecRow]) -> BTreeMap<&str, StageFigures> {
-    let mut stages: BTreeMap<&str, StageFigures> = BTreeMap::new();
-    for e in execs {
-        let s = stages.entry(e.stage_id.as_str()).or_default();
-        match (e.outcome.as_str(), e.verdict.as_deref()) {
-            ("exited", Some("ok")) => s.ok += 1,
-            ("exited", Some("skipped")) => s.skipped += 1,
-            ("exited", _) => s.failed += 1,
-            _ => s.cancelled += 1,
-        }
-        s.retries += u64::from(e.attempts.saturating_sub(1));
-        s.cap_hits += u64::from(e.cap_hit);
-        s.usage.add(e.usage);
-    }
-    stages
-}
-
-fn show(path: &Path, id: &str, stage: Option<&str>, json: bool) -> Result<Exit, StoreError> {
-    let store = Store::open_read_only(path)?;
-    let run = store.find_run(id)?;
-    let (stage_id, index) = match stage.map(|s| s.split_once('#')) {
-        None => (None, None),
-        Some(None) => (stage, None),
-        Some(Some((s, i))) => match i.parse::<u64>() {
-            Ok(i) => (Some(s), Some(i)),
-            Err(_) => {
-                return Ok(super::launch::input_invalid(
-                    path,
-                    format!(
-                        "--stage {}: the index after `#` must be a number",
-                        stage.unwrap_or_default()
-                    ),
-                    json,
-                ));
-            }
-        },
-    };
-    let execs = store.executions(&run.id, stage_id, index)?;
-    let state = status_of(&run);
-    let figures = stage_figures(&execs);
-    if json {
-        let value = json!({
-            "run": run,
-            "state": state,
-            "stages": figures,
-            "executions": execs,
-        });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
-        return Ok(Exit::Ok);
-    }
-    print!("{}", show_text(&run, state, &figures, &execs));
-    Ok(Exit::Ok)
-}
-
-fn show_text(
-    run: &RunRow,
-    state: &str,
-    figures: &BTreeMap<&str, StageFigures>,
-    execs: &[ExecRow],
-) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "run {} of {}: {state}", run.id, run.pipeline_id);
-    if let Some(reason) = &run.reason {
-        let _ = writeln!(out, "  stopped by: {reason}");
-    }
-    let _ = writeln!(
-        out,
-        "  started {} UTC, {}{}",
-        when(run.started_at),
-        duration(run),
-        match run.sessions {
-            0 | 1 => String::new(),
-            2 => ", 2 sessions (resumed once)".to_owned(),
-            n => format!(", {n} sessions (resumed {} times)", n - 1),
-        }
-    );
-    let _ = writeln!(out, "  pipeline {} ({})", run.pipeline_dir, run.digest);
-    let _ = writeln!(out, "  ctx {}", run.ctx);
-    let _ = writeln!(
-        out,
-        "  audit log {}",
-        auditlog::in_dir(Path::new(&run.run_dir)).display()
-    );
-    let _ = writeln!(
-        out,
-        "\n{:<20} {:>7} {:>6} {:>8} {:>10} {:>8} {:>8} {:>12} {:>12}",
-        "stage",
-        "ok",
-        "fail",
-        "skipped",
-        "cancelled",
-        "retries",
-        "capHits",
-        "tokens in",
-        "tokens out"
-    );
-    for (id, s) in figures {
-        let _ = writeln!(
-            out,
-            "{id:<20} {:>7} {:>6} {:>8} {:>10} {:>8} {:>8} {:>12} {:>12}",
-            s.ok,
-            s.failed,
-            s.skipped,
-            s.cancelled,
-            s.retries,
-            s.cap_hits,
-            s.usage.prompt_tokens,
-            s.usage.completion_tokens
-        );
-    }
-    if let Some(groups) = run
-        .summary
-        .as_ref()
-        .and_then(|s| s.get("groups"))
-        .and_then(Value::as_array)
-    {
-        for g in groups {
-            let _ = writeln!(
-                out,
-                "fan-out {}: {} siblings, cap {}, peak {} running, {} waited for a slot{}",
-                g["stage"].as_str().unwrap_or(""),
-                g["width"],
-                g["cap"],
-                g["peakRunning"],
-                g["capWaits"],
-                g["failedSibling"]
-                    .as_str()
-                    .map(|f| format!(", failed sibling {f}"))
-                    .unwrap_or_default()
-            );
-        }
-    }
-    let cancelled: Vec<&ExecRow> = execs.iter().filter(|e| e.outcome == "cancelled").collect();
-    if !cancelled.is_empty() {
-        let _ = writeln!(out, "\ncancelled:");
-        for e in cancelled {
-            let calls = e
-                .tool_calls
-                .as_ref()
-                .and_then(Value::as_array)
-                .filter(|c| !c.is_empty())
-                .map(|c| {
-                    let names: Vec<&str> = c.iter().filter_map(|t| t["tool"].as_str()).collect();
-                    format!(", open tool calls: {}", names.join(", "))
-                })
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "  {}  in {} (attempt {}, turn {}){calls}, {} requests, {} tokens — {}",
-                label(e),
-                e.phase.as_deref().unwrap_or("?"),
-                e.attempts,
-                e.turn.unwrap_or(0),
-                e.usage.requests,
-                e.usage.prompt_tokens + e.usage.completion_tokens,
-                e.reason.as_deref().unwrap_or("")
-            );
-        }
-    }
-    let failed: Vec<&ExecRow> = execs
-        .iter()
-        .filter(|e| e.outcome == "exited" && e.verdict.as_deref() == Some("fail"))
-        .collect();
-    if !failed.is_empty() {
-        let _ = writeln!(out, "\nfailed:");
-        for e in failed {
-            let _ = writeln!(out, "  {}  {}", label(e), e.reason.as_deref().unwrap_or(""));
-        }
-    }
-    let results: Vec<&ExecRow> = execs.iter().filter(|e| e.outcome == "exited").collect();
-    if !results.is_empty() {
-        let _ = writeln!(out, "\nresults:");
-        for e in results {
-            let parsed = e
-                .parsed
-                .as_ref()
-                .map_or("null".to_owned(), Value::to_string);
-            let _ = writeln!(
-                out,
-                "  {:<16} {:<7} {parsed}",
-                label(e),
-                e.verdict.as_deref().unwrap_or("")
-            );
-        }
-    }
-    out
-}
-
-/// `worker#3` (visit 2: `worker#3@2`).
-fn label(e: &ExecRow) -> String {
-    let mut l = e.stage_id.clone();
-    if let Some(i) = e.index {
-        let _ = write!(l, "#{i}");
-    }
-    if e.visit > 1 {
-        let _ = write!(l, "@{}", e.visit);
-    }
-    l
 }
 
 fn export(dir: &Path, output: Option<&Path>) -> Result<Exit, StoreError> {

@@ -21,6 +21,27 @@ use super::schema;
 use crate::provider::Usage;
 use crate::runtime::result::{Kept, Verdict};
 
+/// Which of a run's stored records stand: their places in the order
+/// stored, ascending. See [`Store::standing`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Standing(Vec<u64>);
+
+impl Standing {
+    /// Executions selected.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// See [`Store::snapshot`]; ends (rolls back: it wrote nothing) when
+/// dropped.
+#[derive(Debug)]
+pub struct Snapshot<'c>(#[allow(dead_code)] Option<rusqlite::Transaction<'c>>);
+
 /// A listed run's counts, or why they cannot be read.
 pub type Listed = Result<Counts, StoreError>;
 
@@ -144,7 +165,7 @@ fn row_record<'r>(r: &'r Row<'_>) -> rusqlite::Result<Stored<'r>> {
 }
 
 /// A stored record as `runs show` prints it.
-fn exec_row(run_id: &str, r: &Stored<'_>) -> ExecRow {
+pub fn exec_row(run_id: &str, r: &Stored<'_>) -> ExecRow {
     let json = |text: &str| serde_json::from_str(text).ok();
     let mut row = ExecRow {
         stage_execution_id: format!("{run_id}/{}", r.exec),
@@ -368,7 +389,8 @@ impl Store {
             .prepare_cached(&format!(
                 "SELECT exec, stage_id, sibling, visit, outcome, verdict, reason, attempts, \
                  cap_hit, phase, turn, tool_calls, prompt_tokens, completion_tokens, requests, \
-                 entered_at, ended_at, parsed, output FROM executions WHERE run = {RUN_KEY}"
+                 entered_at, ended_at, parsed, output FROM executions WHERE run = {RUN_KEY} \
+                 ORDER BY ended_at, exec"
             ))
             .map_err(|e| self.err(&e))?;
         let mut rows = stmt.query([run_id]).map_err(|e| self.err(&e))?;
@@ -425,7 +447,7 @@ impl Store {
     /// What stands for each of a run's executions that `wanted` selects
     /// (by its identity: the same for every record of an execution), as
     /// `keep` makes it.
-    fn standing<T>(
+    fn folded<T>(
         &self,
         run_id: &str,
         wanted: impl Fn(&Stored<'_>) -> bool,
@@ -443,7 +465,7 @@ impl Store {
     /// Executions of a run by outcome.
     pub fn counts(&self, run_id: &str) -> Result<Counts, StoreError> {
         let mut counts = Counts::default();
-        let ends = self.standing(
+        let ends = self.folded(
             run_id,
             |_| true,
             |r| match r.end {
@@ -462,29 +484,78 @@ impl Store {
         Ok(counts)
     }
 
-    /// A run's executions in the order they ended; only those of `stage`
-    /// (and sibling `index`) when given.
+    /// A run's executions in the order their ends were stored; only those
+    /// of `stage` (and sibling `index`) when given. Read whole: a command
+    /// that prints a run's executions reads them a pass at a time instead
+    /// ([`Store::standing`], [`Store::each_standing`]).
     pub fn executions(
         &self,
         run_id: &str,
         stage: Option<&str>,
         index: Option<u64>,
     ) -> Result<Vec<ExecRow>, StoreError> {
-        let mut rows: Vec<ExecRow> = self
-            .standing(
-                run_id,
-                |r| {
-                    stage.is_none_or(|s| r.stage_id == s)
-                        && index.is_none_or(|i| r.index == Some(i))
-                },
-                |r| exec_row(run_id, r),
-            )?
-            .map(|(_, row)| row)
-            .collect();
-        rows.sort_by(|a, b| {
-            (a.ended_at, &a.stage_execution_id).cmp(&(b.ended_at, &b.stage_execution_id))
-        });
+        let _snapshot = self.snapshot()?;
+        let standing = self.standing(run_id, stage, index)?;
+        let mut rows = Vec::with_capacity(standing.len());
+        self.each_standing(run_id, &standing, |r| rows.push(exec_row(run_id, r)))?;
         Ok(rows)
+    }
+
+    /// Which of a run's stored records stand, one per execution selected
+    /// (of `stage`, and sibling `index`, when given): what
+    /// [`Store::each_standing`] passes on. Holds a number a record, so a
+    /// million-wide run is read a pass at a time in a few megabytes (read
+    /// whole, its executions took gigabytes). Read inside a
+    /// [`Store::snapshot`], so the passes see the same records.
+    pub fn standing(
+        &self,
+        run_id: &str,
+        stage: Option<&str>,
+        index: Option<u64>,
+    ) -> Result<Standing, StoreError> {
+        let mut fold = Fold::default();
+        let mut place = 0u64;
+        self.each_stored(run_id, |r| {
+            if stage.is_none_or(|s| r.stage_id == s) && index.is_none_or(|i| r.index == Some(i)) {
+                fold.add(r, |_| place);
+            }
+            place += 1;
+        })?;
+        let mut places: Vec<u64> = fold.into_standing().map(|(_, place)| place).collect();
+        places.sort_unstable();
+        Ok(Standing(places))
+    }
+
+    /// Each standing record of `standing`, in the order stored.
+    pub fn each_standing(
+        &self,
+        run_id: &str,
+        standing: &Standing,
+        mut each: impl FnMut(&Stored<'_>),
+    ) -> Result<(), StoreError> {
+        let mut next = standing.0.iter().copied().peekable();
+        let mut place = 0u64;
+        self.each_stored(run_id, |r| {
+            if next.peek() == Some(&place) {
+                next.next();
+                each(r);
+            }
+            place += 1;
+        })
+    }
+
+    /// A read transaction: until it is dropped, this connection's reads
+    /// see the store as it was at the first of them (WAL), whatever a
+    /// running run writes meanwhile.
+    /// Inside one already, it is that one's.
+    pub fn snapshot(&self) -> Result<Snapshot<'_>, StoreError> {
+        if !self.conn.is_autocommit() {
+            return Ok(Snapshot(None));
+        }
+        self.conn
+            .unchecked_transaction()
+            .map(|t| Snapshot(Some(t)))
+            .map_err(|e| self.err(&e))
     }
 
     /// The results of a run's exited executions by `stageExecutionId`,
@@ -495,7 +566,7 @@ impl Store {
     pub fn kept_results(&self, run_id: &str) -> Result<HashMap<String, Kept>, StoreError> {
         // One name per stage, shared by its executions' results.
         let stages: RefCell<HashMap<String, Arc<str>>> = RefCell::default();
-        let kept = self.standing(
+        let kept = self.folded(
             run_id,
             |_| true,
             |r| {
@@ -547,7 +618,7 @@ impl Store {
         in_log: impl Fn(&str) -> bool,
     ) -> Result<Vec<LostExit>, StoreError> {
         let mut lost: Vec<ExecRow> = self
-            .standing(
+            .folded(
                 run_id,
                 |r| !in_log(&format!("{run_id}/{}", r.exec)),
                 |r| matches!(r.end, End::Exited { .. }).then(|| exec_row(run_id, r)),
