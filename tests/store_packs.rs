@@ -1,9 +1,10 @@
 //! The store's packs from outside: a store an older troupe wrote (an
 //! execution a row) reads as before, and its rows stay beneath the packs
 //! a resume adds; a run's executions are read a pass at a time, in the
-//! order stored, the passes agreeing inside a snapshot; a damaged pack is refused with
-//! `Store/Corrupt` and where it is damaged, by the library's every reader
-//! and by `troupe runs show`, never half read and never a panic.
+//! order stored, the passes agreeing inside a snapshot; a damaged pack
+//! is refused with `Store/Corrupt` and where it is damaged, by the
+//! library's every reader and by `troupe runs show`, never half read and
+//! never a panic.
 
 // Test code: a failed unwrap is a failed test with its location.
 #![allow(clippy::unwrap_used)]
