@@ -282,14 +282,7 @@ fn a_store_of_the_first_schema_reads_as_before_and_a_resume_adds_packs_to_its_ro
     let writer = StoreWriter::start(&path).unwrap();
     let ledger = writer.ledger();
     for (i, v) in [(2, "again 2"), (3, "again 3"), (0, "replayed")] {
-        let (tx, rx) = mpsc::channel();
-        ledger.persist(
-            exit("old", i, json!({ "v": v })),
-            Some(Box::new(move |answer| {
-                let _ = tx.send(answer);
-            })),
-        );
-        rx.recv().unwrap().unwrap();
+        stored_exit(&ledger, exit("old", i, json!({ "v": v })));
     }
     writer.finish().unwrap();
     assert_eq!(
@@ -305,6 +298,18 @@ fn a_store_of_the_first_schema_reads_as_before_and_a_resume_adds_packs_to_its_ro
     assert_eq!(*kept["old/worker#0/1"].parsed(), json!({"v": 0}));
     assert_eq!(*kept["old/worker#2/1"].parsed(), json!({"v": "again 2"}));
     assert_eq!(*kept["old/worker#3/1"].parsed(), json!({"v": "again 3"}));
+}
+
+/// Hands `record` to the writer and waits until it is committed.
+fn stored_exit(ledger: &impl Ledger, record: ExitRecord) {
+    let (tx, rx) = mpsc::channel();
+    ledger.persist(
+        record,
+        Some(Box::new(move |answer| {
+            let _ = tx.send(answer);
+        })),
+    );
+    rx.recv().unwrap().unwrap();
 }
 
 /// Sibling `i` of `run` exited ok with `parsed`.
@@ -356,14 +361,7 @@ fn stored_run(path: &Path, n: usize) -> Store {
     let writer = StoreWriter::start(path).unwrap();
     let ledger = writer.ledger();
     for i in 0..n {
-        let (tx, rx) = mpsc::channel();
-        ledger.persist(
-            exit("r", i, json!({ "item": i })),
-            Some(Box::new(move |answer| {
-                let _ = tx.send(answer);
-            })),
-        );
-        rx.recv().unwrap().unwrap();
+        stored_exit(&ledger, exit("r", i, json!({ "item": i })));
     }
     writer.finish().unwrap();
     store
@@ -383,14 +381,7 @@ fn executions_are_read_in_passes_in_the_order_stored_and_a_snapshot_holds_still(
     let persist = |i: usize, ended_ms: u64| {
         let mut record = exit("r", i, json!({ "item": i }));
         record.exited_at = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ended_ms);
-        let (tx, rx) = mpsc::channel();
-        ledger.persist(
-            record,
-            Some(Box::new(move |answer| {
-                let _ = tx.send(answer);
-            })),
-        );
-        rx.recv().unwrap().unwrap();
+        stored_exit(&ledger, record);
     };
     // Stored in index order, each ending (by its clock) before the last.
     for i in 0..5 {
