@@ -1,7 +1,7 @@
 //! The store's packs from outside: a store an older troupe wrote (an
 //! execution a row) reads as before, and its rows stay beneath the packs
 //! a resume adds; a run's executions are read a pass at a time, in the
-//! order stored, the passes agreeing inside a snapshot; a damaged pack
+//! order stored, each record found again by its place; a damaged pack
 //! is refused with `Store/Corrupt` and where it is damaged, by the
 //! library's every reader and by `troupe runs show`, never half read and
 //! never a panic.
@@ -368,11 +368,13 @@ fn stored_run(path: &Path, n: usize) -> Store {
 }
 
 /// `runs show` reads a run's executions a pass at a time: which records
-/// stand, then each pass in the order they were stored. The passes agree
-/// with each other inside a snapshot, whatever a running run writes
-/// meanwhile, and the order is the order stored, not sorted by time.
+/// stand, then each pass in the order they were stored (not sorted by
+/// time). No read transaction spans the passes (it would hold a running
+/// run's checkpoints back), so each record is found again by its place:
+/// records stored after the first pass are not passed on, one deleted
+/// since is skipped, and the others are the same records every pass.
 #[test]
-fn executions_are_read_in_passes_in_the_order_stored_and_a_snapshot_holds_still() {
+fn executions_are_read_in_passes_in_the_order_stored_each_found_by_its_place() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(".troupe/troupe.db");
     let store = stored_run(&path, 0);
@@ -394,9 +396,19 @@ fn executions_are_read_in_passes_in_the_order_stored_and_a_snapshot_holds_still(
     assert_eq!(ids(&store.executions("r", None, None).unwrap()), want);
 
     let reader = Store::open_read_only(&path).unwrap();
-    let snapshot = reader.snapshot().unwrap();
     let standing = reader.standing("r", None, None).unwrap();
     assert_eq!(standing.len(), 5);
+    let pass = || {
+        let mut seen = Vec::new();
+        reader
+            .each_standing("r", &standing, |r| {
+                seen.push(r.exec.to_owned());
+                true
+            })
+            .unwrap();
+        seen
+    };
+    let first = pass();
     // The run goes on: a new sibling, and sibling 1 recorded again; and
     // another process deletes the run's first pack (`runs rm` would take
     // them all).
@@ -409,25 +421,28 @@ fn executions_are_read_in_passes_in_the_order_stored_and_a_snapshot_holds_still(
             [],
         )
         .unwrap();
-    let mut passes = Vec::new();
-    for _ in 0..2 {
-        let mut seen = Vec::new();
-        reader
-            .each_standing("r", &standing, |r| seen.push(r.exec.to_owned()))
-            .unwrap();
-        passes.push(seen);
-    }
-    assert_eq!(passes[0], passes[1]);
     assert_eq!(
-        passes[0],
-        (0..5).map(|i| format!("worker#{i}/1")).collect::<Vec<_>>(),
-        "what the snapshot saw, nothing written after it"
+        first,
+        (0..5).map(|i| format!("worker#{i}/1")).collect::<Vec<_>>()
     );
-    drop(snapshot);
+    assert_eq!(
+        pass(),
+        (1..5).map(|i| format!("worker#{i}/1")).collect::<Vec<_>>(),
+        "sibling 0's pack gone; nothing stored since"
+    );
+    // A pass stops when it is told to.
+    let mut told = 0;
+    reader
+        .each_standing("r", &standing, |_| {
+            told += 1;
+            told < 2
+        })
+        .unwrap();
+    assert_eq!(told, 2);
     assert_eq!(
         reader.executions("r", None, None).unwrap().len(),
         5,
-        "after it: sibling 0's pack gone, sibling 5 added"
+        "read again: sibling 0's pack gone, sibling 5 added"
     );
     writer.finish().unwrap();
 }
@@ -567,6 +582,51 @@ fn runs_show_refuses_a_run_whose_pack_is_damaged_and_runs_lists_it_with_why() {
         warned.contains(&format!("warning: run {damaged}: Store/Corrupt")),
         "{warned}"
     );
+}
+
+/// A reader that stops reading (`runs show … | head`) ends `runs show`
+/// as it ends every listing: status 141, as if by SIGPIPE, no panic.
+#[test]
+fn runs_show_ends_quietly_when_its_reader_goes_away() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let project = Project::new();
+    let fanout = bundled("fanout");
+    let report = project.json(&[
+        "run",
+        fanout.to_str().unwrap(),
+        "--ctx",
+        "width=2000",
+        "--json",
+    ]);
+    let run_id = report["runId"].as_str().unwrap();
+    for args in [
+        vec!["runs", "show", run_id, "--json"],
+        vec!["runs", "show", run_id],
+    ] {
+        let mut child = project
+            .troupe()
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut head = [0u8; 64];
+        child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+        // The pipe's read end is closed here, far from the output's end.
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            (out.status.code(), out.status.signal()),
+            (Some(141), None),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 mod properties {

@@ -4,7 +4,8 @@
 //! written by the store's writer (`writer`), in batches.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -14,33 +15,41 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::error::StoreError;
-use super::pack::{self, End, Fold, Stored, unix_ms};
+use super::pack::{self, End, Fold, KeyHasher, Stored, unix_ms};
 use super::repair::LostExit;
 use super::rows::{Counts, ExecRow, RunRow};
 use super::schema;
 use crate::provider::Usage;
 use crate::runtime::result::{Kept, Verdict};
 
-/// Which of a run's stored records stand: their places in the order
-/// stored, ascending. See [`Store::standing`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Standing(Vec<u64>);
+/// Where a stored record is: a row of the first schema (one per
+/// execution), or a pack's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Row,
+    Packed { seq: i64, at: u32 },
+}
+
+/// Which of a run's stored records stand, one per execution. See
+/// [`Store::standing`].
+#[derive(Debug, Clone, Default)]
+pub struct Standing {
+    /// Executions whose standing record is their row.
+    rows: HashSet<Box<str>, BuildHasherDefault<KeyHasher>>,
+    /// The places of the others, ascending.
+    packed: Vec<(i64, u32)>,
+}
 
 impl Standing {
     /// Executions selected.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.rows.len() + self.packed.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
     }
 }
-
-/// See [`Store::snapshot`]; ends (rolls back: it wrote nothing) when
-/// dropped.
-#[derive(Debug)]
-pub struct Snapshot<'c>(#[allow(dead_code)] Option<rusqlite::Transaction<'c>>);
 
 /// A listed run's counts, or why they cannot be read.
 pub type Listed = Result<Counts, StoreError>;
@@ -382,45 +391,54 @@ impl Store {
             .collect())
     }
 
-    /// A run's rows of the first schema, as records.
-    fn each_row(&self, run_id: &str, each: &mut impl FnMut(&Stored<'_>)) -> Result<(), StoreError> {
+    /// A run's rows of the first schema, as records, until `each` says
+    /// stop; `ordered` by end time and id (for printing: the fold needs
+    /// no order, a row being what stood for its execution).
+    fn each_row(
+        &self,
+        run_id: &str,
+        ordered: bool,
+        mut each: impl FnMut(&Stored<'_>) -> bool,
+    ) -> Result<(), StoreError> {
         let mut stmt = self
             .conn
             .prepare_cached(&format!(
                 "SELECT exec, stage_id, sibling, visit, outcome, verdict, reason, attempts, \
                  cap_hit, phase, turn, tool_calls, prompt_tokens, completion_tokens, requests, \
-                 entered_at, ended_at, parsed, output FROM executions WHERE run = {RUN_KEY} \
-                 ORDER BY ended_at, exec"
+                 entered_at, ended_at, parsed, output FROM executions WHERE run = {RUN_KEY}{}",
+                if ordered {
+                    " ORDER BY ended_at, exec"
+                } else {
+                    ""
+                }
             ))
             .map_err(|e| self.err(&e))?;
         let mut rows = stmt.query([run_id]).map_err(|e| self.err(&e))?;
         while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
-            each(&row_record(r).map_err(|e| self.err(&e))?);
+            if !each(&row_record(r).map_err(|e| self.err(&e))?) {
+                break;
+            }
         }
         Ok(())
     }
 
-    /// Every record of a run in the order it was stored: the run's rows
-    /// of the first schema (written before packs, each what stood for its
-    /// execution), then its packs.
-    fn each_stored(
+    /// The records of a run's packs from pack `from` on, in the order
+    /// stored, with their places, until `each` says stop.
+    fn each_packed(
         &self,
         run_id: &str,
-        mut each: impl FnMut(&Stored<'_>),
+        from: i64,
+        mut each: impl FnMut(Place, &Stored<'_>) -> bool,
     ) -> Result<(), StoreError> {
-        if self.tables.rows {
-            self.each_row(run_id, &mut each)?;
-        }
-        if !self.tables.packs {
-            return Ok(());
-        }
         let mut stmt = self
             .conn
             .prepare_cached(&format!(
-                "SELECT seq, body FROM packs WHERE run = {RUN_KEY} ORDER BY seq"
+                "SELECT seq, body FROM packs WHERE run = {RUN_KEY} AND seq >= ?2 ORDER BY seq"
             ))
             .map_err(|e| self.err(&e))?;
-        let mut rows = stmt.query([run_id]).map_err(|e| self.err(&e))?;
+        let mut rows = stmt
+            .query(params![run_id, from])
+            .map_err(|e| self.err(&e))?;
         while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
             let seq: i64 = r.get(0).map_err(|e| self.err(&e))?;
             let corrupt = |detail: String| StoreError::Corrupt {
@@ -436,10 +454,36 @@ impl Store {
                     )));
                 }
             };
-            for record in pack::records(body) {
+            for (at, record) in pack::records(body).enumerate() {
                 let record = record.map_err(|damage| corrupt(damage.to_string()))?;
-                each(&record);
+                let at = u32::try_from(at).unwrap_or(u32::MAX);
+                if !each(Place::Packed { seq, at }, &record) {
+                    return Ok(());
+                }
             }
+        }
+        Ok(())
+    }
+
+    /// Every record of a run in the order it was stored, with its place:
+    /// the run's rows of the first schema (written before packs, each
+    /// what stood for its execution), then its packs.
+    fn each_stored(
+        &self,
+        run_id: &str,
+        mut each: impl FnMut(Place, &Stored<'_>),
+    ) -> Result<(), StoreError> {
+        if self.tables.rows {
+            self.each_row(run_id, false, |r| {
+                each(Place::Row, r);
+                true
+            })?;
+        }
+        if self.tables.packs {
+            self.each_packed(run_id, i64::MIN, |place, r| {
+                each(place, r);
+                true
+            })?;
         }
         Ok(())
     }
@@ -454,7 +498,7 @@ impl Store {
         keep: impl Fn(&Stored<'_>) -> T,
     ) -> Result<impl Iterator<Item = (Box<str>, T)>, StoreError> {
         let mut fold = Fold::default();
-        self.each_stored(run_id, |record| {
+        self.each_stored(run_id, |_, record| {
             if wanted(record) {
                 fold.add(record, &keep);
             }
@@ -494,19 +538,23 @@ impl Store {
         stage: Option<&str>,
         index: Option<u64>,
     ) -> Result<Vec<ExecRow>, StoreError> {
-        let _snapshot = self.snapshot()?;
         let standing = self.standing(run_id, stage, index)?;
         let mut rows = Vec::with_capacity(standing.len());
-        self.each_standing(run_id, &standing, |r| rows.push(exec_row(run_id, r)))?;
+        self.each_standing(run_id, &standing, |r| {
+            rows.push(exec_row(run_id, r));
+            true
+        })?;
         Ok(rows)
     }
 
     /// Which of a run's stored records stand, one per execution selected
     /// (of `stage`, and sibling `index`, when given): what
-    /// [`Store::each_standing`] passes on. Holds a number a record, so a
-    /// million-wide run is read a pass at a time in a few megabytes (read
-    /// whole, its executions took gigabytes). Read inside a
-    /// [`Store::snapshot`], so the passes see the same records.
+    /// [`Store::each_standing`] passes on. It holds a place per
+    /// execution, so a million-wide run is printed a pass at a time in a
+    /// few hundred megabytes (read whole, its executions took gigabytes).
+    /// No transaction spans the passes, so none keeps a long read open
+    /// against a running run's checkpoints: records stored after this
+    /// reading are not passed on, and one deleted since is skipped.
     pub fn standing(
         &self,
         run_id: &str,
@@ -514,48 +562,59 @@ impl Store {
         index: Option<u64>,
     ) -> Result<Standing, StoreError> {
         let mut fold = Fold::default();
-        let mut place = 0u64;
-        self.each_stored(run_id, |r| {
+        self.each_stored(run_id, |place, r| {
             if stage.is_none_or(|s| r.stage_id == s) && index.is_none_or(|i| r.index == Some(i)) {
                 fold.add(r, |_| place);
             }
-            place += 1;
         })?;
-        let mut places: Vec<u64> = fold.into_standing().map(|(_, place)| place).collect();
-        places.sort_unstable();
-        Ok(Standing(places))
+        let mut standing = Standing::default();
+        for (exec, place) in fold.into_standing() {
+            match place {
+                Place::Row => {
+                    standing.rows.insert(exec);
+                }
+                Place::Packed { seq, at } => standing.packed.push((seq, at)),
+            }
+        }
+        standing.packed.sort_unstable();
+        Ok(standing)
     }
 
-    /// Each standing record of `standing`, in the order stored.
+    /// Each standing record of `standing`, in the order stored (the first
+    /// schema's rows by end time and id), until `each` says stop.
     pub fn each_standing(
         &self,
         run_id: &str,
         standing: &Standing,
-        mut each: impl FnMut(&Stored<'_>),
+        mut each: impl FnMut(&Stored<'_>) -> bool,
     ) -> Result<(), StoreError> {
-        let mut next = standing.0.iter().copied().peekable();
-        let mut place = 0u64;
-        self.each_stored(run_id, |r| {
-            if next.peek() == Some(&place) {
-                next.next();
-                each(r);
-            }
-            place += 1;
-        })
-    }
-
-    /// A read transaction: until it is dropped, this connection's reads
-    /// see the store as it was at the first of them (WAL), whatever a
-    /// running run writes meanwhile.
-    /// Inside one already, it is that one's.
-    pub fn snapshot(&self) -> Result<Snapshot<'_>, StoreError> {
-        if !self.conn.is_autocommit() {
-            return Ok(Snapshot(None));
+        let mut going = true;
+        if !standing.rows.is_empty() {
+            self.each_row(run_id, true, |r| {
+                if standing.rows.contains(r.exec) {
+                    going = each(r);
+                }
+                going
+            })?;
         }
-        self.conn
-            .unchecked_transaction()
-            .map(|t| Snapshot(Some(t)))
-            .map_err(|e| self.err(&e))
+        let Some(&(first, _)) = standing.packed.first() else {
+            return Ok(());
+        };
+        if !going {
+            return Ok(());
+        }
+        let mut next = standing.packed.iter().peekable();
+        self.each_packed(run_id, first, |place, r| {
+            let Place::Packed { seq, at } = place else {
+                return true;
+            };
+            // Places passed without a record were deleted since.
+            while next.next_if(|&&p| p < (seq, at)).is_some() {}
+            if next.next_if_eq(&&(seq, at)).is_some() && !each(r) {
+                return false;
+            }
+            next.peek().is_some()
+        })
     }
 
     /// The results of a run's exited executions by `stageExecutionId`,

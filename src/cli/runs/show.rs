@@ -64,26 +64,27 @@ struct Shown<'s> {
 }
 
 impl Shown<'_> {
-    /// Each standing record that `wanted` selects, in the order stored.
+    /// Each standing record that `wanted` selects, in the order stored,
+    /// until `each` says stop.
     fn each(
         &self,
         wanted: impl Fn(&Stored<'_>) -> bool,
-        mut each: impl FnMut(&Stored<'_>),
+        mut each: impl FnMut(&Stored<'_>) -> bool,
     ) -> Result<(), StoreError> {
-        self.store.each_standing(&self.run.id, &self.standing, |r| {
-            if wanted(r) {
-                each(r);
-            }
-        })
+        self.store
+            .each_standing(&self.run.id, &self.standing, |r| !wanted(r) || each(r))
     }
 
     fn figures(&self) -> Result<BTreeMap<String, StageFigures>, StoreError> {
         let mut figures: BTreeMap<String, StageFigures> = BTreeMap::new();
         self.each(
             |_| true,
-            |r| match figures.get_mut(r.stage_id) {
-                Some(f) => f.add(r),
-                None => figures.entry(r.stage_id.to_owned()).or_default().add(r),
+            |r| {
+                match figures.get_mut(r.stage_id) {
+                    Some(f) => f.add(r),
+                    None => figures.entry(r.stage_id.to_owned()).or_default().add(r),
+                }
+                true
             },
         )?;
         Ok(figures)
@@ -115,8 +116,6 @@ pub(super) fn show(
             }
         },
     };
-    // Every pass reads the store as the first one found it.
-    let _snapshot = store.snapshot()?;
     let standing = store.standing(&run.id, stage_id, index)?;
     let shown = Shown {
         store: &store,
@@ -132,8 +131,9 @@ pub(super) fn show(
     };
     match written.and_then(|()| out.flush().map_err(Failed::Io)) {
         Ok(()) => Ok(Exit::Ok),
-        // A reader that went away (`| head`) wanted no more.
-        Err(Failed::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Exit::Ok),
+        // A reader that went away (`| head`) wanted no more: status 141,
+        // as every listing ends then (`quiet_broken_pipe`).
+        Err(Failed::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
         Err(Failed::Io(e)) => Err(StoreError::Io {
             path: "stdout".into(),
             detail: e.to_string(),
@@ -181,11 +181,10 @@ fn write_json(
             let read = self.shown.each(
                 |_| true,
                 |r| {
-                    if error.is_none() {
-                        error = seq
-                            .serialize_element(&exec_row(&self.shown.run.id, r))
-                            .err();
-                    }
+                    error = seq
+                        .serialize_element(&exec_row(&self.shown.run.id, r))
+                        .err();
+                    error.is_none()
                 },
             );
             if let Some(e) = error {
@@ -310,10 +309,11 @@ fn write_text(
     let total = |f: fn(&StageFigures) -> u64| figures.values().map(f).sum::<u64>();
     // Each list is a pass of its own; the first write error ends them.
     let mut failed: Option<std::io::Error> = None;
-    let mut line = |out: &mut dyn Write, text: std::fmt::Arguments<'_>| {
+    let mut line = |out: &mut dyn Write, text: std::fmt::Arguments<'_>| -> bool {
         if failed.is_none() {
             failed = writeln!(out, "{text}").err();
         }
+        failed.is_none()
     };
     if total(|f| f.cancelled) > 0 {
         line(out, format_args!("\ncancelled:"));
@@ -327,7 +327,7 @@ fn write_text(
                     tool_calls,
                 } = r.end
                 else {
-                    return;
+                    return true;
                 };
                 let calls = serde_json::from_str::<Value>(tool_calls)
                     .ok()
@@ -349,7 +349,7 @@ fn write_text(
                         r.usage.requests,
                         r.usage.prompt_tokens + r.usage.completion_tokens,
                     ),
-                );
+                )
             },
         )?;
     }
@@ -367,12 +367,12 @@ fn write_text(
             },
             |r| {
                 let End::Exited { reason, .. } = r.end else {
-                    return;
+                    return true;
                 };
                 line(
                     out,
                     format_args!("  {}  {}", label(r), reason.unwrap_or("")),
-                );
+                )
             },
         )?;
     }
@@ -385,7 +385,7 @@ fn write_text(
                     verdict, parsed, ..
                 } = r.end
                 else {
-                    return;
+                    return true;
                 };
                 // As the JSON reads it back: compact, or `null` when the
                 // stored text is no JSON.
@@ -394,7 +394,7 @@ fn write_text(
                 line(
                     out,
                     format_args!("  {:<16} {:<7} {parsed}", label(r), verdict.as_str()),
-                );
+                )
             },
         )?;
     }
