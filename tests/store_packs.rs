@@ -447,6 +447,64 @@ fn executions_are_read_in_passes_in_the_order_stored_each_found_by_its_place() {
     writer.finish().unwrap();
 }
 
+/// What `runs show` prints may wait on its reader (stdout into `less`)
+/// for as long as the reader likes: meanwhile no read may stay open on
+/// the store, or a running run's checkpoints could not get past it.
+#[test]
+fn no_read_stays_open_on_the_store_while_a_pass_waits_on_its_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(".troupe/troupe.db");
+    // 40 commits, 40 packs: more than a pass reads at once.
+    drop(stored_run(&path, 40));
+    // And rows of the first schema, of another run.
+    let raw = Connection::open(&path).unwrap();
+    raw.execute_batch(
+        "INSERT INTO runs (key, id, pipeline_id, pipeline_dir, digest, ctx, cap, run_dir, \
+         status, started_at) VALUES (99, 'old', 'fanout', '.', 'sha256:00', '{}', 4, '.', \
+         'failed', 1);
+         INSERT INTO executions (run, exec, stage_id, visit, outcome, verdict, attempts, \
+         prompt_tokens, completion_tokens, requests, ended_at, parsed) VALUES \
+         (99, 'worker#0/1', 'worker', 1, 'exited', 'ok', 1, 0, 0, 1, 5, '{}'), \
+         (99, 'worker#1/1', 'worker', 1, 'exited', 'ok', 1, 0, 0, 1, 4, '{}');",
+    )
+    .unwrap();
+    let reader = Store::open_read_only(&path).unwrap();
+    let checkpoint_blocked = || -> i64 {
+        // Something in the log to copy back, then a checkpoint that must
+        // get past every reader to truncate it.
+        raw.execute("UPDATE runs SET reason = 'x' WHERE key = 99", [])
+            .unwrap();
+        raw.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+            .unwrap()
+    };
+    for run in ["r", "old"] {
+        let standing = reader.standing(run, None, None).unwrap();
+        let mut seen = Vec::new();
+        reader
+            .each_standing(run, &standing, |r| {
+                seen.push((r.exec.to_owned(), checkpoint_blocked()));
+                true
+            })
+            .unwrap();
+        assert_eq!(seen.len(), standing.len(), "{run}");
+        assert!(
+            seen.iter().all(|(_, blocked)| *blocked == 0),
+            "{run}: {seen:?}"
+        );
+    }
+    let order: Vec<String> = reader
+        .executions("old", None, None)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.stage_execution_id)
+        .collect();
+    assert_eq!(
+        order,
+        ["old/worker#1/1", "old/worker#0/1"],
+        "rows by end time"
+    );
+}
+
 /// Stores of schema 2 written before the first schema's table was kept
 /// (6011cd6 dropped it) read the same.
 #[test]

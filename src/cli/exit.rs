@@ -21,6 +21,9 @@ pub enum Exit {
     CannotExecute,
     /// 127: the hidden `sandbox-exec` found no such command.
     CommandNotFound,
+    /// 141: the reader of what a command prints went away (`| head`), as
+    /// if by SIGPIPE.
+    ReaderGone,
 }
 
 impl Exit {
@@ -34,6 +37,7 @@ impl Exit {
             Exit::HungUp => 129,
             Exit::CannotExecute => 126,
             Exit::CommandNotFound => 127,
+            Exit::ReaderGone => 141,
         }
     }
 }

@@ -4,8 +4,7 @@
 //! written by the store's writer (`writer`), in batches.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasherDefault;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,7 +14,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::error::StoreError;
-use super::pack::{self, End, Fold, KeyHasher, Stored, unix_ms};
+use super::pack::{self, End, Fold, Stored, unix_ms};
 use super::repair::LostExit;
 use super::rows::{Counts, ExecRow, RunRow};
 use super::schema;
@@ -26,16 +25,23 @@ use crate::runtime::result::{Kept, Verdict};
 /// execution), or a pack's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
-    Row,
-    Packed { seq: i64, at: u32 },
+    /// Its end time: rows print in the order of end time and id.
+    Row {
+        ended_at: i64,
+    },
+    Packed {
+        seq: i64,
+        at: u32,
+    },
 }
 
 /// Which of a run's stored records stand, one per execution. See
 /// [`Store::standing`].
 #[derive(Debug, Clone, Default)]
 pub struct Standing {
-    /// Executions whose standing record is their row.
-    rows: HashSet<Box<str>, BuildHasherDefault<KeyHasher>>,
+    /// Executions whose standing record is their row, by end time and
+    /// id (as the first schema's reader sorted them).
+    rows: Vec<(i64, Box<str>)>,
     /// The places of the others, ascending.
     packed: Vec<(i64, u32)>,
 }
@@ -92,6 +98,12 @@ impl Tables {
 const RUN_COLUMNS: &str = "id, pipeline_id, pipeline_dir, digest, ctx, cap, run_dir, status, \
                            reason, started_at, ended_at, summary, sessions";
 
+/// A first-schema row's columns, as [`row_record`] reads them.
+const ROW_COLUMNS: &str = "exec, stage_id, sibling, visit, outcome, verdict, reason, attempts, \
+    cap_hit, phase, turn, tool_calls, prompt_tokens, completion_tokens, requests, entered_at, \
+    ended_at, parsed, output";
+const ROW_COLUMN_COUNT: usize = 19;
+
 /// The run's key in `packs`, from its id.
 const RUN_KEY: &str = "(SELECT key FROM runs WHERE id = ?1)";
 
@@ -120,15 +132,17 @@ fn run_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
 /// A row of the first schema's `executions` as a record, read leniently:
 /// a column of another type than troupe wrote reads as absent (a number
 /// as 0), text that is not UTF-8 as empty.
-fn row_record<'r>(r: &'r Row<'_>) -> rusqlite::Result<Stored<'r>> {
+fn row_record<'r>(
+    get: impl Fn(usize) -> rusqlite::Result<ValueRef<'r>>,
+) -> rusqlite::Result<Stored<'r>> {
     let text = |i: usize| -> rusqlite::Result<Option<&'r str>> {
-        Ok(match r.get_ref(i)? {
+        Ok(match get(i)? {
             ValueRef::Text(t) | ValueRef::Blob(t) => Some(std::str::from_utf8(t).unwrap_or("")),
             _ => None,
         })
     };
     let number = |i: usize| -> rusqlite::Result<Option<i64>> {
-        Ok(match r.get_ref(i)? {
+        Ok(match get(i)? {
             ValueRef::Integer(n) => Some(n),
             ValueRef::Real(x) => Some(x as i64),
             ValueRef::Text(t) => std::str::from_utf8(t)
@@ -391,78 +405,108 @@ impl Store {
             .collect())
     }
 
-    /// A run's rows of the first schema, as records, until `each` says
-    /// stop; `ordered` by end time and id (for printing: the fold needs
-    /// no order, a row being what stood for its execution).
-    fn each_row(
-        &self,
-        run_id: &str,
-        ordered: bool,
-        mut each: impl FnMut(&Stored<'_>) -> bool,
-    ) -> Result<(), StoreError> {
+    /// A run's rows of the first schema, as records, in no order (a row
+    /// was what stood for its execution).
+    fn each_row(&self, run_id: &str, mut each: impl FnMut(&Stored<'_>)) -> Result<(), StoreError> {
         let mut stmt = self
             .conn
             .prepare_cached(&format!(
-                "SELECT exec, stage_id, sibling, visit, outcome, verdict, reason, attempts, \
-                 cap_hit, phase, turn, tool_calls, prompt_tokens, completion_tokens, requests, \
-                 entered_at, ended_at, parsed, output FROM executions WHERE run = {RUN_KEY}{}",
-                if ordered {
-                    " ORDER BY ended_at, exec"
-                } else {
-                    ""
-                }
+                "SELECT {ROW_COLUMNS} FROM executions WHERE run = {RUN_KEY}"
             ))
             .map_err(|e| self.err(&e))?;
         let mut rows = stmt.query([run_id]).map_err(|e| self.err(&e))?;
         while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
-            if !each(&row_record(r).map_err(|e| self.err(&e))?) {
-                break;
-            }
+            each(&row_record(|i| r.get_ref(i)).map_err(|e| self.err(&e))?);
         }
         Ok(())
     }
 
+    /// The row of one execution (`exec`, without the run's id), read
+    /// whole and let go of before `each` sees it: a reader that waits
+    /// (stdout into `less`) must not hold a read open on the store.
+    fn one_row(
+        &self,
+        run_id: &str,
+        exec: &str,
+        each: impl FnOnce(&Stored<'_>) -> bool,
+    ) -> Result<bool, StoreError> {
+        let values: Option<Vec<rusqlite::types::Value>> = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {ROW_COLUMNS} FROM executions WHERE run = {RUN_KEY} AND exec = ?2"
+            ))
+            .and_then(|mut stmt| {
+                stmt.query_row(params![run_id, exec], |r| {
+                    (0..ROW_COLUMN_COUNT).map(|i| r.get(i)).collect()
+                })
+                .optional()
+            })
+            .map_err(|e| self.err(&e))?;
+        let Some(values) = values else {
+            // Deleted since.
+            return Ok(true);
+        };
+        let record = row_record(|i| Ok(values.get(i).map_or(ValueRef::Null, ValueRef::from)))
+            .map_err(|e| self.err(&e))?;
+        Ok(each(&record))
+    }
+
     /// The records of a run's packs from pack `from` on, in the order
-    /// stored, with their places, until `each` says stop.
+    /// stored, with their places, until `each` says stop. Packs are read
+    /// a few at a time and copied out, so no read stays open on the
+    /// store while `each` runs.
     fn each_packed(
         &self,
         run_id: &str,
         from: i64,
         mut each: impl FnMut(Place, &Stored<'_>) -> bool,
     ) -> Result<(), StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT seq, body FROM packs WHERE run = {RUN_KEY} AND seq >= ?2 ORDER BY seq"
-            ))
-            .map_err(|e| self.err(&e))?;
-        let mut rows = stmt
-            .query(params![run_id, from])
-            .map_err(|e| self.err(&e))?;
-        while let Some(r) = rows.next().map_err(|e| self.err(&e))? {
-            let seq: i64 = r.get(0).map_err(|e| self.err(&e))?;
-            let corrupt = |detail: String| StoreError::Corrupt {
-                path: self.path.clone(),
-                detail: format!("pack {seq} of run {run_id} is damaged {detail}"),
+        /// Packs read at once: most are a few kilobytes.
+        const AT_ONCE: i64 = 32;
+        let mut from = from;
+        loop {
+            let packs: Vec<(i64, Result<Vec<u8>, String>)> = self
+                .conn
+                .prepare_cached(&format!(
+                    "SELECT seq, body FROM packs WHERE run = {RUN_KEY} AND seq >= ?2 \
+                     ORDER BY seq LIMIT ?3"
+                ))
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![run_id, from, AT_ONCE], |r| {
+                        let body = match r.get_ref(1)? {
+                            ValueRef::Blob(bytes) | ValueRef::Text(bytes) => Ok(bytes.to_vec()),
+                            other => Err(format!(
+                                "at byte 0: it holds {:?}, not bytes",
+                                other.data_type()
+                            )),
+                        };
+                        Ok((r.get(0)?, body))
+                    })?
+                    .collect()
+                })
+                .map_err(|e| self.err(&e))?;
+            let Some(&(last, _)) = packs.last() else {
+                return Ok(());
             };
-            let body = match r.get_ref(1).map_err(|e| self.err(&e))? {
-                ValueRef::Blob(bytes) | ValueRef::Text(bytes) => bytes,
-                other => {
-                    return Err(corrupt(format!(
-                        "at byte 0: it holds {:?}, not bytes",
-                        other.data_type()
-                    )));
-                }
-            };
-            for (at, record) in pack::records(body).enumerate() {
-                let record = record.map_err(|damage| corrupt(damage.to_string()))?;
-                let at = u32::try_from(at).unwrap_or(u32::MAX);
-                if !each(Place::Packed { seq, at }, &record) {
-                    return Ok(());
+            for (seq, body) in &packs {
+                let corrupt = |detail: String| StoreError::Corrupt {
+                    path: self.path.clone(),
+                    detail: format!("pack {seq} of run {run_id} is damaged {detail}"),
+                };
+                let body = body.as_ref().map_err(|d| corrupt(d.clone()))?;
+                for (at, record) in pack::records(body).enumerate() {
+                    let record = record.map_err(|damage| corrupt(damage.to_string()))?;
+                    let at = u32::try_from(at).unwrap_or(u32::MAX);
+                    if !each(Place::Packed { seq: *seq, at }, &record) {
+                        return Ok(());
+                    }
                 }
             }
+            if (packs.len() as i64) < AT_ONCE {
+                return Ok(());
+            }
+            from = last + 1;
         }
-        Ok(())
     }
 
     /// Every record of a run in the order it was stored, with its place:
@@ -474,9 +518,13 @@ impl Store {
         mut each: impl FnMut(Place, &Stored<'_>),
     ) -> Result<(), StoreError> {
         if self.tables.rows {
-            self.each_row(run_id, false, |r| {
-                each(Place::Row, r);
-                true
+            self.each_row(run_id, |r| {
+                each(
+                    Place::Row {
+                        ended_at: r.ended_at,
+                    },
+                    r,
+                );
             })?;
         }
         if self.tables.packs {
@@ -570,12 +618,11 @@ impl Store {
         let mut standing = Standing::default();
         for (exec, place) in fold.into_standing() {
             match place {
-                Place::Row => {
-                    standing.rows.insert(exec);
-                }
+                Place::Row { ended_at } => standing.rows.push((ended_at, exec)),
                 Place::Packed { seq, at } => standing.packed.push((seq, at)),
             }
         }
+        standing.rows.sort_unstable();
         standing.packed.sort_unstable();
         Ok(standing)
     }
@@ -588,21 +635,14 @@ impl Store {
         standing: &Standing,
         mut each: impl FnMut(&Stored<'_>) -> bool,
     ) -> Result<(), StoreError> {
-        let mut going = true;
-        if !standing.rows.is_empty() {
-            self.each_row(run_id, true, |r| {
-                if standing.rows.contains(r.exec) {
-                    going = each(r);
-                }
-                going
-            })?;
+        for (_, exec) in &standing.rows {
+            if !self.one_row(run_id, exec, &mut each)? {
+                return Ok(());
+            }
         }
         let Some(&(first, _)) = standing.packed.first() else {
             return Ok(());
         };
-        if !going {
-            return Ok(());
-        }
         let mut next = standing.packed.iter().peekable();
         self.each_packed(run_id, first, |place, r| {
             let Place::Packed { seq, at } = place else {

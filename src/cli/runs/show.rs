@@ -133,7 +133,7 @@ pub(super) fn show(
         Ok(()) => Ok(Exit::Ok),
         // A reader that went away (`| head`) wanted no more: status 141,
         // as every listing ends then (`quiet_broken_pipe`).
-        Err(Failed::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+        Err(Failed::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Exit::ReaderGone),
         Err(Failed::Io(e)) => Err(StoreError::Io {
             path: "stdout".into(),
             detail: e.to_string(),
@@ -308,14 +308,16 @@ fn write_text(
     }
     let total = |f: fn(&StageFigures) -> u64| figures.values().map(f).sum::<u64>();
     // Each list is a pass of its own; the first write error ends them.
-    let mut failed: Option<std::io::Error> = None;
-    let mut line = |out: &mut dyn Write, text: std::fmt::Arguments<'_>| -> bool {
+    let failed: std::cell::RefCell<Option<std::io::Error>> = std::cell::RefCell::default();
+    let line = |out: &mut dyn Write, text: std::fmt::Arguments<'_>| -> bool {
+        let mut failed = failed.borrow_mut();
         if failed.is_none() {
-            failed = writeln!(out, "{text}").err();
+            *failed = writeln!(out, "{text}").err();
         }
         failed.is_none()
     };
-    if total(|f| f.cancelled) > 0 {
+    let going = || failed.borrow().is_none();
+    if total(|f| f.cancelled) > 0 && going() {
         line(out, format_args!("\ncancelled:"));
         shown.each(
             |r| matches!(r.end, End::Cancelled { .. }),
@@ -353,7 +355,7 @@ fn write_text(
             },
         )?;
     }
-    if total(|f| f.failed) > 0 {
+    if total(|f| f.failed) > 0 && going() {
         line(out, format_args!("\nfailed:"));
         shown.each(
             |r| {
@@ -376,7 +378,7 @@ fn write_text(
             },
         )?;
     }
-    if total(|f| f.ok + f.failed + f.skipped) > 0 {
+    if total(|f| f.ok + f.failed + f.skipped) > 0 && going() {
         line(out, format_args!("\nresults:"));
         shown.each(
             |r| matches!(r.end, End::Exited { .. }),
@@ -398,7 +400,7 @@ fn write_text(
             },
         )?;
     }
-    match failed {
+    match failed.into_inner() {
         Some(e) => Err(Failed::Io(e)),
         None => Ok(()),
     }
