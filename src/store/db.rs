@@ -4,7 +4,8 @@
 //! written by the store's writer (`writer`), in batches.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -14,7 +15,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::error::StoreError;
-use super::pack::{self, End, Fold, Stored, unix_ms};
+use super::pack::{self, End, Fold, KeyHasher, Stored, unix_ms};
 use super::repair::LostExit;
 use super::rows::{Counts, ExecRow, RunRow};
 use super::schema;
@@ -555,7 +556,44 @@ impl Store {
     }
 
     /// Executions of a run by outcome.
+    ///
+    /// A run whose every execution has one record (a run of one session,
+    /// as most are) is counted record by record, remembering only a hash
+    /// of each execution's key; the first hash seen twice (an execution
+    /// recorded again, or two keys that hash alike) sends the count to
+    /// the fold, which keeps each key. Listing a million-wide run took
+    /// 134 MB and 0.49 s through the fold alone.
     pub fn counts(&self, run_id: &str) -> Result<Counts, StoreError> {
+        let keys = BuildHasherDefault::<KeyHasher>::default();
+        let mut seen: HashSet<u64, BuildHasherDefault<KeyHasher>> = HashSet::default();
+        let mut counts = Counts::default();
+        let mut once = true;
+        self.each_stored(run_id, |_, r| {
+            once = once && seen.insert(keys.hash_one(r.exec));
+            match r.end {
+                End::Exited {
+                    verdict: Verdict::Ok,
+                    ..
+                } => counts.ok += 1,
+                End::Exited {
+                    verdict: Verdict::Skipped,
+                    ..
+                } => counts.skipped += 1,
+                End::Exited {
+                    verdict: Verdict::Fail,
+                    ..
+                } => counts.failed += 1,
+                End::Cancelled { .. } => counts.cancelled += 1,
+            }
+        })?;
+        if once {
+            return Ok(counts);
+        }
+        self.folded_counts(run_id)
+    }
+
+    /// [`Store::counts`] through the fold.
+    fn folded_counts(&self, run_id: &str) -> Result<Counts, StoreError> {
         let mut counts = Counts::default();
         let ends = self.folded(
             run_id,
