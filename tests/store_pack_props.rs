@@ -194,8 +194,15 @@ proptest! {
         first_schema::first_schema_store(&path);
         let raw = rusqlite::Connection::open(&path).unwrap();
         for (n, row) in rows.iter().enumerate() {
-            // The key stays a key; every other column is anything.
-            let mut values = vec![rusqlite::types::Value::Text(format!("odd#{n}/1"))];
+            // The key stays a key (as text, or as the same bytes in a
+            // BLOB); every other column is anything.
+            let key = format!("odd#{n}/1");
+            let key = if n % 2 == 0 {
+                rusqlite::types::Value::Text(key)
+            } else {
+                rusqlite::types::Value::Blob(key.into_bytes())
+            };
+            let mut values = vec![key];
             values.extend(row.iter().cloned());
             let _ = raw.execute(
                 "INSERT INTO executions (exec, stage_id, sibling, visit, outcome, verdict, \
