@@ -10,6 +10,7 @@ pub mod digest;
 pub mod error;
 pub mod lock;
 pub mod pack;
+pub mod records;
 pub mod repair;
 pub mod rows;
 pub mod schema;

@@ -15,20 +15,6 @@ use common::project::{Project, bundled, said};
 use serde_json::{Value, json};
 use troupe::store::RunLock;
 
-/// Runs `stages/fanout` at `width` to its end; its `--json` report.
-fn run_fanout(project: &Project, width: u32) -> Value {
-    let fanout = bundled("fanout");
-    let report = project.json(&[
-        "run",
-        fanout.to_str().unwrap(),
-        "--ctx",
-        &format!("width={width}"),
-        "--json",
-    ]);
-    assert_eq!(report["status"], "ok", "{report}");
-    report
-}
-
 fn stdout(project: &Project, args: &[&str]) -> String {
     let out = project.output(args);
     assert_eq!(
@@ -68,7 +54,7 @@ fn set(project: &Project, run_id: &str, assignment: &str) {
 #[test]
 fn run_json_carries_every_stage_result() {
     let project = Project::new();
-    let report = run_fanout(&project, 4);
+    let report = project.fanout(4);
     let run_id = report["runId"].as_str().unwrap();
     let results = report["results"].as_array().unwrap();
     // One per StageExited of the log, with its verdict.
@@ -102,7 +88,7 @@ fn runs_lists_shows_and_exports_a_run() {
     assert!(stdout(&project, &["runs"]).starts_with("no runs yet"));
     assert_eq!(project.json(&["runs", "--json"]), json!({"runs": []}));
 
-    let report = run_fanout(&project, 4);
+    let report = project.fanout(4);
     let run_id = report["runId"].as_str().unwrap();
 
     // The list, as text: one row with the run's figures.
@@ -218,12 +204,7 @@ fn runs_lists_shows_and_exports_a_run() {
 fn rm_and_gc_delete_rows_and_folders_but_never_a_held_run() {
     let project = Project::new();
     let ids: Vec<String> = (0..3)
-        .map(|_| {
-            run_fanout(&project, 2)["runId"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
+        .map(|_| project.fanout(2)["runId"].as_str().unwrap().to_owned())
         .collect();
     let (old, removed, held) = (&ids[0], &ids[1], &ids[2]);
     let exists = |id: &str| project.run_dir(id).is_dir();
@@ -289,7 +270,7 @@ fn rm_and_gc_delete_rows_and_folders_but_never_a_held_run() {
 #[test]
 fn runs_tail_prints_the_last_lines_and_follows_a_live_run_to_its_end() {
     let project = Project::new();
-    let done = run_fanout(&project, 6);
+    let done = project.fanout(6);
     let id = done["runId"].as_str().unwrap();
     let log = project.audit_text(id);
     let last3: Vec<&str> = log.lines().rev().take(3).collect::<Vec<_>>();
@@ -338,7 +319,7 @@ fn runs_tail_prints_the_last_lines_and_follows_a_live_run_to_its_end() {
 #[test]
 fn runs_tail_of_a_log_of_many_segments_gives_the_logs_last_lines() {
     let project = Project::new();
-    let done = run_fanout(&project, 4000);
+    let done = project.fanout(4000);
     let id = done["runId"].as_str().unwrap();
     let log = project.audit_text(id);
     let all: Vec<&str> = log.lines().collect();
@@ -389,7 +370,7 @@ fn export_and_tail_read_a_run_kept_without_a_store() {
 #[test]
 fn a_foreign_newer_or_damaged_compact_log_is_a_typed_error() {
     let project = Project::new();
-    let done = run_fanout(&project, 4);
+    let done = project.fanout(4);
     let id = done["runId"].as_str().unwrap();
     let audit = project.audit_path(id);
     let good = std::fs::read(&audit).unwrap();

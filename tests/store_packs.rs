@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::SystemTime;
 
-use common::project::{Project, bundled};
+use common::project::Project;
 use first_schema::first_schema_store;
 use rusqlite::{Connection, params};
 use serde_json::{Value, json};
@@ -445,20 +445,9 @@ fn a_damaged_pack_is_refused_with_where_by_every_reader() {
 #[test]
 fn runs_show_refuses_a_run_whose_pack_is_damaged_and_runs_lists_it_with_why() {
     let project = Project::new();
-    let fanout = bundled("fanout");
-    let run = |width: &str| -> String {
-        let report = project.json(&[
-            "run",
-            fanout.to_str().unwrap(),
-            "--ctx",
-            &format!("width={width}"),
-            "--json",
-        ]);
-        assert_eq!(report["status"], "ok", "{report}");
-        report["runId"].as_str().unwrap().to_owned()
-    };
-    let damaged = run("3");
-    let sound = run("2");
+    let run = |width| project.fanout(width)["runId"].as_str().unwrap().to_owned();
+    let damaged = run(3);
+    let sound = run(2);
     let shown = project.json(&["runs", "show", &damaged, "--json"]);
     assert_eq!(shown["executions"].as_array().unwrap().len(), 5, "{shown}");
 
@@ -506,14 +495,7 @@ fn runs_show_ends_quietly_when_its_reader_goes_away() {
     use std::io::Read;
     use std::os::unix::process::ExitStatusExt;
     let project = Project::new();
-    let fanout = bundled("fanout");
-    let report = project.json(&[
-        "run",
-        fanout.to_str().unwrap(),
-        "--ctx",
-        "width=2000",
-        "--json",
-    ]);
+    let report = project.fanout(2000);
     let run_id = report["runId"].as_str().unwrap();
     for args in [
         vec!["runs", "show", run_id, "--json"],

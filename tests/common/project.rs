@@ -77,6 +77,21 @@ impl Project {
             .unwrap_or_else(|e| panic!("troupe {args:?} printed no JSON ({e}): {}", said(&out)))
     }
 
+    /// Runs the bundled `stages/fanout` `width` wide (offline) to its
+    /// end, which must be ok; its `--json` report.
+    pub fn fanout(&self, width: u32) -> Value {
+        let fanout = bundled("fanout");
+        let report = self.json(&[
+            "run",
+            fanout.to_str().expect("a UTF-8 path"),
+            "--ctx",
+            &format!("width={width}"),
+            "--json",
+        ]);
+        assert_eq!(report["status"], "ok", "{report}");
+        report
+    }
+
     /// Starts `troupe <args>` (which should include `--events -`).
     pub fn spawn(&self, args: &[&str]) -> Running {
         let stderr = tempfile::tempfile().expect("temp file");

@@ -19,8 +19,8 @@ use crate::auditlog;
 use crate::cli::Exit;
 use crate::provider::Usage;
 use crate::runtime::result::Verdict;
-use crate::store::db::{Standing, exec_row};
 use crate::store::pack::{End, Stored};
+use crate::store::records::{Standing, exec_row};
 use crate::store::{RunRow, Store, StoreError};
 
 /// Per-stage figures of a run, from its executions.
