@@ -61,7 +61,6 @@ impl Standing {
 const ROW_COLUMNS: &str = "exec, stage_id, sibling, visit, outcome, verdict, reason, attempts, \
     cap_hit, phase, turn, tool_calls, prompt_tokens, completion_tokens, requests, entered_at, \
     ended_at, parsed, output";
-const ROW_COLUMN_COUNT: usize = 19;
 
 /// A row of the first schema's `executions` as a record, read leniently:
 /// a column of another type than troupe wrote reads as absent (a number
@@ -119,6 +118,24 @@ fn row_record<'r>(
         ended_at: number(16)?.unwrap_or(0),
         end,
     })
+}
+
+/// How a record ended: its verdict when it exited, `None` when cancelled.
+fn verdict_of(r: &Stored<'_>) -> Option<Verdict> {
+    match r.end {
+        End::Exited { verdict, .. } => Some(verdict),
+        End::Cancelled { .. } => None,
+    }
+}
+
+/// Counts one execution that ended as `end` says.
+fn tally(counts: &mut Counts, end: Option<Verdict>) {
+    match end {
+        Some(Verdict::Ok) => counts.ok += 1,
+        Some(Verdict::Skipped) => counts.skipped += 1,
+        Some(Verdict::Fail) => counts.failed += 1,
+        None => counts.cancelled += 1,
+    }
 }
 
 /// A stored record as `runs show` prints it.
@@ -209,7 +226,7 @@ impl Store {
                 ))
                 .and_then(|mut stmt| {
                     stmt.query_row(params![run_id, exec], |r| {
-                        (0..ROW_COLUMN_COUNT).map(|i| r.get(i)).collect()
+                        (0..r.as_ref().column_count()).map(|i| r.get(i)).collect()
                     })
                     .optional()
                 })
@@ -350,21 +367,7 @@ impl Store {
         let mut once = true;
         self.each_stored(run_id, |_, r| {
             once = once && seen.insert(keys.hash_one(r.exec));
-            match r.end {
-                End::Exited {
-                    verdict: Verdict::Ok,
-                    ..
-                } => counts.ok += 1,
-                End::Exited {
-                    verdict: Verdict::Skipped,
-                    ..
-                } => counts.skipped += 1,
-                End::Exited {
-                    verdict: Verdict::Fail,
-                    ..
-                } => counts.failed += 1,
-                End::Cancelled { .. } => counts.cancelled += 1,
-            }
+            tally(&mut counts, verdict_of(r));
         })?;
         if once {
             return Ok(counts);
@@ -375,21 +378,8 @@ impl Store {
     /// [`Store::counts`] through the fold.
     fn folded_counts(&self, run_id: &str) -> Result<Counts, StoreError> {
         let mut counts = Counts::default();
-        let ends = self.folded(
-            run_id,
-            |_| true,
-            |r| match r.end {
-                End::Exited { verdict, .. } => Some(verdict),
-                End::Cancelled { .. } => None,
-            },
-        )?;
-        for (_, end) in ends {
-            match end {
-                Some(Verdict::Ok) => counts.ok += 1,
-                Some(Verdict::Skipped) => counts.skipped += 1,
-                Some(Verdict::Fail) => counts.failed += 1,
-                None => counts.cancelled += 1,
-            }
+        for (_, end) in self.folded(run_id, |_| true, verdict_of)? {
+            tally(&mut counts, end);
         }
         Ok(counts)
     }
