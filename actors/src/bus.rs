@@ -14,7 +14,8 @@
 //!   waited for; the ones after it are held) and delivers it to every
 //!   subscriber, its own event included. A publisher that finds another
 //!   deliverer at work hands its event, with its `seq`, to a bounded
-//!   hand-off queue and returns: that one delivers it, because every
+//!   hand-off queue (its thread's shard of it, `handoff.rs`) and
+//!   returns: that one delivers it, because every
 //!   holder of the registry looks at the hand-off queue again after
 //!   letting it go. When no other thread holds the registry (another
 //!   publisher, a subscribe, a close), an event is in every queue when
@@ -57,15 +58,14 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
-use crossbeam_channel::{Receiver, Sender};
-
 /// The bit of [`Shared::next`] that says the bus is closed. A publisher
 /// that draws a number with it set publishes nothing; `close` sets it and
 /// learns in the same step which numbers were handed out before.
 const CLOSED: u64 = 1 << 63;
 
-/// Events handed off and not yet taken by a deliverer. Publishers wait
-/// when it is full (a deliverer is waiting on a full audit queue). It
+/// Events handed off and not yet taken by a deliverer, over all the
+/// hand-off queue's shards (`handoff.rs`). Publishers wait when their
+/// shard is full (a deliverer is waiting on a full audit queue). It
 /// holds a burst as large as the audit log's queue: when a fail-fast
 /// cancels 10 000 siblings on 16 threads at once, their `StageCancelled`
 /// events filled 4 096 places, the publishers blocked, and the deliverer
@@ -183,12 +183,14 @@ struct Registry<E> {
     early: VecDeque<Option<Handed<E>>>,
 }
 
+/// The fields every publisher writes or reads each time sit on cache lines
+/// of their own ([`Padded`]): the counter every publish draws from, the
+/// mark every publisher reads, the registry a deliverer writes.
 struct Shared<E> {
     /// The next `seq` to hand out, with [`CLOSED`] once closed.
-    next: AtomicU64,
-    handoff: Sender<Handed<E>>,
-    handed: Receiver<Handed<E>>,
-    registry: Mutex<Registry<E>>,
+    next: Padded<AtomicU64>,
+    handoff: Handoff<Handed<E>>,
+    registry: Padded<Mutex<Registry<E>>>,
     /// Set while a publisher delivers (holds the registry through
     /// [`EventBus::try_deliver`]). Publishers read it before trying the
     /// registry's lock: on 16 threads their failed attempts, each taking
@@ -196,7 +198,7 @@ struct Shared<E> {
     /// bus's cost. Only a hint: a holder may not have set it yet, or have
     /// cleared it already; the fences in `publish` and `deliver_handed`
     /// make sure a handed-off event is still seen.
-    delivering: AtomicBool,
+    delivering: Padded<AtomicBool>,
     lagged_total: AtomicU64,
     /// Live subscribers that receive observer events; read without the lock
     /// so publishers can skip building observer events no one would see.
@@ -255,20 +257,23 @@ impl<E: BusEvent> EventBus<E> {
     /// closed bit would read as a bus that is closed and never finishes
     /// closing.
     pub fn continuing_after(last_seq: u64) -> Self {
+        Self::with_shards(last_seq, handoff::shards_here())
+    }
+
+    /// [`EventBus::continuing_after`], its hand-off queue in `shards`.
+    fn with_shards(last_seq: u64, shards: usize) -> Self {
         let last_seq = last_seq.min(MAX_LAST_SEQ);
-        let (handoff, handed) = crossbeam_channel::bounded(HANDOFF);
         Self {
             shared: Arc::new(Shared {
-                next: AtomicU64::new(last_seq + 1),
-                handoff,
-                handed,
-                registry: Mutex::new(Registry {
+                next: Padded(AtomicU64::new(last_seq + 1)),
+                handoff: Handoff::new(shards, HANDOFF),
+                registry: Padded(Mutex::new(Registry {
                     next_seq: last_seq + 1,
                     closed: false,
                     subscribers: Vec::new(),
                     early: VecDeque::new(),
-                }),
-                delivering: AtomicBool::new(false),
+                })),
+                delivering: Padded(AtomicBool::new(false)),
                 lagged_total: AtomicU64::new(0),
                 observers: AtomicUsize::new(0),
             }),
@@ -331,8 +336,7 @@ impl<E: BusEvent> EventBus<E> {
         // Uncontended, the publisher delivers its own event without the
         // hand-off queue; only one that finds the registry held hands off.
         let Some(mut registry) = self.try_deliver() else {
-            // The bus holds the receiving end, so this cannot fail.
-            let _ = shared.handoff.send(handed);
+            shared.handoff.send(handed);
             self.deliver_handed();
             return Some(seq);
         };
@@ -343,7 +347,7 @@ impl<E: BusEvent> EventBus<E> {
         // What others handed off while this publisher held the registry
         // (the fence pairs with theirs, as in `deliver_handed`).
         fence(Ordering::SeqCst);
-        if !shared.handed.is_empty() {
+        if !shared.handoff.is_empty() {
             self.deliver_handed();
         }
         Some(seq)
@@ -453,7 +457,7 @@ impl<E: BusEvent> EventBus<E> {
             self.send_parcels(&mut registry);
             drop(registry);
             fence(Ordering::SeqCst);
-            if self.shared.handed.is_empty() {
+            if self.shared.handoff.is_empty() {
                 return;
             }
         }
@@ -463,7 +467,7 @@ impl<E: BusEvent> EventBus<E> {
     /// event whose turn has come.
     fn take_handed(&self, registry: &mut Registry<E>) {
         let mut taken = 0;
-        while let Ok(handed) = self.shared.handed.try_recv() {
+        self.shared.handoff.drain(|handed| {
             self.place(registry, handed);
             taken += 1;
             // Under steady contention a hold can go on for long: a
@@ -472,7 +476,7 @@ impl<E: BusEvent> EventBus<E> {
             if taken % PARCEL == 0 {
                 self.send_parcels(registry);
             }
-        }
+        });
         // What a preempted publisher held back is not kept allocated.
         if registry.early.is_empty() && registry.early.capacity() > EARLY_KEPT {
             registry.early.shrink_to(EARLY_KEPT);
@@ -605,7 +609,10 @@ impl<E: BusEvent> EventBus<E> {
     }
 }
 
+mod handoff;
 mod queue;
+
+use handoff::{Handoff, Padded};
 
 use queue::{Interest, Subscriber, send_parcel};
 pub use queue::{IntoIter, Iter, Subscription};
