@@ -163,7 +163,7 @@ fn render(
     let call = |i: usize, name: &str, args: serde_json::Value| ToolCall {
         id: format!("call_{}_{i}", position + 1).into(),
         name: name.into(),
-        arguments: args.to_string(),
+        arguments: crate::definition::template::json_text(&args),
     };
     let mut response = ModelResponse::default();
     let rendered: Result<(), String> = (|| {
