@@ -30,8 +30,9 @@
 //!   event meeting a full queue is dropped and counted; the next delivery that
 //!   fits is preceded by [`Delivery::Lagged`] with the exact number dropped. An
 //!   [`EventClass::Audit`] event is never dropped: the deliverer blocks until
-//!   the subscriber has room, and once the hand-off queue is full every
-//!   publisher blocks with it (backpressure on every publisher). A
+//!   the subscriber has room, and once a publisher's shard of the
+//!   hand-off queue is full it blocks with it (backpressure on every
+//!   publisher, each once its own shard fills). A
 //!   subscriber must therefore never publish on the bus it drains.
 //! * What one holder of the registry delivers to a subscriber in a row goes
 //!   into its queue as one parcel (at most [`PARCEL`] events), not event by
@@ -70,8 +71,9 @@ const CLOSED: u64 = 1 << 63;
 /// cancels 10 000 siblings on 16 threads at once, their `StageCancelled`
 /// events filled 4 096 places, the publishers blocked, and the deliverer
 /// then woke one of them (a system call) for every event it took, which
-/// stretched the cancellation from 8 ms to over 40 on some runs. It
-/// costs 2 MiB a bus.
+/// stretched the cancellation from 8 ms to over 40 on some runs. A
+/// shard of it costs 32 bytes a place, once a thread first hands off to
+/// it (`handoff.rs`).
 const HANDOFF: usize = 1 << 16;
 
 /// Room for events held back behind a late hand-off that stays allocated.

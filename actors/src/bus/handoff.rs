@@ -1,14 +1,25 @@
 //! The hand-off queue, in shards: where a publisher that finds another
 //! deliverer at work leaves its event. Each publishing thread keeps to
-//! one shard (threads are numbered as they first publish), so the
+//! one shard (threads are numbered as they first hand off, process-wide,
+//! so a run's arbiters, which start handing off together, mostly get
+//! shards of their own), so the
 //! arbiters of a wide run do not all write the one queue's tail: on 16
 //! cores the single queue's `send`, spinning on that tail, was the
 //! busiest function of the arbiters' threads. The deliverer takes from
 //! every shard and puts the events back in `seq` order as before (the
 //! bus's `early` list): an event's place in the log is its number, not
-//! the shard it came through.
+//! the shard it came through. While one thread's shard is backed up,
+//! the events drawn after its first one wait in that list, so it can hold
+//! as many as the shards together (it is let go to a small size once
+//! empty).
+//!
+//! A shard is made when a thread first sends to it: crossbeam writes
+//! every place of a bounded queue when it makes one, and a bus made and
+//! dropped unused (a run's specification builds one, a worker's task run
+//! and a resume each replace it) paid for all sixteen.
 
 use std::cell::Cell;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -17,8 +28,9 @@ use crossbeam_channel::{Receiver, Sender};
 /// fail-fast burst even when a run uses two threads on a machine of many
 /// cores (5 000 `StageCancelled` each for 10 000 siblings in flight); a
 /// full shard makes its publisher wait, and the deliverer then wakes it
-/// for every event it takes (the tenth round's 40 ms cancellations). On
-/// 16 cores the shards take 8 MiB (32 bytes a place), against the single
+/// for every event it takes (the tenth round's 40 ms cancellations). A
+/// shard takes 512 KiB (32 bytes a place) once a thread hands off to it:
+/// a run on 16 threads makes up to all 16, 8 MiB, against the single
 /// queue's 2 MiB.
 const SHARD_MIN: usize = 16_384;
 
@@ -30,14 +42,14 @@ const SHARDS_MAX: usize = 16;
 /// lower numbers waiting in the others.
 const TAKE_RUN: usize = 256;
 
-/// Numbers the threads that publish, in the order they first do.
+/// Numbers the threads that hand off, in the order they first do.
 static THREADS: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static THREAD: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
-/// This thread's number among the publishing ones.
+/// This thread's number among the ones that hand off.
 fn thread_number() -> usize {
     THREAD.with(|number| {
         let n = number.get();
@@ -53,9 +65,13 @@ fn thread_number() -> usize {
 /// One shard per core (at most [`SHARDS_MAX`]): what a bus gets where its
 /// constructor is not told.
 pub(super) fn shards_here() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .clamp(1, SHARDS_MAX)
+    // Asked once: it reads the cgroup's files each time.
+    static HERE: OnceLock<usize> = OnceLock::new();
+    *HERE.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .clamp(1, SHARDS_MAX)
+    })
 }
 
 /// A value alone on its cache line (and the next, which Intel's cores
@@ -72,8 +88,13 @@ impl<T> std::ops::Deref for Padded<T> {
     }
 }
 
+/// One shard: a bounded queue's two ends.
+type Shard<T> = (Sender<T>, Receiver<T>);
+
 pub(super) struct Handoff<T> {
-    shards: Box<[(Sender<T>, Receiver<T>)]>,
+    /// Each made on its first send, with `each` places.
+    shards: Box<[OnceLock<Shard<T>>]>,
+    each: usize,
     /// A bit per shard that may hold items. A sender sets its shard's bit
     /// after its item is in (where it is not set already); the deliverer
     /// clears the bits before it takes from their shards. So emptiness is
@@ -90,9 +111,8 @@ impl<T> Handoff<T> {
         let shards = shards.clamp(1, SHARDS_MAX);
         let each = (total / shards).max(SHARD_MIN);
         Handoff {
-            shards: (0..shards)
-                .map(|_| crossbeam_channel::bounded(each))
-                .collect(),
+            shards: (0..shards).map(|_| OnceLock::new()).collect(),
+            each,
             marked: Padded(AtomicU64::new(0)),
         }
     }
@@ -100,8 +120,13 @@ impl<T> Handoff<T> {
     /// Leaves `item` in this thread's shard, waiting while it is full.
     /// The queue holds both ends, so it cannot be disconnected.
     pub(super) fn send(&self, item: T) {
-        let shard = thread_number() % self.shards.len();
-        let _ = self.shards[shard].0.send(item);
+        self.send_to(thread_number() % self.shards.len(), item);
+    }
+
+    /// [`Handoff::send`] to shard `shard` (less than the shards' count).
+    pub(super) fn send_to(&self, shard: usize, item: T) {
+        let (tx, _) = self.shards[shard].get_or_init(|| crossbeam_channel::bounded(self.each));
+        let _ = tx.send(item);
         // The item is in before the mark is read: a deliverer that cleared
         // the mark after this read takes the item, and one that cleared it
         // before is seen here to have done so.
@@ -121,11 +146,12 @@ impl<T> Handoff<T> {
             // Pairs with the sender's: an item whose sender read its bit
             // set before this swap is in its shard for the reads below.
             fence(Ordering::SeqCst);
-            for (shard, (_, rx)) in self.shards.iter().enumerate() {
+            for (shard, made) in self.shards.iter().enumerate() {
                 let bit = 1 << shard;
-                if marked & bit == 0 {
+                // A shard is marked only after a send, which made it.
+                let Some((_, rx)) = made.get().filter(|_| marked & bit != 0) else {
                     continue;
-                }
+                };
                 let mut left = TAKE_RUN;
                 while let Ok(item) = rx.try_recv() {
                     take(item);
@@ -193,6 +219,9 @@ mod tests {
         for sender in senders {
             sender.join().unwrap();
         }
+        // A sender may mark its shard after its last item was taken: one
+        // more drain clears that mark and finds nothing.
+        queue.drain(|item| panic!("item {item} left after all were taken"));
         assert!(queue.is_empty());
         assert!(seen.iter().all(|&n| n == 1), "an item taken twice or never");
     }

@@ -240,6 +240,68 @@ fn an_event_handed_off_late_is_delivered_before_the_ones_drawn_after_it() {
     );
 }
 
+/// [`hand_off`] through shard `shard`, as a thread numbered so would.
+fn hand_off_through(bus: &EventBus<Ev>, shard: usize, seq: u64, ev: Ev) {
+    let class = ev.class();
+    bus.shared.handoff.send_to(
+        shard,
+        Handed {
+            seq,
+            class,
+            event: Arc::new(ev),
+        },
+    );
+}
+
+#[test]
+fn events_handed_off_through_several_shards_are_delivered_in_seq_order() {
+    let bus: EventBus<Ev> = EventBus::with_shards(0, 3);
+    let sub = bus.subscribe_audit("audit", 16);
+    for n in 1..=5 {
+        assert_eq!(bus.shared.next.fetch_add(1, Ordering::SeqCst), n);
+    }
+    // Shard 0 holds 5 before 2; the deliverer reads shard 0 first, and 1
+    // comes last, from shard 2.
+    hand_off_through(&bus, 0, 5, Ev::Audit(5));
+    hand_off_through(&bus, 0, 2, Ev::Audit(2));
+    hand_off_through(&bus, 1, 4, Ev::Audit(4));
+    hand_off_through(&bus, 1, 3, Ev::Audit(3));
+    bus.deliver_handed();
+    assert!(sub.try_recv().is_none(), "all wait for 1");
+    hand_off_through(&bus, 2, 1, Ev::Audit(1));
+    bus.deliver_handed();
+    let got: Vec<_> = (0..5).map(|_| event(sub.try_recv()).seq).collect();
+    assert_eq!(got, [1, 2, 3, 4, 5]);
+    assert!(sub.try_recv().is_none());
+    assert!(bus.shared.handoff.is_empty());
+}
+
+#[test]
+fn close_waits_for_events_in_every_shard() {
+    let bus: EventBus<Ev> = EventBus::with_shards(0, 4);
+    let sub = bus.subscribe_audit("audit", 16);
+    for n in 1..=3 {
+        assert_eq!(bus.shared.next.fetch_add(1, Ordering::SeqCst), n);
+    }
+    hand_off_through(&bus, 3, 3, Ev::Audit(3));
+    hand_off_through(&bus, 2, 2, Ev::Audit(2));
+    let late = {
+        let bus = bus.clone();
+        thread::spawn(move || {
+            while !bus.is_closed() {
+                thread::yield_now();
+            }
+            hand_off_through(&bus, 0, 1, Ev::Audit(1));
+        })
+    };
+    bus.close();
+    late.join().unwrap();
+    assert_eq!(bus.last_seq(), 3);
+    let got: Vec<_> = (0..3).map(|_| event(sub.recv()).seq).collect();
+    assert_eq!(got, [1, 2, 3]);
+    assert!(sub.recv().is_none(), "the subscription ends after them");
+}
+
 #[test]
 fn close_waits_for_an_event_drawn_before_it() {
     let bus: EventBus<Ev> = EventBus::new();
