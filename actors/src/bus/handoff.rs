@@ -165,6 +165,21 @@ impl<T> Handoff<T> {
         }
     }
 
+    /// Items waiting in the shards made so far.
+    #[cfg(test)]
+    pub(super) fn queued(&self) -> usize {
+        self.shards
+            .iter()
+            .filter_map(|made| made.get().map(|(_, rx)| rx.len()))
+            .sum()
+    }
+
+    /// The places a shard has.
+    #[cfg(test)]
+    pub(super) fn shard_places(&self) -> usize {
+        self.each
+    }
+
     /// Whether no shard is marked: every item sent before a deliverer's
     /// last [`Handoff::drain`] began was taken by it, and every one sent
     /// after has marked its shard (or is being sent, and its sender will).

@@ -611,3 +611,47 @@ fn a_full_audit_parcel_waits_for_room_and_loses_nothing() {
     assert_eq!(got, (1..=u64::from(full) + 40).collect::<Vec<_>>());
     assert!(sub.try_recv().is_none());
 }
+
+#[test]
+fn a_full_shard_holds_its_publisher_until_the_audit_log_catches_up() {
+    let bus: EventBus<Ev> = EventBus::with_shards(0, 2);
+    let sub = bus.subscribe_audit("audit", 1);
+    // The audit queue is full.
+    assert_eq!(bus.publish(Ev::Audit(1)), Some(1));
+    // A deliverer holds the registry, waiting for room for event 2.
+    let deliverer = {
+        let bus = bus.clone();
+        thread::spawn(move || bus.publish(Ev::Audit(2)))
+    };
+    while !bus.shared.delivering.load(Ordering::Relaxed) {
+        thread::yield_now();
+    }
+    // A publisher hands off more than its shard has room for.
+    let places = bus.shared.handoff.shard_places();
+    let more = u32::try_from(places + 10).unwrap();
+    let publisher = {
+        let bus = bus.clone();
+        thread::spawn(move || {
+            for n in 0..more {
+                bus.publish(Ev::Audit(3 + n));
+            }
+        })
+    };
+    // It fills its shard and waits there.
+    while bus.shared.handoff.queued() < places {
+        thread::yield_now();
+    }
+    assert!(!publisher.is_finished());
+    // The log catches up: everything arrives, in order, and both return.
+    let total = 2 + u64::from(more);
+    // (A lost event would leave this waiting: the guard makes it a failure.)
+    let guard = std::time::Duration::from_secs(30);
+    let got: Vec<u64> = (0..total)
+        .map(|_| event(sub.recv_timeout(guard).ok()).seq)
+        .collect();
+    assert_eq!(got, (1..=total).collect::<Vec<_>>());
+    assert_eq!(deliverer.join().unwrap(), Some(2));
+    publisher.join().unwrap();
+    assert!(sub.try_recv().is_none());
+    assert!(bus.shared.handoff.is_empty());
+}
