@@ -1,8 +1,7 @@
 //! The hand-off queue, in shards: where a publisher that finds another
 //! deliverer at work leaves its event. Each publishing thread keeps to
-//! one shard (threads are numbered as they first hand off, process-wide,
-//! so a run's arbiters, which start handing off together, mostly get
-//! shards of their own), so the
+//! one shard (a bus numbers the threads in the order they first hand off
+//! to it, so up to sixteen get shards of their own), so the
 //! arbiters of a wide run do not all write the one queue's tail: on 16
 //! cores the single queue's `send`, spinning on that tail, was the
 //! busiest function of the arbiters' threads. The deliverer takes from
@@ -42,24 +41,12 @@ const SHARDS_MAX: usize = 16;
 /// lower numbers waiting in the others.
 const TAKE_RUN: usize = 256;
 
-/// Numbers the threads that hand off, in the order they first do.
-static THREADS: AtomicUsize = AtomicUsize::new(0);
-
 thread_local! {
-    static THREAD: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
-/// This thread's number among the ones that hand off.
-fn thread_number() -> usize {
-    THREAD.with(|number| {
-        let n = number.get();
-        if n != usize::MAX {
-            return n;
-        }
-        let n = THREADS.fetch_add(1, Ordering::Relaxed);
-        number.set(n);
-        n
-    })
+    /// The hand-off queue this thread last sent to (its address) and the
+    /// shard it got there. A thread sends to one bus, its run's, nearly
+    /// always; one that moves between buses gets a new number at each
+    /// move, which costs a shard's sharing, never an event.
+    static LAST: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
 
 /// One shard per core (at most [`SHARDS_MAX`]): what a bus gets where its
@@ -95,6 +82,8 @@ pub(super) struct Handoff<T> {
     /// Each made on its first send, with `each` places.
     shards: Box<[OnceLock<Shard<T>>]>,
     each: usize,
+    /// Numbers the threads that hand off here, in the order they first do.
+    threads: AtomicUsize,
     /// A bit per shard that may hold items. A sender sets its shard's bit
     /// after its item is in (where it is not set already); the deliverer
     /// clears the bits before it takes from their shards. So emptiness is
@@ -113,6 +102,7 @@ impl<T> Handoff<T> {
         Handoff {
             shards: (0..shards).map(|_| OnceLock::new()).collect(),
             each,
+            threads: AtomicUsize::new(0),
             marked: Padded(AtomicU64::new(0)),
         }
     }
@@ -120,7 +110,23 @@ impl<T> Handoff<T> {
     /// Leaves `item` in this thread's shard, waiting while it is full.
     /// The queue holds both ends, so it cannot be disconnected.
     pub(super) fn send(&self, item: T) {
-        self.send_to(thread_number() % self.shards.len(), item);
+        self.send_to(self.shard_here(), item);
+    }
+
+    /// This thread's shard here. A queue dropped and another made at the
+    /// same address may find the old one's number: any number is a
+    /// shard, taken modulo their count.
+    fn shard_here(&self) -> usize {
+        let here = std::ptr::from_ref(self) as usize;
+        let number = LAST.with(|last| match last.get() {
+            (queue, number) if queue == here => number,
+            _ => {
+                let number = self.threads.fetch_add(1, Ordering::Relaxed);
+                last.set((here, number));
+                number
+            }
+        });
+        number % self.shards.len()
     }
 
     /// [`Handoff::send`] to shard `shard` (less than the shards' count).
@@ -193,6 +199,31 @@ mod tests {
     use std::sync::{Arc, Barrier};
 
     use super::*;
+
+    #[test]
+    fn threads_get_shards_of_their_own_in_the_order_they_first_send() {
+        let queue = Arc::new(Handoff::<usize>::new(4, 4 * SHARD_MIN));
+        for round in 0..2 {
+            // One at a time, so the order of their first sends is known;
+            // the second round's threads are new ones, numbered on.
+            for t in 0..4 {
+                let queue = Arc::clone(&queue);
+                std::thread::spawn(move || {
+                    queue.send(t);
+                    queue.send(t);
+                })
+                .join()
+                .unwrap();
+            }
+            let mut by_shard = Vec::new();
+            for made in &*queue.shards {
+                let (_, rx) = made.get().expect("every shard was sent to");
+                by_shard.push(rx.try_iter().collect::<Vec<_>>());
+            }
+            assert_eq!(by_shard, [[0, 0], [1, 1], [2, 2], [3, 3]], "round {round}");
+            queue.drain(|item| panic!("item {item} left"));
+        }
+    }
 
     #[test]
     fn every_item_from_every_thread_is_taken_once() {
