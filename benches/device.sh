@@ -19,9 +19,11 @@
 #                     --threads 1,2,4,16 (ms to the last StageCancelled)
 #   thread_cpu.txt    CPU seconds per thread name, 200 000 wide,
 #                     --threads 2, 9 (the default there) and 16, with
-#                     each name's busiest half second (which one-per-run
-#                     thread sets the pace: the store's writer near 100%
-#                     there is the bound the ninth round's model names)
+#                     each name's busiest half second. A one-per-run
+#                     thread near 100% is not by itself the bound: the
+#                     store's writer read 94% in the thirteenth round and
+#                     took bigger batches when busier (BENCHMARKS.md);
+#                     residence.py's split of a slot's cycle says more
 #   million.json      1 000 000 wide, --threads 16, against the floor
 #                     (wall, peak RSS), and million_audit.txt its log size
 #   syscalls_T.csv    perf stat of one 100 000-wide run at --threads 2 and
