@@ -45,7 +45,10 @@ pub const SCRIPT_FILE: &str = "script.yaml";
 #[derive(Debug, Clone, Default)]
 pub struct Script {
     pub latency: Option<Duration>,
-    stages: HashMap<String, StageScript>,
+    /// By stage name. Hashed with foldhash rather than SipHash: each
+    /// model request of each execution looks its stage up twice, and the
+    /// names are the pipeline author's own.
+    stages: HashMap<String, StageScript, foldhash::fast::RandomState>,
     /// Whether any key names one sibling (`stage#index`): without one, a
     /// sibling's lookup skips building that key.
     indexed: bool,
