@@ -7,6 +7,10 @@ describe_machine() {
     {
         echo "cores: $(nproc)"
         grep -m1 'model name' /proc/cpuinfo
+        # Whether the cores are hardware threads of fewer physical ones:
+        # the thirteenth round could not tell why 12 and 16 threads were
+        # no faster than 9.
+        lscpu 2>/dev/null | grep -E '^(Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|L3 cache):' 
         grep MemTotal /proc/meminfo
         uname -r
     } >"$1" 2>&1
