@@ -144,29 +144,51 @@ impl<T> Handoff<T> {
     }
 
     /// Takes every item left so far, handing each to `take`: passes over
-    /// the marked shards until the mark is clear. A shard gives at most
-    /// [`TAKE_RUN`] items a pass, and is marked again if it has more.
+    /// the marked shards until the mark is clear. Within a pass the
+    /// shards give an item each in turn, so that events published at
+    /// about the same time from different threads come out nearly in
+    /// `seq` order (taken a shard at a time, most waited in the
+    /// deliverer's `early` list for the other shards' numbers). A shard
+    /// gives at most [`TAKE_RUN`] items a pass, and is marked again if it
+    /// has more.
     pub(super) fn drain(&self, mut take: impl FnMut(T)) {
         while self.marked.load(Ordering::SeqCst) != 0 {
             let marked = self.marked.swap(0, Ordering::SeqCst);
             // Pairs with the sender's: an item whose sender read its bit
             // set before this swap is in its shard for the reads below.
             fence(Ordering::SeqCst);
+            // The marked shards, as (bit, queue), kept on the stack: a
+            // drain runs in every publish that finds something handed off.
+            let mut open: [Option<(u64, &Receiver<T>)>; SHARDS_MAX] = [None; SHARDS_MAX];
+            let mut count = 0;
             for (shard, made) in self.shards.iter().enumerate() {
                 let bit = 1 << shard;
                 // A shard is marked only after a send, which made it.
-                let Some((_, rx)) = made.get().filter(|_| marked & bit != 0) else {
-                    continue;
-                };
-                let mut left = TAKE_RUN;
-                while let Ok(item) = rx.try_recv() {
-                    take(item);
-                    left -= 1;
-                    if left == 0 {
-                        self.marked.fetch_or(bit, Ordering::SeqCst);
-                        break;
+                if let Some((_, rx)) = made.get().filter(|_| marked & bit != 0) {
+                    open[count] = Some((bit, rx));
+                    count += 1;
+                }
+            }
+            for _ in 0..TAKE_RUN {
+                let mut kept = 0;
+                for at in 0..count {
+                    let Some((bit, rx)) = open[at] else {
+                        continue;
+                    };
+                    if let Ok(item) = rx.try_recv() {
+                        take(item);
+                        open[kept] = Some((bit, rx));
+                        kept += 1;
                     }
                 }
+                count = kept;
+                if count == 0 {
+                    break;
+                }
+            }
+            // Shards still giving after their run: looked at again.
+            for (bit, _) in open[..count].iter().flatten() {
+                self.marked.fetch_or(*bit, Ordering::SeqCst);
             }
         }
     }
@@ -223,6 +245,31 @@ mod tests {
             assert_eq!(by_shard, [[0, 0], [1, 1], [2, 2], [3, 3]], "round {round}");
             queue.drain(|item| panic!("item {item} left"));
         }
+    }
+
+    #[test]
+    fn a_drain_takes_an_item_from_each_shard_in_turn() {
+        let queue = Handoff::<u32>::new(3, 3 * SHARD_MIN);
+        // Two threads' numbers, interleaved as they drew them; shard 2
+        // never sent to.
+        for n in [1, 3, 5, 7] {
+            queue.send_to(0, n);
+        }
+        for n in [2, 4, 6] {
+            queue.send_to(1, n);
+        }
+        let mut taken = Vec::new();
+        queue.drain(|n| taken.push(n));
+        assert_eq!(taken, [1, 2, 3, 4, 5, 6, 7]);
+        assert!(queue.is_empty());
+        // A shard with more than a run's worth is looked at again.
+        for n in 0..u32::try_from(TAKE_RUN).unwrap() + 3 {
+            queue.send_to(2, n);
+        }
+        let mut taken = 0;
+        queue.drain(|_| taken += 1);
+        assert_eq!(taken, TAKE_RUN + 3);
+        assert!(queue.is_empty());
     }
 
     #[test]
