@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, BuildHasherDefault};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::db::{RUN_KEY, Store};
 use super::error::StoreError;
-use super::pack::{self, End, Fold, KeyHasher, Stored};
+use super::pack::{self, End, Fold, Stored};
 use super::repair::LostExit;
 use super::rows::{Counts, ExecRow};
 use crate::provider::Usage;
@@ -361,8 +361,8 @@ impl Store {
     /// the fold, which keeps each key. Listing a million-wide run took
     /// 134 MB and 0.5–0.6 s through the fold alone.
     pub fn counts(&self, run_id: &str) -> Result<Counts, StoreError> {
-        let keys = BuildHasherDefault::<KeyHasher>::default();
-        let mut seen: HashSet<u64, BuildHasherDefault<KeyHasher>> = HashSet::default();
+        let keys = foldhash::fast::RandomState::default();
+        let mut seen: HashSet<u64, foldhash::fast::RandomState> = HashSet::default();
         let mut counts = Counts::default();
         let mut once = true;
         self.each_stored(run_id, |_, r| {
