@@ -276,6 +276,14 @@ pub enum End<'a> {
 }
 
 impl Stored<'_> {
+    /// How it ended: its verdict when it exited, `None` when cancelled.
+    pub fn verdict(&self) -> Option<Verdict> {
+        match self.end {
+            End::Exited { verdict, .. } => Some(verdict),
+            End::Cancelled { .. } => None,
+        }
+    }
+
     /// Whether no later record of the execution replaces this one: it
     /// exited with a verdict other than `fail`.
     pub fn stays(&self) -> bool {

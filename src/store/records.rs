@@ -120,24 +120,6 @@ fn row_record<'r>(
     })
 }
 
-/// How a record ended: its verdict when it exited, `None` when cancelled.
-fn verdict_of(r: &Stored<'_>) -> Option<Verdict> {
-    match r.end {
-        End::Exited { verdict, .. } => Some(verdict),
-        End::Cancelled { .. } => None,
-    }
-}
-
-/// Counts one execution that ended as `end` says.
-fn tally(counts: &mut Counts, end: Option<Verdict>) {
-    match end {
-        Some(Verdict::Ok) => counts.ok += 1,
-        Some(Verdict::Skipped) => counts.skipped += 1,
-        Some(Verdict::Fail) => counts.failed += 1,
-        None => counts.cancelled += 1,
-    }
-}
-
 /// A stored record as `runs show` prints it.
 pub fn exec_row(run_id: &str, r: &Stored<'_>) -> ExecRow {
     let json = |text: &str| serde_json::from_str(text).ok();
@@ -367,7 +349,7 @@ impl Store {
         let mut once = true;
         self.each_stored(run_id, |_, r| {
             once = once && seen.insert(keys.hash_one(r.exec));
-            tally(&mut counts, verdict_of(r));
+            counts.count(r.verdict());
         })?;
         if once {
             return Ok(counts);
@@ -378,8 +360,8 @@ impl Store {
     /// [`Store::counts`] through the fold.
     fn folded_counts(&self, run_id: &str) -> Result<Counts, StoreError> {
         let mut counts = Counts::default();
-        for (_, end) in self.folded(run_id, |_| true, verdict_of)? {
-            tally(&mut counts, end);
+        for (_, end) in self.folded(run_id, |_| true, |r| r.verdict())? {
+            counts.count(end);
         }
         Ok(counts)
     }
@@ -510,7 +492,8 @@ impl Store {
             },
         )?;
         Ok(kept
-            .filter_map(|(exec, kept)| Some((format!("{run_id}/{exec}"), kept?)))
+            .filter_map(|(_, kept)| kept)
+            .map(|kept| (kept.stage_execution_id().to_owned(), kept))
             .collect())
     }
 

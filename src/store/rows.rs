@@ -5,6 +5,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::provider::Usage;
+use crate::runtime::result::Verdict;
 
 /// A run as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -44,6 +45,19 @@ pub struct Counts {
     pub failed: u64,
     pub skipped: u64,
     pub cancelled: u64,
+}
+
+impl Counts {
+    /// Counts one execution that ended as `end` says: its verdict, or
+    /// `None` when it was cancelled.
+    pub fn count(&mut self, end: Option<Verdict>) {
+        match end {
+            Some(Verdict::Ok) => self.ok += 1,
+            Some(Verdict::Skipped) => self.skipped += 1,
+            Some(Verdict::Fail) => self.failed += 1,
+            None => self.cancelled += 1,
+        }
+    }
 }
 
 /// One stage execution as the store keeps it: its result once it exited,

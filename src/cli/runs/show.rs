@@ -21,16 +21,15 @@ use crate::provider::Usage;
 use crate::runtime::result::Verdict;
 use crate::store::pack::{End, Stored};
 use crate::store::records::{Standing, exec_row};
-use crate::store::{RunRow, Store, StoreError};
+use crate::store::{Counts, RunRow, Store, StoreError};
 
 /// Per-stage figures of a run, from its executions.
 #[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct StageFigures {
-    ok: u64,
-    failed: u64,
-    skipped: u64,
-    cancelled: u64,
+    /// `ok`, `failed`, `skipped`, `cancelled`, as `troupe runs` counts.
+    #[serde(flatten)]
+    counts: Counts,
     retries: u64,
     cap_hits: u64,
     usage: Usage,
@@ -38,18 +37,9 @@ struct StageFigures {
 
 impl StageFigures {
     fn add(&mut self, r: &Stored<'_>) {
-        match r.end {
-            End::Exited {
-                verdict, cap_hit, ..
-            } => {
-                match verdict {
-                    Verdict::Ok => self.ok += 1,
-                    Verdict::Skipped => self.skipped += 1,
-                    Verdict::Fail => self.failed += 1,
-                }
-                self.cap_hits += u64::from(cap_hit);
-            }
-            End::Cancelled { .. } => self.cancelled += 1,
+        self.counts.count(r.verdict());
+        if let End::Exited { cap_hit: true, .. } = r.end {
+            self.cap_hits += 1;
         }
         self.retries += u64::from(r.attempts.saturating_sub(1));
         self.usage.add(r.usage);
@@ -272,10 +262,10 @@ fn write_text(
         writeln!(
             out,
             "{id:<20} {:>7} {:>6} {:>8} {:>10} {:>8} {:>8} {:>12} {:>12}",
-            s.ok,
-            s.failed,
-            s.skipped,
-            s.cancelled,
+            s.counts.ok,
+            s.counts.failed,
+            s.counts.skipped,
+            s.counts.cancelled,
             s.retries,
             s.cap_hits,
             s.usage.prompt_tokens,
@@ -317,7 +307,7 @@ fn write_text(
         failed.is_none()
     };
     let going = || failed.borrow().is_none();
-    if total(|f| f.cancelled) > 0 && going() {
+    if total(|f| f.counts.cancelled) > 0 && going() {
         line(out, format_args!("\ncancelled:"));
         shown.each(
             |r| matches!(r.end, End::Cancelled { .. }),
@@ -355,7 +345,7 @@ fn write_text(
             },
         )?;
     }
-    if total(|f| f.failed) > 0 && going() {
+    if total(|f| f.counts.failed) > 0 && going() {
         line(out, format_args!("\nfailed:"));
         shown.each(
             |r| {
@@ -378,7 +368,7 @@ fn write_text(
             },
         )?;
     }
-    if total(|f| f.ok + f.failed + f.skipped) > 0 && going() {
+    if total(|f| f.counts.ok + f.counts.failed + f.counts.skipped) > 0 && going() {
         line(out, format_args!("\nresults:"));
         shown.each(
             |r| matches!(r.end, End::Exited { .. }),
