@@ -271,7 +271,7 @@ pub struct FanOut {
 /// Hashes a unit's index: one multiplication (Fibonacci hashing), which
 /// spreads consecutive indices over the table; nothing chooses them.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct UnitHasher(u64);
+struct UnitHasher(u64);
 
 impl Hasher for UnitHasher {
     fn write(&mut self, bytes: &[u8]) {
