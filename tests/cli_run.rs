@@ -86,7 +86,7 @@ fn json_report_and_audit_log_agree() {
     assert_eq!(report["groups"][0]["cap"], 4);
     let audit = report["auditPath"].as_str().unwrap();
     assert!(audit.ends_with(&format!(
-        "{}/audit.jsonl.zst",
+        "{}/audit.log.zst",
         report["runId"].as_str().unwrap()
     )));
     let lines = audit_lines(audit);

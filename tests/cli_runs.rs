@@ -182,9 +182,9 @@ fn runs_lists_shows_and_exports_a_run() {
     let audit = project.audit_path(run_id);
     let log = project.audit_text(run_id);
     assert_eq!(stdout(&project, &["runs", "export", run_id]), log);
-    // The stock zstd reads the same lines (it skips the header).
-    let plain = zstd::decode_all(&std::fs::read(&audit).unwrap()[..]).unwrap();
-    assert_eq!(String::from_utf8(plain).unwrap(), log);
+    // The stock zstd reads every frame (it skips the header); the lines
+    // are troupe's to write back from the records.
+    zstd::decode_all(&std::fs::read(&audit).unwrap()[..]).unwrap();
     common::project::write_killed_log(&audit, &log, "{\"seq\":99999,\"ts\":\"2026-");
     assert_eq!(stdout(&project, &["runs", "export", run_id]), log);
     let file = project.path().join("exported.jsonl");

@@ -406,7 +406,7 @@ const THREE_TURNS: &str = "stages:\n  s:\n    - { tool: Echo, args: { text: one 
 /// fails with "No space left on device".
 fn log_on_a_full_disk() -> (Fixture, std::path::PathBuf) {
     let f = one_stage("Echo", "", THREE_TURNS);
-    let path = f.path().join("run/audit.jsonl.zst");
+    let path = f.path().join("run/audit.log.zst");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink("/dev/full", &path).unwrap();
     (f, path)
@@ -422,7 +422,7 @@ fn an_audit_log_on_a_full_disk_fails_the_run_and_says_what_was_lost() {
         });
         let reason = failure(&report);
         assert!(reason.starts_with("Session/AuditLost: "), "{reason}");
-        assert!(reason.contains("audit.jsonl"), "names the log: {reason}");
+        assert!(reason.contains("audit.log.zst"), "names the log: {reason}");
         assert!(reason.contains("No space left on device"), "{reason}");
         assert!(
             reason.contains("every event from seq ") && reason.contains(" on is missing from it"),
@@ -440,9 +440,9 @@ fn an_audit_log_removed_mid_run_fails_the_run_and_says_what_was_lost() {
         let f = one_stage(
             "Bash",
             "",
-            "stages:\n  s:\n    - { tool: Bash, args: { command: \"rm run/audit.jsonl.zst\" } }\n    - { tool: Bash, args: { command: \"echo after\" } }\n    - complete: { n: 1 }\n",
+            "stages:\n  s:\n    - { tool: Bash, args: { command: \"rm run/audit.log.zst\" } }\n    - { tool: Bash, args: { command: \"echo after\" } }\n    - complete: { n: 1 }\n",
         );
-        let path = f.path().join("run/audit.jsonl.zst");
+        let path = f.path().join("run/audit.log.zst");
         let (report, events) = run_spec(f.path(), |spec| {
             vec![start_audit_log(&spec.bus, &path, formatters).unwrap()]
         });

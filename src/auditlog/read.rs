@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 use zstd::stream::raw::{DParameter, Decoder, InBuffer, Operation, OutBuffer};
 
-use super::write::{Compressed, FORMAT, HEADER_MAGIC, HEADER_TAG};
+use super::records::RecordReader;
+use super::write::{Compressed, FORMAT, FORMAT_LINES, HEADER_MAGIC, HEADER_TAG};
 
 /// Why a log cannot be read. Code `Store/AuditCorrupt` (`Store/Io` for a
 /// file that cannot be read at all).
@@ -109,9 +110,39 @@ enum Stage {
     Plain,
 }
 
+/// What a compact log's segments hold, by its format.
+enum Content {
+    /// JSON lines ([`FORMAT_LINES`]).
+    Lines,
+    /// Binary records ([`FORMAT`]), handed out as JSON lines, or as the
+    /// records themselves when `raw` (to write them again).
+    Records {
+        reader: Box<RecordReader>,
+        raw: bool,
+    },
+}
+
+impl Content {
+    fn of(format: u32, raw: bool) -> Content {
+        if format == FORMAT_LINES {
+            Content::Lines
+        } else {
+            Content::Records {
+                reader: Box::default(),
+                raw,
+            }
+        }
+    }
+}
+
 /// Decodes a log fed in pieces; hands out whole lines.
 pub struct LogDecoder {
     stage: Stage,
+    content: Content,
+    /// The header's format, once read.
+    format: Option<u32>,
+    /// Hand out records as they are rather than as lines.
+    raw: bool,
     /// Bytes fed so far.
     fed: u64,
     /// See [`LogEnd::keep`].
@@ -150,17 +181,28 @@ impl LogDecoder {
         }
     }
 
-    /// For segments that follow a header already read, from byte `at`.
-    fn segments_at(at: u64) -> Result<LogDecoder, Fault> {
+    /// For segments of a log in format `format` that follow a header
+    /// already read, from byte `at`.
+    fn segments_at(at: u64, format: u32) -> Result<LogDecoder, Fault> {
         let mut decoder = LogDecoder::at(Stage::Frames(Box::new(frames()?)));
         decoder.fed = at;
         decoder.keep = at;
+        decoder.format = Some(format);
+        decoder.content = Content::of(format, false);
         Ok(decoder)
+    }
+
+    /// The log's format, once its header was read (plain logs: none).
+    pub fn format(&self) -> Option<u32> {
+        self.format
     }
 
     fn at(stage: Stage) -> LogDecoder {
         LogDecoder {
             stage,
+            content: Content::Lines,
+            format: None,
+            raw: false,
             fed: 0,
             keep: 0,
             partial: Vec::new(),
@@ -178,7 +220,9 @@ impl LogDecoder {
                 header_len(head).ok_or(AuditFault(Fault::Foreign))?
             };
             if head.len() >= 8 && head.len() == need {
-                check_header(head).map_err(AuditFault)?;
+                let format = check_header(head).map_err(AuditFault)?;
+                self.format = Some(format);
+                self.content = Content::of(format, self.raw);
                 self.keep = need as u64;
                 self.stage = Stage::Frames(Box::new(frames().map_err(AuditFault)?));
                 break;
@@ -227,15 +271,14 @@ impl LogDecoder {
                     self.fed += used as u64;
                     bytes = &bytes[used..];
                     let text = &self.scratch[..produced];
-                    match text.iter().rposition(|b| *b == b'\n') {
-                        Some(last) => {
-                            lines.extend_from_slice(&self.partial);
-                            lines.extend_from_slice(&text[..=last]);
-                            self.partial.clear();
-                            self.partial.extend_from_slice(&text[last + 1..]);
-                        }
-                        None => self.partial.extend_from_slice(text),
-                    }
+                    take_decoded(&mut self.content, &mut self.partial, text, lines).map_err(
+                        |reason| {
+                            AuditFault(Fault::Corrupt {
+                                offset: self.fed,
+                                reason: format!("in the segment before this byte: {reason}"),
+                            })
+                        },
+                    )?;
                     let full = produced == self.scratch.len();
                     if hint == 0 && !full {
                         // A segment ended (the decoder stops at a frame's
@@ -245,6 +288,9 @@ impl LogDecoder {
                                 offset: self.fed,
                                 reason: "a segment ends inside a line".into(),
                             }));
+                        }
+                        if let Content::Records { reader, .. } = &mut self.content {
+                            reader.reset();
                         }
                         self.keep = self.fed;
                     }
@@ -269,6 +315,47 @@ impl LogDecoder {
         LogEnd {
             keep: self.keep,
             fed: self.fed,
+        }
+    }
+}
+
+/// Takes a segment's decoded bytes: whole lines (or records) into `lines`,
+/// the rest kept in `partial` for the next bytes.
+fn take_decoded(
+    content: &mut Content,
+    partial: &mut Vec<u8>,
+    text: &[u8],
+    lines: &mut Vec<u8>,
+) -> Result<(), String> {
+    match content {
+        Content::Lines => {
+            match text.iter().rposition(|b| *b == b'\n') {
+                Some(last) => {
+                    lines.extend_from_slice(partial);
+                    lines.extend_from_slice(&text[..=last]);
+                    partial.clear();
+                    partial.extend_from_slice(&text[last + 1..]);
+                }
+                None => partial.extend_from_slice(text),
+            }
+            Ok(())
+        }
+        Content::Records { reader, raw } => {
+            partial.extend_from_slice(text);
+            let mut at = 0;
+            let mut unused = Vec::new();
+            let out = if *raw { &mut unused } else { &mut *lines };
+            while let Some(n) = reader.read(&partial[at..], out)? {
+                if *raw {
+                    out.clear();
+                }
+                at += n;
+            }
+            if *raw {
+                lines.extend_from_slice(&partial[..at]);
+            }
+            partial.drain(..at);
+            Ok(())
         }
     }
 }
@@ -310,7 +397,8 @@ fn header_len(head: &[u8]) -> Option<usize> {
     (magic == HEADER_MAGIC && size <= HEADER_MAX).then_some(8 + size)
 }
 
-fn check_header(head: &[u8]) -> Result<(), Fault> {
+/// The header's format version.
+fn check_header(head: &[u8]) -> Result<u32, Fault> {
     let payload = &head[8..];
     let version = payload
         .strip_prefix(HEADER_TAG)
@@ -324,15 +412,32 @@ fn check_header(head: &[u8]) -> Result<(), Fault> {
     if version == 0 {
         return Err(Fault::Foreign);
     }
-    Ok(())
+    Ok(version)
 }
 
-/// The most bytes an open segment may take on disk: [`SEGMENT`] of lines
-/// compress to a twentieth of that; twice it uncompressed is far past
-/// anything a killed writer leaves.
-///
-/// [`SEGMENT`]: super::SEGMENT
-const MAX_OPEN: u64 = 2 * super::SEGMENT;
+/// The format of the compact log at `path`, from its header.
+pub fn format_of(path: &Path) -> Result<u32, AuditError> {
+    let mut head = Vec::with_capacity(8 + HEADER_MAX);
+    File::open(path)
+        .and_then(|f| f.take(8 + HEADER_MAX as u64).read_to_end(&mut head))
+        .map_err(AuditError::io(path))?;
+    let mut decoder = LogDecoder::compact();
+    decoder
+        .feed(&head, &mut Vec::new())
+        .map_err(|f| f.at(path))?;
+    decoder.format().ok_or_else(|| AuditError::Corrupt {
+        path: path.to_owned(),
+        offset: head.len() as u64,
+        reason: "the log's header is cut short".into(),
+    })
+}
+
+/// The most bytes an open segment may take on disk: twice the most any
+/// troupe put in one before compressing it (8 MiB of JSON lines, in the
+/// first format; 1 MiB of records now, [`super::SEGMENT`]), which
+/// compresses to a fraction of that: past it a tail is damage, not a
+/// killed writer's open segment.
+const MAX_OPEN: u64 = 16 << 20;
 
 /// How many file bytes a read takes at once.
 const CHUNK: usize = 1 << 16;
@@ -429,9 +534,10 @@ impl Follower {
     /// begins at byte `at` (see [`super::segment_starts`]; the header
     /// before it was checked there).
     pub fn at_segment(path: &Path, at: u64) -> Result<Follower, AuditError> {
+        let format = format_of(path)?;
         Ok(Follower {
             path: path.to_owned(),
-            decoder: LogDecoder::segments_at(at).map_err(|f| f.at(path))?,
+            decoder: LogDecoder::segments_at(at, format).map_err(|f| f.at(path))?,
         })
     }
 
@@ -502,13 +608,19 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
     }
     let io = AuditError::io(path);
     let mut carried = Vec::new();
+    // A log with no whole header gets this troupe's.
+    let mut format = FORMAT;
     if !super::is_plain(path) && end.keep > 0 {
-        // The open segment's whole lines, decoded again from its start.
+        // The open segment's whole lines (or records, as they are),
+        // decoded again from its start.
+        format = format_of(path)?;
         let mut file = File::open(path).map_err(&io)?;
         file.seek(SeekFrom::Start(end.keep)).map_err(&io)?;
         let mut tail = Vec::new();
         file.read_to_end(&mut tail).map_err(&io)?;
-        let mut decoder = LogDecoder::segments_at(end.keep).map_err(|f| f.at(path))?;
+        let mut decoder = LogDecoder::segments_at(end.keep, format).map_err(|f| f.at(path))?;
+        decoder.raw = true;
+        decoder.content = Content::of(format, true);
         decoder.feed(&tail, &mut carried).map_err(|f| f.at(path))?;
     }
     let mut file = OpenOptions::new().write(true).open(path).map_err(&io)?;
@@ -520,7 +632,7 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
             file.write_all(&super::header()).map_err(&io)?;
         }
         if !carried.is_empty() {
-            let mut log = Compressed::append(file).map_err(&io)?;
+            let mut log = Compressed::append(file, format).map_err(&io)?;
             log.write_all(&carried).map_err(&io)?;
             file = log.finish().map_err(&io)?;
         }

@@ -1,8 +1,41 @@
 use std::io::{Read, Write};
+use std::sync::Arc;
 
 use proptest::prelude::*;
 
+use super::records::{EventHead, RecordWriter};
 use super::*;
+
+/// Both formats a troupe reads: each test of the compact log runs on both.
+const FORMATS: [u32; 2] = [FORMAT, FORMAT_LINES];
+
+/// A sibling's exit as the audit writer writes it in records; its line.
+fn exit_record(w: &mut RecordWriter, out: &mut Vec<u8>, seq: u64, run: &Arc<str>) -> String {
+    let exec: Arc<str> = Arc::from(format!("{run}/worker#{seq}/1"));
+    let stage: Arc<str> = Arc::from("worker");
+    // The same log each time it is written.
+    let micros = 1_795_000_000_000_000 + seq;
+    w.event(
+        out,
+        &EventHead {
+            seq,
+            micros,
+            name: "StageExited",
+            run,
+            exec: Some(&exec),
+            stage: Some(&stage),
+            tool: None,
+            fields: 2,
+        },
+    );
+    w.field_static(out, "verdict", "ok");
+    w.field_usage(out, "usage", [119 + seq, 17, 2]);
+    let ts = clock::rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros));
+    format!(
+        "{{\"seq\":{seq},\"ts\":\"{ts}\",\"event\":\"StageExited\",\"workflowRunId\":\"{run}\",\"stageExecutionId\":\"{exec}\",\"stageId\":\"worker\",\"verdict\":\"ok\",\"usage\":{{\"promptTokens\":{},\"completionTokens\":17,\"requests\":2}}}}\n",
+        119 + seq
+    )
+}
 
 /// A line as the writer makes them.
 fn line(seq: u64) -> String {
@@ -11,23 +44,48 @@ fn line(seq: u64) -> String {
     )
 }
 
-/// A compact log of `n` lines, flushed (a block ended) every `every`
-/// lines; closed or left open as a killed writer leaves it. Also returns
-/// the file length after each flush and the lines written by then.
+/// A compact log of `n` lines in this troupe's format, flushed (a block
+/// ended) every `every` lines; closed or left open as a killed writer
+/// leaves it. Also returns the file length after each flush and the
+/// lines written by then.
 fn written(n: u64, every: u64, close: bool) -> (Vec<u8>, String, Vec<(usize, usize)>) {
-    let mut log = Compressed::create(Vec::new()).expect("a log");
+    written_in(FORMAT, n, every, close)
+}
+
+/// [`written`] in `format`: events as the audit writer writes them
+/// (each flushed batch of records begun by its own `RESET`), or lines.
+fn written_in(
+    format: u32,
+    n: u64,
+    every: u64,
+    close: bool,
+) -> (Vec<u8>, String, Vec<(usize, usize)>) {
+    let mut log = Compressed::create_in(Vec::new(), format).expect("a log");
+    let run: Arc<str> = Arc::from("01a2169c-ae47-74a5-8cb4-5df934e3f66c");
+    let mut writer = RecordWriter::new();
+    let mut batch = Vec::new();
     let mut text = String::new();
     let mut flushed = Vec::new();
     for seq in 1..=n {
-        let l = line(seq);
-        log.write_all(l.as_bytes()).expect("write");
-        text.push_str(&l);
+        if format == FORMAT_LINES {
+            let l = line(seq);
+            batch.extend_from_slice(l.as_bytes());
+            text.push_str(&l);
+        } else {
+            if batch.is_empty() {
+                writer.begin(&mut batch);
+            }
+            text.push_str(&exit_record(&mut writer, &mut batch, seq, &run));
+        }
         if seq % every == 0 {
+            log.write_all(&batch).expect("write");
+            batch.clear();
             log.flush().expect("flush");
             let len = log.get_ref().expect("open").len();
             flushed.push((len, text.len()));
         }
     }
+    log.write_all(&batch).expect("write");
     let bytes = if close {
         log.finish().expect("finish")
     } else {
@@ -52,38 +110,46 @@ fn decoded(bytes: &[u8], cuts: &[usize]) -> Result<(String, LogEnd), AuditFault>
 }
 
 #[test]
-fn what_is_written_reads_back_whole_and_the_stock_zstd_reads_it_too() {
-    let (bytes, text, _) = written(500, 7, true);
-    let (back, end) = decoded(&bytes, &[]).expect("a log");
-    assert_eq!(back, text);
-    assert!(!end.unfinished());
-    let stock = zstd::decode_all(&bytes[..]).expect("every frame closed");
-    assert_eq!(String::from_utf8(stock).expect("utf-8"), text);
-    // Twelve events of a sibling cost far less than their 3 KiB of text.
-    assert!(
-        bytes.len() * 8 < text.len(),
-        "{} of {}",
-        bytes.len(),
-        text.len()
-    );
+fn what_is_written_reads_back_whole_in_either_format() {
+    for format in FORMATS {
+        let (bytes, text, _) = written_in(format, 500, 7, true);
+        let (back, end) = decoded(&bytes, &[]).expect("a log");
+        assert_eq!(back, text, "format {format}");
+        assert!(!end.unfinished());
+        // The stock zstd reads every frame; the lines themselves are what
+        // the first format holds.
+        let stock = zstd::decode_all(&bytes[..]).expect("every frame closed");
+        if format == FORMAT_LINES {
+            assert_eq!(String::from_utf8(stock).expect("utf-8"), text);
+        }
+        // Events cost far less than their text.
+        assert!(
+            bytes.len() * 8 < text.len(),
+            "format {format}: {} of {}",
+            bytes.len(),
+            text.len()
+        );
+    }
 }
 
 #[test]
 fn a_segment_is_closed_after_its_size_and_the_next_one_begun() {
-    let big = "x".repeat(1 << 20);
-    let mut log = Compressed::create(Vec::new()).expect("a log");
-    let mut text = String::new();
-    for seq in 0..10 {
-        let l = format!("{{\"seq\":{seq},\"pad\":\"{big}\"}}\n");
-        log.write_all(l.as_bytes()).expect("write");
-        log.flush().expect("flush");
-        text.push_str(&l);
+    let big = "x".repeat(SEGMENT as usize / 4);
+    for format in FORMATS {
+        let mut log = Compressed::create_in(Vec::new(), format).expect("a log");
+        let mut text = String::new();
+        for seq in 0..10 {
+            let l = format!("{{\"seq\":{seq},\"pad\":\"{big}\"}}\n");
+            log.write_lines(l.as_bytes()).expect("write");
+            log.flush().expect("flush");
+            text.push_str(&l);
+        }
+        let open = log.get_ref().expect("open").clone();
+        let (back, end) = decoded(&open, &[]).expect("a log");
+        assert_eq!(back, text);
+        assert!(end.unfinished(), "the second segment is still open");
+        assert!(end.keep > header().len() as u64, "the first one is closed");
     }
-    let open = log.get_ref().expect("open").clone();
-    let (back, end) = decoded(&open, &[]).expect("a log");
-    assert_eq!(back, text);
-    assert!(end.unfinished(), "the second segment is still open");
-    assert!(end.keep > header().len() as u64, "the first one is closed");
 }
 
 #[test]
@@ -119,38 +185,40 @@ fn a_plain_log_hands_out_whole_lines_and_keeps_a_torn_one_out() {
 
 #[test]
 fn cut_to_whole_closes_a_killed_segment_with_every_whole_line_it_had() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join(FILE);
-    let (bytes, text, flushed) = written(40, 10, false);
-    // Killed inside the last block.
-    let cut = flushed[2].0 + (flushed[3].0 - flushed[2].0) / 2;
-    std::fs::write(&path, &bytes[..cut]).expect("write");
-    let end = scan_end(&path, |_| Ok(())).expect("read");
-    assert!(end.unfinished());
-    assert!(cut_to_whole(&path, end).expect("cut"));
-    let after = std::fs::read(&path).expect("read");
-    let stock = String::from_utf8(zstd::decode_all(&after[..]).expect("closed")).expect("utf-8");
-    assert_eq!(stock, text[..flushed[2].1]);
-    let mut whole = String::new();
-    DecodedReader::open(&path)
-        .expect("open")
-        .read_to_string(&mut whole)
-        .expect("read");
-    assert_eq!(whole, stock);
-    // Appending after it goes on in a new segment.
-    let file = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .expect("open");
-    let mut log = Compressed::append(file).expect("append");
-    log.write_all(line(99).as_bytes()).expect("write");
-    log.finish().expect("finish");
-    let stock = zstd::decode_all(&std::fs::read(&path).expect("read")[..]).expect("closed");
-    assert!(
-        String::from_utf8(stock)
-            .expect("utf-8")
-            .ends_with(&line(99))
-    );
+    for format in FORMATS {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join(FILE);
+        let (bytes, text, flushed) = written_in(format, 40, 10, false);
+        // Killed inside the last block.
+        let cut = flushed[2].0 + (flushed[3].0 - flushed[2].0) / 2;
+        std::fs::write(&path, &bytes[..cut]).expect("write");
+        let end = scan_end(&path, |_| Ok(())).expect("read");
+        assert!(end.unfinished());
+        assert!(cut_to_whole(&path, end).expect("cut"));
+        let after = std::fs::read(&path).expect("read");
+        // Every frame closed now.
+        zstd::decode_all(&after[..]).expect("closed");
+        let mut whole = String::new();
+        DecodedReader::open(&path)
+            .expect("open")
+            .read_to_string(&mut whole)
+            .expect("read");
+        assert_eq!(whole, text[..flushed[2].1], "format {format}");
+        assert!(!scan_end(&path, |_| Ok(())).expect("read").unfinished());
+        // Appending after it goes on in a new segment, in its format.
+        assert_eq!(format_of(&path).expect("a header"), format);
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("open");
+        let mut log = Compressed::append(file, format).expect("append");
+        log.write_lines(line(99).as_bytes()).expect("write");
+        log.finish().expect("finish");
+        assert_eq!(
+            read_text(&path).expect("read"),
+            format!("{}{}", &text[..flushed[2].1], line(99))
+        );
+    }
 }
 
 #[test]
@@ -162,7 +230,7 @@ fn a_tail_longer_than_any_open_segment_is_damage_and_is_not_cut() {
     let keep = header().len() as u64;
     let end = LogEnd {
         keep,
-        fed: keep + 2 * SEGMENT + 1,
+        fed: keep + (16 << 20) + 1,
     };
     let refused = cut_to_whole(&path, end).expect_err("not cut");
     assert!(refused.to_string().contains("looks damaged"), "{refused}");
@@ -185,8 +253,11 @@ proptest! {
 
     /// However the bytes arrive, the same lines come out.
     #[test]
-    fn pieces_of_any_size_decode_to_the_same_lines(cuts in proptest::collection::vec(0usize..40_000, 0..12)) {
-        let (bytes, text, _) = written(120, 9, true);
+    fn pieces_of_any_size_decode_to_the_same_lines(
+        cuts in proptest::collection::vec(0usize..40_000, 0..12),
+        format in prop::sample::select(FORMATS.to_vec()),
+    ) {
+        let (bytes, text, _) = written_in(format, 120, 9, true);
         let (back, _) = decoded(&bytes, &cuts).expect("a log");
         prop_assert_eq!(back, text);
     }
@@ -194,8 +265,11 @@ proptest! {
     /// `kill -9` at any byte: no error, a prefix of the lines, and every
     /// line of a block flushed before the cut.
     #[test]
-    fn a_log_cut_anywhere_reads_as_a_prefix_with_every_flushed_block(at in 0usize..100_000) {
-        let (bytes, text, flushed) = written(200, 13, false);
+    fn a_log_cut_anywhere_reads_as_a_prefix_with_every_flushed_block(
+        at in 0usize..100_000,
+        format in prop::sample::select(FORMATS.to_vec()),
+    ) {
+        let (bytes, text, flushed) = written_in(format, 200, 13, false);
         let cut = at % (bytes.len() + 1);
         let (back, _) = decoded(&bytes[..cut], &[]).expect("a cut is not damage");
         prop_assert!(text.starts_with(&back));
@@ -206,8 +280,12 @@ proptest! {
     /// Damage anywhere: a typed error or fewer lines, never a panic, and
     /// never a line that was not written.
     #[test]
-    fn damaged_bytes_never_panic(at in 0usize..100_000, byte in any::<u8>()) {
-        let (mut bytes, text, _) = written(100, 11, true);
+    fn damaged_bytes_never_panic(
+        at in 0usize..100_000,
+        byte in any::<u8>(),
+        format in prop::sample::select(FORMATS.to_vec()),
+    ) {
+        let (mut bytes, text, _) = written_in(format, 100, 11, true);
         let i = at % bytes.len();
         bytes[i] ^= byte | 1;
         if let Ok((back, _)) = decoded(&bytes, &[]) {
@@ -221,57 +299,60 @@ proptest! {
 
 #[test]
 fn segment_starts_are_found_from_headers_and_each_decodes_to_a_suffix() {
-    let dir = tempfile::tempdir().expect("a folder");
-    let path = dir.path().join(FILE);
-    let (bytes, text, _) = written(100_000, 1000, true);
-    std::fs::write(&path, &bytes).expect("written");
-    let starts = segment_starts(&path).expect("starts");
-    assert!(starts.len() >= 3, "{starts:?}");
-    assert_eq!(starts[0], header().len() as u64);
-    let all: Vec<&str> = text.lines().collect();
-    let mut before = all.len() + 1;
-    for at in &starts {
-        let mut follower = Follower::at_segment(&path, *at).expect("a follower");
-        let mut lines = Vec::new();
-        while follower.read_more(1 << 20, &mut lines).expect("read") > 0 {}
-        let got = String::from_utf8(lines).expect("UTF-8");
-        let got: Vec<&str> = got.lines().collect();
-        assert!(!got.is_empty() && got.len() < before, "{at}");
-        assert_eq!(got[..], all[all.len() - got.len()..], "{at}");
-        before = got.len();
-    }
-    // Left open by a killed writer: the same boundaries, the last open.
-    let (open, _, _) = written(100_000, 1000, false);
-    std::fs::write(&path, &open).expect("written");
-    assert_eq!(segment_starts(&path).expect("starts"), starts);
-    // Cut anywhere: never an error, some of the starts.
-    for cut in [
-        0,
-        3,
-        9,
-        header().len(),
-        starts[1] as usize + 2,
-        bytes.len() - 1,
-    ] {
-        std::fs::write(&path, &bytes[..cut]).expect("written");
+    // Each format, with enough events for several 8 MiB segments.
+    for (format, n, segments) in [(FORMAT_LINES, 100_000, 3), (FORMAT, 120_000, 2)] {
+        let dir = tempfile::tempdir().expect("a folder");
+        let path = dir.path().join(FILE);
+        let (bytes, text, _) = written_in(format, n, 1000, true);
+        std::fs::write(&path, &bytes).expect("written");
+        let starts = segment_starts(&path).expect("starts");
+        assert!(starts.len() >= segments, "{starts:?}");
+        assert_eq!(starts[0], header().len() as u64);
+        let all: Vec<&str> = text.lines().collect();
+        let mut before = all.len() + 1;
+        for at in &starts {
+            let mut follower = Follower::at_segment(&path, *at).expect("a follower");
+            let mut lines = Vec::new();
+            while follower.read_more(1 << 20, &mut lines).expect("read") > 0 {}
+            let got = String::from_utf8(lines).expect("UTF-8");
+            let got: Vec<&str> = got.lines().collect();
+            assert!(!got.is_empty() && got.len() < before, "{at}");
+            assert_eq!(got[..], all[all.len() - got.len()..], "{at}");
+            before = got.len();
+        }
+        // Left open by a killed writer: the same boundaries, the last open.
+        let (open, _, _) = written_in(format, n, 1000, false);
+        std::fs::write(&path, &open).expect("written");
+        assert_eq!(segment_starts(&path).expect("starts"), starts);
+        // Cut anywhere: never an error, some of the starts.
+        for cut in [
+            0,
+            3,
+            9,
+            header().len(),
+            starts[1] as usize + 2,
+            bytes.len() - 1,
+        ] {
+            std::fs::write(&path, &bytes[..cut]).expect("written");
+            let found = segment_starts(&path).expect("starts");
+            assert!(starts.starts_with(&found), "{cut}: {found:?}");
+        }
+        // Damage inside a frame's blocks stops the walk there, no panic.
+        let mut damaged = bytes.clone();
+        for b in &mut damaged[starts[1] as usize + 4..starts[1] as usize + 64] {
+            *b ^= 0x5A;
+        }
+        std::fs::write(&path, &damaged).expect("written");
         let found = segment_starts(&path).expect("starts");
-        assert!(starts.starts_with(&found), "{cut}: {found:?}");
+        assert!(
+            found.len() <= starts.len() && found[..2] == starts[..2],
+            "{found:?}"
+        );
+        // A foreign file is the error every reader gives.
+        std::fs::write(&path, b"not a log at all, certainly not").expect("written");
+        assert!(matches!(
+            segment_starts(&path),
+            Err(AuditError::Foreign { .. })
+        ));
     }
-    // Damage inside a frame's blocks stops the walk there, no panic.
-    let mut damaged = bytes.clone();
-    for b in &mut damaged[starts[1] as usize + 4..starts[1] as usize + 64] {
-        *b ^= 0x5A;
-    }
-    std::fs::write(&path, &damaged).expect("written");
-    let found = segment_starts(&path).expect("starts");
-    assert!(
-        found.len() <= starts.len() && found[..2] == starts[..2],
-        "{found:?}"
-    );
-    // A foreign file is the error every reader gives.
-    std::fs::write(&path, b"not a log at all, certainly not").expect("written");
-    assert!(matches!(
-        segment_starts(&path),
-        Err(AuditError::Foreign { .. })
-    ));
 }

@@ -1,6 +1,6 @@
 //! Finds a run's audit log in the runs folder (`<runs-dir>/<run-id>/
-//! audit.jsonl.zst`, as `troupe run` writes it, or an older troupe's
-//! `audit.jsonl`) and reads it into a timeline.
+//! audit.log.zst`, as `troupe run` writes it, or an older troupe's
+//! `audit.jsonl.zst` or `audit.jsonl`) and reads it into a timeline.
 
 use std::io::BufReader;
 use std::path::{Path, PathBuf};

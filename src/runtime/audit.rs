@@ -1,5 +1,6 @@
 //! Event sinks on their own threads: the audit log (audit events only,
-//! never dropped, as zstd-compressed JSON lines, see [`crate::auditlog`],
+//! never dropped, as zstd-compressed binary records that read back as JSON
+//! lines, see [`crate::auditlog`],
 //! flushed within milliseconds and closed when the bus closes) and the `--events`
 //! stream (every event; observer events may be dropped under load, which is
 //! reported as `SubscriberLagged`).
@@ -23,7 +24,8 @@ use tokio::sync::oneshot;
 use troupe_actors::{Delivery, EventBus, Subscription};
 
 use super::events::Event;
-use crate::auditlog::{self, Compressed, Frames};
+use crate::auditlog::records::RecordWriter;
+use crate::auditlog::{self, Compressed, FORMAT_LINES, Frames};
 
 mod compressing;
 mod formatting;
@@ -102,6 +104,15 @@ fn open_audit_log(
         File::create(path)?
     };
     let file = AuditFile::new(file, path)?;
+    // A resumed run's log keeps its format: an older troupe's holds JSON
+    // lines, and a reader takes a log's format from its header.
+    let records = !auditlog::is_plain(path)
+        && (!append || auditlog::format_of(path).map_err(io::Error::other)? != FORMAT_LINES);
+    let format = if records {
+        auditlog::FORMAT
+    } else {
+        FORMAT_LINES
+    };
     let (notice, failure) = oneshot::channel();
     let shown = path.display().to_string();
     // Told by whichever thread finds the log failed first.
@@ -128,7 +139,7 @@ fn open_audit_log(
         AuditOut::Compact(Compressing::start(log, 0, formatters, on_failure)?)
     } else {
         let log = if append {
-            Compressed::append(file)?
+            Compressed::append(file, format)?
         } else {
             Compressed::create(file)?
         };
@@ -142,7 +153,10 @@ fn open_audit_log(
             Some(Formatters::start(
                 formatters,
                 log.spare(),
-                Arc::new(move |delivery, out: &mut Vec<u8>| line.write(delivery, out)),
+                records,
+                Arc::new(move |delivery, encoder: &mut Encoder, out: &mut Vec<u8>| {
+                    line.write(delivery, encoder, out)
+                }),
             )?)
         }
         _ => None,
@@ -164,7 +178,7 @@ fn open_audit_log(
                         .and_then(|n| log.finish().map_err(|e| lost_from(e, n, None)).map(|()| n))
                 }
                 (mut out, _) => {
-                    let mut formatted = Formatted::new(&mut out, line);
+                    let mut formatted = Formatted::new(&mut out, line, Encoder::new(records));
                     drain(&sub, &mut formatted, PACE)
                         .and_then(|n| out.finish().map_err(|e| lost_from(e, n, None)).map(|()| n))
                 }
@@ -223,7 +237,7 @@ impl Write for AuditFile {
     }
 }
 
-/// The audit log's writer: compact (`audit.jsonl.zst`, compressed on a
+/// The audit log's writer: compact (`audit.log.zst`, compressed on a
 /// thread of its own), or plain when a resumed run's folder has an older
 /// troupe's `audit.jsonl`.
 enum AuditOut {
@@ -237,6 +251,14 @@ impl AuditOut {
         match self {
             AuditOut::Plain(mut file) => file.flush(),
             AuditOut::Compact(log) => log.finish(),
+        }
+    }
+}
+
+impl LineOut for AuditOut {
+    fn note_lines(&mut self, lines: u64) {
+        if let AuditOut::Compact(log) = self {
+            log.note_lines(lines);
         }
     }
 }
@@ -269,7 +291,7 @@ pub fn start_event_stream<W: Write + Send + 'static>(
     let handle = std::thread::Builder::new()
         .name("troupe-events".into())
         .spawn(move || {
-            let mut out = out;
+            let mut out = Stream(out);
             write_lines(sub, &mut out, PACE, &run_id)
         })?;
     Ok(Sink::from_thread(handle))
@@ -308,14 +330,62 @@ const PACE: Pace = Pace {
 };
 
 /// Writes what `sub` receives as JSON lines into `out`.
-fn write_lines<W: Write>(
+fn write_lines<W: LineOut>(
     sub: Subscription<Event>,
     out: &mut W,
     pace: Pace,
     run_id: &str,
 ) -> io::Result<u64> {
     let line = LineFormat::of(&sub, run_id);
-    drain(&sub, &mut Formatted::new(out, line), pace)
+    drain(&sub, &mut Formatted::new(out, line, Encoder::Lines), pace)
+}
+
+/// Where [`Formatted`] writes: a [`Write`] told how many lines each
+/// flushed batch holds (binary records cannot be counted by their
+/// newlines, and a failed write says how many lines it lost).
+pub(super) trait LineOut: Write {
+    /// The batch written since the last flush holds `lines` lines.
+    fn note_lines(&mut self, _lines: u64) {}
+}
+
+/// A stream of JSON lines (`--events`), which counts nothing.
+struct Stream<W>(W);
+
+impl<W: Write> Write for Stream<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl<W: Write> LineOut for Stream<W> {}
+
+/// How the log's lines are written: as JSON lines (the `--events` stream,
+/// a plain log, an older troupe's compact log) or as binary records,
+/// numbering strings batch by batch.
+pub(super) enum Encoder {
+    Lines,
+    Records(Box<RecordWriter>),
+}
+
+impl Encoder {
+    pub(super) fn new(records: bool) -> Encoder {
+        if records {
+            Encoder::Records(Box::default())
+        } else {
+            Encoder::Lines
+        }
+    }
+
+    /// Starts a batch (a record batch forgets the last one's strings).
+    pub(super) fn begin(&mut self, out: &mut Vec<u8>) {
+        if let Encoder::Records(w) = self {
+            w.begin(out);
+        }
+    }
 }
 
 /// How one delivery becomes a line. A `SubscriberLagged` diagnostic
@@ -336,25 +406,43 @@ impl LineFormat {
         }
     }
 
-    /// Appends the delivery's line, without its newline.
-    fn write(&self, delivery: Delivery<Event>, out: &mut Vec<u8>) -> io::Result<()> {
-        match delivery {
-            Delivery::Event(env) => {
+    /// Appends the delivery's line (with its newline) or record.
+    fn write(
+        &self,
+        delivery: Delivery<Event>,
+        encoder: &mut Encoder,
+        out: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        match (delivery, encoder) {
+            (Delivery::Event(env), Encoder::Lines) => {
                 env.event.write_json(env.seq, out);
-                Ok(())
+                out.push(b'\n');
             }
-            Delivery::Lagged { dropped, last_seq } => Ok(serde_json::to_writer(
-                out,
-                &serde_json::json!({
+            (Delivery::Event(env), Encoder::Records(w)) => {
+                env.event.write_record(env.seq, w, out);
+            }
+            (Delivery::Lagged { dropped, last_seq }, encoder) => {
+                let notice = serde_json::json!({
                     "seq": last_seq,
                     "ts": super::events::rfc3339(std::time::SystemTime::now()),
                     "event": "SubscriberLagged",
                     "workflowRunId": &*self.run_id,
                     "subscriber": &*self.subscriber,
                     "dropped": dropped,
-                }),
-            )?),
+                });
+                match encoder {
+                    Encoder::Lines => {
+                        serde_json::to_writer(&mut *out, &notice)?;
+                        out.push(b'\n');
+                    }
+                    // Writing a `Value` into a `Vec` cannot fail.
+                    Encoder::Records(w) => w.line(out, |o| {
+                        let _ = serde_json::to_writer(o, &notice);
+                    }),
+                }
+            }
         }
+        Ok(())
     }
 }
 
@@ -373,6 +461,9 @@ trait Lines {
 struct Formatted<'a, W> {
     out: &'a mut W,
     line: LineFormat,
+    encoder: Encoder,
+    /// Lines in `pending`.
+    lines: u64,
     /// Lines formatted but not yet written; formatted in place, so each
     /// line is copied once, by the `write`.
     pending: Vec<u8>,
@@ -380,22 +471,28 @@ struct Formatted<'a, W> {
     from: Option<u64>,
 }
 
-impl<'a, W: Write> Formatted<'a, W> {
-    fn new(out: &'a mut W, line: LineFormat) -> Self {
+impl<'a, W: LineOut> Formatted<'a, W> {
+    fn new(out: &'a mut W, line: LineFormat, encoder: Encoder) -> Self {
         Formatted {
             out,
             line,
+            encoder,
+            lines: 0,
             pending: Vec::with_capacity(BATCH + 4096),
             from: None,
         }
     }
 }
 
-impl<W: Write> Lines for Formatted<'_, W> {
+impl<W: LineOut> Lines for Formatted<'_, W> {
     fn take(&mut self, seq: u64, delivery: Delivery<Event>) -> io::Result<bool> {
+        if self.pending.is_empty() {
+            self.encoder.begin(&mut self.pending);
+        }
         self.from.get_or_insert(seq);
-        self.line.write(delivery, &mut self.pending)?;
-        self.pending.push(b'\n');
+        self.line
+            .write(delivery, &mut self.encoder, &mut self.pending)?;
+        self.lines += 1;
         Ok(self.pending.len() >= BATCH)
     }
 
@@ -405,6 +502,7 @@ impl<W: Write> Lines for Formatted<'_, W> {
     /// reading).
     fn write_out(&mut self, lines: u64) -> io::Result<()> {
         let from = self.from.take();
+        self.out.note_lines(std::mem::take(&mut self.lines));
         let written = self
             .out
             .write_all(&self.pending)
@@ -538,9 +636,9 @@ mod tests {
         let bus: EventBus<Event> = EventBus::new();
         let sub = bus.subscribe_audit("audit-log", 16);
         let writer = std::thread::spawn(move || {
-            let mut out = Vec::new();
+            let mut out = Stream(Vec::new());
             let lines = write_lines(sub, &mut out, pace, "run").expect("writes to memory");
-            (lines, out)
+            (lines, out.0)
         });
         let run: Arc<str> = Arc::from("run");
         for i in 0..n {
@@ -569,9 +667,9 @@ mod tests {
             bus.publish(Event::new(EventName::Progress, Arc::clone(&run)));
         }
         let writer = std::thread::spawn(move || {
-            let mut out = Vec::new();
+            let mut out = Stream(Vec::new());
             write_lines(sub, &mut out, PACE, "run-1").expect("writes to memory");
-            out
+            out.0
         });
         bus.publish(Event::new(EventName::StageEntered, Arc::clone(&run)));
         bus.close();

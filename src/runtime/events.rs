@@ -3,11 +3,13 @@
 //! from workers), and the timestamps those carry.
 //! See ARCHITECTURE.md, Events and audit.
 
-mod clock;
 mod decode;
 mod encode;
 mod vocabulary;
 
-pub use clock::{parse_rfc3339, rfc3339};
-pub(crate) use encode::decimal;
+#[cfg(test)]
+mod record_tests;
+
+pub use crate::auditlog::clock::{parse_rfc3339, rfc3339};
+pub(crate) use crate::auditlog::json::decimal;
 pub use vocabulary::{Event, EventName, FieldValue};

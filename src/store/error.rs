@@ -83,7 +83,7 @@ impl StoreError {
                 "`troupe runs show` shows its results; start a new run with `troupe run`".to_owned()
             }
             StoreError::Io { .. } => "check the path and its permissions".to_owned(),
-            StoreError::AuditCorrupt { .. } => "the log's lines before the damage are intact: `zstd -dc` on the file prints them (a torn end, from a killed process, is not damage: resume repairs it)".to_owned(),
+            StoreError::AuditCorrupt { .. } => "the log's lines before the damage are intact: `troupe runs export <run>` prints them (a torn end, from a killed process, is not damage: resume repairs it)".to_owned(),
         }
     }
 

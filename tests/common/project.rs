@@ -441,9 +441,16 @@ pub fn write_killed_log(path: &std::path::Path, lines: &str, torn: &str) {
     use std::io::Write;
     let file = std::fs::File::create(path).expect("the log");
     let mut log = troupe::auditlog::Compressed::create(file).expect("a log");
-    log.write_all(lines.as_bytes()).expect("lines");
+    log.write_lines(lines.as_bytes()).expect("lines");
     log.flush().expect("a block");
-    log.write_all(torn.as_bytes()).expect("a torn line");
+    // The record of a line that begins with `torn`, cut before its end.
+    let mut record = Vec::new();
+    troupe::auditlog::records::lines_as_records(
+        format!("{torn}\"never\":\"written\"}}\n").as_bytes(),
+        &mut record,
+    );
+    record.truncate(record.len() - 12);
+    log.write_all(&record).expect("a torn record");
     log.flush().expect("a block");
     // Dropped, not finished: the segment stays open.
 }

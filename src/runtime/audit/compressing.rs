@@ -22,8 +22,8 @@ use crate::auditlog::{Compressed, Frames};
 
 /// What the compressing thread writes next.
 enum Batch {
-    /// Lines the audit thread formatted.
-    Lines(Vec<u8>),
+    /// Lines (or records) the audit thread formatted, and how many.
+    Lines(Vec<u8>, u64),
     /// A segment a formatter will send, its first line at `seq` `from`.
     Slot {
         from: u64,
@@ -82,6 +82,8 @@ pub(super) struct Compressing {
     /// Buffers the thread is done with, for the next batches.
     spare: Receiver<Vec<u8>>,
     batch: Vec<u8>,
+    /// Lines in `batch` ([`Compressing::note_lines`]).
+    lines: u64,
     capacity: usize,
     thread: Option<JoinHandle<io::Result<()>>>,
 }
@@ -107,8 +109,7 @@ impl Compressing {
                 for batch in batches {
                     // The batch, its first line's seq and its line count.
                     let (mut batch, from, count) = match batch {
-                        Batch::Lines(text) => {
-                            let count = memchr::memchr_iter(b'\n', &text).count() as u64;
+                        Batch::Lines(text, count) => {
                             let from = LostFrom::first_seq(&text);
                             (text, from, count)
                         }
@@ -141,6 +142,7 @@ impl Compressing {
             to: Some(to),
             spare,
             batch: Vec::with_capacity(capacity),
+            lines: 0,
             capacity,
             thread: Some(thread),
         })
@@ -181,10 +183,11 @@ impl Write for Compressing {
             .try_recv()
             .unwrap_or_else(|_| Vec::with_capacity(self.capacity));
         let batch = std::mem::replace(&mut self.batch, next);
+        let lines = std::mem::take(&mut self.lines);
         let handed = self
             .to
             .as_ref()
-            .is_some_and(|to| to.send(Batch::Lines(batch)).is_ok());
+            .is_some_and(|to| to.send(Batch::Lines(batch, lines)).is_ok());
         if handed {
             return Ok(());
         }
@@ -193,6 +196,12 @@ impl Write for Compressing {
 }
 
 impl Compressing {
+    /// The batch written since the last flush holds `lines` lines (a
+    /// failed write says how many were on disk before it).
+    pub(super) fn note_lines(&mut self, lines: u64) {
+        self.lines += lines;
+    }
+
     /// Hands over a slot for the lines of a batch whose first event is
     /// `from`: the returned sender is the formatter's. Waits while the
     /// thread's queue is full ([`IN_FLIGHT`] batches beyond one per
@@ -240,12 +249,9 @@ impl LostFrom {
         io::Error::new(source.kind(), LostFrom { seq, lines, source })
     }
 
-    /// The `seq` of the first line of `text`.
-    fn first_seq(text: &[u8]) -> Option<u64> {
-        text.strip_prefix(b"{\"seq\":").and_then(|rest| {
-            let end = rest.iter().position(|b| !b.is_ascii_digit())?;
-            std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
-        })
+    /// The `seq` of the first line (or record) of `batch`.
+    fn first_seq(batch: &[u8]) -> Option<u64> {
+        crate::auditlog::records::first_seq(batch)
     }
 
     /// A formatter gave no lines for the batch from `seq` (it panicked):
@@ -331,8 +337,13 @@ mod tests {
             room: usize::MAX,
             written: std::sync::Arc::clone(&written),
         };
-        let mut log =
-            Compressing::start(Compressed::create(file).unwrap(), 1024, 0, |_| {}).unwrap();
+        let mut log = Compressing::start(
+            Compressed::create_in(file, crate::auditlog::FORMAT_LINES).unwrap(),
+            1024,
+            0,
+            |_| {},
+        )
+        .unwrap();
         let mut expected = Vec::new();
         for batch in 0..50 {
             let text = lines(batch * 10, batch * 10 + 10);

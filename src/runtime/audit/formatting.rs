@@ -29,6 +29,7 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 
 use troupe_actors::Delivery;
 
+use super::Encoder;
 use super::compressing::{Compressing, Segment};
 use crate::auditlog::SegmentCompressor;
 use crate::runtime::events::Event;
@@ -79,8 +80,10 @@ pub fn formatters_here(threads: usize) -> usize {
     )
 }
 
-/// How a formatter writes one delivery's line (without its newline).
-pub(super) type Format = Arc<dyn Fn(Delivery<Event>, &mut Vec<u8>) -> io::Result<()> + Send + Sync>;
+/// How a formatter writes one delivery's line (with its newline) or
+/// record.
+pub(super) type Format =
+    Arc<dyn Fn(Delivery<Event>, &mut Encoder, &mut Vec<u8>) -> io::Result<()> + Send + Sync>;
 
 /// One batch of events and where its lines go.
 struct Job {
@@ -99,12 +102,14 @@ pub(super) struct Formatters {
 
 impl Formatters {
     /// Starts `count` formatter threads. `format` writes one delivery's
-    /// line (without its newline); buffers for the compressed segments
-    /// come from `spare` when it has one, so the compressing thread's
-    /// written buffers are used again.
+    /// line or record (`records`: each batch is records, begun by its
+    /// own `RESET`); buffers for the compressed segments come from
+    /// `spare` when it has one, so the compressing thread's written
+    /// buffers are used again.
     pub(super) fn start(
         count: usize,
         spare: Receiver<Vec<u8>>,
+        records: bool,
         format: Format,
     ) -> io::Result<Formatters> {
         let (work, jobs) = bounded::<Job>(count * 2);
@@ -122,14 +127,15 @@ impl Formatters {
                         return;
                     };
                     let mut text = Vec::with_capacity(256 * 1024);
+                    let mut encoder = Encoder::new(records);
                     for job in jobs {
                         let Job { events, segment } = job;
                         let made = catch_unwind(AssertUnwindSafe(|| {
                             text.clear();
+                            encoder.begin(&mut text);
                             let lines = events.len() as u64;
                             for delivery in events {
-                                format(delivery, &mut text)?;
-                                text.push(b'\n');
+                                format(delivery, &mut encoder, &mut text)?;
                             }
                             let mut frame = spare.try_recv().unwrap_or_default();
                             compressor.compress(&text, &mut frame)?;
@@ -235,10 +241,17 @@ mod tests {
             .collect()
     }
 
+    /// Events as the audit writer writes them.
     fn plain() -> Format {
-        Arc::new(|d, out: &mut Vec<u8>| {
+        Arc::new(|d, encoder: &mut Encoder, out: &mut Vec<u8>| {
             if let Delivery::Event(env) = d {
-                env.event.write_json(env.seq, out);
+                match encoder {
+                    Encoder::Lines => {
+                        env.event.write_json(env.seq, out);
+                        out.push(b'\n');
+                    }
+                    Encoder::Records(w) => env.event.write_record(env.seq, w, out),
+                }
             }
             Ok(())
         })
@@ -248,7 +261,7 @@ mod tests {
     /// log; the error `finish` gives, if any.
     fn run(count: usize, n: u64, format: Format, file: &Shared) -> io::Result<()> {
         let mut log = Compressing::start(Frames::create(file.clone()), 1024, count, |_| {})?;
-        let mut formatters = Formatters::start(count, log.spare(), format)?;
+        let mut formatters = Formatters::start(count, log.spare(), true, format)?;
         for seq in 1..=n {
             if formatters.push(seq, delivery(seq)) {
                 formatters.hand_on(&mut log)?;
@@ -266,7 +279,7 @@ mod tests {
         let (second_done, first_may_go) = crossbeam_channel::bounded::<()>(1);
         let last_of_second = 2 * BATCH_EVENTS as u64;
         let inner = plain();
-        let format: Format = Arc::new(move |d, out: &mut Vec<u8>| {
+        let format: Format = Arc::new(move |d, encoder: &mut Encoder, out: &mut Vec<u8>| {
             let seq = match &d {
                 Delivery::Event(env) => env.seq,
                 Delivery::Lagged { last_seq, .. } => *last_seq,
@@ -274,7 +287,7 @@ mod tests {
             if seq == 1 {
                 first_may_go.recv().unwrap();
             }
-            inner(d, out)?;
+            inner(d, encoder, out)?;
             if seq == last_of_second {
                 second_done.send(()).unwrap();
             }
@@ -289,12 +302,12 @@ mod tests {
     #[test]
     fn a_formatter_that_panics_loses_its_batch_and_says_from_which_seq() {
         let inner = plain();
-        let format: Format = Arc::new(move |d, out: &mut Vec<u8>| {
+        let format: Format = Arc::new(move |d, encoder: &mut Encoder, out: &mut Vec<u8>| {
             // An event of the second batch.
             if matches!(&d, Delivery::Event(env) if env.seq == BATCH_EVENTS as u64 + 44) {
                 panic!("a formatting bug");
             }
-            inner(d, out)
+            inner(d, encoder, out)
         });
         let file = Shared::default();
         let error = run(2, 4 * BATCH_EVENTS as u64, format, &file).unwrap_err();

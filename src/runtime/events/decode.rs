@@ -10,9 +10,9 @@ use serde::Deserializer;
 use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::clock::parse_rfc3339;
-use super::encode::write_json_str;
 use super::vocabulary::{Event, EventName, FieldValue};
+use crate::auditlog::clock::parse_rfc3339;
+use crate::auditlog::json::write_json_str;
 
 impl Event {
     /// An event read back from its JSON line (a worker's event, relayed

@@ -5,8 +5,12 @@
 
 use serde_json::{Map, Value};
 
-use super::clock::{RFC3339_LEN, rfc3339, rfc3339_into};
 use super::vocabulary::{Event, FieldValue, relayed_fields};
+use crate::auditlog::clock::{RFC3339_LEN, micros_since_epoch, rfc3339, rfc3339_into};
+use crate::auditlog::json::{
+    Head as LineHead, write_head, write_json_str, write_key, write_members, write_u64, write_usage,
+};
+use crate::auditlog::records::{EventHead, RecordWriter};
 
 /// The keys `to_json` puts first, in order.
 pub(super) const HEAD_KEYS: [&str; 7] = [
@@ -58,45 +62,73 @@ impl Event {
         if self.fields.iter().any(|(k, _)| HEAD_KEYS.contains(k)) {
             return self.write_json_with_clashes(seq, out);
         }
-        // The usual line: the head keys, the event's name and the
-        // timestamp are known not to need escaping, so they are copied
-        // whole; the audit thread wrote 15 checked strings per line.
-        let mut ts_buf = [0u8; RFC3339_LEN];
-        out.extend_from_slice(b"{\"seq\":");
-        write_u64(out, seq);
-        out.extend_from_slice(b",\"ts\":\"");
-        out.extend_from_slice(rfc3339_into(self.ts, &mut ts_buf).as_bytes());
-        out.extend_from_slice(b"\",\"event\":\"");
-        out.extend_from_slice(self.name.as_str().as_bytes());
-        out.extend_from_slice(b"\",\"workflowRunId\":");
-        write_json_str(out, &self.workflow_run_id);
-        if let Some(v) = &self.stage_execution_id {
-            out.extend_from_slice(b",\"stageExecutionId\":");
-            write_json_str(out, v);
-        }
-        if let Some(v) = &self.stage_id {
-            out.extend_from_slice(b",\"stageId\":");
-            write_json_str(out, v);
-        }
-        if let Some(v) = &self.tool {
-            out.extend_from_slice(b",\"tool\":");
-            write_json_str(out, v);
-        }
+        write_head(
+            out,
+            &LineHead {
+                seq,
+                micros: micros_since_epoch(self.ts),
+                name: self.name.as_str(),
+                run: &self.workflow_run_id,
+                exec: self.stage_execution_id.as_deref(),
+                stage: self.stage_id.as_deref(),
+                tool: self.tool.as_deref(),
+            },
+        );
         for (k, v) in &self.fields {
             if let (true, FieldValue::Relayed(members)) = (k.is_empty(), v) {
                 // Relayed fields (`from_line`), as they were written.
-                if !members.is_empty() {
-                    out.push(b',');
-                    out.extend_from_slice(members.as_bytes());
-                }
+                write_members(out, members.as_bytes());
                 continue;
             }
-            out.push(b',');
-            write_json_str(out, k);
-            out.push(b':');
+            write_key(out, k);
             v.write_json(out);
         }
         out.push(b'}');
+    }
+
+    /// The event as a binary record of the log ([`crate::auditlog::records`]),
+    /// which the log's reader writes back as exactly the line
+    /// [`Event::write_json`] writes. An event with a field named like a
+    /// head key is kept as that line.
+    pub fn write_record(&self, seq: u64, w: &mut RecordWriter, out: &mut Vec<u8>) {
+        if self.fields.iter().any(|(k, _)| HEAD_KEYS.contains(k)) {
+            return w.line(out, |line| self.write_json_with_clashes(seq, line));
+        }
+        w.event(
+            out,
+            &EventHead {
+                seq,
+                micros: micros_since_epoch(self.ts),
+                name: self.name.as_str(),
+                run: &self.workflow_run_id,
+                exec: self.stage_execution_id.as_ref(),
+                stage: self.stage_id.as_ref(),
+                tool: self.tool.as_ref(),
+                fields: self.fields.len(),
+            },
+        );
+        for (k, v) in &self.fields {
+            match v {
+                FieldValue::Static(s) => w.field_static(out, k, s),
+                FieldValue::Shared(s) => w.field_shared(out, k, s),
+                FieldValue::Usage(u) => {
+                    w.field_usage(out, k, [u.prompt_tokens, u.completion_tokens, u.requests])
+                }
+                FieldValue::Number(n) => match n.as_u64() {
+                    Some(n) => w.field_u64(out, k, n),
+                    None => w.field_json(out, k, |o| write_json_number(o, n)),
+                },
+                FieldValue::Bool(b) => w.field_bool(out, k, *b),
+                FieldValue::Json(value) => match &**value {
+                    Value::String(s) => w.field_text(out, k, s),
+                    other => w.field_json(out, k, |o| write_json_value(o, other)),
+                },
+                FieldValue::Relayed(members) if k.is_empty() => w.members(out, members),
+                FieldValue::Calls(_) | FieldValue::Relayed(_) => {
+                    w.field_json(out, k, |o| v.write_json(o));
+                }
+            }
+        }
     }
 
     /// [`Event::write_json`] for an event with a field named like a head
@@ -204,22 +236,8 @@ fn write_json_value(out: &mut Vec<u8>, value: &Value) {
     }
 }
 
-/// A JSON string: copied whole when nothing in it needs escaping, else
-/// escaped by serde_json (which escapes `"`, `\\` and bytes below 0x20).
-pub(super) fn write_json_str(out: &mut Vec<u8>, s: &str) {
-    if needs_escape(s.as_bytes()) {
-        // Writing into a Vec cannot fail, and a &str always serializes.
-        let _ = serde_json::to_writer(&mut *out, s);
-    } else {
-        out.reserve(s.len() + 2);
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    }
-}
-
 impl FieldValue {
-    fn write_json(&self, out: &mut Vec<u8>) {
+    pub(super) fn write_json(&self, out: &mut Vec<u8>) {
         match self {
             FieldValue::Static(s) => write_json_str(out, s),
             FieldValue::Shared(s) => write_json_str(out, s),
@@ -227,13 +245,7 @@ impl FieldValue {
             // order): through serde it was a thousand instructions, and
             // three of a sibling's events carry one.
             FieldValue::Usage(u) => {
-                out.extend_from_slice(br#"{"promptTokens":"#);
-                write_u64(out, u.prompt_tokens);
-                out.extend_from_slice(br#","completionTokens":"#);
-                write_u64(out, u.completion_tokens);
-                out.extend_from_slice(br#","requests":"#);
-                write_u64(out, u.requests);
-                out.push(b'}');
+                write_usage(out, u.prompt_tokens, u.completion_tokens, u.requests)
             }
             FieldValue::Number(n) => write_json_number(out, n),
             FieldValue::Bool(true) => out.extend_from_slice(b"true"),
@@ -262,54 +274,6 @@ impl FieldValue {
     }
 }
 
-/// Whether any byte is `"`, `\\` or below 0x20, eight bytes at a time
-/// (the classic has-zero-byte / has-less-than word tricks, exact as a
-/// yes/no answer).
-fn needs_escape(bytes: &[u8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
-    let word_needs = |v: u64| {
-        v.wrapping_sub(ONES * 0x20) & !v & HIGH != 0
-            || has_zero(v ^ (ONES * u64::from(b'"')))
-            || has_zero(v ^ (ONES * u64::from(b'\\')))
-    };
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(word);
-        if word_needs(u64::from_ne_bytes(w)) {
-            return true;
-        }
-    }
-    // The tail as one word padded with spaces, which need no escaping.
-    let rest = words.remainder();
-    let mut w = [b' '; 8];
-    w[..rest.len()].copy_from_slice(rest);
-    !rest.is_empty() && word_needs(u64::from_ne_bytes(w))
-}
-
-/// Decimal digits of `n`, without `fmt`.
-fn write_u64(out: &mut Vec<u8>, n: u64) {
-    let (buf, from) = decimal(n);
-    out.extend_from_slice(&buf[from..]);
-}
-
-/// The decimal digits of `n`: `buf[from..]`, ASCII.
-pub(crate) fn decimal(mut n: u64) -> ([u8; 20], usize) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    (buf, i)
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -329,28 +293,6 @@ mod tests {
             let mut ours = Vec::new();
             FieldValue::Usage(usage).write_json(&mut ours);
             assert_eq!(ours, serde_json::to_vec(&usage).unwrap(), "{usage:?}");
-        }
-    }
-
-    #[test]
-    fn needs_escape_finds_every_byte_that_needs_it_at_every_offset() {
-        for len in 0..20 {
-            let clean = "a".repeat(len);
-            assert!(!needs_escape(clean.as_bytes()), "{len}");
-            assert!(!needs_escape("é ~\u{7f}ü !#[]{}".as_bytes()));
-            for at in 0..len {
-                for bad in (0u8..0x20).chain([b'"', b'\\']) {
-                    let mut bytes = clean.clone().into_bytes();
-                    bytes[at] = bad;
-                    assert!(needs_escape(&bytes), "byte {bad:#x} at {at} of {len}");
-                }
-                // Next to the bad bytes, but fine.
-                for fine in [0x20u8, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xff] {
-                    let mut bytes = clean.clone().into_bytes();
-                    bytes[at] = fine;
-                    assert!(!needs_escape(&bytes), "byte {fine:#x} at {at} of {len}");
-                }
-            }
         }
     }
 

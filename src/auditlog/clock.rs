@@ -1,5 +1,7 @@
 //! The audit log's clock format: RFC 3339 UTC with microseconds, written
-//! without allocating (one per audit line) and read back.
+//! without allocating (one per audit line) and read back. Kept with the
+//! log, not the runtime: the log's reader writes the same text from the
+//! binary record's microseconds.
 
 use std::cell::Cell;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -11,11 +13,26 @@ pub fn rfc3339(ts: SystemTime) -> String {
 }
 
 /// The length of every [`rfc3339`] timestamp (years 0–9999).
-pub(super) const RFC3339_LEN: usize = 27;
+pub(crate) const RFC3339_LEN: usize = 27;
 
 /// Writes the [`rfc3339`] text into `buf` without allocating or going
 /// through `fmt` (the audit writer formats one per line).
-pub(super) fn rfc3339_into(ts: SystemTime, buf: &mut [u8; RFC3339_LEN]) -> &str {
+pub(crate) fn rfc3339_into(ts: SystemTime, buf: &mut [u8; RFC3339_LEN]) -> &str {
+    rfc3339_micros_into(micros_since_epoch(ts), buf)
+}
+
+/// Microseconds from 1970 to `ts` (0 before it), the whole of what a
+/// timestamp in the log says: the binary audit record keeps this number
+/// and [`rfc3339_micros_into`] writes the same text from it.
+pub(crate) fn micros_since_epoch(ts: SystemTime) -> u64 {
+    let d = ts.duration_since(UNIX_EPOCH).unwrap_or_default();
+    d.as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()))
+}
+
+/// [`rfc3339_into`] for a time given as microseconds since 1970.
+pub(crate) fn rfc3339_micros_into(micros: u64, buf: &mut [u8; RFC3339_LEN]) -> &str {
     fn digits(out: &mut [u8], mut n: u64) {
         for b in out.iter_mut().rev() {
             *b = b'0' + (n % 10) as u8;
@@ -28,8 +45,7 @@ pub(super) fn rfc3339_into(ts: SystemTime, buf: &mut [u8; RFC3339_LEN]) -> &str 
         /// and the calendar arithmetic was most of a timestamp's cost.
         static LAST_SECOND: Cell<Option<(u64, [u8; 19])>> = const { Cell::new(None) };
     }
-    let d = ts.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
+    let secs = micros / 1_000_000;
     let head = LAST_SECOND.with(|last| match last.get() {
         Some((s, head)) if s == secs => head,
         _ => {
@@ -49,7 +65,7 @@ pub(super) fn rfc3339_into(ts: SystemTime, buf: &mut [u8; RFC3339_LEN]) -> &str 
     });
     *buf = *b"0000-00-00T00:00:00.000000Z";
     buf[..19].copy_from_slice(&head);
-    digits(&mut buf[20..26], u64::from(d.subsec_micros()));
+    digits(&mut buf[20..26], micros % 1_000_000);
     // Only ASCII digits and separators were written.
     std::str::from_utf8(buf).unwrap_or("1970-01-01T00:00:00.000000Z")
 }

@@ -1,0 +1,165 @@
+//! The text of an audit line: JSON written straight into bytes, shared by
+//! the runtime's event encoder (`Event::write_json`) and the log's reader,
+//! which writes the same line from a binary record ([`super::records`]).
+//! One writer for both is what makes `troupe runs export` give back, byte
+//! for byte, the line the event would have been.
+
+use super::clock::{RFC3339_LEN, rfc3339_micros_into};
+
+/// What every line begins with: `seq`, `ts`, `event`, `workflowRunId`,
+/// then `stageExecutionId`, `stageId` and `tool` where the event has
+/// them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Head<'a> {
+    pub seq: u64,
+    /// Microseconds since 1970 (`ts`).
+    pub micros: u64,
+    pub name: &'a str,
+    pub run: &'a str,
+    pub exec: Option<&'a str>,
+    pub stage: Option<&'a str>,
+    pub tool: Option<&'a str>,
+}
+
+/// Opens a line with its head keys: `{"seq":…` through `tool`, without
+/// the closing brace (the event's own fields follow, each
+/// [`write_key`] then its value).
+pub(crate) fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
+    let mut ts_buf = [0u8; RFC3339_LEN];
+    out.extend_from_slice(b"{\"seq\":");
+    write_u64(out, head.seq);
+    out.extend_from_slice(b",\"ts\":\"");
+    out.extend_from_slice(rfc3339_micros_into(head.micros, &mut ts_buf).as_bytes());
+    out.extend_from_slice(b"\",\"event\":");
+    write_json_str(out, head.name);
+    out.extend_from_slice(b",\"workflowRunId\":");
+    write_json_str(out, head.run);
+    if let Some(v) = head.exec {
+        out.extend_from_slice(b",\"stageExecutionId\":");
+        write_json_str(out, v);
+    }
+    if let Some(v) = head.stage {
+        out.extend_from_slice(b",\"stageId\":");
+        write_json_str(out, v);
+    }
+    if let Some(v) = head.tool {
+        out.extend_from_slice(b",\"tool\":");
+        write_json_str(out, v);
+    }
+}
+
+/// A field's key, after the members before it: `,"key":`.
+pub(crate) fn write_key(out: &mut Vec<u8>, key: &str) {
+    out.push(b',');
+    write_json_str(out, key);
+    out.push(b':');
+}
+
+/// The members of a relayed event (a worker's fields, kept as the text
+/// they were written in), after the members before them.
+pub(crate) fn write_members(out: &mut Vec<u8>, members: &[u8]) {
+    if !members.is_empty() {
+        out.push(b',');
+        out.extend_from_slice(members);
+    }
+}
+
+/// A stage's usage as serde writes `Usage` (camelCase names, in order).
+pub(crate) fn write_usage(out: &mut Vec<u8>, prompt: u64, completion: u64, requests: u64) {
+    out.extend_from_slice(br#"{"promptTokens":"#);
+    write_u64(out, prompt);
+    out.extend_from_slice(br#","completionTokens":"#);
+    write_u64(out, completion);
+    out.extend_from_slice(br#","requests":"#);
+    write_u64(out, requests);
+    out.push(b'}');
+}
+
+/// A JSON string: copied whole when nothing in it needs escaping, else
+/// escaped by serde_json (which escapes `"`, `\\` and bytes below 0x20).
+pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    if needs_escape(s.as_bytes()) {
+        // Writing into a Vec cannot fail, and a &str always serializes.
+        let _ = serde_json::to_writer(&mut *out, s);
+    } else {
+        out.reserve(s.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    }
+}
+
+/// Whether any byte is `"`, `\\` or below 0x20, eight bytes at a time
+/// (the classic has-zero-byte / has-less-than word tricks, exact as a
+/// yes/no answer).
+fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
+    let word_needs = |v: u64| {
+        v.wrapping_sub(ONES * 0x20) & !v & HIGH != 0
+            || has_zero(v ^ (ONES * u64::from(b'"')))
+            || has_zero(v ^ (ONES * u64::from(b'\\')))
+    };
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        if word_needs(u64::from_ne_bytes(w)) {
+            return true;
+        }
+    }
+    // The tail as one word padded with spaces, which need no escaping.
+    let rest = words.remainder();
+    let mut w = [b' '; 8];
+    w[..rest.len()].copy_from_slice(rest);
+    !rest.is_empty() && word_needs(u64::from_ne_bytes(w))
+}
+
+/// Decimal digits of `n`, without `fmt`.
+pub(crate) fn write_u64(out: &mut Vec<u8>, n: u64) {
+    let (buf, from) = decimal(n);
+    out.extend_from_slice(&buf[from..]);
+}
+
+/// The decimal digits of `n`: `buf[from..]`, ASCII.
+pub(crate) fn decimal(mut n: u64) -> ([u8; 20], usize) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    (buf, i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn needs_escape_finds_every_byte_that_needs_it_at_every_offset() {
+        for len in 0..20 {
+            let clean = "a".repeat(len);
+            assert!(!needs_escape(clean.as_bytes()), "{len}");
+            assert!(!needs_escape("é ~\u{7f}ü !#[]{}".as_bytes()));
+            for at in 0..len {
+                for bad in (0u8..0x20).chain([b'"', b'\\']) {
+                    let mut bytes = clean.clone().into_bytes();
+                    bytes[at] = bad;
+                    assert!(needs_escape(&bytes), "byte {bad:#x} at {at} of {len}");
+                }
+                // Next to the bad bytes, but fine.
+                for fine in [0x20u8, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xff] {
+                    let mut bytes = clean.clone().into_bytes();
+                    bytes[at] = fine;
+                    assert!(!needs_escape(&bytes), "byte {fine:#x} at {at} of {len}");
+                }
+            }
+        }
+    }
+}

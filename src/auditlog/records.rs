@@ -1,0 +1,604 @@
+//! The log's binary records (format 2): what a segment holds in place of
+//! JSON lines. Formatting JSON (escape checks, digits, timestamps) and
+//! compressing 3.4 KB of it was half the CPU a `fanout` sibling cost
+//! (BENCHMARKS.md, "Every core, fourteenth round"); a record says the same
+//! in about a tenth of the bytes, and the reader writes the JSON line back
+//! with the same writer the runtime uses ([`super::json`]), byte for byte.
+//!
+//! A segment's content is a sequence of records, each starting with a tag:
+//!
+//! - `RESET`: forgets the strings and the running `seq` and `ts`. Every
+//!   batch the writer flushes starts with one, so each batch (and so each
+//!   segment, and the open segment a killed writer leaves) is read from
+//!   its own bytes alone.
+//! - `EVENT`: `seq` and `ts` (microseconds since 1970) as zigzag varint
+//!   differences from the record before; a flags byte (which of
+//!   `stageExecutionId`, `stageId`, `tool` follow); the event's name, its
+//!   run, then those ids, as string references; the field count; each
+//!   field as a value tag, its key (a string reference, except for a
+//!   relayed event's members, which have none) and its value.
+//! - `LINE`: a whole JSON line, kept as written (lines that are not one of
+//!   the runtime's events as they stand: a lagging subscriber's notice, an
+//!   event with a field named like a head key, lines a resume adds).
+//!
+//! A string reference is a varint: 0 defines a new string in place (its
+//! length and UTF-8 bytes, numbered in order from 0 after the last
+//! `RESET`); `n` refers to string `n - 1`. The writer numbers a string by
+//! where it lives (a `&'static str` or an `Arc<str>` it holds until the
+//! batch ends), so an id shared by a sibling's twelve events is written
+//! once per batch and then costs a byte.
+//!
+//! Everything here reads files troupe did not necessarily write: a
+//! record cut short asks for more bytes; anything else wrong is a reason
+//! string the caller turns into `Store/AuditCorrupt` with its offset.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+use super::json::{Head, write_head, write_json_str, write_key, write_members, write_usage};
+
+/// Forgets the strings, `seq` and `ts`.
+const RESET: u8 = 1;
+/// One event.
+const EVENT: u8 = 2;
+/// A whole JSON line.
+const LINE: u8 = 3;
+
+/// The event's `stageExecutionId` follows.
+const HAS_EXEC: u8 = 1;
+/// Its `stageId` follows.
+const HAS_STAGE: u8 = 2;
+/// Its `tool` follows.
+const HAS_TOOL: u8 = 4;
+
+/// A string, by reference.
+const V_STR: u8 = 1;
+/// A string written in place and not numbered (text seen once).
+const V_TEXT: u8 = 2;
+/// A non-negative integer.
+const V_U64: u8 = 3;
+const V_FALSE: u8 = 4;
+const V_TRUE: u8 = 5;
+/// A stage's usage: prompt tokens, completion tokens, requests.
+const V_USAGE: u8 = 6;
+/// Any other JSON value, as its compact text.
+const V_JSON: u8 = 7;
+/// A relayed event's members (no key): their JSON text.
+const V_MEMBERS: u8 = 8;
+
+/// The most fields a record may say it has: far past any event, and a
+/// bound on what a damaged count makes the reader try.
+const MAX_FIELDS: u64 = 1 << 16;
+
+/// The longest text a record may say it holds (1 GiB): past it, the
+/// length is damage, not a long line.
+const MAX_TEXT: u64 = 1 << 30;
+
+/// Places in [`RecordWriter`]'s cache of recent strings: 2^10, room for
+/// the ids of a cap of 256 running siblings beside the names and keys.
+const CACHE_BITS: u32 = 10;
+const CACHE: usize = 1 << CACHE_BITS;
+
+/// Writes events as records, numbering strings within a batch.
+pub struct RecordWriter {
+    /// Strings defined in this batch by `(address, length)`.
+    strings: HashMap<(usize, usize), u64, foldhash::fast::RandomState>,
+    /// `(address, length, number + 1)` of strings looked up lately, by
+    /// address: the event names, keys, run id and current execution ids
+    /// a batch repeats are found here without hashing (0: empty).
+    recent: Box<[(usize, usize, u64); CACHE]>,
+    /// Shared strings numbered in this batch, held so that no other
+    /// string is made at their address before the batch ends.
+    held: Vec<Arc<str>>,
+    seq: u64,
+    micros: u64,
+    /// A JSON value's text before its length is known.
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for RecordWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordWriter")
+            .field("strings", &self.strings.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The head of an event record: [`Head`] with the strings as the writer
+/// numbers them.
+#[derive(Debug, Clone, Copy)]
+pub struct EventHead<'a> {
+    pub seq: u64,
+    pub micros: u64,
+    pub name: &'static str,
+    pub run: &'a Arc<str>,
+    pub exec: Option<&'a Arc<str>>,
+    pub stage: Option<&'a Arc<str>>,
+    pub tool: Option<&'a Arc<str>>,
+    pub fields: usize,
+}
+
+impl Default for RecordWriter {
+    fn default() -> RecordWriter {
+        RecordWriter {
+            strings: HashMap::default(),
+            recent: Box::new([(0, 0, 0); CACHE]),
+            held: Vec::new(),
+            seq: 0,
+            micros: 0,
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl RecordWriter {
+    pub fn new() -> RecordWriter {
+        RecordWriter::default()
+    }
+
+    /// Starts a batch: writes `RESET` and forgets what the last batch
+    /// numbered.
+    pub fn begin(&mut self, out: &mut Vec<u8>) {
+        self.strings.clear();
+        self.recent.fill((0, 0, 0));
+        self.held.clear();
+        self.seq = 0;
+        self.micros = 0;
+        out.push(RESET);
+    }
+
+    /// An event's head; its `fields` follow, each with one of the
+    /// `field_*` calls (or [`RecordWriter::members`]).
+    pub fn event(&mut self, out: &mut Vec<u8>, head: &EventHead<'_>) {
+        out.push(EVENT);
+        write_varint(out, zigzag(head.seq.wrapping_sub(self.seq)));
+        write_varint(out, zigzag(head.micros.wrapping_sub(self.micros)));
+        self.seq = head.seq;
+        self.micros = head.micros;
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        let flags = flag(head.exec.is_some(), HAS_EXEC)
+            | flag(head.stage.is_some(), HAS_STAGE)
+            | flag(head.tool.is_some(), HAS_TOOL);
+        out.push(flags);
+        self.static_ref(out, head.name);
+        self.shared_ref(out, head.run);
+        for id in [head.exec, head.stage, head.tool].into_iter().flatten() {
+            self.shared_ref(out, id);
+        }
+        write_varint(out, head.fields as u64);
+    }
+
+    /// A whole JSON line (`line` writes it, without its newline, which it
+    /// must not contain: JSON written compactly has none).
+    pub fn line(&mut self, out: &mut Vec<u8>, line: impl FnOnce(&mut Vec<u8>)) {
+        out.push(LINE);
+        self.text(out, line);
+    }
+
+    pub fn field_static(&mut self, out: &mut Vec<u8>, key: &'static str, value: &'static str) {
+        out.push(V_STR);
+        self.static_ref(out, key);
+        self.static_ref(out, value);
+    }
+
+    pub fn field_shared(&mut self, out: &mut Vec<u8>, key: &'static str, value: &Arc<str>) {
+        out.push(V_STR);
+        self.static_ref(out, key);
+        self.shared_ref(out, value);
+    }
+
+    /// A string seen once (written in place, not numbered).
+    pub fn field_text(&mut self, out: &mut Vec<u8>, key: &'static str, value: &str) {
+        out.push(V_TEXT);
+        self.static_ref(out, key);
+        write_bytes(out, value.as_bytes());
+    }
+
+    pub fn field_u64(&mut self, out: &mut Vec<u8>, key: &'static str, value: u64) {
+        out.push(V_U64);
+        self.static_ref(out, key);
+        write_varint(out, value);
+    }
+
+    pub fn field_bool(&mut self, out: &mut Vec<u8>, key: &'static str, value: bool) {
+        out.push(if value { V_TRUE } else { V_FALSE });
+        self.static_ref(out, key);
+    }
+
+    pub fn field_usage(&mut self, out: &mut Vec<u8>, key: &'static str, usage: [u64; 3]) {
+        out.push(V_USAGE);
+        self.static_ref(out, key);
+        for n in usage {
+            write_varint(out, n);
+        }
+    }
+
+    /// Any other JSON value: `json` writes its compact text.
+    pub fn field_json(
+        &mut self,
+        out: &mut Vec<u8>,
+        key: &'static str,
+        json: impl FnOnce(&mut Vec<u8>),
+    ) {
+        out.push(V_JSON);
+        self.static_ref(out, key);
+        self.text(out, json);
+    }
+
+    /// A relayed event's members, as they were written.
+    pub fn members(&mut self, out: &mut Vec<u8>, members: &str) {
+        out.push(V_MEMBERS);
+        write_bytes(out, members.as_bytes());
+    }
+
+    /// Text `write` makes, after its length.
+    fn text(&mut self, out: &mut Vec<u8>, write: impl FnOnce(&mut Vec<u8>)) {
+        self.scratch.clear();
+        write(&mut self.scratch);
+        write_bytes(out, &self.scratch);
+    }
+
+    fn static_ref(&mut self, out: &mut Vec<u8>, s: &'static str) {
+        self.reference(out, s, None);
+    }
+
+    fn shared_ref(&mut self, out: &mut Vec<u8>, s: &Arc<str>) {
+        self.reference(out, s, Some(s));
+    }
+
+    /// A string by its number, defined here if this batch has not yet
+    /// numbered it. Two strings at one address with one length are the
+    /// same string while it lives: a `&'static str` always does, a
+    /// shared one is held until the batch ends.
+    fn reference(&mut self, out: &mut Vec<u8>, s: &str, hold: Option<&Arc<str>>) {
+        let (at, len) = (s.as_ptr() as usize, s.len());
+        // Fibonacci hashing: the top bits of the address times 2^64/φ.
+        let place = &mut self.recent
+            [((at as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CACHE_BITS)) as usize];
+        if place.0 == at && place.1 == len && place.2 != 0 {
+            return write_varint(out, place.2);
+        }
+        let next = self.strings.len() as u64;
+        let number = match self.strings.entry((at, len)) {
+            Entry::Occupied(n) => *n.get(),
+            Entry::Vacant(slot) => {
+                slot.insert(next);
+                out.push(0);
+                write_bytes(out, s.as_bytes());
+                if let Some(shared) = hold {
+                    self.held.push(Arc::clone(shared));
+                }
+                *place = (at, len, next + 1);
+                return;
+            }
+        };
+        *place = (at, len, number + 1);
+        write_varint(out, number + 1);
+    }
+}
+
+/// Whole JSON lines (each ending in a newline) as `LINE` records: what a
+/// resume appends to a log of this format.
+pub fn lines_as_records(lines: &[u8], out: &mut Vec<u8>) {
+    for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        out.push(LINE);
+        write_bytes(out, line);
+    }
+}
+
+/// The `seq` of the first event in a batch of records (after its
+/// `RESET`) or of JSON lines, for a failed write's message.
+pub fn first_seq(batch: &[u8]) -> Option<u64> {
+    if batch.first() == Some(&b'{') {
+        return leading_seq(batch);
+    }
+    let mut r = Cursor {
+        bytes: batch,
+        at: 0,
+    };
+    loop {
+        match r.byte().ok()? {
+            RESET => continue,
+            EVENT => return Some(unzigzag(r.varint().ok()?)),
+            LINE => {
+                let len = r.varint().ok()?;
+                let text = r.take(usize::try_from(len).ok()?).ok()?;
+                return leading_seq(text);
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// The `seq` a JSON line begins with (`{"seq":N`).
+fn leading_seq(line: &[u8]) -> Option<u64> {
+    line.strip_prefix(b"{\"seq\":").and_then(|rest| {
+        let end = rest.iter().position(|b| !b.is_ascii_digit())?;
+        std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+    })
+}
+
+/// Reads records back, as JSON lines or as the records themselves.
+#[derive(Debug, Default)]
+pub struct RecordReader {
+    /// The strings defined since the last `RESET`, one after another.
+    arena: String,
+    /// Where each string lies in `arena`.
+    spans: Vec<(usize, usize)>,
+    seq: u64,
+    micros: u64,
+}
+
+/// Why a record was not read: it is cut short, or it is wrong.
+enum Stop {
+    More,
+    Bad(String),
+}
+
+type Read<T> = Result<T, Stop>;
+
+impl RecordReader {
+    /// Forgets the strings, `seq` and `ts` (a segment ended).
+    pub fn reset(&mut self) {
+        self.arena.clear();
+        self.spans.clear();
+        self.seq = 0;
+        self.micros = 0;
+    }
+
+    /// Reads the record that `bytes` begins with, appending its JSON line
+    /// (with its newline) to `out`; its length, or `None` when `bytes` ends
+    /// inside it (nothing is appended or remembered then).
+    pub fn read(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, String> {
+        let mark = (self.arena.len(), self.spans.len(), self.seq, self.micros);
+        let written = out.len();
+        let mut r = Cursor { bytes, at: 0 };
+        match self.record(&mut r, out) {
+            Ok(()) => Ok(Some(r.at)),
+            Err(stop) => {
+                self.arena.truncate(mark.0);
+                self.spans.truncate(mark.1);
+                (self.seq, self.micros) = (mark.2, mark.3);
+                out.truncate(written);
+                match stop {
+                    Stop::More => Ok(None),
+                    Stop::Bad(reason) => Err(reason),
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, r: &mut Cursor<'_>, out: &mut Vec<u8>) -> Read<()> {
+        match r.byte()? {
+            RESET => {
+                self.reset();
+                Ok(())
+            }
+            LINE => {
+                let text = r.text()?;
+                if text.contains(&b'\n') {
+                    return Err(bad("a line record holds a newline"));
+                }
+                out.extend_from_slice(text);
+                out.push(b'\n');
+                Ok(())
+            }
+            EVENT => self.event(r, out),
+            tag => Err(Stop::Bad(format!("unknown record tag {tag}"))),
+        }
+    }
+
+    fn event(&mut self, r: &mut Cursor<'_>, out: &mut Vec<u8>) -> Read<()> {
+        self.seq = self.seq.wrapping_add(unzigzag(r.varint()?));
+        self.micros = self.micros.wrapping_add(unzigzag(r.varint()?));
+        let flags = r.byte()?;
+        if flags & !(HAS_EXEC | HAS_STAGE | HAS_TOOL) != 0 {
+            return Err(Stop::Bad(format!("unknown event flags {flags:#x}")));
+        }
+        let name = self.string(r)?;
+        let run = self.string(r)?;
+        let mut ids = [None; 3];
+        for (i, flag) in [HAS_EXEC, HAS_STAGE, HAS_TOOL].into_iter().enumerate() {
+            if flags & flag != 0 {
+                ids[i] = Some(self.string(r)?);
+            }
+        }
+        let fields = r.varint()?;
+        if fields > MAX_FIELDS {
+            return Err(Stop::Bad(format!("an event with {fields} fields")));
+        }
+        let text = |n: Option<usize>| n.map(|n| self.text_of(n));
+        write_head(
+            out,
+            &Head {
+                seq: self.seq,
+                micros: self.micros,
+                name: self.text_of(name),
+                run: self.text_of(run),
+                exec: text(ids[0]),
+                stage: text(ids[1]),
+                tool: text(ids[2]),
+            },
+        );
+        for _ in 0..fields {
+            self.field(r, out)?;
+        }
+        out.extend_from_slice(b"}\n");
+        Ok(())
+    }
+
+    fn field(&mut self, r: &mut Cursor<'_>, out: &mut Vec<u8>) -> Read<()> {
+        let tag = r.byte()?;
+        if tag == V_MEMBERS {
+            let members = r.text()?;
+            if members.contains(&b'\n') {
+                return Err(bad("a relayed event's members hold a newline"));
+            }
+            write_members(out, members);
+            return Ok(());
+        }
+        let key = self.string(r)?;
+        write_key(out, self.text_of(key));
+        match tag {
+            V_STR => {
+                let value = self.string(r)?;
+                write_json_str(out, self.text_of(value));
+            }
+            V_TEXT => {
+                let text = std::str::from_utf8(r.text()?)
+                    .map_err(|_| bad("a string that is not UTF-8"))?;
+                write_json_str(out, text);
+            }
+            V_U64 => super::json::write_u64(out, r.varint()?),
+            V_FALSE => out.extend_from_slice(b"false"),
+            V_TRUE => out.extend_from_slice(b"true"),
+            V_USAGE => {
+                let (p, c, q) = (r.varint()?, r.varint()?, r.varint()?);
+                write_usage(out, p, c, q);
+            }
+            V_JSON => {
+                let text = r.text()?;
+                if text.is_empty() || text.contains(&b'\n') {
+                    return Err(bad("a JSON value that is empty or holds a newline"));
+                }
+                out.extend_from_slice(text);
+            }
+            tag => return Err(Stop::Bad(format!("unknown value tag {tag}"))),
+        }
+        Ok(())
+    }
+
+    /// A string reference: the number of the string, defining it first
+    /// when the reference is a definition.
+    fn string(&mut self, r: &mut Cursor<'_>) -> Read<usize> {
+        match r.varint()? {
+            0 => {
+                let text = std::str::from_utf8(r.text()?)
+                    .map_err(|_| bad("a string that is not UTF-8"))?;
+                let start = self.arena.len();
+                self.arena.push_str(text);
+                self.spans.push((start, self.arena.len()));
+                Ok(self.spans.len() - 1)
+            }
+            n => {
+                let n = usize::try_from(n - 1).unwrap_or(usize::MAX);
+                if n >= self.spans.len() {
+                    return Err(Stop::Bad(format!(
+                        "a reference to string {n}, of {} defined",
+                        self.spans.len()
+                    )));
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    fn text_of(&self, n: usize) -> &str {
+        let (from, to) = self.spans[n];
+        &self.arena[from..to]
+    }
+}
+
+fn bad(reason: &str) -> Stop {
+    Stop::Bad(reason.to_owned())
+}
+
+/// Bytes being read; running out is [`Stop::More`].
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn byte(&mut self) -> Read<u8> {
+        let b = *self.bytes.get(self.at).ok_or(Stop::More)?;
+        self.at += 1;
+        Ok(b)
+    }
+
+    fn take(&mut self, n: usize) -> Read<&'a [u8]> {
+        let end = self.at.checked_add(n).ok_or(Stop::More)?;
+        let taken = self.bytes.get(self.at..end).ok_or(Stop::More)?;
+        self.at = end;
+        Ok(taken)
+    }
+
+    /// A length, then that many bytes.
+    fn text(&mut self) -> Read<&'a [u8]> {
+        let len = self.varint()?;
+        if len > MAX_TEXT {
+            return Err(Stop::Bad(format!("a text of {len} bytes")));
+        }
+        self.take(len as usize)
+    }
+
+    /// An unsigned LEB128 varint of at most ten bytes.
+    fn varint(&mut self) -> Read<u64> {
+        let mut n = 0u64;
+        for i in 0..10 {
+            let b = self.byte()?;
+            if i == 9 && b > 1 {
+                return Err(bad("a number past 64 bits"));
+            }
+            n |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(n);
+            }
+        }
+        Err(bad("a number past 64 bits"))
+    }
+}
+
+fn write_varint(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+fn write_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    write_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+/// A difference of two `u64`s (taken wrapping) as a small unsigned
+/// number when it is small either way.
+fn zigzag(d: u64) -> u64 {
+    let d = d as i64;
+    ((d << 1) ^ (d >> 63)) as u64
+}
+
+fn unzigzag(z: u64) -> u64 {
+    ((z >> 1) as i64 ^ -((z & 1) as i64)) as u64
+}
+
+#[cfg(test)]
+/// What the reader hands out for `bytes` fed in pieces cut at `cuts` (as
+/// the log's decoder feeds what zstd gives it): the JSON lines, or the
+/// reason it stopped.
+pub(crate) fn read_in_pieces(bytes: &[u8], cuts: &[usize]) -> Result<Vec<u8>, String> {
+    let mut reader = RecordReader::default();
+    let mut out = Vec::new();
+    let mut partial = Vec::new();
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+    cuts.sort_unstable();
+    let mut from = 0;
+    for cut in cuts.into_iter().chain([bytes.len()]) {
+        partial.extend_from_slice(&bytes[from..cut.max(from)]);
+        from = cut.max(from);
+        let mut at = 0;
+        while let Some(n) = reader.read(&partial[at..], &mut out)? {
+            at += n;
+        }
+        partial.drain(..at);
+    }
+    if !partial.is_empty() {
+        return Err(format!("{} bytes left over", partial.len()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;
