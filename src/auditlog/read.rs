@@ -119,6 +119,10 @@ enum Content {
     Records {
         reader: Box<RecordReader>,
         raw: bool,
+        /// The decoded bytes to wait for before reading a record cut short
+        /// again (twice what it had): a long record arriving in pieces is
+        /// read a logarithmic number of times, not once a piece.
+        retry_at: usize,
     },
 }
 
@@ -130,6 +134,7 @@ impl Content {
             Content::Records {
                 reader: Box::default(),
                 raw,
+                retry_at: 0,
             }
         }
     }
@@ -271,15 +276,17 @@ impl LogDecoder {
                     self.fed += used as u64;
                     bytes = &bytes[used..];
                     let text = &self.scratch[..produced];
-                    take_decoded(&mut self.content, &mut self.partial, text, lines).map_err(
-                        |reason| {
+                    let full = produced == self.scratch.len();
+                    // Whole records are all handed out when a segment
+                    // ends and when the bytes fed so far are decoded.
+                    let settle = !full && (hint == 0 || bytes.is_empty());
+                    take_decoded(&mut self.content, &mut self.partial, text, settle, lines)
+                        .map_err(|reason| {
                             AuditFault(Fault::Corrupt {
                                 offset: self.fed,
                                 reason: format!("in the segment before this byte: {reason}"),
                             })
-                        },
-                    )?;
-                    let full = produced == self.scratch.len();
+                        })?;
                     if hint == 0 && !full {
                         // A segment ended (the decoder stops at a frame's
                         // end): what it holds is checked and whole.
@@ -320,11 +327,14 @@ impl LogDecoder {
 }
 
 /// Takes a segment's decoded bytes: whole lines (or records) into `lines`,
-/// the rest kept in `partial` for the next bytes.
+/// the rest kept in `partial` for the next bytes. A record cut short is
+/// read again once twice its bytes are there, or when `settle` says no
+/// more are coming now.
 fn take_decoded(
     content: &mut Content,
     partial: &mut Vec<u8>,
     text: &[u8],
+    settle: bool,
     lines: &mut Vec<u8>,
 ) -> Result<(), String> {
     match content {
@@ -340,8 +350,15 @@ fn take_decoded(
             }
             Ok(())
         }
-        Content::Records { reader, raw } => {
+        Content::Records {
+            reader,
+            raw,
+            retry_at,
+        } => {
             partial.extend_from_slice(text);
+            if partial.len() < *retry_at && !settle {
+                return Ok(());
+            }
             let mut at = 0;
             let mut unused = Vec::new();
             let out = if *raw { &mut unused } else { &mut *lines };
@@ -355,6 +372,7 @@ fn take_decoded(
                 lines.extend_from_slice(&partial[..at]);
             }
             partial.drain(..at);
+            *retry_at = partial.len().saturating_mul(2);
             Ok(())
         }
     }
@@ -415,21 +433,22 @@ fn check_header(head: &[u8]) -> Result<u32, Fault> {
     Ok(version)
 }
 
-/// The format of the compact log at `path`, from its header.
+/// The format of the compact log at `path`, from its header (and nothing
+/// after it: a damaged first segment does not keep a reader from the
+/// later ones).
 pub fn format_of(path: &Path) -> Result<u32, AuditError> {
-    let mut head = Vec::with_capacity(8 + HEADER_MAX);
-    File::open(path)
-        .and_then(|f| f.take(8 + HEADER_MAX as u64).read_to_end(&mut head))
-        .map_err(AuditError::io(path))?;
-    let mut decoder = LogDecoder::compact();
-    decoder
-        .feed(&head, &mut Vec::new())
-        .map_err(|f| f.at(path))?;
-    decoder.format().ok_or_else(|| AuditError::Corrupt {
+    let mut file = File::open(path).map_err(AuditError::io(path))?;
+    let mut head = vec![0u8; 8];
+    let cut_short = |offset: usize| AuditError::Corrupt {
         path: path.to_owned(),
-        offset: head.len() as u64,
+        offset: offset as u64,
         reason: "the log's header is cut short".into(),
-    })
+    };
+    file.read_exact(&mut head).map_err(|_| cut_short(0))?;
+    let need = header_len(&head).ok_or_else(|| Fault::Foreign.at(path))?;
+    head.resize(need, 0);
+    file.read_exact(&mut head[8..]).map_err(|_| cut_short(8))?;
+    check_header(&head).map_err(|f| f.at(path))
 }
 
 /// The most bytes an open segment may take on disk: twice the most any
@@ -639,4 +658,72 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
     }
     file.sync_data().map_err(&io)?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record of 4 MiB decoded 4 KiB at a time (as zstd hands a long
+    /// record over) is read again a few dozen times, not a thousand: a
+    /// crafted log of long records costs linear work.
+    #[test]
+    fn a_long_record_arriving_in_pieces_is_read_a_logarithmic_number_of_times() {
+        let line = format!("{{\"seq\":1,\"pad\":\"{}\"}}\n", "x".repeat(4 << 20));
+        let mut record = Vec::new();
+        super::super::records::lines_as_records(line.as_bytes(), &mut record);
+        let mut content = Content::of(FORMAT, false);
+        let (mut partial, mut lines) = (Vec::new(), Vec::new());
+        for piece in record.chunks(4096) {
+            take_decoded(&mut content, &mut partial, piece, false, &mut lines).expect("records");
+        }
+        take_decoded(&mut content, &mut partial, &[], true, &mut lines).expect("records");
+        assert_eq!(lines, line.as_bytes());
+        assert!(partial.is_empty());
+        let Content::Records { reader, .. } = &content else {
+            panic!("records");
+        };
+        assert!(reader.attempts() < 40, "{} reads", reader.attempts());
+    }
+
+    /// `settle` reads a record cut short at once: a killed writer's last
+    /// whole record, or a live log's, is not kept waiting for more bytes.
+    #[test]
+    fn settled_bytes_hand_out_every_whole_record() {
+        let mut record = Vec::new();
+        super::super::records::lines_as_records(b"{\"seq\":1}\n{\"seq\":2}\n", &mut record);
+        let mut content = Content::of(FORMAT, false);
+        let (mut partial, mut lines) = (Vec::new(), Vec::new());
+        // The first record (a tag, a length, 9 bytes) cut one byte short:
+        // the next look would wait for twice what is there.
+        let first = 2 + 9;
+        take_decoded(
+            &mut content,
+            &mut partial,
+            &record[..first - 1],
+            false,
+            &mut lines,
+        )
+        .expect("records");
+        assert!(lines.is_empty());
+        // Its last byte, and nothing more now: it is handed out.
+        take_decoded(
+            &mut content,
+            &mut partial,
+            &record[first - 1..first],
+            true,
+            &mut lines,
+        )
+        .expect("records");
+        assert_eq!(lines, b"{\"seq\":1}\n");
+        take_decoded(
+            &mut content,
+            &mut partial,
+            &record[first..],
+            true,
+            &mut lines,
+        )
+        .expect("records");
+        assert_eq!(lines, b"{\"seq\":1}\n{\"seq\":2}\n");
+    }
 }

@@ -71,9 +71,13 @@ const V_MEMBERS: u8 = 8;
 /// bound on what a damaged count makes the reader try.
 const MAX_FIELDS: u64 = 1 << 16;
 
-/// The longest text a record may say it holds (1 GiB): past it, the
-/// length is damage, not a long line.
-const MAX_TEXT: u64 = 1 << 30;
+/// The longest a record may be, and the most its batch's strings may take
+/// (256 MiB, far past any event troupe writes): past it a record is
+/// damage, and a reader holds no more of a file troupe did not write.
+pub const MAX_RECORD: usize = 256 << 20;
+
+/// The longest text a record may say it holds.
+const MAX_TEXT: u64 = MAX_RECORD as u64;
 
 /// Places in [`RecordWriter`]'s cache of recent strings: 2^10, room for
 /// the ids of a cap of 256 running siblings beside the names and keys.
@@ -328,6 +332,9 @@ pub struct RecordReader {
     spans: Vec<(usize, usize)>,
     seq: u64,
     micros: u64,
+    /// Records begun: read whole, cut short or refused (what a reader's
+    /// cost grows with).
+    attempts: u64,
 }
 
 /// Why a record was not read: it is cut short, or it is wrong.
@@ -351,6 +358,7 @@ impl RecordReader {
     /// (with its newline) to `out`; its length, or `None` when `bytes` ends
     /// inside it (nothing is appended or remembered then).
     pub fn read(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, String> {
+        self.attempts += 1;
         let mark = (self.arena.len(), self.spans.len(), self.seq, self.micros);
         let written = out.len();
         let mut r = Cursor { bytes, at: 0 };
@@ -362,11 +370,19 @@ impl RecordReader {
                 (self.seq, self.micros) = (mark.2, mark.3);
                 out.truncate(written);
                 match stop {
+                    Stop::More if bytes.len() > MAX_RECORD => {
+                        Err(format!("a record longer than {} MiB", MAX_RECORD >> 20))
+                    }
                     Stop::More => Ok(None),
                     Stop::Bad(reason) => Err(reason),
                 }
             }
         }
+    }
+
+    /// Records begun so far, whole or not.
+    pub fn attempts(&self) -> u64 {
+        self.attempts
     }
 
     fn record(&mut self, r: &mut Cursor<'_>, out: &mut Vec<u8>) -> Read<()> {
@@ -476,6 +492,12 @@ impl RecordReader {
             0 => {
                 let text = std::str::from_utf8(r.text()?)
                     .map_err(|_| bad("a string that is not UTF-8"))?;
+                if self.arena.len() + text.len() > MAX_RECORD {
+                    return Err(Stop::Bad(format!(
+                        "strings past {} MiB without a RESET",
+                        MAX_RECORD >> 20
+                    )));
+                }
                 let start = self.arena.len();
                 self.arena.push_str(text);
                 self.spans.push((start, self.arena.len()));

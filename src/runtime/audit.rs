@@ -738,6 +738,39 @@ mod tests {
     }
 
     #[test]
+    fn a_resumed_older_log_goes_on_in_json_lines_as_its_header_says() {
+        for formatters in [0, 2] {
+            let dir = tempfile::tempdir().expect("a temporary folder");
+            let path = dir.path().join(auditlog::LINES_FILE);
+            // An older troupe's log: format 1, its segments JSON lines.
+            let first = b"{\"seq\":1,\"event\":\"WorkflowStarted\",\"workflowRunId\":\"run\"}\n";
+            let file = File::create(&path).expect("the log");
+            let mut log = Compressed::create_in(file, FORMAT_LINES).expect("a log");
+            log.write_lines(first).expect("a line");
+            log.finish().expect("closed");
+            let bus: EventBus<Event> = EventBus::new();
+            let sink = continue_audit_log(&bus, &path, formatters).expect("the writer starts");
+            let run: Arc<str> = Arc::from("run");
+            for i in 0..3u64 {
+                bus.publish(Event::new(EventName::StageEntered, Arc::clone(&run)).with("visit", i));
+            }
+            bus.close();
+            assert_eq!(sink.finish().expect("written"), 3);
+            // What was appended is JSON lines too: the stock zstd prints
+            // every line of the file, as troupe reads it.
+            let stock = zstd::decode_all(&std::fs::read(&path).expect("read")[..]).expect("frames");
+            let stock = String::from_utf8(stock).expect("lines");
+            assert_eq!(
+                stock,
+                auditlog::read_text(&path).expect("a log"),
+                "{formatters}"
+            );
+            assert_eq!(stock.lines().count(), 4, "{stock}");
+            assert!(stock.starts_with(std::str::from_utf8(first).unwrap()));
+        }
+    }
+
+    #[test]
     fn every_event_is_written_in_order_whether_the_writer_sleeps_or_blocks() {
         let all: Vec<u64> = (0..500).collect();
         // Never blocks: looks again after a sleep, even when idle.

@@ -393,6 +393,37 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_write_says_how_many_lines_the_batches_before_it_put_on_disk() {
+        /// Takes one flush, then fails.
+        struct FlushesOnce(bool);
+        impl Write for FlushesOnce {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                if std::mem::replace(&mut self.0, true) {
+                    return Err(io::Error::new(io::ErrorKind::StorageFull, "disk full"));
+                }
+                Ok(())
+            }
+        }
+        let (told, heard) = std::sync::mpsc::channel();
+        let log = Compressed::create_in(FlushesOnce(false), crate::auditlog::FORMAT_LINES).unwrap();
+        let mut log = Compressing::start(log, 1024, 0, move |e| {
+            let _ = told.send((LostFrom::seq_of(e), LostFrom::of(e).map(|l| l.lines)));
+        })
+        .unwrap();
+        log.write_all(&lines(1, 4)).unwrap();
+        log.note_lines(3);
+        log.flush().unwrap();
+        log.write_all(&lines(4, 6)).unwrap();
+        log.note_lines(2);
+        let _ = log.flush();
+        assert_eq!(heard.recv().unwrap(), (Some(4), Some(3)));
+        let _ = log.finish();
+    }
+
+    #[test]
     fn a_panic_in_the_compressor_is_a_failure_told_at_once() {
         struct Panics;
         impl Write for Panics {

@@ -220,7 +220,7 @@ impl<'de> Visitor<'de> for LineVisitor {
                         Text::Owned(name) => write_json_str(&mut members, name),
                     }
                     members.push(b':');
-                    members.extend_from_slice(value.get().as_bytes());
+                    push_one_line(&mut members, value.get().as_bytes());
                 }
             }
         }
@@ -244,6 +244,21 @@ impl<'de> Visitor<'de> for LineVisitor {
         }
         Ok(Some(event))
     }
+}
+
+/// A raw JSON value's text, kept on one line: a line break in valid JSON
+/// text is whitespace between tokens (inside a string it must be
+/// escaped), so it becomes a space. A worker that pretty-printed a nested
+/// value would otherwise break the audit line the value is relayed in (and
+/// a binary record holding it would not read).
+fn push_one_line(out: &mut Vec<u8>, text: &[u8]) {
+    if memchr::memchr2(b'\n', b'\r', text).is_none() {
+        return out.extend_from_slice(text);
+    }
+    out.extend(
+        text.iter()
+            .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
+    );
 }
 
 #[cfg(test)]
@@ -284,6 +299,17 @@ mod tests {
             written(&Event::from_line(&unnumbered).expect("known"), 7),
             written(&event, 7)
         );
+    }
+
+    #[test]
+    fn a_pretty_printed_value_is_relayed_on_one_line_with_the_same_value() {
+        let line = "{\"event\":\"ToolInvocationSucceeded\",\"workflowRunId\":\"r\",\"x\":[1,\n  2],\r\n\"y\":{\"a\":\"b\\nc\"}}";
+        let event = Event::from_line(line).expect("an event");
+        let again = written(&event, 5);
+        assert!(!again.contains(['\n', '\r']), "{again}");
+        let value: Value = serde_json::from_str(&again).expect("JSON");
+        assert_eq!(value["x"], serde_json::json!([1, 2]));
+        assert_eq!(value["y"]["a"], "b\nc");
     }
 
     #[test]

@@ -84,6 +84,12 @@ fn every_kind() -> Vec<Event> {
             .with_static("verdict", "ok"),
         relayed.clone(),
         relayed.with("recovered", true),
+        // A worker's pretty-printed value, relayed on one line.
+        Event::from_line(
+            "{\"event\":\"StageExited\",\"workflowRunId\":\"w\",\"x\":[1,\n 2],\r\n\"tool\":\"t\"}",
+        )
+        .expect("a relayed event")
+        .with("seq", 3),
         Event::new(EventName::Progress, Arc::clone(&run))
             .with("members", FieldValue::Relayed("\"a\":1".into())),
     ]
