@@ -122,6 +122,17 @@ pub(crate) fn write_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(&buf[from..]);
 }
 
+/// The decimal digits of `n` appended to `out`, without `fmt` (ids and
+/// tool-call ids are built from them a few times a sibling).
+pub(crate) fn push_decimal(out: &mut String, n: u64) {
+    let (digits, from) = decimal(n);
+    // ASCII digits: the check cannot fail, and is cheaper than pushing
+    // them one char at a time.
+    if let Ok(text) = std::str::from_utf8(&digits[from..]) {
+        out.push_str(text);
+    }
+}
+
 /// The decimal digits of `n`: `buf[from..]`, ASCII.
 pub(crate) fn decimal(mut n: u64) -> ([u8; 20], usize) {
     let mut buf = [0u8; 20];

@@ -623,4 +623,4 @@ pub(crate) fn read_in_pieces(bytes: &[u8], cuts: &[usize]) -> Result<Vec<u8>, St
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

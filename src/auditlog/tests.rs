@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use super::records::{EventHead, RecordWriter};
+use super::records::{self, RecordWriter};
 use super::*;
 
 /// Both formats a troupe reads: each test of the compact log runs on both.
@@ -12,29 +12,7 @@ const FORMATS: [u32; 2] = [FORMAT, FORMAT_LINES];
 /// A sibling's exit as the audit writer writes it in records; its line.
 fn exit_record(w: &mut RecordWriter, out: &mut Vec<u8>, seq: u64, run: &Arc<str>) -> String {
     let exec: Arc<str> = Arc::from(format!("{run}/worker#{seq}/1"));
-    let stage: Arc<str> = Arc::from("worker");
-    // The same log each time it is written.
-    let micros = 1_795_000_000_000_000 + seq;
-    w.event(
-        out,
-        &EventHead {
-            seq,
-            micros,
-            name: "StageExited",
-            run,
-            exec: Some(&exec),
-            stage: Some(&stage),
-            tool: None,
-            fields: 2,
-        },
-    );
-    w.field_static(out, "verdict", "ok");
-    w.field_usage(out, "usage", [119 + seq, 17, 2]);
-    let ts = clock::rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros));
-    format!(
-        "{{\"seq\":{seq},\"ts\":\"{ts}\",\"event\":\"StageExited\",\"workflowRunId\":\"{run}\",\"stageExecutionId\":\"{exec}\",\"stageId\":\"worker\",\"verdict\":\"ok\",\"usage\":{{\"promptTokens\":{},\"completionTokens\":17,\"requests\":2}}}}\n",
-        119 + seq
-    )
+    records::tests::exit(w, out, seq, run, &exec)
 }
 
 /// A line as the writer makes them.

@@ -149,25 +149,12 @@ enum ReplyPlan {
 /// `call_{turn}_{i}`: a scripted tool call's id. Built by hand: through
 /// `format!` it was 700 instructions a call, two calls a fan-out sibling.
 fn call_id(turn: usize, i: usize) -> String {
-    fn push_decimal(out: &mut String, mut n: usize) {
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        loop {
-            at -= 1;
-            // A digit: `n % 10` is below 10.
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        out.extend(digits[at..].iter().map(|&d| char::from(d)));
-    }
+    use crate::auditlog::json::push_decimal;
     let mut id = String::with_capacity(16);
     id.push_str("call_");
-    push_decimal(&mut id, turn);
+    push_decimal(&mut id, turn as u64);
     id.push('_');
-    push_decimal(&mut id, i);
+    push_decimal(&mut id, i as u64);
     id
 }
 

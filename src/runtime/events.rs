@@ -11,5 +11,4 @@ mod vocabulary;
 mod record_tests;
 
 pub use crate::auditlog::clock::{parse_rfc3339, rfc3339};
-pub(crate) use crate::auditlog::json::decimal;
 pub use vocabulary::{Event, EventName, FieldValue};

@@ -51,20 +51,11 @@ pub fn stage_execution_id(run: &RunId, stage: &str, index: Option<usize>, visit:
     id.push_str(stage);
     if let Some(i) = index {
         id.push('#');
-        push_decimal(&mut id, i as u64);
+        crate::auditlog::json::push_decimal(&mut id, i as u64);
     }
     id.push('/');
-    push_decimal(&mut id, u64::from(visit));
+    crate::auditlog::json::push_decimal(&mut id, u64::from(visit));
     id
-}
-
-fn push_decimal(out: &mut String, n: u64) {
-    let (digits, from) = super::events::decimal(n);
-    // ASCII digits: the check cannot fail, and is cheaper than pushing
-    // them one char at a time.
-    if let Ok(text) = std::str::from_utf8(&digits[from..]) {
-        out.push_str(text);
-    }
 }
 
 #[cfg(test)]

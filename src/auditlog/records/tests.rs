@@ -12,7 +12,7 @@ use crate::auditlog::clock::rfc3339;
 
 /// A sibling's exit, written as a record into `out`; its line as the
 /// reader must write it.
-fn exit(
+pub(crate) fn exit(
     w: &mut RecordWriter,
     out: &mut Vec<u8>,
     seq: u64,
