@@ -34,6 +34,7 @@
 //! whichever is there), and a resumed run appends in its log's format.
 
 pub(crate) mod clock;
+mod export;
 pub(crate) mod json;
 mod read;
 pub mod records;
@@ -42,6 +43,7 @@ mod write;
 
 use std::path::{Path, PathBuf};
 
+pub use export::{ExportError, export_lines};
 pub use read::{
     AuditError, AuditFault, DecodedReader, Follower, LogDecoder, LogEnd, cut_to_whole, format_of,
     scan_end,

@@ -197,6 +197,12 @@ impl LogDecoder {
         Ok(decoder)
     }
 
+    /// For the segments of a log in format `format` from byte `at` (one
+    /// of [`super::segment_starts`]), its header read elsewhere.
+    pub(super) fn segments_from(at: u64, format: u32) -> Result<LogDecoder, AuditFault> {
+        LogDecoder::segments_at(at, format).map_err(AuditFault)
+    }
+
     /// The log's format, once its header was read (plain logs: none).
     pub fn format(&self) -> Option<u32> {
         self.format
@@ -494,6 +500,12 @@ impl DecodedReader {
     /// 0).
     pub fn end(&self) -> LogEnd {
         self.decoder.end()
+    }
+
+    /// The next whole lines decoded, or `None` at the log's end.
+    pub(super) fn next_lines(&mut self) -> Result<Option<&[u8]>, AuditError> {
+        self.fill()?;
+        Ok((!self.ready.is_empty()).then_some(&self.ready[..]))
     }
 
     /// Decodes until some lines are ready or the file ends.

@@ -435,3 +435,77 @@ fn segment_starts_are_found_from_headers_and_each_decodes_to_a_suffix() {
         ));
     }
 }
+
+/// What `export_in_jobs` writes, and how it ended.
+fn exported(path: &Path, threads: usize, job: u64) -> (String, Result<(), export::ExportError>) {
+    let mut out = Vec::new();
+    let ended = export::export_in_jobs(path, &mut out, threads, job);
+    (String::from_utf8(out).expect("UTF-8"), ended)
+}
+
+#[test]
+fn an_export_on_several_threads_is_the_single_readers_lines_byte_for_byte() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(FILE);
+    // Formatter segments (many small ones) and one stream's (1 MiB each),
+    // in either format; closed, or killed inside the last block.
+    let (frames, _, _) = frames_log(9, 30);
+    let (open, _, flushed) = written_in(FORMAT, 30_000, 1000, false);
+    let killed = open[..flushed[20].0 + 5].to_vec();
+    let (lines, _, _) = written_in(FORMAT_LINES, 30_000, 1000, true);
+    for bytes in [frames, open, killed, lines] {
+        std::fs::write(&path, &bytes).expect("write");
+        let whole = read_text(&path).expect("a log");
+        assert!(!whole.is_empty());
+        for (threads, job) in [(1, 1), (2, 1), (3, 100), (8, 1 << 20)] {
+            let (got, ended) = exported(&path, threads, job);
+            assert!(ended.is_ok(), "{ended:?}");
+            assert_eq!(got, whole, "{threads} threads, jobs of {job} bytes");
+        }
+    }
+}
+
+#[test]
+fn an_export_stops_at_damage_with_the_lines_before_it_and_says_where() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(FILE);
+    let (mut bytes, texts, ends) = frames_log(6, 30);
+    // The fourth segment's blocks damaged.
+    for b in &mut bytes[ends[2] + 20..ends[2] + 40] {
+        *b ^= 0x5A;
+    }
+    std::fs::write(&path, &bytes).expect("write");
+    let (got, ended) = exported(&path, 3, 1);
+    assert!(
+        matches!(
+            ended,
+            Err(export::ExportError::Read(AuditError::Corrupt { .. }))
+        ),
+        "{ended:?}"
+    );
+    assert!(
+        got.starts_with(&texts[..3].concat()),
+        "every segment before it"
+    );
+    assert!(
+        texts.concat().starts_with(&got),
+        "nothing that was not written"
+    );
+    // A write that fails is the writer's error, not the log's.
+    struct Full;
+    impl Write for Full {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "full"))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let (frames, _, _) = frames_log(4, 30);
+    std::fs::write(&path, &frames).expect("write");
+    let ended = export::export_in_jobs(&path, &mut Full, 2, 1);
+    assert!(
+        matches!(ended, Err(export::ExportError::Write(_))),
+        "{ended:?}"
+    );
+}

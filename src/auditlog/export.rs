@@ -1,0 +1,196 @@
+//! The whole log as JSON lines, its segments decoded on several threads
+//! (`troupe runs export`). Writing a record back as its line is most of a
+//! reader's work now that the log holds records (the writer's old cost,
+//! paid once, when asked), and segments read on their own bytes: each
+//! thread decodes a run of segments, and the lines are written in the
+//! log's order, so the output is the one a single reader gives, byte for
+//! byte, however many threads made it.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use crossbeam_channel::{Receiver, Sender, bounded};
+
+use super::read::{AuditError, DecodedReader, LogDecoder, format_of};
+use super::seek::segment_starts;
+
+/// File bytes a thread decodes at once: whole segments, at least this
+/// many (a formatter thread's segments are a few KiB each, and a zstd
+/// decoder is made per job). A one-stream segment, 1 MiB of records, is
+/// about 140 KiB on disk and 7.5 MiB of lines: a job is one of those, so
+/// what waits to be written stays a few of them per thread.
+const JOB: u64 = 128 << 10;
+
+/// Why an export stopped: the log could not be read (the lines before
+/// the fault were written), or `out` could not be written.
+#[derive(Debug)]
+pub enum ExportError {
+    Read(AuditError),
+    Write(io::Error),
+}
+
+/// A run of whole segments, `[from, to)` in the file (`to` is `None` for
+/// the log's end), and where its lines go.
+struct Job {
+    from: u64,
+    to: Option<u64>,
+    done: Sender<Decoded>,
+}
+
+/// A job's lines, and the fault that stopped it, if one did.
+type Decoded = (Vec<u8>, Option<AuditError>);
+
+/// Writes the whole lines of the compact or plain log at `path` into
+/// `out`, decoding on up to `threads` threads. A torn end (a killed
+/// process) is left out, as every reader leaves it; at a fault, the lines
+/// before it are written and the fault returned.
+pub fn export_lines(path: &Path, out: &mut dyn Write, threads: usize) -> Result<(), ExportError> {
+    export_in_jobs(path, out, threads, JOB)
+}
+
+/// [`export_lines`] with jobs of `job` file bytes.
+pub(super) fn export_in_jobs(
+    path: &Path,
+    out: &mut dyn Write,
+    threads: usize,
+    job: u64,
+) -> Result<(), ExportError> {
+    let starts = if super::is_plain(path) || threads < 2 {
+        Vec::new()
+    } else {
+        segment_starts(path).map_err(ExportError::Read)?
+    };
+    if starts.len() < 2 {
+        return export_in_one(path, out);
+    }
+    let format = format_of(path).map_err(ExportError::Read)?;
+    let jobs = runs_of(&starts, job);
+    let threads = threads.min(jobs.len());
+    let (work, taken) = bounded::<Job>(threads);
+    // Jobs handed out ahead of the one being written: enough to keep
+    // every thread busy, few enough to bound what waits in memory.
+    let ahead = threads + 1;
+    // Written buffers go back to the threads: a job's lines are megabytes,
+    // and a fresh buffer each time is that much memory zeroed again.
+    let (give_back, spare) = bounded::<Vec<u8>>(ahead + threads);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let (taken, spare) = (taken.clone(), spare.clone());
+            s.spawn(move || decode_jobs(path, format, &taken, &spare));
+        }
+        drop(taken);
+        let mut pending: VecDeque<Receiver<Decoded>> = VecDeque::with_capacity(ahead);
+        let mut next = jobs.into_iter();
+        let outcome = loop {
+            while pending.len() < ahead {
+                let Some((from, to)) = next.next() else { break };
+                let (done, decoded) = bounded(1);
+                if work.send(Job { from, to, done }).is_err() {
+                    break;
+                }
+                pending.push_back(decoded);
+            }
+            let Some(decoded) = pending.pop_front() else {
+                break Ok(());
+            };
+            let (lines, fault) = decoded.recv().unwrap_or_else(|_| {
+                let reason = "a decoding thread stopped".to_owned();
+                (Vec::new(), Some(corrupt(path, 0, reason)))
+            });
+            if let Err(e) = out.write_all(&lines) {
+                break Err(ExportError::Write(e));
+            }
+            if let Some(fault) = fault {
+                break Err(ExportError::Read(fault));
+            }
+            let _ = give_back.try_send(lines);
+        };
+        // The threads end once no more work comes.
+        drop(work);
+        outcome
+    })
+}
+
+/// One reader, from the first byte (a plain log, one segment, one thread).
+fn export_in_one(path: &Path, out: &mut dyn Write) -> Result<(), ExportError> {
+    let mut reader = DecodedReader::open(path).map_err(ExportError::Read)?;
+    while let Some(lines) = reader.next_lines().map_err(ExportError::Read)? {
+        out.write_all(lines).map_err(ExportError::Write)?;
+    }
+    Ok(())
+}
+
+/// The segments grouped into jobs of about `job` file bytes each; the
+/// last job runs to the log's end.
+fn runs_of(starts: &[u64], job: u64) -> Vec<(u64, Option<u64>)> {
+    let mut jobs = Vec::new();
+    let mut from = starts[0];
+    for &start in &starts[1..] {
+        if start - from >= job {
+            jobs.push((from, Some(start)));
+            from = start;
+        }
+    }
+    jobs.push((from, None));
+    jobs
+}
+
+/// A thread's loop: each job's bytes, decoded from its first segment into
+/// a buffer from `spare` when there is one.
+fn decode_jobs(path: &Path, format: u32, jobs: &Receiver<Job>, spare: &Receiver<Vec<u8>>) {
+    let mut file = File::open(path).ok();
+    let mut bytes = Vec::new();
+    for job in jobs {
+        let mut lines = spare.try_recv().unwrap_or_default();
+        lines.clear();
+        let fault = match file.as_mut() {
+            Some(file) => decode(
+                path,
+                file,
+                format,
+                (job.from, job.to),
+                &mut bytes,
+                &mut lines,
+            ),
+            None => Some(corrupt(path, job.from, "cannot open".into())),
+        };
+        let _ = job.done.send((lines, fault));
+    }
+}
+
+/// Decodes the file's bytes `from..to` into `lines` (`bytes` holds them
+/// meanwhile); the fault that stopped it, if one did.
+fn decode(
+    path: &Path,
+    file: &mut File,
+    format: u32,
+    (from, to): (u64, Option<u64>),
+    bytes: &mut Vec<u8>,
+    lines: &mut Vec<u8>,
+) -> Option<AuditError> {
+    bytes.clear();
+    let read = file.seek(SeekFrom::Start(from)).and_then(|_| match to {
+        Some(to) => file.take(to - from).read_to_end(bytes),
+        None => file.read_to_end(bytes),
+    });
+    if let Err(source) = read {
+        return Some(AuditError::Io {
+            path: path.to_owned(),
+            source,
+        });
+    }
+    match LogDecoder::segments_from(from, format) {
+        Ok(mut decoder) => decoder.feed(bytes, lines).err().map(|f| f.at(path)),
+        Err(f) => Some(f.at(path)),
+    }
+}
+
+fn corrupt(path: &Path, offset: u64, reason: String) -> AuditError {
+    AuditError::Corrupt {
+        path: path.to_owned(),
+        offset,
+        reason,
+    }
+}
