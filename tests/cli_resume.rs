@@ -348,6 +348,42 @@ fn kill_9_mid_fan_out_then_resume_runs_every_sibling_to_its_exit_once() {
     );
 }
 
+/// A run an older troupe began and `kill -9` stopped, its log JSON lines
+/// (`audit.jsonl.zst`, format 1) with a torn end: this troupe resumes it
+/// in that log and that format, so the older troupe (and `zstd -dc`)
+/// still reads every line of both sessions.
+#[test]
+fn a_killed_run_with_an_older_troupes_log_resumes_in_that_logs_format() {
+    let project = Project::new();
+    let run = start_and_wait_for_exits(&project);
+    run.signal(Signal::SIGKILL);
+    let killed = run.finish();
+    let run_id = killed.run_id();
+    let before_kill = exited_ok(&killed.events);
+    let text = project.audit_text(&run_id);
+    let new = project.audit_path(&run_id);
+    let old = new.with_file_name(troupe::auditlog::LINES_FILE);
+    common::project::write_killed_lines_log(&old, &text, "{\"seq\":");
+    std::fs::remove_file(&new).unwrap();
+
+    let resumed = resume(&project, &run_id);
+    assert!(
+        resumed.stderr.contains("its torn end made whole"),
+        "{}",
+        resumed.stderr
+    );
+    assert_eq!(project.audit_path(&run_id), old);
+    let log = assert_resumed_to_the_end(&project, &run_id, &resumed, &before_kill);
+    assert_each_sibling_exited(&log, |_| vec!["ok"]);
+    assert!(!new.exists(), "no second log");
+    let stock = zstd::decode_all(&std::fs::read(&old).unwrap()[..]).unwrap();
+    assert_eq!(
+        String::from_utf8(stock).unwrap(),
+        project.audit_text(&run_id),
+        "every line of both sessions is JSON in the frames"
+    );
+}
+
 #[test]
 fn ctrl_c_mid_fan_out_then_resume_runs_every_sibling_to_its_exit_once() {
     let project = Project::new();

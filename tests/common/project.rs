@@ -111,7 +111,8 @@ impl Project {
     }
 
     pub fn audit_path(&self, run_id: &str) -> PathBuf {
-        self.run_dir(run_id).join(troupe::auditlog::FILE)
+        // An older troupe's log where a test put one, else this troupe's.
+        troupe::auditlog::in_dir(&self.run_dir(run_id))
     }
 
     /// The whole lines of the run's audit log, as text.
@@ -432,6 +433,21 @@ fn by_seq(log: &[Value]) -> BTreeMap<u64, &Value> {
     log.iter()
         .map(|e| (e["seq"].as_u64().expect("seq"), e))
         .collect()
+}
+
+/// [`write_killed_log`] in the first format, as an older troupe left its
+/// `audit.jsonl.zst`: the JSON lines themselves in the frames, the last
+/// one torn.
+pub fn write_killed_lines_log(path: &std::path::Path, lines: &str, torn: &str) {
+    use std::io::Write;
+    let file = std::fs::File::create(path).expect("the log");
+    let mut log = troupe::auditlog::Compressed::create_in(file, troupe::auditlog::FORMAT_LINES)
+        .expect("a log");
+    log.write_lines(lines.as_bytes()).expect("lines");
+    log.flush().expect("a block");
+    log.write_all(torn.as_bytes()).expect("a torn line");
+    log.flush().expect("a block");
+    // Dropped, not finished: the segment stays open.
 }
 
 /// Writes `lines` to the compact log at `path` as a process killed while
