@@ -299,7 +299,7 @@ impl LogDecoder {
                         if !self.partial.is_empty() {
                             return Err(AuditFault(Fault::Corrupt {
                                 offset: self.fed,
-                                reason: "a segment ends inside a line".into(),
+                                reason: "a segment ends inside a line or record".into(),
                             }));
                         }
                         if let Content::Records { reader, .. } = &mut self.content {

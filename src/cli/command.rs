@@ -82,7 +82,7 @@ pub enum Command {
     /// Validates first (exit 2 when invalid; for the openai provider, also
     /// when the endpoint is unreachable or the model cannot call tools),
     /// runs every stage execution as its own actor, writes the audit log to
-    /// .troupe/runs/<workflowRunId>/audit.jsonl, keeps every execution and
+    /// .troupe/runs/<workflowRunId>/audit.log.zst, keeps every execution and
     /// StageResult in the run store (.troupe/troupe.db) and prints a
     /// summary.
     Run(Box<super::run::RunArgs>),
@@ -229,7 +229,7 @@ Examples:
     Reaper,
     /// Draw a finished (or killed) run as a timeline: SVG and/or HTML.
     ///
-    /// Reads <runs-dir>/<RUN_ID>/audit.jsonl and draws one row per stage
+    /// Reads <runs-dir>/<RUN_ID>/audit.log.zst and draws one row per stage
     /// execution (siblings under their group, wide groups binned), its wait
     /// for a cap slot, retries and approval waits, and below, the running
     /// executions over time against each group's cap. --html adds the

@@ -39,7 +39,7 @@ pub struct RunOptions {
     /// resolve inside it, and Bash runs there.
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub root: PathBuf,
-    /// Where run folders (with audit.jsonl) are written.
+    /// Where run folders (with their audit logs) are written.
     #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
     pub runs_dir: PathBuf,
     /// Ask no one: a tool call outside a stage's allowedTools is denied

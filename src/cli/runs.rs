@@ -68,7 +68,8 @@ pub enum RunsCommand {
         stage: Option<String>,
     },
     /// Write the run's audit log as JSON lines (stdout, or --output):
-    /// the log on disk is zstd-compressed, this is its plain text.
+    /// the log on disk is compressed binary records, this is its text,
+    /// byte for byte what an uncompressed log would hold.
     Export {
         run_id: String,
         #[arg(long, short, value_name = "FILE")]
