@@ -43,7 +43,7 @@ mod write;
 
 use std::path::{Path, PathBuf};
 
-pub use export::{ExportError, export_lines};
+pub use export::{ExportError, OrderedReader, export_lines};
 pub use read::{
     AuditError, AuditFault, DecodedReader, Follower, LogDecoder, LogEnd, cut_to_whole, format_of,
     scan_end,

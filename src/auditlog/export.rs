@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
@@ -111,6 +111,104 @@ pub(super) fn export_in_jobs(
         drop(work);
         outcome
     })
+}
+
+/// The whole lines of a log as one `Read`, decoded by [`export_lines`] on
+/// a thread of its own (and up to `threads` beneath it) ahead of the
+/// reader: for a reader of a whole log that does its own work on each
+/// line (`troupe report`), which then no longer also writes every record
+/// back as its line. Dropped early, it stops the decoding and waits for
+/// its thread. A fault is an `InvalidData` error carrying the
+/// [`AuditError`]'s text, as [`DecodedReader`]'s.
+#[derive(Debug)]
+pub struct OrderedReader {
+    chunks: Option<Receiver<Vec<u8>>>,
+    current: Vec<u8>,
+    at: usize,
+    thread: Option<std::thread::JoinHandle<Result<(), ExportError>>>,
+}
+
+impl OrderedReader {
+    /// Starts decoding the log at `path` (compact or plain).
+    pub fn open(path: &Path, threads: usize) -> Result<OrderedReader, AuditError> {
+        File::open(path).map_err(AuditError::io(path))?;
+        let (to, chunks) = bounded(2);
+        let path = path.to_owned();
+        let thread = std::thread::Builder::new()
+            .name("troupe-log-reader".into())
+            .spawn(move || export_lines(&path, &mut Chunks(to), threads))
+            .map_err(|source| AuditError::Io {
+                path: PathBuf::new(),
+                source,
+            })?;
+        Ok(OrderedReader {
+            chunks: Some(chunks),
+            current: Vec::new(),
+            at: 0,
+            thread: Some(thread),
+        })
+    }
+
+    /// How the decoding ended, once every chunk was read.
+    fn ended(&mut self) -> io::Result<()> {
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            None | Some(Ok(Ok(()))) => Ok(()),
+            Some(Ok(Err(ExportError::Read(AuditError::Io { source, .. })))) => Err(source),
+            Some(Ok(Err(ExportError::Read(e)))) => {
+                Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+            }
+            Some(Ok(Err(ExportError::Write(e)))) => Err(e),
+            Some(Err(_)) => Err(io::Error::other("the log's reading thread panicked")),
+        }
+    }
+}
+
+impl Read for OrderedReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.at == self.current.len() {
+            match self.chunks.as_ref().and_then(|c| c.recv().ok()) {
+                Some(chunk) => (self.current, self.at) = (chunk, 0),
+                None => {
+                    self.chunks = None;
+                    self.ended()?;
+                    return Ok(0);
+                }
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.at);
+        buf[..n].copy_from_slice(&self.current[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+impl Drop for OrderedReader {
+    fn drop(&mut self) {
+        // Its next chunk finds no reader, and the export stops.
+        self.chunks = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// [`export_lines`]'s output as chunks on a channel.
+struct Chunks(Sender<Vec<u8>>);
+
+impl Write for Chunks {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.0
+            .send(buf.to_vec())
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the reader stopped"))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// One reader, from the first byte (a plain log, one segment, one thread).

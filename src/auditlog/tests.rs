@@ -509,3 +509,43 @@ fn an_export_stops_at_damage_with_the_lines_before_it_and_says_where() {
         "{ended:?}"
     );
 }
+
+#[test]
+fn an_ordered_reader_reads_what_a_single_reader_does_and_stops_when_dropped() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(FILE);
+    let (bytes, _, _) = written_in(FORMAT, 30_000, 1000, true);
+    std::fs::write(&path, &bytes).expect("write");
+    let whole = read_text(&path).expect("a log");
+    for threads in [1, 3] {
+        let mut text = String::new();
+        OrderedReader::open(&path, threads)
+            .expect("opens")
+            .read_to_string(&mut text)
+            .expect("reads");
+        assert_eq!(text, whole, "{threads} threads");
+    }
+    // Dropped after its first bytes: the thread is stopped and waited for.
+    let mut reader = OrderedReader::open(&path, 2).expect("opens");
+    let mut first = [0u8; 16];
+    reader.read_exact(&mut first).expect("reads");
+    drop(reader);
+    // Damage: the lines before it, then the log's error.
+    let (mut frames, texts, ends) = frames_log(4, 30);
+    for b in &mut frames[ends[1] + 20..ends[1] + 40] {
+        *b ^= 0x5A;
+    }
+    std::fs::write(&path, &frames).expect("write");
+    let mut reader = OrderedReader::open(&path, 2).expect("opens");
+    let mut got = Vec::new();
+    let error = reader.read_to_end(&mut got).expect_err("damage");
+    assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+    assert!(error.to_string().contains("at byte"), "{error}");
+    assert!(
+        String::from_utf8(got)
+            .expect("UTF-8")
+            .starts_with(&texts[..2].concat())
+    );
+    let missing = OrderedReader::open(&dir.path().join("none.zst"), 2).expect_err("no file");
+    assert!(matches!(missing, AuditError::Io { .. }));
+}
