@@ -9,7 +9,9 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
@@ -75,10 +77,12 @@ pub(super) fn export_in_jobs(
     // Written buffers go back to the threads: a job's lines are megabytes,
     // and a fresh buffer each time is that much memory zeroed again.
     let (give_back, spare) = bounded::<Vec<u8>>(ahead + threads);
+    // Set when the writing stops early: the threads skip what is queued.
+    let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         for _ in 0..threads {
-            let (taken, spare) = (taken.clone(), spare.clone());
-            s.spawn(move || decode_jobs(path, format, &taken, &spare));
+            let (taken, spare, stop) = (taken.clone(), spare.clone(), &stop);
+            s.spawn(move || decode_jobs(path, format, &taken, &spare, stop));
         }
         drop(taken);
         let mut pending: VecDeque<Receiver<Decoded>> = VecDeque::with_capacity(ahead);
@@ -108,6 +112,7 @@ pub(super) fn export_in_jobs(
             let _ = give_back.try_send(lines);
         };
         // The threads end once no more work comes.
+        stop.store(true, Ordering::Relaxed);
         drop(work);
         outcome
     })
@@ -133,14 +138,13 @@ impl OrderedReader {
     pub fn open(path: &Path, threads: usize) -> Result<OrderedReader, AuditError> {
         File::open(path).map_err(AuditError::io(path))?;
         let (to, chunks) = bounded(2);
-        let path = path.to_owned();
         let thread = std::thread::Builder::new()
             .name("troupe-log-reader".into())
-            .spawn(move || export_lines(&path, &mut Chunks(to), threads))
-            .map_err(|source| AuditError::Io {
-                path: PathBuf::new(),
-                source,
-            })?;
+            .spawn({
+                let path = path.to_owned();
+                move || export_lines(&path, &mut Chunks(to), threads)
+            })
+            .map_err(AuditError::io(path))?;
         Ok(OrderedReader {
             chunks: Some(chunks),
             current: Vec::new(),
@@ -236,52 +240,95 @@ fn runs_of(starts: &[u64], job: u64) -> Vec<(u64, Option<u64>)> {
 }
 
 /// A thread's loop: each job's bytes, decoded from its first segment into
-/// a buffer from `spare` when there is one.
-fn decode_jobs(path: &Path, format: u32, jobs: &Receiver<Job>, spare: &Receiver<Vec<u8>>) {
-    let mut file = File::open(path).ok();
-    let mut bytes = Vec::new();
+/// a buffer from `spare` when there is one. A panic is the job's fault.
+fn decode_jobs(
+    path: &Path,
+    format: u32,
+    jobs: &Receiver<Job>,
+    spare: &Receiver<Vec<u8>>,
+    stop: &AtomicBool,
+) {
+    let mut file = File::open(path);
+    let mut bytes = vec![0u8; READ];
     for job in jobs {
+        if stop.load(Ordering::Relaxed) {
+            continue;
+        }
         let mut lines = spare.try_recv().unwrap_or_default();
         lines.clear();
         let fault = match file.as_mut() {
-            Some(file) => decode(
-                path,
-                file,
-                format,
-                (job.from, job.to),
-                &mut bytes,
-                &mut lines,
-            ),
-            None => Some(corrupt(path, job.from, "cannot open".into())),
+            Ok(file) => catch_unwind(AssertUnwindSafe(|| {
+                decode(
+                    path,
+                    file,
+                    format,
+                    (job.from, job.to),
+                    &mut bytes,
+                    &mut lines,
+                )
+            }))
+            .unwrap_or_else(|_| Some(corrupt(path, job.from, "decoding panicked".into()))),
+            Err(e) => Some(AuditError::Io {
+                path: path.to_owned(),
+                source: io::Error::new(e.kind(), e.to_string()),
+            }),
         };
         let _ = job.done.send((lines, fault));
     }
 }
 
-/// Decodes the file's bytes `from..to` into `lines` (`bytes` holds them
-/// meanwhile); the fault that stopped it, if one did.
+/// File bytes a thread reads at once.
+const READ: usize = 1 << 16;
+
+/// Decodes the file's bytes `from..to` into `lines`, [`READ`] bytes at a
+/// time (the last job runs to the end of a log whose segment walk stopped
+/// at damage: it is not read whole first); the fault that stopped it, if
+/// one did. A job before the last must end where a segment does, all of
+/// its bytes read: a file cut short while it is read loses no line
+/// silently.
 fn decode(
     path: &Path,
     file: &mut File,
     format: u32,
     (from, to): (u64, Option<u64>),
-    bytes: &mut Vec<u8>,
+    bytes: &mut [u8],
     lines: &mut Vec<u8>,
 ) -> Option<AuditError> {
-    bytes.clear();
-    let read = file.seek(SeekFrom::Start(from)).and_then(|_| match to {
-        Some(to) => file.take(to - from).read_to_end(bytes),
-        None => file.read_to_end(bytes),
-    });
-    if let Err(source) = read {
-        return Some(AuditError::Io {
-            path: path.to_owned(),
-            source,
-        });
+    let io = |source| AuditError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    if let Err(e) = file.seek(SeekFrom::Start(from)) {
+        return Some(io(e));
     }
-    match LogDecoder::segments_from(from, format) {
-        Ok(mut decoder) => decoder.feed(bytes, lines).err().map(|f| f.at(path)),
-        Err(f) => Some(f.at(path)),
+    let mut decoder = match LogDecoder::segments_from(from, format) {
+        Ok(decoder) => decoder,
+        Err(f) => return Some(f.at(path)),
+    };
+    let mut left = to.map(|to| to - from);
+    loop {
+        let want = left.map_or(bytes.len(), |left| bytes.len().min(left as usize));
+        if want == 0 {
+            break;
+        }
+        let n = match file.read(&mut bytes[..want]) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Some(io(e)),
+        };
+        if let Err(f) = decoder.feed(&bytes[..n], lines) {
+            return Some(f.at(path));
+        }
+        left = left.map(|left| left - n as u64);
+    }
+    match to {
+        Some(to) if decoder.end().keep != to => Some(corrupt(
+            path,
+            decoder.end().fed,
+            format!("the segments before byte {to} do not end whole"),
+        )),
+        _ => None,
     }
 }
 

@@ -332,8 +332,7 @@ pub struct RecordReader {
     spans: Vec<(usize, usize)>,
     seq: u64,
     micros: u64,
-    /// Records begun: read whole, cut short or refused (what a reader's
-    /// cost grows with).
+    /// Records read whole, good or bad ([`RecordReader::attempts`]).
     attempts: u64,
 }
 
@@ -358,11 +357,30 @@ impl RecordReader {
     /// (with its newline) to `out`; its length, or `None` when `bytes` ends
     /// inside it (nothing is appended or remembered then).
     pub fn read(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, String> {
+        // Whole, first: walking a record's frame skips its text, so a long
+        // record arriving in many pieces costs a walk of its fields per
+        // piece, and its strings are checked and written once.
+        let whole = match record_len(bytes) {
+            Ok(n) => n,
+            Err(Stop::More) if bytes.len() > MAX_RECORD => {
+                return Err(format!("a record longer than {} MiB", MAX_RECORD >> 20));
+            }
+            Err(Stop::More) => return Ok(None),
+            Err(Stop::Bad(reason)) => return Err(reason),
+        };
         self.attempts += 1;
         let mark = (self.arena.len(), self.spans.len(), self.seq, self.micros);
         let written = out.len();
-        let mut r = Cursor { bytes, at: 0 };
-        match self.record(&mut r, out) {
+        let mut r = Cursor {
+            bytes: &bytes[..whole],
+            at: 0,
+        };
+        let read = match self.record(&mut r, out) {
+            Ok(()) if r.at == whole => Ok(()),
+            Ok(()) | Err(Stop::More) => Err(bad("a record's frame and its contents disagree")),
+            Err(stop) => Err(stop),
+        };
+        match read {
             Ok(()) => Ok(Some(r.at)),
             Err(stop) => {
                 self.arena.truncate(mark.0);
@@ -380,7 +398,8 @@ impl RecordReader {
         }
     }
 
-    /// Records begun so far, whole or not.
+    /// Records read whole so far (their text checked and written), good
+    /// or bad: what a reader's cost grows with.
     pub fn attempts(&self) -> u64 {
         self.attempts
     }
@@ -520,6 +539,73 @@ impl RecordReader {
         let (from, to) = self.spans[n];
         &self.arena[from..to]
     }
+}
+
+/// The length of the record `bytes` begins with, from its frame alone
+/// (tags, counts, lengths): what [`RecordReader::read`] reads, without
+/// checking or writing its text. [`Stop::More`] while it is cut short.
+fn record_len(bytes: &[u8]) -> Read<usize> {
+    let mut r = Cursor { bytes, at: 0 };
+    let string = |r: &mut Cursor<'_>| -> Read<()> {
+        if r.varint()? == 0 {
+            r.text()?;
+        }
+        Ok(())
+    };
+    match r.byte()? {
+        RESET => {}
+        LINE => {
+            r.text()?;
+        }
+        EVENT => {
+            r.varint()?;
+            r.varint()?;
+            let flags = r.byte()?;
+            if flags & !(HAS_EXEC | HAS_STAGE | HAS_TOOL) != 0 {
+                return Err(Stop::Bad(format!("unknown event flags {flags:#x}")));
+            }
+            string(&mut r)?;
+            string(&mut r)?;
+            for flag in [HAS_EXEC, HAS_STAGE, HAS_TOOL] {
+                if flags & flag != 0 {
+                    string(&mut r)?;
+                }
+            }
+            let fields = r.varint()?;
+            if fields > MAX_FIELDS {
+                return Err(Stop::Bad(format!("an event with {fields} fields")));
+            }
+            for _ in 0..fields {
+                match r.byte()? {
+                    V_MEMBERS => {
+                        r.text()?;
+                        continue;
+                    }
+                    tag => {
+                        string(&mut r)?;
+                        match tag {
+                            V_STR => string(&mut r)?,
+                            V_TEXT | V_JSON => {
+                                r.text()?;
+                            }
+                            V_U64 => {
+                                r.varint()?;
+                            }
+                            V_USAGE => {
+                                for _ in 0..3 {
+                                    r.varint()?;
+                                }
+                            }
+                            V_FALSE | V_TRUE => {}
+                            tag => return Err(Stop::Bad(format!("unknown value tag {tag}"))),
+                        }
+                    }
+                }
+            }
+        }
+        tag => return Err(Stop::Bad(format!("unknown record tag {tag}"))),
+    }
+    Ok(r.at)
 }
 
 fn bad(reason: &str) -> Stop {

@@ -549,3 +549,62 @@ fn an_ordered_reader_reads_what_a_single_reader_does_and_stops_when_dropped() {
     let missing = OrderedReader::open(&dir.path().join("none.zst"), 2).expect_err("no file");
     assert!(matches!(missing, AuditError::Io { .. }));
 }
+
+#[test]
+fn a_segment_that_decodes_to_exactly_the_decoders_buffer_still_ends() {
+    // 65 536 bytes of lines: the decoder's output is full when the frame
+    // ends, and the end must still be seen (the segment is whole, the
+    // next one starts).
+    for format in FORMATS {
+        let line = format!("{{\"seq\":1,\"pad\":\"{}\"}}\n", "x".repeat(100));
+        let mut text = line.repeat(65_536 / line.len());
+        let fill = 65_536 - text.len() - "{\"seq\":2,\"pad\":\"\"}\n".len();
+        text.push_str(&format!("{{\"seq\":2,\"pad\":\"{}\"}}\n", "y".repeat(fill)));
+        let mut log = Compressed::create_in(Vec::new(), format).expect("a log");
+        if format == FORMAT_LINES {
+            assert_eq!(text.len(), 65_536);
+            log.write_all(text.as_bytes()).expect("lines");
+        } else {
+            // Line records of exactly that size: a tag, a one-byte length
+            // and the line without its newline.
+            let line_of = |content: usize| {
+                format!("{{\"seq\":1,\"pad\":\"{}\"}}\n", "x".repeat(content - 18))
+            };
+            text.clear();
+            let mut left = 65_536;
+            while left > 127 {
+                text.push_str(&line_of(100));
+                left -= 102;
+            }
+            text.push_str(&line_of(left - 2));
+            let mut records = Vec::new();
+            records::lines_as_records(text.as_bytes(), &mut records);
+            assert_eq!(records.len(), 65_536);
+            log.write_all(&records).expect("records");
+        }
+        let bytes = log.finish().expect("closed");
+        let (back, end) = decoded(&bytes, &[]).expect("a log");
+        assert_eq!(back, text);
+        assert!(!end.unfinished(), "format {format}: {end:?}");
+    }
+}
+
+#[test]
+fn every_reader_gives_the_lines_before_damage_alike() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(FILE);
+    let (mut bytes, _, ends) = frames_log(6, 300);
+    for b in &mut bytes[ends[3] - 200..ends[3] - 150] {
+        *b ^= 0x5A;
+    }
+    std::fs::write(&path, &bytes).expect("write");
+    let mut single = Vec::new();
+    let mut reader = DecodedReader::open(&path).expect("opens");
+    let error = reader.read_to_end(&mut single).expect_err("damage");
+    assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+    for threads in [1, 3] {
+        let (got, ended) = exported(&path, threads, 1);
+        assert!(ended.is_err());
+        assert_eq!(got.as_bytes(), single, "{threads} threads");
+    }
+}

@@ -244,6 +244,11 @@ fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
 
 fn export(dir: &Path, output: Option<&Path>) -> Result<Exit, StoreError> {
     let log = auditlog::in_dir(dir);
+    // The log first: a run without one leaves no empty --output behind.
+    std::fs::File::open(&log).map_err(|source| auditlog::AuditError::Io {
+        path: log.clone(),
+        source,
+    })?;
     let mut sink: Box<dyn Write> = match output {
         Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(
             |e| StoreError::Io {

@@ -140,9 +140,12 @@ fn damaged_records_are_reasons_never_panics() {
         ("unknown event flags", vec![RESET, EVENT, 0, 0, 0x40]),
         (
             "a reference to string 4, of 0",
-            vec![RESET, EVENT, 2, 2, 0, 5],
+            vec![RESET, EVENT, 2, 2, 0, 5, 0, 1, b'r', 0],
         ),
-        ("not UTF-8", vec![RESET, EVENT, 2, 2, 0, 0, 2, 0xff, 0xfe]),
+        (
+            "not UTF-8",
+            vec![RESET, EVENT, 2, 2, 0, 0, 2, 0xff, 0xfe, 0, 1, b'r', 0],
+        ),
         (
             "holds a newline",
             [vec![RESET, LINE, 3], b"{\n}".to_vec()].concat(),
