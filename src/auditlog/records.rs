@@ -334,6 +334,8 @@ pub struct RecordReader {
     micros: u64,
     /// Records read whole, good or bad ([`RecordReader::attempts`]).
     attempts: u64,
+    /// The longest line a record may make, when not [`MAX_RECORD`].
+    line_limit: Option<usize>,
 }
 
 /// Why a record was not read: it is cut short, or it is wrong.
@@ -345,6 +347,19 @@ enum Stop {
 type Read<T> = Result<T, Stop>;
 
 impl RecordReader {
+    /// A reader whose records may make lines of at most `bytes`.
+    #[cfg(test)]
+    pub(crate) fn with_line_limit(bytes: usize) -> RecordReader {
+        RecordReader {
+            line_limit: Some(bytes),
+            ..RecordReader::default()
+        }
+    }
+
+    fn longest_line(&self) -> usize {
+        self.line_limit.unwrap_or(MAX_RECORD)
+    }
+
     /// Forgets the strings, `seq` and `ts` (a segment ended).
     pub fn reset(&mut self) {
         self.arena.clear();
@@ -425,6 +440,7 @@ impl RecordReader {
     }
 
     fn event(&mut self, r: &mut Cursor<'_>, out: &mut Vec<u8>) -> Read<()> {
+        let start = out.len();
         self.seq = self.seq.wrapping_add(unzigzag(r.varint()?));
         self.micros = self.micros.wrapping_add(unzigzag(r.varint()?));
         let flags = r.byte()?;
@@ -458,6 +474,15 @@ impl RecordReader {
         );
         for _ in 0..fields {
             self.field(r, out)?;
+            // A string is written each time it is referred to: a record
+            // of a few bytes may make a line of any length, and one line
+            // is held whole.
+            if out.len() - start > self.longest_line() {
+                return Err(Stop::Bad(format!(
+                    "a record whose line passes {} MiB",
+                    self.longest_line() >> 20
+                )));
+            }
         }
         out.extend_from_slice(b"}\n");
         Ok(())

@@ -193,6 +193,35 @@ fn damaged_records_are_reasons_never_panics() {
 }
 
 #[test]
+fn a_string_referred_to_many_times_cannot_make_a_line_past_the_limit() {
+    // A 1 KiB string defined once, then referred to by a byte per field:
+    // 8 KiB of record, 4 MiB of line.
+    let mut record = vec![RESET, EVENT, 2, 2, 0, 0, 1, b'E', 0, 1, b'r', 0x80, 0x20];
+    record.extend_from_slice(&[V_STR, 0, 1, b'k', 0, 0x80, 0x08]);
+    record.extend(std::iter::repeat_n(b'x', 1024));
+    for _ in 1..4096 {
+        record.extend_from_slice(&[V_STR, 3, 4]);
+    }
+    let mut reader = RecordReader::with_line_limit(1 << 20);
+    let mut out = Vec::new();
+    assert_eq!(reader.read(&record, &mut out), Ok(Some(1)), "the RESET");
+    let err = reader
+        .read(&record[1..], &mut out)
+        .expect_err("too long a line");
+    assert!(err.contains("passes 1 MiB"), "{err}");
+    assert!(out.is_empty(), "nothing of it is handed out");
+    // Within the limit, the same record reads.
+    let mut reader = RecordReader::with_line_limit(8 << 20);
+    assert_eq!(reader.read(&record, &mut out), Ok(Some(1)));
+    let n = reader
+        .read(&record[1..], &mut out)
+        .expect("a line")
+        .expect("whole");
+    assert_eq!(n, record.len() - 1);
+    assert!(out.len() > 4 << 20);
+}
+
+#[test]
 fn a_record_cut_short_asks_for_more_and_remembers_nothing_of_it() {
     let (records, lines) = exits(20, 3, 8);
     let mut reader = RecordReader::default();
