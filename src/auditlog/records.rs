@@ -332,10 +332,12 @@ pub struct RecordReader {
     spans: Vec<(usize, usize)>,
     seq: u64,
     micros: u64,
-    /// Records read whole, good or bad ([`RecordReader::attempts`]).
+    /// Records read through ([`RecordReader::attempts`]).
     attempts: u64,
     /// The longest line a record may make, when not [`MAX_RECORD`].
     line_limit: Option<usize>,
+    /// The record the next read begins was found cut short.
+    cut_short: bool,
 }
 
 /// Why a record was not read: it is cut short, or it is wrong.
@@ -362,6 +364,7 @@ impl RecordReader {
 
     /// Forgets the strings, `seq` and `ts` (a segment ended).
     pub fn reset(&mut self) {
+        self.cut_short = false;
         self.arena.clear();
         self.spans.clear();
         self.seq = 0;
@@ -372,49 +375,54 @@ impl RecordReader {
     /// (with its newline) to `out`; its length, or `None` when `bytes` ends
     /// inside it (nothing is appended or remembered then).
     pub fn read(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, String> {
-        // Whole, first: walking a record's frame skips its text, so a long
-        // record arriving in many pieces costs a walk of its fields per
-        // piece, and its strings are checked and written once.
-        let whole = match record_len(bytes) {
-            Ok(n) => n,
-            Err(Stop::More) if bytes.len() > MAX_RECORD => {
-                return Err(format!("a record longer than {} MiB", MAX_RECORD >> 20));
+        // A record found cut short is walked first (its frame only, its
+        // text skipped) until it is whole: a long record arriving in many
+        // pieces has its text checked and written once, not once a piece.
+        // Every other record is read at once: most are whole.
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        let whole = if self.cut_short {
+            match record_len(bytes) {
+                Ok(n) => Some(n),
+                Err(Stop::More) => return too_long(bytes).map_or(Ok(None), Err),
+                Err(Stop::Bad(reason)) => return Err(reason),
             }
-            Err(Stop::More) => return Ok(None),
-            Err(Stop::Bad(reason)) => return Err(reason),
+        } else {
+            None
         };
         self.attempts += 1;
         let mark = (self.arena.len(), self.spans.len(), self.seq, self.micros);
         let written = out.len();
         let mut r = Cursor {
-            bytes: &bytes[..whole],
+            bytes: &bytes[..whole.unwrap_or(bytes.len())],
             at: 0,
         };
-        let read = match self.record(&mut r, out) {
-            Ok(()) if r.at == whole => Ok(()),
-            Ok(()) | Err(Stop::More) => Err(bad("a record's frame and its contents disagree")),
-            Err(stop) => Err(stop),
+        let read = match (self.record(&mut r, out), whole) {
+            (Ok(()), Some(n)) if r.at != n => Err(bad("a record's frame and contents disagree")),
+            (Err(Stop::More), Some(_)) => Err(bad("a record's frame and contents disagree")),
+            (read, _) => read,
         };
+        if read.is_ok() {
+            self.cut_short = false;
+            return Ok(Some(r.at));
+        }
+        self.arena.truncate(mark.0);
+        self.spans.truncate(mark.1);
+        (self.seq, self.micros) = (mark.2, mark.3);
+        out.truncate(written);
         match read {
-            Ok(()) => Ok(Some(r.at)),
-            Err(stop) => {
-                self.arena.truncate(mark.0);
-                self.spans.truncate(mark.1);
-                (self.seq, self.micros) = (mark.2, mark.3);
-                out.truncate(written);
-                match stop {
-                    Stop::More if bytes.len() > MAX_RECORD => {
-                        Err(format!("a record longer than {} MiB", MAX_RECORD >> 20))
-                    }
-                    Stop::More => Ok(None),
-                    Stop::Bad(reason) => Err(reason),
-                }
+            Err(Stop::More) => {
+                self.cut_short = true;
+                too_long(bytes).map_or(Ok(None), Err)
             }
+            Err(Stop::Bad(reason)) => Err(reason),
+            Ok(()) => Ok(None),
         }
     }
 
-    /// Records read whole so far (their text checked and written), good
-    /// or bad: what a reader's cost grows with.
+    /// Records read through so far, their text checked and written (whole,
+    /// cut short the first time, or bad): what a reader's cost grows with.
     pub fn attempts(&self) -> u64 {
         self.attempts
     }
@@ -564,6 +572,11 @@ impl RecordReader {
         let (from, to) = self.spans[n];
         &self.arena[from..to]
     }
+}
+
+/// A record cut short that is already longer than any record may be.
+fn too_long(bytes: &[u8]) -> Option<String> {
+    (bytes.len() > MAX_RECORD).then(|| format!("a record longer than {} MiB", MAX_RECORD >> 20))
 }
 
 /// The length of the record `bytes` begins with, from its frame alone
