@@ -21,7 +21,7 @@ use super::seek::segment_starts;
 /// File bytes a thread decodes at once: whole segments, at least this
 /// many (a formatter thread's segments are a few KiB each, and a zstd
 /// decoder is made per job). A one-stream segment, 1 MiB of records, is
-/// about 140 KiB on disk and 7.5 MiB of lines: a job is one of those, so
+/// about 180 KiB on disk and 7.5 MiB of lines: a job is one of those, so
 /// what waits to be written stays a few of them per thread.
 const JOB: u64 = 128 << 10;
 
@@ -157,10 +157,7 @@ impl OrderedReader {
     fn ended(&mut self) -> io::Result<()> {
         match self.thread.take().map(std::thread::JoinHandle::join) {
             None | Some(Ok(Ok(()))) => Ok(()),
-            Some(Ok(Err(ExportError::Read(AuditError::Io { source, .. })))) => Err(source),
-            Some(Ok(Err(ExportError::Read(e)))) => {
-                Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
-            }
+            Some(Ok(Err(ExportError::Read(e)))) => Err(e.into_io()),
             Some(Ok(Err(ExportError::Write(e)))) => Err(e),
             Some(Err(_)) => Err(io::Error::other("the log's reading thread panicked")),
         }
@@ -248,7 +245,6 @@ fn decode_jobs(
     spare: &Receiver<Vec<u8>>,
     stop: &AtomicBool,
 ) {
-    let mut file = File::open(path);
     let mut bytes = vec![0u8; READ];
     for job in jobs {
         if stop.load(Ordering::Relaxed) {
@@ -256,23 +252,10 @@ fn decode_jobs(
         }
         let mut lines = spare.try_recv().unwrap_or_default();
         lines.clear();
-        let fault = match file.as_mut() {
-            Ok(file) => catch_unwind(AssertUnwindSafe(|| {
-                decode(
-                    path,
-                    file,
-                    format,
-                    (job.from, job.to),
-                    &mut bytes,
-                    &mut lines,
-                )
-            }))
-            .unwrap_or_else(|_| Some(corrupt(path, job.from, "decoding panicked".into()))),
-            Err(e) => Some(AuditError::Io {
-                path: path.to_owned(),
-                source: io::Error::new(e.kind(), e.to_string()),
-            }),
-        };
+        let fault = catch_unwind(AssertUnwindSafe(|| {
+            decode(path, format, (job.from, job.to), &mut bytes, &mut lines).err()
+        }))
+        .unwrap_or_else(|_| Some(corrupt(path, job.from, "decoding panicked".into())));
         let _ = job.done.send((lines, fault));
     }
 }
@@ -282,29 +265,20 @@ const READ: usize = 1 << 16;
 
 /// Decodes the file's bytes `from..to` into `lines`, [`READ`] bytes at a
 /// time (the last job runs to the end of a log whose segment walk stopped
-/// at damage: it is not read whole first); the fault that stopped it, if
-/// one did. A job before the last must end where a segment does, all of
-/// its bytes read: a file cut short while it is read loses no line
-/// silently.
+/// at damage: it is not read whole first). A job before the last must end
+/// where a segment does, all of its bytes read: a file cut short while it
+/// is read loses no line silently.
 fn decode(
     path: &Path,
-    file: &mut File,
     format: u32,
     (from, to): (u64, Option<u64>),
     bytes: &mut [u8],
     lines: &mut Vec<u8>,
-) -> Option<AuditError> {
-    let io = |source| AuditError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    if let Err(e) = file.seek(SeekFrom::Start(from)) {
-        return Some(io(e));
-    }
-    let mut decoder = match LogDecoder::segments_from(from, format) {
-        Ok(decoder) => decoder,
-        Err(f) => return Some(f.at(path)),
-    };
+) -> Result<(), AuditError> {
+    let mut file = File::open(path).map_err(AuditError::io(path))?;
+    file.seek(SeekFrom::Start(from))
+        .map_err(AuditError::io(path))?;
+    let mut decoder = LogDecoder::segments_at(from, format, false).map_err(|f| f.at(path))?;
     let mut left = to.map(|to| to - from);
     loop {
         let want = left.map_or(bytes.len(), |left| bytes.len().min(left as usize));
@@ -315,20 +289,18 @@ fn decode(
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Some(io(e)),
+            Err(e) => return Err(AuditError::io(path)(e)),
         };
-        if let Err(f) = decoder.feed(&bytes[..n], lines) {
-            return Some(f.at(path));
-        }
+        decoder.feed(&bytes[..n], lines).map_err(|f| f.at(path))?;
         left = left.map(|left| left - n as u64);
     }
     match to {
-        Some(to) if decoder.end().keep != to => Some(corrupt(
+        Some(to) if decoder.end().keep != to => Err(corrupt(
             path,
             decoder.end().fed,
             format!("the segments before byte {to} do not end whole"),
         )),
-        _ => None,
+        _ => Ok(()),
     }
 }
 

@@ -38,6 +38,16 @@ pub enum AuditError {
 }
 
 impl AuditError {
+    /// As the error of a `Read` of the log's lines: a file that cannot be
+    /// read is its own error, anything else `InvalidData` with this
+    /// error's text.
+    pub fn into_io(self) -> io::Error {
+        match self {
+            AuditError::Io { source, .. } => source,
+            other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+        }
+    }
+
     /// The stable code.
     pub fn code(&self) -> &'static str {
         match self {
@@ -119,10 +129,6 @@ enum Content {
     Records {
         reader: Box<RecordReader>,
         raw: bool,
-        /// The decoded bytes to wait for before reading a record cut short
-        /// again (twice what it had): a long record arriving in pieces is
-        /// read a logarithmic number of times, not once a piece.
-        retry_at: usize,
     },
 }
 
@@ -134,7 +140,6 @@ impl Content {
             Content::Records {
                 reader: Box::default(),
                 raw,
-                retry_at: 0,
             }
         }
     }
@@ -144,10 +149,6 @@ impl Content {
 pub struct LogDecoder {
     stage: Stage,
     content: Content,
-    /// The header's format, once read.
-    format: Option<u32>,
-    /// Hand out records as they are rather than as lines.
-    raw: bool,
     /// Bytes fed so far.
     fed: u64,
     /// See [`LogEnd::keep`].
@@ -186,34 +187,21 @@ impl LogDecoder {
         }
     }
 
-    /// For segments of a log in format `format` that follow a header
-    /// already read, from byte `at`.
-    fn segments_at(at: u64, format: u32) -> Result<LogDecoder, Fault> {
-        let mut decoder = LogDecoder::at(Stage::Frames(Box::new(frames()?)));
+    /// For the segments of a log in format `format` from byte `at` (one
+    /// of [`super::segment_starts`]), its header read elsewhere; handing
+    /// out records as they are when `raw` (to write them again).
+    pub(super) fn segments_at(at: u64, format: u32, raw: bool) -> Result<LogDecoder, AuditFault> {
+        let mut decoder = LogDecoder::at(Stage::Frames(Box::new(frames().map_err(AuditFault)?)));
         decoder.fed = at;
         decoder.keep = at;
-        decoder.format = Some(format);
-        decoder.content = Content::of(format, false);
+        decoder.content = Content::of(format, raw);
         Ok(decoder)
-    }
-
-    /// For the segments of a log in format `format` from byte `at` (one
-    /// of [`super::segment_starts`]), its header read elsewhere.
-    pub(super) fn segments_from(at: u64, format: u32) -> Result<LogDecoder, AuditFault> {
-        LogDecoder::segments_at(at, format).map_err(AuditFault)
-    }
-
-    /// The log's format, once its header was read (plain logs: none).
-    pub fn format(&self) -> Option<u32> {
-        self.format
     }
 
     fn at(stage: Stage) -> LogDecoder {
         LogDecoder {
             stage,
             content: Content::Lines,
-            format: None,
-            raw: false,
             fed: 0,
             keep: 0,
             partial: Vec::new(),
@@ -232,8 +220,7 @@ impl LogDecoder {
             };
             if head.len() >= 8 && head.len() == need {
                 let format = check_header(head).map_err(AuditFault)?;
-                self.format = Some(format);
-                self.content = Content::of(format, self.raw);
+                self.content = Content::of(format, false);
                 self.keep = need as u64;
                 self.stage = Stage::Frames(Box::new(frames().map_err(AuditFault)?));
                 break;
@@ -273,14 +260,13 @@ impl LogDecoder {
                     let hint = match decoder.run(&mut input, &mut output) {
                         Ok(hint) => hint,
                         Err(e) => {
-                            // The whole records held back for more bytes
-                            // are handed out before the fault.
+                            // The whole lines decoded before the fault are
+                            // handed out with it.
                             let produced = output.pos();
                             let _ = take_decoded(
                                 &mut self.content,
                                 &mut self.partial,
                                 &self.scratch[..produced],
-                                true,
                                 lines,
                             );
                             return Err(AuditFault(Fault::Corrupt {
@@ -299,16 +285,14 @@ impl LogDecoder {
                     // zstd says 0 once a frame is decoded and all of it
                     // handed out, even into an output just filled.
                     let ends = hint == 0;
-                    // Whole records are all handed out when a segment
-                    // ends and when the bytes fed so far are decoded.
-                    let settle = ends || (bytes.is_empty() && !full);
-                    take_decoded(&mut self.content, &mut self.partial, text, settle, lines)
-                        .map_err(|reason| {
+                    take_decoded(&mut self.content, &mut self.partial, text, lines).map_err(
+                        |reason| {
                             AuditFault(Fault::Corrupt {
                                 offset: self.fed,
                                 reason: format!("in the segment before this byte: {reason}"),
                             })
-                        })?;
+                        },
+                    )?;
                     if ends {
                         // A segment ended (the decoder stops at a frame's
                         // end): what it holds is checked and whole.
@@ -349,14 +333,12 @@ impl LogDecoder {
 }
 
 /// Takes a segment's decoded bytes: whole lines (or records) into `lines`,
-/// the rest kept in `partial` for the next bytes. A record cut short is
-/// read again once twice its bytes are there, or when `settle` says no
-/// more are coming now.
+/// the rest kept in `partial` for the next bytes (a record cut short is
+/// walked, not read, until it is whole: [`RecordReader::read`]).
 fn take_decoded(
     content: &mut Content,
     partial: &mut Vec<u8>,
     text: &[u8],
-    settle: bool,
     lines: &mut Vec<u8>,
 ) -> Result<(), String> {
     match content {
@@ -372,16 +354,8 @@ fn take_decoded(
             }
             Ok(())
         }
-        Content::Records {
-            reader,
-            raw,
-            retry_at,
-        } => {
+        Content::Records { reader, raw } => {
             partial.extend_from_slice(text);
-            // Past the longest record, read now: it is refused as such.
-            if partial.len() < *retry_at && !settle && partial.len() <= super::records::MAX_RECORD {
-                return Ok(());
-            }
             let mut at = 0;
             let mut unused = Vec::new();
             let out = if *raw { &mut unused } else { &mut *lines };
@@ -395,7 +369,6 @@ fn take_decoded(
                 lines.extend_from_slice(&partial[..at]);
             }
             partial.drain(..at);
-            *retry_at = partial.len().saturating_mul(2);
             Ok(())
         }
     }
@@ -565,10 +538,7 @@ impl DecodedReader {
 impl Read for DecodedReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.at == self.ready.len() {
-            self.fill().map_err(|e| match e {
-                AuditError::Io { source, .. } => source,
-                other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
-            })?;
+            self.fill().map_err(AuditError::into_io)?;
         }
         let n = buf.len().min(self.ready.len() - self.at);
         buf[..n].copy_from_slice(&self.ready[self.at..self.at + n]);
@@ -601,7 +571,7 @@ impl Follower {
         let format = format_of(path)?;
         Ok(Follower {
             path: path.to_owned(),
-            decoder: LogDecoder::segments_at(at, format).map_err(|f| f.at(path))?,
+            decoder: LogDecoder::segments_at(at, format, false).map_err(|f| f.at(path))?,
         })
     }
 
@@ -682,9 +652,8 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
         file.seek(SeekFrom::Start(end.keep)).map_err(&io)?;
         let mut tail = Vec::new();
         file.read_to_end(&mut tail).map_err(&io)?;
-        let mut decoder = LogDecoder::segments_at(end.keep, format).map_err(|f| f.at(path))?;
-        decoder.raw = true;
-        decoder.content = Content::of(format, true);
+        let mut decoder =
+            LogDecoder::segments_at(end.keep, format, true).map_err(|f| f.at(path))?;
         decoder.feed(&tail, &mut carried).map_err(|f| f.at(path))?;
     }
     let mut file = OpenOptions::new().write(true).open(path).map_err(&io)?;
@@ -710,7 +679,8 @@ mod tests {
     use super::*;
 
     /// A record of 4 MiB decoded 4 KiB at a time (as zstd hands a long
-    /// record over) is read again a few dozen times, not a thousand: a
+    /// record over): its frame is walked at each piece, its text read
+    /// twice (once found cut short, once whole), not once a piece: a
     /// crafted log of long records costs linear work.
     #[test]
     fn a_long_record_arriving_in_pieces_is_read_whole_once() {
@@ -720,68 +690,34 @@ mod tests {
         let mut content = Content::of(FORMAT, false);
         let (mut partial, mut lines) = (Vec::new(), Vec::new());
         for piece in record.chunks(4096) {
-            take_decoded(&mut content, &mut partial, piece, false, &mut lines).expect("records");
+            take_decoded(&mut content, &mut partial, piece, &mut lines).expect("records");
         }
-        take_decoded(&mut content, &mut partial, &[], true, &mut lines).expect("records");
         assert_eq!(lines, line.as_bytes());
         assert!(partial.is_empty());
-        let Content::Records { reader, .. } = &content else {
-            panic!("records");
-        };
-        assert!(reader.attempts() < 40, "{} reads", reader.attempts());
-        // Settled after every piece (a reader at the end of what was
-        // fed, 4 KiB at a time): its frame is walked each time, its text
-        // read twice: once found cut short, once whole.
-        let mut content = Content::of(FORMAT, false);
-        let (mut partial, mut lines) = (Vec::new(), Vec::new());
-        for piece in record.chunks(4096) {
-            take_decoded(&mut content, &mut partial, piece, true, &mut lines).expect("records");
-        }
-        assert_eq!(lines, line.as_bytes());
         let Content::Records { reader, .. } = &content else {
             panic!("records");
         };
         assert_eq!(reader.attempts(), 2);
     }
 
-    /// `settle` reads a record cut short at once: a killed writer's last
-    /// whole record, or a live log's, is not kept waiting for more bytes.
+    /// A record is handed out with the byte that makes it whole: a killed
+    /// writer's last whole record, or a live log's, never waits for more.
     #[test]
-    fn settled_bytes_hand_out_every_whole_record() {
+    fn every_whole_record_is_handed_out_at_once() {
         let mut record = Vec::new();
         super::super::records::lines_as_records(b"{\"seq\":1}\n{\"seq\":2}\n", &mut record);
         let mut content = Content::of(FORMAT, false);
         let (mut partial, mut lines) = (Vec::new(), Vec::new());
-        // The first record (a tag, a length, 9 bytes) cut one byte short:
-        // the next look would wait for twice what is there.
+        // The first record (a tag, a length, 9 bytes) one byte short.
         let first = 2 + 9;
-        take_decoded(
-            &mut content,
-            &mut partial,
-            &record[..first - 1],
-            false,
-            &mut lines,
-        )
-        .expect("records");
+        let mut take = |bytes: &[u8], lines: &mut Vec<u8>| {
+            take_decoded(&mut content, &mut partial, bytes, lines).expect("records");
+        };
+        take(&record[..first - 1], &mut lines);
         assert!(lines.is_empty());
-        // Its last byte, and nothing more now: it is handed out.
-        take_decoded(
-            &mut content,
-            &mut partial,
-            &record[first - 1..first],
-            true,
-            &mut lines,
-        )
-        .expect("records");
+        take(&record[first - 1..first], &mut lines);
         assert_eq!(lines, b"{\"seq\":1}\n");
-        take_decoded(
-            &mut content,
-            &mut partial,
-            &record[first..],
-            true,
-            &mut lines,
-        )
-        .expect("records");
+        take(&record[first..], &mut lines);
         assert_eq!(lines, b"{\"seq\":1}\n{\"seq\":2}\n");
     }
 }

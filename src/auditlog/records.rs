@@ -2,7 +2,7 @@
 //! JSON lines. Formatting JSON (escape checks, digits, timestamps) and
 //! compressing 3.4 KB of it was half the CPU a `fanout` sibling cost
 //! (BENCHMARKS.md, "Every core, fourteenth round"); a record says the same
-//! in about a tenth of the bytes, and the reader writes the JSON line back
+//! in about a seventh of the bytes, and the reader writes the JSON line back
 //! with the same writer the runtime uses ([`super::json`]), byte for byte.
 //!
 //! A segment's content is a sequence of records, each starting with a tag:
@@ -305,11 +305,7 @@ pub fn first_seq(batch: &[u8]) -> Option<u64> {
         match r.byte().ok()? {
             RESET => continue,
             EVENT => return Some(unzigzag(r.varint().ok()?)),
-            LINE => {
-                let len = r.varint().ok()?;
-                let text = r.take(usize::try_from(len).ok()?).ok()?;
-                return leading_seq(text);
-            }
+            LINE => return leading_seq(r.text().ok()?),
             _ => return None,
         }
     }
@@ -403,21 +399,20 @@ impl RecordReader {
             (Err(Stop::More), Some(_)) => Err(bad("a record's frame and contents disagree")),
             (read, _) => read,
         };
-        if read.is_ok() {
+        let Err(stop) = read else {
             self.cut_short = false;
             return Ok(Some(r.at));
-        }
+        };
         self.arena.truncate(mark.0);
         self.spans.truncate(mark.1);
         (self.seq, self.micros) = (mark.2, mark.3);
         out.truncate(written);
-        match read {
-            Err(Stop::More) => {
+        match stop {
+            Stop::More => {
                 self.cut_short = true;
                 too_long(bytes).map_or(Ok(None), Err)
             }
-            Err(Stop::Bad(reason)) => Err(reason),
-            Ok(()) => Ok(None),
+            Stop::Bad(reason) => Err(reason),
         }
     }
 

@@ -105,14 +105,16 @@ fn open_audit_log(
     };
     let file = AuditFile::new(file, path)?;
     // A resumed run's log keeps its format: an older troupe's holds JSON
-    // lines, and a reader takes a log's format from its header.
-    let records = !auditlog::is_plain(path)
-        && (!append || auditlog::format_of(path).map_err(io::Error::other)? != FORMAT_LINES);
-    let format = if records {
-        auditlog::FORMAT
-    } else {
+    // lines, and a reader takes a log's format from its header. A plain
+    // log is JSON lines too.
+    let format = if auditlog::is_plain(path) {
         FORMAT_LINES
+    } else if append {
+        auditlog::format_of(path).map_err(io::Error::other)?
+    } else {
+        auditlog::FORMAT
     };
+    let records = format != FORMAT_LINES;
     let (notice, failure) = oneshot::channel();
     let shown = path.display().to_string();
     // Told by whichever thread finds the log failed first.

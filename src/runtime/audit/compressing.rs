@@ -110,7 +110,7 @@ impl Compressing {
                     // The batch, its first line's seq and its line count.
                     let (mut batch, from, count) = match batch {
                         Batch::Lines(text, count) => {
-                            let from = LostFrom::first_seq(&text);
+                            let from = crate::auditlog::records::first_seq(&text);
                             (text, from, count)
                         }
                         Batch::Slot { from, segment } => match segment.recv() {
@@ -247,11 +247,6 @@ pub(super) struct LostFrom {
 impl LostFrom {
     fn wrap(source: io::Error, seq: Option<u64>, lines: u64) -> io::Error {
         io::Error::new(source.kind(), LostFrom { seq, lines, source })
-    }
-
-    /// The `seq` of the first line (or record) of `batch`.
-    fn first_seq(batch: &[u8]) -> Option<u64> {
-        crate::auditlog::records::first_seq(batch)
     }
 
     /// A formatter gave no lines for the batch from `seq` (it panicked):

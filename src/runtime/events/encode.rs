@@ -59,7 +59,7 @@ impl Event {
     /// all of them) are copied whole. The audit writer calls this for
     /// every line of a run (BENCHMARKS.md).
     pub fn write_json(&self, seq: u64, out: &mut Vec<u8>) {
-        if self.fields.iter().any(|(k, _)| HEAD_KEYS.contains(k)) {
+        if self.has_head_key_fields() {
             return self.write_json_with_clashes(seq, out);
         }
         write_head(
@@ -91,7 +91,7 @@ impl Event {
     /// [`Event::write_json`] writes. An event with a field named like a
     /// head key is kept as that line.
     pub fn write_record(&self, seq: u64, w: &mut RecordWriter, out: &mut Vec<u8>) {
-        if self.fields.iter().any(|(k, _)| HEAD_KEYS.contains(k)) {
+        if self.has_head_key_fields() {
             return w.line(out, |line| self.write_json_with_clashes(seq, line));
         }
         w.event(
@@ -129,6 +129,12 @@ impl Event {
                 }
             }
         }
+    }
+
+    /// A field is named like a head key (`seq`, `tool`, …): its line is
+    /// written by [`Event::write_json_with_clashes`].
+    fn has_head_key_fields(&self) -> bool {
+        self.fields.iter().any(|(k, _)| HEAD_KEYS.contains(k))
     }
 
     /// [`Event::write_json`] for an event with a field named like a head
