@@ -270,20 +270,27 @@ fn a_log_of_formatter_threads_segments_survives_kill_9_and_resume() {
     assert_each_sibling_exited(&log, |_| vec!["ok"]);
 }
 
-#[test]
-fn kill_9_mid_fan_out_then_resume_runs_every_sibling_to_its_exit_once() {
-    let project = Project::new();
-    let run = start_and_wait_for_exits(&project);
+/// A fan-out `kill -9`ed mid-way: the killed process, its run id and the
+/// workers its stream showed exiting ok before the kill.
+fn killed_mid_fan_out(project: &Project) -> (common::project::Finished, String, BTreeSet<String>) {
+    let run = start_and_wait_for_exits(project);
     run.signal(Signal::SIGKILL);
     let killed = run.finish();
     assert_eq!(killed.code, None, "killed by the signal");
-    let run_id = killed.run_id();
     let before_kill = exited_ok(&killed.events);
     assert!(before_kill.len() >= EXITS_BEFORE_STOP);
     assert!(
         (before_kill.len() as u64) < WIDTH,
         "the kill came after the fan-out ended"
     );
+    let run_id = killed.run_id();
+    (killed, run_id, before_kill)
+}
+
+#[test]
+fn kill_9_mid_fan_out_then_resume_runs_every_sibling_to_its_exit_once() {
+    let project = Project::new();
+    let (killed, run_id, before_kill) = killed_mid_fan_out(&project);
 
     // The store still says `running`; nobody holds the run's lock.
     assert_eq!(project.listed(&run_id)["state"], "interrupted");
@@ -355,11 +362,7 @@ fn kill_9_mid_fan_out_then_resume_runs_every_sibling_to_its_exit_once() {
 #[test]
 fn a_killed_run_with_an_older_troupes_log_resumes_in_that_logs_format() {
     let project = Project::new();
-    let run = start_and_wait_for_exits(&project);
-    run.signal(Signal::SIGKILL);
-    let killed = run.finish();
-    let run_id = killed.run_id();
-    let before_kill = exited_ok(&killed.events);
+    let (_, run_id, before_kill) = killed_mid_fan_out(&project);
     let text = project.audit_text(&run_id);
     let new = project.audit_path(&run_id);
     let old = new.with_file_name(troupe::auditlog::LINES_FILE);

@@ -435,38 +435,37 @@ fn by_seq(log: &[Value]) -> BTreeMap<u64, &Value> {
         .collect()
 }
 
-/// [`write_killed_log`] in the first format, as an older troupe left its
-/// `audit.jsonl.zst`: the JSON lines themselves in the frames, the last
-/// one torn.
-pub fn write_killed_lines_log(path: &std::path::Path, lines: &str, torn: &str) {
-    use std::io::Write;
-    let file = std::fs::File::create(path).expect("the log");
-    let mut log = troupe::auditlog::Compressed::create_in(file, troupe::auditlog::FORMAT_LINES)
-        .expect("a log");
-    log.write_lines(lines.as_bytes()).expect("lines");
-    log.flush().expect("a block");
-    log.write_all(torn.as_bytes()).expect("a torn line");
-    log.flush().expect("a block");
-    // Dropped, not finished: the segment stays open.
-}
-
 /// Writes `lines` to the compact log at `path` as a process killed while
 /// writing would leave it: the segment never closed, ending in `torn` (the
 /// start of a line whose block was flushed, the line never finished).
 pub fn write_killed_log(path: &std::path::Path, lines: &str, torn: &str) {
+    write_killed_log_in(path, lines, torn, troupe::auditlog::FORMAT);
+}
+
+/// [`write_killed_log`] in the first format, as an older troupe left its
+/// `audit.jsonl.zst`: the JSON lines themselves in the frames.
+pub fn write_killed_lines_log(path: &std::path::Path, lines: &str, torn: &str) {
+    write_killed_log_in(path, lines, torn, troupe::auditlog::FORMAT_LINES);
+}
+
+fn write_killed_log_in(path: &std::path::Path, lines: &str, torn: &str, format: u32) {
     use std::io::Write;
     let file = std::fs::File::create(path).expect("the log");
-    let mut log = troupe::auditlog::Compressed::create(file).expect("a log");
+    let mut log = troupe::auditlog::Compressed::create_in(file, format).expect("a log");
     log.write_lines(lines.as_bytes()).expect("lines");
     log.flush().expect("a block");
-    // The record of a line that begins with `torn`, cut before its end.
-    let mut record = Vec::new();
-    troupe::auditlog::records::lines_as_records(
-        format!("{torn}\"never\":\"written\"}}\n").as_bytes(),
-        &mut record,
-    );
-    record.truncate(record.len() - 12);
-    log.write_all(&record).expect("a torn record");
+    if format == troupe::auditlog::FORMAT_LINES {
+        log.write_all(torn.as_bytes()).expect("a torn line");
+    } else {
+        // The record of a line that begins with `torn`, cut before its end.
+        let mut record = Vec::new();
+        troupe::auditlog::records::lines_as_records(
+            format!("{torn}\"never\":\"written\"}}\n").as_bytes(),
+            &mut record,
+        );
+        record.truncate(record.len() - 12);
+        log.write_all(&record).expect("a torn record");
+    }
     log.flush().expect("a block");
     // Dropped, not finished: the segment stays open.
 }

@@ -240,6 +240,14 @@ fn an_event_handed_off_late_is_delivered_before_the_ones_drawn_after_it() {
     );
 }
 
+/// Draws `seq` numbers 1 to `n`, as publishers do before they deliver
+/// or hand off.
+fn draw(bus: &EventBus<Ev>, n: u64) {
+    for expected in 1..=n {
+        assert_eq!(bus.shared.next.fetch_add(1, Ordering::SeqCst), expected);
+    }
+}
+
 /// [`hand_off`] through shard `shard`, as a thread numbered so would.
 fn hand_off_through(bus: &EventBus<Ev>, shard: usize, seq: u64, ev: Ev) {
     let class = ev.class();
@@ -257,9 +265,7 @@ fn hand_off_through(bus: &EventBus<Ev>, shard: usize, seq: u64, ev: Ev) {
 fn events_handed_off_through_several_shards_are_delivered_in_seq_order() {
     let bus: EventBus<Ev> = EventBus::with_shards(0, 3);
     let sub = bus.subscribe_audit("audit", 16);
-    for n in 1..=5 {
-        assert_eq!(bus.shared.next.fetch_add(1, Ordering::SeqCst), n);
-    }
+    draw(&bus, 5);
     // Shard 0 holds 5 before 2; the deliverer reads shard 0 first, and 1
     // comes last, from shard 2.
     hand_off_through(&bus, 0, 5, Ev::Audit(5));
@@ -280,9 +286,7 @@ fn events_handed_off_through_several_shards_are_delivered_in_seq_order() {
 fn close_waits_for_events_in_every_shard() {
     let bus: EventBus<Ev> = EventBus::with_shards(0, 4);
     let sub = bus.subscribe_audit("audit", 16);
-    for n in 1..=3 {
-        assert_eq!(bus.shared.next.fetch_add(1, Ordering::SeqCst), n);
-    }
+    draw(&bus, 3);
     hand_off_through(&bus, 3, 3, Ev::Audit(3));
     hand_off_through(&bus, 2, 2, Ev::Audit(2));
     let late = {
@@ -306,7 +310,7 @@ fn close_waits_for_events_in_every_shard() {
 fn close_waits_for_an_event_drawn_before_it() {
     let bus: EventBus<Ev> = EventBus::new();
     let sub = bus.subscribe_audit("audit", 16);
-    assert_eq!(bus.shared.next.fetch_add(1, Ordering::SeqCst), 1);
+    draw(&bus, 1);
     let late = {
         let bus = bus.clone();
         thread::spawn(move || {
