@@ -8,6 +8,7 @@ pub mod arrived;
 pub mod coordinator;
 mod groups;
 pub mod intake;
+pub mod lease;
 pub mod nats;
 pub mod outbox;
 pub mod stored_context;

@@ -57,9 +57,11 @@ use crate::runtime::scheduler::{
 };
 
 mod decoding;
+mod publishing;
 mod reports;
 
 use decoding::{Helpers, Incoming};
+use publishing::Pending;
 use reports::Settling;
 
 /// Makes a run's remote executor.
@@ -108,6 +110,7 @@ impl ExecutorFactory for RemoteSiblings {
                     resolved: FastSet::default(),
                     committing: FastMap::default(),
                     by_sequence: FastMap::default(),
+                    pending: Vec::new(),
                     publishers: helpers.clone(),
                 };
                 actix::spawn(coordinator.run(rx, helpers, stop));
@@ -195,13 +198,14 @@ enum Cmd {
         /// Its own scope, under the group's.
         own: CancelScope,
     },
-    /// JetStream stored a task (`Ok` with its stream sequence) or would
-    /// not, however often asked (`Err` with the unit's failure).
+    /// JetStream stored the tasks of group `turn` (`Ok` with each
+    /// message's stream sequence) or would not, however often asked
+    /// (`Err` with their units' failure): `outcomes` takes `execs` in
+    /// order, so many to each message.
     Queued {
-        exec: ExecKey,
         turn: u64,
-        unit: usize,
-        outcome: Result<u64, String>,
+        execs: Vec<ExecKey>,
+        outcomes: Vec<(usize, Result<u64, String>)>,
     },
     /// The group's scope was cancelled.
     GroupCancelled { turn: u64, reason: String },
@@ -212,6 +216,10 @@ enum Cmd {
     /// The cancelled group's wait for siblings accepted before the barrier
     /// is over: whatever did not report was lost with its worker.
     GiveUp { turn: u64 },
+    /// The siblings (group and unit) of a message delivered as often as
+    /// allowed that this loop did not publish (a worker put it back on
+    /// the queue), as read from the stream.
+    Abandoned(Vec<(u64, usize)>),
 }
 
 struct Coordinator {
@@ -224,57 +232,22 @@ struct Coordinator {
     /// Exited siblings whose result is being committed, with the report
     /// message it came in and those of any copies that came meanwhile.
     committing: FastMap<String, Vec<Arc<Settling>>>,
-    /// The task stream's sequence of each published task, for the
-    /// advisory of a task no worker finished.
-    by_sequence: FastMap<u64, ExecKey>,
+    /// The task stream's sequence of each published message and the
+    /// siblings it holds, for the advisory of a message no worker
+    /// finished.
+    by_sequence: FastMap<u64, Vec<ExecKey>>,
+    /// Siblings spawned and not yet published: those the scheduler
+    /// spawned together are published together (`take_waiting`).
+    pending: Vec<Pending>,
     /// Where tasks are serialized and published, off this loop's thread.
     publishers: Helpers,
 }
 
-/// A task to serialize and publish, and the server's ack to wait for:
-/// after decoding (`decoding`), the largest part of what a sibling cost
-/// the coordinator's loop (callgrind, 3 000 siblings over three workers:
-/// about 11 000 of its 50 000 instructions a sibling, 4 600 of them
-/// serializing the task). So it is done on another of the run's
-/// arbiters, which a distributed run leaves idle.
-struct Queue {
-    js: async_nats::jetstream::Context,
-    session: Arc<str>,
-    task: Task,
-    /// The sibling's scope's token: retries stop once it fires.
-    stop: CancellationToken,
-}
-
-impl Queue {
-    /// Published on `helper`; here when there is none, or when it stopped
-    /// before it answered (a task published twice keeps its
-    /// `Nats-Msg-Id`, so the server stores it once).
-    async fn on(self, helper: Option<ArbiterHandle>) -> Result<u64, String> {
-        let queue = Arc::new(self);
-        decoding::on_helper(helper, move || {
-            let queue = Arc::clone(&queue);
-            async move { queue.publish().await }
-        })
-        .await
-    }
-
-    async fn publish(&self) -> Result<u64, String> {
-        let task = &self.task;
-        let body = serde_json::to_vec(task).map_err(|e| format!("Distributed/TaskInvalid: {e}"))?;
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            "Nats-Msg-Id",
-            format!("{}@{}", task.stage_execution_id, self.session).as_str(),
-        );
-        let subject = task_subject(&task.run_id, task.turn);
-        publish_acked(&self.js, subject, headers, body.into(), Some(&self.stop))
-            .await
-            .map_err(|e| unreachable(&e))
-    }
-}
+/// A sibling whose task no worker finished.
+pub(super) const ABANDONED: &str = "Distributed/TaskAbandoned: the task was delivered to workers as often as allowed and none finished it";
 
 /// A task the server would not store, as its unit's failure.
-fn unreachable(error: &str) -> String {
+pub(super) fn unreachable(error: &str) -> String {
     format!("Distributed/Unreachable: the task could not be queued: {error}")
 }
 
@@ -318,7 +291,10 @@ impl Coordinator {
             tokio::select! {
                 () = shutdown.cancelled() => return self.finish(&mut rx).await,
                 cmd = rx.recv() => match cmd {
-                    Some(cmd) => self.command(cmd).await,
+                    Some(cmd) => {
+                        self.command(cmd).await;
+                        self.take_waiting(&mut rx).await;
+                    }
                     None => return,
                 },
                 message = incoming.recv() => match message {
@@ -421,22 +397,43 @@ impl Coordinator {
 
     async fn command(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Sibling { spawn, group, own } => self.sibling(*spawn, group, &own),
+            Cmd::Sibling { spawn, group, own } => self.sibling(*spawn, group, own),
             Cmd::Queued {
-                exec,
                 turn,
-                unit,
-                outcome,
-            } => match outcome {
-                Ok(sequence) => {
-                    self.by_sequence.insert(sequence, exec);
+                execs,
+                outcomes,
+            } => {
+                let mut execs = execs.into_iter();
+                for (count, outcome) in outcomes {
+                    let message: Vec<ExecKey> = execs.by_ref().take(count).collect();
+                    match outcome {
+                        Ok(sequence) => {
+                            self.by_sequence.insert(sequence, message);
+                        }
+                        // A cancelled group's barrier settles them.
+                        Err(_) if self.groups.get(&turn).is_some_and(Group::is_cancelled) => {}
+                        Err(reason) => {
+                            for exec in message {
+                                self.fail_unit(exec, reason.clone());
+                            }
+                        }
+                    }
                 }
-                // A cancelled group's barrier settles it.
-                Err(_) if self.groups.get(&turn).is_some_and(Group::is_cancelled) => {}
-                Err(reason) => self.fail_unit(exec, turn, unit, reason),
-            },
+            }
             Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
             Cmd::Committed(id, stored) => self.committed(&id, stored).await,
+            Cmd::Abandoned(units) => {
+                for (turn, unit) in units {
+                    let exec = self
+                        .groups
+                        .get(&turn)
+                        .and_then(|g| g.units.get(&unit))
+                        .and_then(|u| u.exec.clone());
+                    if let Some(exec) = exec {
+                        self.fail_unit(exec, ABANDONED.to_owned());
+                    }
+                }
+            }
             Cmd::GiveUp { turn } => {
                 let lost = self
                     .groups
@@ -453,7 +450,7 @@ impl Coordinator {
     /// on every sibling's way: the ask to the scheduler, its grant back to
     /// this arbiter, the grant into the loop, each behind whatever that
     /// thread had queued.)
-    fn sibling(&mut self, spawn: Spawn, group: Option<CancelScope>, own: &CancelScope) {
+    fn sibling(&mut self, spawn: Spawn, group: Option<CancelScope>, own: CancelScope) {
         let turn = spawn.exec.turn;
         let unit = match spawn.exec.slot {
             Slot::Unit(u) => u,
@@ -513,62 +510,10 @@ impl Coordinator {
             digest: self.spec.digest.clone(),
             zstd_reports: true,
         };
-        self.publish(spawn.exec, task, own);
-    }
-
-    /// Queues a sibling's task, unless it or its group was cancelled since
-    /// its spawn (the scheduler cancels the group's scope the moment it
-    /// decides, and stops the sibling's own if it refuses the start it
-    /// recorded at spawn: a task is never queued after either). The ack is
-    /// awaited off this loop, which goes on publishing and reading
-    /// reports; a task JetStream will not take is retried (a cluster
-    /// electing a leader) and fails its sibling only when that runs out.
-    fn publish(&mut self, exec: ExecKey, task: Task, own: &CancelScope) {
-        // A budget this loop's own reports tripped counts too: the
-        // scheduler has not read it yet, and would refuse the start.
-        let cancelled = own.is_cancelled()
-            || self.groups.get(&task.turn).is_some_and(Group::is_cancelled)
-            || self
-                .spec
-                .budget
-                .as_ref()
-                .is_some_and(|b| b.exceeded().is_some());
-        if cancelled {
-            self.done(&exec, task.turn, task.unit);
-            self.scheduler.do_send(ToScheduler::Report {
-                exec,
-                outcome: StageOutcome::CancelledBeforeStart,
-            });
-            return;
-        }
-        // Under the group's scope: fires with it, or when the scheduler
-        // stops this sibling alone.
-        let stop = own.token().clone();
-        let context = self.groups.get(&task.turn).and_then(|g| g.context.clone());
-        let queue = Queue {
-            js: self.spec.nats.js.clone(),
-            session: Arc::clone(&self.spec.session),
+        self.pending.push(Pending {
+            exec: spawn.exec,
             task,
-            stop,
-        };
-        let helper = self.publishers.next().cloned();
-        let tx = self.tx.clone();
-        let (turn, unit) = (queue.task.turn, queue.task.unit);
-        actix::spawn(async move {
-            let ready = match context {
-                Some(ready) => ready.await,
-                None => Err("the group has no context".to_owned()),
-            };
-            let outcome = match ready {
-                Ok(()) => queue.on(helper).await,
-                Err(e) => Err(unreachable(&e)),
-            };
-            let _ = tx.send(Cmd::Queued {
-                exec,
-                turn,
-                unit,
-                outcome,
-            });
+            own,
         });
     }
 
@@ -586,8 +531,11 @@ impl Coordinator {
 
     /// A sibling that cannot run here or there: it fails (with a
     /// `StageEntered`/`StageExited` pair, so the log stays whole).
-    fn fail_unit(&mut self, exec: ExecKey, turn: u64, unit: usize, reason: String) {
-        if !self.done(&exec, turn, unit) {
+    fn fail_unit(&mut self, exec: ExecKey, reason: String) {
+        let Slot::Unit(unit) = exec.slot else {
+            return;
+        };
+        if !self.done(&exec, exec.turn, unit) {
             return;
         }
         let result = Kept::Whole(Arc::new(StageResult {
@@ -697,25 +645,6 @@ impl Coordinator {
                 exec,
                 outcome: StageOutcome::CancelledBeforeStart,
             });
-        }
-    }
-
-    /// The advisory of a task delivered as often as the consumer allows
-    /// without a worker finishing it: the sibling fails.
-    fn abandoned(&mut self, payload: &[u8]) {
-        let seq = serde_json::from_slice::<Value>(payload)
-            .ok()
-            .and_then(|v| v["stream_seq"].as_u64());
-        if let Some(exec) = seq.and_then(|s| self.by_sequence.remove(&s))
-            && let Slot::Unit(unit) = exec.slot
-        {
-            let turn = exec.turn;
-            self.fail_unit(
-                exec,
-                turn,
-                unit,
-                "Distributed/TaskAbandoned: the task was delivered to workers as often as allowed and none finished it".to_owned(),
-            );
         }
     }
 }

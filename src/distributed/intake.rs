@@ -4,18 +4,22 @@
 //! cancelled) or hand it to the worker's host to start — and the reports
 //! that settle a task.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::Subject;
 use serde_json::Value;
 
-use super::nats::Nats;
+use super::lease::Lease;
+use super::nats::{Nats, publish_acked};
 use super::outbox::Outbox;
 use super::stored_context::{self, Parts, Stored};
-use super::wire::{GROUPS_BUCKET, GroupContext, Report, Task, cancelled_key, group_key};
+use super::wire::{
+    GROUPS_BUCKET, GroupContext, Report, Task, cancelled_key, encode_tasks, group_key,
+    requeued_key, task_subject,
+};
 use crate::definition::Pipeline;
 use crate::provider::Provider;
 use crate::runtime::stage::RunSettings;
@@ -210,8 +214,9 @@ pub struct Offer {
     pub task: Task,
     /// The group's context, once read.
     pub context: Option<Arc<GroupContext>>,
-    pub reply: Subject,
-    pub delivered: u64,
+    /// The message it came in (shared with the other tasks of it).
+    pub lease: Arc<Lease>,
+    /// Its slot among the worker's `max_siblings`, taken with the fetch.
     pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -222,7 +227,6 @@ pub struct Offer {
 /// that read is seen, and a coordinator's barrier published after the
 /// mark comes after every one of them.
 pub async fn accept_all(
-    nats: &Nats,
     config: &WorkerConfig,
     buckets: &Buckets,
     outbox: &Outbox,
@@ -254,7 +258,7 @@ pub async fn accept_all(
             accepted.push(offer);
         } else {
             // The coordinator cannot hear about it: leave it to another try.
-            hand_back(nats, offer.reply, offer.delivered).await;
+            offer.lease.settle(false).await;
             intakes.push(Intake::HandedBack);
         }
     }
@@ -300,7 +304,7 @@ pub async fn accept_all(
             }
             Some(Found::Cancelled) => skipped.push(offer),
             Some(Found::Unknown) | None => {
-                hand_back(nats, offer.reply, offer.delivered).await;
+                offer.lease.settle(false).await;
                 intakes.push(Intake::HandedBack);
             }
         }
@@ -328,33 +332,143 @@ pub async fn accept_all(
             (offer, report, Counted::NotStarted)
         }))
         .map(|(offer, report, counted)| async move {
-            settle(nats, config, outbox, offer, &report).await;
+            settle(config, outbox, offer, &report).await;
             Intake::Settled(counted)
         });
     intakes.extend(futures::future::join_all(settled).await);
     intakes
 }
 
-/// The first wait before a task handed back is delivered again.
-const HAND_BACK_DELAY: Duration = Duration::from_secs(1);
-
-/// How long a task handed back after its `delivered`-th delivery waits
-/// before the next: 1, 2, 4, then 8 s. A task is handed back when NATS
-/// could not take a report or read a mark, which is what a cluster
-/// electing a stream's leader looks like for a few seconds; at once, the
-/// task's five deliveries would be used up within the election and the
-/// task abandoned (the three-node test saw it). With these waits the
-/// five span 15 s.
-pub fn hand_back_delay(delivered: u64) -> Duration {
-    let doublings = delivered.saturating_sub(1).min(3) as u32;
-    HAND_BACK_DELAY * 2u32.pow(doublings)
+/// One message the worker was delivered.
+#[derive(Debug)]
+pub struct Delivered {
+    pub tasks: Vec<Task>,
+    pub reply: async_nats::Subject,
+    pub delivered: u64,
+    /// Its sequence in the task stream.
+    pub sequence: u64,
 }
 
-/// Hands a delivered task back to the queue for a later delivery (a NAK
-/// with [`hand_back_delay`]).
-pub async fn hand_back(nats: &Nats, reply: Subject, delivered: u64) {
-    let nak = async_nats::jetstream::AckKind::Nak(Some(hand_back_delay(delivered)));
-    let _ = nats.client.publish(reply, nak.into()).await;
+/// What to do with a delivered message: its tasks as offers, one for each
+/// free slot taken from `permits`, and a future that puts those past them
+/// back on the queue (see [`requeue`]), for the caller to run. Call inside
+/// a Tokio `LocalSet` (the lease's renewals run on it).
+pub fn offers(
+    nats: &Nats,
+    buckets: &Arc<Buckets>,
+    message: Delivered,
+    permits: &mut Vec<tokio::sync::OwnedSemaphorePermit>,
+) -> (Vec<Offer>, Option<impl Future<Output = ()> + use<>>) {
+    let Delivered {
+        mut tasks,
+        reply,
+        delivered,
+        sequence,
+    } = message;
+    let lease = Lease::hold(nats, reply, delivered, tasks.len());
+    let past = tasks.split_off(tasks.len().min(permits.len()));
+    let requeue = (!past.is_empty()).then(|| {
+        let (nats, buckets, lease) = (nats.clone(), Arc::clone(buckets), Arc::clone(&lease));
+        async move { requeue(&nats, &buckets, &lease, past, sequence).await }
+    });
+    let offers = tasks
+        .into_iter()
+        .map(|task| Offer {
+            task,
+            context: None,
+            lease: Arc::clone(&lease),
+            permit: permits.pop(),
+        })
+        .collect();
+    (offers, requeue)
+}
+
+/// Tasks of a delivered message past the worker's free slots, put back on
+/// the queue as a message of their own for any worker to take, rather
+/// than held here for a slot while another worker may have one free. A
+/// message holds up to [`TASKS_PER_MESSAGE`](super::wire::TASKS_PER_MESSAGE)
+/// tasks and a worker asks for as many messages as its free slots would
+/// take were each full, so this is the last message of a fetch, when
+/// fewer slots were free than it holds.
+///
+/// Their ids are then recorded under [`requeued_key`]: should this worker
+/// die holding the message, its next delivery leaves them to the message
+/// they now travel in ([`Buckets::not_requeued`]) instead of running them
+/// twice. (Recorded after the publish: a record of tasks that were never
+/// put back would lose them; a publish without its record only runs them
+/// twice, as a lost worker's own tasks are.) They count as settled in
+/// `lease` once the server stored them; if it would not, the whole
+/// message goes back to the queue once its other tasks are reported. The
+/// new message's `Nats-Msg-Id` names the one they came in and its
+/// delivery, so a retried publish is stored once.
+pub async fn requeue(
+    nats: &Nats,
+    buckets: &Buckets,
+    lease: &Lease,
+    tasks: Vec<Task>,
+    sequence: u64,
+) {
+    let Some(first) = tasks.first() else {
+        return;
+    };
+    let bodies: Result<Vec<Vec<u8>>, _> = tasks.iter().map(serde_json::to_vec).collect();
+    let stored = match bodies {
+        Ok(bodies) => {
+            let mut headers = async_nats::HeaderMap::new();
+            let id = format!(
+                "{}+{}@requeued.{sequence}.{}",
+                first.stage_execution_id,
+                tasks.len(),
+                lease.delivered()
+            );
+            headers.insert("Nats-Msg-Id", id.as_str());
+            let subject = task_subject(&first.run_id, first.turn);
+            let body = encode_tasks(&bodies);
+            publish_acked(&nats.js, subject, headers, body.into(), None)
+                .await
+                .is_ok()
+        }
+        Err(_) => false,
+    };
+    if stored {
+        let ids: Vec<&str> = tasks
+            .iter()
+            .map(|t| t.stage_execution_id.as_str())
+            .collect();
+        let key = requeued_key(&first.run_id, first.turn, sequence, lease.delivered());
+        if let Ok(record) = serde_json::to_vec(&ids) {
+            let _ = buckets.groups.put(key, record.into()).await;
+        }
+    }
+    lease.settle_many(tasks.len(), stored).await;
+}
+
+impl Buckets {
+    /// The tasks of a message delivered again (`delivered` above 1) less
+    /// those a worker put back on the queue from it at an earlier
+    /// delivery ([`requeue`]): they travel in a message of their own. A
+    /// record that cannot be read keeps its tasks (they may run twice).
+    pub async fn not_requeued(&self, tasks: Vec<Task>, sequence: u64, delivered: u64) -> Vec<Task> {
+        let Some(first) = tasks.first() else {
+            return tasks;
+        };
+        let keys: Vec<String> = (1..delivered)
+            .map(|d| requeued_key(&first.run_id, first.turn, sequence, d))
+            .collect();
+        let reads = keys.iter().map(|key| self.groups.get(key.as_str()));
+        let mut gone: HashSet<String> = HashSet::new();
+        for read in futures::future::join_all(reads).await {
+            if let Ok(Some(record)) = read
+                && let Ok(ids) = serde_json::from_slice::<Vec<String>>(&record)
+            {
+                gone.extend(ids);
+            }
+        }
+        tasks
+            .into_iter()
+            .filter(|t| !gone.contains(&t.stage_execution_id))
+            .collect()
+    }
 }
 
 /// What a group's reads found.
@@ -389,23 +503,12 @@ fn mismatch(config: &WorkerConfig, t: &Task) -> Option<String> {
 }
 
 /// Sends the report that settles a task without running it, then
-/// acknowledges the task once the report is stored (else it is delivered
-/// again).
-async fn settle(
-    nats: &Nats,
-    config: &WorkerConfig,
-    outbox: &Outbox,
-    offer: &Offer,
-    report: &Report,
-) {
+/// settles the task in its message (acknowledged once every task of the
+/// message is reported; a report not stored hands the message back).
+async fn settle(config: &WorkerConfig, outbox: &Outbox, offer: &Offer, report: &Report) {
     let run_id = &offer.task.run_id;
     let reported = outbox.send(&offer.task, report).await;
-    if reported {
-        let _ = nats
-            .client
-            .publish(offer.reply.clone(), "+ACK".into())
-            .await;
-    }
+    offer.lease.settle(reported).await;
     log_task(config.task_log, &config.name, run_id, report, reported);
 }
 
@@ -425,16 +528,4 @@ pub enum Intake {
 pub enum Counted {
     Refused,
     NotStarted,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_task_handed_back_waits_longer_each_time_fifteen_seconds_over_five_deliveries() {
-        let waits: Vec<u64> = (1..=6).map(|d| hand_back_delay(d).as_secs()).collect();
-        assert_eq!(waits, [1, 2, 4, 8, 8, 8]);
-        assert_eq!(waits[..4].iter().sum::<u64>(), 15);
-    }
 }

@@ -67,6 +67,14 @@ pub fn cancelled_key(run_id: &str, turn: u64) -> String {
     group_key(run_id, turn)
 }
 
+/// `<run>.<turn>.requeued.<sequence>.<delivered>`: in [`GROUPS_BUCKET`],
+/// the execution ids a worker put back on the queue from the message at
+/// `sequence` of the task stream, at its `delivered`-th delivery (see
+/// `intake::requeue`).
+pub fn requeued_key(run_id: &str, turn: u64, sequence: u64, delivered: u64) -> String {
+    format!("{run_id}.{turn}.requeued.{sequence}.{delivered}")
+}
+
 /// `<run>.<turn>`: a group's key in [`GROUPS_BUCKET`].
 pub fn group_key(run_id: &str, turn: u64) -> String {
     format!("{run_id}.{turn}")
@@ -94,6 +102,53 @@ pub struct Task {
     /// that does not, which then gets them as plain JSON.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub zstd_reports: bool,
+}
+
+/// Most tasks the coordinator puts in one message of the task queue.
+///
+/// A task costs the server four messages whatever it carries: the
+/// publish, its ack, the delivery and the worker's ack. Siblings the
+/// scheduler spawns together (a fan-out's start, the successors of a
+/// batch of reports) therefore travel together, one message per group
+/// and up to this many tasks, and a worker fetches its free slots over
+/// this many tasks a message, so that eight workers still share a wide
+/// start evenly. A message is leased, renewed and acknowledged as one:
+/// the worker acknowledges it once every task in it is reported.
+pub const TASKS_PER_MESSAGE: usize = 16;
+
+/// The tasks of one message of the task queue: a JSON array, or a lone
+/// object (one task travels as it always has, so an older worker still
+/// reads it). An empty array is no message troupe writes.
+pub fn decode_tasks(payload: &[u8]) -> Result<Vec<Task>, serde_json::Error> {
+    let first = payload.iter().find(|b| !b.is_ascii_whitespace());
+    if first == Some(&b'[') {
+        let tasks: Vec<Task> = serde_json::from_slice(payload)?;
+        if tasks.is_empty() {
+            return Err(serde::de::Error::custom("a message of no tasks"));
+        }
+        Ok(tasks)
+    } else {
+        serde_json::from_slice(payload).map(|task| vec![task])
+    }
+}
+
+/// The message of tasks already serialized one by one (each a JSON
+/// object): the one as it is, several as an array.
+pub fn encode_tasks(tasks: &[Vec<u8>]) -> Vec<u8> {
+    if let [one] = tasks {
+        return one.clone();
+    }
+    let len = tasks.iter().map(|t| t.len() + 1).sum::<usize>() + 1;
+    let mut body = Vec::with_capacity(len);
+    body.push(b'[');
+    for (i, task) in tasks.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(task);
+    }
+    body.push(b']');
+    body
 }
 
 /// What every sibling of a group shares, put once in [`GROUPS_BUCKET`]
@@ -449,6 +504,55 @@ mod tests {
         read.write_json(7, &mut a);
         alone.write_json(7, &mut b);
         assert_eq!(String::from_utf8(a).unwrap(), String::from_utf8(b).unwrap());
+    }
+
+    fn task(unit: usize) -> Task {
+        Task {
+            run_id: "run-1".to_owned(),
+            turn: 2,
+            unit,
+            stage_execution_id: format!("run-1/worker#{unit}/1"),
+            stage_id: "worker".to_owned(),
+            index: Some(unit),
+            visit: 1,
+            item: Some(serde_json::json!({"n": unit, "text": "a [bracket]"})),
+            pipeline_id: "p".to_owned(),
+            digest: "d".to_owned(),
+            zstd_reports: true,
+        }
+    }
+
+    /// A lone task travels as its object, as an older coordinator sent it
+    /// and an older worker reads it; several as an array, read back in
+    /// order. An empty array, or anything else, is no message of tasks.
+    #[test]
+    fn a_lone_task_travels_as_its_object_several_as_an_array() {
+        let one = serde_json::to_vec(&task(1)).unwrap();
+        assert_eq!(encode_tasks(std::slice::from_ref(&one)), one);
+        assert_eq!(decode_tasks(&one).unwrap(), vec![task(1)]);
+        let older: Task = serde_json::from_slice(&encode_tasks(&[one])).unwrap();
+        assert_eq!(older, task(1), "what an older worker reads");
+
+        let bodies: Vec<Vec<u8>> = (0..3)
+            .map(|u| serde_json::to_vec(&task(u)).unwrap())
+            .collect();
+        let body = encode_tasks(&bodies);
+        assert_eq!(body.first(), Some(&b'['));
+        assert_eq!(
+            decode_tasks(&body).unwrap(),
+            (0..3).map(task).collect::<Vec<_>>()
+        );
+        let mut spaced = b" \n".to_vec();
+        spaced.extend_from_slice(&body);
+        assert_eq!(decode_tasks(&spaced).unwrap().len(), 3);
+
+        for bad in [&b"[]"[..], b" [ ] ", b"{}", b"[{}]", b"not json", b""] {
+            assert!(
+                decode_tasks(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     /// The raw-value protocol `Written` relies on, checked against the

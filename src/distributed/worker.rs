@@ -19,17 +19,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use async_nats::Subject;
 use futures::StreamExt;
 use serde_json::{Map, Value};
 use tokio::sync::{Semaphore, watch};
 use troupe_actors::{Delivery, EventBus, Subscription};
 
-use super::intake::{Buckets, Counted, FORGET_AFTER, Intake, Offer, accept_all, log_task};
+use super::intake::{
+    Buckets, Counted, Delivered, FORGET_AFTER, Intake, Offer, accept_all, log_task, offers,
+};
 pub use super::intake::{Served, WorkerConfig};
+use super::lease::Lease;
 use super::nats::{Nats, NatsError};
 use super::outbox::Outbox;
-use super::wire::{CANCEL_ALL, Cancel, EventLine, Report, Task};
+use super::wire::{CANCEL_ALL, Cancel, EventLine, Report, TASKS_PER_MESSAGE, Task, decode_tasks};
 use crate::definition::StageKind;
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::context::StageContext;
@@ -146,7 +148,6 @@ pub async fn serve(
     let (idle_tx, mut idle) = watch::channel(0usize);
     let outbox = Outbox::start(nats.clone(), &config.name);
     let host = WorkerHost {
-        nats: nats.clone(),
         outbox: outbox.clone(),
         config: config.clone(),
         bus: bus.clone(),
@@ -203,9 +204,15 @@ pub async fn serve(
                 Err(_) => break,
             }
         }
+        // A message holds up to TASKS_PER_MESSAGE tasks: ask for no more
+        // than the free slots could take were every one full (at least
+        // one; what a message brings past the free slots goes back on the
+        // queue, see `requeue`). Asking for a message a slot would let one
+        // worker take a wide start's whole queue, and the others none.
+        let wanted = (permits.len() / TASKS_PER_MESSAGE).max(1);
         let batch = consumer
             .fetch()
-            .max_messages(permits.len())
+            .max_messages(wanted)
             .expires(Duration::from_millis(500))
             .messages()
             .await;
@@ -216,56 +223,89 @@ pub async fn serve(
                 continue;
             }
         };
-        let mut offers = Vec::with_capacity(permits.len());
+        let mut offers_of_fetch = Vec::with_capacity(permits.len());
         while let Some(msg) = batch.next().await {
             let Ok(msg) = msg else { continue };
-            let Some(permit) = permits.pop() else { break };
-            let delivered = msg.info().map_or(1, |i| i.delivered.max(1) as u64);
+            let (delivered, sequence) = msg
+                .info()
+                .map_or((1, 0), |i| (i.delivered.max(1) as u64, i.stream_sequence));
             let Some(reply) = msg.reply.clone() else {
                 continue;
             };
-            let task: Task = match serde_json::from_slice(&msg.payload) {
-                Ok(t) => t,
+            let tasks: Vec<Task> = match decode_tasks(&msg.payload) {
+                Ok(tasks) => tasks,
                 Err(_) => {
-                    // Not a task: never deliver it again.
+                    // Not tasks: never deliver it again.
                     let _ = nats.client.publish(reply, "+TERM".into()).await;
                     continue;
                 }
             };
-            offers.push(Offer {
-                task,
-                context: None,
+            let message = Delivered {
+                tasks,
                 reply,
                 delivered,
-                permit: Some(permit),
-            });
+                sequence,
+            };
+            if delivered > 1 {
+                // Delivered again (a worker was lost): first what an
+                // earlier delivery put back on the queue is left out, off
+                // this loop; its slots go with it.
+                let n = message.tasks.len().min(permits.len());
+                let mut mine: Vec<_> = permits.drain(..n).collect();
+                let (nats, config, buckets, outbox, host) = (
+                    nats.clone(),
+                    config.clone(),
+                    Arc::clone(&buckets),
+                    outbox.clone(),
+                    host.clone(),
+                );
+                accepting.spawn_local(async move {
+                    let tasks = buckets
+                        .not_requeued(message.tasks, sequence, delivered)
+                        .await;
+                    if tasks.is_empty() {
+                        let _ = nats.client.publish(message.reply, "+ACK".into()).await;
+                        return;
+                    }
+                    let message = Delivered { tasks, ..message };
+                    let (offers, requeue) = offers(&nats, &buckets, message, &mut mine);
+                    drop(mine);
+                    let accept = accept_all(&config, &buckets, &outbox, offers);
+                    let (intakes, ()) = match requeue {
+                        Some(requeue) => futures::future::join(accept, requeue).await,
+                        None => (accept.await, ()),
+                    };
+                    start_all(&host, intakes);
+                });
+                continue;
+            }
+            let (taken, requeue) = offers(&nats, &buckets, message, &mut permits);
+            offers_of_fetch.extend(taken);
+            if let Some(requeue) = requeue {
+                accepting.spawn_local(requeue);
+            }
         }
+        // Slots the fetch did not fill are free again.
+        drop(permits);
         // Accepting takes round trips to the server (the reports, the
         // cancelled marks): they are made for a group's tasks of the fetch
         // together, and off this loop, which goes on fetching. One call
         // per group: a group whose context is slow to read (its read is
         // retried for seconds) holds only its own tasks.
         let mut by_group: HashMap<(String, u64), Vec<Offer>> = HashMap::new();
-        for offer in offers {
+        for offer in offers_of_fetch {
             let key = (offer.task.run_id.clone(), offer.task.turn);
             by_group.entry(key).or_default().push(offer);
         }
         for offers in by_group.into_values() {
-            let (nats, config, buckets, outbox, host) = (
-                nats.clone(),
+            let (config, buckets, outbox, host) = (
                 config.clone(),
                 Arc::clone(&buckets),
                 outbox.clone(),
                 host.clone(),
             );
             accepting.spawn_local(async move {
-                for intake in accept_all(&nats, &config, &buckets, &outbox, offers).await {
-                    match intake {
-                        Intake::Start(offer) => host.do_send(Start(*offer)),
-                        Intake::Settled(counted) => host.do_send(Count(counted)),
-                        Intake::HandedBack => {}
-                    }
-                }
+                start_all(&host, accept_all(&config, &buckets, &outbox, offers).await);
             });
         }
         while accepting.try_join_next().is_some() {}
@@ -287,6 +327,18 @@ pub async fn serve(
     nats.flush().await;
     let summary = summary.lock().map(|s| *s).unwrap_or_default();
     Ok(summary)
+}
+
+/// Hands what intake decided to the host: the tasks to start, the
+/// counts of those settled without running.
+fn start_all(host: &Addr<WorkerHost>, intakes: Vec<Intake>) {
+    for intake in intakes {
+        match intake {
+            Intake::Start(offer) => host.do_send(Start(*offer)),
+            Intake::Settled(counted) => host.do_send(Count(counted)),
+            Intake::HandedBack => {}
+        }
+    }
 }
 
 /// Counts what the fetch loop decided alone.
@@ -313,20 +365,18 @@ struct Summary;
 #[derive(Debug)]
 struct InFlight {
     task: Task,
-    reply: Subject,
-    delivered: u64,
+    /// The message it came in: renewed while it runs, answered once its
+    /// tasks are reported.
+    lease: Arc<Lease>,
     scope: CancelScope,
     /// Released when the sibling's report is out.
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    /// Ends the progress ticker.
-    ticker: tokio_util::sync::CancellationToken,
 }
 
 /// The worker's stand-in for a scheduler: its stage actors ask it to
 /// start (always yes: the coordinator decided) and report to it; it turns
 /// reports into NATS messages.
 struct WorkerHost {
-    nats: Nats,
     /// Where its reports go (batched).
     outbox: Outbox,
     config: WorkerConfig,
@@ -416,18 +466,22 @@ impl WorkerHost {
         let Offer {
             task,
             context: group,
-            reply,
-            delivered,
+            lease,
             permit,
         } = offer;
+        // Not startable (intake checks each before it offers one): the
+        // message goes back to the queue once its other tasks are done.
+        let unstartable = |lease: Arc<Lease>| {
+            actix::spawn(async move { lease.settle(false).await });
+        };
         let Some(group) = group else {
-            return;
+            return unstartable(lease);
         };
         let Some(served) = self.config.pipelines.get(&task.pipeline_id).cloned() else {
-            return;
+            return unstartable(lease);
         };
         let Some(stage) = served.pipeline.stage(&task.stage_id).cloned() else {
-            return;
+            return unstartable(lease);
         };
         let name: Arc<str> = match &stage.kind {
             StageKind::Llm(def) => def.name.as_str().into(),
@@ -464,31 +518,11 @@ impl WorkerHost {
             // Starts as cancelled: reported as not started.
             scope.cancel(reason.as_str());
         }
-        // Alive: the lease is renewed every third of it while it runs.
-        let ticker = tokio_util::sync::CancellationToken::new();
-        {
-            let ticker = ticker.clone();
-            let client = self.nats.client.clone();
-            let reply = reply.clone();
-            let every = (self.nats.lease / 3).max(Duration::from_millis(100));
-            actix::spawn(async move {
-                loop {
-                    tokio::select! {
-                        () = ticker.cancelled() => return,
-                        () = tokio::time::sleep(every) => {
-                            let _ = client.publish(reply.clone(), "+WPI".into()).await;
-                        }
-                    }
-                }
-            });
-        }
         let in_flight = InFlight {
             task: task.clone(),
-            reply,
-            delivered,
+            lease,
             scope: scope.clone(),
             _permit: permit,
-            ticker,
         };
         self.in_flight.insert(Arc::clone(&id), in_flight);
         self.in_flight_count.send_modify(|n| *n += 1);
@@ -497,7 +531,9 @@ impl WorkerHost {
                 local.start(spawn, &scope, None);
             }
             None => {
-                self.in_flight.remove(&id);
+                if let Some(flight) = self.in_flight.remove(&id) {
+                    unstartable(flight.lease);
+                }
                 self.in_flight_count
                     .send_modify(|n| *n = n.saturating_sub(1));
             }
@@ -512,11 +548,10 @@ impl WorkerHost {
         };
         // The lease is renewed until the report is stored: it may wait in
         // the outbox behind a batch being retried.
-        let ticker = flight.ticker;
+        let lease = flight.lease;
         let until = self.bus.last_seq();
         let mut seen = self.seen.clone();
         let collected = Arc::clone(&self.collected);
-        let nats = self.nats.clone();
         let outbox = self.outbox.clone();
         let worker = self.config.name.clone();
         let name = worker.clone();
@@ -524,8 +559,7 @@ impl WorkerHost {
         let summary = Arc::clone(&self.summary);
         let count = self.in_flight_count.clone();
         let t = flight.task;
-        let reply = flight.reply;
-        let delivered = flight.delivered;
+        let delivered = lease.delivered();
         let permit = flight._permit;
         let fut = async move {
             // Every event the execution published before it reported.
@@ -570,14 +604,9 @@ impl WorkerHost {
                 ),
             };
             let reported = outbox.send(&t, &report).await;
-            ticker.cancel();
-            if reported {
-                let _ = nats.client.publish(reply, "+ACK".into()).await;
-            } else {
-                // Not reported: let another worker run it, once NATS
-                // is likely to take its report.
-                super::intake::hand_back(&nats, reply, delivered).await;
-            }
+            // Not reported: its message goes back to the queue for another
+            // worker, once NATS is likely to take the report.
+            lease.settle(reported).await;
             log_task(task_log, &name, &t.run_id, &report, reported);
             if let Ok(mut s) = summary.lock() {
                 counted(&mut s);

@@ -674,3 +674,69 @@ pub fn check_log_allowing_lost(events: &[Value]) {
     assert!(open.is_empty(), "entered and never ended: {open:?}");
     assert_eq!(named(events, "WorkflowResumed").count(), 1);
 }
+
+/// What run `run_id` has on the server.
+#[derive(Debug, Default, PartialEq)]
+pub struct OnTheServer {
+    /// Its report consumer's delivered stream sequence, if it has one.
+    pub consumer: Option<u64>,
+    pub reports: usize,
+    pub tasks: usize,
+    pub contexts: usize,
+}
+
+pub fn on_the_server(url: &str, run_id: &str) -> OnTheServer {
+    use troupe::distributed::wire::{
+        GROUPS_BUCKET, coordinator_consumer, report_subject, run_tasks_subject,
+    };
+    let args = nats_args(url);
+    let run_id = run_id.to_owned();
+    actix::System::new().block_on(async move {
+        let nats = args.connect("what is left").await.unwrap();
+        // Messages of `stream` on `subject` (a wildcard sums its subjects).
+        let count = |stream: async_nats::jetstream::stream::Stream, subject: String| async move {
+            let mut subjects = stream.info_with_subjects(subject).await.unwrap();
+            let mut n = 0;
+            while let Some(entry) = futures::StreamExt::next(&mut subjects).await {
+                n += entry.unwrap().1;
+            }
+            n
+        };
+        let reports = nats.reports().await.unwrap();
+        let consumer = reports
+            .consumer_info(&coordinator_consumer(&run_id))
+            .await
+            .ok()
+            .map(|info| info.delivered.stream_sequence);
+        let groups = nats
+            .js
+            .get_stream(format!("KV_{GROUPS_BUCKET}"))
+            .await
+            .unwrap();
+        OnTheServer {
+            consumer,
+            reports: count(reports, report_subject(&run_id)).await,
+            tasks: count(nats.tasks().await.unwrap(), run_tasks_subject(&run_id)).await,
+            contexts: count(groups, format!("$KV.{GROUPS_BUCKET}.{run_id}.>")).await,
+        }
+    })
+}
+
+/// A run that ended ok took away what it left on the server: its report
+/// consumer, its reports (every sibling's events), its groups' contexts,
+/// its queued tasks.
+pub fn nothing_left_on_the_server(url: &str, run_id: &str) {
+    assert_eq!(on_the_server(url, run_id), OnTheServer::default());
+}
+
+/// A run that did not end ok kept its report consumer and its reports
+/// for a resume. (Not every report need be acknowledged: a cancelled
+/// sibling's may come in after the run ended.)
+pub fn kept_on_the_server(url: &str, run_id: &str) {
+    let left = on_the_server(url, run_id);
+    assert!(
+        left.consumer.is_some_and(|delivered| delivered > 0),
+        "{left:?}"
+    );
+    assert!(left.reports > 0, "{left:?}");
+}

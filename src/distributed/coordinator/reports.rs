@@ -230,12 +230,7 @@ impl Coordinator {
                 ..
             } => {
                 if let Some(exec) = known.filter(|_| !resolved) {
-                    self.fail_unit(
-                        exec,
-                        turn,
-                        unit,
-                        format!("{code}: worker {worker}: {message}"),
-                    );
+                    self.fail_unit(exec, format!("{code}: worker {worker}: {message}"));
                 }
             }
             Report::Barrier { .. } => {}

@@ -1,0 +1,139 @@
+//! A worker's hold on one delivered message of the task queue, which may
+//! carry several tasks ([`TASKS_PER_MESSAGE`]): renewed while any of them
+//! is being accepted, waits for a slot or runs, and answered once, when
+//! the last of them is settled — acknowledged if every one was reported,
+//! handed back to the queue if one could not be (the coordinator
+//! deduplicates the reports of a task that then runs again).
+//!
+//! [`TASKS_PER_MESSAGE`]: super::wire::TASKS_PER_MESSAGE
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_nats::Subject;
+use tokio_util::sync::CancellationToken;
+
+use super::nats::Nats;
+
+/// One delivered message and the tasks of it not yet settled.
+#[derive(Debug)]
+pub struct Lease {
+    client: async_nats::Client,
+    reply: Subject,
+    delivered: u64,
+    /// Tasks of the message not yet settled.
+    open: AtomicUsize,
+    /// A task of it could not be reported.
+    hand_back: AtomicBool,
+    /// Ends the renewals: cancelled once the message is answered, or
+    /// when the last holder drops the lease unanswered (the server then
+    /// delivers it again once the lease runs out).
+    alive: CancellationToken,
+}
+
+impl Lease {
+    /// Holds a message of `tasks` tasks (its `delivered`-th delivery),
+    /// telling the server every third of `nats.lease` that it is still
+    /// being worked on. Call inside a Tokio `LocalSet` (an actix system):
+    /// the renewals run on it.
+    pub fn hold(nats: &Nats, reply: Subject, delivered: u64, tasks: usize) -> Arc<Lease> {
+        let alive = CancellationToken::new();
+        {
+            let alive = alive.clone();
+            let client = nats.client.clone();
+            let reply = reply.clone();
+            let every = (nats.lease / 3).max(Duration::from_millis(100));
+            actix::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = alive.cancelled() => return,
+                        () = tokio::time::sleep(every) => {
+                            let _ = client.publish(reply.clone(), "+WPI".into()).await;
+                        }
+                    }
+                }
+            });
+        }
+        Arc::new(Lease {
+            client: nats.client.clone(),
+            reply,
+            delivered,
+            open: AtomicUsize::new(tasks),
+            hand_back: AtomicBool::new(false),
+            alive,
+        })
+    }
+
+    /// How many times the queue has delivered the message.
+    pub fn delivered(&self) -> u64 {
+        self.delivered
+    }
+
+    /// One task of the message is settled: its report stored
+    /// (`reported`), or not. The last one answers the message: an
+    /// acknowledgement when every report was stored, else the message
+    /// goes back to the queue after [`hand_back_delay`]. A lease settled
+    /// more often than it has tasks answers once.
+    pub async fn settle(&self, reported: bool) {
+        self.settle_many(1, reported).await;
+    }
+
+    /// `tasks` tasks of the message settled at once (see [`settle`]).
+    ///
+    /// [`settle`]: Lease::settle
+    pub async fn settle_many(&self, tasks: usize, reported: bool) {
+        if !reported {
+            self.hand_back.store(true, Ordering::Release);
+        }
+        let last = self
+            .open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_sub(tasks.max(1))
+            })
+            == Ok(tasks.max(1));
+        if !last {
+            return;
+        }
+        self.alive.cancel();
+        let answer = if self.hand_back.load(Ordering::Acquire) {
+            async_nats::jetstream::AckKind::Nak(Some(hand_back_delay(self.delivered))).into()
+        } else {
+            "+ACK".into()
+        };
+        let _ = self.client.publish(self.reply.clone(), answer).await;
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.alive.cancel();
+    }
+}
+
+/// The first wait before a task handed back is delivered again.
+const HAND_BACK_DELAY: Duration = Duration::from_secs(1);
+
+/// How long a message handed back after its `delivered`-th delivery
+/// waits before the next: 1, 2, 4, then 8 s. A task is handed back when
+/// NATS could not take a report or read a mark, which is what a cluster
+/// electing a stream's leader looks like for a few seconds; at once, the
+/// message's five deliveries would be used up within the election and
+/// its tasks abandoned (the three-node test saw it). With these waits the
+/// five span 15 s.
+pub fn hand_back_delay(delivered: u64) -> Duration {
+    let doublings = delivered.saturating_sub(1).min(3) as u32;
+    HAND_BACK_DELAY * 2u32.pow(doublings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_handed_back_waits_longer_each_time_fifteen_seconds_over_five_deliveries() {
+        let waits: Vec<u64> = (1..=6).map(|d| hand_back_delay(d).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 8, 8]);
+        assert_eq!(waits[..4].iter().sum::<u64>(), 15);
+    }
+}

@@ -1,0 +1,175 @@
+//! Tasks that travel together on a real `nats-server`: a message of the
+//! task queue holds the siblings the scheduler spawned together, a worker
+//! takes from it only what its free slots can run and puts the rest back
+//! on the queue, and a message is answered once, when its last task is.
+//!
+//! The server comes from `TROUPE_NATS_SERVER` or `nats-server` on PATH
+//! (see `distributed.rs`). Nothing here sleeps to let something happen.
+
+#![cfg(target_os = "linux")]
+// Test code: a failed unwrap is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[allow(dead_code)]
+#[path = "distributed/harness.rs"]
+mod harness;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use harness::*;
+
+/// Twelve siblings spawned at once over three workers of four slots,
+/// each sibling waiting until all twelve have started: they can only
+/// finish if no worker holds a task it has no slot for while another
+/// worker has one free. Each worker runs four, each sibling once, and
+/// the twelve tasks took fewer messages than tasks.
+#[test]
+fn a_worker_takes_what_its_slots_can_run_and_puts_the_rest_back() {
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    // Bounded, so that a broken build fails the assertions below rather
+    // than hanging: all twelve started, or a minute passed.
+    let fixture = pipeline(
+        "for i in $(seq 3000); do [ \"$(wc -l < started)\" -ge 12 ] && break; sleep 0.02; done",
+        None,
+    );
+    let project = Project::new();
+    let workers = Worker::several(
+        3,
+        fixture.path(),
+        &server.url(),
+        project.root(),
+        &["--max-siblings", "4"],
+    );
+    let out = project
+        .run(fixture.path(), &server.url())
+        .args(["--ctx", "width=12", "--parallel-cap", "12", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let s = summary(&out);
+    let events = audit(&s);
+    check_log(&events, 12);
+    let mut per_worker: BTreeMap<String, usize> = BTreeMap::new();
+    for e in named(&events, "StageEntered").filter(|e| is_sibling(e)) {
+        *per_worker
+            .entry(e["worker"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    let names: Vec<&str> = workers.iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(
+        per_worker,
+        names.iter().map(|n| ((*n).to_owned(), 4)).collect(),
+        "each worker ran what its slots could"
+    );
+    let mut started = project.started();
+    started.sort_unstable();
+    assert_eq!(
+        started,
+        (0..12).collect::<Vec<_>>(),
+        "each sibling ran once"
+    );
+    assert_eq!(named(&events, "SiblingRedelivered").count(), 0);
+    // Messages the task stream ever stored: the coordinator's and the
+    // workers' put-backs. One a task would be twelve.
+    let stored = task_messages(&server.url());
+    assert!(stored < 12, "{stored} messages for 12 tasks");
+    // What the put-backs recorded went with the run.
+    nothing_left_on_the_server(&server.url(), s["runId"].as_str().unwrap());
+}
+
+/// Every message the task stream has stored so far.
+fn task_messages(url: &str) -> u64 {
+    let args = nats_args(url);
+    actix::System::new().block_on(async move {
+        let nats = args.connect("task count").await.unwrap();
+        let mut tasks = nats.tasks().await.unwrap();
+        tasks.info().await.unwrap().state.last_sequence
+    })
+}
+
+/// The answers published on `reply`, in order, each taken once a marker
+/// published after it arrives (so none is missed and none is waited for).
+struct Answers {
+    client: async_nats::Client,
+    reply: String,
+    sub: async_nats::Subscriber,
+    marks: usize,
+}
+
+impl Answers {
+    async fn new(client: async_nats::Client, reply: &str) -> Answers {
+        let sub = client.subscribe(reply.to_owned()).await.unwrap();
+        client.flush().await.unwrap();
+        Answers {
+            client,
+            reply: reply.to_owned(),
+            sub,
+            marks: 0,
+        }
+    }
+
+    /// What was answered since the last call: a marker is published on
+    /// the same connection after whatever the lease published, so it
+    /// arrives after them.
+    async fn since(&mut self) -> Vec<String> {
+        self.marks += 1;
+        let mark = format!("mark-{}", self.marks);
+        self.client
+            .publish(self.reply.clone(), mark.clone().into())
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        loop {
+            let next = tokio::time::timeout(WAIT, self.sub.next()).await;
+            let msg = next.expect("the marker arrives").unwrap();
+            let text = String::from_utf8_lossy(&msg.payload).into_owned();
+            if text == mark {
+                return got;
+            }
+            got.push(text);
+        }
+    }
+}
+
+/// A message of three tasks is acknowledged once, after its third task is
+/// settled; one task not reported hands the whole message back instead;
+/// settling past the last answers nothing more.
+#[test]
+fn a_message_is_answered_once_when_its_last_task_is_settled() {
+    use troupe::distributed::lease::Lease;
+
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let args = nats_args(&server.url());
+    actix::System::new().block_on(async move {
+        let nats = args.connect("lease test").await.unwrap();
+        // The lease is 30 s: no renewal comes within the test.
+        assert!(nats.lease >= Duration::from_secs(3));
+        let mut answers = Answers::new(nats.client.clone(), "lease.one").await;
+        let lease = Lease::hold(&nats, "lease.one".into(), 1, 3);
+        lease.settle(true).await;
+        lease.settle(true).await;
+        assert_eq!(answers.since().await, Vec::<String>::new(), "two of three");
+        lease.settle(true).await;
+        assert_eq!(answers.since().await, ["+ACK"]);
+        lease.settle(true).await;
+        lease.settle(false).await;
+        assert_eq!(answers.since().await, Vec::<String>::new(), "once only");
+
+        let mut answers = Answers::new(nats.client.clone(), "lease.two").await;
+        let lease = Lease::hold(&nats, "lease.two".into(), 2, 4);
+        lease.settle(false).await;
+        lease.settle_many(2, true).await;
+        assert_eq!(answers.since().await, Vec::<String>::new(), "three of four");
+        lease.settle(true).await;
+        let got = answers.since().await;
+        assert_eq!(got.len(), 1, "{got:?}");
+        // Handed back after its second delivery's wait, 2 s.
+        assert!(got[0].starts_with("-NAK"), "{got:?}");
+        assert!(got[0].contains("2000000000"), "{got:?}");
+    });
+}
