@@ -81,6 +81,71 @@ fn a_worker_takes_what_its_slots_can_run_and_puts_the_rest_back() {
     nothing_left_on_the_server(&server.url(), s["runId"].as_str().unwrap());
 }
 
+/// A worker older than the coordinator reads one task a message; given
+/// several it drops the message (`+TERM`), as anything it cannot read.
+/// The coordinator hears of it (the consumer's advisory) and fails those
+/// siblings with `Distributed/TaskUnreadable`: the run ends instead of
+/// waiting for reports that cannot come.
+#[test]
+fn a_message_an_older_worker_cannot_read_fails_its_siblings_instead_of_waiting() {
+    use async_nats::jetstream::AckKind;
+    use troupe::distributed::wire::Task;
+
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let fixture = pipeline("true", None);
+    let project = Project::new();
+    let coordinator = Background::start(project.run(fixture.path(), &server.url()).args([
+        "--ctx",
+        "width=8",
+        "--parallel-cap",
+        "8",
+        "--json",
+    ]));
+    // The older worker, on the workers' shared consumer: it drops every
+    // message (one it could read it would run; this one runs nothing),
+    // until it has dropped one it could not read.
+    let args = nats_args(&server.url());
+    let unreadable = actix::System::new().block_on(async move {
+        let nats = args.connect("older worker").await.unwrap();
+        let consumer = nats.workers_consumer().await.unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let mut unreadable = 0;
+        while unreadable == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "no task came");
+            let mut batch = consumer
+                .fetch()
+                .max_messages(16)
+                .expires(Duration::from_millis(500))
+                .messages()
+                .await
+                .unwrap();
+            while let Some(Ok(msg)) = batch.next().await {
+                if serde_json::from_slice::<Task>(&msg.payload).is_err() {
+                    unreadable += 1;
+                }
+                msg.ack_with(AckKind::Term).await.unwrap();
+            }
+        }
+        nats.flush().await;
+        unreadable
+    });
+    assert!(unreadable > 0);
+    let (status, out) = coordinator.finish();
+    assert_eq!(status.code(), Some(1), "{out}");
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(s["status"], "failed", "{s}");
+    let events = audit(&s);
+    let failed: Vec<&serde_json::Value> = named(&events, "StageExited")
+        .filter(|e| is_sibling(e) && e["verdict"] == "fail")
+        .collect();
+    assert!(!failed.is_empty(), "no sibling failed");
+    for e in failed {
+        let reason = e["reason"].as_str().unwrap();
+        assert!(reason.starts_with("Distributed/TaskUnreadable"), "{reason}");
+    }
+}
+
 /// Every message the task stream has stored so far.
 fn task_messages(url: &str) -> u64 {
     let args = nats_args(url);

@@ -216,10 +216,10 @@ enum Cmd {
     /// The cancelled group's wait for siblings accepted before the barrier
     /// is over: whatever did not report was lost with its worker.
     GiveUp { turn: u64 },
-    /// The siblings (group and unit) of a message delivered as often as
-    /// allowed that this loop did not publish (a worker put it back on
-    /// the queue), as read from the stream.
-    Abandoned(Vec<(u64, usize)>),
+    /// The siblings (group and unit) of a message no worker will finish
+    /// that this loop did not publish (a worker put it back on the
+    /// queue), as read from the stream, and why they fail.
+    Abandoned(Vec<(u64, usize)>, &'static str),
 }
 
 struct Coordinator {
@@ -245,6 +245,10 @@ struct Coordinator {
 
 /// A sibling whose task no worker finished.
 pub(super) const ABANDONED: &str = "Distributed/TaskAbandoned: the task was delivered to workers as often as allowed and none finished it";
+
+/// A sibling whose task a worker could not read and dropped: a troupe
+/// older than this coordinator reads one task a message, not several.
+pub(super) const UNREADABLE: &str = "Distributed/TaskUnreadable: a worker could not read the message the task was in and dropped it (a worker older than this coordinator cannot read several tasks in one message: run the same troupe on the coordinator and the workers)";
 
 /// A task the server would not store, as its unit's failure.
 pub(super) fn unreachable(error: &str) -> String {
@@ -281,12 +285,23 @@ impl Coordinator {
             decoders,
             ahead,
         ));
-        let advisory = format!(
-            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
-            super::wire::TASKS_STREAM,
-            super::wire::WORKERS_CONSUMER
+        // The workers' consumer's advisories of a message it will not
+        // deliver again: delivered as often as allowed, or dropped by a
+        // worker that could not read it (`+TERM`).
+        let subscribe = |kind: &str| {
+            let subject = format!(
+                "$JS.EVENT.ADVISORY.CONSUMER.{kind}.{}.{}",
+                super::wire::TASKS_STREAM,
+                super::wire::WORKERS_CONSUMER
+            );
+            self.spec.nats.client.subscribe(subject)
+        };
+        let lost = subscribe("MAX_DELIVERIES").await.ok();
+        let dropped = subscribe("MSG_TERMINATED").await.ok();
+        let mut advisories = futures::stream::select(
+            futures::stream::iter(lost).flatten(),
+            futures::stream::iter(dropped).flatten(),
         );
-        let mut abandoned = self.spec.nats.client.subscribe(advisory).await.ok();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return self.finish(&mut rx).await,
@@ -305,12 +320,14 @@ impl Coordinator {
                         return self.abort(why, &mut rx, &shutdown).await;
                     }
                 },
-                Some(advisory) = async {
-                    match &mut abandoned {
-                        Some(sub) => sub.next().await,
-                        None => std::future::pending().await,
-                    }
-                } => self.abandoned(&advisory.payload),
+                Some(advisory) = advisories.next() => {
+                    let why = if advisory.subject.contains(".MSG_TERMINATED.") {
+                        UNREADABLE
+                    } else {
+                        ABANDONED
+                    };
+                    self.abandoned(&advisory.payload, why);
+                }
             }
         }
     }
@@ -422,7 +439,7 @@ impl Coordinator {
             }
             Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
             Cmd::Committed(id, stored) => self.committed(&id, stored).await,
-            Cmd::Abandoned(units) => {
+            Cmd::Abandoned(units, why) => {
                 for (turn, unit) in units {
                     let exec = self
                         .groups
@@ -430,7 +447,7 @@ impl Coordinator {
                         .and_then(|g| g.units.get(&unit))
                         .and_then(|u| u.exec.clone());
                     if let Some(exec) = exec {
-                        self.fail_unit(exec, ABANDONED.to_owned());
+                        self.fail_unit(exec, why.to_owned());
                     }
                 }
             }

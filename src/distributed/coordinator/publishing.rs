@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::super::groups::Group;
 use super::super::nats::publish_acked;
 use super::super::wire::{TASKS_PER_MESSAGE, Task, decode_tasks, encode_tasks, task_subject};
-use super::{ABANDONED, Cmd, Coordinator, decoding, unreachable};
+use super::{Cmd, Coordinator, decoding, unreachable};
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::scheduler::{ExecKey, StageOutcome, ToScheduler};
 
@@ -235,10 +235,10 @@ impl Coordinator {
         });
     }
 
-    /// The advisory of a message delivered as often as the consumer
-    /// allows without a worker finishing it: its siblings that did not
-    /// end fail.
-    pub(super) fn abandoned(&mut self, payload: &[u8]) {
+    /// The advisory of a message no worker will finish (delivered as
+    /// often as the consumer allows, or dropped by a worker that could
+    /// not read it): its siblings that did not end fail, `why`.
+    pub(super) fn abandoned(&mut self, payload: &[u8], why: &'static str) {
         let Some(seq) = serde_json::from_slice::<Value>(payload)
             .ok()
             .and_then(|v| v["stream_seq"].as_u64())
@@ -247,7 +247,7 @@ impl Coordinator {
         };
         if let Some(execs) = self.by_sequence.remove(&seq) {
             for exec in execs {
-                self.fail_unit(exec, ABANDONED.to_owned());
+                self.fail_unit(exec, why.to_owned());
             }
             return;
         }
@@ -275,7 +275,7 @@ impl Coordinator {
                 .map(|t| (t.turn, t.unit))
                 .collect();
             if !units.is_empty() {
-                let _ = tx.send(Cmd::Abandoned(units));
+                let _ = tx.send(Cmd::Abandoned(units, why));
             }
         });
     }
