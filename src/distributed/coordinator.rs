@@ -7,9 +7,11 @@
 //! - **Publishing.** The scheduler spawns a sibling only into a free
 //!   slot of its group and counts it started as it spawns it (granted at
 //!   spawn, as a local sibling is); its task is published on the group's
-//!   subject, deduplicated by its `stageExecutionId`, unless its scope
-//!   (under the group's) was cancelled since. The scheduler's cap therefore bounds the
-//!   tasks of a group in the queue or on workers.
+//!   subject, unless its scope (under the group's) was cancelled since,
+//!   together with the group's other siblings spawned at the same time
+//!   (`publishing`: up to `TASKS_PER_MESSAGE` tasks a message). The
+//!   scheduler's cap therefore bounds the tasks of a group in the queue
+//!   or on workers.
 //! - **Reports.** Workers report on the run's report subject, in batches
 //!   (one message, many reports: see `outbox`), read by the run's durable
 //!   consumer in order. An exited sibling's result is stored first (the

@@ -2,13 +2,17 @@
 //! sibling tasks from the shared work queue and running each on the same
 //! stage actors as a local run, with its own provider and tools.
 //!
-//! For each task it is delivered, the worker: refuses it when it has
-//! another copy of the pipeline (the digests differ) or none at all;
-//! reports `Accepted`; reads the group's cancelled mark (a worker that
-//! comes late starts nothing of a cancelled group); runs the sibling,
-//! telling the queue it is alive every third of the lease so a long agent
-//! is not delivered to another worker; and reports how it ended with the
-//! execution's audit events, in order, before it acknowledges the task. A
+//! A message of the queue holds one task or several of one group (see
+//! [`TASKS_PER_MESSAGE`]); the worker takes as many as it has free slots
+//! and puts the rest back on the queue (`intake::requeue`). For each task
+//! it takes, the worker: refuses it when it has another copy of the
+//! pipeline (the digests differ) or none at all; reports `Accepted`;
+//! reads the group's cancelled mark (a worker that comes late starts
+//! nothing of a cancelled group); runs the sibling; and reports how it
+//! ended with the execution's audit events, in order. The message is
+//! renewed every third of the lease while any of its tasks is here, so a
+//! long agent is not delivered to another worker, and acknowledged once
+//! every one of them is reported (`lease`). A
 //! cancel broadcast cancels the group's siblings in flight strictly. On
 //! the first Ctrl-C or SIGTERM it takes no new task and lets those in
 //! flight finish; a task it never finishes is delivered to another worker
