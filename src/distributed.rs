@@ -12,6 +12,7 @@ pub mod lease;
 pub mod nats;
 pub mod outbox;
 pub mod stored_context;
+pub mod taking;
 pub mod wire;
 pub mod worker;
 

@@ -201,40 +201,145 @@ impl Answers {
 }
 
 /// A message of three tasks is acknowledged once, after its third task is
-/// settled; one task not reported hands the whole message back instead;
+/// settled; one task not reported hands the whole message back instead,
+/// once the tasks that were reported are written down, so that its next
+/// delivery runs only the others (with what was put back left out too);
 /// settling past the last answers nothing more.
 #[test]
 fn a_message_is_answered_once_when_its_last_task_is_settled() {
     use troupe::distributed::lease::Lease;
+    use troupe::distributed::taking::{Records, still_to_run};
 
     let Some(bin) = nats_server() else { return };
     let server = Server::start(&bin);
     let args = nats_args(&server.url());
     actix::System::new().block_on(async move {
         let nats = args.connect("lease test").await.unwrap();
+        let groups = nats.groups().await.unwrap();
         // The lease is 30 s: no renewal comes within the test.
         assert!(nats.lease >= Duration::from_secs(3));
         let mut answers = Answers::new(nats.client.clone(), "lease.one").await;
-        let lease = Lease::hold(&nats, "lease.one".into(), 1, 3);
-        lease.settle(true).await;
-        lease.settle(true).await;
+        let lease = Lease::hold(&nats, "lease.one".into(), 1, 3, None);
+        lease.settle("a", true).await;
+        lease.settle("b", true).await;
         assert_eq!(answers.since().await, Vec::<String>::new(), "two of three");
-        lease.settle(true).await;
+        lease.settle("c", true).await;
         assert_eq!(answers.since().await, ["+ACK"]);
-        lease.settle(true).await;
-        lease.settle(false).await;
+        lease.settle("c", true).await;
+        lease.settle("c", false).await;
         assert_eq!(answers.since().await, Vec::<String>::new(), "once only");
 
+        // A message of five tasks at stream sequence 7, its second
+        // delivery: one put back, one not reported, three reported.
+        let tasks: Vec<_> = (0..5)
+            .map(|unit| troupe::distributed::wire::Task {
+                unit,
+                stage_execution_id: format!("run-1/worker#{unit}/1"),
+                ..sample_task(2)
+            })
+            .collect();
+        let id = |unit: usize| tasks[unit].stage_execution_id.clone();
+        let key = Records::key(&tasks[0], "reported", 7, 2);
         let mut answers = Answers::new(nats.client.clone(), "lease.two").await;
-        let lease = Lease::hold(&nats, "lease.two".into(), 2, 4);
-        lease.settle(false).await;
-        lease.settle_many(2, true).await;
-        assert_eq!(answers.since().await, Vec::<String>::new(), "three of four");
-        lease.settle(true).await;
+        let lease = Lease::hold(&nats, "lease.two".into(), 2, 5, Some((groups.clone(), key)));
+        let put_back = serde_json::to_vec(&[id(4)]).unwrap();
+        groups
+            .put(Records::key(&tasks[0], "requeued", 7, 2), put_back.into())
+            .await
+            .unwrap();
+        lease.settle_many(1, true).await;
+        lease.settle(&id(0), true).await;
+        lease.settle(&id(1), false).await;
+        lease.settle(&id(2), true).await;
+        assert_eq!(answers.since().await, Vec::<String>::new(), "four of five");
+        lease.settle(&id(3), true).await;
         let got = answers.since().await;
         assert_eq!(got.len(), 1, "{got:?}");
         // Handed back after its second delivery's wait, 2 s.
         assert!(got[0].starts_with("-NAK"), "{got:?}");
         assert!(got[0].contains("2000000000"), "{got:?}");
+        // Its third delivery runs only the task not reported.
+        let left = still_to_run(&groups, tasks.clone(), 7, 3).await;
+        assert_eq!(left, [tasks[1].clone()]);
+        // What the second delivery wrote is not for the second delivery.
+        assert_eq!(still_to_run(&groups, tasks.clone(), 7, 2).await, tasks);
+    });
+}
+
+/// A message of four tasks to a worker with one free slot: one task
+/// takes it; with other messages in the queue (the cluster is busy) the
+/// other three are held for this worker's slots for a moment: one gets
+/// the slot that frees, and the two still waiting then go back on the
+/// queue as one message, their ids written down for the message's next
+/// delivery.
+#[test]
+fn a_busy_worker_holds_what_its_slots_cannot_take_a_moment_then_puts_it_back() {
+    use std::sync::Arc;
+    use troupe::distributed::intake::Buckets;
+    use troupe::distributed::taking::{Delivered, Held, Records, offers, still_to_run};
+    use troupe::distributed::wire::{Task, decode_tasks, task_subject};
+
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let args = nats_args(&server.url());
+    actix::System::new().block_on(async move {
+        let nats = args.connect("hold test").await.unwrap();
+        let (consumer, cancelled, groups) = nats.worker_topology().await.unwrap();
+        let buckets = Arc::new(Buckets::new(cancelled, groups.clone()));
+        let tasks: Vec<Task> = (0..4)
+            .map(|unit| Task {
+                unit,
+                stage_execution_id: format!("run-1/worker#{unit}/1"),
+                ..sample_task(2)
+            })
+            .collect();
+        // Two slots: one free, one the test holds.
+        let slots = Arc::new(tokio::sync::Semaphore::new(2));
+        let busy = Arc::clone(&slots).try_acquire_owned().unwrap();
+        let mut permits = vec![Arc::clone(&slots).try_acquire_owned().unwrap()];
+        let held = Arc::new(Held::default());
+        let message = Delivered {
+            tasks: tasks.clone(),
+            reply: "hold.reply".into(),
+            delivered: 1,
+            sequence: 41,
+            pending: 3,
+        };
+        let (taken, past) = offers(&nats, &buckets, message, &mut permits, &held, 16);
+        assert_eq!(taken.len(), 1);
+        assert!(taken[0].permit.is_some());
+        assert_eq!(held.count(), 3, "three held for a slot");
+        // The slot the test held frees while they wait.
+        drop(busy);
+        let (more, requeue) = past.unwrap().hold(&nats, &buckets, &slots).await;
+        assert_eq!(more.len(), 1, "one got the slot that freed");
+        assert_eq!(held.count(), 0, "none held once the moment passed");
+        requeue.expect("two to put back").await;
+
+        // They went back as one message on their group's subject.
+        let stream = nats.tasks().await.unwrap();
+        let last = stream
+            .get_last_raw_message_by_subject(&task_subject("run-1", 2))
+            .await
+            .unwrap();
+        let put_back = decode_tasks(&last.payload).unwrap();
+        let ids = |ts: &[Task]| ts.iter().map(|t| t.unit).collect::<Vec<_>>();
+        let offered: Vec<usize> = taken.iter().chain(&more).map(|o| o.task.unit).collect();
+        let mut all = offered.clone();
+        all.extend(ids(&put_back));
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            [0, 1, 2, 3],
+            "each task once: {offered:?} {:?}",
+            ids(&put_back)
+        );
+        assert_eq!(put_back.len(), 2);
+        // Written down: the message's next delivery runs only the others.
+        let left = still_to_run(&groups, tasks.clone(), 41, 2).await;
+        assert_eq!(ids(&left), offered);
+        let key = Records::key(&tasks[0], "requeued", 41, 1);
+        assert!(groups.get(key).await.unwrap().is_some());
+        drop(consumer);
     });
 }

@@ -218,10 +218,9 @@ enum Cmd {
     /// The cancelled group's wait for siblings accepted before the barrier
     /// is over: whatever did not report was lost with its worker.
     GiveUp { turn: u64 },
-    /// The siblings (group and unit) of a message no worker will finish
-    /// that this loop did not publish (a worker put it back on the
-    /// queue), as read from the stream, and why they fail.
-    Abandoned(Vec<(u64, usize)>, &'static str),
+    /// The siblings of a message no worker will finish, but those a
+    /// worker put back on the queue or reported, and why they fail.
+    Abandoned(Vec<publishing::Lost>, &'static str),
 }
 
 struct Coordinator {
@@ -441,13 +440,20 @@ impl Coordinator {
             }
             Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
             Cmd::Committed(id, stored) => self.committed(&id, stored).await,
-            Cmd::Abandoned(units, why) => {
-                for (turn, unit) in units {
+            Cmd::Abandoned(lost, why) => {
+                for (turn, unit, id) in lost {
+                    // A cancelled group's siblings are settled by its cancel.
+                    if self.groups.get(&turn).is_none_or(Group::is_cancelled) {
+                        continue;
+                    }
+                    // The unit's execution now (a resumed run's message of
+                    // an earlier session names another).
                     let exec = self
                         .groups
                         .get(&turn)
                         .and_then(|g| g.units.get(&unit))
-                        .and_then(|u| u.exec.clone());
+                        .and_then(|u| u.exec.clone())
+                        .filter(|exec| *exec.id == *id);
                     if let Some(exec) = exec {
                         self.fail_unit(exec, why.to_owned());
                     }

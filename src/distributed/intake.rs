@@ -4,8 +4,7 @@
 //! cancelled) or hand it to the worker's host to start — and the reports
 //! that settle a task.
 
-use std::collections::{HashMap, HashSet};
-use std::future::Future;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,13 +12,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::lease::Lease;
-use super::nats::{Nats, publish_acked};
 use super::outbox::Outbox;
 use super::stored_context::{self, Parts, Stored};
-use super::wire::{
-    GROUPS_BUCKET, GroupContext, Report, Task, cancelled_key, encode_tasks, group_key,
-    requeued_key, task_subject,
-};
+use super::wire::{GROUPS_BUCKET, GroupContext, Report, Task, cancelled_key, group_key};
 use crate::definition::Pipeline;
 use crate::provider::Provider;
 use crate::runtime::stage::RunSettings;
@@ -216,7 +211,7 @@ pub struct Offer {
     pub context: Option<Arc<GroupContext>>,
     /// The message it came in (shared with the other tasks of it).
     pub lease: Arc<Lease>,
-    /// Its slot among the worker's `max_siblings`, taken with the fetch.
+    /// Its slot among the worker's `max_siblings`.
     pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -258,7 +253,10 @@ pub async fn accept_all(
             accepted.push(offer);
         } else {
             // The coordinator cannot hear about it: leave it to another try.
-            offer.lease.settle(false).await;
+            offer
+                .lease
+                .settle(&offer.task.stage_execution_id, false)
+                .await;
             intakes.push(Intake::HandedBack);
         }
     }
@@ -304,7 +302,10 @@ pub async fn accept_all(
             }
             Some(Found::Cancelled) => skipped.push(offer),
             Some(Found::Unknown) | None => {
-                offer.lease.settle(false).await;
+                offer
+                    .lease
+                    .settle(&offer.task.stage_execution_id, false)
+                    .await;
                 intakes.push(Intake::HandedBack);
             }
         }
@@ -337,138 +338,6 @@ pub async fn accept_all(
         });
     intakes.extend(futures::future::join_all(settled).await);
     intakes
-}
-
-/// One message the worker was delivered.
-#[derive(Debug)]
-pub struct Delivered {
-    pub tasks: Vec<Task>,
-    pub reply: async_nats::Subject,
-    pub delivered: u64,
-    /// Its sequence in the task stream.
-    pub sequence: u64,
-}
-
-/// What to do with a delivered message: its tasks as offers, one for each
-/// free slot taken from `permits`, and a future that puts those past them
-/// back on the queue (see [`requeue`]), for the caller to run. Call inside
-/// a Tokio `LocalSet` (the lease's renewals run on it).
-pub fn offers(
-    nats: &Nats,
-    buckets: &Arc<Buckets>,
-    message: Delivered,
-    permits: &mut Vec<tokio::sync::OwnedSemaphorePermit>,
-) -> (Vec<Offer>, Option<impl Future<Output = ()> + use<>>) {
-    let Delivered {
-        mut tasks,
-        reply,
-        delivered,
-        sequence,
-    } = message;
-    let lease = Lease::hold(nats, reply, delivered, tasks.len());
-    let past = tasks.split_off(tasks.len().min(permits.len()));
-    let requeue = (!past.is_empty()).then(|| {
-        let (nats, buckets, lease) = (nats.clone(), Arc::clone(buckets), Arc::clone(&lease));
-        async move { requeue(&nats, &buckets, &lease, past, sequence).await }
-    });
-    let offers = tasks
-        .into_iter()
-        .map(|task| Offer {
-            task,
-            context: None,
-            lease: Arc::clone(&lease),
-            permit: permits.pop(),
-        })
-        .collect();
-    (offers, requeue)
-}
-
-/// Tasks of a delivered message past the worker's free slots, put back on
-/// the queue as a message of their own for any worker to take, rather
-/// than held here for a slot while another worker may have one free. A
-/// message holds up to [`TASKS_PER_MESSAGE`](super::wire::TASKS_PER_MESSAGE)
-/// tasks and a worker asks for as many messages as its free slots would
-/// take were each full, so this is the last message of a fetch, when
-/// fewer slots were free than it holds.
-///
-/// Their ids are then recorded under [`requeued_key`]: should this worker
-/// die holding the message, its next delivery leaves them to the message
-/// they now travel in ([`Buckets::not_requeued`]) instead of running them
-/// twice. (Recorded after the publish: a record of tasks that were never
-/// put back would lose them; a publish without its record only runs them
-/// twice, as a lost worker's own tasks are.) They count as settled in
-/// `lease` once the server stored them; if it would not, the whole
-/// message goes back to the queue once its other tasks are reported. The
-/// new message's `Nats-Msg-Id` names the one they came in and its
-/// delivery, so a retried publish is stored once.
-pub async fn requeue(
-    nats: &Nats,
-    buckets: &Buckets,
-    lease: &Lease,
-    tasks: Vec<Task>,
-    sequence: u64,
-) {
-    let Some(first) = tasks.first() else {
-        return;
-    };
-    let bodies: Result<Vec<Vec<u8>>, _> = tasks.iter().map(serde_json::to_vec).collect();
-    let stored = match bodies {
-        Ok(bodies) => {
-            let mut headers = async_nats::HeaderMap::new();
-            let id = format!(
-                "{}+{}@requeued.{sequence}.{}",
-                first.stage_execution_id,
-                tasks.len(),
-                lease.delivered()
-            );
-            headers.insert("Nats-Msg-Id", id.as_str());
-            let subject = task_subject(&first.run_id, first.turn);
-            let body = encode_tasks(&bodies);
-            publish_acked(&nats.js, subject, headers, body.into(), None)
-                .await
-                .is_ok()
-        }
-        Err(_) => false,
-    };
-    if stored {
-        let ids: Vec<&str> = tasks
-            .iter()
-            .map(|t| t.stage_execution_id.as_str())
-            .collect();
-        let key = requeued_key(&first.run_id, first.turn, sequence, lease.delivered());
-        if let Ok(record) = serde_json::to_vec(&ids) {
-            let _ = buckets.groups.put(key, record.into()).await;
-        }
-    }
-    lease.settle_many(tasks.len(), stored).await;
-}
-
-impl Buckets {
-    /// The tasks of a message delivered again (`delivered` above 1) less
-    /// those a worker put back on the queue from it at an earlier
-    /// delivery ([`requeue`]): they travel in a message of their own. A
-    /// record that cannot be read keeps its tasks (they may run twice).
-    pub async fn not_requeued(&self, tasks: Vec<Task>, sequence: u64, delivered: u64) -> Vec<Task> {
-        let Some(first) = tasks.first() else {
-            return tasks;
-        };
-        let keys: Vec<String> = (1..delivered)
-            .map(|d| requeued_key(&first.run_id, first.turn, sequence, d))
-            .collect();
-        let reads = keys.iter().map(|key| self.groups.get(key.as_str()));
-        let mut gone: HashSet<String> = HashSet::new();
-        for read in futures::future::join_all(reads).await {
-            if let Ok(Some(record)) = read
-                && let Ok(ids) = serde_json::from_slice::<Vec<String>>(&record)
-            {
-                gone.extend(ids);
-            }
-        }
-        tasks
-            .into_iter()
-            .filter(|t| !gone.contains(&t.stage_execution_id))
-            .collect()
-    }
 }
 
 /// What a group's reads found.
@@ -508,7 +377,10 @@ fn mismatch(config: &WorkerConfig, t: &Task) -> Option<String> {
 async fn settle(config: &WorkerConfig, outbox: &Outbox, offer: &Offer, report: &Report) {
     let run_id = &offer.task.run_id;
     let reported = outbox.send(&offer.task, report).await;
-    offer.lease.settle(reported).await;
+    offer
+        .lease
+        .settle(&offer.task.stage_execution_id, reported)
+        .await;
     log_task(config.task_log, &config.name, run_id, report, reported);
 }
 

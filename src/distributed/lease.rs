@@ -2,16 +2,23 @@
 //! carry several tasks ([`TASKS_PER_MESSAGE`]): renewed while any of them
 //! is being accepted, waits for a slot or runs, and answered once, when
 //! the last of them is settled — acknowledged if every one was reported,
-//! handed back to the queue if one could not be (the coordinator
-//! deduplicates the reports of a task that then runs again).
+//! handed back to the queue if one could not be.
+//!
+//! The tasks of it already reported are written down (a key of the
+//! groups bucket, see `taking::Records`) before a hand-back and at each
+//! renewal when more were reported since: the message's next delivery
+//! runs only the others. A worker lost between two renewals leaves
+//! those reported since the last to run again (the coordinator keeps the
+//! first result of each).
 //!
 //! [`TASKS_PER_MESSAGE`]: super::wire::TASKS_PER_MESSAGE
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::Subject;
+use async_nats::jetstream::kv;
 use tokio_util::sync::CancellationToken;
 
 use super::nats::Nats;
@@ -26,23 +33,66 @@ pub struct Lease {
     open: AtomicUsize,
     /// A task of it could not be reported.
     hand_back: AtomicBool,
+    /// The tasks of it reported so far.
+    reported: Arc<Reported>,
     /// Ends the renewals: cancelled once the message is answered, or
     /// when the last holder drops the lease unanswered (the server then
     /// delivers it again once the lease runs out).
     alive: CancellationToken,
 }
 
+/// The execution ids of a message's tasks reported so far, and the key
+/// (bucket and name) they are written under.
+#[derive(Debug)]
+struct Reported {
+    ids: Mutex<Vec<String>>,
+    /// How many of `ids` the key holds.
+    written: AtomicUsize,
+    record: Option<(kv::Store, String)>,
+}
+
+impl Reported {
+    /// Writes the ids down if more were reported since they last were.
+    async fn write(&self) {
+        let Some((bucket, key)) = &self.record else {
+            return;
+        };
+        let ids = self.ids.lock().map(|ids| ids.clone()).unwrap_or_default();
+        if ids.len() <= self.written.load(Ordering::Acquire) {
+            return;
+        }
+        if let Ok(body) = serde_json::to_vec(&ids)
+            && bucket.put(key.as_str(), body.into()).await.is_ok()
+        {
+            self.written.fetch_max(ids.len(), Ordering::AcqRel);
+        }
+    }
+}
+
 impl Lease {
     /// Holds a message of `tasks` tasks (its `delivered`-th delivery),
     /// telling the server every third of `nats.lease` that it is still
-    /// being worked on. Call inside a Tokio `LocalSet` (an actix system):
-    /// the renewals run on it.
-    pub fn hold(nats: &Nats, reply: Subject, delivered: u64, tasks: usize) -> Arc<Lease> {
+    /// being worked on, and writing the tasks reported so far under
+    /// `record` (a bucket and key; `None`: not written). Call inside a
+    /// Tokio `LocalSet` (an actix system): the renewals run on it.
+    pub fn hold(
+        nats: &Nats,
+        reply: Subject,
+        delivered: u64,
+        tasks: usize,
+        record: Option<(kv::Store, String)>,
+    ) -> Arc<Lease> {
         let alive = CancellationToken::new();
+        let reported = Arc::new(Reported {
+            ids: Mutex::default(),
+            written: AtomicUsize::new(0),
+            record,
+        });
         {
             let alive = alive.clone();
             let client = nats.client.clone();
             let reply = reply.clone();
+            let reported = Arc::clone(&reported);
             let every = (nats.lease / 3).max(Duration::from_millis(100));
             actix::spawn(async move {
                 loop {
@@ -50,6 +100,7 @@ impl Lease {
                         () = alive.cancelled() => return,
                         () = tokio::time::sleep(every) => {
                             let _ = client.publish(reply.clone(), "+WPI".into()).await;
+                            reported.write().await;
                         }
                     }
                 }
@@ -61,6 +112,7 @@ impl Lease {
             delivered,
             open: AtomicUsize::new(tasks),
             hand_back: AtomicBool::new(false),
+            reported,
             alive,
         })
     }
@@ -70,16 +122,21 @@ impl Lease {
         self.delivered
     }
 
-    /// One task of the message is settled: its report stored
+    /// Task `id` of the message is settled: its report stored
     /// (`reported`), or not. The last one answers the message: an
     /// acknowledgement when every report was stored, else the message
-    /// goes back to the queue after [`hand_back_delay`]. A lease settled
-    /// more often than it has tasks answers once.
-    pub async fn settle(&self, reported: bool) {
+    /// goes back to the queue after [`hand_back_delay`], once the tasks
+    /// reported are written down. A lease settled more often than it has
+    /// tasks answers once.
+    pub async fn settle(&self, id: &str, reported: bool) {
+        if reported && let Ok(mut ids) = self.reported.ids.lock() {
+            ids.push(id.to_owned());
+        }
         self.settle_many(1, reported).await;
     }
 
-    /// `tasks` tasks of the message settled at once (see [`settle`]).
+    /// `tasks` tasks of the message settled at once, none of them to be
+    /// written down as reported (see [`settle`]).
     ///
     /// [`settle`]: Lease::settle
     pub async fn settle_many(&self, tasks: usize, reported: bool) {
@@ -97,6 +154,7 @@ impl Lease {
         }
         self.alive.cancel();
         let answer = if self.hand_back.load(Ordering::Acquire) {
+            self.reported.write().await;
             async_nats::jetstream::AckKind::Nak(Some(hand_back_delay(self.delivered))).into()
         } else {
             "+ACK".into()

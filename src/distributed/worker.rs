@@ -28,14 +28,13 @@ use serde_json::{Map, Value};
 use tokio::sync::{Semaphore, watch};
 use troupe_actors::{Delivery, EventBus, Subscription};
 
-use super::intake::{
-    Buckets, Counted, Delivered, FORGET_AFTER, Intake, Offer, accept_all, log_task, offers,
-};
+use super::intake::{Buckets, Counted, FORGET_AFTER, Intake, Offer, accept_all, log_task};
 pub use super::intake::{Served, WorkerConfig};
 use super::lease::Lease;
 use super::nats::{Nats, NatsError};
 use super::outbox::Outbox;
-use super::wire::{CANCEL_ALL, Cancel, EventLine, Report, TASKS_PER_MESSAGE, Task, decode_tasks};
+use super::taking::{Delivered, Expected, Held, offers, still_to_run};
+use super::wire::{CANCEL_ALL, Cancel, EventLine, Report, Task, decode_tasks};
 use crate::definition::StageKind;
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::context::StageContext;
@@ -190,9 +189,16 @@ pub async fn serve(
 
     // Take tasks while there is room and no drain.
     let mut accepting = tokio::task::JoinSet::new();
+    let held = Arc::new(Held::default());
+    let mut expected = Expected::default();
     loop {
         if *drain.borrow() {
             break;
+        }
+        // Tasks held for a slot take the next ones first.
+        tokio::select! {
+            () = held.none() => {}
+            _ = drain.changed() => continue,
         }
         let first = tokio::select! {
             permit = Arc::clone(&slots).acquire_owned() => match permit {
@@ -208,12 +214,9 @@ pub async fn serve(
                 Err(_) => break,
             }
         }
-        // A message holds up to TASKS_PER_MESSAGE tasks: ask for no more
-        // than the free slots could take were every one full (at least
-        // one; what a message brings past the free slots goes back on the
-        // queue, see `requeue`). Asking for a message a slot would let one
-        // worker take a wide start's whole queue, and the others none.
-        let wanted = (permits.len() / TASKS_PER_MESSAGE).max(1);
+        // As many messages as the free slots would take (`Expected`);
+        // what a message brings past them is held or put back (`offers`).
+        let wanted = expected.messages(permits.len());
         let batch = consumer
             .fetch()
             .max_messages(wanted)
@@ -228,11 +231,12 @@ pub async fn serve(
             }
         };
         let mut offers_of_fetch = Vec::with_capacity(permits.len());
+        let mut largest = 0;
         while let Some(msg) = batch.next().await {
             let Ok(msg) = msg else { continue };
-            let (delivered, sequence) = msg
-                .info()
-                .map_or((1, 0), |i| (i.delivered.max(1) as u64, i.stream_sequence));
+            let (delivered, sequence, pending) = msg.info().map_or((1, 0, 0), |i| {
+                (i.delivered.max(1) as u64, i.stream_sequence, i.pending)
+            });
             let Some(reply) = msg.reply.clone() else {
                 continue;
             };
@@ -244,51 +248,87 @@ pub async fn serve(
                     continue;
                 }
             };
+            largest = largest.max(tasks.len());
             let message = Delivered {
                 tasks,
                 reply,
                 delivered,
                 sequence,
+                pending,
             };
+            let max = config.max_siblings.max(1);
             if delivered > 1 {
-                // Delivered again (a worker was lost): first what an
-                // earlier delivery put back on the queue is left out, off
-                // this loop; its slots go with it.
+                // Delivered again (a worker was lost): first what earlier
+                // deliveries put back on the queue or reported is left
+                // out, off this loop; the slots it may need go with it.
                 let n = message.tasks.len().min(permits.len());
                 let mut mine: Vec<_> = permits.drain(..n).collect();
-                let (nats, config, buckets, outbox, host) = (
+                let (nats, config, buckets, outbox, host, held, slots) = (
                     nats.clone(),
                     config.clone(),
                     Arc::clone(&buckets),
                     outbox.clone(),
                     host.clone(),
+                    Arc::clone(&held),
+                    Arc::clone(&slots),
                 );
                 accepting.spawn_local(async move {
-                    let tasks = buckets
-                        .not_requeued(message.tasks, sequence, delivered)
-                        .await;
+                    let tasks =
+                        still_to_run(&buckets.groups, message.tasks, sequence, delivered).await;
                     if tasks.is_empty() {
                         let _ = nats.client.publish(message.reply, "+ACK".into()).await;
                         return;
                     }
                     let message = Delivered { tasks, ..message };
-                    let (offers, requeue) = offers(&nats, &buckets, message, &mut mine);
+                    let room = max.saturating_sub(held.count());
+                    let (mut offers, past) =
+                        offers(&nats, &buckets, message, &mut mine, &held, room);
                     drop(mine);
-                    let accept = accept_all(&config, &buckets, &outbox, offers);
-                    let (intakes, ()) = match requeue {
-                        Some(requeue) => futures::future::join(accept, requeue).await,
-                        None => (accept.await, ()),
+                    let mut requeue = None;
+                    if let Some(past) = past {
+                        let (more, rest) = past.hold(&nats, &buckets, &slots).await;
+                        offers.extend(more);
+                        requeue = rest;
+                    }
+                    let accept = async {
+                        let intakes = accept_all(&config, &buckets, &outbox, offers).await;
+                        start_all(&host, intakes);
                     };
-                    start_all(&host, intakes);
+                    match requeue {
+                        Some(requeue) => drop(futures::future::join(accept, requeue).await),
+                        None => accept.await,
+                    }
                 });
                 continue;
             }
-            let (taken, requeue) = offers(&nats, &buckets, message, &mut permits);
+            let room = max.saturating_sub(held.count());
+            let (taken, past) = offers(&nats, &buckets, message, &mut permits, &held, room);
             offers_of_fetch.extend(taken);
-            if let Some(requeue) = requeue {
-                accepting.spawn_local(requeue);
+            if let Some(past) = past {
+                let (nats, config, buckets, outbox, host, slots) = (
+                    nats.clone(),
+                    config.clone(),
+                    Arc::clone(&buckets),
+                    outbox.clone(),
+                    host.clone(),
+                    Arc::clone(&slots),
+                );
+                accepting.spawn_local(async move {
+                    let (offers, requeue) = past.hold(&nats, &buckets, &slots).await;
+                    let accept = async {
+                        if !offers.is_empty() {
+                            let intakes = accept_all(&config, &buckets, &outbox, offers).await;
+                            start_all(&host, intakes);
+                        }
+                    };
+                    match requeue {
+                        Some(requeue) => drop(futures::future::join(accept, requeue).await),
+                        None => accept.await,
+                    }
+                });
             }
         }
+        expected.saw(largest);
         // Slots the fetch did not fill are free again.
         drop(permits);
         // Accepting takes round trips to the server (the reports, the
@@ -472,11 +512,12 @@ impl WorkerHost {
             context: group,
             lease,
             permit,
+            ..
         } = offer;
         // Not startable (intake checks each before it offers one): the
         // message goes back to the queue once its other tasks are done.
         let unstartable = |lease: Arc<Lease>| {
-            actix::spawn(async move { lease.settle(false).await });
+            actix::spawn(async move { lease.settle("", false).await });
         };
         let Some(group) = group else {
             return unstartable(lease);
@@ -610,7 +651,7 @@ impl WorkerHost {
             let reported = outbox.send(&t, &report).await;
             // Not reported: its message goes back to the queue for another
             // worker, once NATS is likely to take the report.
-            lease.settle(reported).await;
+            lease.settle(&t.stage_execution_id, reported).await;
             log_task(task_log, &name, &t.run_id, &report, reported);
             if let Ok(mut s) = summary.lock() {
                 counted(&mut s);

@@ -13,10 +13,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::groups::Group;
 use super::super::nats::publish_acked;
+use super::super::taking::Records;
 use super::super::wire::{TASKS_PER_MESSAGE, Task, decode_tasks, encode_tasks, task_subject};
 use super::{Cmd, Coordinator, decoding, unreachable};
 use crate::runtime::cancel::CancelScope;
-use crate::runtime::scheduler::{ExecKey, StageOutcome, ToScheduler};
+use crate::runtime::scheduler::{ExecKey, Slot, StageOutcome, ToScheduler};
 
 /// A sibling spawned, waiting for what else was spawned with it.
 pub(super) struct Pending {
@@ -237,49 +238,76 @@ impl Coordinator {
 
     /// The advisory of a message no worker will finish (delivered as
     /// often as the consumer allows, or dropped by a worker that could
-    /// not read it): its siblings that did not end fail, `why`.
+    /// not read it): its siblings that did not end fail, `why`, but those
+    /// a worker put back on the queue from it (they travel on in another
+    /// message) or reported.
     pub(super) fn abandoned(&mut self, payload: &[u8], why: &'static str) {
-        let Some(seq) = serde_json::from_slice::<Value>(payload)
-            .ok()
-            .and_then(|v| v["stream_seq"].as_u64())
-        else {
+        let advisory = serde_json::from_slice::<Value>(payload).unwrap_or_default();
+        let Some(seq) = advisory["stream_seq"].as_u64() else {
             return;
         };
-        if let Some(execs) = self.by_sequence.remove(&seq) {
-            for exec in execs {
-                self.fail_unit(exec, why.to_owned());
-            }
+        // The server terminates too, with a reason: a message purged while
+        // a worker held it (a cancelled group's), whose siblings the
+        // cancel settles. A worker that could not read one gives none.
+        if advisory["reason"].as_str().is_some_and(|r| !r.is_empty()) {
             return;
         }
-        // Not published here: a worker's `requeue`, or another run's. An
-        // abandoned message stays in the stream (only an ack takes a
-        // message off a work queue): read which siblings it holds.
+        let deliveries = advisory["deliveries"].as_u64().unwrap_or(5);
+        let known: Option<Vec<Lost>> = self.by_sequence.remove(&seq).map(|execs| {
+            execs
+                .into_iter()
+                .filter_map(|e| match e.slot {
+                    Slot::Unit(unit) => Some((e.turn, unit, e.id.to_string())),
+                    _ => None,
+                })
+                .collect()
+        });
         let (nats, tx, run) = (
             self.spec.nats.clone(),
             self.tx.clone(),
             self.spec.run_id.clone(),
         );
         actix::spawn(async move {
-            let Ok(stream) = nats.tasks().await else {
+            let mut lost = match known {
+                Some(lost) => lost,
+                // Not published here: a worker's `requeue`, or another
+                // run's. A message past its deliveries stays in the
+                // stream (only an ack takes one off a work queue); one a
+                // worker dropped is gone, and nothing is known of it.
+                None => {
+                    let Ok(stream) = nats.tasks().await else {
+                        return;
+                    };
+                    let Ok(message) = stream.get_raw_message(seq).await else {
+                        return;
+                    };
+                    let Ok(tasks) = decode_tasks(&message.payload) else {
+                        return;
+                    };
+                    tasks
+                        .into_iter()
+                        .filter(|t| t.run_id == run)
+                        .map(|t| (t.turn, t.unit, t.stage_execution_id))
+                        .collect()
+                }
+            };
+            let Some(&(turn, _, _)) = lost.first() else {
                 return;
             };
-            let Ok(message) = stream.get_raw_message(seq).await else {
-                return;
-            };
-            let Ok(tasks) = decode_tasks(&message.payload) else {
-                return;
-            };
-            let units: Vec<(u64, usize)> = tasks
-                .into_iter()
-                .filter(|t| t.run_id == run)
-                .map(|t| (t.turn, t.unit))
-                .collect();
-            if !units.is_empty() {
-                let _ = tx.send(Cmd::Abandoned(units, why));
+            if let Ok(groups) = nats.groups().await {
+                let settled = Records::settled(&groups, &run, turn, seq, deliveries + 1).await;
+                lost.retain(|(_, _, id)| !settled.contains(id));
+            }
+            if !lost.is_empty() {
+                let _ = tx.send(Cmd::Abandoned(lost, why));
             }
         });
     }
 }
+
+/// A sibling of a message no worker will finish: its group, unit and
+/// execution id.
+pub(super) type Lost = (u64, usize, String);
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,391 @@
+//! How a worker takes the messages of the task queue, each holding one
+//! task or several of one group ([`TASKS_PER_MESSAGE`]): how many
+//! messages it asks for, which tasks of a message it runs at once, holds
+//! for a slot or puts back on the queue, and what it writes down so that
+//! a message delivered again (its worker lost) runs only what is left.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use super::intake::{Buckets, Offer};
+use super::lease::Lease;
+use super::nats::{Nats, publish_acked};
+use super::wire::{TASKS_PER_MESSAGE, Task, encode_tasks, task_subject};
+
+/// One message the worker was delivered.
+#[derive(Debug)]
+pub struct Delivered {
+    pub tasks: Vec<Task>,
+    pub reply: async_nats::Subject,
+    pub delivered: u64,
+    /// Its sequence in the task stream.
+    pub sequence: u64,
+    /// Messages the worker's consumer held besides it when it came.
+    pub pending: u64,
+}
+
+/// How many messages to ask for: the free slots over the tasks a message
+/// is expected to hold. A message holds up to [`TASKS_PER_MESSAGE`]
+/// tasks; asked for a message a slot, one worker could take a wide
+/// start's whole queue and the others none of it, while asking for a
+/// sixteenth as many would take one message of a lone task a round trip
+/// when tasks trickle. So the expectation starts at the most, jumps to
+/// the largest message seen, and halves towards what comes.
+#[derive(Debug)]
+pub struct Expected(usize);
+
+impl Default for Expected {
+    fn default() -> Self {
+        Expected(TASKS_PER_MESSAGE)
+    }
+}
+
+impl Expected {
+    /// Messages to ask for with `free` slots.
+    pub fn messages(&self, free: usize) -> usize {
+        (free / self.0.max(1)).max(1)
+    }
+
+    /// A fetch brought messages of at most `largest` tasks; none (0): the
+    /// queue was empty, and what comes next may be a wide start.
+    pub fn saw(&mut self, largest: usize) {
+        self.0 = match largest {
+            0 => TASKS_PER_MESSAGE,
+            n => n.max(self.0.div_ceil(2)).min(TASKS_PER_MESSAGE),
+        };
+    }
+}
+
+/// The tasks a worker holds for a slot: while any is, it fetches nothing,
+/// so that those get the next free slots.
+#[derive(Debug, Default)]
+pub struct Held {
+    count: AtomicUsize,
+    none: Notify,
+}
+
+impl Held {
+    /// How many tasks wait for a slot.
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Waits until no task does.
+    pub async fn none(&self) {
+        loop {
+            let notified = self.none.notified();
+            if self.count() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One task counted in [`Held`] until it is dropped (it got its slot, or
+/// was settled without running).
+#[derive(Debug)]
+pub struct Waiting(Arc<Held>);
+
+impl Waiting {
+    fn new(held: &Arc<Held>) -> Waiting {
+        held.count.fetch_add(1, Ordering::AcqRel);
+        Waiting(Arc::clone(held))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.none.notify_waiters();
+        }
+    }
+}
+
+/// What a worker writes down of a message it was delivered, in the
+/// groups bucket (the run's keys there go with the run): the tasks it put
+/// back on the queue (`requeued`) and those it reported (`reported`, see
+/// [`Lease`]), each key per delivery. Its next delivery runs neither.
+#[derive(Debug)]
+pub struct Records;
+
+impl Records {
+    /// `<run>.<turn>.<kind>.<sequence>.<delivered>` for a message of
+    /// `task`'s group.
+    pub fn key(task: &Task, kind: &str, sequence: u64, delivered: u64) -> String {
+        let (run, turn) = (&task.run_id, task.turn);
+        format!("{run}.{turn}.{kind}.{sequence}.{delivered}")
+    }
+
+    /// The ids written down for the message at `sequence` (of group
+    /// `turn` of run `run`) at its deliveries before `delivered`. A key
+    /// that cannot be read counts as none (its tasks may run twice).
+    pub async fn settled(
+        groups: &kv::Store,
+        run: &str,
+        turn: u64,
+        sequence: u64,
+        delivered: u64,
+    ) -> HashSet<String> {
+        let keys: Vec<String> = (1..delivered)
+            .flat_map(|d| {
+                ["requeued", "reported"].map(|kind| format!("{run}.{turn}.{kind}.{sequence}.{d}"))
+            })
+            .collect();
+        let reads = keys.iter().map(|key| groups.get(key.as_str()));
+        let mut ids = HashSet::new();
+        for read in futures::future::join_all(reads).await {
+            if let Ok(Some(record)) = read
+                && let Ok(written) = serde_json::from_slice::<Vec<String>>(&record)
+            {
+                ids.extend(written);
+            }
+        }
+        ids
+    }
+}
+
+/// How long tasks past a message's free slots are held for a slot of
+/// this worker before they are put back on the queue. The queue held
+/// other messages when they came, so the cluster is likely busy and they
+/// would wait anyway; put back, each would cost the server a message and
+/// a key more every time a slot frees, one sibling at a time. Held longer,
+/// a task could wait for this worker while another has a slot free.
+pub const HOLD_FOR: Duration = Duration::from_millis(20);
+
+/// The tasks of a message past its free slots (see [`offers`]).
+#[derive(Debug)]
+pub struct Past {
+    tasks: Vec<Task>,
+    lease: Arc<Lease>,
+    sequence: u64,
+    /// One for each task held for a slot (none: put back at once).
+    waiting: Vec<Waiting>,
+}
+
+impl Past {
+    /// Offers for those held that got a slot of `slots` within
+    /// [`HOLD_FOR`], and a future putting back on the queue the rest
+    /// ([`requeue`]), for the caller to run.
+    pub async fn hold(
+        self,
+        nats: &Nats,
+        buckets: &Arc<Buckets>,
+        slots: &Arc<Semaphore>,
+    ) -> (Vec<Offer>, Option<impl Future<Output = ()> + use<>>) {
+        let Past {
+            tasks,
+            lease,
+            sequence,
+            mut waiting,
+        } = self;
+        let mut tasks = tasks.into_iter();
+        let mut offers = Vec::new();
+        let deadline = tokio::time::Instant::now() + HOLD_FOR;
+        while let Some(held) = waiting.pop() {
+            let slot = tokio::time::timeout_at(deadline, Arc::clone(slots).acquire_owned()).await;
+            let Ok(Ok(permit)) = slot else {
+                break;
+            };
+            let Some(task) = tasks.next() else {
+                break;
+            };
+            offers.push(Offer {
+                task,
+                context: None,
+                lease: Arc::clone(&lease),
+                permit: Some(permit),
+            });
+            drop(held);
+        }
+        drop(waiting);
+        let rest: Vec<Task> = tasks.collect();
+        let requeue = (!rest.is_empty()).then(|| {
+            let (nats, buckets) = (nats.clone(), Arc::clone(buckets));
+            async move { requeue(&nats, &buckets, &lease, rest, sequence).await }
+        });
+        (offers, requeue)
+    }
+}
+
+/// What to do with a delivered message: its tasks as offers, one for each
+/// free slot taken from `permits`, and those past them ([`Past`]): held
+/// for a slot when the queue held other messages too (up to `room` of
+/// them; the fetch loop takes no slot while any is held), put back on the
+/// queue otherwise. Call inside a Tokio `LocalSet` (the lease's renewals
+/// run on it).
+pub fn offers(
+    nats: &Nats,
+    buckets: &Arc<Buckets>,
+    message: Delivered,
+    permits: &mut Vec<OwnedSemaphorePermit>,
+    held: &Arc<Held>,
+    room: usize,
+) -> (Vec<Offer>, Option<Past>) {
+    let Delivered {
+        mut tasks,
+        reply,
+        delivered,
+        sequence,
+        pending,
+    } = message;
+    let record = tasks.first().map(|first| {
+        let key = Records::key(first, "reported", sequence, delivered);
+        (buckets.groups.clone(), key)
+    });
+    let lease = Lease::hold(nats, reply, delivered, tasks.len(), record);
+    let past = tasks.split_off(tasks.len().min(permits.len()));
+    let offers = tasks
+        .into_iter()
+        .map(|task| Offer {
+            task,
+            context: None,
+            lease: Arc::clone(&lease),
+            permit: permits.pop(),
+        })
+        .collect();
+    if past.is_empty() {
+        return (offers, None);
+    }
+    let hold = if pending > 0 { past.len().min(room) } else { 0 };
+    let waiting = (0..hold).map(|_| Waiting::new(held)).collect();
+    let past = Past {
+        tasks: past,
+        lease,
+        sequence,
+        waiting,
+    };
+    (offers, Some(past))
+}
+
+/// Tasks of a delivered message that this worker will not run, put back
+/// on the queue as a message of their own for any worker to take. A
+/// worker asks for as many messages as its free slots would take (see
+/// [`Expected`]), so this is the last message of a fetch, when fewer
+/// slots were free than it holds and the queue had nothing else.
+///
+/// Their ids are then written down ([`Records`]): should this worker die
+/// holding the message, its next delivery leaves them to the message they
+/// now travel in instead of running them twice. (Written after the
+/// publish: a record of tasks that were never put back would lose them; a
+/// publish without its record only runs them twice, as a lost worker's
+/// own tasks are.) They count as settled in `lease` once the server stored
+/// them; if it would not, the whole message goes back to the queue once
+/// its other tasks are reported. The new message's `Nats-Msg-Id` names
+/// the one they came in and its delivery, so a retried publish is stored
+/// once.
+pub async fn requeue(
+    nats: &Nats,
+    buckets: &Buckets,
+    lease: &Lease,
+    tasks: Vec<Task>,
+    sequence: u64,
+) {
+    let Some(first) = tasks.first() else {
+        return;
+    };
+    let bodies: Result<Vec<Vec<u8>>, _> = tasks.iter().map(serde_json::to_vec).collect();
+    let stored = match bodies {
+        Ok(bodies) => {
+            let mut headers = async_nats::HeaderMap::new();
+            let id = format!(
+                "{}+{}@requeued.{sequence}.{}",
+                first.stage_execution_id,
+                tasks.len(),
+                lease.delivered()
+            );
+            headers.insert("Nats-Msg-Id", id.as_str());
+            let subject = task_subject(&first.run_id, first.turn);
+            let body = encode_tasks(&bodies);
+            publish_acked(&nats.js, subject, headers, body.into(), None)
+                .await
+                .is_ok()
+        }
+        Err(_) => false,
+    };
+    if stored {
+        let ids: Vec<&str> = tasks
+            .iter()
+            .map(|t| t.stage_execution_id.as_str())
+            .collect();
+        let key = Records::key(first, "requeued", sequence, lease.delivered());
+        if let Ok(record) = serde_json::to_vec(&ids) {
+            let _ = buckets.groups.put(key, record.into()).await;
+        }
+    }
+    lease.settle_many(tasks.len(), stored).await;
+}
+
+/// The tasks of a message delivered again (`delivered` above 1) less
+/// those an earlier delivery put back on the queue or reported.
+pub async fn still_to_run(
+    groups: &kv::Store,
+    tasks: Vec<Task>,
+    sequence: u64,
+    delivered: u64,
+) -> Vec<Task> {
+    let Some(first) = tasks.first() else {
+        return tasks;
+    };
+    let settled = Records::settled(groups, &first.run_id, first.turn, sequence, delivered).await;
+    tasks
+        .into_iter()
+        .filter(|t| !settled.contains(&t.stage_execution_id))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wide start's sixteen-task messages spread: a worker asks for its
+    /// free slots over sixteen. When lone tasks come, the expectation
+    /// halves towards one a fetch at a time, and jumps back at once (and
+    /// after an empty queue).
+    #[test]
+    fn a_worker_asks_for_what_its_free_slots_would_take() {
+        let mut expected = Expected::default();
+        assert_eq!(expected.messages(94), 5);
+        assert_eq!(expected.messages(3), 1, "at least one");
+        let mut asked = Vec::new();
+        for _ in 0..5 {
+            expected.saw(1);
+            asked.push(expected.messages(16));
+        }
+        assert_eq!(asked, [2, 4, 8, 16, 16]);
+        expected.saw(0);
+        assert_eq!(expected.messages(94), 5, "after an empty queue, the most");
+        expected.saw(16);
+        assert_eq!(expected.messages(94), 5);
+        expected.saw(40);
+        assert_eq!(
+            expected.messages(32),
+            2,
+            "never past the most a message holds"
+        );
+    }
+
+    /// A held task counts until it is dropped; waiting for none returns
+    /// once the last is.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_fetches_again_once_no_task_waits_for_a_slot() {
+        let held = Arc::new(Held::default());
+        held.none().await;
+        let a = Waiting::new(&held);
+        let b = Waiting::new(&held);
+        assert_eq!(held.count(), 2);
+        let mut none = Box::pin(held.none());
+        assert!(futures::poll!(&mut none).is_pending());
+        drop(a);
+        assert!(futures::poll!(&mut none).is_pending());
+        drop(b);
+        assert!(futures::poll!(&mut none).is_ready());
+        assert_eq!(held.count(), 0);
+    }
+}
