@@ -81,10 +81,11 @@ pub struct RemoteSiblings {
     /// `--max-cost` hold across machines (give or take what the siblings
     /// in flight spend before they report).
     pub budget: Option<Arc<Budget>>,
-    /// This coordinator process's id. A task's `Nats-Msg-Id` is its
-    /// execution id at this session: the server drops a retried publish
-    /// as a duplicate, yet a resumed run may queue the same execution
-    /// again (its first task was purged with the run's queue).
+    /// This coordinator process's id. A message's `Nats-Msg-Id` is its
+    /// first task's execution id (and the count) at this session: the
+    /// server drops a retried publish as a duplicate, yet a resumed run
+    /// may queue the same execution again (its first task was purged
+    /// with the run's queue).
     pub session: Arc<str>,
 }
 

@@ -215,7 +215,8 @@ pub struct Offer {
     pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
-/// Decides, for the tasks of one fetch, what to do with each: refuse it,
+/// Decides, for tasks taken together (a group's of one fetch, or those
+/// held or delivered again), what to do with each: refuse it,
 /// skip it (its group was cancelled) or start it. The tasks' `Accepted`
 /// reports go out together (one batch, see [`Outbox`]) and each group's
 /// cancelled mark is read once, after they are stored: a mark set before
@@ -391,7 +392,8 @@ pub enum Intake {
     Start(Box<Offer>),
     /// Answered without running (refused, or its group was cancelled).
     Settled(Counted),
-    /// Given back to the queue: the coordinator could not be told, or the
+    /// To be given back to the queue (its message is, once its other
+    /// tasks are reported): the coordinator could not be told, or the
     /// group's cancelled mark could not be read.
     HandedBack,
 }

@@ -3,8 +3,9 @@
 //! stage actors as a local run, with its own provider and tools.
 //!
 //! A message of the queue holds one task or several of one group (see
-//! [`TASKS_PER_MESSAGE`]); the worker takes as many as it has free slots
-//! and puts the rest back on the queue (`intake::requeue`). For each task
+//! `TASKS_PER_MESSAGE`); the worker takes as many as it has free slots,
+//! holds the rest a moment for a slot when the queue is busy, and puts
+//! back on the queue what still has none (`taking`). For each task
 //! it takes, the worker: refuses it when it has another copy of the
 //! pipeline (the digests differ) or none at all; reports `Accepted`;
 //! reads the group's cancelled mark (a worker that comes late starts
@@ -12,11 +13,11 @@
 //! ended with the execution's audit events, in order. The message is
 //! renewed every third of the lease while any of its tasks is here, so a
 //! long agent is not delivered to another worker, and acknowledged once
-//! every one of them is reported (`lease`). A
-//! cancel broadcast cancels the group's siblings in flight strictly. On
-//! the first Ctrl-C or SIGTERM it takes no new task and lets those in
-//! flight finish; a task it never finishes is delivered to another worker
-//! once its lease runs out.
+//! every one of them is reported (`lease`). A cancel broadcast cancels
+//! the group's siblings in flight strictly. On the first Ctrl-C or
+//! SIGTERM it takes no new task and lets those in flight finish; a
+//! message it never finishes is delivered to another worker once its
+//! lease runs out, which runs only the tasks of it not reported.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
