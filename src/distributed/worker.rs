@@ -34,7 +34,7 @@ pub use super::intake::{Served, WorkerConfig};
 use super::lease::Lease;
 use super::nats::{Nats, NatsError};
 use super::outbox::Outbox;
-use super::taking::{Delivered, Expected, Held, offers, still_to_run};
+use super::taking::{Delivered, Expected, Held, Past, offers, still_to_run};
 use super::wire::{CANCEL_ALL, Cancel, EventLine, Report, Task, decode_tasks};
 use crate::definition::StageKind;
 use crate::runtime::cancel::CancelScope;
@@ -191,6 +191,15 @@ pub async fn serve(
     // Take tasks while there is room and no drain.
     let mut accepting = tokio::task::JoinSet::new();
     let held = Arc::new(Held::default());
+    let taker = Taker {
+        nats: nats.clone(),
+        config: config.clone(),
+        buckets: Arc::clone(&buckets),
+        outbox: outbox.clone(),
+        host: host.clone(),
+        slots: Arc::clone(&slots),
+        held: Arc::clone(&held),
+    };
     let mut expected = Expected::default();
     loop {
         if *drain.borrow() {
@@ -257,76 +266,36 @@ pub async fn serve(
                 sequence,
                 pending,
             };
-            let max = config.max_siblings.max(1);
+            let room = config.max_siblings.max(1).saturating_sub(held.count());
             if delivered > 1 {
                 // Delivered again (a worker was lost): first what earlier
                 // deliveries put back on the queue or reported is left
                 // out, off this loop; the slots it may need go with it.
                 let n = message.tasks.len().min(permits.len());
                 let mut mine: Vec<_> = permits.drain(..n).collect();
-                let (nats, config, buckets, outbox, host, held, slots) = (
-                    nats.clone(),
-                    config.clone(),
-                    Arc::clone(&buckets),
-                    outbox.clone(),
-                    host.clone(),
-                    Arc::clone(&held),
-                    Arc::clone(&slots),
-                );
+                let taker = taker.clone();
                 accepting.spawn_local(async move {
-                    let tasks =
-                        still_to_run(&buckets.groups, message.tasks, sequence, delivered).await;
+                    let groups = &taker.buckets.groups;
+                    let tasks = still_to_run(groups, message.tasks, sequence, delivered).await;
                     if tasks.is_empty() {
-                        let _ = nats.client.publish(message.reply, "+ACK".into()).await;
+                        let _ = taker
+                            .nats
+                            .client
+                            .publish(message.reply, "+ACK".into())
+                            .await;
                         return;
                     }
                     let message = Delivered { tasks, ..message };
-                    let room = max.saturating_sub(held.count());
-                    let (mut offers, past) =
-                        offers(&nats, &buckets, message, &mut mine, &held, room);
+                    let (offers, past) = taker.offers(message, &mut mine, room);
                     drop(mine);
-                    let mut requeue = None;
-                    if let Some(past) = past {
-                        let (more, rest) = past.hold(&nats, &buckets, &slots).await;
-                        offers.extend(more);
-                        requeue = rest;
-                    }
-                    let accept = async {
-                        let intakes = accept_all(&config, &buckets, &outbox, offers).await;
-                        start_all(&host, intakes);
-                    };
-                    match requeue {
-                        Some(requeue) => drop(futures::future::join(accept, requeue).await),
-                        None => accept.await,
-                    }
+                    taker.take(offers, past).await;
                 });
                 continue;
             }
-            let room = max.saturating_sub(held.count());
-            let (taken, past) = offers(&nats, &buckets, message, &mut permits, &held, room);
+            let (taken, past) = taker.offers(message, &mut permits, room);
             offers_of_fetch.extend(taken);
             if let Some(past) = past {
-                let (nats, config, buckets, outbox, host, slots) = (
-                    nats.clone(),
-                    config.clone(),
-                    Arc::clone(&buckets),
-                    outbox.clone(),
-                    host.clone(),
-                    Arc::clone(&slots),
-                );
-                accepting.spawn_local(async move {
-                    let (offers, requeue) = past.hold(&nats, &buckets, &slots).await;
-                    let accept = async {
-                        if !offers.is_empty() {
-                            let intakes = accept_all(&config, &buckets, &outbox, offers).await;
-                            start_all(&host, intakes);
-                        }
-                    };
-                    match requeue {
-                        Some(requeue) => drop(futures::future::join(accept, requeue).await),
-                        None => accept.await,
-                    }
-                });
+                accepting.spawn_local(taker.clone().take(Vec::new(), Some(past)));
             }
         }
         expected.saw(largest);
@@ -343,15 +312,8 @@ pub async fn serve(
             by_group.entry(key).or_default().push(offer);
         }
         for offers in by_group.into_values() {
-            let (config, buckets, outbox, host) = (
-                config.clone(),
-                Arc::clone(&buckets),
-                outbox.clone(),
-                host.clone(),
-            );
-            accepting.spawn_local(async move {
-                start_all(&host, accept_all(&config, &buckets, &outbox, offers).await);
-            });
+            let taker = taker.clone();
+            accepting.spawn_local(async move { taker.accept(offers).await });
         }
         while accepting.try_join_next().is_some() {}
     }
@@ -372,6 +334,64 @@ pub async fn serve(
     nats.flush().await;
     let summary = summary.lock().map(|s| *s).unwrap_or_default();
     Ok(summary)
+}
+
+/// What the fetch loop's tasks share to take what it was delivered.
+#[derive(Clone)]
+struct Taker {
+    nats: Nats,
+    config: WorkerConfig,
+    buckets: Arc<Buckets>,
+    outbox: Outbox,
+    host: Addr<WorkerHost>,
+    slots: Arc<Semaphore>,
+    held: Arc<Held>,
+}
+
+impl Taker {
+    /// A delivered message's tasks: offers for the free slots of
+    /// `permits`, and those past them (see [`offers`]).
+    fn offers(
+        &self,
+        message: Delivered,
+        permits: &mut Vec<tokio::sync::OwnedSemaphorePermit>,
+        room: usize,
+    ) -> (Vec<Offer>, Option<Past>) {
+        offers(
+            &self.nats,
+            &self.buckets,
+            message,
+            permits,
+            &self.held,
+            room,
+        )
+    }
+
+    /// Accepts `offers` now, and those of `past` that get a slot while it
+    /// is held; what does not goes back on the queue meanwhile.
+    async fn take(self, offers: Vec<Offer>, past: Option<Past>) {
+        let later = async {
+            let Some(past) = past else {
+                return;
+            };
+            let (more, requeue) = past.hold(&self.nats, &self.buckets, &self.slots).await;
+            match requeue {
+                Some(requeue) => drop(futures::future::join(self.accept(more), requeue).await),
+                None => self.accept(more).await,
+            }
+        };
+        futures::future::join(self.accept(offers), later).await;
+    }
+
+    /// Accepts tasks taken together (see [`accept_all`]) and starts those
+    /// to run.
+    async fn accept(&self, offers: Vec<Offer>) {
+        if offers.is_empty() {
+            return;
+        }
+        let intakes = accept_all(&self.config, &self.buckets, &self.outbox, offers).await;
+        start_all(&self.host, intakes);
+    }
 }
 
 /// Hands what intake decided to the host: the tasks to start, the
