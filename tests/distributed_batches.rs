@@ -146,6 +146,70 @@ fn a_message_an_older_worker_cannot_read_fails_its_siblings_instead_of_waiting()
     }
 }
 
+/// A message no worker finishes: delivered as often as the consumer
+/// allows (five times), each time handed back. The coordinator hears the
+/// consumer's advisory and fails the message's siblings with
+/// `Distributed/TaskAbandoned` rather than wait for them.
+#[test]
+fn a_message_delivered_as_often_as_allowed_fails_its_siblings() {
+    use async_nats::jetstream::AckKind;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let fixture = pipeline("true", None);
+    let project = Project::new();
+    let coordinator = Background::start(project.run(fixture.path(), &server.url()).args([
+        "--ctx",
+        "width=6",
+        "--parallel-cap",
+        "6",
+        "--json",
+    ]));
+    // A worker that hands back every message it is delivered, until the
+    // run is over.
+    let over = std::sync::Arc::new(AtomicBool::new(false));
+    let handing_back = {
+        let (args, over) = (nats_args(&server.url()), std::sync::Arc::clone(&over));
+        std::thread::spawn(move || {
+            actix::System::new().block_on(async move {
+                let nats = args.connect("hands back").await.unwrap();
+                let consumer = nats.workers_consumer().await.unwrap();
+                let mut handed = 0;
+                while !over.load(Ordering::Acquire) {
+                    let mut batch = consumer
+                        .fetch()
+                        .max_messages(16)
+                        .expires(Duration::from_millis(200))
+                        .messages()
+                        .await
+                        .unwrap();
+                    while let Some(Ok(msg)) = batch.next().await {
+                        msg.ack_with(AckKind::Nak(None)).await.unwrap();
+                        handed += 1;
+                    }
+                }
+                handed
+            })
+        })
+    };
+    let (status, out) = coordinator.finish();
+    over.store(true, Ordering::Release);
+    let handed = handing_back.join().unwrap();
+    assert!(handed >= 5, "delivered {handed} times");
+    assert_eq!(status.code(), Some(1), "{out}");
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let events = audit(&s);
+    let failed: Vec<&str> = named(&events, "StageExited")
+        .filter(|e| is_sibling(e) && e["verdict"] == "fail")
+        .map(|e| e["reason"].as_str().unwrap())
+        .collect();
+    assert!(!failed.is_empty(), "no sibling failed");
+    for reason in failed {
+        assert!(reason.starts_with("Distributed/TaskAbandoned"), "{reason}");
+    }
+}
+
 /// Every message the task stream has stored so far.
 fn task_messages(url: &str) -> u64 {
     let args = nats_args(url);
