@@ -332,12 +332,12 @@ fn a_message_is_answered_once_when_its_last_task_is_settled() {
 
 /// A message of four tasks to a worker with one free slot: one task
 /// takes it; with other messages in the queue (the cluster is busy) the
-/// other three are held for this worker's slots for a moment: one gets
-/// the slot that frees, and the two still waiting then go back on the
-/// queue as one message, their ids written down for the message's next
-/// delivery.
+/// other three are held for this worker's slots: one gets the slot that
+/// frees, and when the worker drains the two still waiting go back on
+/// the queue as one message, their ids written down for the message's
+/// next delivery.
 #[test]
-fn a_busy_worker_holds_what_its_slots_cannot_take_a_moment_then_puts_it_back() {
+fn a_busy_worker_holds_what_its_slots_cannot_take_and_puts_it_back_on_a_drain() {
     use std::sync::Arc;
     use troupe::distributed::intake::Buckets;
     use troupe::distributed::taking::{Delivered, Held, Records, offers, still_to_run};
@@ -367,17 +367,26 @@ fn a_busy_worker_holds_what_its_slots_cannot_take_a_moment_then_puts_it_back() {
             reply: "hold.reply".into(),
             delivered: 1,
             sequence: 41,
-            pending: 3,
+            busy: true,
         };
         let (taken, past) = offers(&nats, &buckets, message, &mut permits, &held, 16);
         assert_eq!(taken.len(), 1);
         assert!(taken[0].permit.is_some());
         assert_eq!(held.count(), 3, "three held for a slot");
-        // The slot the test held frees while they wait.
+        // The slot the test held frees; once one held task has it, the
+        // worker drains, and the two still waiting go back at once.
         drop(busy);
-        let (more, requeue) = past.unwrap().hold(&nats, &buckets, &slots).await;
+        let (drain, drained) = tokio::sync::watch::channel(false);
+        let hold = past.unwrap().hold(&nats, &buckets, &slots, drained);
+        let drain_once_one_has_a_slot = async {
+            while held.count() > 2 {
+                tokio::task::yield_now().await;
+            }
+            drain.send(true).unwrap();
+        };
+        let ((more, requeue), ()) = futures::join!(hold, drain_once_one_has_a_slot);
         assert_eq!(more.len(), 1, "one got the slot that freed");
-        assert_eq!(held.count(), 0, "none held once the moment passed");
+        assert_eq!(held.count(), 0, "none held after the drain");
         requeue.expect("two to put back").await;
 
         // They went back as one message on their group's subject.

@@ -114,6 +114,7 @@ impl ExecutorFactory for RemoteSiblings {
                     committing: FastMap::default(),
                     by_sequence: FastMap::default(),
                     pending: Vec::new(),
+                    unknown: FastMap::default(),
                     publishers: helpers.clone(),
                 };
                 actix::spawn(coordinator.run(rx, helpers, stop));
@@ -221,7 +222,11 @@ enum Cmd {
     GiveUp { turn: u64 },
     /// The siblings of a message no worker will finish, but those a
     /// worker put back on the queue or reported, and why they fail.
-    Abandoned(Vec<publishing::Lost>, &'static str),
+    Abandoned(Vec<publishing::Lost>, String),
+    /// A message no worker will finish that could not be read: one this
+    /// loop published (its `Queued` may not have come yet), or nothing
+    /// known.
+    Unknown(u64, String),
 }
 
 struct Coordinator {
@@ -241,8 +246,19 @@ struct Coordinator {
     /// Siblings spawned and not yet published: those the scheduler
     /// spawned together are published together (`take_waiting`).
     pending: Vec<Pending>,
+    /// Messages no worker will finish that were not known when the
+    /// advisory came, with why their siblings fail.
+    unknown: FastMap<u64, String>,
     /// Where tasks are serialized and published, off this loop's thread.
     publishers: Helpers,
+}
+
+/// A sibling whose task the server removed while a worker held it (its
+/// stream's limits, an operator), with the server's reason.
+pub(super) fn dropped(reason: &str) -> String {
+    format!(
+        "Distributed/TaskDropped: the server removed the task's message while a worker held it ({reason})"
+    )
 }
 
 /// A sibling whose task no worker finished.
@@ -323,12 +339,8 @@ impl Coordinator {
                     }
                 },
                 Some(advisory) = advisories.next() => {
-                    let why = if advisory.subject.contains(".MSG_TERMINATED.") {
-                        UNREADABLE
-                    } else {
-                        ABANDONED
-                    };
-                    self.abandoned(&advisory.payload, why);
+                    let dropped = advisory.subject.contains(".MSG_TERMINATED.");
+                    self.abandoned(&advisory.payload, dropped);
                 }
             }
         }
@@ -426,9 +438,12 @@ impl Coordinator {
                 for (count, outcome) in outcomes {
                     let message: Vec<ExecKey> = execs.by_ref().take(count).collect();
                     match outcome {
-                        Ok(sequence) => {
-                            self.by_sequence.insert(sequence, message);
-                        }
+                        Ok(sequence) => match self.unknown.remove(&sequence) {
+                            // Its worker gave it up before this loop heard
+                            // it was stored.
+                            Some(why) => self.fail_message(message, &why),
+                            None => drop(self.by_sequence.insert(sequence, message)),
+                        },
                         // A cancelled group's barrier settles them.
                         Err(_) if self.groups.get(&turn).is_some_and(Group::is_cancelled) => {}
                         Err(reason) => {
@@ -441,6 +456,15 @@ impl Coordinator {
             }
             Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
             Cmd::Committed(id, stored) => self.committed(&id, stored).await,
+            Cmd::Unknown(seq, why) => match self.by_sequence.remove(&seq) {
+                Some(execs) => self.fail_message(execs, &why),
+                None => {
+                    // Bounded: other runs' messages come here too.
+                    if self.unknown.len() < 10_000 {
+                        self.unknown.insert(seq, why);
+                    }
+                }
+            },
             Cmd::Abandoned(lost, why) => {
                 for (turn, unit, id) in lost {
                     // A cancelled group's siblings are settled by its cancel.
@@ -456,7 +480,7 @@ impl Coordinator {
                         .and_then(|u| u.exec.clone())
                         .filter(|exec| *exec.id == *id);
                     if let Some(exec) = exec {
-                        self.fail_unit(exec, why.to_owned());
+                        self.fail_unit(exec, why.clone());
                     }
                 }
             }

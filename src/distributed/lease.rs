@@ -46,26 +46,36 @@ pub struct Lease {
 #[derive(Debug)]
 struct Reported {
     ids: Mutex<Vec<String>>,
-    /// How many of `ids` the key holds.
-    written: AtomicUsize,
+    /// How many of `ids` the key holds; held while a write is under way,
+    /// so that writes go one at a time and an older list never lands
+    /// after a newer one.
+    written: tokio::sync::Mutex<usize>,
     record: Option<(kv::Store, String)>,
 }
 
 impl Reported {
-    /// Writes the ids down if more were reported since they last were.
-    async fn write(&self) {
+    /// Writes the ids down if more were reported since they last were,
+    /// trying for at most `within`. `true` once the key holds them all.
+    async fn write(&self, within: Duration) -> bool {
         let Some((bucket, key)) = &self.record else {
-            return;
+            return true;
         };
-        let ids = self.ids.lock().map(|ids| ids.clone()).unwrap_or_default();
-        if ids.len() <= self.written.load(Ordering::Acquire) {
-            return;
-        }
-        if let Ok(body) = serde_json::to_vec(&ids)
-            && bucket.put(key.as_str(), body.into()).await.is_ok()
-        {
-            self.written.fetch_max(ids.len(), Ordering::AcqRel);
-        }
+        let wrote = tokio::time::timeout(within, async {
+            let mut written = self.written.lock().await;
+            let ids = self.ids.lock().map(|ids| ids.clone()).unwrap_or_default();
+            if ids.len() <= *written {
+                return true;
+            }
+            let Ok(body) = serde_json::to_vec(&ids) else {
+                return false;
+            };
+            let stored = bucket.put(key.as_str(), body.into()).await.is_ok();
+            if stored {
+                *written = ids.len();
+            }
+            stored
+        });
+        wrote.await.unwrap_or(false)
     }
 }
 
@@ -85,7 +95,7 @@ impl Lease {
         let alive = CancellationToken::new();
         let reported = Arc::new(Reported {
             ids: Mutex::default(),
-            written: AtomicUsize::new(0),
+            written: tokio::sync::Mutex::new(0),
             record,
         });
         {
@@ -100,7 +110,9 @@ impl Lease {
                         () = alive.cancelled() => return,
                         () = tokio::time::sleep(every) => {
                             let _ = client.publish(reply.clone(), "+WPI".into()).await;
-                            reported.write().await;
+                            // Bounded: a stalled write must not hold back
+                            // the next renewal.
+                            reported.write(every / 2).await;
                         }
                     }
                 }
@@ -152,11 +164,21 @@ impl Lease {
         if !last {
             return;
         }
-        self.alive.cancel();
         let answer = if self.hand_back.load(Ordering::Acquire) {
-            self.reported.write().await;
-            async_nats::jetstream::AckKind::Nak(Some(hand_back_delay(self.delivered))).into()
+            // Written down before the hand-back (renewed meanwhile): NATS
+            // failing is why a message is handed back, so the write is
+            // tried again for a while; without it the next delivery runs
+            // the reported tasks again.
+            let delay = hand_back_delay(self.delivered);
+            for _ in 0..3 {
+                if self.reported.write(delay).await {
+                    break;
+                }
+            }
+            self.alive.cancel();
+            async_nats::jetstream::AckKind::Nak(Some(delay)).into()
         } else {
+            self.alive.cancel();
             "+ACK".into()
         };
         let _ = self.client.publish(self.reply.clone(), answer).await;

@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -26,8 +25,9 @@ pub struct Delivered {
     pub delivered: u64,
     /// Its sequence in the task stream.
     pub sequence: u64,
-    /// Messages the worker's consumer held besides it when it came.
-    pub pending: u64,
+    /// The queue held more messages once the worker's fetch was served:
+    /// the cluster is busy (see [`offers`]).
+    pub busy: bool,
 }
 
 /// How many messages to ask for: the free slots over the tasks a message
@@ -47,9 +47,14 @@ impl Default for Expected {
 }
 
 impl Expected {
-    /// Messages to ask for with `free` slots.
+    /// Messages to ask for with `free` slots: what they take at the
+    /// expected size, but never more than three past what they take
+    /// were every message full, so that a wide start published after a
+    /// run of lone tasks is not one worker's alone.
     pub fn messages(&self, free: usize) -> usize {
-        (free / self.0.max(1)).max(1)
+        (free / self.0.max(1))
+            .min(free / TASKS_PER_MESSAGE + 3)
+            .max(1)
     }
 
     /// A fetch brought messages of at most `largest` tasks; none (0): the
@@ -123,6 +128,14 @@ impl Records {
         format!("{run}.{turn}.{kind}.{sequence}.{delivered}")
     }
 
+    /// `<run>.carries.<sequence>`: the siblings (group, unit, execution
+    /// id) of the message a worker put back on the queue at `sequence`,
+    /// for a coordinator that hears it was dropped once the stream no
+    /// longer holds it.
+    pub fn carries(run: &str, sequence: u64) -> String {
+        format!("{run}.carries.{sequence}")
+    }
+
     /// The ids written down for the message at `sequence` (of group
     /// `turn` of run `run`) at its deliveries before `delivered`. A key
     /// that cannot be read counts as none (its tasks may run twice).
@@ -151,14 +164,6 @@ impl Records {
     }
 }
 
-/// How long tasks past a message's free slots are held for a slot of
-/// this worker before they are put back on the queue. The queue held
-/// other messages when they came, so the cluster is likely busy and they
-/// would wait anyway; put back, each would cost the server a message and
-/// a key more every time a slot frees, one sibling at a time. Held longer,
-/// a task could wait for this worker while another has a slot free.
-pub const HOLD_FOR: Duration = Duration::from_millis(20);
-
 /// The tasks of a message past its free slots (see [`offers`]).
 #[derive(Debug)]
 pub struct Past {
@@ -170,14 +175,20 @@ pub struct Past {
 }
 
 impl Past {
-    /// Offers for those held that got a slot of `slots` within
-    /// [`HOLD_FOR`], and a future putting back on the queue the rest
-    /// ([`requeue`]), for the caller to run.
+    /// Offers for those held that got a slot of `slots` within a third of
+    /// the lease (renewed meanwhile), and a future putting back on the
+    /// queue the rest ([`requeue`]), for the caller to run. The queue held
+    /// other messages when they came, so the cluster is busy and they
+    /// would wait anyway; put back, each would cost the server a message
+    /// and a key more every time a slot frees, one sibling at a time. Held
+    /// longer, a task could wait here while another worker has a slot
+    /// free. A drain (`drain` set) puts back at once what has no slot.
     pub async fn hold(
         self,
         nats: &Nats,
         buckets: &Arc<Buckets>,
         slots: &Arc<Semaphore>,
+        mut drain: tokio::sync::watch::Receiver<bool>,
     ) -> (Vec<Offer>, Option<impl Future<Output = ()> + use<>>) {
         let Past {
             tasks,
@@ -187,9 +198,15 @@ impl Past {
         } = self;
         let mut tasks = tasks.into_iter();
         let mut offers = Vec::new();
-        let deadline = tokio::time::Instant::now() + HOLD_FOR;
+        let deadline = tokio::time::Instant::now() + nats.lease / 3;
         while let Some(held) = waiting.pop() {
-            let slot = tokio::time::timeout_at(deadline, Arc::clone(slots).acquire_owned()).await;
+            if *drain.borrow() {
+                break;
+            }
+            let slot = tokio::select! {
+                slot = tokio::time::timeout_at(deadline, Arc::clone(slots).acquire_owned()) => slot,
+                _ = drain.changed() => break,
+            };
             let Ok(Ok(permit)) = slot else {
                 break;
             };
@@ -233,7 +250,7 @@ pub fn offers(
         reply,
         delivered,
         sequence,
-        pending,
+        busy,
     } = message;
     let record = tasks.first().map(|first| {
         let key = Records::key(first, "reported", sequence, delivered);
@@ -253,7 +270,7 @@ pub fn offers(
     if past.is_empty() {
         return (offers, None);
     }
-    let hold = if pending > 0 { past.len().min(room) } else { 0 };
+    let hold = if busy { past.len().min(room) } else { 0 };
     let waiting = (0..hold).map(|_| Waiting::new(held)).collect();
     let past = Past {
         tasks: past,
@@ -270,7 +287,9 @@ pub fn offers(
 /// [`Expected`]), so this is the last message of a fetch, when fewer
 /// slots were free than it holds and the queue had nothing else.
 ///
-/// Their ids are then written down ([`Records`]): should this worker die
+/// What the new message carries is written down under its own sequence
+/// ([`Records::carries`]), for a coordinator told it was dropped. Their
+/// ids are then written down ([`Records`]): should this worker die
 /// holding the message, its next delivery leaves them to the message they
 /// now travel in instead of running them twice. (Written after the
 /// publish: a record of tasks that were never put back would lose them; a
@@ -305,11 +324,19 @@ pub async fn requeue(
             let body = encode_tasks(&bodies);
             publish_acked(&nats.js, subject, headers, body.into(), None)
                 .await
-                .is_ok()
+                .ok()
         }
-        Err(_) => false,
+        Err(_) => None,
     };
-    if stored {
+    if let Some(new) = stored {
+        let carried: Vec<(u64, usize, &str)> = tasks
+            .iter()
+            .map(|t| (t.turn, t.unit, t.stage_execution_id.as_str()))
+            .collect();
+        if let Ok(record) = serde_json::to_vec(&carried) {
+            let key = Records::carries(&first.run_id, new);
+            let _ = buckets.groups.put(key, record.into()).await;
+        }
         let ids: Vec<&str> = tasks
             .iter()
             .map(|t| t.stage_execution_id.as_str())
@@ -319,7 +346,7 @@ pub async fn requeue(
             let _ = buckets.groups.put(key, record.into()).await;
         }
     }
-    lease.settle_many(tasks.len(), stored).await;
+    lease.settle_many(tasks.len(), stored.is_some()).await;
 }
 
 /// The tasks of a message delivered again (`delivered` above 1) less
@@ -358,7 +385,12 @@ mod tests {
             expected.saw(1);
             asked.push(expected.messages(16));
         }
-        assert_eq!(asked, [2, 4, 8, 16, 16]);
+        assert_eq!(
+            asked,
+            [2, 4, 4, 4, 4],
+            "at most three past a full message's"
+        );
+        assert_eq!(expected.messages(94), 8, "94 / 16 + 3, not 94");
         expected.saw(0);
         assert_eq!(expected.messages(94), 5, "after an empty queue, the most");
         expected.saw(16);

@@ -199,6 +199,7 @@ pub async fn serve(
         host: host.clone(),
         slots: Arc::clone(&slots),
         held: Arc::clone(&held),
+        drain: drain.clone(),
     };
     let mut expected = Expected::default();
     loop {
@@ -240,33 +241,42 @@ pub async fn serve(
                 continue;
             }
         };
-        let mut offers_of_fetch = Vec::with_capacity(permits.len());
-        let mut largest = 0;
+        // The fetch's messages first: the last one's count of what the
+        // queue still holds says whether the cluster is busy.
+        let mut fetched = Vec::new();
         while let Some(msg) = batch.next().await {
             let Ok(msg) = msg else { continue };
-            let (delivered, sequence, pending) = msg.info().map_or((1, 0, 0), |i| {
-                (i.delivered.max(1) as u64, i.stream_sequence, i.pending)
-            });
             let Some(reply) = msg.reply.clone() else {
                 continue;
             };
-            let tasks: Vec<Task> = match decode_tasks(&msg.payload) {
-                Ok(tasks) => tasks,
-                Err(_) => {
-                    // Not tasks: never deliver it again.
-                    let _ = nats.client.publish(reply, "+TERM".into()).await;
-                    continue;
-                }
+            let Ok(info) = msg
+                .info()
+                .map(|i| (i.delivered, i.stream_sequence, i.pending))
+            else {
+                // Its delivery cannot be told: let it come again.
+                let _ = nats.client.publish(reply, "-NAK".into()).await;
+                continue;
             };
-            largest = largest.max(tasks.len());
+            match decode_tasks(&msg.payload) {
+                Ok(tasks) => fetched.push((tasks, reply, info)),
+                // Not tasks: never deliver it again.
+                Err(_) => drop(nats.client.publish(reply, "+TERM".into()).await),
+            }
+        }
+        let busy = fetched
+            .last()
+            .is_some_and(|(_, _, (_, _, pending))| *pending > 0);
+        let largest = fetched.iter().map(|(tasks, _, _)| tasks.len()).max();
+        let mut offers_of_fetch = Vec::with_capacity(permits.len());
+        for (tasks, reply, (delivered, sequence, _)) in fetched {
+            let delivered = delivered.max(1) as u64;
             let message = Delivered {
                 tasks,
                 reply,
                 delivered,
                 sequence,
-                pending,
+                busy,
             };
-            let room = config.max_siblings.max(1).saturating_sub(held.count());
             if delivered > 1 {
                 // Delivered again (a worker was lost): first what earlier
                 // deliveries put back on the queue or reported is left
@@ -278,27 +288,24 @@ pub async fn serve(
                     let groups = &taker.buckets.groups;
                     let tasks = still_to_run(groups, message.tasks, sequence, delivered).await;
                     if tasks.is_empty() {
-                        let _ = taker
-                            .nats
-                            .client
-                            .publish(message.reply, "+ACK".into())
-                            .await;
+                        let reply = message.reply;
+                        let _ = taker.nats.client.publish(reply, "+ACK".into()).await;
                         return;
                     }
                     let message = Delivered { tasks, ..message };
-                    let (offers, past) = taker.offers(message, &mut mine, room);
+                    let (offers, past) = taker.offers(message, &mut mine);
                     drop(mine);
                     taker.take(offers, past).await;
                 });
                 continue;
             }
-            let (taken, past) = taker.offers(message, &mut permits, room);
+            let (taken, past) = taker.offers(message, &mut permits);
             offers_of_fetch.extend(taken);
             if let Some(past) = past {
                 accepting.spawn_local(taker.clone().take(Vec::new(), Some(past)));
             }
         }
-        expected.saw(largest);
+        expected.saw(largest.unwrap_or(0));
         // Slots the fetch did not fill are free again.
         drop(permits);
         // Accepting takes round trips to the server (the reports, the
@@ -346,17 +353,24 @@ struct Taker {
     host: Addr<WorkerHost>,
     slots: Arc<Semaphore>,
     held: Arc<Held>,
+    /// Set when the worker drains: held tasks go back on the queue.
+    drain: watch::Receiver<bool>,
 }
 
 impl Taker {
     /// A delivered message's tasks: offers for the free slots of
-    /// `permits`, and those past them (see [`offers`]).
+    /// `permits`, and those past them (see [`offers`]), held while no
+    /// more than `max_siblings` are.
     fn offers(
         &self,
         message: Delivered,
         permits: &mut Vec<tokio::sync::OwnedSemaphorePermit>,
-        room: usize,
     ) -> (Vec<Offer>, Option<Past>) {
+        let room = self
+            .config
+            .max_siblings
+            .max(1)
+            .saturating_sub(self.held.count());
         offers(
             &self.nats,
             &self.buckets,
@@ -367,14 +381,16 @@ impl Taker {
         )
     }
 
-    /// Accepts `offers` now, and those of `past` that get a slot while it
-    /// is held; what does not goes back on the queue meanwhile.
+    /// Accepts `offers` now, and then those of `past` that got a slot
+    /// while they were held; what did not goes back on the queue.
     async fn take(self, offers: Vec<Offer>, past: Option<Past>) {
         let later = async {
             let Some(past) = past else {
                 return;
             };
-            let (more, requeue) = past.hold(&self.nats, &self.buckets, &self.slots).await;
+            let (more, requeue) = past
+                .hold(&self.nats, &self.buckets, &self.slots, self.drain.clone())
+                .await;
             match requeue {
                 Some(requeue) => drop(futures::future::join(self.accept(more), requeue).await),
                 None => self.accept(more).await,
@@ -553,6 +569,15 @@ impl WorkerHost {
             StageKind::Llm(def) => def.name.as_str().into(),
             _ => stage.id.as_str().into(),
         };
+        if self
+            .in_flight
+            .contains_key(task.stage_execution_id.as_str())
+        {
+            // Already running here, from another message (one put back
+            // whose record was lost): that run's report answers for both.
+            actix::spawn(async move { lease.settle(&task.stage_execution_id, true).await });
+            return;
+        }
         let id: Arc<str> = Arc::from(task.stage_execution_id.as_str());
         let stage_id: Arc<str> = Arc::from(task.stage_id.as_str());
         let context = Arc::new(StageContext {

@@ -15,7 +15,7 @@ use super::super::groups::Group;
 use super::super::nats::publish_acked;
 use super::super::taking::Records;
 use super::super::wire::{TASKS_PER_MESSAGE, Task, decode_tasks, encode_tasks, task_subject};
-use super::{Cmd, Coordinator, decoding, unreachable};
+use super::{ABANDONED, Cmd, Coordinator, UNREADABLE, decoding, unreachable};
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::scheduler::{ExecKey, Slot, StageOutcome, ToScheduler};
 
@@ -236,60 +236,39 @@ impl Coordinator {
         });
     }
 
-    /// The advisory of a message no worker will finish (delivered as
-    /// often as the consumer allows, or dropped by a worker that could
-    /// not read it): its siblings that did not end fail, `why`, but those
-    /// a worker put back on the queue from it (they travel on in another
-    /// message) or reported.
-    pub(super) fn abandoned(&mut self, payload: &[u8], why: &'static str) {
+    /// The advisory of a message no worker will finish: delivered as
+    /// often as the consumer allows, or `dropped` (terminated) by a
+    /// worker that could not read it or, with a reason, by the server (a
+    /// message removed while a worker held it). Its siblings that did not
+    /// end fail, but those a worker put back on the queue from it (they
+    /// travel on in another message) or reported; those of a cancelled
+    /// group are its cancel's to settle.
+    pub(super) fn abandoned(&mut self, payload: &[u8], dropped: bool) {
         let advisory = serde_json::from_slice::<Value>(payload).unwrap_or_default();
         let Some(seq) = advisory["stream_seq"].as_u64() else {
             return;
         };
-        // The server terminates too, with a reason: a message purged while
-        // a worker held it (a cancelled group's), whose siblings the
-        // cancel settles. A worker that could not read one gives none.
-        if advisory["reason"].as_str().is_some_and(|r| !r.is_empty()) {
-            return;
-        }
         let deliveries = advisory["deliveries"].as_u64().unwrap_or(5);
-        let known: Option<Vec<Lost>> = self.by_sequence.remove(&seq).map(|execs| {
-            execs
-                .into_iter()
-                .filter_map(|e| match e.slot {
-                    Slot::Unit(unit) => Some((e.turn, unit, e.id.to_string())),
-                    _ => None,
-                })
-                .collect()
-        });
+        let reason = advisory["reason"].as_str().unwrap_or_default();
+        let why = match (dropped, reason.is_empty()) {
+            (false, _) => ABANDONED.to_owned(),
+            (true, true) => UNREADABLE.to_owned(),
+            (true, false) => super::dropped(reason),
+        };
+        let known: Option<Vec<Lost>> = self.by_sequence.remove(&seq).map(lost_of);
         let (nats, tx, run) = (
             self.spec.nats.clone(),
             self.tx.clone(),
             self.spec.run_id.clone(),
         );
         actix::spawn(async move {
-            let mut lost = match known {
-                Some(lost) => lost,
-                // Not published here: a worker's `requeue`, or another
-                // run's. A message past its deliveries stays in the
-                // stream (only an ack takes one off a work queue); one a
-                // worker dropped is gone, and nothing is known of it.
-                None => {
-                    let Ok(stream) = nats.tasks().await else {
-                        return;
-                    };
-                    let Ok(message) = stream.get_raw_message(seq).await else {
-                        return;
-                    };
-                    let Ok(tasks) = decode_tasks(&message.payload) else {
-                        return;
-                    };
-                    tasks
-                        .into_iter()
-                        .filter(|t| t.run_id == run)
-                        .map(|t| (t.turn, t.unit, t.stage_execution_id))
-                        .collect()
-                }
+            let lost = match known {
+                Some(lost) => Some(lost),
+                None => carried(&nats, &run, seq).await,
+            };
+            let Some(mut lost) = lost else {
+                let _ = tx.send(Cmd::Unknown(seq, why));
+                return;
             };
             let Some(&(turn, _, _)) = lost.first() else {
                 return;
@@ -303,6 +282,55 @@ impl Coordinator {
             }
         });
     }
+
+    /// Every sibling of a message no worker will finish fails, `why`,
+    /// but those of a cancelled group.
+    pub(super) fn fail_message(&mut self, execs: Vec<ExecKey>, why: &str) {
+        for exec in execs {
+            if self.groups.get(&exec.turn).is_none_or(Group::is_cancelled) {
+                continue;
+            }
+            self.fail_unit(exec, why.to_owned());
+        }
+    }
+}
+
+/// The siblings of a message this loop published.
+fn lost_of(execs: Vec<ExecKey>) -> Vec<Lost> {
+    execs
+        .into_iter()
+        .filter_map(|e| match e.slot {
+            Slot::Unit(unit) => Some((e.turn, unit, e.id.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The siblings of run `run` in a message this loop did not publish (a
+/// worker's put-back, or another run's): from the stream while it holds
+/// the message (one past its deliveries stays: only an ack takes a message
+/// off a work queue), else from what the worker that put them back wrote
+/// down (`taking::Records::carries`). `None`: nothing is known of it.
+async fn carried(nats: &super::super::nats::Nats, run: &str, seq: u64) -> Option<Vec<Lost>> {
+    let tasks = match nats.tasks().await {
+        Ok(stream) => match stream.get_raw_message(seq).await {
+            Ok(message) => decode_tasks(&message.payload).ok(),
+            Err(_) => None,
+        },
+        Err(_) => None,
+    };
+    if let Some(tasks) = tasks {
+        return Some(
+            tasks
+                .into_iter()
+                .filter(|t| t.run_id == run)
+                .map(|t| (t.turn, t.unit, t.stage_execution_id))
+                .collect(),
+        );
+    }
+    let groups = nats.groups().await.ok()?;
+    let record = groups.get(Records::carries(run, seq)).await.ok()??;
+    serde_json::from_slice(&record).ok()
 }
 
 /// A sibling of a message no worker will finish: its group, unit and
