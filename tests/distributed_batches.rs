@@ -89,59 +89,11 @@ fn a_worker_takes_what_its_slots_can_run_and_puts_the_rest_back() {
 #[test]
 fn a_message_an_older_worker_cannot_read_fails_its_siblings_instead_of_waiting() {
     use async_nats::jetstream::AckKind;
-    use troupe::distributed::wire::Task;
 
     let Some(bin) = nats_server() else { return };
-    let server = Server::start(&bin);
-    let fixture = pipeline("true", None);
-    let project = Project::new();
-    let coordinator = Background::start(project.run(fixture.path(), &server.url()).args([
-        "--ctx",
-        "width=8",
-        "--parallel-cap",
-        "8",
-        "--json",
-    ]));
-    // The older worker, on the workers' shared consumer: it drops every
-    // message (one it could read it would run; this one runs nothing),
-    // until it has dropped one it could not read.
-    let args = nats_args(&server.url());
-    let unreadable = actix::System::new().block_on(async move {
-        let nats = args.connect("older worker").await.unwrap();
-        let consumer = nats.workers_consumer().await.unwrap();
-        let deadline = tokio::time::Instant::now() + WAIT;
-        let mut unreadable = 0;
-        while unreadable == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "no task came");
-            let mut batch = consumer
-                .fetch()
-                .max_messages(16)
-                .expires(Duration::from_millis(500))
-                .messages()
-                .await
-                .unwrap();
-            while let Some(Ok(msg)) = batch.next().await {
-                if serde_json::from_slice::<Task>(&msg.payload).is_err() {
-                    unreadable += 1;
-                }
-                msg.ack_with(AckKind::Term).await.unwrap();
-            }
-        }
-        nats.flush().await;
-        unreadable
-    });
-    assert!(unreadable > 0);
-    let (status, out) = coordinator.finish();
-    assert_eq!(status.code(), Some(1), "{out}");
-    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(s["status"], "failed", "{s}");
-    let events = audit(&s);
-    let failed: Vec<&serde_json::Value> = named(&events, "StageExited")
-        .filter(|e| is_sibling(e) && e["verdict"] == "fail")
-        .collect();
-    assert!(!failed.is_empty(), "no sibling failed");
-    for e in failed {
-        let reason = e["reason"].as_str().unwrap();
+    let (failed, stand_in) = against_a_stand_in_worker(&bin, AckKind::Term);
+    assert!(stand_in.unreadable > 0, "no message of several tasks came");
+    for reason in failed {
         assert!(reason.starts_with("Distributed/TaskUnreadable"), "{reason}");
     }
 }
@@ -153,10 +105,39 @@ fn a_message_an_older_worker_cannot_read_fails_its_siblings_instead_of_waiting()
 #[test]
 fn a_message_delivered_as_often_as_allowed_fails_its_siblings() {
     use async_nats::jetstream::AckKind;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     let Some(bin) = nats_server() else { return };
-    let server = Server::start(&bin);
+    let (failed, stand_in) = against_a_stand_in_worker(&bin, AckKind::Nak(None));
+    assert!(
+        stand_in.answered >= 5,
+        "delivered {} times",
+        stand_in.answered
+    );
+    for reason in failed {
+        assert!(reason.starts_with("Distributed/TaskAbandoned"), "{reason}");
+    }
+}
+
+/// What a stand-in worker did: messages answered, and those among them
+/// an older troupe could not read (several tasks).
+struct StandIn {
+    answered: usize,
+    unreadable: usize,
+}
+
+/// A run of six siblings under cap 6 whose only worker is a stand-in on
+/// the workers' shared consumer answering every message it is delivered
+/// with `answer`, until the run is over. The run must end failed (exit
+/// 1); the reasons its failed siblings give (at least one).
+fn against_a_stand_in_worker(
+    bin: &std::path::Path,
+    answer: async_nats::jetstream::AckKind,
+) -> (Vec<String>, StandIn) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use troupe::distributed::wire::Task;
+
+    let server = Server::start(bin);
     let fixture = pipeline("true", None);
     let project = Project::new();
     let coordinator = Background::start(project.run(fixture.path(), &server.url()).args([
@@ -166,16 +147,17 @@ fn a_message_delivered_as_often_as_allowed_fails_its_siblings() {
         "6",
         "--json",
     ]));
-    // A worker that hands back every message it is delivered, until the
-    // run is over.
-    let over = std::sync::Arc::new(AtomicBool::new(false));
-    let handing_back = {
-        let (args, over) = (nats_args(&server.url()), std::sync::Arc::clone(&over));
+    let over = Arc::new(AtomicBool::new(false));
+    let stand_in = {
+        let (args, over) = (nats_args(&server.url()), Arc::clone(&over));
         std::thread::spawn(move || {
             actix::System::new().block_on(async move {
-                let nats = args.connect("hands back").await.unwrap();
+                let nats = args.connect("stand-in").await.unwrap();
                 let consumer = nats.workers_consumer().await.unwrap();
-                let mut handed = 0;
+                let mut did = StandIn {
+                    answered: 0,
+                    unreadable: 0,
+                };
                 while !over.load(Ordering::Acquire) {
                     let mut batch = consumer
                         .fetch()
@@ -185,29 +167,28 @@ fn a_message_delivered_as_often_as_allowed_fails_its_siblings() {
                         .await
                         .unwrap();
                     while let Some(Ok(msg)) = batch.next().await {
-                        msg.ack_with(AckKind::Nak(None)).await.unwrap();
-                        handed += 1;
+                        if serde_json::from_slice::<Task>(&msg.payload).is_err() {
+                            did.unreadable += 1;
+                        }
+                        msg.ack_with(answer).await.unwrap();
+                        did.answered += 1;
                     }
                 }
-                handed
+                did
             })
         })
     };
     let (status, out) = coordinator.finish();
     over.store(true, Ordering::Release);
-    let handed = handing_back.join().unwrap();
-    assert!(handed >= 5, "delivered {handed} times");
+    let did = stand_in.join().unwrap();
     assert_eq!(status.code(), Some(1), "{out}");
     let s: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let events = audit(&s);
-    let failed: Vec<&str> = named(&events, "StageExited")
+    let failed: Vec<String> = named(&audit(&s), "StageExited")
         .filter(|e| is_sibling(e) && e["verdict"] == "fail")
-        .map(|e| e["reason"].as_str().unwrap())
+        .map(|e| e["reason"].as_str().unwrap().to_owned())
         .collect();
     assert!(!failed.is_empty(), "no sibling failed");
-    for reason in failed {
-        assert!(reason.starts_with("Distributed/TaskAbandoned"), "{reason}");
-    }
+    (failed, did)
 }
 
 /// Every message the task stream has stored so far.
