@@ -358,17 +358,23 @@ fn a_busy_worker_holds_what_its_slots_cannot_take_and_puts_it_back_on_a_drain() 
         // worker drains, and the two still waiting go back at once.
         drop(busy);
         let (drain, drained) = tokio::sync::watch::channel(false);
-        let hold = past.unwrap().hold(&nats, &buckets, &slots, drained);
+        let accepted = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let accept = |offer: troupe::distributed::intake::Offer| {
+            let accepted = std::rc::Rc::clone(&accepted);
+            async move { accepted.borrow_mut().push(offer) }
+        };
+        let hold = past.unwrap().hold(&nats, &buckets, &slots, drained, accept);
         let drain_once_one_has_a_slot = async {
             while held.count() > 2 {
                 tokio::task::yield_now().await;
             }
             drain.send(true).unwrap();
         };
-        let ((more, requeue), ()) = futures::join!(hold, drain_once_one_has_a_slot);
+        futures::join!(hold, drain_once_one_has_a_slot);
+        let more = std::mem::take(&mut *accepted.borrow_mut());
         assert_eq!(more.len(), 1, "one got the slot that freed");
+        assert!(more[0].permit.is_some());
         assert_eq!(held.count(), 0, "none held after the drain");
-        requeue.expect("two to put back").await;
 
         // They went back as one message on their group's subject.
         let stream = nats.tasks().await.unwrap();

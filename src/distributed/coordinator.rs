@@ -115,6 +115,7 @@ impl ExecutorFactory for RemoteSiblings {
                     by_sequence: FastMap::default(),
                     pending: Vec::new(),
                     unknown: FastMap::default(),
+                    publishing: 0,
                     publishers: helpers.clone(),
                 };
                 actix::spawn(coordinator.run(rx, helpers, stop));
@@ -220,13 +221,13 @@ enum Cmd {
     /// The cancelled group's wait for siblings accepted before the barrier
     /// is over: whatever did not report was lost with its worker.
     GiveUp { turn: u64 },
-    /// The siblings of a message no worker will finish, but those a
-    /// worker put back on the queue or reported, and why they fail.
-    Abandoned(Vec<publishing::Lost>, String),
+    /// A message no worker will finish and its siblings that fail (those
+    /// a worker put back on the queue or reported left out).
+    Abandoned(publishing::Lost, Vec<publishing::Sibling>),
     /// A message no worker will finish that could not be read: one this
     /// loop published (its `Queued` may not have come yet), or nothing
     /// known.
-    Unknown(u64, String),
+    Unknown(publishing::Lost),
 }
 
 struct Coordinator {
@@ -247,8 +248,10 @@ struct Coordinator {
     /// spawned together are published together (`take_waiting`).
     pending: Vec<Pending>,
     /// Messages no worker will finish that were not known when the
-    /// advisory came, with why their siblings fail.
-    unknown: FastMap<u64, String>,
+    /// advisory came, by stream sequence; kept while `publishing`.
+    unknown: FastMap<u64, publishing::Lost>,
+    /// Publishes awaiting their `Queued`.
+    publishing: usize,
     /// Where tasks are serialized and published, off this loop's thread.
     publishers: Helpers,
 }
@@ -434,6 +437,7 @@ impl Coordinator {
                 execs,
                 outcomes,
             } => {
+                self.publishing = self.publishing.saturating_sub(1);
                 let mut execs = execs.into_iter();
                 for (count, outcome) in outcomes {
                     let message: Vec<ExecKey> = execs.by_ref().take(count).collect();
@@ -441,7 +445,9 @@ impl Coordinator {
                         Ok(sequence) => match self.unknown.remove(&sequence) {
                             // Its worker gave it up before this loop heard
                             // it was stored.
-                            Some(why) => self.fail_message(message, &why),
+                            Some(lost) => {
+                                self.fail_message(lost, publishing::siblings_of(message));
+                            }
                             None => drop(self.by_sequence.insert(sequence, message)),
                         },
                         // A cancelled group's barrier settles them.
@@ -453,20 +459,17 @@ impl Coordinator {
                         }
                     }
                 }
+                if self.publishing == 0 {
+                    // Nothing awaited: what is unknown is not this run's.
+                    self.unknown.clear();
+                }
             }
             Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
             Cmd::Committed(id, stored) => self.committed(&id, stored).await,
-            Cmd::Unknown(seq, why) => match self.by_sequence.remove(&seq) {
-                Some(execs) => self.fail_message(execs, &why),
-                None => {
-                    // Bounded: other runs' messages come here too.
-                    if self.unknown.len() < 10_000 {
-                        self.unknown.insert(seq, why);
-                    }
-                }
-            },
-            Cmd::Abandoned(lost, why) => {
-                for (turn, unit, id) in lost {
+            Cmd::Unknown(lost) => self.unknown(lost),
+            Cmd::Abandoned(lost, siblings) => {
+                let why = lost.why;
+                for (turn, unit, id) in siblings {
                     // A cancelled group's siblings are settled by its cancel.
                     if self.groups.get(&turn).is_none_or(Group::is_cancelled) {
                         continue;

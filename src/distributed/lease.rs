@@ -47,8 +47,8 @@ pub struct Lease {
 struct Reported {
     ids: Mutex<Vec<String>>,
     /// How many of `ids` the key holds; held while a write is under way,
-    /// so that writes go one at a time and an older list never lands
-    /// after a newer one.
+    /// so that writes go one at a time. (A write given up on may still
+    /// land late; lists only grow, so the worst is a task run again.)
     written: tokio::sync::Mutex<usize>,
     record: Option<(kv::Store, String)>,
 }

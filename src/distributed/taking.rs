@@ -175,29 +175,45 @@ pub struct Past {
 }
 
 impl Past {
-    /// Offers for those held that got a slot of `slots` within a third of
-    /// the lease (renewed meanwhile), and a future putting back on the
-    /// queue the rest ([`requeue`]), for the caller to run. The queue held
-    /// other messages when they came, so the cluster is busy and they
-    /// would wait anyway; put back, each would cost the server a message
-    /// and a key more every time a slot frees, one sibling at a time. Held
-    /// longer, a task could wait here while another worker has a slot
-    /// free. A drain (`drain` set) puts back at once what has no slot.
-    pub async fn hold(
+    /// Holds the tasks counted as held for a slot of `slots`, for a third
+    /// of the lease at most (renewed meanwhile), handing each to `accept`
+    /// as soon as it has one; puts back on the queue at once those not
+    /// held (past the room), and after the hold those that got no slot
+    /// ([`requeue`]). Returns once all of it is done. The queue held other
+    /// messages when they came, so the cluster is busy and they would wait
+    /// anyway; put back, each would cost the server a message and a key
+    /// more every time a slot frees, one sibling at a time. Held longer, a
+    /// task could wait here while another worker has a slot free. A drain
+    /// (`drain` set) puts back at once what has no slot. Call inside a
+    /// Tokio `LocalSet`: what it starts runs there.
+    pub async fn hold<F>(
         self,
         nats: &Nats,
         buckets: &Arc<Buckets>,
         slots: &Arc<Semaphore>,
         mut drain: tokio::sync::watch::Receiver<bool>,
-    ) -> (Vec<Offer>, Option<impl Future<Output = ()> + use<>>) {
+        accept: impl Fn(Offer) -> F,
+    ) where
+        F: Future<Output = ()> + 'static,
+    {
         let Past {
-            tasks,
+            mut tasks,
             lease,
             sequence,
             mut waiting,
         } = self;
+        let put_back = |tasks: Vec<Task>| {
+            let (nats, buckets, lease) = (nats.clone(), Arc::clone(buckets), Arc::clone(&lease));
+            tokio::task::spawn_local(async move {
+                requeue(&nats, &buckets, &lease, tasks, sequence).await;
+            })
+        };
+        let mut started = Vec::new();
+        let unheld = tasks.split_off(waiting.len().min(tasks.len()));
+        if !unheld.is_empty() {
+            started.push(put_back(unheld));
+        }
         let mut tasks = tasks.into_iter();
-        let mut offers = Vec::new();
         let deadline = tokio::time::Instant::now() + nats.lease / 3;
         while let Some(held) = waiting.pop() {
             if *drain.borrow() {
@@ -213,21 +229,23 @@ impl Past {
             let Some(task) = tasks.next() else {
                 break;
             };
-            offers.push(Offer {
+            let offer = Offer {
                 task,
                 context: None,
                 lease: Arc::clone(&lease),
                 permit: Some(permit),
-            });
+            };
+            started.push(tokio::task::spawn_local(accept(offer)));
             drop(held);
         }
         drop(waiting);
         let rest: Vec<Task> = tasks.collect();
-        let requeue = (!rest.is_empty()).then(|| {
-            let (nats, buckets) = (nats.clone(), Arc::clone(buckets));
-            async move { requeue(&nats, &buckets, &lease, rest, sequence).await }
-        });
-        (offers, requeue)
+        if !rest.is_empty() {
+            started.push(put_back(rest));
+        }
+        for one in started {
+            let _ = one.await;
+        }
     }
 }
 
@@ -335,7 +353,17 @@ pub async fn requeue(
             .collect();
         if let Ok(record) = serde_json::to_vec(&carried) {
             let key = Records::carries(&first.run_id, new);
-            let _ = buckets.groups.put(key, record.into()).await;
+            let record = bytes::Bytes::from(record);
+            for _ in 0..3 {
+                if buckets
+                    .groups
+                    .put(key.as_str(), record.clone())
+                    .await
+                    .is_ok()
+                {
+                    break;
+                }
+            }
         }
         let ids: Vec<&str> = tasks
             .iter()

@@ -253,8 +253,9 @@ pub async fn serve(
                 .info()
                 .map(|i| (i.delivered, i.stream_sequence, i.pending))
             else {
-                // Its delivery cannot be told: let it come again.
-                let _ = nats.client.publish(reply, "-NAK".into()).await;
+                // Its delivery cannot be told (no JetStream reply subject):
+                // never deliver it again.
+                let _ = nats.client.publish(reply, "+TERM".into()).await;
                 continue;
             };
             match decode_tasks(&msg.payload) {
@@ -381,20 +382,26 @@ impl Taker {
         )
     }
 
-    /// Accepts `offers` now, and then those of `past` that got a slot
-    /// while they were held; what did not goes back on the queue.
+    /// Accepts `offers` now, and those of `past` each as it gets a slot
+    /// while held; what does not goes back on the queue (see
+    /// [`Past::hold`]).
     async fn take(self, offers: Vec<Offer>, past: Option<Past>) {
         let later = async {
             let Some(past) = past else {
                 return;
             };
-            let (more, requeue) = past
-                .hold(&self.nats, &self.buckets, &self.slots, self.drain.clone())
-                .await;
-            match requeue {
-                Some(requeue) => drop(futures::future::join(self.accept(more), requeue).await),
-                None => self.accept(more).await,
-            }
+            let accept = |offer: Offer| {
+                let taker = self.clone();
+                async move { taker.accept(vec![offer]).await }
+            };
+            past.hold(
+                &self.nats,
+                &self.buckets,
+                &self.slots,
+                self.drain.clone(),
+                accept,
+            )
+            .await;
         };
         futures::future::join(self.accept(offers), later).await;
     }
@@ -449,6 +456,9 @@ struct InFlight {
     /// The message it came in: renewed while it runs, answered once its
     /// tasks are reported.
     lease: Arc<Lease>,
+    /// Other messages that brought the same execution while it ran (one
+    /// put back whose record was lost): its report answers for them too.
+    also: Vec<Arc<Lease>>,
     scope: CancelScope,
     /// Released when the sibling's report is out.
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -574,8 +584,11 @@ impl WorkerHost {
             .contains_key(task.stage_execution_id.as_str())
         {
             // Already running here, from another message (one put back
-            // whose record was lost): that run's report answers for both.
-            actix::spawn(async move { lease.settle(&task.stage_execution_id, true).await });
+            // whose record was lost): that run's report answers for both,
+            // as it comes (renewed until then).
+            if let Some(flight) = self.in_flight.get_mut(task.stage_execution_id.as_str()) {
+                flight.also.push(lease);
+            }
             return;
         }
         let id: Arc<str> = Arc::from(task.stage_execution_id.as_str());
@@ -612,6 +625,7 @@ impl WorkerHost {
         let in_flight = InFlight {
             task: task.clone(),
             lease,
+            also: Vec::new(),
             scope: scope.clone(),
             _permit: permit,
         };
@@ -640,6 +654,7 @@ impl WorkerHost {
         // The lease is renewed until the report is stored: it may wait in
         // the outbox behind a batch being retried.
         let lease = flight.lease;
+        let also = flight.also;
         let until = self.bus.last_seq();
         let mut seen = self.seen.clone();
         let collected = Arc::clone(&self.collected);
@@ -695,14 +710,17 @@ impl WorkerHost {
                 ),
             };
             let reported = outbox.send(&t, &report).await;
+            // The slot is free once the report is out.
+            drop(permit);
             // Not reported: its message goes back to the queue for another
             // worker, once NATS is likely to take the report.
-            lease.settle(&t.stage_execution_id, reported).await;
+            for lease in std::iter::once(&lease).chain(&also) {
+                lease.settle(&t.stage_execution_id, reported).await;
+            }
             log_task(task_log, &name, &t.run_id, &report, reported);
             if let Ok(mut s) = summary.lock() {
                 counted(&mut s);
             }
-            drop(permit);
             // Counted down only now: a drain waits for the report too.
             // (Reports finish in any order, so the count is kept by
             // steps, not set from a length taken earlier.)

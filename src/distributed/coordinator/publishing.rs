@@ -3,6 +3,7 @@
 //! published on the run's other arbiters; and the advisory of a message
 //! no worker finished.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use actix::ArbiterHandle;
@@ -219,6 +220,7 @@ impl Coordinator {
         };
         let helper = self.publishers.next().cloned();
         let tx = self.tx.clone();
+        self.publishing += 1;
         actix::spawn(async move {
             let ready = match context {
                 Some(ready) => ready.await,
@@ -255,48 +257,83 @@ impl Coordinator {
             (true, true) => UNREADABLE.to_owned(),
             (true, false) => super::dropped(reason),
         };
-        let known: Option<Vec<Lost>> = self.by_sequence.remove(&seq).map(lost_of);
+        let lost = Lost {
+            seq,
+            deliveries,
+            why,
+        };
+        match self.by_sequence.remove(&seq) {
+            Some(execs) => self.fail_message(lost, siblings_of(execs)),
+            None => self.find_message(lost),
+        }
+    }
+
+    /// A message no worker will finish that this loop did not publish (a
+    /// worker's put-back, or another run's) or whose `Queued` has not come
+    /// yet: read what it holds, off this loop.
+    fn find_message(&mut self, lost: Lost) {
         let (nats, tx, run) = (
             self.spec.nats.clone(),
             self.tx.clone(),
             self.spec.run_id.clone(),
         );
         actix::spawn(async move {
-            let lost = match known {
-                Some(lost) => Some(lost),
-                None => carried(&nats, &run, seq).await,
-            };
-            let Some(mut lost) = lost else {
-                let _ = tx.send(Cmd::Unknown(seq, why));
-                return;
-            };
-            let Some(&(turn, _, _)) = lost.first() else {
-                return;
-            };
-            if let Ok(groups) = nats.groups().await {
-                let settled = Records::settled(&groups, &run, turn, seq, deliveries + 1).await;
-                lost.retain(|(_, _, id)| !settled.contains(id));
-            }
-            if !lost.is_empty() {
-                let _ = tx.send(Cmd::Abandoned(lost, why));
+            match carried(&nats, &run, lost.seq).await {
+                Some(siblings) if !siblings.is_empty() => {
+                    let _ = tx.send(Cmd::Abandoned(lost, siblings));
+                }
+                Some(_) => {}
+                None => {
+                    let _ = tx.send(Cmd::Unknown(lost));
+                }
             }
         });
     }
 
-    /// Every sibling of a message no worker will finish fails, `why`,
-    /// but those of a cancelled group.
-    pub(super) fn fail_message(&mut self, execs: Vec<ExecKey>, why: &str) {
-        for exec in execs {
-            if self.groups.get(&exec.turn).is_none_or(Group::is_cancelled) {
-                continue;
-            }
-            self.fail_unit(exec, why.to_owned());
+    /// A message no worker will finish that this loop has not heard was
+    /// stored: failed when its `Queued` comes. Kept only while a publish
+    /// is awaiting its answer (other runs' messages come here too).
+    pub(super) fn unknown(&mut self, lost: Lost) {
+        match self.by_sequence.remove(&lost.seq) {
+            Some(execs) => self.fail_message(lost, siblings_of(execs)),
+            None if self.publishing > 0 => drop(self.unknown.insert(lost.seq, lost)),
+            None => {}
         }
+    }
+
+    /// The siblings of a message no worker will finish fail, but those a
+    /// worker put back on the queue from it or reported (read off this
+    /// loop); `Cmd::Abandoned` then fails what is left.
+    pub(super) fn fail_message(&mut self, lost: Lost, siblings: Vec<Sibling>) {
+        let (nats, tx, run) = (
+            self.spec.nats.clone(),
+            self.tx.clone(),
+            self.spec.run_id.clone(),
+        );
+        actix::spawn(async move {
+            let mut siblings = siblings;
+            if let Some(&(turn, _, _)) = siblings.first() {
+                let settled = settled(&nats, &run, turn, &lost).await;
+                siblings.retain(|(_, _, id)| !settled.contains(id));
+            }
+            if !siblings.is_empty() {
+                let _ = tx.send(Cmd::Abandoned(lost, siblings));
+            }
+        });
     }
 }
 
+/// A message no worker will finish: its stream sequence, how often it
+/// was delivered, and why its siblings fail.
+#[derive(Debug)]
+pub(super) struct Lost {
+    pub(super) seq: u64,
+    deliveries: u64,
+    pub(super) why: String,
+}
+
 /// The siblings of a message this loop published.
-fn lost_of(execs: Vec<ExecKey>) -> Vec<Lost> {
+pub(super) fn siblings_of(execs: Vec<ExecKey>) -> Vec<Sibling> {
     execs
         .into_iter()
         .filter_map(|e| match e.slot {
@@ -306,20 +343,65 @@ fn lost_of(execs: Vec<ExecKey>) -> Vec<Lost> {
         .collect()
 }
 
+/// How long the coordinator keeps trying to read what a lost message
+/// held or what was written down of it, through NATS failing (which is
+/// often why the message was lost).
+const READ_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Tries `read` until it answers `Ok`, backing off, for at most
+/// [`READ_PATIENCE`]; `None` then.
+async fn patiently<T, F, Fut>(read: F) -> Option<T>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, ()>>,
+{
+    let deadline = tokio::time::Instant::now() + READ_PATIENCE;
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        if let Ok(value) = read().await {
+            return Some(value);
+        }
+        if tokio::time::Instant::now() + pause > deadline {
+            return None;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_secs(5));
+    }
+}
+
+/// The ids a worker wrote down of the message (put back or reported) at
+/// its deliveries so far; read patiently, none if it cannot be.
+async fn settled(
+    nats: &super::super::nats::Nats,
+    run: &str,
+    turn: u64,
+    lost: &Lost,
+) -> std::collections::HashSet<String> {
+    let groups = patiently(|| async { nats.groups().await.map_err(|_| ()) }).await;
+    match groups {
+        Some(groups) => Records::settled(&groups, run, turn, lost.seq, lost.deliveries + 1).await,
+        None => std::collections::HashSet::new(),
+    }
+}
+
 /// The siblings of run `run` in a message this loop did not publish (a
 /// worker's put-back, or another run's): from the stream while it holds
 /// the message (one past its deliveries stays: only an ack takes a message
 /// off a work queue), else from what the worker that put them back wrote
-/// down (`taking::Records::carries`). `None`: nothing is known of it.
-async fn carried(nats: &super::super::nats::Nats, run: &str, seq: u64) -> Option<Vec<Lost>> {
-    let tasks = match nats.tasks().await {
-        Ok(stream) => match stream.get_raw_message(seq).await {
-            Ok(message) => decode_tasks(&message.payload).ok(),
-            Err(_) => None,
-        },
-        Err(_) => None,
-    };
-    if let Some(tasks) = tasks {
+/// down (`taking::Records::carries`). Read patiently through NATS
+/// failing; `None`: nothing is known of it.
+async fn carried(nats: &super::super::nats::Nats, run: &str, seq: u64) -> Option<Vec<Sibling>> {
+    use async_nats::jetstream::stream::RawMessageErrorKind;
+    let in_stream = patiently(|| async {
+        let stream = nats.tasks().await.map_err(|_| ())?;
+        match stream.get_raw_message(seq).await {
+            Ok(message) => Ok(decode_tasks(&message.payload).ok()),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(_) => Err(()),
+        }
+    })
+    .await?;
+    if let Some(tasks) = in_stream {
         return Some(
             tasks
                 .into_iter()
@@ -328,14 +410,17 @@ async fn carried(nats: &super::super::nats::Nats, run: &str, seq: u64) -> Option
                 .collect(),
         );
     }
-    let groups = nats.groups().await.ok()?;
-    let record = groups.get(Records::carries(run, seq)).await.ok()??;
+    let record = patiently(|| async {
+        let groups = nats.groups().await.map_err(|_| ())?;
+        groups.get(Records::carries(run, seq)).await.map_err(|_| ())
+    })
+    .await??;
     serde_json::from_slice(&record).ok()
 }
 
 /// A sibling of a message no worker will finish: its group, unit and
 /// execution id.
-pub(super) type Lost = (u64, usize, String);
+pub(super) type Sibling = (u64, usize, String);
 
 #[cfg(test)]
 mod tests {
