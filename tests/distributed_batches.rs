@@ -359,9 +359,9 @@ fn a_busy_worker_holds_what_its_slots_cannot_take_and_puts_it_back_on_a_drain() 
         drop(busy);
         let (drain, drained) = tokio::sync::watch::channel(false);
         let accepted = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-        let accept = |offer: troupe::distributed::intake::Offer| {
+        let accept = |offers: Vec<troupe::distributed::intake::Offer>| {
             let accepted = std::rc::Rc::clone(&accepted);
-            async move { accepted.borrow_mut().push(offer) }
+            async move { accepted.borrow_mut().extend(offers) }
         };
         let hold = past.unwrap().hold(&nats, &buckets, &slots, drained, accept);
         let drain_once_one_has_a_slot = async {

@@ -176,8 +176,9 @@ pub struct Past {
 
 impl Past {
     /// Holds the tasks counted as held for a slot of `slots`, for a third
-    /// of the lease at most (renewed meanwhile), handing each to `accept`
-    /// as soon as it has one; puts back on the queue at once those not
+    /// of the lease at most (renewed meanwhile), handing them to `accept`
+    /// as soon as they have one (those that get one together, together:
+    /// accepting reads the group's cancelled mark once a call); puts back on the queue at once those not
     /// held (past the room), and after the hold those that got no slot
     /// ([`requeue`]). Returns once all of it is done. The queue held other
     /// messages when they came, so the cluster is busy and they would wait
@@ -192,7 +193,7 @@ impl Past {
         buckets: &Arc<Buckets>,
         slots: &Arc<Semaphore>,
         mut drain: tokio::sync::watch::Receiver<bool>,
-        accept: impl Fn(Offer) -> F,
+        accept: impl Fn(Vec<Offer>) -> F,
     ) where
         F: Future<Output = ()> + 'static,
     {
@@ -226,17 +227,27 @@ impl Past {
             let Ok(Ok(permit)) = slot else {
                 break;
             };
-            let Some(task) = tasks.next() else {
-                break;
-            };
-            let offer = Offer {
-                task,
-                context: None,
-                lease: Arc::clone(&lease),
-                permit: Some(permit),
-            };
-            started.push(tokio::task::spawn_local(accept(offer)));
-            drop(held);
+            // This slot, and any others free now for the tasks held.
+            let mut slots_now = vec![(permit, held)];
+            while !waiting.is_empty() {
+                let Ok(more) = Arc::clone(slots).try_acquire_owned() else {
+                    break;
+                };
+                if let Some(held) = waiting.pop() {
+                    slots_now.push((more, held));
+                }
+            }
+            let offers: Vec<Offer> = slots_now
+                .into_iter()
+                .zip(tasks.by_ref())
+                .map(|((permit, _held), task)| Offer {
+                    task,
+                    context: None,
+                    lease: Arc::clone(&lease),
+                    permit: Some(permit),
+                })
+                .collect();
+            started.push(tokio::task::spawn_local(accept(offers)));
         }
         drop(waiting);
         let rest: Vec<Task> = tasks.collect();

@@ -390,9 +390,9 @@ impl Taker {
             let Some(past) = past else {
                 return;
             };
-            let accept = |offer: Offer| {
+            let accept = |offers: Vec<Offer>| {
                 let taker = self.clone();
-                async move { taker.accept(vec![offer]).await }
+                async move { taker.accept(offers).await }
             };
             past.hold(
                 &self.nats,
