@@ -138,7 +138,8 @@ impl Records {
 
     /// The ids written down for the message at `sequence` (of group
     /// `turn` of run `run`) at its deliveries before `delivered`. A key
-    /// that cannot be read counts as none (its tasks may run twice).
+    /// that cannot be read counts as none (its tasks may run twice): for
+    /// a worker, which then runs a task again at worst.
     pub async fn settled(
         groups: &kv::Store,
         run: &str,
@@ -146,6 +147,33 @@ impl Records {
         sequence: u64,
         delivered: u64,
     ) -> HashSet<String> {
+        Records::read(groups, run, turn, sequence, delivered, false)
+            .await
+            .unwrap_or_default()
+    }
+
+    /// As [`settled`](Records::settled), but `Err` when a key could not
+    /// be read (a missing key is none): for a coordinator about to fail
+    /// what is not written down, which reads again rather than fail a
+    /// sibling that lives on.
+    pub async fn settled_strictly(
+        groups: &kv::Store,
+        run: &str,
+        turn: u64,
+        sequence: u64,
+        delivered: u64,
+    ) -> Result<HashSet<String>, ()> {
+        Records::read(groups, run, turn, sequence, delivered, true).await
+    }
+
+    async fn read(
+        groups: &kv::Store,
+        run: &str,
+        turn: u64,
+        sequence: u64,
+        delivered: u64,
+        strictly: bool,
+    ) -> Result<HashSet<String>, ()> {
         let keys: Vec<String> = (1..delivered)
             .flat_map(|d| {
                 ["requeued", "reported"].map(|kind| format!("{run}.{turn}.{kind}.{sequence}.{d}"))
@@ -154,13 +182,18 @@ impl Records {
         let reads = keys.iter().map(|key| groups.get(key.as_str()));
         let mut ids = HashSet::new();
         for read in futures::future::join_all(reads).await {
-            if let Ok(Some(record)) = read
-                && let Ok(written) = serde_json::from_slice::<Vec<String>>(&record)
-            {
-                ids.extend(written);
+            match read {
+                Ok(Some(record)) => {
+                    if let Ok(written) = serde_json::from_slice::<Vec<String>>(&record) {
+                        ids.extend(written);
+                    }
+                }
+                Ok(None) => {}
+                Err(_) if strictly => return Err(()),
+                Err(_) => {}
             }
         }
-        ids
+        Ok(ids)
     }
 }
 

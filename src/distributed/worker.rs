@@ -413,16 +413,21 @@ impl Taker {
             return;
         }
         let intakes = accept_all(&self.config, &self.buckets, &self.outbox, offers).await;
-        start_all(&self.host, intakes);
+        start_all(&self.host, intakes).await;
     }
 }
 
 /// Hands what intake decided to the host: the tasks to start, the
 /// counts of those settled without running.
-fn start_all(host: &Addr<WorkerHost>, intakes: Vec<Intake>) {
+/// Waits until the host has taken each start, so that a drain, which
+/// waits for the tasks being accepted and then for the count in flight,
+/// counts them.
+async fn start_all(host: &Addr<WorkerHost>, intakes: Vec<Intake>) {
     for intake in intakes {
         match intake {
-            Intake::Start(offer) => host.do_send(Start(*offer)),
+            Intake::Start(offer) => {
+                let _ = host.send(Start(*offer)).await;
+            }
             Intake::Settled(counted) => host.do_send(Count(counted)),
             Intake::HandedBack => {}
         }

@@ -279,10 +279,15 @@ impl Coordinator {
         );
         actix::spawn(async move {
             match carried(&nats, &run, lost.seq).await {
-                Some(siblings) if !siblings.is_empty() => {
-                    let _ = tx.send(Cmd::Abandoned(lost, siblings));
+                Some(mut siblings) => {
+                    if let Some(&(turn, _, _)) = siblings.first() {
+                        let settled = settled(&nats, &run, turn, &lost).await;
+                        siblings.retain(|(_, _, id)| !settled.contains(id));
+                    }
+                    if !siblings.is_empty() {
+                        let _ = tx.send(Cmd::Abandoned(lost, siblings));
+                    }
                 }
-                Some(_) => {}
                 None => {
                     let _ = tx.send(Cmd::Unknown(lost));
                 }
@@ -296,7 +301,10 @@ impl Coordinator {
     pub(super) fn unknown(&mut self, lost: Lost) {
         match self.by_sequence.remove(&lost.seq) {
             Some(execs) => self.fail_message(lost, siblings_of(execs)),
-            None if self.publishing > 0 => drop(self.unknown.insert(lost.seq, lost)),
+            // Bounded besides: every run's lost messages come here.
+            None if self.publishing > 0 && self.unknown.len() < 10_000 => {
+                drop(self.unknown.insert(lost.seq, lost));
+            }
             None => {}
         }
     }
@@ -350,9 +358,9 @@ const READ_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Tries `read` until it answers `Ok`, backing off, for at most
 /// [`READ_PATIENCE`]; `None` then.
-async fn patiently<T, F, Fut>(read: F) -> Option<T>
+async fn patiently<T, F, Fut>(mut read: F) -> Option<T>
 where
-    F: Fn() -> Fut,
+    F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, ()>>,
 {
     let deadline = tokio::time::Instant::now() + READ_PATIENCE;
@@ -370,18 +378,19 @@ where
 }
 
 /// The ids a worker wrote down of the message (put back or reported) at
-/// its deliveries so far; read patiently, none if it cannot be.
+/// its deliveries so far; read patiently, every key of them, and none if
+/// they cannot be read at all.
 async fn settled(
     nats: &super::super::nats::Nats,
     run: &str,
     turn: u64,
     lost: &Lost,
 ) -> std::collections::HashSet<String> {
-    let groups = patiently(|| async { nats.groups().await.map_err(|_| ()) }).await;
-    match groups {
-        Some(groups) => Records::settled(&groups, run, turn, lost.seq, lost.deliveries + 1).await,
-        None => std::collections::HashSet::new(),
-    }
+    let read = patiently(|| async {
+        let groups = nats.groups().await.map_err(|_| ())?;
+        Records::settled_strictly(&groups, run, turn, lost.seq, lost.deliveries + 1).await
+    });
+    read.await.unwrap_or_default()
 }
 
 /// The siblings of run `run` in a message this loop did not publish (a
@@ -410,9 +419,20 @@ async fn carried(nats: &super::super::nats::Nats, run: &str, seq: u64) -> Option
                 .collect(),
         );
     }
-    let record = patiently(|| async {
-        let groups = nats.groups().await.map_err(|_| ())?;
-        groups.get(Records::carries(run, seq)).await.map_err(|_| ())
+    // The worker writes the key just after its put-back is stored: one
+    // not there yet is read again for a few seconds.
+    let mut missing_for = 0;
+    let record = patiently(|| {
+        missing_for += 1;
+        let first_tries = missing_for <= 6;
+        async move {
+            let groups = nats.groups().await.map_err(|_| ())?;
+            match groups.get(Records::carries(run, seq)).await {
+                Ok(None) if first_tries => Err(()),
+                Ok(found) => Ok(found),
+                Err(_) => Err(()),
+            }
+        }
     })
     .await??;
     serde_json::from_slice(&record).ok()
