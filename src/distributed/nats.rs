@@ -46,17 +46,30 @@ impl NatsError {
 const SETUP_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Runs `attempt` until it succeeds, fails for good, or [`SETUP_PATIENCE`]
-/// is spent, waiting 0.25 s, then twice as long each time (at most 4 s)
-/// between tries of a transient failure.
-async fn patiently<T, Fut>(mut attempt: impl FnMut() -> Fut) -> Result<T, NatsError>
+/// is spent, trying again a transient failure (see [`retrying`]).
+async fn patiently<T, Fut>(attempt: impl FnMut() -> Fut) -> Result<T, NatsError>
 where
     Fut: std::future::Future<Output = Result<T, NatsError>>,
 {
-    let deadline = tokio::time::Instant::now() + SETUP_PATIENCE;
+    retrying(SETUP_PATIENCE, NatsError::is_transient, attempt).await
+}
+
+/// Runs `attempt` until it succeeds, fails in a way `again` says will not
+/// mend, or `patience` is spent, waiting 0.25 s, then twice as long each
+/// time (at most 4 s) between tries. The last outcome is the answer.
+pub async fn retrying<T, E, Fut>(
+    patience: Duration,
+    again: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> Fut,
+) -> Result<T, E>
+where
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
     let mut wait = Duration::from_millis(250);
     loop {
         match attempt().await {
-            Err(e) if e.is_transient() && tokio::time::Instant::now() + wait < deadline => {
+            Err(e) if again(&e) && tokio::time::Instant::now() + wait < deadline => {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(4));
             }
@@ -580,6 +593,28 @@ impl Nats {
                 .map_err(|_| js_error(what, e)),
         }
     }
+}
+
+/// Publishes one message of the task queue on the group's subject: the
+/// tasks serialized one by one as `bodies` (see
+/// [`encode_tasks`](super::wire::encode_tasks)), under the `Nats-Msg-Id`
+/// [`message_id`](super::wire::message_id) gives them at `at`, retried as
+/// [`publish_acked`] does. `Ok` holds its stream sequence.
+pub async fn publish_tasks(
+    js: &jetstream::Context,
+    tasks: &[super::wire::Task],
+    bodies: &[Vec<u8>],
+    at: &str,
+    stop: Option<&CancellationToken>,
+) -> Result<u64, String> {
+    let Some(first) = tasks.first() else {
+        return Err("no tasks to publish".to_owned());
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Msg-Id", super::wire::message_id(tasks, at).as_str());
+    let subject = super::wire::task_subject(&first.run_id, first.turn);
+    let body = super::wire::encode_tasks(bodies);
+    publish_acked(js, subject, headers, body.into(), stop).await
 }
 
 /// How long a JetStream publish keeps being retried: longer than a

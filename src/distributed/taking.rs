@@ -14,8 +14,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::intake::{Buckets, Offer};
 use super::lease::Lease;
-use super::nats::{Nats, publish_acked};
-use super::wire::{TASKS_PER_MESSAGE, Task, encode_tasks, task_subject};
+use super::nats::{Nats, publish_tasks};
+use super::wire::{TASKS_PER_MESSAGE, Task};
 
 /// One message the worker was delivered.
 #[derive(Debug)]
@@ -124,7 +124,10 @@ impl Records {
     /// `<run>.<turn>.<kind>.<sequence>.<delivered>` for a message of
     /// `task`'s group.
     pub fn key(task: &Task, kind: &str, sequence: u64, delivered: u64) -> String {
-        let (run, turn) = (&task.run_id, task.turn);
+        Records::key_in(&task.run_id, task.turn, kind, sequence, delivered)
+    }
+
+    fn key_in(run: &str, turn: u64, kind: &str, sequence: u64, delivered: u64) -> String {
         format!("{run}.{turn}.{kind}.{sequence}.{delivered}")
     }
 
@@ -176,7 +179,7 @@ impl Records {
     ) -> Result<HashSet<String>, ()> {
         let keys: Vec<String> = (1..delivered)
             .flat_map(|d| {
-                ["requeued", "reported"].map(|kind| format!("{run}.{turn}.{kind}.{sequence}.{d}"))
+                ["requeued", "reported"].map(|kind| Records::key_in(run, turn, kind, sequence, d))
             })
             .collect();
         let reads = keys.iter().map(|key| groups.get(key.as_str()));
@@ -211,9 +214,9 @@ impl Past {
     /// Holds the tasks counted as held for a slot of `slots`, for a third
     /// of the lease at most (renewed meanwhile), handing them to `accept`
     /// as soon as they have one (those that get one together, together:
-    /// accepting reads the group's cancelled mark once a call); puts back on the queue at once those not
-    /// held (past the room), and after the hold those that got no slot
-    /// ([`requeue`]). Returns once all of it is done. The queue held other
+    /// accepting reads the group's cancelled mark once a call); puts back
+    /// on the queue at once those not held (past the room), and after the
+    /// hold those that got no slot ([`requeue`]). Returns once all of it is done. The queue held other
     /// messages when they came, so the cluster is busy and they would wait
     /// anyway; put back, each would cost the server a message and a key
     /// more every time a slot frees, one sibling at a time. Held longer, a
@@ -374,17 +377,8 @@ pub async fn requeue(
     let bodies: Result<Vec<Vec<u8>>, _> = tasks.iter().map(serde_json::to_vec).collect();
     let stored = match bodies {
         Ok(bodies) => {
-            let mut headers = async_nats::HeaderMap::new();
-            let id = format!(
-                "{}+{}@requeued.{sequence}.{}",
-                first.stage_execution_id,
-                tasks.len(),
-                lease.delivered()
-            );
-            headers.insert("Nats-Msg-Id", id.as_str());
-            let subject = task_subject(&first.run_id, first.turn);
-            let body = encode_tasks(&bodies);
-            publish_acked(&nats.js, subject, headers, body.into(), None)
+            let at = format!("requeued.{sequence}.{}", lease.delivered());
+            publish_tasks(&nats.js, &tasks, &bodies, &at, None)
                 .await
                 .ok()
         }

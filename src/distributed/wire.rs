@@ -132,6 +132,18 @@ pub fn decode_tasks(payload: &[u8]) -> Result<Vec<Task>, serde_json::Error> {
     }
 }
 
+/// A message of tasks' `Nats-Msg-Id`: the first task's execution id, with
+/// the count when there are several, `@` who publishes it (`at`: the
+/// coordinator's session, or the put-back a worker makes). JetStream
+/// stores a message retried under the same id once.
+pub fn message_id(tasks: &[Task], at: &str) -> String {
+    let first = tasks.first().map_or("", |t| t.stage_execution_id.as_str());
+    match tasks.len() {
+        1 => format!("{first}@{at}"),
+        n => format!("{first}+{n}@{at}"),
+    }
+}
+
 /// The message of tasks already serialized one by one (each a JSON
 /// object): the one as it is, several as an array.
 pub fn encode_tasks(tasks: &[Vec<u8>]) -> Vec<u8> {

@@ -418,10 +418,9 @@ impl Taker {
 }
 
 /// Hands what intake decided to the host: the tasks to start, the
-/// counts of those settled without running.
-/// Waits until the host has taken each start, so that a drain, which
-/// waits for the tasks being accepted and then for the count in flight,
-/// counts them.
+/// counts of those settled without running. Each start is awaited until
+/// the host has it, so that a drain (which waits for the tasks being
+/// accepted, then for the count in flight) counts it.
 async fn start_all(host: &Addr<WorkerHost>, intakes: Vec<Intake>) {
     for intake in intakes {
         match intake {
@@ -584,16 +583,11 @@ impl WorkerHost {
             StageKind::Llm(def) => def.name.as_str().into(),
             _ => stage.id.as_str().into(),
         };
-        if self
-            .in_flight
-            .contains_key(task.stage_execution_id.as_str())
-        {
+        if let Some(flight) = self.in_flight.get_mut(task.stage_execution_id.as_str()) {
             // Already running here, from another message (one put back
             // whose record was lost): that run's report answers for both,
             // as it comes (renewed until then).
-            if let Some(flight) = self.in_flight.get_mut(task.stage_execution_id.as_str()) {
-                flight.also.push(lease);
-            }
+            flight.also.push(lease);
             return;
         }
         let id: Arc<str> = Arc::from(task.stage_execution_id.as_str());

@@ -7,15 +7,14 @@ use std::future::Future;
 use std::sync::Arc;
 
 use actix::ArbiterHandle;
-use async_nats::HeaderMap;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::super::groups::Group;
-use super::super::nats::publish_acked;
+use super::super::nats::{Nats, publish_tasks, retrying};
 use super::super::taking::Records;
-use super::super::wire::{TASKS_PER_MESSAGE, Task, decode_tasks, encode_tasks, task_subject};
+use super::super::wire::{TASKS_PER_MESSAGE, Task, decode_tasks};
 use super::{ABANDONED, Cmd, Coordinator, UNREADABLE, decoding, unreachable};
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::scheduler::{ExecKey, Slot, StageOutcome, ToScheduler};
@@ -83,20 +82,10 @@ impl Queue {
         outcomes
     }
 
-    /// One message: a lone task as its object, several as an array. Its
-    /// `Nats-Msg-Id` is the first task's execution id (with the count
-    /// when there are several) at this session.
+    /// One message: a lone task as its object, several as an array,
+    /// under its id at this session.
     async fn publish_message(&self, tasks: &[Task], bodies: &[Vec<u8>]) -> Result<u64, String> {
-        let first = &tasks[0];
-        let id = match tasks.len() {
-            1 => format!("{}@{}", first.stage_execution_id, self.session),
-            n => format!("{}+{n}@{}", first.stage_execution_id, self.session),
-        };
-        let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", id.as_str());
-        let subject = task_subject(&first.run_id, first.turn);
-        let body = encode_tasks(bodies);
-        publish_acked(&self.js, subject, headers, body.into(), Some(&self.stop))
+        publish_tasks(&self.js, tasks, bodies, &self.session, Some(&self.stop))
             .await
             .map_err(|e| unreachable(&e))
     }
@@ -279,18 +268,8 @@ impl Coordinator {
         );
         actix::spawn(async move {
             match carried(&nats, &run, lost.seq).await {
-                Some(mut siblings) => {
-                    if let Some(&(turn, _, _)) = siblings.first() {
-                        let settled = settled(&nats, &run, turn, &lost).await;
-                        siblings.retain(|(_, _, id)| !settled.contains(id));
-                    }
-                    if !siblings.is_empty() {
-                        let _ = tx.send(Cmd::Abandoned(lost, siblings));
-                    }
-                }
-                None => {
-                    let _ = tx.send(Cmd::Unknown(lost));
-                }
+                Some(siblings) => fail_unsettled(&nats, &run, &tx, lost, siblings).await,
+                None => drop(tx.send(Cmd::Unknown(lost))),
             }
         });
     }
@@ -318,16 +297,25 @@ impl Coordinator {
             self.tx.clone(),
             self.spec.run_id.clone(),
         );
-        actix::spawn(async move {
-            let mut siblings = siblings;
-            if let Some(&(turn, _, _)) = siblings.first() {
-                let settled = settled(&nats, &run, turn, &lost).await;
-                siblings.retain(|(_, _, id)| !settled.contains(id));
-            }
-            if !siblings.is_empty() {
-                let _ = tx.send(Cmd::Abandoned(lost, siblings));
-            }
-        });
+        actix::spawn(async move { fail_unsettled(&nats, &run, &tx, lost, siblings).await });
+    }
+}
+
+/// Tells the loop to fail `siblings` of a lost message, but those a worker
+/// wrote down as put back or reported.
+async fn fail_unsettled(
+    nats: &Nats,
+    run: &str,
+    tx: &mpsc::UnboundedSender<Cmd>,
+    lost: Lost,
+    mut siblings: Vec<Sibling>,
+) {
+    if let Some(&(turn, _, _)) = siblings.first() {
+        let settled = settled(nats, run, turn, &lost).await;
+        siblings.retain(|(_, _, id)| !settled.contains(id));
+    }
+    if !siblings.is_empty() {
+        let _ = tx.send(Cmd::Abandoned(lost, siblings));
     }
 }
 
@@ -356,32 +344,20 @@ pub(super) fn siblings_of(execs: Vec<ExecKey>) -> Vec<Sibling> {
 /// often why the message was lost).
 const READ_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Tries `read` until it answers `Ok`, backing off, for at most
-/// [`READ_PATIENCE`]; `None` then.
-async fn patiently<T, F, Fut>(mut read: F) -> Option<T>
+/// Tries `read` until it answers `Ok`, for at most [`READ_PATIENCE`];
+/// `None` then.
+async fn patiently<T, Fut>(read: impl FnMut() -> Fut) -> Option<T>
 where
-    F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, ()>>,
 {
-    let deadline = tokio::time::Instant::now() + READ_PATIENCE;
-    let mut pause = std::time::Duration::from_millis(100);
-    loop {
-        if let Ok(value) = read().await {
-            return Some(value);
-        }
-        if tokio::time::Instant::now() + pause > deadline {
-            return None;
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(std::time::Duration::from_secs(5));
-    }
+    retrying(READ_PATIENCE, |()| true, read).await.ok()
 }
 
 /// The ids a worker wrote down of the message (put back or reported) at
 /// its deliveries so far; read patiently, every key of them, and none if
 /// they cannot be read at all.
 async fn settled(
-    nats: &super::super::nats::Nats,
+    nats: &Nats,
     run: &str,
     turn: u64,
     lost: &Lost,
@@ -399,7 +375,7 @@ async fn settled(
 /// off a work queue), else from what the worker that put them back wrote
 /// down (`taking::Records::carries`). Read patiently through NATS
 /// failing; `None`: nothing is known of it.
-async fn carried(nats: &super::super::nats::Nats, run: &str, seq: u64) -> Option<Vec<Sibling>> {
+async fn carried(nats: &Nats, run: &str, seq: u64) -> Option<Vec<Sibling>> {
     use async_nats::jetstream::stream::RawMessageErrorKind;
     let in_stream = patiently(|| async {
         let stream = nats.tasks().await.map_err(|_| ())?;
