@@ -39,42 +39,15 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-# TROUPE_BIN: another binary than the release build (the script cds away,
-# so relative paths are made absolute).
-troupe=$(realpath -m "${TROUPE_BIN:-target/release/troupe}")
-server=${TROUPE_NATS_SERVER:-$(command -v nats-server || true)}
-[ -x "$troupe" ] || { echo "build first: cargo build --release" >&2; exit 2; }
-[ -n "$server" ] || { echo "nats-server not found (PATH or TROUPE_NATS_SERVER)" >&2; exit 2; }
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-# A free port, then the server; ready when it says so.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$server" -js -a 127.0.0.1 -p "$port" -sd "$work/js" 2> "$work/server.log" &
-pids+=($!)
-until grep -q "Server is ready" "$work/server.log" 2>/dev/null; do sleep 0.05; done
-url=nats://127.0.0.1:$port
-
+# The server and workers (TROUPE_BIN: another binary than the release
+# build; the script cds away, so relative paths are made absolute).
+. benches/nats_cluster.sh
+start_server
 # Each worker may hold its share of the cap and a little more.
 per=$(( (cap + workers - 1) / workers + 8 ))
 failing=()
 [ -n "$fail" ] && failing=(--fail-sibling "worker#$fail")
-for i in $(seq 1 "$workers"); do
-    "$troupe" worker stages/fanout --nats "$url" --name "w$i" --root "$work" \
-        --max-siblings "$per" --threads "$worker_threads" --latency "$latency" "${failing[@]}" \
-        > /dev/null 2> "$work/w$i.err" &
-    pids+=($!)
-done
-for i in $(seq 1 "$workers"); do
-    until grep -q "serving at" "$work/w$i.err" 2>/dev/null; do sleep 0.05; done
-done
+start_workers "$workers" "$per" "$worker_threads" "$latency" "${failing[@]}"
 
 # wall ms, and for a failed run the cancel window, of one run's summary.
 measure() {
@@ -111,7 +84,7 @@ own_threads=()
 [ "$threads" = default ] || own_threads=(--threads "$threads")
 for mode in local distributed; do
     for r in $(seq 1 "$repeat"); do
-        args=(run "$OLDPWD/stages/fanout" --ctx "width=$width" --parallel-cap "$cap" --latency "$latency" --json "${own_threads[@]}")
+        args=(run "$stages" --ctx "width=$width" --parallel-cap "$cap" --latency "$latency" --json "${own_threads[@]}")
         [ "$mode" = distributed ] && args+=(--nats "$url")
         [ "$mode" = local ] && [ -n "$fail" ] && args+=("${failing[@]}")
         "$troupe" "${args[@]}" > "$work/summary.json" 2> "$work/run.err" || true

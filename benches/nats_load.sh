@@ -13,35 +13,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 width=${1:-10000} cap=${2:-256} latency=${3:-0ms} workers=${4:-3}
-troupe=$(realpath -m "${TROUPE_BIN:-target/release/troupe}")
-server=${TROUPE_NATS_SERVER:-$(command -v nats-server || true)}
-[ -x "$troupe" ] || { echo "build first: cargo build --release" >&2; exit 2; }
-[ -n "$server" ] || { echo "nats-server not found (PATH or TROUPE_NATS_SERVER)" >&2; exit 2; }
-stages=$PWD/stages/fanout
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(free_port) monitor=$(free_port)
-"$server" -js -a 127.0.0.1 -p "$port" -m "$monitor" -sd "$work/js" 2> "$work/server.log" &
-server_pid=$!
-pids+=("$server_pid")
-until grep -q "Server is ready" "$work/server.log" 2>/dev/null; do sleep 0.05; done
-url=nats://127.0.0.1:$port
+. benches/nats_cluster.sh
+start_server -m
 per=${PER:-$(( (cap + workers - 1) / workers + 8 ))}
-for i in $(seq 1 "$workers"); do
-    "$troupe" worker "$stages" --nats "$url" --name "w$i" --root "$work" \
-        --max-siblings "$per" --threads 1 --latency "$latency" > /dev/null 2> "$work/w$i.err" &
-    pids+=($!)
-done
-for i in $(seq 1 "$workers"); do
-    until grep -q "serving at" "$work/w$i.err" 2>/dev/null; do sleep 0.05; done
-done
+start_workers "$workers" "$per" 1 "$latency"
 cd "$work"
 run() {
     "$troupe" run "$stages" --ctx "width=$1" --parallel-cap "$cap" --latency "$latency" \
