@@ -309,9 +309,10 @@ impl Nats {
 
     /// What one message of troupe's may weigh: half of what the server
     /// allows (room for headers, and for a server that lowers its limit
-    /// later), 512 KiB when it names none (NATS's default is 1 MiB).
+    /// later), 512 KiB when it names none (NATS's default is 1 MiB). One
+    /// atomic read: the coordinator asks for every message of tasks.
     pub fn message_budget(&self) -> usize {
-        match self.client.server_info().max_payload {
+        match self.client.max_payload() {
             0 => 512 * 1024,
             limit => (limit / 2).max(1024),
         }
