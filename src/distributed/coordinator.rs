@@ -256,21 +256,6 @@ struct Coordinator {
     publishers: Helpers,
 }
 
-/// A sibling whose task the server removed while a worker held it (its
-/// stream's limits, an operator), with the server's reason.
-pub(super) fn dropped(reason: &str) -> String {
-    format!(
-        "Distributed/TaskDropped: the server removed the task's message while a worker held it ({reason})"
-    )
-}
-
-/// A sibling whose task no worker finished.
-pub(super) const ABANDONED: &str = "Distributed/TaskAbandoned: the task was delivered to workers as often as allowed and none finished it";
-
-/// A sibling whose task a worker could not read and dropped: a troupe
-/// older than this coordinator reads one task a message, not several.
-pub(super) const UNREADABLE: &str = "Distributed/TaskUnreadable: a worker could not read the message the task was in and dropped it (a worker older than this coordinator cannot read several tasks in one message: run the same troupe on the coordinator and the workers)";
-
 /// A task the server would not store, as its unit's failure.
 pub(super) fn unreachable(error: &str) -> String {
     format!("Distributed/Unreachable: the task could not be queued: {error}")
@@ -436,57 +421,11 @@ impl Coordinator {
                 turn,
                 execs,
                 outcomes,
-            } => {
-                self.publishing = self.publishing.saturating_sub(1);
-                let mut execs = execs.into_iter();
-                for (count, outcome) in outcomes {
-                    let message: Vec<ExecKey> = execs.by_ref().take(count).collect();
-                    match outcome {
-                        Ok(sequence) => match self.unknown.remove(&sequence) {
-                            // Its worker gave it up before this loop heard
-                            // it was stored.
-                            Some(lost) => {
-                                self.fail_message(lost, publishing::siblings_of(message));
-                            }
-                            None => drop(self.by_sequence.insert(sequence, message)),
-                        },
-                        // A cancelled group's barrier settles them.
-                        Err(_) if self.groups.get(&turn).is_some_and(Group::is_cancelled) => {}
-                        Err(reason) => {
-                            for exec in message {
-                                self.fail_unit(exec, reason.clone());
-                            }
-                        }
-                    }
-                }
-                if self.publishing == 0 {
-                    // Nothing awaited: what is unknown is not this run's.
-                    self.unknown.clear();
-                }
-            }
+            } => self.queued(turn, execs, outcomes),
             Cmd::GroupCancelled { turn, reason } => self.cancel_group(turn, reason).await,
             Cmd::Committed(id, stored) => self.committed(&id, stored).await,
             Cmd::Unknown(lost) => self.unknown(lost),
-            Cmd::Abandoned(lost, siblings) => {
-                let why = lost.why;
-                for (turn, unit, id) in siblings {
-                    // A cancelled group's siblings are settled by its cancel.
-                    if self.groups.get(&turn).is_none_or(Group::is_cancelled) {
-                        continue;
-                    }
-                    // The unit's execution now (a resumed run's message of
-                    // an earlier session names another).
-                    let exec = self
-                        .groups
-                        .get(&turn)
-                        .and_then(|g| g.units.get(&unit))
-                        .and_then(|u| u.exec.clone())
-                        .filter(|exec| *exec.id == *id);
-                    if let Some(exec) = exec {
-                        self.fail_unit(exec, why.clone());
-                    }
-                }
-            }
+            Cmd::Abandoned(lost, siblings) => self.fail_siblings(lost, siblings),
             Cmd::GiveUp { turn } => {
                 let lost = self
                     .groups

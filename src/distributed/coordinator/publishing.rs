@@ -15,7 +15,7 @@ use super::super::groups::Group;
 use super::super::nats::{Nats, publish_tasks, retrying};
 use super::super::taking::Records;
 use super::super::wire::{TASKS_PER_MESSAGE, Task, decode_tasks};
-use super::{ABANDONED, Cmd, Coordinator, UNREADABLE, decoding, unreachable};
+use super::{Cmd, Coordinator, decoding, unreachable};
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::scheduler::{ExecKey, Slot, StageOutcome, ToScheduler};
 
@@ -244,7 +244,7 @@ impl Coordinator {
         let why = match (dropped, reason.is_empty()) {
             (false, _) => ABANDONED.to_owned(),
             (true, true) => UNREADABLE.to_owned(),
-            (true, false) => super::dropped(reason),
+            (true, false) => removed_by_the_server(reason),
         };
         let lost = Lost {
             seq,
@@ -288,6 +288,61 @@ impl Coordinator {
         }
     }
 
+    /// JetStream stored the messages of group `turn` or would not (see
+    /// `Cmd::Queued`): each stored one is known by its sequence, or failed
+    /// at once if a worker gave it up before this loop heard it was
+    /// stored; a message not stored fails its siblings, unless the
+    /// group's cancel settles them.
+    pub(super) fn queued(
+        &mut self,
+        turn: u64,
+        execs: Vec<ExecKey>,
+        outcomes: Vec<(usize, Result<u64, String>)>,
+    ) {
+        self.publishing = self.publishing.saturating_sub(1);
+        let mut execs = execs.into_iter();
+        for (count, outcome) in outcomes {
+            let message: Vec<ExecKey> = execs.by_ref().take(count).collect();
+            match outcome {
+                Ok(sequence) => match self.unknown.remove(&sequence) {
+                    Some(lost) => self.fail_message(lost, siblings_of(message)),
+                    None => drop(self.by_sequence.insert(sequence, message)),
+                },
+                Err(_) if self.groups.get(&turn).is_some_and(Group::is_cancelled) => {}
+                Err(reason) => {
+                    for exec in message {
+                        self.fail_unit(exec, reason.clone());
+                    }
+                }
+            }
+        }
+        if self.publishing == 0 {
+            // Nothing awaited: what is unknown is not this run's.
+            self.unknown.clear();
+        }
+    }
+
+    /// The siblings of a lost message left to fail (see
+    /// [`fail_message`](Coordinator::fail_message)): each that is still
+    /// its unit's execution (a resumed run's message of an earlier session
+    /// names another) and not of a cancelled group, whose cancel settles
+    /// it.
+    pub(super) fn fail_siblings(&mut self, lost: Lost, siblings: Vec<Sibling>) {
+        for (turn, unit, id) in siblings {
+            let Some(group) = self.groups.get(&turn).filter(|g| !g.is_cancelled()) else {
+                continue;
+            };
+            let exec = group
+                .units
+                .get(&unit)
+                .and_then(|u| u.exec.clone())
+                .filter(|exec| *exec.id == *id);
+            if let Some(exec) = exec {
+                self.fail_unit(exec, lost.why.clone());
+            }
+        }
+    }
+
     /// The siblings of a message no worker will finish fail, but those a
     /// worker put back on the queue from it or reported (read off this
     /// loop); `Cmd::Abandoned` then fails what is left.
@@ -319,17 +374,32 @@ async fn fail_unsettled(
     }
 }
 
+/// A sibling whose task the server removed while a worker held it (its
+/// stream's limits, an operator), with the server's reason.
+fn removed_by_the_server(reason: &str) -> String {
+    format!(
+        "Distributed/TaskDropped: the server removed the task's message while a worker held it ({reason})"
+    )
+}
+
+/// A sibling whose task no worker finished.
+const ABANDONED: &str = "Distributed/TaskAbandoned: the task was delivered to workers as often as allowed and none finished it";
+
+/// A sibling whose task a worker could not read and dropped: a troupe
+/// older than this coordinator reads one task a message, not several.
+const UNREADABLE: &str = "Distributed/TaskUnreadable: a worker could not read the message the task was in and dropped it (a worker older than this coordinator cannot read several tasks in one message: run the same troupe on the coordinator and the workers)";
+
 /// A message no worker will finish: its stream sequence, how often it
 /// was delivered, and why its siblings fail.
 #[derive(Debug)]
 pub(super) struct Lost {
-    pub(super) seq: u64,
+    seq: u64,
     deliveries: u64,
-    pub(super) why: String,
+    why: String,
 }
 
 /// The siblings of a message this loop published.
-pub(super) fn siblings_of(execs: Vec<ExecKey>) -> Vec<Sibling> {
+fn siblings_of(execs: Vec<ExecKey>) -> Vec<Sibling> {
     execs
         .into_iter()
         .filter_map(|e| match e.slot {
