@@ -241,6 +241,33 @@ fn with_marker(marker: &str) -> Vec<(i32, String)> {
     found
 }
 
+/// Waits until a thread of `child` sits in a `write` or `writev` to its
+/// standard output (what `/proc/<pid>/task/<tid>/syscall` shows of a
+/// thread blocked in a system call): the pipe is full.
+fn wait_until_blocked_on_stdout(child: &Child) {
+    #[cfg(target_arch = "x86_64")]
+    const WRITES: [&str; 2] = ["1", "20"];
+    #[cfg(target_arch = "aarch64")]
+    const WRITES: [&str; 2] = ["64", "66"];
+    let tasks = PathBuf::from(format!("/proc/{}/task", child.id()));
+    let deadline = std::time::Instant::now() + GONE_WITHIN;
+    loop {
+        let blocked = std::fs::read_dir(&tasks).unwrap().flatten().any(|task| {
+            let call = std::fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
+            let mut fields = call.split_whitespace();
+            fields.next().is_some_and(|n| WRITES.contains(&n)) && fields.next() == Some("0x1")
+        });
+        if blocked {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "troupe never blocked on its full stdout"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn send(child: &Child, signal: Signal) {
     kill(Pid::from_raw(i32::try_from(child.id()).unwrap()), signal).unwrap();
 }
@@ -318,6 +345,10 @@ fn a_second_signal_exits_at_once_with_the_first_ones_code_and_kills_the_shells()
         // stop reading: the stream fills and every publisher blocks.
         let fifo = wait_until_up(&project);
         stream.stop.store(true, Ordering::SeqCst);
+        // Signalled before the pipe is full, the run can still write its
+        // end and exit on the first signal (seen in CI with 24 siblings
+        // done): wait until a thread of troupe is blocked writing stdout.
+        wait_until_blocked_on_stdout(&child);
 
         send(&child, first);
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
