@@ -251,7 +251,7 @@ proptest! {
         let calls = a.into_response().unwrap().tool_calls;
         prop_assert_eq!(calls.len(), 1);
         let expected = if arguments.trim().is_empty() { "{}" } else { arguments.as_str() };
-        prop_assert_eq!(calls[0].arguments.as_str(), expected);
+        prop_assert_eq!(&*calls[0].arguments, expected);
     }
 
     #[test]

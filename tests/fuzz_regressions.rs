@@ -31,7 +31,7 @@ fn tool_call_after_index_usize_max_gets_its_own_slot() {
     let calls = a.into_response().unwrap().tool_calls;
     let calls: Vec<(&str, &str, &str)> = calls
         .iter()
-        .map(|c| (&*c.id, &*c.name, c.arguments.as_str()))
+        .map(|c| (&*c.id, &*c.name, &*c.arguments))
         .collect();
     assert_eq!(
         calls,

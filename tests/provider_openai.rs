@@ -60,7 +60,13 @@ fn code(result: &Result<ModelResponse, ProviderError>) -> String {
 fn calls(r: &ModelResponse) -> Vec<(String, String, String)> {
     r.tool_calls
         .iter()
-        .map(|c| (c.id.to_string(), c.name.to_string(), c.arguments.clone()))
+        .map(|c| {
+            (
+                c.id.to_string(),
+                c.name.to_string(),
+                c.arguments.to_string(),
+            )
+        })
         .collect()
 }
 
@@ -275,7 +281,7 @@ async fn bad_arguments_and_unknown_tools_pass_through_to_the_stage() {
     let got: Vec<(String, String)> = r
         .tool_calls
         .iter()
-        .map(|c| (c.name.to_string(), c.arguments.clone()))
+        .map(|c| (c.name.to_string(), c.arguments.to_string()))
         .collect();
     assert_eq!(
         got,

@@ -92,7 +92,7 @@ fn check(outcomes: &[(usize, Result<ModelResponse, ProviderError>)], len: usize,
         Err(e) => panic!("{what}: the whole reply failed: {}: {e}", e.code()),
     };
     assert_eq!(whole.tool_calls.len(), 2, "{what}");
-    assert_eq!(whole.tool_calls[0].arguments, r#"{"text":"héllo ✓"}"#);
+    assert_eq!(&*whole.tool_calls[0].arguments, r#"{"text":"héllo ✓"}"#);
     for (n, outcome) in &outcomes[..len] {
         match outcome {
             // The same turn. A stream cut after its finishing chunk but

@@ -154,17 +154,19 @@ impl Template {
                     })?;
                     match value {
                         serde_json::Value::String(s) => out.push_str(&s),
-                        serde_json::Value::Number(n) => {
-                            use std::fmt::Write as _;
-                            // Writing to a `String` cannot fail.
-                            let _ = write!(out, "{n}");
-                        }
+                        serde_json::Value::Number(n) => push_number(&mut out, &n),
                         other => out.push_str(&json_text(&other)),
                     }
                 }
             }
         }
         Ok(out)
+    }
+
+    /// Whether the whole template is one placeholder (which
+    /// [`Template::render_value`] resolves to its typed value).
+    pub fn is_one_placeholder(&self) -> bool {
+        matches!(self.parts.as_slice(), [Part::Slot(_)])
     }
 
     /// When the whole template is one placeholder, resolves it to its typed
@@ -180,6 +182,22 @@ impl Template {
             });
         }
         self.render_with(resolve).map(serde_json::Value::String)
+    }
+}
+
+/// `n` as `Display` writes it: integers without `fmt`, which cost a fan-out
+/// sibling's `"item {{ctx.item}}"` more than the rest of its rendering.
+fn push_number(out: &mut String, n: &serde_json::Number) {
+    use crate::auditlog::json::push_decimal;
+    if let Some(u) = n.as_u64() {
+        push_decimal(out, u);
+    } else if let Some(i) = n.as_i64() {
+        out.push('-');
+        push_decimal(out, i.unsigned_abs());
+    } else {
+        use std::fmt::Write as _;
+        // Writing to a `String` cannot fail.
+        let _ = write!(out, "{n}");
     }
 }
 
@@ -333,6 +351,25 @@ mod tests {
             t.render(&scope()).unwrap(),
             r#"T=refactor auth C=3 F=true O={"a":[1,2]} N=null S=Plan"#
         );
+    }
+
+    #[test]
+    fn numbers_render_as_display_writes_them() {
+        let t = Template::parse("n={{ctx.n}}.").unwrap();
+        let numbers = [
+            serde_json::json!(0),
+            serde_json::json!(7),
+            serde_json::json!(-1),
+            serde_json::json!(i64::MIN),
+            serde_json::json!(u64::MAX),
+            serde_json::json!(1.5),
+            serde_json::json!(-0.0),
+            serde_json::json!(1e300),
+        ];
+        for n in numbers {
+            let scope = serde_json::json!({"ctx": {"n": n}});
+            assert_eq!(t.render(&scope).unwrap(), format!("n={n}."));
+        }
     }
 
     #[test]

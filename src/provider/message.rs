@@ -8,12 +8,14 @@ use serde::Serialize;
 /// A tool call proposed by a model. `arguments` is the raw JSON text the
 /// model produced; it is parsed (and may fail to parse) by the stage. The
 /// id and name are shared with the call's audit events and its
-/// cancellation record instead of copied into each.
+/// cancellation record instead of copied into each; so is the arguments'
+/// text, which the transcript, the call's `ToolInvocationProposed` event
+/// and the call itself each hold.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ToolCall {
     pub id: Arc<str>,
     pub name: Arc<str>,
-    pub arguments: String,
+    pub arguments: Arc<str>,
 }
 
 /// One message of a transcript.

@@ -131,22 +131,110 @@ impl ValueTemplate {
                 Value::Object(map)
             }
             ValueTemplate::Range(n) => {
-                let n = n.render_within(resolve, range_left)?;
-                let count = match &n {
-                    Value::Number(x) => x.as_u64(),
-                    Value::String(s) => s.trim().parse().ok(),
-                    _ => None,
-                }
-                .ok_or_else(|| format!("$range needs a non-negative integer, got {n}"))?;
-                if count > *range_left {
-                    return Err(format!(
-                        "$range of {count} is over the limit of 10 000 000 elements in one turn"
-                    ));
-                }
-                *range_left -= count;
+                let count = range_count(n, resolve, range_left)?;
                 Value::Array((0..count).map(Value::from).collect())
             }
         })
+    }
+}
+
+/// How many elements the `$range` of `n` makes, taken from `range_left`.
+fn range_count(
+    n: &ValueTemplate,
+    resolve: &dyn Fn(&[Segment]) -> Result<Value, String>,
+    range_left: &mut u64,
+) -> Result<u64, String> {
+    let n = n.render_within(resolve, range_left)?;
+    let count = match &n {
+        Value::Number(x) => x.as_u64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+    .ok_or_else(|| format!("$range needs a non-negative integer, got {n}"))?;
+    if count > *range_left {
+        return Err(format!(
+            "$range of {count} is over the limit of 10 000 000 elements in one turn"
+        ));
+    }
+    *range_left -= count;
+    Ok(count)
+}
+
+impl ValueTemplate {
+    /// The rendered value as compact JSON text: what `serde_json::to_string`
+    /// writes of [`ValueTemplate::render`]'s value, byte for byte and with
+    /// the same errors, written without building the value. A tool call's
+    /// arguments are text on the wire; building their object first (an
+    /// ordered map, its keys hashed and copied, then dropped) was most of
+    /// the offline provider's cost, a tenth of a fan-out sibling's on its
+    /// arbiter.
+    pub fn render_json(
+        &self,
+        resolve: &dyn Fn(&[Segment]) -> Result<Value, String>,
+    ) -> Result<String, String> {
+        let mut out = Vec::with_capacity(64);
+        let mut range_left = MAX_RANGE_ELEMENTS;
+        self.write_json(resolve, &mut out, &mut range_left)?;
+        // Only whole strings and ASCII punctuation were written.
+        String::from_utf8(out).map_err(|e| e.to_string())
+    }
+
+    fn write_json(
+        &self,
+        resolve: &dyn Fn(&[Segment]) -> Result<Value, String>,
+        out: &mut Vec<u8>,
+        range_left: &mut u64,
+    ) -> Result<(), String> {
+        use crate::auditlog::json::{write_json_str, write_u64};
+        // Writing into a Vec cannot fail, and a `Value` always serializes.
+        let value = |out: &mut Vec<u8>, v: &Value| {
+            let _ = serde_json::to_writer(out, v);
+        };
+        match self {
+            ValueTemplate::Literal(v) => value(out, v),
+            ValueTemplate::Str(t) if t.is_one_placeholder() => {
+                value(out, &t.render_value(resolve).map_err(|e| e.to_string())?);
+            }
+            ValueTemplate::Str(t) => {
+                write_json_str(out, &t.render_with(resolve).map_err(|e| e.to_string())?);
+            }
+            ValueTemplate::Array(items) => {
+                out.push(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    item.write_json(resolve, out, range_left)?;
+                }
+                out.push(b']');
+            }
+            ValueTemplate::Object(entries) => {
+                // Keys are unique: the YAML reader refuses a mapping that
+                // repeats one, so no later entry replaces an earlier one.
+                out.push(b'{');
+                for (i, (k, v)) in entries.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_json_str(out, k);
+                    out.push(b':');
+                    v.write_json(resolve, out, range_left)?;
+                }
+                out.push(b'}');
+            }
+            ValueTemplate::Range(n) => {
+                let count = range_count(n, resolve, range_left)?;
+                out.push(b'[');
+                for i in 0..count {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_u64(out, i);
+                }
+                out.push(b']');
+            }
+        }
+        Ok(())
     }
 }
 
@@ -421,4 +509,89 @@ fn value_template(node: &Node, field: &str, r: &mut FieldReader<'_>) -> Option<V
         ),
         _ => ValueTemplate::Literal(node.to_json()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::ValueTemplate;
+    use crate::definition::template::{Segment, Template, json_text, lookup};
+
+    fn scope() -> Value {
+        json!({"ctx": {
+            "item": 7, "neg": -3, "big": u64::MAX, "f": 1.5, "n": " 3 ",
+            "name": "a\"b\\c\n\u{1}é", "obj": {"k": [1, "x", null, true]},
+        }})
+    }
+
+    fn resolve(path: &[Segment]) -> Result<Value, String> {
+        lookup(&scope(), path).cloned()
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("{{ctx.item}}"),
+            Just("{{ctx.neg}}"),
+            Just("{{ctx.big}}"),
+            Just("{{ctx.f}}"),
+            Just("{{ctx.name}}"),
+            Just("{{ctx.obj}}"),
+            Just("{{ctx.missing}}"),
+            Just("plain"),
+            Just(" \"q\" \\ "),
+            Just("\t\u{7f}ü"),
+        ];
+        prop::collection::vec(piece, 1..4).prop_map(|p| p.concat())
+    }
+
+    fn template() -> impl Strategy<Value = ValueTemplate> {
+        let leaf = prop_oneof![
+            text().prop_map(|t| ValueTemplate::Str(Template::parse(&t).unwrap())),
+            any::<i64>().prop_map(|n| ValueTemplate::Literal(json!(n))),
+            "[a-z\"\\\\\n]{0,6}".prop_map(|s| ValueTemplate::Literal(json!(s))),
+            Just(ValueTemplate::Literal(
+                json!({"a": [1.25, null], "b\n": "c"})
+            )),
+            prop_oneof![
+                Just("{{ctx.item}}"),
+                Just("{{ctx.n}}"),
+                Just("{{ctx.neg}}"),
+                Just("{{ctx.name}}")
+            ]
+            .prop_map(|t| ValueTemplate::Range(Box::new(ValueTemplate::Str(
+                Template::parse(t).unwrap()
+            )))),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(ValueTemplate::Array),
+                prop::collection::btree_map("[a-z\"é]{1,3}", inner, 0..4)
+                    .prop_map(|m| ValueTemplate::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Written straight to text, a template reads as the value it
+        /// renders, serialized: the same bytes, or the same error.
+        #[test]
+        fn render_json_writes_what_render_serializes(t in template()) {
+            let direct = t.render_json(&resolve);
+            let through_value = t.render(&resolve).map(|v| json_text(&v));
+            prop_assert_eq!(direct, through_value);
+        }
+    }
+
+    #[test]
+    fn ranges_share_one_budget_in_both_renderings() {
+        let t = ValueTemplate::Array(vec![
+            ValueTemplate::Range(Box::new(ValueTemplate::Literal(json!(3)))),
+            ValueTemplate::Range(Box::new(ValueTemplate::Literal(json!(9_999_998)))),
+        ]);
+        let err = t.render_json(&resolve).unwrap_err();
+        assert!(err.contains("over the limit"), "{err}");
+        assert_eq!(Err(err), t.render(&resolve).map(|v| json_text(&v)));
+    }
 }

@@ -172,10 +172,10 @@ fn render(
         .for_execution(&req.stage_id, req.index)
         .and_then(|s| locate(s, position).0);
     let resolve = |path: &[crate::definition::template::Segment]| req.ctx.resolve(path);
-    let call = |i: usize, name: &str, args: serde_json::Value| ToolCall {
+    let call = |i: usize, name: &str, arguments: String| ToolCall {
         id: call_id(position + 1, i).into(),
         name: name.into(),
-        arguments: crate::definition::template::json_text(&args),
+        arguments: arguments.into(),
     };
     let mut response = ModelResponse::default();
     let rendered: Result<(), String> = (|| {
@@ -183,23 +183,24 @@ fn render(
             None => response.tool_calls.push(call(
                 0,
                 &req.completion_tool,
-                synthesize(&req.completion_schema),
+                crate::definition::template::json_text(&synthesize(&req.completion_schema)),
             )),
             Some(Reply::Text(t)) => {
                 response.text = Some(t.render_with(resolve).map_err(|e| e.to_string())?)
             }
             Some(Reply::Calls(calls)) => {
+                response.tool_calls.reserve_exact(calls.len());
                 for (i, c) in calls.iter().enumerate() {
                     response
                         .tool_calls
-                        .push(call(i, &c.tool, c.args.render(&resolve)?));
+                        .push(call(i, &c.tool, c.args.render_json(&resolve)?));
                 }
             }
-            Some(Reply::Complete(payload)) => {
-                response
-                    .tool_calls
-                    .push(call(0, &req.completion_tool, payload.render(&resolve)?))
-            }
+            Some(Reply::Complete(payload)) => response.tool_calls.push(call(
+                0,
+                &req.completion_tool,
+                payload.render_json(&resolve)?,
+            )),
             Some(Reply::Fail { .. }) => {}
         }
         Ok(())

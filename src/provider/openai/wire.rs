@@ -388,9 +388,9 @@ impl Assembly {
                 },
                 name: c.name.into(),
                 arguments: if c.arguments.trim().is_empty() {
-                    "{}".to_owned()
+                    "{}".into()
                 } else {
-                    c.arguments
+                    c.arguments.into()
                 },
             })
             .collect();
@@ -458,7 +458,7 @@ mod tests {
         let calls: Vec<(&str, &str, &str)> = r
             .tool_calls
             .iter()
-            .map(|c| (&*c.id, &*c.name, c.arguments.as_str()))
+            .map(|c| (&*c.id, &*c.name, &*c.arguments))
             .collect();
         assert_eq!(
             calls,
@@ -488,9 +488,9 @@ mod tests {
             .into_response()
             .unwrap();
         assert_eq!(r.text, None);
-        assert_eq!(r.tool_calls[0].arguments, "{\"text\":\"hi\"}");
+        assert_eq!(&*r.tool_calls[0].arguments, "{\"text\":\"hi\"}");
         assert_eq!(
-            r.tool_calls[1].arguments, "{}",
+            &*r.tool_calls[1].arguments, "{}",
             "empty arguments read as {{}}"
         );
         assert!(r.tool_calls[1].id.starts_with("call_troupe_"));

@@ -83,7 +83,7 @@ impl StageRun {
     ) -> Result<Value, String> {
         self.emit(
             self.tool_event(EventName::ToolInvocationProposed, call)
-                .with("arguments", call.arguments.as_str()),
+                .with("arguments", Arc::clone(&call.arguments)),
         );
         let failed = |name: &'static str, message: String| {
             self.emit(

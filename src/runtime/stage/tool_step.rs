@@ -33,11 +33,11 @@ impl StageRun {
         let call = ToolCall {
             id: Arc::from("step"),
             name: Arc::from(tool),
-            arguments: args.to_string(),
+            arguments: args.to_string().into(),
         };
         self.emit(
             self.tool_event(EventName::ToolInvocationProposed, &call)
-                .with("arguments", call.arguments.as_str()),
+                .with("arguments", Arc::clone(&call.arguments)),
         );
         self.emit(
             self.tool_event(EventName::ToolCallApproved, &call)
