@@ -17,10 +17,15 @@ pub struct Transcript {
 
 impl Transcript {
     pub fn new(system_prompt: String) -> Transcript {
+        // Room for a short stage's whole conversation (the prompt, the
+        // kickoff, two turns and a tool result is five): grown one
+        // message at a time from one, it was reallocated twice.
+        let mut messages = Vec::with_capacity(8);
+        messages.push(Message::System {
+            content: system_prompt,
+        });
         Transcript {
-            messages: Arc::new(vec![Message::System {
-                content: system_prompt,
-            }]),
+            messages: Arc::new(messages),
         }
     }
 
