@@ -37,7 +37,8 @@ pub async fn execute_output(
 ) -> Result<ToolOutput, ToolError> {
     if crate::definition::mcp::split_tool_name(name).is_some() {
         return match &env.mcp {
-            Some(pool) => pool.call(name, args, cancel).await,
+            // Boxed, like `Bash` below: see there.
+            Some(pool) => Box::pin(pool.call(name, args, cancel)).await,
             None => Err(ToolError::terminal(
                 "UnknownTool",
                 format!("there is no tool `{name}` (this run has no MCP servers)"),
@@ -74,7 +75,17 @@ pub async fn execute_output(
             }
             "Bash" => {
                 let a: bash::BashArgs = args::parse(name, args)?;
-                bash::bash(&root, &limits, &a, env.sandbox.as_deref(), env.deny_network).await
+                // Boxed: its state is kilobytes, and unboxed it sized
+                // every call's future, an `Echo`'s too, which each tool
+                // call copied into its actor's task a few times.
+                Box::pin(bash::bash(
+                    &root,
+                    &limits,
+                    &a,
+                    env.sandbox.as_deref(),
+                    env.deny_network,
+                ))
+                .await
             }
             other => Err(ToolError::terminal(
                 "ToolUnavailable",
