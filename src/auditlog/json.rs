@@ -118,39 +118,39 @@ fn needs_escape(bytes: &[u8]) -> bool {
 
 /// Decimal digits of `n`, without `fmt`.
 pub(crate) fn write_u64(out: &mut Vec<u8>, n: u64) {
-    let (buf, from) = decimal(n);
-    out.extend_from_slice(&buf[from..]);
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// The decimal digits of `n` appended to `out`, without `fmt` (ids and
 /// tool-call ids are built from them a few times a sibling).
 pub(crate) fn push_decimal(out: &mut String, n: u64) {
-    let (digits, from) = decimal(n);
-    // ASCII digits: the check cannot fail, and is cheaper than pushing
-    // them one char at a time.
-    if let Ok(text) = std::str::from_utf8(&digits[from..]) {
-        out.push_str(text);
-    }
-}
-
-/// The decimal digits of `n`: `buf[from..]`, ASCII.
-pub(crate) fn decimal(mut n: u64) -> ([u8; 20], usize) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    (buf, i)
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_read_as_format_writes_them() {
+        for n in [
+            0,
+            9,
+            10,
+            99,
+            100,
+            4_999,
+            65_536,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            let mut bytes = Vec::new();
+            write_u64(&mut bytes, n);
+            let mut text = String::from("x");
+            push_decimal(&mut text, n);
+            assert_eq!((bytes, text), (n.to_string().into_bytes(), format!("x{n}")));
+        }
+    }
 
     #[test]
     fn needs_escape_finds_every_byte_that_needs_it_at_every_offset() {
