@@ -355,6 +355,53 @@ impl<E: BusEvent> EventBus<E> {
         Some(seq)
     }
 
+    /// Publishes `events`, in order, as [`EventBus::publish`] would one by
+    /// one, and leaves `events` empty with its allocation kept: their
+    /// numbers are drawn in one step, so they are consecutive, and an
+    /// uncontended publisher delivers them in one hold of the registry
+    /// (one parcel a subscriber). Returns the last one's number, or `None`
+    /// if there were none or the bus is closed. For what one poll of a
+    /// stage execution emits: a dozen publishes a fan-out sibling, each
+    /// drawing from the one counter every thread writes.
+    pub fn publish_all(&self, events: &mut Vec<E>) -> Option<u64> {
+        let n = events.len() as u64;
+        if n <= 1 {
+            return events.pop().and_then(|event| self.publish(event));
+        }
+        let shared = &*self.shared;
+        let first = shared.next.fetch_add(n, Ordering::SeqCst);
+        if first & CLOSED != 0 {
+            events.clear();
+            return None;
+        }
+        let handed = events.drain(..).zip(first..).map(|(event, seq)| Handed {
+            seq,
+            class: event.class(),
+            event: Arc::new(event),
+        });
+        match self.try_deliver() {
+            None => {
+                for one in handed {
+                    shared.handoff.send(one);
+                }
+                self.deliver_handed();
+            }
+            Some(mut registry) => {
+                self.take_handed(&mut registry);
+                for one in handed {
+                    self.place(&mut registry, one);
+                }
+                self.send_parcels(&mut registry);
+                drop(registry);
+                fence(Ordering::SeqCst);
+                if !shared.handoff.is_empty() {
+                    self.deliver_handed();
+                }
+            }
+        }
+        Some(first + n - 1)
+    }
+
     /// Closes the bus: later publishes are ignored and every subscription ends
     /// once its queued items are drained. Waits for the publishes in
     /// progress: every event that drew its number before is delivered.

@@ -2,7 +2,7 @@ use super::*;
 use std::sync::Barrier;
 use std::thread;
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ev {
     Audit(u32),
     Token(u32),
@@ -240,6 +240,82 @@ fn an_event_handed_off_late_is_delivered_before_the_ones_drawn_after_it() {
     );
 }
 
+fn seqs_and_events(sub: &Subscription<Ev>) -> Vec<(u64, Ev)> {
+    std::iter::from_fn(|| sub.try_recv())
+        .map(|d| {
+            let env = event(Some(d));
+            (env.seq, *env.event)
+        })
+        .collect()
+}
+
+#[test]
+fn a_batch_takes_consecutive_numbers_and_is_delivered_in_order() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let all = bus.subscribe("all", 16);
+    let audit = bus.subscribe_audit("audit", 16);
+    assert_eq!(bus.publish(Ev::Audit(0)), Some(1));
+    let mut batch = vec![Ev::Audit(1), Ev::Token(2), Ev::Audit(3)];
+    let kept = batch.capacity();
+    assert_eq!(bus.publish_all(&mut batch), Some(4));
+    assert!(batch.is_empty());
+    assert_eq!(batch.capacity(), kept, "the batch's allocation is kept");
+    assert_eq!(bus.publish_all(&mut batch), None, "nothing to publish");
+    batch.push(Ev::Audit(4));
+    assert_eq!(bus.publish_all(&mut batch), Some(5));
+    assert_eq!(
+        seqs_and_events(&all),
+        [
+            (1, Ev::Audit(0)),
+            (2, Ev::Audit(1)),
+            (3, Ev::Token(2)),
+            (4, Ev::Audit(3)),
+            (5, Ev::Audit(4))
+        ]
+    );
+    assert_eq!(seqs_of(&audit), [1, 2, 4, 5]);
+}
+
+#[test]
+fn a_batch_behind_a_stalled_number_waits_for_it() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let sub = bus.subscribe_audit("audit", 16);
+    let stalled = bus.shared.next.fetch_add(1, Ordering::SeqCst);
+    let mut batch = vec![Ev::Audit(2), Ev::Audit(3)];
+    assert_eq!(bus.publish_all(&mut batch), Some(3));
+    assert!(sub.try_recv().is_none(), "2 and 3 wait for 1");
+    hand_off(&bus, stalled, Ev::Audit(1));
+    bus.deliver_handed();
+    assert_eq!(seqs_of(&sub), [1, 2, 3]);
+}
+
+#[test]
+fn a_batch_meeting_a_busy_deliverer_is_handed_off_and_delivered_by_it() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let sub = bus.subscribe_audit("audit", 16);
+    let holder = bus.try_deliver().expect("free");
+    let mut batch = vec![Ev::Audit(1), Ev::Audit(2), Ev::Audit(3)];
+    assert_eq!(bus.publish_all(&mut batch), Some(3));
+    assert!(sub.try_recv().is_none(), "left with the holder");
+    assert!(!bus.shared.handoff.is_empty());
+    drop(holder);
+    bus.deliver_handed();
+    assert_eq!(seqs_of(&sub), [1, 2, 3]);
+}
+
+#[test]
+fn a_batch_on_a_closed_bus_is_refused_whole() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let sub = bus.subscribe_audit("audit", 16);
+    bus.publish(Ev::Audit(0));
+    bus.close();
+    let mut batch = vec![Ev::Audit(1), Ev::Audit(2)];
+    assert_eq!(bus.publish_all(&mut batch), None);
+    assert!(batch.is_empty());
+    assert_eq!(bus.last_seq(), 1);
+    assert_eq!(seqs_of(&sub), [1]);
+}
+
 /// Draws `seq` numbers 1 to `n`, as publishers do before they deliver
 /// or hand off.
 fn draw(bus: &EventBus<Ev>, n: u64) {
@@ -415,7 +491,25 @@ fn concurrent_publishers_keep_seq_order_without_audit_gaps() {
     }
 }
 
+#[test]
+fn concurrent_batches_keep_seq_order_without_audit_gaps() {
+    BATCHED.with(|b| b.set(true));
+    concurrent_publishers(3, 1, 1);
+    concurrent_publishers(64, 1 << 16, 1);
+    for shards in [3, 8] {
+        concurrent_publishers(3, 1, shards);
+        concurrent_publishers(64, 1 << 16, shards);
+    }
+}
+
+thread_local! {
+    /// Whether [`concurrent_publishers`] publishes in batches of one to
+    /// four events ([`EventBus::publish_all`]) rather than one at a time.
+    static BATCHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn concurrent_publishers(all_capacity: usize, audit_capacity: usize, shards: usize) {
+    let batched = BATCHED.with(std::cell::Cell::get);
     const THREADS: u32 = 4;
     const PER_THREAD: u32 = 300;
     let bus: EventBus<Ev> = EventBus::with_shards(0, shards);
@@ -446,17 +540,33 @@ fn concurrent_publishers(all_capacity: usize, audit_capacity: usize, shards: usi
                 start.wait();
                 let mut audit_seqs = Vec::new();
                 let mut every_seq = Vec::new();
+                let mut batch = Vec::new();
+                let mut classes = Vec::new();
                 for n in 0..PER_THREAD {
                     let ev = if n % 3 == 0 {
                         Ev::Token(t)
                     } else {
                         Ev::Audit(t)
                     };
-                    let is_audit = ev.class() == EventClass::Audit;
-                    let seq = bus.publish(ev).unwrap();
-                    every_seq.push(seq);
-                    if is_audit {
-                        audit_seqs.push(seq);
+                    classes.push(ev.class());
+                    batch.push(ev);
+                    // Batches of 1, 2, 3, 4 events in turn (the last may
+                    // be shorter), or one event at a time.
+                    let size = if batched { (n / 10) % 4 + 1 } else { 1 };
+                    if batch.len() < size as usize && n + 1 < PER_THREAD {
+                        continue;
+                    }
+                    let last = if batch.len() == 1 && !batched {
+                        bus.publish(batch.pop().unwrap()).unwrap()
+                    } else {
+                        bus.publish_all(&mut batch).unwrap()
+                    };
+                    let first = last + 1 - classes.len() as u64;
+                    for (seq, class) in (first..=last).zip(classes.drain(..)) {
+                        every_seq.push(seq);
+                        if class == EventClass::Audit {
+                            audit_seqs.push(seq);
+                        }
                     }
                 }
                 (audit_seqs, every_seq)
