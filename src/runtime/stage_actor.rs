@@ -158,6 +158,7 @@ impl StageActor {
         }
         let whereabouts = Rc::clone(&self.note.whereabouts);
         let scope = self.note.scope.clone();
+        let (deferred, bus) = (Rc::clone(&run.deferred), run.kit.bus.clone());
         // Boxed so that a cancelled execution can be handed back alive and
         // dropped later (below), and so the wrappers around it move a
         // pointer, not the whole state machine.
@@ -176,7 +177,9 @@ impl StageActor {
                     if cancelled.as_mut().poll(cx).is_ready() || scope.is_marked() {
                         return std::task::Poll::Ready(None);
                     }
-                    execute.as_mut().poll(cx).map(Some)
+                    deferred
+                        .polling(&bus, || execute.as_mut().poll(cx))
+                        .map(Some)
                 })
                 .await
             };

@@ -36,6 +36,9 @@ pub struct Recording {
     /// For every dropped request: the seq of the last event published
     /// before the drop.
     pub dropped_after: Arc<Mutex<Vec<u64>>>,
+    /// For every request, in the order they came: its execution and the
+    /// seq of the last event published when the provider was called.
+    pub called_after: Mutex<Vec<(String, u64)>>,
 }
 
 struct DropGuard {
@@ -64,6 +67,12 @@ impl Provider for Recording {
         request: ModelRequest,
     ) -> BoxFuture<'static, Result<ModelResponse, ProviderError>> {
         self.requests.lock().unwrap().push(request.clone());
+        if let Some(bus) = self.bus.get() {
+            self.called_after
+                .lock()
+                .unwrap()
+                .push((request.stage_execution_id.to_string(), bus.last_seq()));
+        }
         let panic_here = self.panic_in.as_deref() == Some(&*request.stage_id);
         let inner = self.inner.complete(request);
         let guard = DropGuard {
@@ -178,6 +187,11 @@ pub struct Opts {
     pub budget: Option<Arc<troupe::runtime::limits::Budget>>,
     /// Every scripted turn takes this long (paused time).
     pub latency: Option<Duration>,
+    /// Who answers human steps.
+    pub asker: Option<Arc<dyn troupe::runtime::ask::Asker>>,
+    /// The run's bus, made by the test (to hand to a party it puts in the
+    /// run); a fresh one by default.
+    pub bus: Option<EventBus<Event>>,
 }
 
 /// Loads the pipeline at `dir` (with its script.yaml, if any) and runs it.
@@ -205,6 +219,7 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
         dropped: Arc::new(AtomicUsize::new(0)),
         bus: OnceLock::new(),
         dropped_after: Arc::default(),
+        called_after: Mutex::default(),
     });
     let pairs: Vec<(String, Value)> = opts
         .fields
@@ -214,6 +229,9 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
     let fields = resolve_fields(&pipeline, &pairs, None)
         .unwrap_or_else(|errors| panic!("bad ctx fields for the fixture: {errors:#?}"));
     let mut spec = RunSpec::new(Arc::clone(&pipeline), fields, provider.clone(), opts.cap);
+    if let Some(bus) = &opts.bus {
+        spec.bus = bus.clone();
+    }
     // The session closes the bus when the run ends, so this handle does
     // not keep it open.
     let _ = provider.bus.set(spec.bus.clone());
@@ -225,6 +243,7 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
     }
     settings.stage_timeout = opts.stage_timeout;
     settings.budget = opts.budget.clone();
+    settings.asker = opts.asker.clone();
     spec.settings = Arc::new(settings);
     spec.max_run_time = opts.max_run_time;
     // Every event, so the phase markers (observer-class) are seen too; the

@@ -14,6 +14,7 @@
 //! hops between threads a local sibling made, each a wake of a parked
 //! thread, and three on a remote sibling's way.
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -253,6 +254,7 @@ impl Executor for LocalExecutor {
                 cancel,
                 hub,
                 tools,
+                deferred: Rc::default(),
             };
             let mut actor = StageActor::new(run, exec, scheduler, own, group);
             if enrolling {

@@ -179,6 +179,8 @@ impl StageRun {
             Some(hub) => {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 whereabouts.borrow_mut().raised = true;
+                // The hub records the interaction on its own thread.
+                self.flush();
                 hub.do_send(Raise {
                     request: request.clone(),
                     args_json: args.to_string(),

@@ -38,6 +38,15 @@ impl StageRun {
                     .with("turn", turn)
                     .with("try", retry + 1),
             );
+            // A provider reports tokens and slot waits on the bus as they
+            // come, inside this poll when it answers at once: after this.
+            // Under a budget the try is in the log as soon as it passed
+            // the meter, as before polls were published together: a try
+            // that another thread's answer trips the meter for is then
+            // never recorded after the run's cancellation.
+            if request.observer.is_some() || self.kit.settings.budget.is_some() {
+                self.flush();
+            }
             let outcome = self.kit.provider.complete(request.clone()).await;
             for notice in self.kit.provider.take_notices() {
                 self.emit(
@@ -57,6 +66,9 @@ impl StageRun {
             usage.add(spent);
             whereabouts.borrow_mut().usage.add(spent);
             if let Some(budget) = &self.kit.settings.budget {
+                // Tripped, the meter wakes the scheduler, which records
+                // the run's cancellation on its thread: after this try.
+                self.flush();
                 budget.record(spent);
             }
             match outcome {

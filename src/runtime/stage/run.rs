@@ -2,7 +2,7 @@
 //! itself: the events it publishes and the phase markers around each
 //! phase.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -77,6 +77,66 @@ pub struct StageRun {
     /// channel), built once per stage and shared by its executions; empty
     /// for deterministic steps.
     pub tools: Arc<Vec<ToolSpec>>,
+    /// What it has emitted in the poll under way (see [`Deferred`]).
+    pub deferred: Rc<Deferred>,
+}
+
+/// The events an execution emits while its actor polls it, published
+/// together when the poll ends ([`Deferred::polling`]): one draw of
+/// numbers and one hold of the bus for the few events a poll makes (a
+/// fan-out sibling's dozen came in four or five polls), where each
+/// publish alone drew from the counter every thread writes.
+///
+/// Their place in the log does not change: nothing else on this thread
+/// runs until the poll ends, and before the execution hands work to a
+/// party that may publish from another thread (an interactor, a human's
+/// asker, a provider reporting tokens) it publishes what it holds
+/// ([`StageRun::flush`]), so that party's events come after its own; so
+/// before a provider's answer is counted against the run's budget, whose
+/// meter wakes the scheduler. Its tool calls' actors run on this thread,
+/// after the poll. Outside a poll (its entry, its exit, its cancellation)
+/// an execution publishes at once.
+#[derive(Debug)]
+pub struct Deferred {
+    polling: Cell<bool>,
+    events: RefCell<Vec<Event>>,
+}
+
+impl Default for Deferred {
+    fn default() -> Deferred {
+        Deferred {
+            polling: Cell::new(false),
+            // A poll's events without growing: a fan-out sibling's most
+            // in one poll is four.
+            events: RefCell::new(Vec::with_capacity(8)),
+        }
+    }
+}
+
+impl Deferred {
+    /// Runs `poll` (one poll of the execution) with its events held, then
+    /// publishes them on `bus`.
+    /// A panic in `poll` (the execution's own are caught inside it)
+    /// still publishes what was held.
+    pub fn polling<T>(&self, bus: &EventBus<Event>, poll: impl FnOnce() -> T) -> T {
+        struct Ends<'a>(&'a Deferred, &'a EventBus<Event>);
+        impl Drop for Ends<'_> {
+            fn drop(&mut self) {
+                self.0.polling.set(false);
+                self.0.publish(self.1);
+            }
+        }
+        self.polling.set(true);
+        let _ends = Ends(self, bus);
+        poll()
+    }
+
+    fn publish(&self, bus: &EventBus<Event>) {
+        let mut events = self.events.borrow_mut();
+        if !events.is_empty() {
+            bus.publish_all(&mut events);
+        }
+    }
 }
 
 impl StageRun {
@@ -87,8 +147,20 @@ impl StageRun {
         )
     }
 
+    /// Publishes `event`: with the others of this poll when it ends, if
+    /// the execution is being polled ([`Deferred`]), else now.
     pub(super) fn emit(&self, event: Event) {
-        self.kit.bus.publish(event);
+        if self.deferred.polling.get() {
+            self.deferred.events.borrow_mut().push(event);
+        } else {
+            self.kit.bus.publish(event);
+        }
+    }
+
+    /// Publishes what this poll has emitted so far: before the execution
+    /// hands work to a party that may publish from another thread.
+    pub(super) fn flush(&self) {
+        self.deferred.publish(&self.kit.bus);
     }
 
     /// Marks a phase boundary: the phase is remembered for `StageCancelled`,

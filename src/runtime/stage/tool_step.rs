@@ -170,6 +170,8 @@ impl StageRun {
                 "no one to ask (headless, and no answers rule for this step)".to_owned(),
             );
         };
+        // The asker may record what it does on another thread.
+        self.flush();
         let ask = asker.ask(Question {
             stage_id: self.stage.id.clone(),
             stage_execution_id: self.ctx.stage_execution_id.to_string(),

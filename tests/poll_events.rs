@@ -1,0 +1,135 @@
+//! An execution's events are published together when its actor's poll
+//! ends, not one by one (`Deferred` in `runtime/stage/run.rs`). Before it
+//! hands work to a party that may record something itself, on this
+//! thread or another, it publishes what it holds: these tests put such a
+//! party in the run (the provider, a human step's asker) and check that
+//! every event the execution made before the call is in the log when the
+//! party is called.
+
+// Test code: a failed unwrap is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use common::Fixture;
+use common::run::{Opts, run};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use troupe::runtime::ask::{Answer, Asker, Question};
+use troupe::runtime::events::Event;
+use troupe::runtime::summary::RunStatus;
+use troupe_actors::EventBus;
+
+fn fanout() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("stages/fanout")
+}
+
+/// The `seq`s of the events named `name`, by execution, in log order.
+fn seqs_by_execution(events: &[Value], name: &str) -> HashMap<String, Vec<u64>> {
+    let mut by = HashMap::<String, Vec<u64>>::new();
+    for e in events.iter().filter(|e| e["event"] == name) {
+        by.entry(e["stageExecutionId"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(e["seq"].as_u64().unwrap());
+    }
+    by
+}
+
+#[test]
+fn a_request_is_in_the_log_before_the_provider_is_called() {
+    // The scripted provider answers at once, so a worker's turn (its
+    // answer, the Echo call's proposal, approval and start) is one poll.
+    let out = run(
+        &fanout(),
+        Opts {
+            fields: vec![("width", json!(40))],
+            cap: Some(8),
+            ..Opts::default()
+        },
+    );
+    assert!(
+        matches!(out.report.status, RunStatus::Ok),
+        "{:?}",
+        out.report.status
+    );
+    let started = seqs_by_execution(&out.events, "ProviderRequestStarted");
+    let mut calls = HashMap::<String, Vec<u64>>::new();
+    for (exec, last_seq) in out.provider.called_after.lock().unwrap().iter() {
+        calls.entry(exec.clone()).or_default().push(*last_seq);
+    }
+    assert_eq!(calls.len(), 42, "plan, 40 workers, reduce");
+    for (exec, called_after) in &calls {
+        let started = &started[exec];
+        assert_eq!(started.len(), called_after.len(), "{exec}");
+        for (seq, last) in started.iter().zip(called_after) {
+            assert!(
+                seq <= last,
+                "{exec}: the provider was called when the log ended at {last}, \
+                 before its ProviderRequestStarted ({seq})"
+            );
+        }
+    }
+}
+
+/// Answers every question, noting the last `seq` on the bus when asked.
+#[derive(Debug)]
+struct Noting {
+    bus: EventBus<Event>,
+    asked_after: Mutex<Vec<u64>>,
+}
+
+impl Asker for Noting {
+    fn ask(&self, _question: Question) -> BoxFuture<'static, Option<Answer>> {
+        self.asked_after.lock().unwrap().push(self.bus.last_seq());
+        async {
+            Some(Answer {
+                content: json!({"ok": true}),
+                by: "test".to_owned(),
+            })
+        }
+        .boxed()
+    }
+}
+
+#[test]
+fn a_question_is_in_the_log_before_the_asker_is_called() {
+    let fixture = Fixture::new(
+        "id: human\nentry: ask\nstages:\n  ask:\n    kind: human\n    prompt: \"Ship it?\"\n    fields: { type: object, required: [ok], properties: { ok: { type: boolean } } }\n  done: { kind: print, content: \"answered\" }\nnext:\n  ask: done\n  done: end\n",
+        &[],
+    );
+    let bus = EventBus::new();
+    let asker = Arc::new(Noting {
+        bus: bus.clone(),
+        asked_after: Mutex::default(),
+    });
+    let out = run(
+        fixture.path(),
+        Opts {
+            asker: Some(Arc::clone(&asker) as Arc<dyn Asker>),
+            bus: Some(bus),
+            ..Opts::default()
+        },
+    );
+    assert!(
+        matches!(out.report.status, RunStatus::Ok),
+        "{:?}",
+        out.report.status
+    );
+    let raised: Vec<u64> = out
+        .named("InteractionRaised")
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    let asked_after = asker.asked_after.lock().unwrap().clone();
+    assert_eq!((raised.len(), asked_after.len()), (1, 1));
+    assert!(
+        raised[0] <= asked_after[0],
+        "asked when the log ended at {}, before InteractionRaised ({})",
+        asked_after[0],
+        raised[0]
+    );
+}
