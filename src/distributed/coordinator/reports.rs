@@ -249,13 +249,14 @@ impl Coordinator {
 }
 
 /// Publishes a sibling's events, as its worker made them, on the run's
-/// bus, in order; the last one's `seq`.
+/// bus, in order and together (one draw of numbers, one hold of the bus:
+/// `EventBus::publish_all`); the last one's `seq`, 0 if none was.
 fn relay(bus: &EventBus<Event>, events: Vec<EventLine>) -> u64 {
-    let mut last = 0;
-    for event in events.into_iter().filter_map(EventLine::into_event) {
-        last = bus.publish(event).unwrap_or(last);
-    }
-    last
+    let mut events: Vec<Event> = events
+        .into_iter()
+        .filter_map(EventLine::into_event)
+        .collect();
+    bus.publish_all(&mut events).unwrap_or(0)
 }
 
 /// An exited sibling's events into the log, then its report to the
