@@ -21,6 +21,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use troupe::runtime::ask::{Answer, Asker, Question};
 use troupe::runtime::events::Event;
+use troupe::runtime::limits::Budget;
 use troupe::runtime::summary::RunStatus;
 use troupe_actors::EventBus;
 
@@ -73,6 +74,73 @@ fn a_request_is_in_the_log_before_the_provider_is_called() {
             );
         }
     }
+}
+
+/// For each execution, whether every `ProviderRequestStarted` was in the
+/// log when its request reached the provider.
+fn requests_logged_before_the_provider(out: &common::run::Outcome) -> Vec<bool> {
+    let started = seqs_by_execution(&out.events, "ProviderRequestStarted");
+    let mut nth = HashMap::<&str, usize>::new();
+    let calls = out.provider.called_after.lock().unwrap();
+    calls
+        .iter()
+        .map(|(exec, last_seq)| {
+            let n = nth.entry(exec).or_default();
+            let seq = started[exec.as_str()][*n];
+            *n += 1;
+            seq <= *last_seq
+        })
+        .collect()
+}
+
+#[test]
+fn unobserved_a_poll_holds_its_events_until_it_ends() {
+    // No observer and no budget: nothing needs a request in the log before
+    // the provider answers, and with the scripted provider answering at
+    // once the try is published with the rest of its poll.
+    let out = run(
+        &fanout(),
+        Opts {
+            fields: vec![("width", json!(20))],
+            cap: Some(4),
+            audit_only: true,
+            ..Opts::default()
+        },
+    );
+    assert!(
+        matches!(out.report.status, RunStatus::Ok),
+        "{:?}",
+        out.report.status
+    );
+    let logged = requests_logged_before_the_provider(&out);
+    assert_eq!(
+        logged.len(),
+        42,
+        "two turns for each of 20 workers, plan, reduce"
+    );
+    assert!(logged.iter().all(|before| !before), "{logged:?}");
+}
+
+#[test]
+fn under_a_budget_a_request_is_in_the_log_before_the_provider_is_called() {
+    let out = run(
+        &fanout(),
+        Opts {
+            fields: vec![("width", json!(20))],
+            cap: Some(4),
+            audit_only: true,
+            budget: Some(Arc::new(Budget::new(Some(1 << 40), None, None))),
+            ..Opts::default()
+        },
+    );
+    assert!(
+        matches!(out.report.status, RunStatus::Ok),
+        "{:?}",
+        out.report.status
+    );
+    let logged = requests_logged_before_the_provider(&out);
+    assert_eq!(logged.len(), 42);
+    assert!(logged.iter().all(|before| *before), "{logged:?}");
 }
 
 /// Answers every question, noting the last `seq` on the bus when asked.

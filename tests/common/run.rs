@@ -192,6 +192,9 @@ pub struct Opts {
     /// The run's bus, made by the test (to hand to a party it puts in the
     /// run); a fresh one by default.
     pub bus: Option<EventBus<Event>>,
+    /// Subscribe to audit events only, so that no one observes (as a
+    /// headless run or a worker): no phase markers in `events`.
+    pub audit_only: bool,
 }
 
 /// Loads the pipeline at `dir` (with its script.yaml, if any) and runs it.
@@ -248,7 +251,11 @@ pub fn run(dir: &Path, opts: Opts) -> Outcome {
     spec.max_run_time = opts.max_run_time;
     // Every event, so the phase markers (observer-class) are seen too; the
     // queue is big enough that nothing is dropped.
-    let audit = spec.bus.subscribe("test", 1 << 22);
+    let audit = if opts.audit_only {
+        spec.bus.subscribe_audit("test", 1 << 22)
+    } else {
+        spec.bus.subscribe("test", 1 << 22)
+    };
     let system = actix::System::new();
     let (report, elapsed) = system.block_on(async move {
         if !opts.real_time {

@@ -304,6 +304,40 @@ fn a_batch_meeting_a_busy_deliverer_is_handed_off_and_delivered_by_it() {
 }
 
 #[test]
+fn a_batch_larger_than_its_shard_meeting_a_busy_deliverer_is_delivered_whole() {
+    // Shards of 16 384 places (the least a shard has); the batch is
+    // 50 000 events, and no one subscribes, so that taking an event is
+    // quicker than handing one off and the holder's drain below ends
+    // while the publisher still has most of its batch to hand off.
+    let bus: EventBus<Ev> = EventBus::with_shards(0, 16);
+    let mut holder = bus.try_deliver().expect("free");
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let publisher = {
+        let bus = bus.clone();
+        thread::spawn(move || {
+            let mut batch: Vec<Ev> = (0..50_000).map(Ev::Audit).collect();
+            done_tx.send(bus.publish_all(&mut batch)).unwrap();
+        })
+    };
+    // The holder takes what the publisher has handed off so far and lets
+    // go without looking again, as one does that found the queue empty
+    // on its way out a moment before; no one else publishes.
+    while bus.shared.handoff.is_empty() {
+        thread::yield_now();
+    }
+    bus.take_handed(&mut holder);
+    drop(holder);
+    // A bound on a wait that hangs if the publisher waits for room no
+    // one makes, not a pause.
+    let last = done
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the batch's publisher is stuck on its full shard");
+    assert_eq!(last, Some(50_000));
+    publisher.join().unwrap();
+    assert_eq!(bus.shared.registry.lock().unwrap().next_seq, 50_001);
+}
+
+#[test]
 fn a_batch_on_a_closed_bus_is_refused_whole() {
     let bus: EventBus<Ev> = EventBus::new();
     let sub = bus.subscribe_audit("audit", 16);

@@ -79,6 +79,12 @@ impl StageRun {
                             .with("toolCalls", response.tool_calls.len())
                             .with("usage", response.usage),
                     );
+                    // Under a budget, in the log as soon as the meter has
+                    // counted it, as the scheduler may be stopping the run
+                    // for it: completions read in the meter's order.
+                    if self.kit.settings.budget.is_some() {
+                        self.flush();
+                    }
                     return Ok(response);
                 }
                 Err(err) => {

@@ -17,6 +17,9 @@ impl StageRun {
         if !self.kit.hooks.has(slot, tool) {
             return SlotOutcome::Proceed(fields);
         }
+        // A hook is a process that may act on the run (through its control
+        // socket) before this poll ends: what led to it is in the log first.
+        self.flush();
         let mut payload = serde_json::Map::new();
         payload.insert("slot".into(), Value::from(slot));
         payload.insert(
