@@ -340,22 +340,34 @@ impl<E: BusEvent> EventBus<E> {
         };
         // Uncontended, the publisher delivers its own event without the
         // hand-off queue; only one that finds the registry held hands off.
-        let Some(mut registry) = self.try_deliver() else {
+        let Some(registry) = self.try_deliver() else {
             shared.handoff.send(handed);
             self.deliver_handed();
             return Some(seq);
         };
+        self.deliver_own(registry, std::iter::once(handed));
+        Some(seq)
+    }
+
+    /// Delivers, holding the registry, what was handed off and then the
+    /// holder's own events (in `seq` order), lets go, and delivers what
+    /// others handed off meanwhile (the fence pairs with theirs, as in
+    /// `deliver_handed`).
+    fn deliver_own(
+        &self,
+        mut registry: Deliverer<'_, E>,
+        own: impl IntoIterator<Item = Handed<E>>,
+    ) {
         self.take_handed(&mut registry);
-        self.place(&mut registry, handed);
+        for one in own {
+            self.place(&mut registry, one);
+        }
         self.send_parcels(&mut registry);
         drop(registry);
-        // What others handed off while this publisher held the registry
-        // (the fence pairs with theirs, as in `deliver_handed`).
         fence(Ordering::SeqCst);
-        if !shared.handoff.is_empty() {
+        if !self.shared.handoff.is_empty() {
             self.deliver_handed();
         }
-        Some(seq)
     }
 
     /// Publishes `events`, in order, as [`EventBus::publish`] would one by
@@ -396,18 +408,7 @@ impl<E: BusEvent> EventBus<E> {
                 }
                 self.deliver_handed();
             }
-            Some(mut registry) => {
-                self.take_handed(&mut registry);
-                for one in handed {
-                    self.place(&mut registry, one);
-                }
-                self.send_parcels(&mut registry);
-                drop(registry);
-                fence(Ordering::SeqCst);
-                if !shared.handoff.is_empty() {
-                    self.deliver_handed();
-                }
-            }
+            Some(registry) => self.deliver_own(registry, handed),
         }
         Some(first + n - 1)
     }
