@@ -6,52 +6,90 @@
 
 use super::clock::{RFC3339_LEN, rfc3339_micros_into};
 
+/// A string a line holds: text to write as a JSON string, or one written
+/// so already.
+pub(crate) trait JsonStr: Copy {
+    fn write_to(self, out: &mut Vec<u8>);
+}
+
+impl JsonStr for &str {
+    fn write_to(self, out: &mut Vec<u8>) {
+        write_json_str(out, self);
+    }
+}
+
+/// A string the log's reader has checked for characters to escape, once,
+/// when a record defined it: it writes every reference to one without
+/// checking it again (that check, at every reference, was a quarter of
+/// `troupe runs export`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Checked<'a> {
+    /// Needs no escaping: kept with its quotes, written as it is.
+    Quoted(&'a [u8]),
+    /// Needs escaping: the text, escaped as it is written.
+    Escaped(&'a str),
+}
+
+impl JsonStr for Checked<'_> {
+    fn write_to(self, out: &mut Vec<u8>) {
+        match self {
+            Checked::Quoted(quoted) => out.extend_from_slice(quoted),
+            Checked::Escaped(text) => write_json_str(out, text),
+        }
+    }
+}
+
+/// Whether `s` is written as a JSON string as it is, between quotes.
+pub(crate) fn clean(s: &str) -> bool {
+    !needs_escape(s.as_bytes())
+}
+
 /// What every line begins with: `seq`, `ts`, `event`, `workflowRunId`,
 /// then `stageExecutionId`, `stageId` and `tool` where the event has
 /// them.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Head<'a> {
+pub(crate) struct Head<S> {
     pub seq: u64,
     /// Microseconds since 1970 (`ts`).
     pub micros: u64,
-    pub name: &'a str,
-    pub run: &'a str,
-    pub exec: Option<&'a str>,
-    pub stage: Option<&'a str>,
-    pub tool: Option<&'a str>,
+    pub name: S,
+    pub run: S,
+    pub exec: Option<S>,
+    pub stage: Option<S>,
+    pub tool: Option<S>,
 }
 
 /// Opens a line with its head keys: `{"seq":…` through `tool`, without
 /// the closing brace (the event's own fields follow, each
 /// [`write_key`] then its value).
-pub(crate) fn write_head(out: &mut Vec<u8>, head: &Head<'_>) {
+pub(crate) fn write_head<S: JsonStr>(out: &mut Vec<u8>, head: &Head<S>) {
     let mut ts_buf = [0u8; RFC3339_LEN];
     out.extend_from_slice(b"{\"seq\":");
     write_u64(out, head.seq);
     out.extend_from_slice(b",\"ts\":\"");
     out.extend_from_slice(rfc3339_micros_into(head.micros, &mut ts_buf).as_bytes());
     out.extend_from_slice(b"\",\"event\":");
-    write_json_str(out, head.name);
+    head.name.write_to(out);
     out.extend_from_slice(b",\"workflowRunId\":");
-    write_json_str(out, head.run);
+    head.run.write_to(out);
     if let Some(v) = head.exec {
         out.extend_from_slice(b",\"stageExecutionId\":");
-        write_json_str(out, v);
+        v.write_to(out);
     }
     if let Some(v) = head.stage {
         out.extend_from_slice(b",\"stageId\":");
-        write_json_str(out, v);
+        v.write_to(out);
     }
     if let Some(v) = head.tool {
         out.extend_from_slice(b",\"tool\":");
-        write_json_str(out, v);
+        v.write_to(out);
     }
 }
 
 /// A field's key, after the members before it: `,"key":`.
-pub(crate) fn write_key(out: &mut Vec<u8>, key: &str) {
+pub(crate) fn write_key(out: &mut Vec<u8>, key: impl JsonStr) {
     out.push(b',');
-    write_json_str(out, key);
+    key.write_to(out);
     out.push(b':');
 }
 
@@ -130,6 +168,31 @@ pub(crate) fn push_decimal(out: &mut String, n: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checked_string_is_written_as_an_unchecked_one() {
+        for text in [
+            "",
+            "plain",
+            "01a2/worker#7/1",
+            "q\"uote",
+            "back\\slash",
+            "nl\n",
+            "\u{1}",
+            "é✓\u{7f}",
+        ] {
+            let (mut checked, mut unchecked) = (Vec::new(), Vec::new());
+            write_json_str(&mut unchecked, text);
+            let as_checked = if clean(text) {
+                Checked::Quoted(&unchecked)
+            } else {
+                Checked::Escaped(text)
+            };
+            as_checked.write_to(&mut checked);
+            assert_eq!(checked, unchecked, "{text:?}");
+            assert_eq!(clean(text), unchecked.len() == text.len() + 2, "{text:?}");
+        }
+    }
 
     #[test]
     fn numbers_read_as_format_writes_them() {

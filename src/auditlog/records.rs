@@ -36,7 +36,10 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
-use super::json::{Head, write_head, write_json_str, write_key, write_members, write_usage};
+use super::json::{
+    Checked, Head, JsonStr, clean, write_head, write_json_str, write_key, write_members,
+    write_usage,
+};
 
 /// Forgets the strings, `seq` and `ts`.
 const RESET: u8 = 1;
@@ -322,10 +325,15 @@ fn leading_seq(line: &[u8]) -> Option<u64> {
 /// Reads records back, as JSON lines or as the records themselves.
 #[derive(Debug, Default)]
 pub struct RecordReader {
-    /// The strings defined since the last `RESET`, one after another.
+    /// The strings defined since the last `RESET`, one after another:
+    /// between quotes, those that need no escaping (checked once, when
+    /// they are defined: [`Checked`]).
     arena: String,
-    /// Where each string lies in `arena`.
-    spans: Vec<(usize, usize)>,
+    /// Where each string lies in `arena`, and whether it is quoted there.
+    spans: Vec<(usize, usize, bool)>,
+    /// The bytes of text those strings were defined with (what the bound
+    /// on strings between two `RESET`s counts).
+    defined: usize,
     seq: u64,
     micros: u64,
     /// Records read through ([`RecordReader::attempts`]).
@@ -363,6 +371,7 @@ impl RecordReader {
         self.cut_short = false;
         self.arena.clear();
         self.spans.clear();
+        self.defined = 0;
         self.seq = 0;
         self.micros = 0;
     }
@@ -388,7 +397,13 @@ impl RecordReader {
             None
         };
         self.attempts += 1;
-        let mark = (self.arena.len(), self.spans.len(), self.seq, self.micros);
+        let mark = (
+            self.arena.len(),
+            self.spans.len(),
+            self.defined,
+            self.seq,
+            self.micros,
+        );
         let written = out.len();
         let mut r = Cursor {
             bytes: &bytes[..whole.unwrap_or(bytes.len())],
@@ -405,7 +420,7 @@ impl RecordReader {
         };
         self.arena.truncate(mark.0);
         self.spans.truncate(mark.1);
-        (self.seq, self.micros) = (mark.2, mark.3);
+        (self.defined, self.seq, self.micros) = (mark.2, mark.3, mark.4);
         out.truncate(written);
         match stop {
             Stop::More => {
@@ -462,14 +477,14 @@ impl RecordReader {
         if fields > MAX_FIELDS {
             return Err(Stop::Bad(format!("an event with {fields} fields")));
         }
-        let text = |n: Option<usize>| n.map(|n| self.text_of(n));
+        let text = |n: Option<usize>| n.map(|n| self.checked(n));
         write_head(
             out,
             &Head {
                 seq: self.seq,
                 micros: self.micros,
-                name: self.text_of(name),
-                run: self.text_of(run),
+                name: self.checked(name),
+                run: self.checked(run),
                 exec: text(ids[0]),
                 stage: text(ids[1]),
                 tool: text(ids[2]),
@@ -502,11 +517,11 @@ impl RecordReader {
             return Ok(());
         }
         let key = self.string(r)?;
-        write_key(out, self.text_of(key));
+        write_key(out, self.checked(key));
         match tag {
             V_STR => {
                 let value = self.string(r)?;
-                write_json_str(out, self.text_of(value));
+                self.checked(value).write_to(out);
             }
             V_TEXT => {
                 let text = std::str::from_utf8(r.text()?)
@@ -539,15 +554,23 @@ impl RecordReader {
             0 => {
                 let text = std::str::from_utf8(r.text()?)
                     .map_err(|_| bad("a string that is not UTF-8"))?;
-                if self.arena.len() + text.len() > MAX_RECORD {
+                if self.defined + text.len() > MAX_RECORD {
                     return Err(Stop::Bad(format!(
                         "strings past {} MiB without a RESET",
                         MAX_RECORD >> 20
                     )));
                 }
+                self.defined += text.len();
                 let start = self.arena.len();
-                self.arena.push_str(text);
-                self.spans.push((start, self.arena.len()));
+                let quoted = clean(text);
+                if quoted {
+                    self.arena.push('"');
+                    self.arena.push_str(text);
+                    self.arena.push('"');
+                } else {
+                    self.arena.push_str(text);
+                }
+                self.spans.push((start, self.arena.len(), quoted));
                 Ok(self.spans.len() - 1)
             }
             n => {
@@ -563,9 +586,14 @@ impl RecordReader {
         }
     }
 
-    fn text_of(&self, n: usize) -> &str {
-        let (from, to) = self.spans[n];
-        &self.arena[from..to]
+    /// String `n`, checked for escapes.
+    fn checked(&self, n: usize) -> Checked<'_> {
+        let (from, to, quoted) = self.spans[n];
+        if quoted {
+            Checked::Quoted(&self.arena.as_bytes()[from..to])
+        } else {
+            Checked::Escaped(&self.arena[from..to])
+        }
     }
 }
 

@@ -80,7 +80,7 @@ impl Event {
                 write_members(out, members.as_bytes());
                 continue;
             }
-            write_key(out, k);
+            write_key(out, *k);
             v.write_json(out);
         }
         out.push(b'}');
