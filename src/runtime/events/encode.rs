@@ -111,6 +111,7 @@ impl Event {
             match v {
                 FieldValue::Static(s) => w.field_static(out, k, s),
                 FieldValue::Shared(s) => w.field_shared(out, k, s),
+                FieldValue::Text(s) => w.field_text(out, k, s),
                 FieldValue::Usage(u) => {
                     w.field_usage(out, k, [u.prompt_tokens, u.completion_tokens, u.requests])
                 }
@@ -246,7 +247,7 @@ impl FieldValue {
     pub(super) fn write_json(&self, out: &mut Vec<u8>) {
         match self {
             FieldValue::Static(s) => write_json_str(out, s),
-            FieldValue::Shared(s) => write_json_str(out, s),
+            FieldValue::Shared(s) | FieldValue::Text(s) => write_json_str(out, s),
             // By hand, as serde writes it (`Usage`'s camelCase names, in
             // order): through serde it was a thousand instructions, and
             // three of a sibling's events carry one.

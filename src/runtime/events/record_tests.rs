@@ -125,6 +125,7 @@ fn text() -> impl Strategy<Value = String> {
 fn field_value() -> impl Strategy<Value = FieldValue> {
     prop_oneof![
         text().prop_map(|s| FieldValue::Shared(Arc::from(s))),
+        text().prop_map(|s| FieldValue::Text(Arc::from(s))),
         text().prop_map(FieldValue::from),
         prop_oneof![Just("ok"), Just("llm"), Just("")].prop_map(FieldValue::Static),
         any::<u64>().prop_map(FieldValue::from),
@@ -197,4 +198,24 @@ proptest! {
         let back = read_in_pieces(&records, &cuts).expect("records");
         prop_assert_eq!(String::from_utf8_lossy(&back), String::from_utf8_lossy(&lines));
     }
+}
+
+#[test]
+fn text_fields_are_written_in_place_and_shared_ones_numbered() {
+    let run: Arc<str> = Arc::from("r");
+    let text: Arc<str> = Arc::from("{\"path\":\"a-long-enough-argument-text\"}");
+    let twice = |value: FieldValue| {
+        let event = Event::new(EventName::ToolInvocationProposed, Arc::clone(&run))
+            .with("arguments", value);
+        let (records, lines) = encoded(&[event.clone(), event], 2);
+        assert_eq!(read_in_pieces(&records, &[]).unwrap(), lines);
+        records
+            .windows(text.len())
+            .filter(|w| *w == text.as_bytes())
+            .count()
+    };
+    // Seen once, the arguments of a call: in each record that holds them.
+    assert_eq!(twice(FieldValue::Text(Arc::clone(&text))), 2);
+    // Shared: defined once a batch, then referred to by number.
+    assert_eq!(twice(FieldValue::Shared(Arc::clone(&text))), 1);
 }

@@ -215,6 +215,11 @@ pub struct Event {
 pub enum FieldValue {
     Static(&'static str),
     Shared(Arc<str>),
+    /// Text shared with what the event is about (a tool call's arguments)
+    /// but seen once in the log: written as a string like `Shared`, kept
+    /// in place in the log's records rather than numbered for reuse, so
+    /// that large one-off texts do not fill a batch's table of strings.
+    Text(Arc<str>),
     Usage(Usage),
     Number(serde_json::Number),
     Bool(bool),
@@ -236,7 +241,7 @@ impl FieldValue {
     pub fn to_value(&self) -> Value {
         match self {
             FieldValue::Static(s) => Value::from(*s),
-            FieldValue::Shared(s) => Value::from(&**s),
+            FieldValue::Shared(s) | FieldValue::Text(s) => Value::from(&**s),
             FieldValue::Usage(u) => serde_json::to_value(u).unwrap_or(Value::Null),
             FieldValue::Number(n) => Value::Number(n.clone()),
             FieldValue::Bool(b) => Value::Bool(*b),

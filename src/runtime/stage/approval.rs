@@ -16,7 +16,7 @@ use crate::definition::mcp::allows;
 use crate::definition::{StageDefinition, is_builtin};
 use crate::error::{Code, ErrorClass};
 use crate::provider::ToolCall;
-use crate::runtime::events::EventName;
+use crate::runtime::events::{EventName, FieldValue};
 use crate::runtime::hooks::{HookError, SlotOutcome};
 use crate::runtime::interaction::{GrantDecision, GrantRequest, Raise, args_digest, args_summary};
 use crate::tools::ModelError;
@@ -83,7 +83,7 @@ impl StageRun {
     ) -> Result<Value, String> {
         self.emit(
             self.tool_event(EventName::ToolInvocationProposed, call)
-                .with("arguments", Arc::clone(&call.arguments)),
+                .with("arguments", FieldValue::Text(Arc::clone(&call.arguments))),
         );
         let failed = |name: &'static str, message: String| {
             self.emit(

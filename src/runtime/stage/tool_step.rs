@@ -14,7 +14,7 @@ use crate::definition::expr::Expr;
 use crate::definition::template::Template;
 use crate::error::{HasCode, ValidationCode};
 use crate::provider::ToolCall;
-use crate::runtime::events::EventName;
+use crate::runtime::events::{EventName, FieldValue};
 use crate::runtime::hooks::SlotOutcome;
 use crate::runtime::tool_call::ToolOutcome;
 
@@ -37,7 +37,7 @@ impl StageRun {
         };
         self.emit(
             self.tool_event(EventName::ToolInvocationProposed, &call)
-                .with("arguments", Arc::clone(&call.arguments)),
+                .with("arguments", FieldValue::Text(Arc::clone(&call.arguments))),
         );
         self.emit(
             self.tool_event(EventName::ToolCallApproved, &call)
