@@ -89,13 +89,13 @@ pub struct StageRun {
 ///
 /// Their place in the log does not change: nothing else on this thread
 /// runs until the poll ends, and before the execution hands work to a
-/// party that may publish from another thread (an interactor, a human's
-/// asker, a provider reporting tokens) it publishes what it holds
-/// ([`StageRun::flush`]), so that party's events come after its own; so
-/// before a provider's answer is counted against the run's budget, whose
-/// meter wakes the scheduler. Its tool calls' actors run on this thread,
-/// after the poll. Outside a poll (its entry, its exit, its cancellation)
-/// an execution publishes at once.
+/// party that may publish from elsewhere (the interaction hub, a human
+/// step's asker, a provider reporting tokens, a command hook) it
+/// publishes what it holds ([`StageRun::flush`]), so that party's events
+/// come after its own; so too before a provider's answer is counted
+/// against the run's budget, whose meter wakes the scheduler. Its tool
+/// calls' actors run on this thread, after the poll. Outside a poll (its
+/// entry, its exit, its cancellation) an execution publishes at once.
 #[derive(Debug)]
 pub struct Deferred {
     polling: Cell<bool>,
@@ -106,8 +106,9 @@ impl Default for Deferred {
     fn default() -> Deferred {
         Deferred {
             polling: Cell::new(false),
-            // A poll's events without growing: a fan-out sibling's most
-            // in one poll is four.
+            // A poll's events without growing: an unobserved fan-out
+            // sibling's most in one poll is four (phase markers, made
+            // only when someone observes, add to that).
             events: RefCell::new(Vec::with_capacity(8)),
         }
     }
@@ -115,9 +116,8 @@ impl Default for Deferred {
 
 impl Deferred {
     /// Runs `poll` (one poll of the execution) with its events held, then
-    /// publishes them on `bus`.
-    /// A panic in `poll` (the execution's own are caught inside it)
-    /// still publishes what was held.
+    /// publishes them on `bus`. A panic in `poll` (the execution's own
+    /// are caught inside it) still publishes what was held.
     pub fn polling<T>(&self, bus: &EventBus<Event>, poll: impl FnOnce() -> T) -> T {
         struct Ends<'a>(&'a Deferred, &'a EventBus<Event>);
         impl Drop for Ends<'_> {
