@@ -34,6 +34,7 @@
 //! whichever is there), and a resumed run appends in its log's format.
 
 pub(crate) mod clock;
+mod decode;
 mod export;
 pub(crate) mod json;
 mod read;
@@ -43,11 +44,9 @@ mod write;
 
 use std::path::{Path, PathBuf};
 
+pub use decode::{AuditFault, LINES_AT_ONCE, LogDecoder, LogEnd};
 pub use export::{ExportError, OrderedReader, export_lines};
-pub use read::{
-    AuditError, AuditFault, DecodedReader, Follower, LogDecoder, LogEnd, cut_to_whole, format_of,
-    scan_end,
-};
+pub use read::{AuditError, DecodedReader, Follower, cut_to_whole, format_of, scan_end};
 pub use seek::segment_starts;
 pub use write::{
     Compressed, FORMAT, FORMAT_LINES, Frames, LEVEL, SEGMENT, SegmentCompressor, header, header_for,
@@ -81,7 +80,9 @@ pub fn is_plain(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "jsonl")
 }
 
-/// The whole lines of the log at `path` (compact or plain) as text.
+/// The whole lines of the log at `path` (compact or plain) as one text,
+/// held whole: for a log known to be small (tests read a run's log so).
+/// A reader of any log streams it with [`DecodedReader`] instead.
 pub fn read_text(path: &Path) -> Result<String, AuditError> {
     let mut text = String::new();
     let mut log = DecodedReader::open(path)?;

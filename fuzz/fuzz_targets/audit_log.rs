@@ -4,11 +4,46 @@
 //! segments as `runs tail` does; and the same bytes as a segment's binary
 //! records, which zstd frames the fuzzer makes rarely reach. A file troupe
 //! did not write must give a typed error or whole lines, never a panic;
-//! both feeds must agree.
+//! both feeds must agree; and no call hands out more than the decoder's
+//! bound and a line, however many lines a few bytes make.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use troupe::auditlog::LogDecoder;
+use troupe::auditlog::{AuditFault, LINES_AT_ONCE, LogDecoder, LogEnd};
+
+/// Lines read of one input before the rest is left unread: a few bytes
+/// of records can make gigabytes, which the decoder hands out a bound at
+/// a time, and reading them all would only take time.
+const READ_AT_MOST: usize = 64 << 20;
+
+/// Feeds `pieces` in turn, each call's lines checked against the bound;
+/// the lines and the end, or `None` once [`READ_AT_MOST`] was passed.
+fn decoded(pieces: &[&[u8]]) -> Result<Option<(Vec<u8>, LogEnd)>, AuditFault> {
+    let mut d = LogDecoder::compact();
+    let mut out = Vec::new();
+    for piece in pieces {
+        let mut rest = *piece;
+        loop {
+            let before = out.len();
+            let taken = d.feed(rest, &mut out)?;
+            rest = &rest[taken..];
+            // What one call added, less its last line, is under the bound.
+            let added = &out[before..];
+            let last = added[..added.len().saturating_sub(1)]
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |at| at + 1);
+            assert!(last < LINES_AT_ONCE, "{last} bytes before the last line");
+            if out.len() > READ_AT_MOST {
+                return Ok(None);
+            }
+            if rest.is_empty() && !d.more() {
+                break;
+            }
+        }
+    }
+    Ok(Some((out, d.end())))
+}
 
 fuzz_target!(|data: &[u8]| {
     let Some((&split, bytes)) = data.split_first() else {
@@ -24,23 +59,13 @@ fuzz_target!(|data: &[u8]| {
     let mut with_header = troupe::auditlog::header_for(format);
     with_header.extend_from_slice(bytes);
     let input = if split & 1 == 0 { &with_header[..] } else { bytes };
-    let whole = {
-        let mut d = LogDecoder::compact();
-        let mut out = Vec::new();
-        d.feed(input, &mut out).map(|()| (out, d.end()))
-    };
+    let whole = decoded(&[input]);
     let at = (split as usize * input.len()) / 256;
-    let pieces = {
-        let mut d = LogDecoder::compact();
-        let mut out = Vec::new();
-        d.feed(&input[..at], &mut out)
-            .and_then(|()| d.feed(&input[at..], &mut out))
-            .map(|()| (out, d.end()))
-    };
-    if let (Ok(a), Ok(b)) = (&whole, &pieces) {
+    let pieces = decoded(&[&input[..at], &input[at..]]);
+    if let (Ok(Some(a)), Ok(Some(b))) = (&whole, &pieces) {
         assert_eq!(a, b, "the same bytes in two pieces decode the same");
     }
-    if let Ok((lines, _)) = &whole {
+    if let Ok(Some((lines, _))) = &whole {
         assert!(lines.is_empty() || lines.ends_with(b"\n"));
     }
     // The segment walk (`runs tail`) reads the same bytes as a file: an
@@ -54,7 +79,12 @@ fuzz_target!(|data: &[u8]| {
                 let mut follower = troupe::auditlog::Follower::at_segment(&file, *last)
                     .expect("a follower at a start");
                 let mut lines = Vec::new();
-                let _ = follower.read_more(1 << 20, &mut lines);
+                // Up to READ_AT_MOST of lines, a bound at a time.
+                while let Ok(read) = follower.read_more(1 << 20, &mut lines) {
+                    if read < 1 << 20 || lines.len() > READ_AT_MOST {
+                        break;
+                    }
+                }
             }
         }
         // Removed each time: a fuzz process is killed, never told it ends.
@@ -72,5 +102,5 @@ fuzz_target!(|data: &[u8]| {
     assert!(lines.is_empty() || lines.ends_with(b"\n"));
     let mut plain = LogDecoder::plain();
     let mut out = Vec::new();
-    plain.feed(bytes, &mut out).expect("a plain log never fails");
+    plain.feed_all(bytes, &mut out).expect("a plain log never fails");
 });

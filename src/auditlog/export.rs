@@ -15,15 +15,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 
-use super::read::{AuditError, DecodedReader, LogDecoder, format_of};
+use super::decode::LogDecoder;
+use super::read::{AuditError, DecodedReader, format_of};
 use super::seek::segment_starts;
 
 /// File bytes a thread decodes at once: whole segments, at least this
 /// many (a formatter thread's segments are a few KiB each, and a zstd
 /// decoder is made per job). A one-stream segment, 1 MiB of records, is
-/// about 180 KiB on disk and 7.5 MiB of lines: a job is one of those, so
-/// what waits to be written stays a few of them per thread.
+/// about 180 KiB on disk and 7.5 MiB of lines: a job is one of those.
 const JOB: u64 = 128 << 10;
+
+/// The lines a job hands over at once: what waits to be written stays a
+/// few of these per thread, however many lines a job's bytes make (a
+/// crafted log's records can make gigabytes from a few bytes).
+pub(super) const PIECE: usize = 4 << 20;
 
 /// Why an export stopped: the log could not be read (the lines before
 /// the fault were written), or `out` could not be written.
@@ -41,8 +46,12 @@ struct Job {
     done: Sender<Decoded>,
 }
 
-/// A job's lines, and the fault that stopped it, if one did.
-type Decoded = (Vec<u8>, Option<AuditError>);
+/// What a job hands over: its lines, a [`PIECE`] at a time, then its end,
+/// with the fault that stopped it if one did.
+enum Decoded {
+    Lines(Vec<u8>),
+    End(Option<AuditError>),
+}
 
 /// Writes the whole lines of the compact or plain log at `path` into
 /// `out`, decoding on up to `threads` threads. A torn end (a killed
@@ -96,24 +105,31 @@ pub(super) fn export_in_jobs(
                 }
                 pending.push_back(decoded);
             }
-            let Some(decoded) = pending.pop_front() else {
+            let Some(decoded) = pending.front() else {
                 break Ok(());
             };
-            let (lines, fault) = decoded.recv().unwrap_or_else(|_| {
-                let reason = "a decoding thread stopped".to_owned();
-                (Vec::new(), Some(corrupt(path, 0, reason)))
-            });
-            if let Err(e) = out.write_all(&lines) {
-                break Err(ExportError::Write(e));
+            match decoded.recv() {
+                Ok(Decoded::Lines(lines)) => {
+                    if let Err(e) = out.write_all(&lines) {
+                        break Err(ExportError::Write(e));
+                    }
+                    let _ = give_back.try_send(lines);
+                }
+                Ok(Decoded::End(None)) => {
+                    pending.pop_front();
+                }
+                Ok(Decoded::End(Some(fault))) => break Err(ExportError::Read(fault)),
+                Err(_) => {
+                    let reason = "a decoding thread stopped".to_owned();
+                    break Err(ExportError::Read(corrupt(path, 0, reason)));
+                }
             }
-            if let Some(fault) = fault {
-                break Err(ExportError::Read(fault));
-            }
-            let _ = give_back.try_send(lines);
         };
-        // The threads end once no more work comes.
+        // The threads end once no more work comes, and a job whose lines
+        // have no reader any more stops.
         stop.store(true, Ordering::Relaxed);
         drop(work);
+        drop(pending);
         outcome
     })
 }
@@ -246,17 +262,30 @@ fn decode_jobs(
     stop: &AtomicBool,
 ) {
     let mut bytes = vec![0u8; READ];
+    let buffer = || {
+        let mut lines = spare.try_recv().unwrap_or_default();
+        lines.clear();
+        lines
+    };
     for job in jobs {
         if stop.load(Ordering::Relaxed) {
             continue;
         }
-        let mut lines = spare.try_recv().unwrap_or_default();
-        lines.clear();
+        let mut lines = buffer();
+        // A piece goes to the writer; false once it has stopped reading.
+        let mut hand_over = |lines: &mut Vec<u8>| {
+            let piece = std::mem::replace(lines, buffer());
+            job.done.send(Decoded::Lines(piece)).is_ok()
+        };
         let fault = catch_unwind(AssertUnwindSafe(|| {
-            decode(path, format, (job.from, job.to), &mut bytes, &mut lines).err()
+            let span = (job.from, job.to);
+            decode(path, format, span, &mut bytes, &mut lines, &mut hand_over).err()
         }))
         .unwrap_or_else(|_| Some(corrupt(path, job.from, "decoding panicked".into())));
-        let _ = job.done.send((lines, fault));
+        if !lines.is_empty() && !hand_over(&mut lines) {
+            continue;
+        }
+        let _ = job.done.send(Decoded::End(fault));
     }
 }
 
@@ -265,15 +294,18 @@ const READ: usize = 1 << 16;
 
 /// Decodes the file's bytes `from..to` into `lines`, [`READ`] bytes at a
 /// time (the last job runs to the end of a log whose segment walk stopped
-/// at damage: it is not read whole first). A job before the last must end
-/// where a segment does, all of its bytes read: a file cut short while it
-/// is read loses no line silently.
+/// at damage: it is not read whole first), passing them to `hand_over`
+/// each time they reach a [`PIECE`]; stops early, quietly, once it
+/// returns false. A job before the last must end where a segment does,
+/// all of its bytes read: a file cut short while it is read loses no line
+/// silently.
 fn decode(
     path: &Path,
     format: u32,
     (from, to): (u64, Option<u64>),
     bytes: &mut [u8],
     lines: &mut Vec<u8>,
+    hand_over: &mut dyn FnMut(&mut Vec<u8>) -> bool,
 ) -> Result<(), AuditError> {
     let mut file = File::open(path).map_err(AuditError::io(path))?;
     file.seek(SeekFrom::Start(from))
@@ -291,8 +323,18 @@ fn decode(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(AuditError::io(path)(e)),
         };
-        decoder.feed(&bytes[..n], lines).map_err(|f| f.at(path))?;
         left = left.map(|left| left - n as u64);
+        let mut unread = &bytes[..n];
+        loop {
+            let taken = decoder.feed(unread, lines).map_err(|f| f.at(path))?;
+            unread = &unread[taken..];
+            if lines.len() >= PIECE && !hand_over(lines) {
+                return Ok(());
+            }
+            if unread.is_empty() && !decoder.more() {
+                break;
+            }
+        }
     }
     match to {
         Some(to) if decoder.end().keep != to => Err(corrupt(

@@ -81,7 +81,7 @@ fn decoded(bytes: &[u8], cuts: &[usize]) -> Result<(String, LogEnd), AuditFault>
     let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
     cuts.sort_unstable();
     for cut in cuts.into_iter().chain([bytes.len()]) {
-        decoder.feed(&bytes[at..cut.max(at)], &mut out)?;
+        decoder.feed_all(&bytes[at..cut.max(at)], &mut out)?;
         at = cut.max(at);
     }
     Ok((String::from_utf8(out).expect("utf-8"), decoder.end()))
@@ -608,3 +608,5 @@ fn every_reader_gives_the_lines_before_damage_alike() {
         assert_eq!(got.as_bytes(), single, "{threads} threads");
     }
 }
+
+mod bounded;

@@ -350,7 +350,7 @@ mod tests {
         let bytes = written.lock().unwrap().clone();
         let mut decoded = Vec::new();
         let mut decoder = crate::auditlog::LogDecoder::compact();
-        decoder.feed(&bytes, &mut decoded).unwrap();
+        decoder.feed_all(&bytes, &mut decoded).unwrap();
         assert_eq!(decoded, expected);
         assert!(!decoder.end().unfinished(), "the segment is closed");
     }

@@ -230,7 +230,9 @@ mod tests {
     fn decoded(file: &Shared) -> Vec<u64> {
         let mut lines = Vec::new();
         let mut decoder = LogDecoder::compact();
-        decoder.feed(&file.0.lock().unwrap(), &mut lines).unwrap();
+        decoder
+            .feed_all(&file.0.lock().unwrap(), &mut lines)
+            .unwrap();
         lines
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
