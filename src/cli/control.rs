@@ -151,21 +151,26 @@ fn watch_log(args: &WatchArgs) -> Exit {
         Ok((_, dir)) => dir,
         Err(e) => return failed(&e),
     };
-    let read = crate::auditlog::read_text(&crate::auditlog::in_dir(&dir));
-    let text = match read {
-        Ok(text) => text,
-        Err(e) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "error: Control/NotServing: the run is not running and its log cannot be read: {e}"
-            );
-            return Exit::RunFailed;
-        }
+    let unreadable = |e: &dyn std::fmt::Display| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "error: Control/NotServing: the run is not running and its log cannot be read: {e}"
+        );
+        Exit::RunFailed
+    };
+    // Line by line: a million-wide run's log is gigabytes of lines.
+    let log = match crate::auditlog::DecodedReader::open(&crate::auditlog::in_dir(&dir)) {
+        Ok(log) => std::io::BufReader::with_capacity(1 << 16, log),
+        Err(e) => return unreadable(&e),
     };
     let mut show = Shown::new(args.events.is_some());
-    for line in text.lines() {
-        if line_head(line).is_some_and(|(seq, _)| seq > args.from) {
-            show.line(line);
+    for line in std::io::BufRead::lines(log) {
+        let line = match line {
+            Ok(line) => line,
+            Err(e) => return unreadable(&e),
+        };
+        if line_head(&line).is_some_and(|(seq, _)| seq > args.from) {
+            show.line(&line);
         }
     }
     show.exit("note: the run is not running and its log has no end: it was killed (`troupe resume` continues it)")
