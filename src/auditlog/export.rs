@@ -25,10 +25,14 @@ use super::seek::segment_starts;
 /// about 180 KiB on disk and 7.5 MiB of lines: a job is one of those.
 const JOB: u64 = 128 << 10;
 
-/// The lines a job hands over at once: what waits to be written stays a
-/// few of these per thread, however many lines a job's bytes make (a
-/// crafted log's records can make gigabytes from a few bytes).
-pub(super) const PIECE: usize = 4 << 20;
+/// The lines a job hands over at once, and how many may wait for the
+/// writer: what waits stays a job's usual lines per thread (a 1 MiB
+/// segment's), however many a job's bytes make (a crafted log's records
+/// can make gigabytes from a few bytes). A job that has handed over its
+/// room waits; with less room, a thread ahead would idle until the writer
+/// reaches its job.
+pub(super) const PIECE: usize = 1 << 20;
+const PIECES_WAITING: usize = 8;
 
 /// Why an export stopped: the log could not be read (the lines before
 /// the fault were written), or `out` could not be written.
@@ -85,7 +89,7 @@ pub(super) fn export_in_jobs(
     let ahead = threads + 1;
     // Written buffers go back to the threads: a job's lines are megabytes,
     // and a fresh buffer each time is that much memory zeroed again.
-    let (give_back, spare) = bounded::<Vec<u8>>(ahead + threads);
+    let (give_back, spare) = bounded::<Vec<u8>>(ahead * PIECES_WAITING + threads);
     // Set when the writing stops early: the threads skip what is queued.
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -99,7 +103,7 @@ pub(super) fn export_in_jobs(
         let outcome = loop {
             while pending.len() < ahead {
                 let Some((from, to)) = next.next() else { break };
-                let (done, decoded) = bounded(1);
+                let (done, decoded) = bounded(PIECES_WAITING);
                 if work.send(Job { from, to, done }).is_err() {
                     break;
                 }
@@ -262,8 +266,11 @@ fn decode_jobs(
     stop: &AtomicBool,
 ) {
     let mut bytes = vec![0u8; READ];
+    // A piece and the feed that crosses it (LINES_AT_ONCE and a line).
     let buffer = || {
-        let mut lines = spare.try_recv().unwrap_or_default();
+        let mut lines = spare
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(2 * PIECE));
         lines.clear();
         lines
     };
