@@ -35,6 +35,7 @@
 
 pub(crate) mod clock;
 mod decode;
+mod error;
 mod export;
 pub(crate) mod json;
 mod read;
@@ -45,8 +46,9 @@ mod write;
 use std::path::{Path, PathBuf};
 
 pub use decode::{AuditFault, LINES_AT_ONCE, LogDecoder, LogEnd};
+pub use error::AuditError;
 pub use export::{ExportError, OrderedReader, export_lines};
-pub use read::{AuditError, DecodedReader, Follower, cut_to_whole, format_of, scan_end};
+pub use read::{DecodedReader, Follower, cut_to_whole, format_of, scan_end};
 pub use seek::segment_starts;
 pub use write::{
     Compressed, FORMAT, FORMAT_LINES, Frames, LEVEL, SEGMENT, SegmentCompressor, header, header_for,

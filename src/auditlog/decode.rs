@@ -9,7 +9,7 @@ use std::path::Path;
 
 use zstd::stream::raw::{DParameter, Decoder, InBuffer, Operation, OutBuffer};
 
-use super::read::{AuditError, Fault};
+use super::error::{AuditError, Fault};
 use super::records::RecordReader;
 use super::write::{FORMAT, FORMAT_LINES, HEADER_MAGIC, HEADER_TAG};
 

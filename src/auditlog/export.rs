@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crossbeam_channel::{Receiver, Sender, bounded};
 
 use super::decode::LogDecoder;
-use super::read::{AuditError, DecodedReader, format_of};
+use super::error::AuditError;
+use super::read::{DecodedReader, format_of};
 use super::seek::segment_starts;
 
 /// File bytes a thread decodes at once: whole segments, at least this

@@ -15,7 +15,7 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use super::LogDecoder;
-use super::read::AuditError;
+use super::error::AuditError;
 
 /// A zstd frame's magic number.
 const ZSTD_MAGIC: u32 = 0xFD2F_B528;

@@ -135,16 +135,16 @@ fn a_foreign_file_and_a_newer_format_are_typed_errors() {
     let plain = line(1);
     assert_eq!(
         decoded(plain.as_bytes(), &[3]).expect_err("foreign").0,
-        read::Fault::Foreign
+        error::Fault::Foreign
     );
     let mut newer = header();
     let at = newer.len() - 2;
     newer[at] = b'7';
     assert_eq!(
         decoded(&newer, &[]).expect_err("newer").0,
-        read::Fault::Newer(7)
+        error::Fault::Newer(7)
     );
-    let said = AuditFault(read::Fault::Newer(7))
+    let said = AuditFault(error::Fault::Newer(7))
         .at(Path::new("a.zst"))
         .to_string();
     assert!(said.contains("newer troupe"), "{said}");
@@ -348,7 +348,7 @@ proptest! {
             (Err(a), Err(b)) => {
                 let both_corrupt = matches!(
                     (&a.0, &b.0),
-                    (read::Fault::Corrupt { .. }, read::Fault::Corrupt { .. })
+                    (error::Fault::Corrupt { .. }, error::Fault::Corrupt { .. })
                 );
                 prop_assert!(both_corrupt, "{:?} and {:?}", a, b);
             }
