@@ -10,7 +10,7 @@ use std::path::Path;
 use zstd::stream::raw::{DParameter, Decoder, InBuffer, Operation, OutBuffer};
 
 use super::error::{AuditError, Fault};
-use super::records::RecordReader;
+use super::records::{MAX_RECORD, RecordReader};
 use super::write::{FORMAT, FORMAT_LINES, HEADER_MAGIC, HEADER_TAG};
 
 /// The header's largest payload this troupe accepts (its own is 27 bytes).
@@ -200,8 +200,8 @@ impl LogDecoder {
     }
 
     /// [`LogDecoder::feed`] until every byte is taken in, appending all
-    /// the lines they make: for bytes whose lines are known to fit in
-    /// memory (the open segment `troupe resume` writes again, tests).
+    /// the lines they make, however many: for tests, and for bytes whose
+    /// lines the caller bounds itself.
     pub fn feed_all(&mut self, mut bytes: &[u8], lines: &mut Vec<u8>) -> Result<(), AuditFault> {
         loop {
             let taken = self.feed(bytes, lines)?;
@@ -265,20 +265,31 @@ impl LogDecoder {
             return Ok(0);
         };
         let given = bytes.len();
+        let start = lines.len();
         loop {
-            // What was decoded goes out first, as far as the bound.
-            let drained =
-                hand_out(&mut self.content, &mut self.partial, lines, until).map_err(|reason| {
-                    AuditFault(Fault::Corrupt {
+            // What was decoded goes out first, as far as the bound, or as
+            // far as a record that is wrong.
+            match hand_out(&mut self.content, &mut self.partial, lines, until) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.held = true;
+                    return Ok(given - bytes.len());
+                }
+                Err(reason) => {
+                    self.fault = Some(Fault::Corrupt {
                         offset: self.fed,
                         reason: format!("in the segment before this byte: {reason}"),
-                    })
-                })?;
-            if !drained {
-                self.held = true;
-                return Ok(given - bytes.len());
+                    });
+                }
             }
             if let Some(fault) = &self.fault {
+                // A fault is told in a call of its own, after the lines
+                // before it (a caller that stops at an error keeps them),
+                // and again in every call after.
+                if lines.len() > start {
+                    self.held = true;
+                    return Ok(given - bytes.len());
+                }
                 return Err(AuditFault(fault.clone()));
             }
             if self.segment_ended {
@@ -286,10 +297,11 @@ impl LogDecoder {
                 // what it holds is checked and whole.
                 self.segment_ended = false;
                 if !self.partial.is_empty() {
-                    return Err(AuditFault(Fault::Corrupt {
+                    self.fault = Some(Fault::Corrupt {
                         offset: self.fed,
                         reason: "a segment ends inside a line or record".into(),
-                    }));
+                    });
+                    continue;
                 }
                 if let Content::Records { reader, .. } = &mut self.content {
                     reader.reset();
@@ -331,10 +343,10 @@ impl LogDecoder {
             if used == 0 && produced == 0 && hint != 0 && !bytes.is_empty() {
                 // No progress with input left: cannot happen with a sane
                 // decoder; do not spin.
-                return Err(AuditFault(Fault::Corrupt {
+                self.fault = Some(Fault::Corrupt {
                     offset: self.fed,
                     reason: "the decoder made no progress".into(),
-                }));
+                });
             }
         }
     }
@@ -360,7 +372,7 @@ fn hand_out(
     until: usize,
 ) -> Result<bool, String> {
     let (reader, raw) = match content {
-        Content::Lines { scanned } => return Ok(lines_out(partial, scanned, lines, until)),
+        Content::Lines { scanned } => return lines_out(partial, scanned, lines, until),
         Content::Records { reader, raw } => (reader, raw),
     };
     let mut at = 0;
@@ -392,13 +404,14 @@ fn hand_out(
     Ok(drained)
 }
 
-/// [`hand_out`] for JSON lines.
+/// [`hand_out`] for JSON lines: a line longer than a record may make is
+/// refused (a few KiB of zstd can expand to gigabytes with no newline).
 fn lines_out(
     partial: &mut Vec<u8>,
     scanned: &mut usize,
     lines: &mut Vec<u8>,
     until: usize,
-) -> bool {
+) -> Result<bool, String> {
     let mut at = 0;
     let drained = loop {
         if lines.len() >= until {
@@ -414,7 +427,11 @@ fn lines_out(
     };
     partial.drain(..at);
     *scanned -= at;
-    drained
+    // Drained, what waits is one line's start.
+    if drained && partial.len() > MAX_RECORD {
+        return Err(format!("a line longer than {} MiB", MAX_RECORD >> 20));
+    }
+    Ok(drained)
 }
 
 /// A decoding fault, before the path is known.
@@ -518,6 +535,22 @@ mod tests {
         assert_eq!(lines.len(), 3002);
         assert_eq!(partial, b"{");
         assert!(matches!(content, Content::Lines { scanned: 1 }));
+    }
+
+    /// A JSON line longer than any record makes is refused once it is
+    /// that long, not held until its newline comes.
+    #[test]
+    fn a_json_line_past_the_longest_a_record_makes_is_refused() {
+        let (mut lines, mut scanned) = (Vec::new(), 0);
+        let mut partial = vec![b'x'; MAX_RECORD];
+        assert_eq!(
+            lines_out(&mut partial, &mut scanned, &mut lines, usize::MAX),
+            Ok(true)
+        );
+        partial.push(b'x');
+        let refused = lines_out(&mut partial, &mut scanned, &mut lines, usize::MAX);
+        assert_eq!(refused, Err("a line longer than 256 MiB".to_owned()));
+        assert!(lines.is_empty());
     }
 
     /// A record of 4 MiB decoded 4 KiB at a time (as zstd hands a long

@@ -13,7 +13,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crossbeam_channel::{Receiver, Sender, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 
 use super::decode::LogDecoder;
 use super::error::AuditError;
@@ -27,13 +27,15 @@ use super::seek::segment_starts;
 const JOB: u64 = 128 << 10;
 
 /// The lines a job hands over at once, and how many may wait for the
-/// writer: what waits stays a job's usual lines per thread (a 1 MiB
-/// segment's), however many a job's bytes make (a crafted log's records
-/// can make gigabytes from a few bytes). A job that has handed over its
-/// room waits; with less room, a thread ahead would idle until the writer
-/// reaches its job.
+/// writer: a job's usual lines (a 1 MiB segment's), however many a job's
+/// bytes make (a crafted log's records can make gigabytes from a few
+/// bytes). A job that has handed over its room waits; with less room, a
+/// thread ahead would idle until the writer reaches its job. A piece
+/// larger than [`LARGE_PIECE`] (it ends in a line of up to 256 MiB) is
+/// handed over alone: its job waits until it is written.
 pub(super) const PIECE: usize = 1 << 20;
 const PIECES_WAITING: usize = 8;
+const LARGE_PIECE: usize = 4 * PIECE;
 
 /// Why an export stopped: the log could not be read (the lines before
 /// the fault were written), or `out` could not be written.
@@ -54,7 +56,8 @@ struct Job {
 /// What a job hands over: its lines, a [`PIECE`] at a time, then its end,
 /// with the fault that stopped it if one did.
 enum Decoded {
-    Lines(Vec<u8>),
+    /// Lines, and for a large piece, where to say it was written.
+    Lines(Vec<u8>, Option<Sender<()>>),
     End(Option<AuditError>),
 }
 
@@ -114,11 +117,17 @@ pub(super) fn export_in_jobs(
                 break Ok(());
             };
             match decoded.recv() {
-                Ok(Decoded::Lines(lines)) => {
+                Ok(Decoded::Lines(lines, written)) => {
                     if let Err(e) = out.write_all(&lines) {
                         break Err(ExportError::Write(e));
                     }
-                    let _ = give_back.try_send(lines);
+                    if let Some(written) = written {
+                        let _ = written.send(());
+                    }
+                    // A buffer grown past a large piece is let go.
+                    if lines.capacity() <= LARGE_PIECE {
+                        let _ = give_back.try_send(lines);
+                    }
                 }
                 Ok(Decoded::End(None)) => {
                     pending.pop_front();
@@ -283,7 +292,23 @@ fn decode_jobs(
         // A piece goes to the writer; false once it has stopped reading.
         let mut hand_over = |lines: &mut Vec<u8>| {
             let piece = std::mem::replace(lines, buffer());
-            job.done.send(Decoded::Lines(piece)).is_ok()
+            if piece.len() <= LARGE_PIECE {
+                return job.done.send(Decoded::Lines(piece, None)).is_ok();
+            }
+            let (written, wait) = bounded(1);
+            if job.done.send(Decoded::Lines(piece, Some(written))).is_err() {
+                return false;
+            }
+            // Until it is written, or the writer stops: a channel whose
+            // reader is gone keeps what it holds while this job can still
+            // send, so the answer would never come.
+            loop {
+                match wait.recv_timeout(std::time::Duration::from_millis(20)) {
+                    Ok(()) => return true,
+                    Err(RecvTimeoutError::Timeout) if !stop.load(Ordering::Relaxed) => {}
+                    Err(_) => return false,
+                }
+            }
         };
         let fault = catch_unwind(AssertUnwindSafe(|| {
             let span = (job.from, job.to);

@@ -1,6 +1,8 @@
 //! Reading a log's file, whole or as it grows, with the [`LogDecoder`]:
 //! every fault is an [`AuditError`] naming the byte, never a panic, and
-//! no reader here holds more than the decoder's bound of lines at once.
+//! no reader here holds more than the decoder's bound of lines at once
+//! (`cut_to_whole` holds the open segment it writes again, refused past
+//! what a segment holds).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -264,9 +266,25 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
         file.read_to_end(&mut tail).map_err(&io)?;
         let mut decoder =
             LogDecoder::segments_at(end.keep, format, true).map_err(|f| f.at(path))?;
-        decoder
-            .feed_all(&tail, &mut carried)
-            .map_err(|f| f.at(path))?;
+        let mut rest = &tail[..];
+        while !rest.is_empty() || decoder.more() {
+            let taken = decoder.feed(rest, &mut carried).map_err(|f| f.at(path))?;
+            rest = &rest[taken..];
+            if carried.len() as u64 > MAX_OPEN {
+                // More than a segment ever held before compressing: the
+                // few bytes on disk expand to damage, not a killed
+                // writer's records (and held whole, they could be
+                // gigabytes).
+                return Err(AuditError::Corrupt {
+                    path: path.to_owned(),
+                    offset: end.keep,
+                    reason: format!(
+                        "the open segment from here decodes to more than {} MiB, more than any segment holds: the log looks damaged, so it is not cut",
+                        MAX_OPEN >> 20
+                    ),
+                });
+            }
+        }
     }
     let mut file = OpenOptions::new().write(true).open(path).map_err(&io)?;
     file.set_len(end.keep).map_err(&io)?;

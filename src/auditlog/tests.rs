@@ -161,6 +161,30 @@ fn a_plain_log_hands_out_whole_lines_and_keeps_a_torn_one_out() {
     assert_eq!(decoder.end(), LogEnd { keep: 10, fed: 14 });
 }
 
+/// An open segment whose few bytes decode to more than any segment holds
+/// is damage: `resume` refuses to cut it rather than hold it whole.
+#[test]
+fn an_open_segment_that_expands_past_any_segment_is_not_cut() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(FILE);
+    let mut bytes = header();
+    let mut open = zstd::stream::Encoder::new(&mut bytes, 1).expect("zstd");
+    // `RESET` records, a byte each: 17 MiB of them, no line.
+    open.write_all(&vec![1u8; 17 << 20]).expect("write");
+    open.flush().expect("flush");
+    drop(open);
+    assert!(bytes.len() < 1 << 20, "{} bytes", bytes.len());
+    std::fs::write(&path, &bytes).expect("write");
+    let end = scan_end(&path, |_| Ok(())).expect("read");
+    assert!(end.unfinished());
+    let refused = cut_to_whole(&path, end).expect_err("damage");
+    assert!(
+        refused.to_string().contains("more than 16 MiB"),
+        "{refused}"
+    );
+    assert_eq!(std::fs::read(&path).expect("read"), bytes);
+}
+
 #[test]
 fn cut_to_whole_closes_a_killed_segment_with_every_whole_line_it_had() {
     for format in FORMATS {

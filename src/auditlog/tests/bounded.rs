@@ -18,15 +18,23 @@ const RUN_ID: usize = 64 << 10;
 /// The log: closed segments of events that each repeat the long run id.
 /// Also the length of its longest line.
 fn expanding() -> (Vec<u8>, usize) {
+    let (log, longest) = segments(SEGMENTS, PER, |_| {});
+    (log.finish().expect("finish"), longest)
+}
+
+/// `n` segments of `per` events each; `last` adds to the last one's
+/// records before it is compressed.
+fn segments(n: u64, per: u64, last: impl FnOnce(&mut Vec<u8>)) -> (Frames<Vec<u8>>, usize) {
     let run: Arc<str> = Arc::from("r".repeat(RUN_ID));
     let mut log = Frames::create(Vec::new());
     let mut compressor = SegmentCompressor::new().expect("zstd");
-    for segment in 0..SEGMENTS {
+    let mut last = Some(last);
+    for segment in 0..n {
         let mut writer = RecordWriter::new();
         let mut records = Vec::new();
         writer.begin(&mut records);
-        for i in 1..=PER {
-            let seq = segment * PER + i;
+        for i in 1..=per {
+            let seq = segment * per + i;
             let head = EventHead {
                 seq,
                 micros: 1_795_000_000_000_000 + seq,
@@ -39,12 +47,16 @@ fn expanding() -> (Vec<u8>, usize) {
             };
             writer.event(&mut records, &head);
         }
+        if segment + 1 == n
+            && let Some(last) = last.take()
+        {
+            last(&mut records);
+        }
         let mut frame = Vec::new();
         compressor.compress(&records, &mut frame).expect("frame");
         log.write_frame(&frame).expect("frame");
     }
-    let bytes = log.finish().expect("finish");
-    (bytes, RUN_ID + 200)
+    (log, RUN_ID + 200)
 }
 
 /// What a reader hands out, checked as it goes: every line whole and in
@@ -85,7 +97,12 @@ impl Tally {
 
     /// Every line was handed out; the digest of them all.
     fn whole(self) -> (u64, u64) {
-        assert_eq!(self.lines, SEGMENTS * PER);
+        self.count(SEGMENTS * PER)
+    }
+
+    /// `lines` lines were handed out; the digest of them all.
+    fn count(self, lines: u64) -> (u64, u64) {
+        assert_eq!(self.lines, lines);
         (self.bytes, self.digest.finish())
     }
 }
@@ -198,5 +215,111 @@ impl std::io::Write for TallyOut<'_> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// How a log's last segment is damaged, after two whole ones.
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    /// Its events, then a record with an unknown tag.
+    BadRecord,
+    /// Its events, then a record cut short where the segment ends.
+    CutRecord,
+    /// No third segment: bytes that are no zstd frame.
+    NotZstd,
+}
+
+/// The damaged log and the lines before the damage.
+fn damaged(how: Damage) -> (Vec<u8>, u64) {
+    let bytes = match how {
+        Damage::BadRecord => segments(3, PER, |r| r.push(0x7f)).0,
+        Damage::CutRecord => segments(3, PER, |r| r.extend_from_slice(&[2, 40, 1])).0,
+        Damage::NotZstd => {
+            let (mut log, _) = segments(2, PER, |_| {});
+            log.write_frame(b"\x28\xb5\x2f\xfd not a frame")
+                .expect("bytes");
+            log
+        }
+    }
+    .finish()
+    .expect("finish");
+    let good = match how {
+        Damage::BadRecord | Damage::CutRecord => 3 * PER,
+        Damage::NotZstd => 2 * PER,
+    };
+    (bytes, good)
+}
+
+/// At damage, every reader hands out every line before it, a bound at a
+/// time, and then the fault (the follower once dropped the lines that came
+/// out in the call that found it), however the bytes are fed.
+#[test]
+fn every_reader_hands_out_the_lines_before_damage_then_the_fault() {
+    for how in [Damage::BadRecord, Damage::CutRecord, Damage::NotZstd] {
+        let (bytes, good) = damaged(how);
+        let longest = RUN_ID + 200;
+        let most = LINES_AT_ONCE + longest;
+        let mut seen = Vec::new();
+        for piece in [bytes.len(), 7] {
+            let mut decoder = LogDecoder::compact();
+            let mut tally = Tally::new(most);
+            let mut lines = Vec::new();
+            let fault = 'fed: {
+                for mut rest in bytes.chunks(piece) {
+                    loop {
+                        match decoder.feed(rest, &mut lines) {
+                            Ok(taken) => rest = &rest[taken..],
+                            Err(fault) => {
+                                assert!(lines.is_empty(), "{how:?}: lines with the fault");
+                                break 'fed Some(fault);
+                            }
+                        }
+                        tally.take(&lines);
+                        lines.clear();
+                        if rest.is_empty() && !decoder.more() {
+                            break;
+                        }
+                    }
+                }
+                None
+            };
+            let fault = fault.unwrap_or_else(|| panic!("{how:?}: no fault"));
+            // Told again, and nothing more handed out.
+            assert_eq!(decoder.feed(&[], &mut lines), Err(fault), "{how:?}");
+            assert!(lines.is_empty());
+            seen.push(tally.count(good));
+        }
+        let (_dir, path) = in_file(&bytes);
+        let mut tally = Tally::new(most);
+        let mut reader = DecodedReader::open(&path).expect("opens");
+        let ended = loop {
+            match reader.next_lines() {
+                Ok(Some(lines)) => tally.take(lines),
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        assert!(ended.is_err(), "{how:?}");
+        seen.push(tally.count(good));
+        let mut tally = Tally::new(most);
+        let mut follower = Follower::new(&path);
+        let mut lines = Vec::new();
+        let ended = loop {
+            match follower.read_more(1 << 20, &mut lines) {
+                Ok(read) => {
+                    tally.take(&lines);
+                    lines.clear();
+                    assert!(read > 0, "{how:?}: the follower stopped before the fault");
+                }
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(ended.code(), "Store/AuditCorrupt");
+        seen.push(tally.count(good));
+        let mut tally = Tally::new(super::super::export::PIECE + most);
+        let exported = export_in_jobs(&path, &mut TallyOut(&mut tally), 2, 1);
+        assert!(exported.is_err(), "{how:?}");
+        seen.push(tally.count(good));
+        assert!(seen.windows(2).all(|w| w[0] == w[1]), "{how:?}");
     }
 }
