@@ -1,8 +1,8 @@
 //! Reading a log's file, whole or as it grows, with the [`LogDecoder`]:
 //! every fault is an [`AuditError`] naming the byte, never a panic, and
 //! no reader here holds more than the decoder's bound of lines at once
-//! (`cut_to_whole` holds the open segment it writes again, refused past
-//! what a segment holds).
+//! (`cut_to_whole` holds the open segment's compressed bytes, at most
+//! 16 MiB, and writes its lines again a piece at a time).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -253,38 +253,24 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
         });
     }
     let io = AuditError::io(path);
-    let mut carried = Vec::new();
     // A log with no whole header gets this troupe's.
     let mut format = FORMAT;
+    // The open segment's bytes, and whether they hold any whole record.
+    let mut open = None;
     if !super::is_plain(path) && end.keep > 0 {
-        // The open segment's whole lines (or records, as they are),
-        // decoded again from its start.
         format = format_of(path)?;
         let mut file = File::open(path).map_err(&io)?;
         file.seek(SeekFrom::Start(end.keep)).map_err(&io)?;
         let mut tail = Vec::new();
         file.read_to_end(&mut tail).map_err(&io)?;
-        let mut decoder =
-            LogDecoder::segments_at(end.keep, format, true).map_err(|f| f.at(path))?;
-        let mut rest = &tail[..];
-        while !rest.is_empty() || decoder.more() {
-            let taken = decoder.feed(rest, &mut carried).map_err(|f| f.at(path))?;
-            rest = &rest[taken..];
-            if carried.len() as u64 > MAX_OPEN {
-                // More than a segment ever held before compressing: the
-                // few bytes on disk expand to damage, not a killed
-                // writer's records (and held whole, they could be
-                // gigabytes).
-                return Err(AuditError::Corrupt {
-                    path: path.to_owned(),
-                    offset: end.keep,
-                    reason: format!(
-                        "the open segment from here decodes to more than {} MiB, more than any segment holds: the log looks damaged, so it is not cut",
-                        MAX_OPEN >> 20
-                    ),
-                });
-            }
-        }
+        // Read through once before the file is touched: a fault leaves
+        // it as it was.
+        let mut carries = false;
+        open_segment(path, end.keep, format, &tail, |piece| {
+            carries |= !piece.is_empty();
+            Ok(())
+        })?;
+        open = Some((tail, carries));
     }
     let mut file = OpenOptions::new().write(true).open(path).map_err(&io)?;
     file.set_len(end.keep).map_err(&io)?;
@@ -294,12 +280,37 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
         if end.keep == 0 {
             file.write_all(&super::header()).map_err(&io)?;
         }
-        if !carried.is_empty() {
+        if let Some((tail, true)) = open {
+            // Its whole lines (or records, as they are), a piece at a
+            // time: a few bytes of records may decode to gigabytes.
             let mut log = Compressed::append(file, format).map_err(&io)?;
-            log.write_all(&carried).map_err(&io)?;
+            open_segment(path, end.keep, format, &tail, |piece| {
+                log.write_all(piece).map_err(&io)
+            })?;
             file = log.finish().map_err(&io)?;
         }
     }
     file.sync_data().map_err(&io)?;
     Ok(true)
+}
+
+/// The whole lines (or records, as they are) of the open segment whose
+/// bytes `tail` begin at byte `at`, passed to `each` a bounded piece at a
+/// time.
+fn open_segment(
+    path: &Path,
+    at: u64,
+    format: u32,
+    tail: &[u8],
+    mut each: impl FnMut(&[u8]) -> Result<(), AuditError>,
+) -> Result<(), AuditError> {
+    let mut decoder = LogDecoder::segments_at(at, format, true).map_err(|f| f.at(path))?;
+    let (mut rest, mut piece) = (tail, Vec::new());
+    while !rest.is_empty() || decoder.more() {
+        let taken = decoder.feed(rest, &mut piece).map_err(|f| f.at(path))?;
+        rest = &rest[taken..];
+        each(&piece)?;
+        piece.clear();
+    }
+    Ok(())
 }

@@ -25,7 +25,17 @@ fn expanding() -> (Vec<u8>, usize) {
 /// `n` segments of `per` events each; `last` adds to the last one's
 /// records before it is compressed.
 fn segments(n: u64, per: u64, last: impl FnOnce(&mut Vec<u8>)) -> (Frames<Vec<u8>>, usize) {
-    let run: Arc<str> = Arc::from("r".repeat(RUN_ID));
+    segments_of(RUN_ID, n, per, last)
+}
+
+/// [`segments`] with a run id of `run_id` bytes.
+fn segments_of(
+    run_id: usize,
+    n: u64,
+    per: u64,
+    last: impl FnOnce(&mut Vec<u8>),
+) -> (Frames<Vec<u8>>, usize) {
+    let run: Arc<str> = Arc::from("r".repeat(run_id));
     let mut log = Frames::create(Vec::new());
     let mut compressor = SegmentCompressor::new().expect("zstd");
     let mut last = Some(last);
@@ -56,7 +66,7 @@ fn segments(n: u64, per: u64, last: impl FnOnce(&mut Vec<u8>)) -> (Frames<Vec<u8
         compressor.compress(&records, &mut frame).expect("frame");
         log.write_frame(&frame).expect("frame");
     }
-    (log, RUN_ID + 200)
+    (log, run_id + 200)
 }
 
 /// What a reader hands out, checked as it goes: every line whole and in
@@ -322,4 +332,34 @@ fn every_reader_hands_out_the_lines_before_damage_then_the_fault() {
         seen.push(tally.count(good));
         assert!(seen.windows(2).all(|w| w[0] == w[1]), "{how:?}");
     }
+}
+
+/// Lines longer than the export's large piece (5 MiB each): each piece
+/// waits until it is written, and the export is the single reader's,
+/// byte for byte; a writer that fails at the first piece stops every
+/// waiting job (this test would hang, not fail, if one kept waiting).
+#[test]
+fn an_export_of_long_lines_waits_for_each_and_stops_with_its_writer() {
+    let long = 5 << 20;
+    let bytes = segments_of(long, 4, 2, |_| {}).0.finish().expect("finish");
+    let (_dir, path) = in_file(&bytes);
+    let mut single = Tally::new(usize::MAX);
+    let mut reader = DecodedReader::open(&path).expect("opens");
+    while let Some(lines) = reader.next_lines().expect("reads") {
+        single.take(lines);
+    }
+    let mut out = Tally::new(super::super::export::PIECE + LINES_AT_ONCE + long + 200);
+    export_in_jobs(&path, &mut TallyOut(&mut out), 2, 1).expect("exports");
+    assert_eq!(out.count(8), single.count(8));
+    struct Refusing;
+    impl std::io::Write for Refusing {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::other("refused"))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let stopped = export_in_jobs(&path, &mut Refusing, 2, 1);
+    assert!(matches!(stopped, Err(super::super::ExportError::Write(_))));
 }
