@@ -54,9 +54,6 @@ pub struct DecodedReader {
     /// The part of `chunk` the decoder has not taken in yet.
     unread: std::ops::Range<usize>,
     done: bool,
-    /// A fault found after some lines of the same piece: told once those
-    /// lines were taken.
-    fault: Option<AuditError>,
 }
 
 impl DecodedReader {
@@ -72,7 +69,6 @@ impl DecodedReader {
             chunk: vec![0; CHUNK].into_boxed_slice(),
             unread: 0..0,
             done: false,
-            fault: None,
         })
     }
 
@@ -88,16 +84,12 @@ impl DecodedReader {
         Ok((!self.ready.is_empty()).then_some(&self.ready[..]))
     }
 
-    /// Decodes until some lines are ready or the file ends.
-    /// The lines a piece gave before a fault come first; the fault with
-    /// the next call.
+    /// Decodes until some lines are ready or the file ends. The lines
+    /// before a fault come first (the decoder tells a fault in a call of
+    /// its own); the fault with the next call.
     fn fill(&mut self) -> Result<(), AuditError> {
         self.ready.clear();
         self.at = 0;
-        if let Some(fault) = self.fault.take() {
-            self.done = true;
-            return Err(fault);
-        }
         while self.ready.is_empty() && !self.done {
             if self.unread.is_empty() && !self.decoder.more() {
                 let n = self
@@ -116,13 +108,8 @@ impl DecodedReader {
             {
                 Ok(taken) => self.unread.start += taken,
                 Err(fault) => {
-                    let fault = fault.at(&self.path);
-                    if self.ready.is_empty() {
-                        self.done = true;
-                        return Err(fault);
-                    }
-                    self.fault = Some(fault);
-                    break;
+                    self.done = true;
+                    return Err(fault.at(&self.path));
                 }
             }
         }
