@@ -1,7 +1,8 @@
 //! Fuzzes the compact audit log's reader: arbitrary bytes, fed whole and
 //! in two pieces split where the input says, as a compact log (behind the
 //! header of either format) and as a plain one, and walked for its
-//! segments as `runs tail` does; and the same bytes as a segment's binary
+//! segments as `runs tail` does, and repaired as `troupe resume` repairs a
+//! killed run's log; and the same bytes as a segment's binary
 //! records, which zstd frames the fuzzer makes rarely reach. A file troupe
 //! did not write must give a typed error or whole lines, never a panic;
 //! both feeds must agree; and no call hands out more than the decoder's
@@ -45,6 +46,20 @@ fn decoded(pieces: &[&[u8]]) -> Result<Option<(Vec<u8>, LogEnd)>, AuditFault> {
     Ok(Some((out, d.end())))
 }
 
+/// How the log at `path` ends, read as `resume` reads it, unless it is
+/// damaged or makes more than [`READ_AT_MOST`] of lines.
+fn scan_within(path: &std::path::Path) -> Option<LogEnd> {
+    let mut read = 0;
+    troupe::auditlog::scan_end(path, |lines| {
+        read += lines.len();
+        if read > READ_AT_MOST {
+            return Err("more lines than the target reads".into());
+        }
+        Ok(())
+    })
+    .ok()
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&split, bytes)) = data.split_first() else {
         return;
@@ -86,6 +101,15 @@ fuzz_target!(|data: &[u8]| {
                     }
                 }
             }
+        }
+        // `resume`'s repair of the same file: a typed error, or a log
+        // that then reads to a whole end. Logs past READ_AT_MOST of lines
+        // are left: reading them only takes time.
+        if let Some(end) = scan_within(&file)
+            && troupe::auditlog::cut_to_whole(&file, end).is_ok()
+            && let Some(after) = scan_within(&file)
+        {
+            assert!(!after.unfinished(), "a cut log ends whole: {after:?}");
         }
         // Removed each time: a fuzz process is killed, never told it ends.
         let _ = std::fs::remove_file(&file);
