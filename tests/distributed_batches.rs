@@ -397,7 +397,59 @@ fn a_busy_worker_holds_what_its_slots_cannot_take_and_puts_it_back_on_a_drain() 
         // Written down: the message's next delivery runs only the others.
         let left = still_to_run(&groups, tasks.clone(), 41, 2).await;
         assert_eq!(ids(&left), offered);
-        let key = Records::key(&tasks[0], "requeued", 41, 1);
+        let key = Records::key(&tasks[0], "requeued-held", 41, 1);
         assert!(groups.get(key).await.unwrap().is_some());
+    });
+}
+
+/// A message put back twice on one delivery (what the hold has no room
+/// for at once, what it held at the drain) writes both down: its next
+/// delivery runs only the task this worker took. One record per message
+/// and delivery kept only the last put-back's ids, and the next delivery
+/// ran the first's tasks again beside the message they travel in.
+#[test]
+fn a_message_put_back_twice_on_one_delivery_writes_both_down() {
+    use std::sync::Arc;
+    use troupe::distributed::intake::Buckets;
+    use troupe::distributed::taking::{Delivered, Held, offers, still_to_run};
+
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let args = nats_args(&server.url());
+    actix::System::new().block_on(async move {
+        let nats = args.connect("put back twice").await.unwrap();
+        let (_consumer, cancelled, groups) = nats.worker_topology().await.unwrap();
+        let buckets = Arc::new(Buckets::new(cancelled, groups.clone()));
+        let tasks = group_tasks(4);
+        // One slot free, none to free: the hold keeps one task, with room
+        // for one, and the other two go back at once.
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let mut permits = vec![Arc::clone(&slots).try_acquire_owned().unwrap()];
+        let held = Arc::new(Held::default());
+        let message = Delivered {
+            tasks: tasks.clone(),
+            reply: "twice.reply".into(),
+            delivered: 1,
+            sequence: 43,
+            busy: true,
+        };
+        let (taken, past) = offers(&nats, &buckets, message, &mut permits, &held, 1);
+        assert_eq!(taken.len(), 1);
+        assert_eq!(held.count(), 1, "one held for a slot");
+        // A drain before any slot frees: the held one goes back too.
+        let (_drain, drained) = tokio::sync::watch::channel(true);
+        let accept = |_: Vec<troupe::distributed::intake::Offer>| async {
+            panic!("no slot freed");
+        };
+        past.unwrap()
+            .hold(&nats, &buckets, &slots, drained, accept)
+            .await;
+        let left = still_to_run(&groups, tasks.clone(), 43, 2).await;
+        let units: Vec<usize> = left.iter().map(|t| t.unit).collect();
+        assert_eq!(
+            units,
+            [taken[0].task.unit],
+            "only the task taken runs again"
+        );
     });
 }

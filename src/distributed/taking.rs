@@ -115,12 +115,17 @@ impl Drop for Waiting {
 
 /// What a worker writes down of a message it was delivered, in the
 /// groups bucket (the run's keys there go with the run): the tasks it put
-/// back on the queue (`requeued`) and those it reported (`reported`, see
-/// [`Lease`]), each key per delivery. Its next delivery runs neither.
+/// back on the queue at once (`requeued`) and after holding them for a
+/// slot (`requeued-held`: one message may be put back twice, and each
+/// writes its own key), and those it reported (`reported`, see
+/// [`Lease`]), each key per delivery. Its next delivery runs none of them.
 #[derive(Debug)]
 pub struct Records;
 
 impl Records {
+    /// The kinds of record, each a key per delivery.
+    const KINDS: [&'static str; 3] = ["requeued", "requeued-held", "reported"];
+
     /// `<run>.<turn>.<kind>.<sequence>.<delivered>` for a message of
     /// `task`'s group.
     pub fn key(task: &Task, kind: &str, sequence: u64, delivered: u64) -> String {
@@ -178,9 +183,7 @@ impl Records {
         strictly: bool,
     ) -> Result<HashSet<String>, ()> {
         let keys: Vec<String> = (1..delivered)
-            .flat_map(|d| {
-                ["requeued", "reported"].map(|kind| Records::key_in(run, turn, kind, sequence, d))
-            })
+            .flat_map(|d| Records::KINDS.map(|kind| Records::key_in(run, turn, kind, sequence, d)))
             .collect();
         let reads = keys.iter().map(|key| groups.get(key.as_str()));
         let mut ids = HashSet::new();
@@ -239,16 +242,16 @@ impl Past {
             sequence,
             mut waiting,
         } = self;
-        let put_back = |tasks: Vec<Task>| {
+        let put_back = |tasks: Vec<Task>, kind: &'static str| {
             let (nats, buckets, lease) = (nats.clone(), Arc::clone(buckets), Arc::clone(&lease));
             tokio::task::spawn_local(async move {
-                requeue(&nats, &buckets, &lease, tasks, sequence).await;
+                requeue(&nats, &buckets, &lease, tasks, sequence, kind).await;
             })
         };
         let mut started = Vec::new();
         let unheld = tasks.split_off(waiting.len().min(tasks.len()));
         if !unheld.is_empty() {
-            started.push(put_back(unheld));
+            started.push(put_back(unheld, "requeued"));
         }
         let mut tasks = tasks.into_iter();
         let deadline = tokio::time::Instant::now() + nats.lease / 3;
@@ -288,7 +291,7 @@ impl Past {
         drop(waiting);
         let rest: Vec<Task> = tasks.collect();
         if !rest.is_empty() {
-            started.push(put_back(rest));
+            started.push(put_back(rest, "requeued-held"));
         }
         for one in started {
             let _ = one.await;
@@ -354,7 +357,7 @@ pub fn offers(
 ///
 /// What the new message carries is written down under its own sequence
 /// ([`Records::carries`]), for a coordinator told it was dropped. Their
-/// ids are then written down ([`Records`]): should this worker die
+/// ids are then written down under `kind` ([`Records`]): should this worker die
 /// holding the message, its next delivery leaves them to the message they
 /// now travel in instead of running them twice. (Written after the
 /// publish: a record of tasks that were never put back would lose them; a
@@ -370,6 +373,7 @@ pub async fn requeue(
     lease: &Lease,
     tasks: Vec<Task>,
     sequence: u64,
+    kind: &str,
 ) {
     let Some(first) = tasks.first() else {
         return;
@@ -407,7 +411,7 @@ pub async fn requeue(
             .iter()
             .map(|t| t.stage_execution_id.as_str())
             .collect();
-        let key = Records::key(first, "requeued", sequence, lease.delivered());
+        let key = Records::key(first, kind, sequence, lease.delivered());
         if let Ok(record) = serde_json::to_vec(&ids) {
             let _ = buckets.groups.put(key, record.into()).await;
         }
