@@ -11,9 +11,8 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{Receiver, Sender, TryRecvError, bounded, select};
 
 use super::decode::LogDecoder;
 use super::error::AuditError;
@@ -94,12 +93,14 @@ pub(super) fn export_in_jobs(
     // Written buffers go back to the threads: a job's lines are megabytes,
     // and a fresh buffer each time is that much memory zeroed again.
     let (give_back, spare) = bounded::<Vec<u8>>(ahead * PIECES_WAITING + threads);
-    // Set when the writing stops early: the threads skip what is queued.
-    let stop = AtomicBool::new(false);
+    // Nothing is sent on it: dropped when the writing stops, it tells
+    // the threads to skip what is queued and wakes a job waiting for its
+    // large piece to be written.
+    let (writing, stopped) = bounded::<()>(0);
     std::thread::scope(|s| {
         for _ in 0..threads {
-            let (taken, spare, stop) = (taken.clone(), spare.clone(), &stop);
-            s.spawn(move || decode_jobs(path, format, &taken, &spare, stop));
+            let (taken, spare, stopped) = (taken.clone(), spare.clone(), stopped.clone());
+            s.spawn(move || decode_jobs(path, format, &taken, &spare, &stopped));
         }
         drop(taken);
         let mut pending: VecDeque<Receiver<Decoded>> = VecDeque::with_capacity(ahead);
@@ -141,7 +142,7 @@ pub(super) fn export_in_jobs(
         };
         // The threads end once no more work comes, and a job whose lines
         // have no reader any more stops.
-        stop.store(true, Ordering::Relaxed);
+        drop(writing);
         drop(work);
         drop(pending);
         outcome
@@ -273,8 +274,9 @@ fn decode_jobs(
     format: u32,
     jobs: &Receiver<Job>,
     spare: &Receiver<Vec<u8>>,
-    stop: &AtomicBool,
+    stopped: &Receiver<()>,
 ) {
+    let writer_stopped = || matches!(stopped.try_recv(), Err(TryRecvError::Disconnected));
     let mut bytes = vec![0u8; READ];
     // A piece and the feed that crosses it (LINES_AT_ONCE and a line).
     let buffer = || {
@@ -285,7 +287,7 @@ fn decode_jobs(
         lines
     };
     for job in jobs {
-        if stop.load(Ordering::Relaxed) {
+        if writer_stopped() {
             continue;
         }
         let mut lines = buffer();
@@ -301,13 +303,10 @@ fn decode_jobs(
             }
             // Until it is written, or the writer stops: a channel whose
             // reader is gone keeps what it holds while this job can still
-            // send, so the answer would never come.
-            loop {
-                match wait.recv_timeout(std::time::Duration::from_millis(20)) {
-                    Ok(()) => return true,
-                    Err(RecvTimeoutError::Timeout) if !stop.load(Ordering::Relaxed) => {}
-                    Err(_) => return false,
-                }
+            // send, so the answer alone might never come.
+            select! {
+                recv(wait) -> written => written.is_ok(),
+                recv(stopped) -> _ => false,
             }
         };
         let fault = catch_unwind(AssertUnwindSafe(|| {
