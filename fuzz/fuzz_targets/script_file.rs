@@ -47,12 +47,23 @@ fn render(reply: &Reply) {
         }
         Reply::Calls(calls) => {
             for call in calls {
-                let _ = call.args.render(&resolve);
+                same_both_ways(&call.args, &resolve);
             }
         }
-        Reply::Complete(v) => {
-            let _ = v.render(&resolve);
-        }
+        Reply::Complete(v) => same_both_ways(v, &resolve),
         Reply::Fail { .. } => {}
     }
+}
+
+/// What the offline provider writes (`render_json`) is the value `render`
+/// builds, serialized: the same bytes, or the same error.
+fn same_both_ways(
+    t: &troupe::provider::script::ValueTemplate,
+    resolve: &dyn Fn(&[troupe::definition::template::Segment]) -> Result<serde_json::Value, String>,
+) {
+    let direct = t.render_json(resolve);
+    let through_value = t
+        .render(resolve)
+        .map(|v| troupe::definition::template::json_text(&v));
+    assert_eq!(direct, through_value);
 }

@@ -163,12 +163,6 @@ impl Template {
         Ok(out)
     }
 
-    /// Whether the whole template is one placeholder (which
-    /// [`Template::render_value`] resolves to its typed value).
-    pub fn is_one_placeholder(&self) -> bool {
-        matches!(self.parts.as_slice(), [Part::Slot(_)])
-    }
-
     /// When the whole template is one placeholder, resolves it to its typed
     /// value (so `"{{ctx.index}}"` can yield a number); otherwise renders text.
     pub fn render_value(
@@ -203,8 +197,9 @@ fn push_number(out: &mut String, n: &serde_json::Number) {
 
 /// `value` as compact JSON text, as `Value`'s `Display` writes it. Written
 /// into bytes, not through `fmt`: every write of `Display`'s goes through
-/// a `Formatter`, and the offline provider's tool-call arguments took 5 500
-/// instructions a fan-out sibling that way.
+/// a `Formatter`, which cost thousands of instructions a fan-out sibling
+/// (a template's non-string values, the offline provider's completion,
+/// a tool step's arguments).
 pub fn json_text(value: &serde_json::Value) -> String {
     // A `Value` always serializes: its map keys are strings.
     serde_json::to_string(value).unwrap_or_default()

@@ -200,12 +200,11 @@ impl ValueTemplate {
         };
         match self {
             ValueTemplate::Literal(v) => value(out, v),
-            ValueTemplate::Str(t) if t.is_one_placeholder() => {
-                value(out, &t.render_value(resolve).map_err(|e| e.to_string())?);
-            }
-            ValueTemplate::Str(t) => {
-                write_json_str(out, &t.render_with(resolve).map_err(|e| e.to_string())?);
-            }
+            // A lone placeholder keeps its value's type; text is a string.
+            ValueTemplate::Str(t) => match t.render_value(resolve).map_err(|e| e.to_string())? {
+                Value::String(s) => write_json_str(out, &s),
+                v => value(out, &v),
+            },
             ValueTemplate::Array(items) => {
                 out.push(b'[');
                 for (i, item) in items.iter().enumerate() {

@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 
 use super::run::StageRun;
 use crate::definition::expr::Expr;
-use crate::definition::template::Template;
+use crate::definition::template::{Template, json_text};
 use crate::error::{HasCode, ValidationCode};
 use crate::provider::ToolCall;
 use crate::runtime::events::{EventName, FieldValue};
@@ -33,7 +33,7 @@ impl StageRun {
         let call = ToolCall {
             id: Arc::from("step"),
             name: Arc::from(tool),
-            arguments: args.to_string().into(),
+            arguments: json_text(&args).into(),
         };
         self.emit(
             self.tool_event(EventName::ToolInvocationProposed, &call)
