@@ -219,13 +219,13 @@ impl Past {
     /// as soon as they have one (those that get one together, together:
     /// accepting reads the group's cancelled mark once a call); puts back
     /// on the queue at once those not held (past the room), and after the
-    /// hold those that got no slot ([`requeue`]). Returns once all of it is done. The queue held other
-    /// messages when they came, so the cluster is busy and they would wait
-    /// anyway; put back, each would cost the server a message and a key
-    /// more every time a slot frees, one sibling at a time. Held longer, a
-    /// task could wait here while another worker has a slot free. A drain
-    /// (`drain` set) puts back at once what has no slot. Call inside a
-    /// Tokio `LocalSet`: what it starts runs there.
+    /// hold those that got no slot ([`requeue`]). Returns once all of it is
+    /// done. The queue held other messages when they came, so the cluster
+    /// is busy and they would wait anyway; put back, each would cost the
+    /// server a message and a key more every time a slot frees, one sibling
+    /// at a time. Held longer, a task could wait here while another worker
+    /// has a slot free. A drain (`drain` set) puts back at once what has no
+    /// slot. Call inside a Tokio `LocalSet`: what it starts runs there.
     pub async fn hold<F>(
         self,
         nats: &Nats,
@@ -268,13 +268,12 @@ impl Past {
             };
             // This slot, and any others free now for the tasks held.
             let mut slots_now = vec![(permit, held)];
-            while !waiting.is_empty() {
+            while let Some(held) = waiting.pop() {
                 let Ok(more) = Arc::clone(slots).try_acquire_owned() else {
+                    waiting.push(held);
                     break;
                 };
-                if let Some(held) = waiting.pop() {
-                    slots_now.push((more, held));
-                }
+                slots_now.push((more, held));
             }
             let offers: Vec<Offer> = slots_now
                 .into_iter()
@@ -349,6 +348,10 @@ pub fn offers(
     (offers, Some(past))
 }
 
+/// How long a put-back's records are tried again: a few tries, backing
+/// off, before the lease is settled without them.
+const RECORD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Tasks of a delivered message that this worker will not run, put back
 /// on the queue as a message of their own for any worker to take. A
 /// worker asks for as many messages as its free slots would take (see
@@ -393,27 +396,26 @@ pub async fn requeue(
             .iter()
             .map(|t| (t.turn, t.unit, t.stage_execution_id.as_str()))
             .collect();
-        if let Ok(record) = serde_json::to_vec(&carried) {
-            let key = Records::carries(&first.run_id, new);
-            let record = bytes::Bytes::from(record);
-            for _ in 0..3 {
-                if buckets
-                    .groups
-                    .put(key.as_str(), record.clone())
-                    .await
-                    .is_ok()
-                {
-                    break;
-                }
-            }
-        }
         let ids: Vec<&str> = tasks
             .iter()
             .map(|t| t.stage_execution_id.as_str())
             .collect();
-        let key = Records::key(first, kind, sequence, lease.delivered());
-        if let Ok(record) = serde_json::to_vec(&ids) {
-            let _ = buckets.groups.put(key, record.into()).await;
+        let records = [
+            (
+                Records::carries(&first.run_id, new),
+                serde_json::to_vec(&carried),
+            ),
+            (
+                Records::key(first, kind, sequence, lease.delivered()),
+                serde_json::to_vec(&ids),
+            ),
+        ];
+        for (key, record) in records {
+            let Ok(record) = record.map(bytes::Bytes::from) else {
+                continue;
+            };
+            let put = || buckets.groups.put(key.as_str(), record.clone());
+            let _ = super::nats::retrying(RECORD_PATIENCE, |_| true, put).await;
         }
     }
     lease.settle_many(tasks.len(), stored.is_some()).await;
