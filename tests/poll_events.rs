@@ -40,42 +40,6 @@ fn seqs_by_execution(events: &[Value], name: &str) -> HashMap<String, Vec<u64>> 
     by
 }
 
-#[test]
-fn a_request_is_in_the_log_before_the_provider_is_called() {
-    // The scripted provider answers at once, so a worker's turn (its
-    // answer, the Echo call's proposal, approval and start) is one poll.
-    let out = run(
-        &fanout(),
-        Opts {
-            fields: vec![("width", json!(40))],
-            cap: Some(8),
-            ..Opts::default()
-        },
-    );
-    assert!(
-        matches!(out.report.status, RunStatus::Ok),
-        "{:?}",
-        out.report.status
-    );
-    let started = seqs_by_execution(&out.events, "ProviderRequestStarted");
-    let mut calls = HashMap::<String, Vec<u64>>::new();
-    for (exec, last_seq) in out.provider.called_after.lock().unwrap().iter() {
-        calls.entry(exec.clone()).or_default().push(*last_seq);
-    }
-    assert_eq!(calls.len(), 42, "plan, 40 workers, reduce");
-    for (exec, called_after) in &calls {
-        let started = &started[exec];
-        assert_eq!(started.len(), called_after.len(), "{exec}");
-        for (seq, last) in started.iter().zip(called_after) {
-            assert!(
-                seq <= last,
-                "{exec}: the provider was called when the log ended at {last}, \
-                 before its ProviderRequestStarted ({seq})"
-            );
-        }
-    }
-}
-
 /// For each execution, whether every `ProviderRequestStarted` was in the
 /// log when its request reached the provider.
 fn requests_logged_before_the_provider(out: &common::run::Outcome) -> Vec<bool> {
@@ -93,16 +57,16 @@ fn requests_logged_before_the_provider(out: &common::run::Outcome) -> Vec<bool> 
         .collect()
 }
 
-/// `stages/fanout` 20 wide, cap 4, with no one observing (audit events
-/// only) and `budget` if any: for each request, whether its
+/// `stages/fanout` `width` wide, cap `cap`, observed or not (audit events
+/// only) and under `budget` if any: for each request, whether its
 /// `ProviderRequestStarted` was in the log when it reached the provider.
-fn unobserved(budget: Option<Arc<Budget>>) -> Vec<bool> {
+fn logged(width: u64, cap: usize, audit_only: bool, budget: Option<Arc<Budget>>) -> Vec<bool> {
     let out = run(
         &fanout(),
         Opts {
-            fields: vec![("width", json!(20))],
-            cap: Some(4),
-            audit_only: true,
+            fields: vec![("width", json!(width))],
+            cap: Some(cap),
+            audit_only,
             budget,
             ..Opts::default()
         },
@@ -114,11 +78,20 @@ fn unobserved(budget: Option<Arc<Budget>>) -> Vec<bool> {
     );
     let logged = requests_logged_before_the_provider(&out);
     assert_eq!(
-        logged.len(),
-        42,
-        "two turns for each of 20 workers, plan, reduce"
+        logged.len() as u64,
+        2 * width + 2,
+        "two turns for each worker, plan, reduce"
     );
     logged
+}
+
+#[test]
+fn a_request_is_in_the_log_before_the_provider_is_called() {
+    // Observed: the scripted provider answers at once, so a worker's turn
+    // (its answer, the Echo call's proposal, approval and start) is one
+    // poll, and the try must be published before the provider is called.
+    let logged = logged(40, 8, false, None);
+    assert!(logged.iter().all(|before| *before), "{logged:?}");
 }
 
 #[test]
@@ -126,13 +99,14 @@ fn unobserved_a_poll_holds_its_events_until_it_ends() {
     // No observer and no budget: nothing needs a request in the log before
     // the provider answers, and with the scripted provider answering at
     // once the try is published with the rest of its poll.
-    let logged = unobserved(None);
+    let logged = logged(20, 4, true, None);
     assert!(logged.iter().all(|before| !before), "{logged:?}");
 }
 
 #[test]
 fn under_a_budget_a_request_is_in_the_log_before_the_provider_is_called() {
-    let logged = unobserved(Some(Arc::new(Budget::new(Some(1 << 40), None, None))));
+    let budget = Arc::new(Budget::new(Some(1 << 40), None, None));
+    let logged = logged(20, 4, true, Some(budget));
     assert!(logged.iter().all(|before| *before), "{logged:?}");
 }
 

@@ -473,10 +473,10 @@ fn concurrent_publishers(all_capacity: usize, audit_capacity: usize, shards: usi
                     if batch.len() < size as usize && n + 1 < PER_THREAD {
                         continue;
                     }
-                    let last = if batch.len() == 1 && !batched {
-                        bus.publish(batch.pop().unwrap()).unwrap()
-                    } else {
+                    let last = if batched {
                         bus.publish_all(&mut batch).unwrap()
+                    } else {
+                        bus.publish(batch.pop().unwrap()).unwrap()
                     };
                     let first = last + 1 - classes.len() as u64;
                     for (seq, class) in (first..=last).zip(classes.drain(..)) {

@@ -337,7 +337,9 @@ fn every_reader_hands_out_the_lines_before_damage_then_the_fault() {
 /// Lines longer than the export's large piece (5 MiB each): each piece
 /// waits until it is written, and the export is the single reader's,
 /// byte for byte; a writer that fails at the first piece stops every
-/// waiting job (this test would hang, not fail, if one kept waiting).
+/// waiting job. A job that kept waiting would hang this test, in the runs
+/// where the other job queued its piece before the writer failed (the
+/// race is the hang itself; nothing gates the export's threads).
 #[test]
 fn an_export_of_long_lines_waits_for_each_and_stops_with_its_writer() {
     let long = 5 << 20;
