@@ -82,10 +82,13 @@ pub const MAX_RECORD: usize = 256 << 20;
 /// The longest text a record may say it holds.
 const MAX_TEXT: u64 = MAX_RECORD as u64;
 
-/// Places in [`RecordWriter`]'s cache of recent strings: 2^10, room for
+/// Places in the audit writer's cache of recent strings: 2^10, room for
 /// the ids of a cap of 256 running siblings beside the names and keys.
 const CACHE_BITS: u32 = 10;
-const CACHE: usize = 1 << CACHE_BITS;
+
+/// Places in a relay's cache ([`RecordWriter::for_one_execution`]): one
+/// execution's events name a few dozen strings.
+const SMALL_CACHE_BITS: u32 = 6;
 
 /// Writes events as records, numbering strings within a batch.
 pub struct RecordWriter {
@@ -94,7 +97,9 @@ pub struct RecordWriter {
     /// `(address, length, number + 1)` of strings looked up lately, by
     /// address: the event names, keys, run id and current execution ids
     /// a batch repeats are found here without hashing (0: empty).
-    recent: Box<[(usize, usize, u64); CACHE]>,
+    recent: Box<[(usize, usize, u64)]>,
+    /// `recent` holds 2^`cache_bits` places.
+    cache_bits: u32,
     /// Shared strings numbered in this batch, held so that no other
     /// string is made at their address before the batch ends.
     held: Vec<Arc<str>>,
@@ -128,20 +133,34 @@ pub struct EventHead<'a> {
 
 impl Default for RecordWriter {
     fn default() -> RecordWriter {
-        RecordWriter {
-            strings: HashMap::default(),
-            recent: Box::new([(0, 0, 0); CACHE]),
-            held: Vec::new(),
-            seq: 0,
-            micros: 0,
-            scratch: Vec::new(),
-        }
+        RecordWriter::with_cache_bits(CACHE_BITS)
     }
 }
 
 impl RecordWriter {
     pub fn new() -> RecordWriter {
         RecordWriter::default()
+    }
+
+    /// A writer for one execution's events, as a worker relays them
+    /// ([`scan`]): a small cache, since one execution names few strings
+    /// and a worker keeps a writer for each execution in flight.
+    pub fn for_one_execution() -> RecordWriter {
+        RecordWriter::with_cache_bits(SMALL_CACHE_BITS)
+    }
+
+    fn with_cache_bits(cache_bits: u32) -> RecordWriter {
+        RecordWriter {
+            // As many as the cache has places: grown from nothing, an
+            // execution's map was rehashed four times.
+            strings: HashMap::with_capacity_and_hasher(1 << cache_bits, Default::default()),
+            recent: vec![(0, 0, 0); 1 << cache_bits].into_boxed_slice(),
+            cache_bits,
+            held: Vec::new(),
+            seq: 0,
+            micros: 0,
+            scratch: Vec::new(),
+        }
     }
 
     /// Starts a batch: writes `RESET` and forgets what the last batch
@@ -262,7 +281,7 @@ impl RecordWriter {
         let (at, len) = (s.as_ptr() as usize, s.len());
         // Fibonacci hashing: the top bits of the address times 2^64/φ.
         let place = &mut self.recent
-            [((at as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CACHE_BITS)) as usize];
+            [((at as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.cache_bits)) as usize];
         if place.0 == at && place.1 == len && place.2 != 0 {
             return write_varint(out, place.2);
         }
@@ -554,13 +573,7 @@ impl RecordReader {
             0 => {
                 let text = std::str::from_utf8(r.text()?)
                     .map_err(|_| bad("a string that is not UTF-8"))?;
-                if self.defined + text.len() > MAX_RECORD {
-                    return Err(Stop::Bad(format!(
-                        "strings past {} MiB without a RESET",
-                        MAX_RECORD >> 20
-                    )));
-                }
-                self.defined += text.len();
+                define(&mut self.defined, text)?;
                 let start = self.arena.len();
                 let quoted = clean(text);
                 if quoted {
@@ -573,16 +586,7 @@ impl RecordReader {
                 self.spans.push((start, self.arena.len(), quoted));
                 Ok(self.spans.len() - 1)
             }
-            n => {
-                let n = usize::try_from(n - 1).unwrap_or(usize::MAX);
-                if n >= self.spans.len() {
-                    return Err(Stop::Bad(format!(
-                        "a reference to string {n}, of {} defined",
-                        self.spans.len()
-                    )));
-                }
-                Ok(n)
-            }
+            n => referred(n, self.spans.len()),
         }
     }
 
@@ -595,6 +599,30 @@ impl RecordReader {
             Checked::Escaped(&self.arena[from..to])
         }
     }
+}
+
+/// Counts a string's definition into the bytes of text defined since the
+/// last `RESET`, which may not pass [`MAX_RECORD`].
+fn define(defined: &mut usize, text: &str) -> Read<()> {
+    if *defined + text.len() > MAX_RECORD {
+        return Err(Stop::Bad(format!(
+            "strings past {} MiB without a RESET",
+            MAX_RECORD >> 20
+        )));
+    }
+    *defined += text.len();
+    Ok(())
+}
+
+/// The string a reference `n` (not 0) names, of `count` defined.
+fn referred(n: u64, count: usize) -> Read<usize> {
+    let n = usize::try_from(n - 1).unwrap_or(usize::MAX);
+    if n >= count {
+        return Err(Stop::Bad(format!(
+            "a reference to string {n}, of {count} defined"
+        )));
+    }
+    Ok(n)
 }
 
 /// A record cut short that is already longer than any record may be.
@@ -743,31 +771,8 @@ fn unzigzag(z: u64) -> u64 {
     ((z >> 1) as i64 ^ -((z & 1) as i64)) as u64
 }
 
-#[cfg(test)]
-/// What the reader hands out for `bytes` fed in pieces cut at `cuts` (as
-/// the log's decoder feeds what zstd gives it): the JSON lines, or the
-/// reason it stopped.
-pub(crate) fn read_in_pieces(bytes: &[u8], cuts: &[usize]) -> Result<Vec<u8>, String> {
-    let mut reader = RecordReader::default();
-    let mut out = Vec::new();
-    let mut partial = Vec::new();
-    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
-    cuts.sort_unstable();
-    let mut from = 0;
-    for cut in cuts.into_iter().chain([bytes.len()]) {
-        partial.extend_from_slice(&bytes[from..cut.max(from)]);
-        from = cut.max(from);
-        let mut at = 0;
-        while let Some(n) = reader.read(&partial[at..], &mut out)? {
-            at += n;
-        }
-        partial.drain(..at);
-    }
-    if !partial.is_empty() {
-        return Err(format!("{} bytes left over", partial.len()));
-    }
-    Ok(out)
-}
-
+pub mod scan;
 #[cfg(test)]
 pub(super) mod tests;
+#[cfg(test)]
+pub(crate) use tests::read_in_pieces;

@@ -5,10 +5,12 @@
 
 mod decode;
 mod encode;
+mod relay;
 mod vocabulary;
 
 #[cfg(test)]
 mod record_tests;
 
 pub use crate::auditlog::clock::{parse_rfc3339, rfc3339};
+pub use relay::{Relaying, relayed_lines};
 pub use vocabulary::{Event, EventName, FieldValue};

@@ -274,3 +274,28 @@ proptest! {
         let _ = read_in_pieces(&bytes, &[bytes.len() / 2]);
     }
 }
+
+/// What the reader hands out for `bytes` fed in pieces cut at `cuts` (as
+/// the log's decoder feeds what zstd gives it): the JSON lines, or the
+/// reason it stopped.
+pub(crate) fn read_in_pieces(bytes: &[u8], cuts: &[usize]) -> Result<Vec<u8>, String> {
+    let mut reader = RecordReader::default();
+    let mut out = Vec::new();
+    let mut partial = Vec::new();
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+    cuts.sort_unstable();
+    let mut from = 0;
+    for cut in cuts.into_iter().chain([bytes.len()]) {
+        partial.extend_from_slice(&bytes[from..cut.max(from)]);
+        from = cut.max(from);
+        let mut at = 0;
+        while let Some(n) = reader.read(&partial[at..], &mut out)? {
+            at += n;
+        }
+        partial.drain(..at);
+    }
+    if !partial.is_empty() {
+        return Err(format!("{} bytes left over", partial.len()));
+    }
+    Ok(out)
+}

@@ -418,12 +418,9 @@ mod tests {
                 .expect("UTF-8")
                 .ends_with("\"x\":[1.5e300,2E-5,\"9e9999 in a string\"]}")
         );
-        for name in [
-            EventName::StageEntered,
-            EventName::ProviderNotice,
-            EventName::Progress,
-        ] {
+        for name in EventName::ALL {
             assert_eq!(EventName::parse(name.as_str()), Some(name));
         }
+        assert_eq!(EventName::parse("stageEntered"), None);
     }
 }

@@ -30,7 +30,7 @@ fn encoded(events: &[Event], batch: usize) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// Every kind of field and head an event has.
-fn every_kind() -> Vec<Event> {
+pub(super) fn every_kind() -> Vec<Event> {
     let run: Arc<str> = Arc::from("01a2169c-ae47-74a5-8cb4-5df934e3f66c");
     let calls: Vec<(Arc<str>, Arc<str>)> = vec![
         ("c1".into(), "Echo".into()),
@@ -150,7 +150,7 @@ fn field_value() -> impl Strategy<Value = FieldValue> {
     ]
 }
 
-fn an_event() -> impl Strategy<Value = Event> {
+pub(super) fn an_event() -> impl Strategy<Value = Event> {
     let keys = prop_oneof![
         Just("verdict"),
         Just("usage"),

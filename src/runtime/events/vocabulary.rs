@@ -60,46 +60,85 @@ pub enum EventName {
 }
 
 impl EventName {
-    /// The name of an event read back from JSON (a worker's events);
-    /// `None` for a name this troupe does not emit.
+    /// Every name, in declaration order.
+    pub const ALL: [EventName; 33] = [
+        EventName::WorkflowStarted,
+        EventName::WorkflowResumed,
+        EventName::WorkflowExit,
+        EventName::SessionTurnStart,
+        EventName::SessionTurnEnd,
+        EventName::StageEntered,
+        EventName::StagePreFired,
+        EventName::StagePostFired,
+        EventName::StageCheckGateResult,
+        EventName::StageAssertOutcome,
+        EventName::StageGranted,
+        EventName::StageCancelled,
+        EventName::StageExited,
+        EventName::StageInitFailed,
+        EventName::ParallelSiblingFailure,
+        EventName::HookInvoked,
+        EventName::ToolInvocationProposed,
+        EventName::ToolInvocationStarted,
+        EventName::ToolInvocationSucceeded,
+        EventName::ToolInvocationFailed,
+        EventName::ToolInvocationCancelled,
+        EventName::ToolCallApproved,
+        EventName::ToolCallDenied,
+        EventName::ToolCallModeInvoked,
+        EventName::InteractionRaised,
+        EventName::InteractionAnswered,
+        EventName::ProviderRequestStarted,
+        EventName::ProviderRequestCompleted,
+        EventName::ProviderRequestFailed,
+        EventName::ProviderNotice,
+        EventName::SiblingRedelivered,
+        EventName::Token,
+        EventName::Progress,
+    ];
+
+    /// The name of an event read back (a worker's events); `None` for a
+    /// name this troupe does not emit. A match, not a search of
+    /// [`EventName::ALL`]: a coordinator reads a name for every event a
+    /// worker relays.
     pub fn parse(name: &str) -> Option<EventName> {
         use EventName::*;
-        const ALL: [EventName; 33] = [
-            WorkflowStarted,
-            WorkflowResumed,
-            WorkflowExit,
-            SessionTurnStart,
-            SessionTurnEnd,
-            StageEntered,
-            StagePreFired,
-            StagePostFired,
-            StageCheckGateResult,
-            StageAssertOutcome,
-            StageGranted,
-            StageCancelled,
-            StageExited,
-            StageInitFailed,
-            ParallelSiblingFailure,
-            HookInvoked,
-            ToolInvocationProposed,
-            ToolInvocationStarted,
-            ToolInvocationSucceeded,
-            ToolInvocationFailed,
-            ToolInvocationCancelled,
-            ToolCallApproved,
-            ToolCallDenied,
-            ToolCallModeInvoked,
-            InteractionRaised,
-            InteractionAnswered,
-            ProviderRequestStarted,
-            ProviderRequestCompleted,
-            ProviderRequestFailed,
-            ProviderNotice,
-            SiblingRedelivered,
-            Token,
-            Progress,
-        ];
-        ALL.into_iter().find(|n| n.as_str() == name)
+        Some(match name {
+            "WorkflowStarted" => WorkflowStarted,
+            "WorkflowResumed" => WorkflowResumed,
+            "WorkflowExit" => WorkflowExit,
+            "SessionTurnStart" => SessionTurnStart,
+            "SessionTurnEnd" => SessionTurnEnd,
+            "StageEntered" => StageEntered,
+            "StagePreFired" => StagePreFired,
+            "StagePostFired" => StagePostFired,
+            "StageCheckGateResult" => StageCheckGateResult,
+            "StageAssertOutcome" => StageAssertOutcome,
+            "StageGranted" => StageGranted,
+            "StageCancelled" => StageCancelled,
+            "StageExited" => StageExited,
+            "StageInitFailed" => StageInitFailed,
+            "ParallelSiblingFailure" => ParallelSiblingFailure,
+            "HookInvoked" => HookInvoked,
+            "ToolInvocationProposed" => ToolInvocationProposed,
+            "ToolInvocationStarted" => ToolInvocationStarted,
+            "ToolInvocationSucceeded" => ToolInvocationSucceeded,
+            "ToolInvocationFailed" => ToolInvocationFailed,
+            "ToolInvocationCancelled" => ToolInvocationCancelled,
+            "ToolCallApproved" => ToolCallApproved,
+            "ToolCallDenied" => ToolCallDenied,
+            "ToolCallModeInvoked" => ToolCallModeInvoked,
+            "InteractionRaised" => InteractionRaised,
+            "InteractionAnswered" => InteractionAnswered,
+            "ProviderRequestStarted" => ProviderRequestStarted,
+            "ProviderRequestCompleted" => ProviderRequestCompleted,
+            "ProviderRequestFailed" => ProviderRequestFailed,
+            "ProviderNotice" => ProviderNotice,
+            "SiblingRedelivered" => SiblingRedelivered,
+            "Token" => Token,
+            "Progress" => Progress,
+            _ => return None,
+        })
     }
 
     pub fn as_str(self) -> &'static str {

@@ -1,0 +1,210 @@
+//! Relayed events read back as the events they were: every kind writes
+//! the same line after the trip, and damage costs only what follows it.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::super::record_tests::{an_event, every_kind};
+use super::{KEYS, Relaying, relayed_lines};
+use crate::auditlog::records::{EventHead, RecordWriter};
+use crate::runtime::events::{Event, EventName, FieldValue};
+
+fn relayed(events: &[Event]) -> Vec<u8> {
+    let mut relaying = Relaying::default();
+    for e in events {
+        relaying.push(e);
+    }
+    relaying.into_bytes()
+}
+
+fn line(e: &Event) -> String {
+    let mut out = Vec::new();
+    e.write_json(7, &mut out);
+    String::from_utf8(out).expect("UTF-8")
+}
+
+/// What the coordinator wrote for `sent` when events travelled as JSON
+/// lines: the line the worker wrote, read back (`None` if it read as no
+/// event), written again.
+fn as_lines_relayed_it(sent: &Event) -> Option<String> {
+    let mut out = Vec::new();
+    sent.write_json(0, &mut out);
+    let read = Event::from_line(std::str::from_utf8(&out).expect("UTF-8"))?;
+    Some(line(&read))
+}
+
+#[test]
+fn the_keys_are_sorted_for_their_search() {
+    assert!(KEYS.windows(2).all(|w| w[0] < w[1]), "{KEYS:?}");
+}
+
+#[test]
+fn every_kind_of_event_reads_back_as_the_event_that_writes_its_line() {
+    let events = every_kind();
+    let bytes = relayed(&events);
+    let (back, fault) = Event::read_relayed(&bytes);
+    assert_eq!(fault, None);
+    assert_eq!(back.len(), events.len());
+    for (sent, got) in events.iter().zip(&back) {
+        assert_eq!(got.as_ref().map(line), as_lines_relayed_it(sent));
+        let got = got.as_ref().expect("a known event");
+        assert_eq!(got.ts, {
+            // The log keeps microseconds.
+            let micros = crate::auditlog::clock::micros_since_epoch(sent.ts);
+            std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros)
+        });
+    }
+    // As lines, for a coordinator that reads lines: what the worker
+    // wrote as JSON before (seq 0).
+    let lines = relayed_lines(&bytes);
+    let written: Vec<String> = events
+        .iter()
+        .map(|e| {
+            let mut out = Vec::new();
+            e.write_json(0, &mut out);
+            String::from_utf8(out).expect("UTF-8")
+        })
+        .collect();
+    assert_eq!(lines, written);
+}
+
+/// An event of the runtime's own keys comes back with its fields as
+/// values, not text: the coordinator's telemetry reads them without
+/// parsing, and its log writes them as records of their own.
+#[test]
+fn the_runtimes_own_fields_come_back_as_values() {
+    let exited = &every_kind()[1];
+    let (back, _) = Event::read_relayed(&relayed(std::slice::from_ref(exited)));
+    let back = back[0].clone().expect("an event");
+    let keys: Vec<&str> = back.fields().map(|(k, _)| k).collect();
+    assert_eq!(keys, ["verdict", "capHit", "done", "attemptCount", "usage"]);
+    assert_eq!(back.field("verdict"), Some(serde_json::json!("ok")));
+    assert!(matches!(
+        back.field_value("usage"),
+        Some(FieldValue::Usage(u)) if u.requests == u64::MAX
+    ));
+    // One id, shared by the events that name it.
+    let two = [exited.clone(), exited.clone()];
+    let (back, _) = Event::read_relayed(&relayed(&two));
+    let ids: Vec<&Arc<str>> = back
+        .iter()
+        .map(|e| e.as_ref().unwrap().stage_execution_id.as_ref().unwrap())
+        .collect();
+    assert!(Arc::ptr_eq(ids[0], ids[1]));
+    // A key the runtime does not give: every field kept as text, in order.
+    let odd = Event::new(EventName::StageExited, "r")
+        .with_static("verdict", "ok")
+        .with("fromTheFuture", 3)
+        .with("attempt", 1);
+    let (back, _) = Event::read_relayed(&relayed(std::slice::from_ref(&odd)));
+    let back = back[0].clone().unwrap();
+    assert!(matches!(back.field_value(""), Some(FieldValue::Relayed(_))));
+    assert_eq!(back.field("fromTheFuture"), Some(serde_json::json!(3)));
+    assert_eq!(line(&back), line(&odd));
+}
+
+/// What a field writer writes after an event's head.
+type Fields<'a> = &'a dyn Fn(&mut RecordWriter, &mut Vec<u8>);
+
+/// Records of events of run `r`, each its name, its field count and what
+/// writes its fields: the bytes a worker that wrote them would relay.
+fn written(events: &[(&'static str, usize, Fields<'_>)]) -> Vec<u8> {
+    let run: Arc<str> = Arc::from("r");
+    let mut w = RecordWriter::for_one_execution();
+    let mut bytes = Vec::new();
+    w.begin(&mut bytes);
+    for (name, fields, write) in events {
+        let head = EventHead {
+            seq: 0,
+            micros: 5,
+            name,
+            run: &run,
+            exec: None,
+            stage: None,
+            tool: None,
+            fields: *fields,
+        };
+        w.event(&mut bytes, &head);
+        write(&mut w, &mut bytes);
+    }
+    bytes
+}
+
+#[test]
+fn an_event_this_troupe_does_not_know_reads_as_none_and_keeps_the_rest() {
+    let bytes = written(&[
+        ("FromTheFuture", 1, &|w, b| w.field_u64(b, "attempt", 1)),
+        ("StageExited", 1, &|w, b| w.field_static(b, "verdict", "ok")),
+    ]);
+    let (back, fault) = Event::read_relayed(&bytes);
+    assert_eq!(fault, None);
+    assert!(back[0].is_none());
+    assert_eq!(back[1].as_ref().unwrap().name, EventName::StageExited);
+}
+
+/// Members that are not JSON members, a JSON value that is not JSON:
+/// refused where they stand (they would be written out as they stand),
+/// with the events before them kept.
+#[test]
+fn text_written_out_as_it_stands_is_checked() {
+    let damaged = |write: Fields<'_>| {
+        let bytes = written(&[("StageExited", 0, &|_, _| {}), ("StageExited", 1, write)]);
+        let (back, fault) = Event::read_relayed(&bytes);
+        assert_eq!(
+            back.len(),
+            1,
+            "the event before is kept: {back:?} {fault:?}"
+        );
+        fault.expect("a fault")
+    };
+    let why = damaged(&|w, b| w.members(b, "\"a\":1}, {\"b\":2"));
+    assert!(why.contains("no JSON members"), "{why}");
+    let why = damaged(&|w, b| w.members(b, "\"a\":\n1"));
+    assert!(why.contains("no JSON members"), "{why}");
+    let why = damaged(&|w, b| w.field_json(b, "x", |o| o.extend(b"{\"a\":")));
+    assert!(why.contains("JSON value"), "{why}");
+    // Members that are members pass, as text.
+    let bytes = written(&[("StageExited", 1, &|w, b| w.members(b, "\"a\":1,\"b\":[2]"))]);
+    let (back, fault) = Event::read_relayed(&bytes);
+    assert_eq!(fault, None);
+    assert_eq!(
+        back[0].as_ref().unwrap().field("b"),
+        Some(serde_json::json!([2]))
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Any events: the same lines after the trip. Cut anywhere, the
+    /// events whole before the cut read back as they were; changed
+    /// anywhere, no panic.
+    #[test]
+    fn any_events_make_the_same_lines_and_damage_costs_only_what_follows(
+        events in proptest::collection::vec(an_event(), 1..12),
+        cut in any::<prop::sample::Index>(),
+        flip in any::<prop::sample::Index>(),
+        xor in 1u8..=255,
+    ) {
+        let bytes = relayed(&events);
+        let (back, fault) = Event::read_relayed(&bytes);
+        prop_assert_eq!(fault, None);
+        let lines: Vec<Option<String>> = back.iter().map(|e| e.as_ref().map(line)).collect();
+        let sent: Vec<Option<String>> = events.iter().map(as_lines_relayed_it).collect();
+        prop_assert_eq!(&lines, &sent);
+
+        let at = cut.index(bytes.len());
+        let (short, fault) = Event::read_relayed(&bytes[..at]);
+        // Cut between records, nothing is wrong: fewer events.
+        prop_assert!(short.len() < events.len() || at == bytes.len());
+        prop_assert!(fault.is_none() || short.len() < events.len());
+        for (got, want) in short.iter().zip(&sent) {
+            prop_assert_eq!(&got.as_ref().map(line), want);
+        }
+
+        let mut changed = bytes.clone();
+        changed[flip.index(bytes.len())] ^= xor;
+        let _ = Event::read_relayed(&changed);
+    }
+}
