@@ -13,7 +13,7 @@ root=..
 
 seconds=${1:-60}
 shift || true
-all=(stage_file pipeline_yaml template cel_expr extract_json sse_decoder openai_reply answers_file script_file control_request audit_log relayed_event report_batch store_pack)
+all=(stage_file pipeline_yaml template cel_expr extract_json sse_decoder openai_reply answers_file script_file control_request audit_log relayed_event relay_records report_batch store_pack)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 
 # Builds share the machine: one cargo build at a time (a lock other

@@ -5,6 +5,7 @@
 //! what travels between them. See ARCHITECTURE.md, "Across machines".
 
 pub mod arrived;
+mod collected;
 pub mod coordinator;
 mod groups;
 pub mod intake;

@@ -583,6 +583,7 @@ fn reports_sent_together_travel_as_one_message_in_order() {
         // From an older coordinator, whose tasks do not say it: plain.
         let older = Task {
             zstd_reports: false,
+            relay_records: false,
             ..task
         };
         let more: Vec<Report> = (200..220).map(accepted).collect();

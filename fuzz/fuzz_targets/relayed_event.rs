@@ -2,7 +2,7 @@
 //! workers send it (distributed runs): arbitrary text must give an event
 //! or `None`, never a panic; and an event read back writes a line that
 //! reads back to the same line (what the coordinator relays is what it
-//! was sent, field for field).
+//! was sent, field for field), and relayed as records writes it again.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -52,4 +52,15 @@ fuzz_target!(|data: &[u8]| {
         "written, read and written again"
     );
     serde_json::from_str::<serde_json::Value>(&first).expect("a written line is JSON");
+    // Relayed as records instead, the event writes the same line.
+    let mut relaying = troupe::runtime::events::Relaying::default();
+    relaying.push(&event);
+    let (back, fault) = Event::read_relayed(&relaying.into_bytes());
+    assert_eq!(fault, None);
+    let [Some(back)] = &back[..] else {
+        panic!("one event relayed, {back:?} read");
+    };
+    let mut third = Vec::new();
+    back.write_json(7, &mut third);
+    assert_eq!(first.as_bytes(), &third[..], "relayed as records");
 });

@@ -501,6 +501,7 @@ impl Coordinator {
             pipeline_id: self.spec.pipeline_id.clone(),
             digest: self.spec.digest.clone(),
             zstd_reports: true,
+            relay_records: true,
         };
         self.pending.push(Pending {
             exec: spawn.exec,

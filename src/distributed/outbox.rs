@@ -16,6 +16,13 @@
 //! the stream's week, and hand out again. Compressed, a batch is about a
 //! tenth of that. [`decode`] tells the two forms apart by zstd's magic
 //! number, which no JSON text starts with.
+//!
+//! A coordinator that reads relayed records (its tasks say so) gets a
+//! batch framed instead of an array: [`FRAMED`], then each report as the
+//! length of its JSON, the JSON, the length of its events' records and
+//! the records ([`crate::runtime::events::Relaying`]). A sibling's events
+//! so travel as the log's records rather than JSON lines inside the
+//! report, which the coordinator would read back character by character.
 
 use async_nats::HeaderMap;
 use tokio::sync::{mpsc, oneshot};
@@ -23,7 +30,9 @@ use tokio::sync::{mpsc, oneshot};
 use std::io::Read;
 
 use super::nats::{Nats, publish_acked};
-use super::wire::{Report, Task, line_by_line, report_subject};
+use super::wire::{EventLine, Report, Task, line_by_line, report_subject};
+use crate::auditlog::records::scan::{read_len, write_len};
+use crate::runtime::events::Event;
 
 /// The most reports in one batch.
 pub const MAX_REPORTS: usize = 512;
@@ -46,6 +55,10 @@ const MAX_EXPANDED: u64 = 64 << 20;
 /// The first bytes of a zstd frame.
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 
+/// The first bytes of a framed batch (before compression): a NUL, which
+/// starts no JSON text and no zstd frame, then `trb` and the version.
+pub const FRAMED: [u8; 4] = [0x00, b't', b'r', 1];
+
 /// Hands reports to the worker's publisher task; cloned by everything
 /// that reports.
 #[derive(Debug, Clone)]
@@ -58,8 +71,12 @@ struct Outgoing {
     run_id: String,
     /// Whether the run's coordinator reads compressed batches.
     zstd: bool,
+    /// Whether it reads framed batches (and `records`).
+    framed: bool,
     /// The report as JSON, encoded by whoever sent it.
     body: Vec<u8>,
+    /// Its events as records, when framed (else in `body`).
+    records: Vec<u8>,
     /// `true` once the server stored the batch that carried it.
     stored: oneshot::Sender<bool>,
 }
@@ -79,6 +96,12 @@ impl Outbox {
     /// Sends one report about `task`; resolves to whether the server
     /// stored it.
     pub async fn send(&self, task: &Task, report: &Report) -> bool {
+        self.send_relayed(task, report, Vec::new()).await
+    }
+
+    /// [`Outbox::send`] of a report whose events travel as `records`
+    /// beside it (`task.relay_records`; its `events` are then empty).
+    pub async fn send_relayed(&self, task: &Task, report: &Report, records: Vec<u8>) -> bool {
         let mut body = Vec::with_capacity(report.size_hint());
         if serde_json::to_writer(&mut body, report).is_err() {
             return false;
@@ -87,7 +110,9 @@ impl Outbox {
         let outgoing = Outgoing {
             run_id: task.run_id.clone(),
             zstd: task.zstd_reports,
+            framed: task.relay_records,
             body,
+            records,
             stored,
         };
         if self.tx.send(outgoing).is_err() {
@@ -115,11 +140,16 @@ async fn publish_batches(nats: Nats, mut rx: mpsc::UnboundedReceiver<Outgoing>, 
             },
         };
         let run_id = first.run_id.clone();
-        let zstd = first.zstd;
+        let (zstd, framed) = (first.zstd, first.framed);
         // The batch's reports first, then its body made at its size: grown
         // report by report, copying it as it doubled was a thirtieth of a
         // worker's instructions.
-        let mut size = first.body.len() + 2;
+        let weight = |o: &Outgoing| match framed {
+            // Two lengths of at most ten bytes each.
+            true => o.body.len() + o.records.len() + 20,
+            false => o.body.len() + 1,
+        };
+        let mut size = weight(&first) + FRAMED.len();
         let mut batch = vec![first];
         while batch.len() < MAX_REPORTS {
             let Some(next) = rx.try_recv().ok() else {
@@ -127,22 +157,31 @@ async fn publish_batches(nats: Nats, mut rx: mpsc::UnboundedReceiver<Outgoing>, 
             };
             // Another run's report, or one that would make the batch too
             // heavy, starts the next batch.
-            if next.run_id != run_id || size + next.body.len() + 1 > max_bytes {
+            if next.run_id != run_id || next.framed != framed || size + weight(&next) > max_bytes {
                 held = Some(next);
                 break;
             }
-            size += next.body.len() + 1;
+            size += weight(&next);
             batch.push(next);
         }
         let mut body = Vec::with_capacity(size);
         let mut waiting = Vec::with_capacity(batch.len());
+        if framed {
+            body.extend_from_slice(&FRAMED);
+        }
         for (i, report) in batch.into_iter().enumerate() {
-            body.push(if i == 0 { b'[' } else { b',' });
-            body.extend_from_slice(&report.body);
+            if framed {
+                frame(&mut body, &report.body, &report.records);
+            } else {
+                body.push(if i == 0 { b'[' } else { b',' });
+                body.extend_from_slice(&report.body);
+            }
             waiting.push(report.stored);
         }
-        body.push(b']');
-        debug_assert_eq!(body.len(), size);
+        if !framed {
+            body.push(b']');
+        }
+        debug_assert!(body.len() <= size);
         if zstd
             && body.len() >= COMPRESS_FROM
             && body.len() as u64 <= MAX_EXPANDED
@@ -172,6 +211,15 @@ async fn publish_batches(nats: Nats, mut rx: mpsc::UnboundedReceiver<Outgoing>, 
     }
 }
 
+/// One report of a framed batch: its JSON and its events' records, each
+/// after its length.
+fn frame(body: &mut Vec<u8>, json: &[u8], records: &[u8]) {
+    write_len(body, json.len());
+    body.extend_from_slice(json);
+    write_len(body, records.len());
+    body.extend_from_slice(records);
+}
+
 /// The batches' compressor, kept from batch to batch: zstd at [`LEVEL`],
 /// each frame with a checksum, so that a damaged batch is refused whole
 /// rather than read as other text. `None` if zstd cannot make one:
@@ -185,7 +233,8 @@ fn packer() -> Option<zstd::bulk::Compressor<'static>> {
 }
 
 /// The reports in one message of a run's report subject: a batch (a JSON
-/// array) from a worker, or a single report (the coordinator's barrier).
+/// array, or framed) from a worker, or a single report (the coordinator's
+/// barrier).
 /// A report that cannot be read is an error in its place, and costs only
 /// itself: the others of its batch are read (a batch of 500 settled
 /// siblings must not be lost to one report a newer worker worded
@@ -193,13 +242,66 @@ fn packer() -> Option<zstd::bulk::Compressor<'static>> {
 pub fn decode(payload: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
     if payload.starts_with(&ZSTD_MAGIC) {
         return match expand(payload) {
-            Ok(text) => decode_text(&text),
+            Ok(text) => decode_expanded(&text),
             Err(why) => vec![Err(serde::de::Error::custom(format!(
                 "a compressed report batch cannot be read: {why}"
             )))],
         };
     }
-    decode_text(payload)
+    decode_expanded(payload)
+}
+
+fn decode_expanded(payload: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
+    match payload.strip_prefix(&FRAMED) {
+        Some(frames) => decode_framed(frames),
+        None => decode_text(payload),
+    }
+}
+
+/// [`decode`] of a framed batch: each report read on its own, its events
+/// from its records. A report that cannot be read costs only itself; a
+/// frame that does not hold together ends the batch with an error (what
+/// follows it cannot be found).
+fn decode_framed(frames: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
+    let mut reports = Vec::new();
+    let mut at = 0;
+    let piece = |at: &mut usize| -> Option<&[u8]> {
+        let len = read_len(frames, at)?;
+        let piece = frames.get(*at..at.checked_add(len)?)?;
+        *at += len;
+        Some(piece)
+    };
+    while at < frames.len() {
+        let (Some(json), Some(records)) = (piece(&mut at), piece(&mut at)) else {
+            reports.push(Err(serde::de::Error::custom(format!(
+                "a framed report batch is cut short or damaged at byte {}",
+                FRAMED.len() + at
+            ))));
+            break;
+        };
+        reports.push(framed_report(json, records));
+    }
+    reports
+}
+
+/// One framed report: its JSON, then its events from `records`. Events
+/// past damage in the records read as `None`, as a line that is no event
+/// does: the report and the events before are kept.
+fn framed_report(json: &[u8], records: &[u8]) -> Result<Report, serde_json::Error> {
+    let mut report = match std::str::from_utf8(json) {
+        Ok(text) => serde_json::from_str::<Report>(text)?,
+        Err(_) => serde_json::from_slice::<Report>(json)?,
+    };
+    if let Report::Exited { events, .. } | Report::Cancelled { events, .. } = &mut report
+        && !records.is_empty()
+    {
+        let (read, fault) = Event::read_relayed(records);
+        events.extend(read.into_iter().map(EventLine::Read));
+        if fault.is_some() {
+            events.push(EventLine::Read(None));
+        }
+    }
+    Ok(report)
 }
 
 /// A compressed batch's text: at most [`MAX_EXPANDED`] bytes, and the
@@ -474,5 +576,118 @@ mod tests {
             matches!(events[..], [super::super::wire::EventLine::Read(None)]),
             "{events:?}"
         );
+    }
+
+    /// A framed batch: each report with its events' records. Events come
+    /// back as the lines a JSON batch gave; a report nobody knows costs
+    /// only itself; compressed it reads the same; cut anywhere, what is
+    /// whole before the cut is read and the rest is one error, never a
+    /// panic; damaged records keep their report and the events before.
+    #[test]
+    fn a_framed_batch_reads_its_reports_with_their_events() {
+        use crate::runtime::events::{EventName, Relaying};
+        let run = "01a2169c-ae47-74a5-8cb4-5df934e3f66c";
+        let exec = format!("{run}/worker#3/1");
+        let events = [
+            Event::new(EventName::StageEntered, run)
+                .stage("worker", exec.as_str())
+                .with("worker", "w1"),
+            Event::new(EventName::StageCancelled, run)
+                .stage("worker", exec.as_str())
+                .with("reason", "a sibling failed"),
+        ];
+        let mut relaying = Relaying::default();
+        for e in &events {
+            relaying.push(e);
+        }
+        let records = relaying.into_bytes();
+        let cancelled = Report::Cancelled {
+            stage_execution_id: exec.clone(),
+            turn: 1,
+            unit: 3,
+            worker: "w1".to_owned(),
+            usage: crate::runtime::result::Usage::default(),
+            events: Vec::new(),
+        };
+        let accepted = Report::Accepted {
+            stage_execution_id: exec.clone(),
+            turn: 1,
+            unit: 3,
+            worker: "w1".to_owned(),
+        };
+        let json = |r: &Report| serde_json::to_vec(r).unwrap();
+        let mut body = FRAMED.to_vec();
+        frame(&mut body, &json(&accepted), &[]);
+        frame(
+            &mut body,
+            br#"{"kind":"fromTheFuture","body":{}}"#,
+            &records,
+        );
+        frame(&mut body, &json(&cancelled), &records);
+        let ends: Vec<usize> = {
+            // Where each report's frame ends.
+            let mut at = FRAMED.len();
+            let mut ends = Vec::new();
+            for _ in 0..3 {
+                for _ in 0..2 {
+                    let len = read_len(&body, &mut at).unwrap();
+                    at += len;
+                }
+                ends.push(at);
+            }
+            ends
+        };
+        assert_eq!(*ends.last().unwrap(), body.len());
+        let check = |reports: Vec<Result<Report, serde_json::Error>>| {
+            assert_eq!(reports.len(), 3, "{reports:?}");
+            assert_eq!(reports[0].as_ref().unwrap(), &accepted);
+            assert!(reports[1].is_err());
+            let Ok(Report::Cancelled { events: got, .. }) = &reports[2] else {
+                panic!("{reports:?}");
+            };
+            let lines = |e: &Event| {
+                let mut out = Vec::new();
+                e.write_json(1, &mut out);
+                out
+            };
+            let got: Vec<Vec<u8>> = got
+                .iter()
+                .map(|e| lines(&e.clone().into_event().unwrap()))
+                .collect();
+            let sent: Vec<Vec<u8>> = events.iter().map(lines).collect();
+            assert_eq!(got, sent);
+        };
+        check(decode(&body));
+        check(decode(&packer().unwrap().compress(&body).unwrap()));
+
+        for cut in FRAMED.len()..body.len() {
+            let reports = decode(&body[..cut]);
+            let whole = ends.iter().filter(|end| **end <= cut).count();
+            let at_an_end = cut == FRAMED.len() || ends.contains(&cut);
+            assert_eq!(
+                reports.len(),
+                whole + usize::from(!at_an_end),
+                "cut at {cut}"
+            );
+            if !at_an_end {
+                let why = reports.last().unwrap().as_ref().unwrap_err().to_string();
+                assert!(why.contains("cut short or damaged"), "{why}");
+            }
+        }
+
+        // The records cut short: the report and its first event kept.
+        let mut damaged = FRAMED.to_vec();
+        frame(
+            &mut damaged,
+            &json(&cancelled),
+            &records[..records.len() - 2],
+        );
+        let reports = decode(&damaged);
+        let Ok(Report::Cancelled { events: got, .. }) = &reports[0] else {
+            panic!("{reports:?}");
+        };
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].clone().into_event().is_some());
+        assert!(matches!(got[1], EventLine::Read(None)));
     }
 }

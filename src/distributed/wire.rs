@@ -102,6 +102,12 @@ pub struct Task {
     /// that does not, which then gets them as plain JSON.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub zstd_reports: bool,
+    /// The coordinator reads a sibling's events as the log's binary
+    /// records, each report framed with its own ([`outbox`](super::outbox)).
+    /// Absent (`false`) from a coordinator that does not, which then gets
+    /// them as JSON lines inside the report.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub relay_records: bool,
 }
 
 /// Most tasks the coordinator puts in one message of the task queue.
@@ -206,6 +212,8 @@ pub enum Report {
         delivered: u64,
         /// Written as a StageResult; read back whole.
         result: Kept,
+        /// Absent when the events travel as records beside the report.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         events: Vec<EventLine>,
     },
     /// The sibling was strictly cancelled (its `StageCancelled` is the
@@ -217,6 +225,7 @@ pub enum Report {
         unit: usize,
         worker: String,
         usage: Usage,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         events: Vec<EventLine>,
     },
     /// Delivered after its group was cancelled: never started.
@@ -314,12 +323,15 @@ impl Report {
     }
 }
 
-/// One audit event of a worker's execution. It travels as the JSON line
-/// the worker's encoder wrote for it (`Line`, sent verbatim), and the
-/// coordinator reads it back into an event (`Read`) in the same pass that
-/// reads the report around it: each line is scanned once, and no JSON
-/// value is built of it ([`Event::read_embedded`]). `Read(None)` is a
-/// line that is no event troupe knows; relaying skips it.
+/// One audit event of a worker's execution. To a coordinator that reads
+/// relayed records (`Task::relay_records`), events travel beside their
+/// report as records and are read into `Read` ([`outbox`](super::outbox)).
+/// Otherwise each travels as its JSON line (`Line`, sent verbatim), and
+/// the coordinator reads it back into an event (`Read`) in the same pass
+/// that reads the report around it: each line is scanned once, and no
+/// JSON value is built of it ([`Event::read_embedded`]). `Read(None)` is
+/// an event or line troupe does not know, or what followed damage in
+/// relayed records; relaying skips it.
 ///
 /// [`Event::read_embedded`]: crate::runtime::events::Event::read_embedded
 #[derive(Debug, Clone)]
@@ -358,6 +370,16 @@ impl EventLine {
             "not JSON: {text}"
         );
         Some(EventLine::Line(Encoded(text.into_boxed_str())))
+    }
+
+    /// A line the log's record reader wrote for a worker's event (the
+    /// bytes [`EventLine::written`] writes), serialized as it stands.
+    pub fn written_line(text: String) -> EventLine {
+        debug_assert!(
+            serde_json::from_str::<&RawValue>(&text).is_ok(),
+            "not JSON: {text}"
+        );
+        EventLine::Line(Encoded(text.into_boxed_str()))
     }
 
     /// The event, read back from its line if it still is one.
@@ -531,6 +553,7 @@ mod tests {
             pipeline_id: "p".to_owned(),
             digest: "d".to_owned(),
             zstd_reports: true,
+            relay_records: true,
         }
     }
 

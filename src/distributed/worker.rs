@@ -27,22 +27,23 @@ use actix::prelude::*;
 use futures::StreamExt;
 use serde_json::{Map, Value};
 use tokio::sync::{Semaphore, watch};
-use troupe_actors::{Delivery, EventBus, Subscription};
+use troupe_actors::EventBus;
 
+use super::collected::{Collected, collect_events};
 use super::intake::{Buckets, Counted, FORGET_AFTER, Intake, Offer, accept_all, log_task};
 pub use super::intake::{Served, WorkerConfig};
 use super::lease::Lease;
 use super::nats::{Nats, NatsError};
 use super::outbox::Outbox;
 use super::taking::{Delivered, Expected, Held, Past, offers, still_to_run};
-use super::wire::{CANCEL_ALL, Cancel, EventLine, Report, Task, decode_tasks};
+use super::wire::{CANCEL_ALL, Cancel, Report, Task, decode_tasks};
 use crate::definition::StageKind;
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::context::StageContext;
-use crate::runtime::events::{Event, EventName};
+use crate::runtime::events::Event;
 use crate::runtime::ids::RunId;
 use crate::runtime::scheduler::{
-    ExecKey, Executor, FastMap, LocalExecutor, Slot, Spawn, StageOutcome, ToScheduler,
+    ExecKey, Executor, LocalExecutor, Slot, Spawn, StageOutcome, ToScheduler,
 };
 use crate::runtime::spec::RunSpec;
 
@@ -53,68 +54,6 @@ pub struct WorkerSummary {
     pub cancelled: u64,
     pub refused: u64,
     pub not_started: u64,
-}
-
-/// Events of the executions in flight, by `stageExecutionId`, collected
-/// from the worker's bus on a thread of their own.
-#[derive(Debug, Default)]
-struct Collected {
-    events: Mutex<FastMap<Arc<str>, Vec<EventLine>>>,
-}
-
-/// An event as the line relayed to the coordinator (its `seq` is the
-/// coordinator's to give). A `StageEntered` says which worker ran it.
-fn event_line(event: &Event, worker: &Arc<str>) -> Option<EventLine> {
-    if event.name == EventName::StageEntered {
-        EventLine::written(&event.clone().with("worker", Arc::clone(worker)))
-    } else {
-        EventLine::written(event)
-    }
-}
-
-/// The event collector's thread: each execution's events as the lines
-/// relayed in its report, by `stageExecutionId`, and in `seen` the `seq`
-/// of the last event collected (a report waits for its own).
-///
-/// What is queued is taken together, up to a bound: one lock of the map
-/// and one wake of the reports waiting on `seen` for all of it (a watch
-/// send wakes every waiter: it was a tenth of this thread's work when made
-/// for each event). Lines are encoded before the lock is taken.
-fn collect_events(
-    sub: &Subscription<Event>,
-    collected: &Collected,
-    worker: &Arc<str>,
-    seen: &watch::Sender<u64>,
-) {
-    const TOGETHER: usize = 64;
-    let mut lines: Vec<(Arc<str>, EventLine)> = Vec::with_capacity(TOGETHER);
-    while let Some(first) = sub.recv() {
-        let mut last = None;
-        let mut next = Some(first);
-        while let Some(delivery) = next {
-            if let Delivery::Event(env) = delivery {
-                if let Some(id) = &env.event.stage_execution_id
-                    && let Some(line) = event_line(&env.event, worker)
-                {
-                    lines.push((Arc::clone(id), line));
-                }
-                last = Some(env.seq);
-            }
-            if lines.len() >= TOGETHER {
-                break;
-            }
-            next = sub.try_recv();
-        }
-        if !lines.is_empty() {
-            let mut events = collected.events.lock().unwrap_or_else(|e| e.into_inner());
-            for (id, line) in lines.drain(..) {
-                events.entry(id).or_default().push(line);
-            }
-        }
-        if let Some(seq) = last {
-            let _ = seen.send(seq);
-        }
-    }
 }
 
 /// Runs the worker until `drain` says stop (then lets the siblings in
@@ -669,11 +608,7 @@ impl WorkerHost {
         let fut = async move {
             // Every event the execution published before it reported.
             let _ = seen.wait_for(|s| *s >= until).await;
-            let events = collected
-                .events
-                .lock()
-                .map(|mut m| m.remove(&exec.id).unwrap_or_default())
-                .unwrap_or_default();
+            let (events, records) = collected.take(&exec.id, t.relay_records);
             let (report, counted): (Report, fn(&mut WorkerSummary)) = match outcome {
                 StageOutcome::Exited { result, .. } => (
                     Report::Exited {
@@ -708,7 +643,7 @@ impl WorkerHost {
                     |s| s.not_started += 1,
                 ),
             };
-            let reported = outbox.send(&t, &report).await;
+            let reported = outbox.send_relayed(&t, &report, records).await;
             // The slot is free once the report is out.
             drop(permit);
             // Not reported: its message goes back to the queue for another

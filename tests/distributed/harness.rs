@@ -290,10 +290,9 @@ impl Server {
     }
 }
 
-/// The connection flags a `troupe` command would take for `url`, for a
-/// test that talks to the server itself.
 /// A task of run `run-1`'s first sibling in group `turn`, from a
-/// coordinator that reads compressed report batches.
+/// coordinator of this troupe (it reads compressed, framed report
+/// batches).
 pub fn sample_task(turn: u64) -> troupe::distributed::wire::Task {
     troupe::distributed::wire::Task {
         run_id: "run-1".into(),
@@ -307,9 +306,12 @@ pub fn sample_task(turn: u64) -> troupe::distributed::wire::Task {
         pipeline_id: "p".into(),
         digest: "d".into(),
         zstd_reports: true,
+        relay_records: true,
     }
 }
 
+/// The connection flags a `troupe` command would take for `url`, for a
+/// test that talks to the server itself.
 pub fn nats_args(url: &str) -> troupe::distributed::NatsArgs {
     use clap::Parser;
 

@@ -1,0 +1,161 @@
+//! A worker's event collector: the audit events of its executions in
+//! flight, written down as they are published, for the report each
+//! execution ends with.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use troupe_actors::{Delivery, Subscription};
+
+use super::wire::EventLine;
+use crate::runtime::events::{Event, EventName, Relaying, relayed_lines};
+use crate::runtime::scheduler::FastMap;
+
+/// Events of the executions in flight, by `stageExecutionId`, collected
+/// from the worker's bus on a thread of their own, each execution's
+/// written as the records relayed in its report.
+#[derive(Debug, Default)]
+pub(super) struct Collected {
+    events: Mutex<FastMap<Arc<str>, Relaying>>,
+}
+
+impl Collected {
+    /// The records of an execution's events (its entry let go), as its
+    /// report carries them: beside it for a coordinator that reads
+    /// records, else as the JSON lines they make, inside it.
+    pub(super) fn take(&self, id: &str, as_records: bool) -> (Vec<EventLine>, Vec<u8>) {
+        let relaying = self
+            .events
+            .lock()
+            .map(|mut m| m.remove(id))
+            .unwrap_or_default();
+        let records = relaying.map(Relaying::into_bytes).unwrap_or_default();
+        if as_records {
+            return (Vec::new(), records);
+        }
+        let lines = relayed_lines(&records)
+            .into_iter()
+            .map(EventLine::written_line)
+            .collect();
+        (lines, Vec::new())
+    }
+
+    /// Writes `events` down, each under its execution: one lock for all.
+    fn add(&self, events: impl Iterator<Item = Arc<Event>>, worker: &Arc<str>) {
+        let mut by_execution = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        for event in events {
+            let Some(id) = &event.stage_execution_id else {
+                continue;
+            };
+            let relaying = by_execution.entry(Arc::clone(id)).or_default();
+            if event.name == EventName::StageEntered {
+                relaying.push(&(*event).clone().with("worker", Arc::clone(worker)));
+            } else {
+                relaying.push(&event);
+            }
+        }
+    }
+}
+
+/// The event collector's thread: each execution's events as the records
+/// relayed in its report, by `stageExecutionId`, and in `seen` the `seq`
+/// of the last event collected (a report waits for its own). A
+/// `StageEntered` says which worker ran it; `seq` is the coordinator's to
+/// give.
+///
+/// What is queued is taken together, up to a bound: one lock of the map
+/// and one wake of the reports waiting on `seen` for all of it (a watch
+/// send wakes every waiter: it was a tenth of this thread's work when made
+/// for each event).
+pub(super) fn collect_events(
+    sub: &Subscription<Event>,
+    collected: &Collected,
+    worker: &Arc<str>,
+    seen: &watch::Sender<u64>,
+) {
+    const TOGETHER: usize = 64;
+    let mut taken: Vec<Arc<Event>> = Vec::with_capacity(TOGETHER);
+    while let Some(first) = sub.recv() {
+        let mut last = None;
+        let mut next = Some(first);
+        while let Some(delivery) = next {
+            if let Delivery::Event(env) = delivery {
+                if env.event.stage_execution_id.is_some() {
+                    taken.push(env.event);
+                }
+                last = Some(env.seq);
+            }
+            if taken.len() >= TOGETHER {
+                break;
+            }
+            next = sub.try_recv();
+        }
+        if !taken.is_empty() {
+            collected.add(taken.drain(..), worker);
+        }
+        if let Some(seq) = last {
+            let _ = seen.send(seq);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An execution's events, taken as records and as lines, say the same:
+    /// the lines are what the worker wrote before it relayed records, its
+    /// `StageEntered` names the worker, and other executions' events and
+    /// events of no execution stay out.
+    #[test]
+    fn an_executions_events_are_taken_as_records_or_as_its_lines() {
+        let worker: Arc<str> = Arc::from("w1");
+        let mine = "r/worker#1/1";
+        let event = |name, exec: &str| Arc::new(Event::new(name, "r").stage("worker", exec));
+        let events = [
+            event(EventName::StageEntered, mine),
+            event(EventName::StageEntered, "r/worker#2/1"),
+            Arc::new(Event::new(EventName::WorkflowStarted, "r")),
+            Arc::new(
+                (*event(EventName::StageExited, mine))
+                    .clone()
+                    .with_static("verdict", "ok"),
+            ),
+        ];
+        // Each as the line the coordinator's log writes (`seq` aside).
+        let text = |line: EventLine| -> String {
+            let mut out = Vec::new();
+            match line {
+                EventLine::Line(line) => return line.as_str().to_owned(),
+                EventLine::Read(event) => event.unwrap().write_json(0, &mut out),
+            }
+            String::from_utf8(out).unwrap()
+        };
+        let expected: Vec<String> = [
+            (*events[0]).clone().with("worker", "w1"),
+            (*events[3]).clone(),
+        ]
+        .iter()
+        .map(|e| text(EventLine::written(e).unwrap()))
+        .collect();
+        for as_records in [false, true] {
+            let collected = Collected::default();
+            collected.add(events.iter().cloned(), &worker);
+            let (lines, records) = collected.take(mine, as_records);
+            let got: Vec<EventLine> = if as_records {
+                assert!(lines.is_empty());
+                let (read, fault) = Event::read_relayed(&records);
+                assert_eq!(fault, None);
+                read.into_iter().map(EventLine::Read).collect()
+            } else {
+                assert!(records.is_empty());
+                lines
+            };
+            let got: Vec<String> = got.into_iter().map(text).collect();
+            assert_eq!(got, expected, "as records: {as_records}");
+            let (lines, records) = collected.take(mine, as_records);
+            assert!(lines.is_empty() && records.is_empty(), "taken once");
+            assert!(!collected.take("r/worker#2/1", true).1.is_empty());
+        }
+    }
+}
