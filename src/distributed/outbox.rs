@@ -1,8 +1,8 @@
 //! A worker's reports, sent in batches. Every report a worker makes (a
 //! task accepted, a sibling exited, cancelled, refused, never started)
 //! goes through one outbox; what is waiting when the outbox gets to it is
-//! published as one JSON array on the run's report subject, stored by
-//! JetStream once, and acknowledged once. A worker that settles 200
+//! published as one message on the run's report subject (framed, below,
+//! or a JSON array), stored by JetStream once, and acknowledged once. A worker that settles 200
 //! siblings at the same moment therefore makes one round trip and the
 //! server stores one message, where it used to be 200 of each; a worker
 //! with one report to send sends it at once (nothing waits for a batch to
@@ -11,11 +11,11 @@
 //!
 //! A batch of at least [`COMPRESS_FROM`] bytes goes compressed with zstd
 //! when the run's coordinator reads that (its tasks say so): an exited
-//! sibling's report carries its audit events, about 3.4 KB of JSON that
-//! repeats itself, which the server would otherwise take in, store for
-//! the stream's week, and hand out again. Compressed, a batch is about a
-//! tenth of that. [`decode`] tells the two forms apart by zstd's magic
-//! number, which no JSON text starts with.
+//! sibling's report carries its audit events, which repeat themselves
+//! (3.4 KB as JSON lines), and the server would otherwise take them in,
+//! store them for the stream's week, and hand them out again. [`decode`]
+//! tells the forms apart by zstd's magic number and [`FRAMED`]'s, which
+//! no JSON text starts with.
 //!
 //! A coordinator that reads relayed records (its tasks say so) gets a
 //! batch framed instead of an array: [`FRAMED`], then each report as the
@@ -292,13 +292,28 @@ fn framed_report(json: &[u8], records: &[u8]) -> Result<Report, serde_json::Erro
         Ok(text) => serde_json::from_str::<Report>(text)?,
         Err(_) => serde_json::from_slice::<Report>(json)?,
     };
-    if let Report::Exited { events, .. } | Report::Cancelled { events, .. } = &mut report
+    if let Report::Exited {
+        events,
+        stage_execution_id,
+        worker,
+        ..
+    }
+    | Report::Cancelled {
+        events,
+        stage_execution_id,
+        worker,
+        ..
+    } = &mut report
         && !records.is_empty()
     {
         let (read, fault) = Event::read_relayed(records);
+        let whole = read.len();
         events.extend(read.into_iter().map(EventLine::Read));
-        if fault.is_some() {
+        if let Some(why) = fault {
             events.push(EventLine::Read(None));
+            eprintln!(
+                "warning: the events worker {worker} relayed for {stage_execution_id} are damaged after the first {whole}, which the log keeps: {why}"
+            );
         }
     }
     Ok(report)
@@ -616,6 +631,13 @@ mod tests {
             worker: "w1".to_owned(),
         };
         let json = |r: &Report| serde_json::to_vec(r).unwrap();
+        // `events` is written when empty: a coordinator older than
+        // records requires it.
+        assert!(
+            String::from_utf8(json(&cancelled))
+                .unwrap()
+                .contains(r#""events":[]"#)
+        );
         let mut body = FRAMED.to_vec();
         frame(&mut body, &json(&accepted), &[]);
         frame(

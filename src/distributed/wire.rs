@@ -182,8 +182,9 @@ pub struct GroupContext {
 }
 
 /// What a worker (or the coordinator) reports on a run's report subject:
-/// a worker's message is a JSON array of them (a batch, see
-/// [`outbox`](super::outbox)), the coordinator's barrier a single one.
+/// a worker's message is a batch of them (framed with their events'
+/// records, or a JSON array; see [`outbox`](super::outbox)), the
+/// coordinator's barrier a single one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 // Adjacently tagged, the tag first: a reader decodes the body straight
 // into its variant. (Internally tagged, serde buffers the whole report -
@@ -212,8 +213,9 @@ pub enum Report {
         delivered: u64,
         /// Written as a StageResult; read back whole.
         result: Kept,
-        /// Absent when the events travel as records beside the report.
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        /// Empty when the events travel as records beside the report;
+        /// always written, since a coordinator older than records needs it.
+        #[serde(default)]
         events: Vec<EventLine>,
     },
     /// The sibling was strictly cancelled (its `StageCancelled` is the
@@ -225,7 +227,7 @@ pub enum Report {
         unit: usize,
         worker: String,
         usage: Usage,
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        #[serde(default)]
         events: Vec<EventLine>,
     },
     /// Delivered after its group was cancelled: never started.
@@ -340,8 +342,9 @@ pub enum EventLine {
     Read(Option<Event>),
 }
 
-/// JSON text the event encoder wrote: made only by
-/// [`EventLine::written`], so it is written into a report as it stands
+/// JSON text the event encoder (or the log's record reader, which writes
+/// the same) wrote: made only by [`EventLine::written`] and
+/// [`EventLine::written_line`], so it is written into a report as it stands
 /// without being checked again (one bad line would make the whole batch
 /// of reports unreadable).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -77,6 +77,8 @@ pub struct Scan<'a> {
     micros: u64,
     /// Fields of the last event not read yet.
     fields_left: usize,
+    /// Strings defined, every `RESET` included.
+    definitions: usize,
 }
 
 impl std::fmt::Debug for Scan<'_> {
@@ -98,6 +100,7 @@ impl<'a> Scan<'a> {
             seq: 0,
             micros: 0,
             fields_left: 0,
+            definitions: 0,
         }
     }
 
@@ -209,6 +212,12 @@ impl<'a> Scan<'a> {
         self.strings.len()
     }
 
+    /// How many strings were defined in all, across `RESET`s (what a
+    /// reader that keeps something per string holds).
+    pub fn definitions(&self) -> usize {
+        self.definitions
+    }
+
     fn utf8(&mut self) -> Read<&'a str> {
         std::str::from_utf8(self.r.text()?).map_err(|_| bad("a string that is not UTF-8"))
     }
@@ -220,6 +229,7 @@ impl<'a> Scan<'a> {
             0 => {
                 let text = self.utf8()?;
                 define(&mut self.defined, text)?;
+                self.definitions += 1;
                 self.strings.push(text);
                 Ok(self.strings.len() - 1)
             }

@@ -17,6 +17,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::Value;
 
+use super::encode::HEAD_KEYS;
 use super::vocabulary::{Event, EventName, FieldValue};
 use crate::auditlog::json::{write_key, write_members};
 use crate::auditlog::records::scan::{self, Record, Scan};
@@ -144,6 +145,50 @@ const KEYS: [&str; 64] = [
     "worker",
 ];
 
+/// The most text a piece of relayed records may make, and about the most
+/// memory reading it may take: a string is defined once and referred to
+/// in a byte or two, so a few bytes could otherwise make gigabytes of
+/// lines. A worker's report of JSON lines was bounded by its message
+/// (64 MiB expanded) in the same way.
+const RELAYED_MAX: usize = 64 << 20;
+
+/// What each string defined, field or event counts against
+/// [`RELAYED_MAX`] beside its text: what reading it holds.
+const OVERHEAD: usize = 64;
+
+/// The last microsecond an audit timestamp can say (9999-12-31T23:59:59.999999Z).
+const LAST_MICROS: u64 = 253_402_300_799_999_999;
+
+/// What reading a piece of relayed records has made so far, against
+/// [`RELAYED_MAX`].
+#[derive(Default)]
+struct Budget {
+    spent: usize,
+    /// Strings the scan had defined when last counted.
+    defined: usize,
+}
+
+impl Budget {
+    fn spend(&mut self, bytes: usize) -> Result<(), String> {
+        self.spent = self.spent.saturating_add(bytes.saturating_add(OVERHEAD));
+        if self.spent > RELAYED_MAX {
+            return Err(format!(
+                "relayed events past {} MiB of text",
+                RELAYED_MAX >> 20
+            ));
+        }
+        Ok(())
+    }
+
+    /// Counts the strings defined since the last count.
+    fn definitions(&mut self, scan: &Scan<'_>) -> Result<(), String> {
+        let now = scan.definitions();
+        let new = now - self.defined;
+        self.defined = now;
+        self.spend(new.saturating_mul(OVERHEAD))
+    }
+}
+
 fn known_key(key: &str) -> Option<&'static str> {
     KEYS.binary_search(&key).ok().map(|at| KEYS[at])
 }
@@ -208,15 +253,21 @@ impl Event {
     pub fn read_relayed(bytes: &[u8]) -> (Vec<Option<Event>>, Option<String>) {
         let mut scan = Scan::new(bytes);
         let mut strings = Strings::default();
+        let mut budget = Budget::default();
         let mut events = Vec::new();
         loop {
-            match scan.record() {
+            let read = match scan.record() {
                 Ok(None) => return (events, None),
-                Ok(Some(Record::Line(line))) => events.push(Event::from_line(line)),
-                Ok(Some(Record::Event(head))) => match read_event(&mut scan, &mut strings, &head) {
-                    Ok(event) => events.push(event),
-                    Err(why) => return (events, Some(why)),
-                },
+                Ok(Some(Record::Line(line))) => {
+                    budget.spend(line.len()).map(|()| Event::from_line(line))
+                }
+                Ok(Some(Record::Event(head))) => {
+                    read_event(&mut scan, &mut strings, &mut budget, &head)
+                }
+                Err(why) => Err(why),
+            };
+            match read.and_then(|event| budget.definitions(&scan).map(|()| event)) {
+                Ok(event) => events.push(event),
                 Err(why) => return (events, Some(why)),
             }
         }
@@ -228,16 +279,38 @@ impl Event {
 fn read_event(
     scan: &mut Scan<'_>,
     strings: &mut Strings,
+    budget: &mut Budget,
     head: &scan::EventRecord,
 ) -> Result<Option<Event>, String> {
+    let ids = [
+        Some(head.name),
+        Some(head.run),
+        head.exec,
+        head.stage,
+        head.tool,
+    ];
+    budget.spend(
+        ids.into_iter()
+            .flatten()
+            .map(|n| scan.string(n).len())
+            .sum(),
+    )?;
     // Each field with its key's number and the key as the runtime names
     // it; members (no key) as their text.
-    let mut read = Vec::with_capacity(head.fields);
+    let mut read = Vec::with_capacity(head.fields.min(16));
     let mut all_known = true;
     for _ in 0..head.fields {
         let field = scan.field()?;
+        budget.spend(text_len(scan, &field))?;
         read.push(match field.key {
             Some(k) => {
+                // A worker writes an event with such a field as its line.
+                if HEAD_KEYS.contains(&scan.string(k)) {
+                    return Err(format!(
+                        "a relayed event's field is named like its head key `{}`",
+                        scan.string(k)
+                    ));
+                }
                 let known = strings.key(scan, k);
                 all_known &= known.is_some();
                 Ok((k, known, field_value(scan, strings, field.value)?))
@@ -251,6 +324,9 @@ fn read_event(
     let Some(name) = strings.name(scan, head.name) else {
         return Ok(None);
     };
+    if head.micros > LAST_MICROS {
+        return Err("a timestamp past the year 9999".to_owned());
+    }
     let ts = UNIX_EPOCH
         .checked_add(Duration::from_micros(head.micros))
         .ok_or("a timestamp past any clock")?;
@@ -314,20 +390,41 @@ fn field_value(
     })
 }
 
-/// A relayed event's members (a field without a key), checked: they are
-/// written out as they stand.
-fn members<'a>(value: scan::Value<'a>) -> Result<&'a str, String> {
+/// The text a field makes in a line (its key and value, about), counted
+/// against [`RELAYED_MAX`].
+fn text_len(scan: &Scan<'_>, field: &scan::Field<'_>) -> usize {
+    let key = field.key.map_or(0, |k| scan.string(k).len());
+    key + match field.value {
+        scan::Value::Str(n) => scan.string(n).len(),
+        scan::Value::Text(text) | scan::Value::Json(text) | scan::Value::Members(text) => {
+            text.len()
+        }
+        scan::Value::U64(_) | scan::Value::Bool(_) => 20,
+        scan::Value::Usage(_) => 80,
+    }
+}
+
+/// A relayed event's members (a field without a key, which a worker
+/// writes only for an event it was itself relayed), checked as a line
+/// read back would have them: JSON members in full (numbers in range, no
+/// lone surrogates), none named like a head key, on one line. They are
+/// kept as they stand, which is how the coordinator's log writes them.
+fn members(value: scan::Value<'_>) -> Result<&str, String> {
     let scan::Value::Members(text) = value else {
         return Err("a field without a key that is no members".to_owned());
     };
-    let object = format!("{{{text}}}");
-    if text.contains('\n')
-        || (text.trim().is_empty() && !text.is_empty())
-        || serde_json::from_str::<serde::de::IgnoredAny>(&object).is_err()
-    {
-        return Err("a relayed event's members are no JSON members".to_owned());
+    if text.contains(['\n', '\r']) {
+        return Err("a relayed event's members are not on one line".to_owned());
     }
-    Ok(text)
+    let object: serde_json::Map<String, Value> = serde_json::from_str(&format!("{{{text}}}"))
+        .map_err(|e| format!("a relayed event's members are no JSON members: {e}"))?;
+    if let Some(key) = object.keys().find(|k| HEAD_KEYS.contains(&k.as_str())) {
+        return Err(format!(
+            "a relayed event's members name its head key `{key}`"
+        ));
+    }
+    // Whitespace alone is no members (and would break the line).
+    Ok(if object.is_empty() { "" } else { text })
 }
 
 #[cfg(test)]

@@ -110,6 +110,11 @@ type Fields<'a> = &'a dyn Fn(&mut RecordWriter, &mut Vec<u8>);
 /// Records of events of run `r`, each its name, its field count and what
 /// writes its fields: the bytes a worker that wrote them would relay.
 fn written(events: &[(&'static str, usize, Fields<'_>)]) -> Vec<u8> {
+    written_at(5, events)
+}
+
+/// [`written`] with the events' timestamp.
+fn written_at(micros: u64, events: &[(&'static str, usize, Fields<'_>)]) -> Vec<u8> {
     let run: Arc<str> = Arc::from("r");
     let mut w = RecordWriter::for_one_execution();
     let mut bytes = Vec::new();
@@ -117,7 +122,7 @@ fn written(events: &[(&'static str, usize, Fields<'_>)]) -> Vec<u8> {
     for (name, fields, write) in events {
         let head = EventHead {
             seq: 0,
-            micros: 5,
+            micros,
             name,
             run: &run,
             exec: None,
@@ -129,6 +134,37 @@ fn written(events: &[(&'static str, usize, Fields<'_>)]) -> Vec<u8> {
         write(&mut w, &mut bytes);
     }
     bytes
+}
+
+/// A string is defined once and referred to in a byte or two: records of
+/// a few megabytes that would make gigabytes of lines are refused once
+/// they pass 64 MiB of text, before anything that large is built.
+#[test]
+fn records_that_expand_past_the_bound_are_refused() {
+    let big: Arc<str> = Arc::from("x".repeat(1 << 20));
+    let many = |w: &mut RecordWriter, b: &mut Vec<u8>| {
+        for _ in 0..1000 {
+            w.field_shared(b, "arguments", &big);
+        }
+    };
+    let bytes = written(&[
+        ("StageExited", 1, &|w, b| w.field_shared(b, "verdict", &big)),
+        ("StageEntered", 1000, &many),
+    ]);
+    assert!(bytes.len() < (2 << 20), "{} bytes", bytes.len());
+    let (back, fault) = Event::read_relayed(&bytes);
+    assert_eq!(back.len(), 1);
+    assert!(fault.unwrap().contains("past 64 MiB"));
+    // Fields of nothing: each counts what reading it holds.
+    let empties = |w: &mut RecordWriter, b: &mut Vec<u8>| {
+        for _ in 0..60_000 {
+            w.field_text(b, "text", "");
+        }
+    };
+    let event: (&str, usize, Fields<'_>) = ("StageEntered", 60_000, &empties);
+    let (back, fault) = Event::read_relayed(&written(&[event; 20]));
+    assert!(back.len() < 20);
+    assert!(fault.unwrap().contains("past 64 MiB"));
 }
 
 #[test]
@@ -143,9 +179,12 @@ fn an_event_this_troupe_does_not_know_reads_as_none_and_keeps_the_rest() {
     assert_eq!(back[1].as_ref().unwrap().name, EventName::StageExited);
 }
 
-/// Members that are not JSON members, a JSON value that is not JSON:
-/// refused where they stand (they would be written out as they stand),
-/// with the events before them kept.
+/// Members that are not JSON members (or that a line read back would
+/// not have: numbers out of range, lone surrogates, head keys, a line
+/// break), a JSON value that is not JSON, a field named like a head key,
+/// a timestamp past the year 9999: refused where they stand (the
+/// coordinator's log writes them as they stand), with the events before
+/// them kept.
 #[test]
 fn text_written_out_as_it_stands_is_checked() {
     let damaged = |write: Fields<'_>| {
@@ -158,10 +197,34 @@ fn text_written_out_as_it_stands_is_checked() {
         );
         fault.expect("a fault")
     };
+    for members in [
+        "\"x\":1e999",
+        "\"\\ud800\":1",
+        "\"x\":\"\\udc00\"",
+        "\"a\":1,\"seq\":5",
+        "\"event\":\"StageEntered\"",
+        "\"a\":\r1",
+    ] {
+        let why = damaged(&|w, b| w.members(b, members));
+        assert!(
+            why.contains("no JSON members") || why.contains("head key") || why.contains("one line"),
+            "{members}: {why}"
+        );
+    }
+    let why = damaged(&|w, b| w.field_u64(b, "seq", 18_446_744_073_709_551_615));
+    assert!(why.contains("head key `seq`"), "{why}");
+    let why = damaged(&|w, b| w.field_static(b, "workflowRunId", "forged"));
+    assert!(why.contains("head key"), "{why}");
+    let (back, fault) = Event::read_relayed(&written_at(
+        253_402_300_800_000_000,
+        &[("StageExited", 0, &|_, _| {})],
+    ));
+    assert!(back.is_empty());
+    assert!(fault.unwrap().contains("9999"));
     let why = damaged(&|w, b| w.members(b, "\"a\":1}, {\"b\":2"));
     assert!(why.contains("no JSON members"), "{why}");
     let why = damaged(&|w, b| w.members(b, "\"a\":\n1"));
-    assert!(why.contains("no JSON members"), "{why}");
+    assert!(why.contains("one line"), "{why}");
     let why = damaged(&|w, b| w.field_json(b, "x", |o| o.extend(b"{\"a\":")));
     assert!(why.contains("JSON value"), "{why}");
     // Members that are members pass, as text.
