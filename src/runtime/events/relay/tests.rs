@@ -35,8 +35,10 @@ fn as_lines_relayed_it(sent: &Event) -> Option<String> {
 }
 
 #[test]
-fn the_keys_are_sorted_for_their_search() {
+fn the_keys_are_sorted_for_their_search_and_name_no_head_key() {
     assert!(KEYS.windows(2).all(|w| w[0] < w[1]), "{KEYS:?}");
+    let head = crate::runtime::events::encode::HEAD_KEYS;
+    assert!(KEYS.iter().all(|k| !head.contains(k)));
 }
 
 #[test]
