@@ -760,5 +760,25 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
         whole(3).await.unwrap();
         assert_eq!(*buckets.context(&third).await.unwrap(), context);
         assert_eq!(buckets.loads(), 4, "read again after the refusal");
+
+        // A new group asked for once the others were idle for KEPT_IDLE
+        // lets go of those no task holds: the first group is read again.
+        // The second, held (as by a task in flight), is kept.
+        use troupe::distributed::intake::KEPT_IDLE;
+        let now = std::time::Instant::now();
+        whole(4).await.unwrap();
+        drop(read);
+        let held = buckets.context_at(&first, now).await.unwrap();
+        assert_eq!(buckets.loads(), 4, "still kept");
+        drop(held);
+        let later = now + KEPT_IDLE + Duration::from_secs(1);
+        buckets.context_at(&task(4), later).await.unwrap();
+        assert_eq!(buckets.loads(), 5);
+        let again = buckets.context_at(&first, later).await.unwrap();
+        assert_eq!(*again, context);
+        assert_eq!(buckets.loads(), 6, "let go and read again");
+        let kept = buckets.context_at(&task(2), later).await.unwrap();
+        assert!(Arc::ptr_eq(&kept, &other), "held by a task: kept");
+        assert_eq!(buckets.loads(), 6);
     });
 }

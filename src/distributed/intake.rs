@@ -42,8 +42,19 @@ pub struct WorkerConfig {
     pub task_log: bool,
 }
 
-/// How long a worker remembers a cancelled group or an idle run.
+/// How long a worker remembers a cancelled group.
 pub const FORGET_AFTER: Duration = Duration::from_secs(600);
+
+/// How long after a task last asked for them a worker keeps a group's
+/// context and its executor for a run, once no task of it is in flight
+/// (a context is held by its tasks in flight; an executor is kept while
+/// any task of its run is). Both
+/// hold the run's fields, a fan-out's items among them: a worker that
+/// served run after run for ten minutes held every one (a 20 000-wide
+/// `fanout` run's, 3 to 5 MB, BENCHMARKS.md "Every core, eighteenth
+/// round"). A context let go is read from the bucket again if a task of
+/// its group comes later.
+pub const KEPT_IDLE: Duration = Duration::from_secs(30);
 
 /// The `--task-log` line of a settled task: what was reported and
 /// whether the coordinator has it (`reported: false` — NATS would not
@@ -85,8 +96,8 @@ type Context = Arc<tokio::sync::OnceCell<Result<Arc<GroupContext>, String>>>;
 pub struct Buckets {
     pub cancelled: async_nats::jetstream::kv::Store,
     pub groups: async_nats::jetstream::kv::Store,
-    /// By group key, with when it was last used (forgotten after
-    /// [`FORGET_AFTER`]).
+    /// By group key, with when it was last asked for (forgotten after
+    /// [`KEPT_IDLE`] when no task holds it).
     contexts: Mutex<HashMap<String, (Context, Instant)>>,
     /// Group contexts read from the bucket so far (a read's retries count
     /// once).
@@ -122,12 +133,21 @@ impl Buckets {
     /// under way waits only for what is left of its retries; after a
     /// failed read, the next to ask reads again.
     pub async fn context(&self, task: &Task) -> Result<Arc<GroupContext>, String> {
+        self.context_at(task, Instant::now()).await
+    }
+
+    /// [`Buckets::context`] asked at `now`: a new group first lets go of
+    /// the contexts no task holds that were not asked for in
+    /// [`KEPT_IDLE`].
+    pub async fn context_at(&self, task: &Task, now: Instant) -> Result<Arc<GroupContext>, String> {
         let key = group_key(&task.run_id, task.turn);
         let cell = {
-            let now = Instant::now();
             let mut known = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
             if !known.contains_key(&key) {
-                known.retain(|_, (_, used)| now.duration_since(*used) < FORGET_AFTER);
+                known.retain(|_, (cell, used)| {
+                    now.saturating_duration_since(*used) < KEPT_IDLE
+                        || matches!(cell.get(), Some(Ok(held)) if Arc::strong_count(held) > 1)
+                });
             }
             let (cell, used) = known
                 .entry(key.clone())

@@ -30,13 +30,15 @@ use tokio::sync::{Semaphore, watch};
 use troupe_actors::EventBus;
 
 use super::collected::{Collected, collect_events};
-use super::intake::{Buckets, Counted, FORGET_AFTER, Intake, Offer, accept_all, log_task};
+use super::intake::{
+    Buckets, Counted, FORGET_AFTER, Intake, KEPT_IDLE, Offer, accept_all, log_task,
+};
 pub use super::intake::{Served, WorkerConfig};
 use super::lease::Lease;
 use super::nats::{Nats, NatsError};
 use super::outbox::Outbox;
 use super::taking::{Delivered, Expected, Held, Past, offers, still_to_run};
-use super::wire::{CANCEL_ALL, Cancel, Report, Task, decode_tasks};
+use super::wire::{CANCEL_ALL, Cancel, GroupContext, Report, Task, decode_tasks};
 use crate::definition::StageKind;
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::context::StageContext;
@@ -405,6 +407,10 @@ struct InFlight {
     scope: CancelScope,
     /// Released when the sibling's report is out.
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Its group's context: held while it runs, so that the worker keeps
+    /// it for the group's next task however long this one takes
+    /// ([`Buckets::context`]).
+    _group: Arc<GroupContext>,
 }
 
 /// The worker's stand-in for a scheduler: its stage actors ask it to
@@ -425,9 +431,9 @@ struct WorkerHost {
     /// bucket's mark.
     cancelled_groups: HashMap<(String, u64), (Instant, String)>,
     /// One local executor per run (its run id, ctx and pipeline), with
-    /// when it last started a sibling; dropped after [`FORGET_AFTER`]
-    /// without one, so a long-lived worker does not keep every run it
-    /// ever served.
+    /// when it last started a sibling; dropped after [`KEPT_IDLE`]
+    /// without one and with none in flight, so a long-lived worker does
+    /// not keep the runs it served.
     executors: HashMap<String, (LocalExecutor, Instant)>,
     arbiters: Vec<ArbiterHandle>,
     /// Tasks started and not yet reported (what a drain waits for).
@@ -466,7 +472,7 @@ impl WorkerHost {
         let now = Instant::now();
         let in_flight = &self.in_flight;
         self.executors.retain(|run, (_, used)| {
-            now.duration_since(*used) < FORGET_AFTER
+            now.duration_since(*used) < KEPT_IDLE
                 || in_flight.values().any(|f| &f.task.run_id == run)
         });
         if !self.executors.contains_key(&task.run_id) {
@@ -566,6 +572,7 @@ impl WorkerHost {
             also: Vec::new(),
             scope: scope.clone(),
             _permit: permit,
+            _group: Arc::clone(&group),
         };
         self.in_flight.insert(Arc::clone(&id), in_flight);
         self.in_flight_count.send_modify(|n| *n += 1);
