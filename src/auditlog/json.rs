@@ -127,6 +127,22 @@ pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {
     }
 }
 
+/// How long `s` is written as a JSON string's body: `"` and `\\` take
+/// two bytes, a control character at most six (`\u00XX`).
+pub(crate) fn escaped_len(s: &str) -> usize {
+    if !needs_escape(s.as_bytes()) {
+        return s.len();
+    }
+    s.len()
+        + s.bytes()
+            .map(|b| match b {
+                b'"' | b'\\' => 1,
+                0..=0x1f => 5,
+                _ => 0,
+            })
+            .sum::<usize>()
+}
+
 /// Whether any byte is `"`, `\\` or below 0x20, eight bytes at a time
 /// (the classic has-zero-byte / has-less-than word tricks, exact as a
 /// yes/no answer).

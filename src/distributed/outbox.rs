@@ -32,7 +32,7 @@ use std::io::Read;
 use super::nats::{Nats, publish_acked};
 use super::wire::{EventLine, Report, Task, line_by_line, report_subject};
 use crate::auditlog::records::scan::{read_len, write_len};
-use crate::runtime::events::Event;
+use crate::runtime::events::{Event, RelayBudget};
 
 /// The most reports in one batch.
 pub const MAX_REPORTS: usize = 512;
@@ -264,6 +264,9 @@ fn decode_expanded(payload: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
 /// follows it cannot be found).
 fn decode_framed(frames: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
     let mut reports = Vec::new();
+    // One for the whole message: what its records may make is bounded as
+    // a message of JSON lines was.
+    let mut budget = RelayBudget::default();
     let mut at = 0;
     let piece = |at: &mut usize| -> Option<&[u8]> {
         let len = read_len(frames, at)?;
@@ -272,6 +275,12 @@ fn decode_framed(frames: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
         Some(piece)
     };
     while at < frames.len() {
+        if reports.len() == MAX_REPORTS {
+            reports.push(Err(serde::de::Error::custom(format!(
+                "a framed report batch of more than {MAX_REPORTS} reports, more than a worker sends"
+            ))));
+            break;
+        }
         let (Some(json), Some(records)) = (piece(&mut at), piece(&mut at)) else {
             reports.push(Err(serde::de::Error::custom(format!(
                 "a framed report batch is cut short or damaged at byte {}",
@@ -279,7 +288,7 @@ fn decode_framed(frames: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
             ))));
             break;
         };
-        reports.push(framed_report(json, records));
+        reports.push(framed_report(json, records, &mut budget));
     }
     reports
 }
@@ -287,7 +296,11 @@ fn decode_framed(frames: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
 /// One framed report: its JSON, then its events from `records`. Events
 /// past damage in the records read as `None`, as a line that is no event
 /// does: the report and the events before are kept.
-fn framed_report(json: &[u8], records: &[u8]) -> Result<Report, serde_json::Error> {
+fn framed_report(
+    json: &[u8],
+    records: &[u8],
+    budget: &mut RelayBudget,
+) -> Result<Report, serde_json::Error> {
     let mut report = match std::str::from_utf8(json) {
         Ok(text) => serde_json::from_str::<Report>(text)?,
         Err(_) => serde_json::from_slice::<Report>(json)?,
@@ -306,7 +319,7 @@ fn framed_report(json: &[u8], records: &[u8]) -> Result<Report, serde_json::Erro
     } = &mut report
         && !records.is_empty()
     {
-        let (read, fault) = Event::read_relayed(records);
+        let (read, fault) = Event::read_relayed_within(records, budget);
         let whole = read.len();
         events.extend(read.into_iter().map(EventLine::Read));
         if let Some(why) = fault {
@@ -711,5 +724,67 @@ mod tests {
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(got[0].clone().into_event().is_some());
         assert!(matches!(got[1], EventLine::Read(None)));
+    }
+
+    /// What the records of one message may make is bounded for the
+    /// message, not for each report: three reports of 30 MiB of text
+    /// each pass 64 MiB in the third, which keeps its events before.
+    /// A batch of more frames than a worker sends is refused past them.
+    #[test]
+    fn a_framed_batch_is_bounded_as_a_whole() {
+        use crate::runtime::events::{EventName, FieldValue, Relaying};
+        use std::sync::Arc;
+        let big: Arc<str> = Arc::from("x".repeat(1 << 20));
+        let mut relaying = Relaying::default();
+        for _ in 0..30 {
+            relaying.push(
+                &Event::new(EventName::ToolInvocationStarted, "r")
+                    .stage("worker", "r/worker#1/1")
+                    .with("arguments", FieldValue::Shared(Arc::clone(&big))),
+            );
+        }
+        let records = relaying.into_bytes();
+        assert!(records.len() < (2 << 20));
+        let cancelled = serde_json::to_vec(&Report::Cancelled {
+            stage_execution_id: "r/worker#1/1".to_owned(),
+            turn: 1,
+            unit: 1,
+            worker: "w1".to_owned(),
+            usage: crate::runtime::result::Usage::default(),
+            events: Vec::new(),
+        })
+        .unwrap();
+        let mut body = FRAMED.to_vec();
+        for _ in 0..3 {
+            frame(&mut body, &cancelled, &records);
+        }
+        let kept: Vec<usize> = decode(&body)
+            .into_iter()
+            .map(|r| match r {
+                Ok(Report::Cancelled { events, .. }) => events
+                    .iter()
+                    .filter(|e| matches!(e, EventLine::Read(Some(_))))
+                    .count(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(kept[..2], [30, 30]);
+        assert!(kept[2] < 10, "{kept:?}");
+
+        let accepted = serde_json::to_vec(&Report::Accepted {
+            stage_execution_id: "r/worker#1/1".to_owned(),
+            turn: 1,
+            unit: 1,
+            worker: "w1".to_owned(),
+        })
+        .unwrap();
+        let mut body = FRAMED.to_vec();
+        for _ in 0..=MAX_REPORTS {
+            frame(&mut body, &accepted, &[]);
+        }
+        let reports = decode(&body);
+        assert_eq!(reports.len(), MAX_REPORTS + 1);
+        assert!(reports[..MAX_REPORTS].iter().all(Result::is_ok));
+        assert!(reports[MAX_REPORTS].is_err());
     }
 }

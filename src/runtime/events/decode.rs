@@ -193,34 +193,10 @@ impl<'de> Visitor<'de> for LineVisitor {
                 "tool" => tool = shared(map.next_value()?),
                 _ => {
                     let value: &'de RawValue = map.next_value()?;
-                    // Read as a value only when it may hold what JSON
-                    // allows and a value cannot (a number out of range, a
-                    // lone surrogate escape): serde_json refuses those.
-                    // Refused, it makes the line no event; the rest of the
-                    // object is still read, so a line inside a larger text
-                    // leaves that text readable.
-                    if needs_reading(value.get())
-                        && serde_json::from_str::<serde_json::Value>(value.get()).is_err()
-                    {
-                        known = false;
-                        continue;
-                    }
-                    if !members.is_empty() {
-                        members.push(b',');
-                    }
-                    match &key {
-                        // Borrowed from the text only when it had no
-                        // escapes, and JSON text holds no raw control
-                        // characters: it is a string's body as it stands.
-                        Text::Borrowed(name) => {
-                            members.push(b'"');
-                            members.extend_from_slice(name.as_bytes());
-                            members.push(b'"');
-                        }
-                        Text::Owned(name) => write_json_str(&mut members, name),
-                    }
-                    members.push(b':');
-                    push_one_line(&mut members, value.get().as_bytes());
+                    // Refused, the value makes the line no event; the rest
+                    // of the object is still read, so a line inside a
+                    // larger text leaves that text readable.
+                    known &= push_member(&mut members, &key, value.get());
                 }
             }
         }
@@ -244,6 +220,90 @@ impl<'de> Visitor<'de> for LineVisitor {
         }
         Ok(Some(event))
     }
+}
+
+/// Appends one member as a line read back keeps it (after a comma when
+/// others precede it): its key, and its value's text on one line.
+/// `false` (nothing appended) for a value that may hold what JSON allows
+/// and a value cannot (a number out of range, a lone surrogate escape),
+/// and that serde_json refuses when read as a value.
+fn push_member(members: &mut Vec<u8>, key: &Text<'_>, value: &str) -> bool {
+    if !value_reads(value) {
+        return false;
+    }
+    if !members.is_empty() {
+        members.push(b',');
+    }
+    match key {
+        // Borrowed from the text only when it had no escapes, and JSON
+        // text holds no raw control characters: it is a string's body as
+        // it stands.
+        Text::Borrowed(name) => {
+            members.push(b'"');
+            members.extend_from_slice(name.as_bytes());
+            members.push(b'"');
+        }
+        Text::Owned(name) => write_json_str(members, name),
+    }
+    members.push(b':');
+    push_one_line(members, value.as_bytes());
+    true
+}
+
+/// Whether a raw value's text reads as a value ([`needs_reading`]: read
+/// as one only when it may not).
+fn value_reads(text: &str) -> bool {
+    !needs_reading(text) || serde_json::from_str::<serde_json::Value>(text).is_ok()
+}
+
+/// A relayed event's members (JSON text without the braces) as a line
+/// read back would keep them, checked the same way: each value whole
+/// (any depth, as [`RawValue`] reads it) and readable, on one line; none
+/// named like a head key, which a line would have taken as its head.
+/// Why not, otherwise.
+pub(super) fn members_as_read(text: &str) -> Result<String, String> {
+    struct Members;
+    impl<'de> Visitor<'de> for Members {
+        type Value = Result<Vec<u8>, String>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("JSON members")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut members = Vec::new();
+            while let Some(key) = map.next_key::<Text<'de>>()? {
+                let value: &'de RawValue = map.next_value()?;
+                if super::encode::HEAD_KEYS.contains(&key.as_str()) {
+                    return Ok(Err(format!("members name the head key `{}`", key.as_str())));
+                }
+                if !push_member(&mut members, &key, value.get()) {
+                    return Ok(Err(format!("`{}` holds no readable value", key.as_str())));
+                }
+            }
+            Ok(Ok(members))
+        }
+    }
+    let object = format!("{{{text}}}");
+    let mut de = serde_json::Deserializer::from_str(&object);
+    let members = de
+        .deserialize_map(Members)
+        .and_then(|m| de.end().map(|()| m))
+        .map_err(|e| format!("no JSON members: {e}"))??;
+    // Keys written by `write_json_str` and values taken whole from a
+    // `&str`: the bytes are UTF-8.
+    String::from_utf8(members).map_err(|e| e.to_string())
+}
+
+/// A JSON value's text as a line read back would keep it: one value, any
+/// depth, readable, on one line. Why not, otherwise.
+pub(super) fn value_as_read(text: &str) -> Result<Vec<u8>, String> {
+    let value =
+        serde_json::from_str::<&RawValue>(text).map_err(|e| format!("no JSON value: {e}"))?;
+    if !value_reads(value.get()) {
+        return Err("a JSON value no reader can read".to_owned());
+    }
+    let mut out = Vec::with_capacity(text.len());
+    push_one_line(&mut out, value.get().as_bytes());
+    Ok(out)
 }
 
 /// A raw JSON value's text, kept on one line: a line break in valid JSON

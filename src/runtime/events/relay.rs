@@ -15,11 +15,10 @@
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use serde_json::Value;
-
+use super::decode::{members_as_read, value_as_read};
 use super::encode::HEAD_KEYS;
 use super::vocabulary::{Event, EventName, FieldValue};
-use crate::auditlog::json::{write_key, write_members};
+use crate::auditlog::json::{escaped_len, write_key, write_members};
 use crate::auditlog::records::scan::{self, Record, Scan};
 use crate::auditlog::records::{RecordReader, RecordWriter};
 use crate::provider::Usage;
@@ -145,32 +144,36 @@ const KEYS: [&str; 64] = [
     "worker",
 ];
 
-/// The most text a piece of relayed records may make, and about the most
-/// memory reading it may take: a string is defined once and referred to
-/// in a byte or two, so a few bytes could otherwise make gigabytes of
-/// lines. A worker's report of JSON lines was bounded by its message
-/// (64 MiB expanded) in the same way.
+/// The most text the relayed records of one message may make, and about
+/// the most memory reading them may take: a string is defined once and
+/// referred to in a byte or two, so a few bytes could otherwise make
+/// gigabytes of lines. A message of JSON lines was bounded by its size
+/// (64 MiB expanded) in the same way. Text is counted as it is written,
+/// escapes included, so no event's line passes what the log's reader
+/// takes (256 MiB).
 const RELAYED_MAX: usize = 64 << 20;
 
-/// What each string defined, field or event counts against
+/// What each string defined or field read counts against
 /// [`RELAYED_MAX`] beside its text: what reading it holds.
 const OVERHEAD: usize = 64;
+
+/// What each event read counts: the event and its place in the report.
+const EVENT_OVERHEAD: usize = 256;
 
 /// The last microsecond an audit timestamp can say (9999-12-31T23:59:59.999999Z).
 const LAST_MICROS: u64 = 253_402_300_799_999_999;
 
-/// What reading a piece of relayed records has made so far, against
-/// [`RELAYED_MAX`].
-#[derive(Default)]
-struct Budget {
+/// What reading one message's relayed records has made so far, against
+/// [`RELAYED_MAX`]: one for all the reports of a message
+/// ([`Event::read_relayed_within`]).
+#[derive(Debug, Default)]
+pub struct RelayBudget {
     spent: usize,
-    /// Strings the scan had defined when last counted.
-    defined: usize,
 }
 
-impl Budget {
+impl RelayBudget {
     fn spend(&mut self, bytes: usize) -> Result<(), String> {
-        self.spent = self.spent.saturating_add(bytes.saturating_add(OVERHEAD));
+        self.spent = self.spent.saturating_add(bytes);
         if self.spent > RELAYED_MAX {
             return Err(format!(
                 "relayed events past {} MiB of text",
@@ -178,14 +181,6 @@ impl Budget {
             ));
         }
         Ok(())
-    }
-
-    /// Counts the strings defined since the last count.
-    fn definitions(&mut self, scan: &Scan<'_>) -> Result<(), String> {
-        let now = scan.definitions();
-        let new = now - self.defined;
-        self.defined = now;
-        self.spend(new.saturating_mul(OVERHEAD))
     }
 }
 
@@ -199,6 +194,8 @@ fn known_key(key: &str) -> Option<&'static str> {
 #[derive(Default)]
 struct Made {
     from: (usize, usize),
+    /// Its length written as a JSON string's body.
+    escaped: Option<usize>,
     shared: Option<Arc<str>>,
     key: Option<Option<&'static str>>,
     name: Option<Option<EventName>>,
@@ -223,6 +220,13 @@ impl Strings {
             };
         }
         made
+    }
+
+    fn escaped(&mut self, scan: &Scan<'_>, n: usize) -> usize {
+        *self
+            .made(scan, n)
+            .escaped
+            .get_or_insert_with(|| escaped_len(scan.string(n)))
     }
 
     fn shared(&mut self, scan: &Scan<'_>, n: usize) -> Arc<str> {
@@ -251,22 +255,31 @@ impl Event {
     /// the reason reading stopped, if it did before the end: what was read
     /// before the damage is kept.
     pub fn read_relayed(bytes: &[u8]) -> (Vec<Option<Event>>, Option<String>) {
+        Event::read_relayed_within(bytes, &mut RelayBudget::default())
+    }
+
+    /// [`Event::read_relayed`] counting against `budget`, shared by the
+    /// reports of one message.
+    pub fn read_relayed_within(
+        bytes: &[u8],
+        budget: &mut RelayBudget,
+    ) -> (Vec<Option<Event>>, Option<String>) {
         let mut scan = Scan::new(bytes);
         let mut strings = Strings::default();
-        let mut budget = Budget::default();
         let mut events = Vec::new();
+        let mut defined = 0;
         loop {
             let read = match scan.record() {
                 Ok(None) => return (events, None),
-                Ok(Some(Record::Line(line))) => {
-                    budget.spend(line.len()).map(|()| Event::from_line(line))
-                }
-                Ok(Some(Record::Event(head))) => {
-                    read_event(&mut scan, &mut strings, &mut budget, &head)
-                }
+                Ok(Some(Record::Line(line))) => budget
+                    .spend(line.len() + EVENT_OVERHEAD)
+                    .map(|()| Event::from_line(line)),
+                Ok(Some(Record::Event(head))) => read_event(&mut scan, &mut strings, budget, &head),
                 Err(why) => Err(why),
             };
-            match read.and_then(|event| budget.definitions(&scan).map(|()| event)) {
+            // What the strings defined meanwhile hold.
+            let new = scan.definitions() - std::mem::replace(&mut defined, scan.definitions());
+            match read.and_then(|event| budget.spend(new * OVERHEAD).map(|()| event)) {
                 Ok(event) => events.push(event),
                 Err(why) => return (events, Some(why)),
             }
@@ -274,12 +287,22 @@ impl Event {
     }
 }
 
+/// A field as read: a value an event keeps, or JSON text (a value the
+/// runtime would not hold as it was sent, or a relayed event's members)
+/// that only the event's members as text can keep.
+enum Read {
+    Value(usize, Option<&'static str>, FieldValue),
+    /// A key's number and its value's JSON text.
+    Json(usize, Vec<u8>),
+    Members(String),
+}
+
 /// One event's fields after its head; `None` for an event name this
 /// troupe does not know (its fields read and dropped).
 fn read_event(
     scan: &mut Scan<'_>,
     strings: &mut Strings,
-    budget: &mut Budget,
+    budget: &mut RelayBudget,
     head: &scan::EventRecord,
 ) -> Result<Option<Event>, String> {
     let ids = [
@@ -289,36 +312,53 @@ fn read_event(
         head.stage,
         head.tool,
     ];
-    budget.spend(
-        ids.into_iter()
-            .flatten()
-            .map(|n| scan.string(n).len())
-            .sum(),
-    )?;
-    // Each field with its key's number and the key as the runtime names
-    // it; members (no key) as their text.
+    let mut text: usize = EVENT_OVERHEAD;
+    for n in ids.into_iter().flatten() {
+        text += strings.escaped(scan, n);
+    }
+    budget.spend(text)?;
     let mut read = Vec::with_capacity(head.fields.min(16));
     let mut all_known = true;
     for _ in 0..head.fields {
         let field = scan.field()?;
-        budget.spend(text_len(scan, &field))?;
-        read.push(match field.key {
-            Some(k) => {
-                let known = strings.key(scan, k);
-                // A worker writes an event with a field named like a head
-                // key as its line (no head key is in `KEYS`).
-                if known.is_none() && HEAD_KEYS.contains(&scan.string(k)) {
-                    return Err(format!(
-                        "a relayed event's field is named like its head key `{}`",
-                        scan.string(k)
-                    ));
-                }
-                all_known &= known.is_some();
-                Ok((k, known, field_value(scan, strings, field.value)?))
-            }
-            None => {
+        let Some(k) = field.key else {
+            let scan::Value::Members(members) = field.value else {
+                return Err("a field without a key that is no members".to_owned());
+            };
+            budget.spend(OVERHEAD + members.len())?;
+            let members = members_as_read(members)
+                .map_err(|why| format!("a relayed event's members: {why}"))?;
+            all_known = false;
+            read.push(Read::Members(members));
+            continue;
+        };
+        let known = strings.key(scan, k);
+        // A worker writes an event with a field named like a head key as
+        // its line (no head key is in `KEYS`).
+        if known.is_none() && HEAD_KEYS.contains(&scan.string(k)) {
+            return Err(format!(
+                "a relayed event's field is named like its head key `{}`",
+                scan.string(k)
+            ));
+        }
+        let value_len = match field.value {
+            scan::Value::Str(n) => strings.escaped(scan, n),
+            scan::Value::Text(s) => escaped_len(s),
+            scan::Value::Json(s) | scan::Value::Members(s) => s.len(),
+            scan::Value::U64(_) | scan::Value::Bool(_) => 20,
+            scan::Value::Usage(_) => 80,
+        };
+        budget.spend(OVERHEAD + strings.escaped(scan, k) + value_len)?;
+        read.push(match field.value {
+            scan::Value::Json(json) => {
                 all_known = false;
-                Err(members(field.value)?)
+                let text =
+                    value_as_read(json).map_err(|why| format!("a relayed field's value: {why}"))?;
+                Read::Json(k, text)
+            }
+            value => {
+                all_known &= known.is_some();
+                Read::Value(k, known, field_value(scan, strings, value)?)
             }
         });
     }
@@ -333,24 +373,31 @@ fn read_event(
         .ok_or("a timestamp past any clock")?;
     let fields = if all_known {
         read.into_iter()
-            .filter_map(|field| field.ok().and_then(|(_, key, value)| Some((key?, value))))
+            .filter_map(|field| match field {
+                Read::Value(_, Some(key), value) => Some((key, value)),
+                _ => None,
+            })
             .collect()
     } else {
-        // Kept as the JSON members they make, in order, under `""`.
-        // Each after a comma, as in a line; the first comma dropped.
+        // Kept as the JSON members they make, in order, under `""`: each
+        // after a comma, as in a line, the first comma left out.
         let mut text = Vec::new();
         for field in &read {
             match field {
-                Ok((k, _, value)) => {
+                Read::Value(k, _, value) => {
                     write_key(&mut text, scan.string(*k));
                     value.write_json(&mut text);
                 }
-                Err(members) => write_members(&mut text, members.as_bytes()),
+                Read::Json(k, json) => {
+                    write_key(&mut text, scan.string(*k));
+                    text.extend_from_slice(json);
+                }
+                Read::Members(members) => write_members(&mut text, members.as_bytes()),
             }
         }
-        let text =
-            String::from_utf8(text.split_off(text.len().min(1))).map_err(|e| e.to_string())?;
-        vec![("", FieldValue::Relayed(text.into_boxed_str()))]
+        let start = usize::from(text.first() == Some(&b','));
+        let text = std::str::from_utf8(&text[start..]).map_err(|e| e.to_string())?;
+        vec![("", FieldValue::Relayed(text.into()))]
     };
     Ok(Some(Event {
         name,
@@ -363,8 +410,8 @@ fn read_event(
     }))
 }
 
-/// A field's value as an event keeps it; JSON text and members are
-/// checked here, since they are written out as they stand.
+/// A field's value as an event keeps it (JSON text is read as
+/// [`Read::Json`], not here).
 fn field_value(
     scan: &Scan<'_>,
     strings: &mut Strings,
@@ -382,50 +429,10 @@ fn field_value(
                 requests,
             })
         }
-        scan::Value::Json(text) => match serde_json::from_str::<Value>(text) {
-            Ok(Value::Number(n)) => FieldValue::Number(n),
-            Ok(value) => FieldValue::Json(Box::new(value)),
-            Err(e) => return Err(format!("a field's JSON value cannot be read: {e}")),
-        },
-        scan::Value::Members(_) => return Err("members under a key".to_owned()),
-    })
-}
-
-/// The text a field makes in a line (its key and value, about), counted
-/// against [`RELAYED_MAX`].
-fn text_len(scan: &Scan<'_>, field: &scan::Field<'_>) -> usize {
-    let key = field.key.map_or(0, |k| scan.string(k).len());
-    key + match field.value {
-        scan::Value::Str(n) => scan.string(n).len(),
-        scan::Value::Text(text) | scan::Value::Json(text) | scan::Value::Members(text) => {
-            text.len()
+        scan::Value::Json(_) | scan::Value::Members(_) => {
+            return Err("JSON text read as a value".to_owned());
         }
-        scan::Value::U64(_) | scan::Value::Bool(_) => 20,
-        scan::Value::Usage(_) => 80,
-    }
-}
-
-/// A relayed event's members (a field without a key, which a worker
-/// writes only for an event it was itself relayed), checked as a line
-/// read back would have them: JSON members in full (numbers in range, no
-/// lone surrogates), none named like a head key, on one line. They are
-/// kept as they stand, which is how the coordinator's log writes them.
-fn members(value: scan::Value<'_>) -> Result<&str, String> {
-    let scan::Value::Members(text) = value else {
-        return Err("a field without a key that is no members".to_owned());
-    };
-    if text.contains(['\n', '\r']) {
-        return Err("a relayed event's members are not on one line".to_owned());
-    }
-    let object: serde_json::Map<String, Value> = serde_json::from_str(&format!("{{{text}}}"))
-        .map_err(|e| format!("a relayed event's members are no JSON members: {e}"))?;
-    if let Some(key) = object.keys().find(|k| HEAD_KEYS.contains(&k.as_str())) {
-        return Err(format!(
-            "a relayed event's members name its head key `{key}`"
-        ));
-    }
-    // Whitespace alone is no members (and would break the line).
-    Ok(if object.is_empty() { "" } else { text })
+    })
 }
 
 #[cfg(test)]
