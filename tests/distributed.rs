@@ -780,5 +780,26 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
         let kept = buckets.context_at(&task(2), later).await.unwrap();
         assert!(Arc::ptr_eq(&kept, &other), "held by a task: kept");
         assert_eq!(buckets.loads(), 6);
+
+        // A task that lets go of its context (as one reports) makes it
+        // idle from then, not from when it was asked for: a sibling that
+        // ran longer than KEPT_IDLE does not cost the next one a read.
+        whole(5).await.unwrap();
+        whole(6).await.unwrap();
+        let now = std::time::Instant::now();
+        let asked = now.checked_sub(KEPT_IDLE * 2).unwrap_or(now);
+        drop(buckets.context_at(&task(5), asked).await.unwrap());
+        assert_eq!(buckets.loads(), 7);
+        buckets.touch(&task(5));
+        buckets
+            .context_at(&task(6), now + KEPT_IDLE / 2)
+            .await
+            .unwrap();
+        assert_eq!(buckets.loads(), 8);
+        buckets
+            .context_at(&task(5), now + KEPT_IDLE / 2)
+            .await
+            .unwrap();
+        assert_eq!(buckets.loads(), 8, "let go of lately: kept");
     });
 }

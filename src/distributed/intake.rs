@@ -45,15 +45,15 @@ pub struct WorkerConfig {
 /// How long a worker remembers a cancelled group.
 pub const FORGET_AFTER: Duration = Duration::from_secs(600);
 
-/// How long after a task last asked for them a worker keeps a group's
-/// context and its executor for a run, once no task of it is in flight
-/// (a context is held by its tasks in flight; an executor is kept while
-/// any task of its run is). Both
-/// hold the run's fields, a fan-out's items among them: a worker that
-/// served run after run for ten minutes held every one (a 20 000-wide
+/// How long a worker keeps a group's context, and its executor for a run,
+/// once no task of it is in flight and none started or ended: let go
+/// when the next new group is asked for or the next task starts. A
+/// context holds the run's fields, a fan-out's items among them: a worker
+/// that served run after run kept each for ten minutes (a 20 000-wide
 /// `fanout` run's, 3 to 5 MB, BENCHMARKS.md "Every core, eighteenth
 /// round"). A context let go is read from the bucket again if a task of
-/// its group comes later.
+/// its group comes later. A worker that goes idle keeps the last ones
+/// until its next task.
 pub const KEPT_IDLE: Duration = Duration::from_secs(30);
 
 /// The `--task-log` line of a settled task: what was reported and
@@ -96,8 +96,8 @@ type Context = Arc<tokio::sync::OnceCell<Result<Arc<GroupContext>, String>>>;
 pub struct Buckets {
     pub cancelled: async_nats::jetstream::kv::Store,
     pub groups: async_nats::jetstream::kv::Store,
-    /// By group key, with when it was last asked for (forgotten after
-    /// [`KEPT_IDLE`] when no task holds it).
+    /// By group key, with when a task last asked for it or let go of it
+    /// (forgotten after [`KEPT_IDLE`] when no task holds it).
     contexts: Mutex<HashMap<String, (Context, Instant)>>,
     /// Group contexts read from the bucket so far (a read's retries count
     /// once).
@@ -137,16 +137,17 @@ impl Buckets {
     }
 
     /// [`Buckets::context`] asked at `now`: a new group first lets go of
-    /// the contexts no task holds that were not asked for in
-    /// [`KEPT_IDLE`].
+    /// the contexts no task holds that no task asked for or let go of in
+    /// [`KEPT_IDLE`] (one being read is kept).
     pub async fn context_at(&self, task: &Task, now: Instant) -> Result<Arc<GroupContext>, String> {
         let key = group_key(&task.run_id, task.turn);
         let cell = {
             let mut known = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
             if !known.contains_key(&key) {
-                known.retain(|_, (cell, used)| {
-                    now.saturating_duration_since(*used) < KEPT_IDLE
-                        || matches!(cell.get(), Some(Ok(held)) if Arc::strong_count(held) > 1)
+                known.retain(|_, (cell, used)| match cell.get() {
+                    None => true,
+                    Some(Ok(held)) if Arc::strong_count(held) > 1 => true,
+                    Some(_) => now.saturating_duration_since(*used) < KEPT_IDLE,
                 });
             }
             let (cell, used) = known
@@ -163,6 +164,16 @@ impl Buckets {
             }
         }
         read
+    }
+
+    /// A task of the group let go of its context: the context is idle from
+    /// now (if no other task holds it).
+    pub fn touch(&self, task: &Task) {
+        let key = group_key(&task.run_id, task.turn);
+        let mut known = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, used)) = known.get_mut(&key) {
+            *used = Instant::now();
+        }
     }
 
     /// Reads a group's context, again for a while when it is not there.

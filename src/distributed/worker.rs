@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures::StreamExt;
-use serde_json::{Map, Value};
+use serde_json::Map;
 use tokio::sync::{Semaphore, watch};
 use troupe_actors::EventBus;
 
@@ -94,6 +94,7 @@ pub async fn serve(
     let outbox = Outbox::start(nats.clone(), &config.name);
     let host = WorkerHost {
         outbox: outbox.clone(),
+        buckets: Arc::clone(&buckets),
         config: config.clone(),
         bus: bus.clone(),
         collected,
@@ -425,15 +426,17 @@ struct WorkerHost {
     /// The last `seq` the collector has taken.
     seen: watch::Receiver<u64>,
     in_flight: HashMap<Arc<str>, InFlight>,
+    /// The group contexts read (told when a task lets go of one).
+    buckets: Arc<Buckets>,
     /// Groups whose cancel was broadcast lately, with when: a task of one
     /// that passed the bucket check just before the mark was set starts
     /// cancelled. Kept for [`FORGET_AFTER`]; later deliveries see the
     /// bucket's mark.
     cancelled_groups: HashMap<(String, u64), (Instant, String)>,
-    /// One local executor per run (its run id, ctx and pipeline), with
-    /// when it last started a sibling; dropped after [`KEPT_IDLE`]
-    /// without one and with none in flight, so a long-lived worker does
-    /// not keep the runs it served.
+    /// One local executor per run (its run id and pipeline), with when a
+    /// sibling of it last started or ended; dropped [`KEPT_IDLE`] after
+    /// that with none in flight, so a long-lived worker does not keep the
+    /// runs it served.
     executors: HashMap<String, (LocalExecutor, Instant)>,
     arbiters: Vec<ArbiterHandle>,
     /// Tasks started and not yet reported (what a drain waits for).
@@ -463,12 +466,7 @@ impl WorkerHost {
         }
     }
 
-    fn executor(
-        &mut self,
-        task: &Task,
-        fields: &Map<String, Value>,
-        ctx: &mut Context<Self>,
-    ) -> Option<&mut LocalExecutor> {
+    fn executor(&mut self, task: &Task, ctx: &mut Context<Self>) -> Option<&mut LocalExecutor> {
         let now = Instant::now();
         let in_flight = &self.in_flight;
         self.executors.retain(|run, (_, used)| {
@@ -477,9 +475,12 @@ impl WorkerHost {
         });
         if !self.executors.contains_key(&task.run_id) {
             let served = self.config.pipelines.get(&task.pipeline_id)?;
+            // The run's fields reach each sibling with its context; the
+            // executor needs only the kit (a copy of the fields, a deep
+            // one, was made here and dropped).
             let mut spec = RunSpec::new(
                 Arc::clone(&served.pipeline),
-                fields.clone(),
+                Map::new(),
                 Arc::clone(&served.provider),
                 None,
             );
@@ -576,7 +577,7 @@ impl WorkerHost {
         };
         self.in_flight.insert(Arc::clone(&id), in_flight);
         self.in_flight_count.send_modify(|n| *n += 1);
-        match self.executor(&task, &group.fields, ctx) {
+        match self.executor(&task, ctx) {
             Some(local) => {
                 local.start(spawn, &scope, None);
             }
@@ -596,6 +597,12 @@ impl WorkerHost {
         let Some(flight) = self.in_flight.remove(&exec.id) else {
             return;
         };
+        // Idle from now, if nothing else holds them: what KEPT_IDLE
+        // counts from (a sibling may run far longer).
+        self.buckets.touch(&flight.task);
+        if let Some((_, used)) = self.executors.get_mut(&flight.task.run_id) {
+            *used = Instant::now();
+        }
         // The lease is renewed until the report is stored: it may wait in
         // the outbox behind a batch being retried.
         let lease = flight.lease;
