@@ -222,23 +222,21 @@ impl Strings {
         made
     }
 
-    fn escaped(&mut self, scan: &Scan<'_>, n: usize) -> usize {
-        *self
-            .made(scan, n)
-            .escaped
-            .get_or_insert_with(|| escaped_len(scan.string(n)))
-    }
-
-    fn shared(&mut self, scan: &Scan<'_>, n: usize) -> Arc<str> {
+    /// String `n` shared, and its length written (one look-up for both).
+    fn shared(&mut self, scan: &Scan<'_>, n: usize) -> (Arc<str>, usize) {
+        let text = scan.string(n);
         let made = self.made(scan, n);
-        Arc::clone(made.shared.get_or_insert_with(|| Arc::from(scan.string(n))))
+        let escaped = *made.escaped.get_or_insert_with(|| escaped_len(text));
+        let shared = Arc::clone(made.shared.get_or_insert_with(|| Arc::from(text)));
+        (shared, escaped)
     }
 
-    fn key(&mut self, scan: &Scan<'_>, n: usize) -> Option<&'static str> {
-        *self
-            .made(scan, n)
-            .key
-            .get_or_insert_with(|| known_key(scan.string(n)))
+    /// String `n` as one of the runtime's keys, and its length written.
+    fn key(&mut self, scan: &Scan<'_>, n: usize) -> (Option<&'static str>, usize) {
+        let text = scan.string(n);
+        let made = self.made(scan, n);
+        let escaped = *made.escaped.get_or_insert_with(|| escaped_len(text));
+        (*made.key.get_or_insert_with(|| known_key(text)), escaped)
     }
 
     fn name(&mut self, scan: &Scan<'_>, n: usize) -> Option<EventName> {
@@ -305,17 +303,15 @@ fn read_event(
     budget: &mut RelayBudget,
     head: &scan::EventRecord,
 ) -> Result<Option<Event>, String> {
-    let ids = [
-        Some(head.name),
-        Some(head.run),
-        head.exec,
-        head.stage,
-        head.tool,
-    ];
-    let mut text: usize = EVENT_OVERHEAD;
-    for n in ids.into_iter().flatten() {
-        text += strings.escaped(scan, n);
-    }
+    // The head's strings, made at once: each is counted as written.
+    let mut text = EVENT_OVERHEAD + scan.string(head.name).len();
+    let mut id = |n: usize| {
+        let (shared, escaped) = strings.shared(scan, n);
+        text += escaped;
+        shared
+    };
+    let run = id(head.run);
+    let [exec, stage, tool] = [head.exec, head.stage, head.tool].map(|n| n.map(&mut id));
     budget.spend(text)?;
     let mut read = Vec::with_capacity(head.fields.min(16));
     let mut all_known = true;
@@ -332,7 +328,7 @@ fn read_event(
             read.push(Read::Members(members));
             continue;
         };
-        let known = strings.key(scan, k);
+        let (known, key_len) = strings.key(scan, k);
         // A worker writes an event with a field named like a head key as
         // its line (no head key is in `KEYS`).
         if known.is_none() && HEAD_KEYS.contains(&scan.string(k)) {
@@ -341,24 +337,37 @@ fn read_event(
                 scan.string(k)
             ));
         }
-        let value_len = match field.value {
-            scan::Value::Str(n) => strings.escaped(scan, n),
-            scan::Value::Text(s) => escaped_len(s),
-            scan::Value::Json(s) | scan::Value::Members(s) => s.len(),
-            scan::Value::U64(_) | scan::Value::Bool(_) => 20,
-            scan::Value::Usage(_) => 80,
+        let (value, value_len) = match field.value {
+            scan::Value::Str(n) => {
+                let (shared, escaped) = strings.shared(scan, n);
+                (Ok(FieldValue::Shared(shared)), escaped)
+            }
+            scan::Value::Text(s) => (Ok(FieldValue::Text(Arc::from(s))), escaped_len(s)),
+            // A keyed value is never members: the scan reads those only
+            // without a key.
+            scan::Value::Json(s) | scan::Value::Members(s) => (Err(s), s.len()),
+            scan::Value::U64(n) => (Ok(FieldValue::Number(n.into())), 20),
+            scan::Value::Bool(b) => (Ok(FieldValue::Bool(b)), 5),
+            scan::Value::Usage([prompt_tokens, completion_tokens, requests]) => {
+                let usage = Usage {
+                    prompt_tokens,
+                    completion_tokens,
+                    requests,
+                };
+                (Ok(FieldValue::Usage(usage)), 80)
+            }
         };
-        budget.spend(OVERHEAD + strings.escaped(scan, k) + value_len)?;
-        read.push(match field.value {
-            scan::Value::Json(json) => {
+        budget.spend(OVERHEAD + key_len + value_len)?;
+        read.push(match value {
+            Ok(value) => {
+                all_known &= known.is_some();
+                Read::Value(k, known, value)
+            }
+            Err(json) => {
                 all_known = false;
                 let text =
                     value_as_read(json).map_err(|why| format!("a relayed field's value: {why}"))?;
                 Read::Json(k, text)
-            }
-            value => {
-                all_known &= known.is_some();
-                Read::Value(k, known, field_value(scan, strings, value)?)
             }
         });
     }
@@ -402,37 +411,12 @@ fn read_event(
     Ok(Some(Event {
         name,
         ts,
-        workflow_run_id: strings.shared(scan, head.run),
-        stage_execution_id: head.exec.map(|n| strings.shared(scan, n)),
-        stage_id: head.stage.map(|n| strings.shared(scan, n)),
-        tool: head.tool.map(|n| strings.shared(scan, n)),
+        workflow_run_id: run,
+        stage_execution_id: exec,
+        stage_id: stage,
+        tool,
         fields,
     }))
-}
-
-/// A field's value as an event keeps it (JSON text is read as
-/// [`Read::Json`], not here).
-fn field_value(
-    scan: &Scan<'_>,
-    strings: &mut Strings,
-    value: scan::Value<'_>,
-) -> Result<FieldValue, String> {
-    Ok(match value {
-        scan::Value::Str(n) => FieldValue::Shared(strings.shared(scan, n)),
-        scan::Value::Text(text) => FieldValue::Text(Arc::from(text)),
-        scan::Value::U64(n) => FieldValue::Number(n.into()),
-        scan::Value::Bool(b) => FieldValue::Bool(b),
-        scan::Value::Usage([prompt_tokens, completion_tokens, requests]) => {
-            FieldValue::Usage(Usage {
-                prompt_tokens,
-                completion_tokens,
-                requests,
-            })
-        }
-        scan::Value::Json(_) | scan::Value::Members(_) => {
-            return Err("JSON text read as a value".to_owned());
-        }
-    })
 }
 
 #[cfg(test)]
