@@ -626,6 +626,91 @@ fn reports_sent_together_travel_as_one_message_in_order() {
     assert_eq!(reports, sent, "every report, in order");
 }
 
+/// Reports whose events travel as records go framed, and a framed batch
+/// carries at most `MAX_FRAMED_RECORDS` of records (a report with more
+/// goes alone): the coordinator bounds what one message's records make.
+#[test]
+fn framed_batches_carry_a_bounded_share_of_records() {
+    use futures::StreamExt;
+    use troupe::distributed::outbox::{self, MAX_FRAMED_RECORDS, Outbox};
+    use troupe::distributed::wire::{Report, report_subject};
+    use troupe::runtime::events::{Event, EventName, FieldValue, Relaying};
+
+    let Some(bin) = nats_server() else { return };
+    // Messages of up to 8 MiB: what bounds a batch here is its records.
+    let conf = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(conf.path(), "max_payload: 8388608\n").unwrap();
+    let server = Server::spawn(
+        &bin,
+        &["-c".into(), conf.path().display().to_string()],
+        "Server is ready",
+    );
+    let args = nats_args(&server.url());
+    let counts = actix::System::new().block_on(async move {
+        let nats = args.connect("framed test").await.unwrap();
+        assert!(nats.message_budget() > 4 * MAX_FRAMED_RECORDS);
+        let stream = nats.reports().await.unwrap();
+        let outbox = Outbox::start(nats.clone(), "w1");
+        let task = sample_task(2);
+        // Each report's records a little over a third of the share.
+        let text: std::sync::Arc<str> = "y".repeat(MAX_FRAMED_RECORDS / 3 + 1).into();
+        let records = || {
+            let mut relaying = Relaying::default();
+            relaying.push(
+                &Event::new(EventName::StageCancelled, "run-1")
+                    .stage("worker", "run-1/worker#0/1")
+                    .with("reason", FieldValue::Text(std::sync::Arc::clone(&text))),
+            );
+            relaying.into_bytes()
+        };
+        let report = Report::Cancelled {
+            stage_execution_id: "run-1/worker#0/1".to_owned(),
+            turn: 2,
+            unit: 0,
+            worker: "w1".to_owned(),
+            usage: Default::default(),
+            events: Vec::new(),
+        };
+        let stored = futures::future::join_all(
+            (0..5).map(|_| outbox.send_relayed(&task, &report, records())),
+        )
+        .await;
+        assert!(stored.iter().all(|s| *s), "{stored:?}");
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::Config {
+                filter_subject: report_subject("run-1"),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut batch = consumer
+            .fetch()
+            .max_messages(10)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .unwrap();
+        let mut counts = Vec::new();
+        while let Some(Ok(msg)) = batch.next().await {
+            let reports: Vec<Report> = outbox::decode(&msg.payload)
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            for r in &reports {
+                let Report::Cancelled { events, .. } = r else {
+                    panic!("{r:?}");
+                };
+                assert_eq!(events.len(), 1, "its event, read from its records");
+            }
+            counts.push(reports.len());
+        }
+        counts
+    });
+    // Five reports of a third of the share each: at most two a message.
+    assert_eq!(counts.iter().sum::<usize>(), 5, "{counts:?}");
+    assert!(counts.iter().all(|n| *n <= 2), "{counts:?}");
+}
+
 #[test]
 fn a_group_context_past_the_servers_message_limit_is_stored_in_parts() {
     let Some(bin) = nats_server() else { return };
@@ -786,20 +871,15 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
         // ran longer than KEPT_IDLE does not cost the next one a read.
         whole(5).await.unwrap();
         whole(6).await.unwrap();
-        let now = std::time::Instant::now();
-        let asked = now.checked_sub(KEPT_IDLE * 2).unwrap_or(now);
+        let asked = std::time::Instant::now();
         drop(buckets.context_at(&task(5), asked).await.unwrap());
         assert_eq!(buckets.loads(), 7);
-        buckets.touch(&task(5));
-        buckets
-            .context_at(&task(6), now + KEPT_IDLE / 2)
-            .await
-            .unwrap();
+        let let_go = asked + KEPT_IDLE * 2;
+        buckets.touch_at(&task(5), let_go);
+        let soon = let_go + KEPT_IDLE / 2;
+        buckets.context_at(&task(6), soon).await.unwrap();
         assert_eq!(buckets.loads(), 8);
-        buckets
-            .context_at(&task(5), now + KEPT_IDLE / 2)
-            .await
-            .unwrap();
+        buckets.context_at(&task(5), soon).await.unwrap();
         assert_eq!(buckets.loads(), 8, "let go of lately: kept");
     });
 }

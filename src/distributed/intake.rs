@@ -169,10 +169,15 @@ impl Buckets {
     /// A task of the group let go of its context: the context is idle from
     /// now (if no other task holds it).
     pub fn touch(&self, task: &Task) {
+        self.touch_at(task, Instant::now());
+    }
+
+    /// [`Buckets::touch`] at `now`.
+    pub fn touch_at(&self, task: &Task, now: Instant) {
         let key = group_key(&task.run_id, task.turn);
         let mut known = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, used)) = known.get_mut(&key) {
-            *used = Instant::now();
+            *used = now;
         }
     }
 

@@ -37,6 +37,13 @@ use crate::runtime::events::{Event, RelayBudget};
 /// The most reports in one batch.
 pub const MAX_REPORTS: usize = 512;
 
+/// The most relayed records one framed batch carries (one report with
+/// more goes alone): what they make is bounded on the coordinator for the
+/// whole message (`RelayBudget`, 64 MiB counted with what reading holds,
+/// up to about fifty times the records of an execution's smallest
+/// events), and a batch this size stays well inside it.
+pub const MAX_FRAMED_RECORDS: usize = 512 << 10;
+
 /// The smallest batch sent compressed: below it (a lone `Accepted`) the
 /// saving is a few bytes and the frame's own cost is not worth it.
 pub const COMPRESS_FROM: usize = 1024;
@@ -150,6 +157,7 @@ async fn publish_batches(nats: Nats, mut rx: mpsc::UnboundedReceiver<Outgoing>, 
             false => o.body.len() + 1,
         };
         let mut size = weight(&first) + FRAMED.len();
+        let mut records = first.records.len();
         let mut batch = vec![first];
         while batch.len() < MAX_REPORTS {
             let Some(next) = rx.try_recv().ok() else {
@@ -157,10 +165,15 @@ async fn publish_batches(nats: Nats, mut rx: mpsc::UnboundedReceiver<Outgoing>, 
             };
             // Another run's report, or one that would make the batch too
             // heavy, starts the next batch.
-            if next.run_id != run_id || next.framed != framed || size + weight(&next) > max_bytes {
+            if next.run_id != run_id
+                || next.framed != framed
+                || size + weight(&next) > max_bytes
+                || records + next.records.len() > MAX_FRAMED_RECORDS
+            {
                 held = Some(next);
                 break;
             }
+            records += next.records.len();
             size += weight(&next);
             batch.push(next);
         }
