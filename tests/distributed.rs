@@ -548,9 +548,8 @@ fn distributed_siblings_continue_the_runs_trace() {
 /// sends are queued before the outbox's task can run, on one thread.)
 #[test]
 fn reports_sent_together_travel_as_one_message_in_order() {
-    use futures::StreamExt;
     use troupe::distributed::outbox::{self, Outbox};
-    use troupe::distributed::wire::{Report, Task, report_subject};
+    use troupe::distributed::wire::{Report, Task};
 
     let Some(bin) = nats_server() else { return };
     let server = Server::start(&bin);
@@ -590,26 +589,11 @@ fn reports_sent_together_travel_as_one_message_in_order() {
         let stored = futures::future::join_all(more.iter().map(|r| outbox.send(&older, r))).await;
         assert!(stored.iter().all(|s| *s), "{stored:?}");
         sent.extend(more);
-        let consumer = stream
-            .create_consumer(async_nats::jetstream::consumer::pull::Config {
-                filter_subject: report_subject("run-1"),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let mut batch = consumer
-            .fetch()
-            .max_messages(10)
-            .expires(Duration::from_millis(500))
-            .messages()
-            .await
-            .unwrap();
         let mut messages = Vec::new();
-        while let Some(Ok(msg)) = batch.next().await {
-            let reports: Result<Vec<Report>, _> =
-                outbox::decode(&msg.payload).into_iter().collect();
-            let zstd = msg.payload.starts_with(&[0x28, 0xB5, 0x2F, 0xFD]);
-            messages.push((reports.unwrap(), zstd, msg.payload.len()));
+        for payload in report_payloads(&stream, "run-1").await {
+            let reports: Result<Vec<Report>, _> = outbox::decode(&payload).into_iter().collect();
+            let zstd = payload.starts_with(&[0x28, 0xB5, 0x2F, 0xFD]);
+            messages.push((reports.unwrap(), zstd, payload.len()));
         }
         (messages, sent)
     });
@@ -631,9 +615,8 @@ fn reports_sent_together_travel_as_one_message_in_order() {
 /// goes alone): the coordinator bounds what one message's records make.
 #[test]
 fn framed_batches_carry_a_bounded_share_of_records() {
-    use futures::StreamExt;
     use troupe::distributed::outbox::{self, MAX_FRAMED_RECORDS, Outbox};
-    use troupe::distributed::wire::{Report, report_subject};
+    use troupe::distributed::wire::Report;
     use troupe::runtime::events::{Event, EventName, FieldValue, Relaying};
 
     let Some(bin) = nats_server() else { return };
@@ -676,23 +659,9 @@ fn framed_batches_carry_a_bounded_share_of_records() {
         )
         .await;
         assert!(stored.iter().all(|s| *s), "{stored:?}");
-        let consumer = stream
-            .create_consumer(async_nats::jetstream::consumer::pull::Config {
-                filter_subject: report_subject("run-1"),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let mut batch = consumer
-            .fetch()
-            .max_messages(10)
-            .expires(Duration::from_millis(500))
-            .messages()
-            .await
-            .unwrap();
         let mut counts = Vec::new();
-        while let Some(Ok(msg)) = batch.next().await {
-            let reports: Vec<Report> = outbox::decode(&msg.payload)
+        for payload in report_payloads(&stream, "run-1").await {
+            let reports: Vec<Report> = outbox::decode(&payload)
                 .into_iter()
                 .map(Result::unwrap)
                 .collect();

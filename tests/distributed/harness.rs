@@ -310,6 +310,34 @@ pub fn sample_task(turn: u64) -> troupe::distributed::wire::Task {
     }
 }
 
+/// The payloads of run `run`'s report messages on the server, in the
+/// order they were stored (up to ten, as one fetch gets them).
+pub async fn report_payloads(
+    stream: &async_nats::jetstream::stream::Stream,
+    run: &str,
+) -> Vec<Vec<u8>> {
+    use futures::StreamExt;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            filter_subject: troupe::distributed::wire::report_subject(run),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(10)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await
+        .unwrap();
+    let mut payloads = Vec::new();
+    while let Some(Ok(msg)) = batch.next().await {
+        payloads.push(msg.payload.to_vec());
+    }
+    payloads
+}
+
 /// The connection flags a `troupe` command would take for `url`, for a
 /// test that talks to the server itself.
 pub fn nats_args(url: &str) -> troupe::distributed::NatsArgs {
