@@ -1,7 +1,9 @@
-//! Tasks that travel together on a real `nats-server`: a message of the
-//! task queue holds the siblings the scheduler spawned together, a worker
-//! takes from it only what its free slots can run and puts the rest back
-//! on the queue, and a message is answered once, when its last task is.
+//! Tasks and reports that travel together on a real `nats-server`: a
+//! message of the task queue holds the siblings the scheduler spawned
+//! together, a worker takes from it only what its free slots can run and
+//! puts the rest back on the queue, and a message is answered once, when
+//! its last task is; a worker's reports go in batches, in order, framed
+//! with their events' records for a coordinator that reads them.
 //!
 //! The server comes from `TROUPE_NATS_SERVER` or `nats-server` on PATH
 //! (see `distributed.rs`). Nothing here sleeps to let something happen.
@@ -452,4 +454,142 @@ fn a_message_put_back_twice_on_one_delivery_writes_both_down() {
             "only the task taken runs again"
         );
     });
+}
+
+/// A worker's reports sent at the same moment travel as one message, in
+/// the order they were sent; a report too heavy to share a message goes
+/// alone, and what follows it starts the next batch. (Deterministic: the
+/// sends are queued before the outbox's task can run, on one thread.)
+#[test]
+fn reports_sent_together_travel_as_one_message_in_order() {
+    use troupe::distributed::outbox::{self, Outbox};
+    use troupe::distributed::wire::{Report, Task};
+
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let args = nats_args(&server.url());
+    let accepted = |unit: usize| Report::Accepted {
+        stage_execution_id: format!("run-1/worker#{unit}/1"),
+        turn: 2,
+        unit,
+        worker: "w1".to_owned(),
+    };
+    let heavy = Report::Refused {
+        stage_execution_id: "run-1/worker#100/1".to_owned(),
+        turn: 2,
+        unit: 100,
+        worker: "w1".to_owned(),
+        code: "Distributed/PipelineMismatch".to_owned(),
+        message: "x".repeat(600 * 1024),
+    };
+    let mut sent: Vec<Report> = (0..100).map(accepted).collect();
+    sent.push(heavy);
+    sent.push(accepted(101));
+    let messages = actix::System::new().block_on(async move {
+        let nats = args.connect("outbox test").await.unwrap();
+        let stream = nats.reports().await.unwrap();
+        let outbox = Outbox::start(nats.clone(), "w1");
+        // From a coordinator that reads compressed batches.
+        let task = sample_task(2);
+        let stored = futures::future::join_all(sent.iter().map(|r| outbox.send(&task, r))).await;
+        assert!(stored.iter().all(|s| *s), "{stored:?}");
+        // From an older coordinator, whose tasks do not say it: plain.
+        let older = Task {
+            zstd_reports: false,
+            relay_records: false,
+            ..task
+        };
+        let more: Vec<Report> = (200..220).map(accepted).collect();
+        let stored = futures::future::join_all(more.iter().map(|r| outbox.send(&older, r))).await;
+        assert!(stored.iter().all(|s| *s), "{stored:?}");
+        sent.extend(more);
+        let mut messages = Vec::new();
+        for payload in report_payloads(&stream, "run-1").await {
+            let reports: Result<Vec<Report>, _> = outbox::decode(&payload).into_iter().collect();
+            let zstd = payload.starts_with(&[0x28, 0xB5, 0x2F, 0xFD]);
+            messages.push((reports.unwrap(), zstd, payload.len()));
+        }
+        (messages, sent)
+    });
+    let (messages, sent) = messages;
+    let sizes: Vec<usize> = messages.iter().map(|m| m.0.len()).collect();
+    assert_eq!(sizes, vec![100, 1, 1, 20], "batches");
+    // The two large batches went compressed (the 600 KiB one in a few
+    // KiB); the lone small report as it is, and the older coordinator's
+    // batch as JSON.
+    let zstd: Vec<bool> = messages.iter().map(|m| m.1).collect();
+    assert_eq!(zstd, vec![true, true, false, false], "compressed");
+    assert!(messages[1].2 < 4096, "{} bytes", messages[1].2);
+    let reports: Vec<Report> = messages.into_iter().flat_map(|m| m.0).collect();
+    assert_eq!(reports, sent, "every report, in order");
+}
+
+/// Reports whose events travel as records go framed, and a framed batch
+/// carries at most `MAX_FRAMED_RECORDS` of records (a report with more
+/// goes alone): the coordinator bounds what one message's records make.
+#[test]
+fn framed_batches_carry_a_bounded_share_of_records() {
+    use troupe::distributed::outbox::{self, MAX_FRAMED_RECORDS, Outbox};
+    use troupe::distributed::wire::Report;
+    use troupe::runtime::events::{Event, EventName, FieldValue, Relaying};
+
+    let Some(bin) = nats_server() else { return };
+    // Messages of up to 8 MiB: what bounds a batch here is its records.
+    let conf = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(conf.path(), "max_payload: 8388608\n").unwrap();
+    let server = Server::spawn(
+        &bin,
+        &["-c".into(), conf.path().display().to_string()],
+        "Server is ready",
+    );
+    let args = nats_args(&server.url());
+    let counts = actix::System::new().block_on(async move {
+        let nats = args.connect("framed test").await.unwrap();
+        assert!(nats.message_budget() > 4 * MAX_FRAMED_RECORDS);
+        let stream = nats.reports().await.unwrap();
+        let outbox = Outbox::start(nats.clone(), "w1");
+        let task = sample_task(2);
+        // Each report's records a little over a third of the share.
+        let text: std::sync::Arc<str> = "y".repeat(MAX_FRAMED_RECORDS / 3 + 1).into();
+        let records = || {
+            let mut relaying = Relaying::default();
+            relaying.push(
+                &Event::new(EventName::StageCancelled, "run-1")
+                    .stage("worker", "run-1/worker#0/1")
+                    .with("reason", FieldValue::Text(std::sync::Arc::clone(&text))),
+            );
+            relaying.into_bytes()
+        };
+        let report = Report::Cancelled {
+            stage_execution_id: "run-1/worker#0/1".to_owned(),
+            turn: 2,
+            unit: 0,
+            worker: "w1".to_owned(),
+            usage: Default::default(),
+            events: Vec::new(),
+        };
+        let stored = futures::future::join_all(
+            (0..5).map(|_| outbox.send_relayed(&task, &report, records())),
+        )
+        .await;
+        assert!(stored.iter().all(|s| *s), "{stored:?}");
+        let mut counts = Vec::new();
+        for payload in report_payloads(&stream, "run-1").await {
+            let reports: Vec<Report> = outbox::decode(&payload)
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            for r in &reports {
+                let Report::Cancelled { events, .. } = r else {
+                    panic!("{r:?}");
+                };
+                assert_eq!(events.len(), 1, "its event, read from its records");
+            }
+            counts.push(reports.len());
+        }
+        counts
+    });
+    // Five reports of a third of the share each: at most two a message.
+    assert_eq!(counts.iter().sum::<usize>(), 5, "{counts:?}");
+    assert!(counts.iter().all(|n| *n <= 2), "{counts:?}");
 }
