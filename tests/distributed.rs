@@ -715,5 +715,12 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
         assert_eq!(buckets.loads(), 8);
         buckets.context_at(&task(5), soon).await.unwrap();
         assert_eq!(buckets.loads(), 8, "let go of lately: kept");
+        // An idle worker's look lets go of the same, with no new group.
+        buckets.forget_idle(soon + KEPT_IDLE);
+        buckets
+            .context_at(&task(5), soon + KEPT_IDLE)
+            .await
+            .unwrap();
+        assert_eq!(buckets.loads(), 9, "let go while idle, read again");
     });
 }

@@ -47,13 +47,14 @@ pub const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// How long a worker keeps a group's context, and its executor for a run,
 /// once no task of it is in flight and none started or ended: let go
-/// when the next new group is asked for or the next task starts. A
+/// when the next new group is asked for, the next task starts, or the
+/// worker next looks. A
 /// context holds the run's fields, a fan-out's items among them: a worker
 /// that served run after run kept each for ten minutes (a 20 000-wide
 /// `fanout` run's, 3 to 5 MB, BENCHMARKS.md "Every core, eighteenth
 /// round"). A context let go is read from the bucket again if a task of
-/// its group comes later. A worker that goes idle keeps the last ones
-/// until its next task.
+/// its group comes later. A worker with no task to start looks every
+/// `KEPT_IDLE` as well.
 pub const KEPT_IDLE: Duration = Duration::from_secs(30);
 
 /// The `--task-log` line of a settled task: what was reported and
@@ -144,11 +145,7 @@ impl Buckets {
         let cell = {
             let mut known = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
             if !known.contains_key(&key) {
-                known.retain(|_, (cell, used)| match cell.get() {
-                    None => true,
-                    Some(Ok(held)) if Arc::strong_count(held) > 1 => true,
-                    Some(_) => now.saturating_duration_since(*used) < KEPT_IDLE,
-                });
+                forget_idle(&mut known, now);
             }
             let (cell, used) = known
                 .entry(key.clone())
@@ -164,6 +161,16 @@ impl Buckets {
             }
         }
         read
+    }
+
+    /// Lets go of the contexts idle at `now` (see [`Buckets::context_at`]):
+    /// what an idle worker does every [`KEPT_IDLE`], so that it does not
+    /// keep its last runs' until its next task.
+    pub fn forget_idle(&self, now: Instant) {
+        forget_idle(
+            &mut self.contexts.lock().unwrap_or_else(|e| e.into_inner()),
+            now,
+        );
     }
 
     /// A task of the group let go of its context: the context is idle from
@@ -237,6 +244,16 @@ impl Buckets {
         }
         parts.assemble(&read)
     }
+}
+
+/// Lets go of the contexts no task holds that no task asked for or let
+/// go of in [`KEPT_IDLE`] (one being read is kept).
+fn forget_idle(known: &mut HashMap<String, (Context, Instant)>, now: Instant) {
+    known.retain(|_, (cell, used)| match cell.get() {
+        None => true,
+        Some(Ok(held)) if Arc::strong_count(held) > 1 => true,
+        Some(_) => now.saturating_duration_since(*used) < KEPT_IDLE,
+    });
 }
 
 /// A delivered task and what answering it needs.

@@ -449,6 +449,12 @@ impl Actor for WorkerHost {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(4096);
+        // An idle worker lets go of its last runs too.
+        ctx.run_interval(KEPT_IDLE, |host, _| {
+            let now = Instant::now();
+            host.buckets.forget_idle(now);
+            host.forget_idle_executors(now);
+        });
     }
 }
 
@@ -466,13 +472,19 @@ impl WorkerHost {
         }
     }
 
-    fn executor(&mut self, task: &Task, ctx: &mut Context<Self>) -> Option<&mut LocalExecutor> {
-        let now = Instant::now();
+    /// Lets go of the executors of runs with no sibling in flight that
+    /// none started or ended in [`KEPT_IDLE`].
+    fn forget_idle_executors(&mut self, now: Instant) {
         let in_flight = &self.in_flight;
         self.executors.retain(|run, (_, used)| {
-            now.duration_since(*used) < KEPT_IDLE
+            now.saturating_duration_since(*used) < KEPT_IDLE
                 || in_flight.values().any(|f| &f.task.run_id == run)
         });
+    }
+
+    fn executor(&mut self, task: &Task, ctx: &mut Context<Self>) -> Option<&mut LocalExecutor> {
+        let now = Instant::now();
+        self.forget_idle_executors(now);
         if !self.executors.contains_key(&task.run_id) {
             let served = self.config.pipelines.get(&task.pipeline_id)?;
             // The run's fields reach each sibling with its context; the
