@@ -367,16 +367,11 @@ impl EventLine {
     pub fn written(event: &Event) -> Option<EventLine> {
         let mut line = Vec::with_capacity(512);
         event.write_json(0, &mut line);
-        let text = String::from_utf8(line).ok()?;
-        debug_assert!(
-            serde_json::from_str::<&RawValue>(&text).is_ok(),
-            "not JSON: {text}"
-        );
-        Some(EventLine::Line(Encoded(text.into_boxed_str())))
+        String::from_utf8(line).ok().map(EventLine::written_line)
     }
 
-    /// A line the log's record reader wrote for a worker's event (the
-    /// bytes [`EventLine::written`] writes), serialized as it stands.
+    /// A line the event encoder wrote, or the log's record reader for a
+    /// worker's event (the same bytes), serialized as it stands.
     pub fn written_line(text: String) -> EventLine {
         debug_assert!(
             serde_json::from_str::<&RawValue>(&text).is_ok(),
@@ -459,14 +454,24 @@ pub fn line_by_line<T>(read: impl FnOnce() -> T) -> T {
 }
 
 impl PartialEq for EventLine {
-    /// The same event, however each side holds it.
+    /// The same event, however each side holds it: the same line written
+    /// (an event read from records keeps its fields as values, one read
+    /// from a line as text; both write the line it was sent as).
     fn eq(&self, other: &Self) -> bool {
+        /// The line an event read back writes (`seq` 0, as sent).
+        fn line(event: &Option<Event>) -> Option<Vec<u8>> {
+            event.as_ref().map(|e| {
+                let mut out = Vec::new();
+                e.write_json(0, &mut out);
+                out
+            })
+        }
         match (self, other) {
             (EventLine::Line(a), EventLine::Line(b)) => a == b,
-            (EventLine::Read(a), EventLine::Read(b)) => a == b,
-            (EventLine::Line(line), EventLine::Read(event))
-            | (EventLine::Read(event), EventLine::Line(line)) => {
-                Event::from_line(line.as_str()) == *event
+            (EventLine::Read(a), EventLine::Read(b)) => line(a) == line(b),
+            (EventLine::Line(text), EventLine::Read(event))
+            | (EventLine::Read(event), EventLine::Line(text)) => {
+                line(&Event::from_line(text.as_str())) == line(event)
             }
         }
     }

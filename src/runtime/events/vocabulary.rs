@@ -98,47 +98,11 @@ impl EventName {
     ];
 
     /// The name of an event read back (a worker's events); `None` for a
-    /// name this troupe does not emit. A match, not a search of
-    /// [`EventName::ALL`]: a coordinator reads a name for every event a
-    /// worker relays.
+    /// name this troupe does not emit. A search: a coordinator reads each
+    /// name once an execution (`events::relay` keeps it with the string),
+    /// and lines only from a worker older than records.
     pub fn parse(name: &str) -> Option<EventName> {
-        use EventName::*;
-        Some(match name {
-            "WorkflowStarted" => WorkflowStarted,
-            "WorkflowResumed" => WorkflowResumed,
-            "WorkflowExit" => WorkflowExit,
-            "SessionTurnStart" => SessionTurnStart,
-            "SessionTurnEnd" => SessionTurnEnd,
-            "StageEntered" => StageEntered,
-            "StagePreFired" => StagePreFired,
-            "StagePostFired" => StagePostFired,
-            "StageCheckGateResult" => StageCheckGateResult,
-            "StageAssertOutcome" => StageAssertOutcome,
-            "StageGranted" => StageGranted,
-            "StageCancelled" => StageCancelled,
-            "StageExited" => StageExited,
-            "StageInitFailed" => StageInitFailed,
-            "ParallelSiblingFailure" => ParallelSiblingFailure,
-            "HookInvoked" => HookInvoked,
-            "ToolInvocationProposed" => ToolInvocationProposed,
-            "ToolInvocationStarted" => ToolInvocationStarted,
-            "ToolInvocationSucceeded" => ToolInvocationSucceeded,
-            "ToolInvocationFailed" => ToolInvocationFailed,
-            "ToolInvocationCancelled" => ToolInvocationCancelled,
-            "ToolCallApproved" => ToolCallApproved,
-            "ToolCallDenied" => ToolCallDenied,
-            "ToolCallModeInvoked" => ToolCallModeInvoked,
-            "InteractionRaised" => InteractionRaised,
-            "InteractionAnswered" => InteractionAnswered,
-            "ProviderRequestStarted" => ProviderRequestStarted,
-            "ProviderRequestCompleted" => ProviderRequestCompleted,
-            "ProviderRequestFailed" => ProviderRequestFailed,
-            "ProviderNotice" => ProviderNotice,
-            "SiblingRedelivered" => SiblingRedelivered,
-            "Token" => Token,
-            "Progress" => Progress,
-            _ => return None,
-        })
+        EventName::ALL.into_iter().find(|n| n.as_str() == name)
     }
 
     pub fn as_str(self) -> &'static str {
