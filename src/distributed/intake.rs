@@ -48,13 +48,12 @@ pub const FORGET_AFTER: Duration = Duration::from_secs(600);
 /// How long a worker keeps a group's context, and its executor for a run,
 /// once no task of it is in flight and none started or ended: let go
 /// when the next new group is asked for, the next task starts, or the
-/// worker next looks. A
-/// context holds the run's fields, a fan-out's items among them: a worker
-/// that served run after run kept each for ten minutes (a 20 000-wide
-/// `fanout` run's, 3 to 5 MB, BENCHMARKS.md "Every core, eighteenth
-/// round"). A context let go is read from the bucket again if a task of
-/// its group comes later. A worker with no task to start looks every
-/// `KEPT_IDLE` as well.
+/// worker next looks (every `KEPT_IDLE`, busy or not). A context holds
+/// the run's fields, a fan-out's items among them: a worker that served
+/// run after run kept each for ten minutes (a 20 000-wide `fanout` run's,
+/// 3 to 5 MB, BENCHMARKS.md "Every core, eighteenth round"). A context
+/// let go is read from the bucket again if a task of its group comes
+/// later.
 pub const KEPT_IDLE: Duration = Duration::from_secs(30);
 
 /// The `--task-log` line of a settled task: what was reported and
