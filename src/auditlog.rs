@@ -33,6 +33,7 @@
 //! `audit.jsonl`; every reader here reads those too ([`in_dir`] finds
 //! whichever is there), and a resumed run appends in its log's format.
 
+mod blocks;
 pub(crate) mod clock;
 mod decode;
 mod error;

@@ -5,8 +5,9 @@
 //! killed run's log; and the same bytes as a segment's binary
 //! records, which zstd frames the fuzzer makes rarely reach. A file troupe
 //! did not write must give a typed error or whole lines, never a panic;
-//! both feeds must agree; and no call hands out more than the decoder's
-//! bound and a line, however many lines a few bytes make.
+//! both feeds must agree, on the lines before a fault too; and no call
+//! hands out more than the decoder's bound and a line, however many lines
+//! a few bytes make.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -17,16 +18,23 @@ use troupe::auditlog::{AuditFault, LINES_AT_ONCE, LogDecoder, LogEnd};
 /// a time, and reading them all would only take time.
 const READ_AT_MOST: usize = 64 << 20;
 
+/// What a feed came to: the lines handed out, then the end or the fault.
+type Decoded = (Vec<u8>, Result<LogEnd, AuditFault>);
+
 /// Feeds `pieces` in turn, each call's lines checked against the bound;
-/// the lines and the end, or `None` once [`READ_AT_MOST`] was passed.
-fn decoded(pieces: &[&[u8]]) -> Result<Option<(Vec<u8>, LogEnd)>, AuditFault> {
+/// the lines and the end or the fault, or `None` once [`READ_AT_MOST`]
+/// was passed.
+fn decoded(pieces: &[&[u8]]) -> Option<Decoded> {
     let mut d = LogDecoder::compact();
     let mut out = Vec::new();
     for piece in pieces {
         let mut rest = *piece;
         loop {
             let before = out.len();
-            let taken = d.feed(rest, &mut out)?;
+            let taken = match d.feed(rest, &mut out) {
+                Ok(taken) => taken,
+                Err(fault) => return Some((out, Err(fault))),
+            };
             rest = &rest[taken..];
             // What one call added, less its last line, is under the bound.
             let added = &out[before..];
@@ -36,14 +44,15 @@ fn decoded(pieces: &[&[u8]]) -> Result<Option<(Vec<u8>, LogEnd)>, AuditFault> {
                 .map_or(0, |at| at + 1);
             assert!(last < LINES_AT_ONCE, "{last} bytes before the last line");
             if out.len() > READ_AT_MOST {
-                return Ok(None);
+                return None;
             }
             if rest.is_empty() && !d.more() {
                 break;
             }
         }
     }
-    Ok(Some((out, d.end())))
+    let end = d.end();
+    Some((out, Ok(end)))
 }
 
 /// How the log at `path` ends, read as `resume` reads it, unless it is
@@ -77,10 +86,19 @@ fuzz_target!(|data: &[u8]| {
     let whole = decoded(&[input]);
     let at = (split as usize * input.len()) / 256;
     let pieces = decoded(&[&input[..at], &input[at..]]);
-    if let (Ok(Some(a)), Ok(Some(b))) = (&whole, &pieces) {
-        assert_eq!(a, b, "the same bytes in two pieces decode the same");
+    // The same bytes in two pieces decode the same: the same lines, then
+    // the same end or a fault alike (damaged or not, zstd is given a
+    // block at a time, so where a piece ends cannot move the lines before
+    // a fault).
+    if let (Some((a, a_end)), Some((b, b_end))) = (&whole, &pieces) {
+        assert_eq!(a, b, "the same lines however the bytes arrive");
+        match (a_end, b_end) {
+            (Ok(a_end), Ok(b_end)) => assert_eq!(a_end, b_end),
+            (Err(_), Err(_)) => {}
+            _ => panic!("one feed ends, the other fails: {a_end:?}, {b_end:?}"),
+        }
     }
-    if let Ok(Some((lines, _))) = &whole {
+    if let Some((lines, Ok(_))) = &whole {
         assert!(lines.is_empty() || lines.ends_with(b"\n"));
     }
     // The segment walk (`runs tail`) reads the same bytes as a file: an

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use zstd::stream::raw::{DParameter, Decoder, InBuffer, Operation, OutBuffer};
 
+use super::blocks::Blocks;
 use super::error::{AuditError, Fault};
 use super::records::{MAX_RECORD, RecordReader};
 use super::write::{FORMAT, FORMAT_LINES, HEADER_MAGIC, HEADER_TAG};
@@ -42,7 +43,8 @@ impl LogEnd {
 enum Stage {
     /// Collecting the header's bytes.
     Header(Vec<u8>),
-    Frames(Box<Decoder<'static>>),
+    /// zstd frames, given to the decoder a block at a time ([`Blocks`]).
+    Frames(Box<Decoder<'static>>, Blocks),
     Plain,
 }
 
@@ -143,7 +145,8 @@ impl LogDecoder {
     /// of [`super::segment_starts`]), its header read elsewhere; handing
     /// out records as they are when `raw` (to write them again).
     pub(super) fn segments_at(at: u64, format: u32, raw: bool) -> Result<LogDecoder, AuditFault> {
-        let mut decoder = LogDecoder::at(Stage::Frames(Box::new(frames().map_err(AuditFault)?)));
+        let decoder = Box::new(frames().map_err(AuditFault)?);
+        let mut decoder = LogDecoder::at(Stage::Frames(decoder, Blocks::default()));
         decoder.fed = at;
         decoder.keep = at;
         decoder.content = Content::of(format, raw);
@@ -194,7 +197,7 @@ impl LogDecoder {
                 self.keep = self.fed - self.partial.len() as u64;
                 rest.len()
             }
-            Stage::Frames(_) => self.frames(rest, lines, until)?,
+            Stage::Frames(..) => self.frames(rest, lines, until)?,
         };
         Ok(header + taken)
     }
@@ -234,7 +237,8 @@ impl LogDecoder {
                 let format = check_header(head).map_err(AuditFault)?;
                 self.content = Content::of(format, false);
                 self.keep = need as u64;
-                self.stage = Stage::Frames(Box::new(frames().map_err(AuditFault)?));
+                let decoder = Box::new(frames().map_err(AuditFault)?);
+                self.stage = Stage::Frames(decoder, Blocks::default());
                 break;
             }
             let take = (need - head.len()).min(bytes.len());
@@ -261,7 +265,7 @@ impl LogDecoder {
         lines: &mut Vec<u8>,
         until: usize,
     ) -> Result<usize, AuditFault> {
-        let Stage::Frames(decoder) = &mut self.stage else {
+        let Stage::Frames(decoder, blocks) = &mut self.stage else {
             return Ok(0);
         };
         let given = bytes.len();
@@ -311,13 +315,22 @@ impl LogDecoder {
             if bytes.is_empty() && !self.flushing {
                 return Ok(given);
             }
-            let mut input = InBuffer::around(bytes);
+            // Through the end of one block at a time, and nothing new while
+            // zstd still holds output: a call that fails then loses only
+            // what its own block made, which is damaged (see `blocks`).
+            let offer = if self.flushing {
+                0
+            } else {
+                blocks.offer(bytes)
+            };
+            let mut input = InBuffer::around(&bytes[..offer]);
             let mut output = OutBuffer::around(&mut self.scratch[..]);
             // On an error zstd does not say how far it read: the fault is
             // somewhere in the piece fed.
-            let piece = bytes.len();
+            let piece = offer;
             let run = decoder.run(&mut input, &mut output);
             let (used, produced) = (input.pos(), output.pos());
+            blocks.took(&bytes[..used]);
             self.partial.extend_from_slice(&self.scratch[..produced]);
             let hint = match run {
                 Ok(hint) => hint,
@@ -340,7 +353,7 @@ impl LogDecoder {
             // out, even into an output just filled.
             self.segment_ended = hint == 0;
             self.flushing = hint != 0 && produced == self.scratch.len();
-            if used == 0 && produced == 0 && hint != 0 && !bytes.is_empty() {
+            if used == 0 && produced == 0 && hint != 0 && offer > 0 {
                 // No progress with input left: cannot happen with a sane
                 // decoder; do not spin.
                 self.fault = Some(Fault::Corrupt {

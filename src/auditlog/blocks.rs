@@ -1,0 +1,288 @@
+//! Where the zstd blocks of a log's frames end, so that the decoder hands
+//! zstd one block at a time.
+//!
+//! zstd does not say how far into what it was given it failed, and on a
+//! failure it hands out nothing it decoded in that call. Given a block
+//! that decodes and then a damaged one in the same call, it would lose
+//! the good block's lines too, and which lines come before the damage
+//! would depend on how the file was read in pieces (`runs export`,
+//! `resume` and `runs tail` read differently). Fed through the end of one
+//! block at a time, a call fails only on its own block: every line of
+//! the blocks before the damage comes out, however the bytes arrive.
+//!
+//! The walk reads only the frames' headers (RFC 8878): a frame's header,
+//! each block's three-byte header and length, the checksum after the last
+//! block, and skippable frames whole. What it cannot read (a foreign
+//! magic number) it leaves to zstd, which refuses it; from there on it
+//! offers everything, as before.
+
+/// A zstd frame's magic number, little-endian.
+const ZSTD_MAGIC: u32 = 0xFD2F_B528;
+
+/// The longest frame header: magic, descriptor, window, dictionary id
+/// (4) and content size (8).
+const HEADER_MAX: usize = 18;
+
+/// Where the walk is in the frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum At {
+    /// A frame's header (or a skippable frame's magic and size).
+    Frame,
+    /// A skippable frame's content: this many bytes more.
+    Skip(u64),
+    /// A block's three-byte header.
+    Block,
+    /// A block's content: this many bytes more; the frame's last block.
+    Content { left: u32, last: bool },
+    /// The frame's checksum after its last block: this many bytes more.
+    Checksum(u8),
+    /// Bytes the walk cannot read: zstd refuses them.
+    Lost,
+}
+
+/// A walk through a log's frames, a byte at a time or faster.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Blocks {
+    at: At,
+    /// The header being read (a frame's, or a block's three bytes).
+    head: [u8; HEADER_MAX],
+    have: usize,
+    /// The frame being read ends in a checksum.
+    checksum: bool,
+}
+
+impl Default for Blocks {
+    fn default() -> Blocks {
+        Blocks {
+            at: At::Frame,
+            head: [0; HEADER_MAX],
+            have: 0,
+            checksum: false,
+        }
+    }
+}
+
+impl Blocks {
+    /// How many of `bytes` (what comes next) to give zstd at once: through
+    /// the end of the first block, checksum or skippable frame they end,
+    /// or all of them if none ends in them.
+    pub(super) fn offer(&self, bytes: &[u8]) -> usize {
+        let mut probe = *self;
+        probe.walk(bytes).unwrap_or(bytes.len())
+    }
+
+    /// Walks over `bytes`, which zstd took in.
+    pub(super) fn took(&mut self, mut bytes: &[u8]) {
+        while let Some(end) = self.walk(bytes) {
+            bytes = &bytes[end..];
+        }
+    }
+
+    /// Walks over `bytes` until a block, a checksum or a skippable frame
+    /// ends; returns how many bytes that took, `None` when they ran out
+    /// first (all of them walked).
+    fn walk(&mut self, bytes: &[u8]) -> Option<usize> {
+        let mut at = 0;
+        while at < bytes.len() {
+            match self.at {
+                At::Lost => return None,
+                At::Frame | At::Block => {
+                    self.head[self.have] = bytes[at];
+                    self.have += 1;
+                    at += 1;
+                    if self.headed() == Some(true) {
+                        return Some(at);
+                    }
+                }
+                At::Skip(left) => {
+                    let step = left.min((bytes.len() - at) as u64);
+                    at += step as usize;
+                    self.at = At::Skip(left - step);
+                    if left == step {
+                        self.at = At::Frame;
+                        return Some(at);
+                    }
+                }
+                At::Content { left, last } => {
+                    let step = (left as usize).min(bytes.len() - at);
+                    at += step;
+                    let left = left - step as u32;
+                    self.at = At::Content { left, last };
+                    if left == 0 {
+                        self.end_block(last);
+                        return Some(at);
+                    }
+                }
+                At::Checksum(left) => {
+                    let step = usize::from(left).min(bytes.len() - at);
+                    at += step;
+                    let left = left - step as u8;
+                    self.at = At::Checksum(left);
+                    if left == 0 {
+                        self.at = At::Frame;
+                        return Some(at);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// After a header byte: whether the header is whole and what follows
+    /// (`Some(true)` when that ended a block, an empty one), `None` while
+    /// it is not.
+    fn headed(&mut self) -> Option<bool> {
+        let head = &self.head[..self.have];
+        match self.at {
+            At::Frame => {
+                if head.len() < 4 {
+                    return None;
+                }
+                let magic = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+                if magic & 0xFFFF_FFF0 == 0x184D_2A50 {
+                    // A skippable frame: its size, then as many bytes.
+                    if head.len() < 8 {
+                        return None;
+                    }
+                    let size = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+                    self.have = 0;
+                    if size == 0 {
+                        return Some(true);
+                    }
+                    self.at = At::Skip(u64::from(size));
+                    return Some(false);
+                }
+                if magic != ZSTD_MAGIC {
+                    self.at = At::Lost;
+                    return Some(false);
+                }
+                let &descriptor = head.get(4)?;
+                if head.len() < frame_header_len(descriptor) {
+                    return None;
+                }
+                self.checksum = descriptor & 0b100 != 0;
+                self.have = 0;
+                self.at = At::Block;
+                Some(false)
+            }
+            At::Block => {
+                if head.len() < 3 {
+                    return None;
+                }
+                let header = u32::from_le_bytes([head[0], head[1], head[2], 0]);
+                self.have = 0;
+                let last = header & 1 != 0;
+                let size = header >> 3;
+                let left = match (header >> 1) & 0b11 {
+                    // Raw and compressed blocks hold their size; an RLE
+                    // block one byte; a reserved type zstd refuses.
+                    0 | 2 => size,
+                    1 => 1,
+                    _ => 0,
+                };
+                if left == 0 {
+                    self.end_block(last);
+                    return Some(true);
+                }
+                self.at = At::Content { left, last };
+                Some(false)
+            }
+            _ => None,
+        }
+    }
+
+    /// A block ended: the next block's header, or the frame's checksum,
+    /// or the next frame.
+    fn end_block(&mut self, last: bool) {
+        self.at = match (last, self.checksum) {
+            (false, _) => At::Block,
+            (true, true) => At::Checksum(4),
+            (true, false) => At::Frame,
+        };
+    }
+}
+
+/// A frame header's length from its descriptor (the byte after the
+/// magic number).
+fn frame_header_len(descriptor: u8) -> usize {
+    let single_segment = descriptor & 0b10_0000 != 0;
+    let window = usize::from(!single_segment);
+    let dictionary = [0, 1, 2, 4][usize::from(descriptor & 0b11)];
+    let content_size = match descriptor >> 6 {
+        0 => usize::from(single_segment),
+        1 => 2,
+        2 => 4,
+        _ => 8,
+    };
+    4 + 1 + window + dictionary + content_size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ends a walk finds in `bytes` fed in pieces of `piece`.
+    fn ends(bytes: &[u8], piece: usize) -> Vec<usize> {
+        let mut blocks = Blocks::default();
+        let mut found = Vec::new();
+        for (i, chunk) in bytes.chunks(piece).enumerate() {
+            let mut at = 0;
+            while let Some(n) = blocks.walk(&chunk[at..]) {
+                at += n;
+                found.push(i * piece + at);
+            }
+        }
+        found
+    }
+
+    /// Frames of several blocks, with and without a checksum, and a
+    /// skippable frame between: the walk ends where each block, checksum
+    /// and skippable frame ends, whatever the pieces, and zstd decodes the
+    /// bytes given to it through those ends with nothing held back.
+    #[test]
+    fn the_walk_ends_where_zstd_blocks_end() {
+        let text: Vec<u8> = (0..300_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        let mut bytes = Vec::new();
+        for checksum in [true, false] {
+            let mut encoder = zstd::stream::Encoder::new(Vec::new(), 1).expect("zstd");
+            encoder.include_checksum(checksum).expect("checksum");
+            std::io::Write::write_all(&mut encoder, &text).expect("write");
+            bytes.extend(encoder.finish().expect("finish"));
+            // A skippable frame of five bytes.
+            bytes.extend(0x184D_2A53u32.to_le_bytes());
+            bytes.extend(5u32.to_le_bytes());
+            bytes.extend(b"skip!");
+        }
+        let whole = ends(&bytes, bytes.len());
+        assert!(whole.len() >= 6, "several blocks: {whole:?}");
+        for piece in [1, 3, 1000, 65_536] {
+            assert_eq!(ends(&bytes, piece), whole, "pieces of {piece}");
+        }
+        // Each end is one zstd decodes up to in full.
+        let mut decoder = zstd::stream::raw::Decoder::new().expect("zstd");
+        let mut out = vec![0; 1 << 20];
+        let mut decoded = 0;
+        let mut from = 0;
+        for end in whole {
+            use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
+            let mut input = InBuffer::around(&bytes[from..end]);
+            let mut output = OutBuffer::around(&mut out[..]);
+            decoder.run(&mut input, &mut output).expect("decodes");
+            assert_eq!(input.pos(), end - from, "all taken");
+            decoded += output.pos();
+            from = end;
+        }
+        assert_eq!(decoded, 2 * text.len());
+    }
+
+    #[test]
+    fn a_foreign_magic_number_is_left_to_zstd() {
+        let mut blocks = Blocks::default();
+        let bytes = b"not a zstd frame at all";
+        assert_eq!(blocks.offer(bytes), bytes.len());
+        blocks.took(bytes);
+        assert_eq!(blocks.offer(b"more"), 4);
+    }
+}
