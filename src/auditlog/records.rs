@@ -446,6 +446,14 @@ impl RecordReader {
                 self.cut_short = true;
                 too_long(bytes).map_or(Ok(None), Err)
             }
+            // Something wrong inside a record these bytes do not hold whole
+            // is told once it is whole, as when it arrives in pieces (then
+            // only its frame is walked until it is): however the bytes
+            // come, a record cut short at the log's end is no damage.
+            Stop::Bad(_) if whole.is_none() && matches!(record_len(bytes), Err(Stop::More)) => {
+                self.cut_short = true;
+                too_long(bytes).map_or(Ok(None), Err)
+            }
             Stop::Bad(reason) => Err(reason),
         }
     }
