@@ -26,7 +26,9 @@ fn stdout(project: &Project, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The `code` of a refusal printed with `--json`, exit 2.
+/// The `code` of a refusal printed with `--json`, exit 2: the last JSON
+/// value on standard output (an export writes the lines before damage
+/// first).
 fn refusal(project: &Project, args: &[&str]) -> String {
     let out = project.output(args);
     assert_eq!(
@@ -35,7 +37,8 @@ fn refusal(project: &Project, args: &[&str]) -> String {
         "troupe {args:?}: {}",
         said(&out)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let values = serde_json::Deserializer::from_slice(&out.stdout).into_iter::<Value>();
+    let v = values.last().expect("a refusal").unwrap();
     v["code"].as_str().unwrap().to_owned()
 }
 
@@ -389,8 +392,9 @@ fn a_foreign_newer_or_damaged_compact_log_is_a_typed_error() {
     newer[at] = b'9';
     newer.extend_from_slice(&good[troupe::auditlog::header().len()..]);
     let mut damaged = good.clone();
-    // The last byte is the closed segment's checksum: the lines decode,
-    // the check fails.
+    // The last byte is the closed segment's checksum: the lines decode
+    // (an export writes them, zstd being given a block at a time), the
+    // check fails.
     *damaged.last_mut().unwrap() ^= 0xff;
     for (bytes, says) in [
         (b"{\"seq\":1}\n".to_vec(), "not a troupe audit log"),
