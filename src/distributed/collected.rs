@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use troupe_actors::{Delivery, Subscription};
 
+use super::outbox::MAX_FRAMED_RECORDS;
 use super::wire::EventLine;
 use crate::runtime::events::{Event, EventName, Relaying, relayed_lines};
 use crate::runtime::scheduler::FastMap;
@@ -23,6 +24,12 @@ impl Collected {
     /// The records of an execution's events (its entry let go), as its
     /// report carries them: beside it for a coordinator that reads
     /// records, else as the JSON lines they make, inside it.
+    ///
+    /// An execution with more records than a framed batch carries
+    /// ([`MAX_FRAMED_RECORDS`]) goes as lines either way. A coordinator
+    /// bounds what a message's records make (64 MiB of text, counted with
+    /// what reading them holds), and enough tiny events of one execution
+    /// could pass it, their last ones dropped; lines carry what they make.
     pub(super) fn take(&self, id: &str, as_records: bool) -> (Vec<EventLine>, Vec<u8>) {
         let relaying = self
             .events
@@ -30,7 +37,7 @@ impl Collected {
             .map(|mut m| m.remove(id))
             .unwrap_or_default();
         let records = relaying.map(Relaying::into_bytes).unwrap_or_default();
-        if as_records {
+        if as_records && records.len() <= MAX_FRAMED_RECORDS {
             return (Vec::new(), records);
         }
         let lines = relayed_lines(&records)
@@ -149,5 +156,36 @@ mod tests {
             assert!(lines.is_empty() && records.is_empty(), "taken once");
             assert!(!collected.take("r/worker#2/1", true).1.is_empty());
         }
+    }
+
+    /// An execution whose records pass what a framed batch carries goes
+    /// as its lines, even to a coordinator that reads records: every one
+    /// of its events reaches the log.
+    #[test]
+    fn an_execution_with_more_records_than_a_batch_carries_goes_as_lines() {
+        let worker: Arc<str> = Arc::from("w1");
+        let mine = "r/worker#1/1";
+        let events: Vec<Arc<Event>> = (0..100_000u64)
+            .map(|n| {
+                let event =
+                    Event::new(EventName::ToolInvocationSucceeded, "r").stage("worker", mine);
+                Arc::new(event.with("n", n))
+            })
+            .collect();
+        let collected = Collected::default();
+        collected.add(events.iter().cloned(), &worker);
+        let lines = |collected: &Collected, as_records| {
+            let (lines, records) = collected.take(mine, as_records);
+            assert!(records.is_empty(), "as records: {as_records}");
+            lines
+        };
+        let big = lines(&collected, true);
+        assert_eq!(big.len(), events.len());
+        collected.add(events.iter().cloned(), &worker);
+        assert_eq!(big, lines(&collected, false));
+        // Under the bound, records as before.
+        collected.add(events[..10].iter().cloned(), &worker);
+        let (few, records) = collected.take(mine, true);
+        assert!(few.is_empty() && !records.is_empty());
     }
 }

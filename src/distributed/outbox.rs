@@ -37,11 +37,12 @@ use crate::runtime::events::{Event, RelayBudget};
 /// The most reports in one batch.
 pub const MAX_REPORTS: usize = 512;
 
-/// The most relayed records one framed batch carries (one report with
-/// more goes alone): what they make is bounded on the coordinator for the
-/// whole message (`RelayBudget`, 64 MiB counted with what reading holds,
-/// up to about fifty times the records of an execution's smallest
-/// events), and a batch this size stays well inside it.
+/// The most relayed records one framed batch carries: what they make is
+/// bounded on the coordinator for the whole message (`RelayBudget`, 64
+/// MiB counted with what reading holds, up to about fifty times the
+/// records of an execution's smallest events), and a batch this size
+/// stays well inside it. An execution with more sends its events as
+/// lines instead (`Collected::take`).
 pub const MAX_FRAMED_RECORDS: usize = 512 << 10;
 
 /// The smallest batch sent compressed: below it (a lone `Accepted`) the
