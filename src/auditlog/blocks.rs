@@ -9,6 +9,10 @@
 //! `resume` and `runs tail` read differently). Fed through the end of one
 //! block at a time, a call fails only on its own block: every line of
 //! the blocks before the damage comes out, however the bytes arrive.
+//! One exception, in files troupe did not write: zstd streams a raw
+//! block out as its bytes arrive, and checks a size the frame declares
+//! only at its end, so a raw block read in pieces may give lines that a
+//! whole read loses to that check (troupe's frames declare no size).
 //!
 //! The walk reads only the frames' headers (RFC 8878): a frame's header,
 //! each block's three-byte header and length, the checksum after the last
@@ -17,7 +21,7 @@
 //! offers everything, as before.
 
 /// A zstd frame's magic number, little-endian.
-const ZSTD_MAGIC: u32 = 0xFD2F_B528;
+pub(super) const ZSTD_MAGIC: u32 = 0xFD2F_B528;
 
 /// The longest frame header: magic, descriptor, window, dictionary id
 /// (4) and content size (8).
@@ -139,7 +143,7 @@ impl Blocks {
                     return None;
                 }
                 let magic = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-                if magic & 0xFFFF_FFF0 == 0x184D_2A50 {
+                if skippable(magic) {
                     // A skippable frame: its size, then as many bytes.
                     if head.len() < 8 {
                         return None;
@@ -169,17 +173,10 @@ impl Blocks {
                 if head.len() < 3 {
                     return None;
                 }
-                let header = u32::from_le_bytes([head[0], head[1], head[2], 0]);
+                let (last, content) = block_header([head[0], head[1], head[2]]);
                 self.have = 0;
-                let last = header & 1 != 0;
-                let size = header >> 3;
-                let left = match (header >> 1) & 0b11 {
-                    // Raw and compressed blocks hold their size; an RLE
-                    // block one byte; a reserved type zstd refuses.
-                    0 | 2 => size,
-                    1 => 1,
-                    _ => 0,
-                };
+                // A reserved type: zstd refuses it.
+                let left = content.unwrap_or(0);
                 if left == 0 {
                     self.end_block(last);
                     return Some(true);
@@ -202,9 +199,30 @@ impl Blocks {
     }
 }
 
+/// A skippable frame's magic number (its size follows, then as many
+/// bytes).
+pub(super) fn skippable(magic: u32) -> bool {
+    magic & 0xFFFF_FFF0 == 0x184D_2A50
+}
+
+/// A block's three-byte header: whether it is its frame's last, and how
+/// many bytes of content follow it (`None` for the reserved type, which
+/// no frame holds). Raw and compressed blocks hold their size, an RLE
+/// block the one byte it repeats.
+pub(super) fn block_header(bytes: [u8; 3]) -> (bool, Option<u32>) {
+    let header = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], 0]);
+    let size = header >> 3;
+    let content = match (header >> 1) & 0b11 {
+        0 | 2 => Some(size),
+        1 => Some(1),
+        _ => None,
+    };
+    (header & 1 != 0, content)
+}
+
 /// A frame header's length from its descriptor (the byte after the
 /// magic number).
-fn frame_header_len(descriptor: u8) -> usize {
+pub(super) fn frame_header_len(descriptor: u8) -> usize {
     let single_segment = descriptor & 0b10_0000 != 0;
     let window = usize::from(!single_segment);
     let dictionary = [0, 1, 2, 4][usize::from(descriptor & 0b11)];
@@ -275,6 +293,97 @@ mod tests {
             from = end;
         }
         assert_eq!(decoded, 2 * text.len());
+    }
+
+    /// Frames of every header shape (single segment or a window, a
+    /// dictionary id of 0 to 4 bytes, a content size of 0 to 8, with and
+    /// without a checksum) around raw, RLE and empty blocks: each ends
+    /// where zstd's own reading of the frame says it does.
+    #[test]
+    fn every_frame_header_shape_ends_where_zstd_says() {
+        let mut checked = 0;
+        for descriptor in 0..=u8::MAX {
+            // Bit 3 is reserved and bit 4 unused: no frame sets them.
+            if descriptor & 0b1_1000 != 0 {
+                continue;
+            }
+            for blocks in [&[(0u32, 5u32)][..], &[(1, 1), (0, 0), (0, 300)]] {
+                let mut frame = ZSTD_MAGIC.to_le_bytes().to_vec();
+                frame.push(descriptor);
+                frame.resize(frame_header_len(descriptor), 0);
+                for (i, &(kind, size)) in blocks.iter().enumerate() {
+                    let last = u32::from(i + 1 == blocks.len());
+                    frame.extend(&(last | kind << 1 | size << 3).to_le_bytes()[..3]);
+                    let body = if kind == 1 { 1 } else { size as usize };
+                    frame.extend(std::iter::repeat_n(b'x', body));
+                }
+                if descriptor & 0b100 != 0 {
+                    frame.extend([0; 4]);
+                }
+                let zstd_says = zstd::zstd_safe::find_frame_compressed_size(&frame);
+                let ends = ends(&frame, 1);
+                assert_eq!(
+                    ends.last().copied(),
+                    zstd_says.ok(),
+                    "descriptor {descriptor:#010b}, blocks {blocks:?}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 100);
+    }
+
+    /// Raw, RLE and compressed blocks as zstd writes them, in frames that
+    /// say their content size (one segment) and frames that do not: each
+    /// end is one zstd decodes up to in full, pieces or not.
+    #[test]
+    fn raw_and_rle_blocks_end_where_zstd_decodes_them() {
+        let mut noise = Vec::with_capacity(300_000);
+        let mut x: u32 = 0x9E37_79B9;
+        for _ in 0..300_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            noise.push(x as u8);
+        }
+        let zeros = vec![0u8; 300_000];
+        let mut bytes = Vec::new();
+        let mut total = 0;
+        for (content, pledged) in [
+            (&noise, true),
+            (&zeros, false),
+            (&noise, false),
+            (&zeros, true),
+        ] {
+            let mut encoder = zstd::stream::Encoder::new(Vec::new(), 1).expect("zstd");
+            encoder.include_checksum(true).expect("checksum");
+            if pledged {
+                encoder.include_contentsize(true).expect("content size");
+                encoder
+                    .set_pledged_src_size(Some(content.len() as u64))
+                    .expect("pledged");
+            }
+            std::io::Write::write_all(&mut encoder, content).expect("write");
+            bytes.extend(encoder.finish().expect("finish"));
+            total += content.len();
+        }
+        let whole = ends(&bytes, bytes.len());
+        for piece in [1, 7, 4096] {
+            assert_eq!(ends(&bytes, piece), whole, "pieces of {piece}");
+        }
+        let mut decoder = zstd::stream::raw::Decoder::new().expect("zstd");
+        let mut out = vec![0; 1 << 20];
+        let (mut decoded, mut from) = (0, 0);
+        for end in whole {
+            use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
+            let mut input = InBuffer::around(&bytes[from..end]);
+            let mut output = OutBuffer::around(&mut out[..]);
+            decoder.run(&mut input, &mut output).expect("decodes");
+            assert_eq!(input.pos(), end - from, "all taken");
+            decoded += output.pos();
+            from = end;
+        }
+        assert_eq!(decoded, total);
     }
 
     #[test]

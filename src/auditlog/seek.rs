@@ -15,10 +15,8 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use super::LogDecoder;
+use super::blocks::{ZSTD_MAGIC, block_header, frame_header_len, skippable};
 use super::error::AuditError;
-
-/// A zstd frame's magic number.
-const ZSTD_MAGIC: u32 = 0xFD2F_B528;
 
 /// The log's header bytes and the offset of each segment after it, in
 /// order (the last may be open: a run still writing, or a killed one).
@@ -67,7 +65,7 @@ fn frame_length(file: &mut BufReader<File>, size: u64) -> io::Result<Option<u64>
         return Ok(None);
     }
     let magic = u32::from_le_bytes(magic);
-    if magic & 0xFFFF_FFF0 == 0x184D_2A50 {
+    if skippable(magic) {
         // A skippable frame: its length follows.
         let mut len = [0u8; 4];
         if read_full(file, &mut len)? < 4 {
@@ -82,35 +80,21 @@ fn frame_length(file: &mut BufReader<File>, size: u64) -> io::Result<Option<u64>
     if read_full(file, &mut descriptor)? < 1 {
         return Ok(None);
     }
-    let d = descriptor[0];
-    let single_segment = d & 0x20 != 0;
-    let checksum = d & 0x04 != 0;
-    let window = u64::from(!single_segment);
-    let dictionary = [0, 1, 2, 4][usize::from(d & 0x03)];
-    let content_size = match d >> 6 {
-        0 => u64::from(single_segment),
-        1 => 2,
-        2 => 4,
-        _ => 8,
-    };
-    let mut length = 4 + 1 + window + dictionary + content_size;
-    file.seek_relative((window + dictionary + content_size) as i64)?;
+    let checksum = descriptor[0] & 0x04 != 0;
+    let header = frame_header_len(descriptor[0]) as u64;
+    let mut length = header;
+    // Past the magic number and the descriptor, read.
+    file.seek_relative((header - 5) as i64)?;
     loop {
         let mut block = [0u8; 3];
         if read_full(file, &mut block)? < 3 {
             return Ok(None);
         }
-        let header = u32::from(block[0]) | u32::from(block[1]) << 8 | u32::from(block[2]) << 16;
-        let last = header & 1 != 0;
-        let kind = (header >> 1) & 3;
-        let size = u64::from(header >> 3);
-        let body = match kind {
-            // RLE: one byte, repeated.
-            1 => 1,
-            // Reserved: not a frame.
-            3 => return Ok(None),
-            _ => size,
+        // A reserved type: not a frame.
+        let (last, Some(body)) = block_header(block) else {
+            return Ok(None);
         };
+        let body = u64::from(body);
         length += 3 + body;
         file.seek_relative(body as i64)?;
         if last {
