@@ -218,7 +218,7 @@ impl LogDecoder {
     /// The last call stopped at [`LINES_AT_ONCE`]: what it took in may
     /// make more lines (or a fault), handed out by the next call, with new
     /// bytes or none. A caller at the file's end calls until this is
-    /// false before it reads [`LogDecoder::end`].
+    /// false before it calls [`LogDecoder::finish`].
     pub fn more(&self) -> bool {
         self.held
     }
@@ -362,6 +362,29 @@ impl LogDecoder {
                 });
             }
         }
+    }
+
+    /// How the bytes end, at the end of the file: [`LogDecoder::end`], or
+    /// the fault a record cut short there holds (see
+    /// [`RecordReader::check_cut_short`]): a torn end a killed writer
+    /// left reads as unfinished, damage as damage, however the bytes
+    /// arrived. (A reader following a live log, whose end is not the
+    /// file's, reads [`LogDecoder::end`].)
+    pub fn finish(&mut self) -> Result<LogEnd, AuditFault> {
+        if let Some(fault) = &self.fault {
+            return Err(AuditFault(fault.clone()));
+        }
+        if let (Stage::Frames(..), Content::Records { reader, .. }) =
+            (&self.stage, &mut self.content)
+        {
+            reader.check_cut_short(&self.partial).map_err(|reason| {
+                AuditFault(Fault::Corrupt {
+                    offset: self.fed,
+                    reason: format!("in the segment before this byte: {reason}"),
+                })
+            })?;
+        }
+        Ok(self.end())
     }
 
     /// How the bytes taken in so far end.

@@ -368,10 +368,11 @@ fn decode(
             }
         }
     }
+    let end = decoder.finish().map_err(|f| f.at(path))?;
     match to {
-        Some(to) if decoder.end().keep != to => Err(corrupt(
+        Some(to) if end.keep != to => Err(corrupt(
             path,
-            decoder.end().fed,
+            end.fed,
             format!("the segments before byte {to} do not end whole"),
         )),
         _ => Ok(()),

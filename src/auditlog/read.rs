@@ -98,6 +98,7 @@ impl DecodedReader {
                     .map_err(AuditError::io(&self.path))?;
                 if n == 0 {
                     self.done = true;
+                    self.decoder.finish().map_err(|f| f.at(&self.path))?;
                     break;
                 }
                 self.unread = 0..n;

@@ -458,6 +458,34 @@ impl RecordReader {
         }
     }
 
+    /// At the end of a log's bytes, what is left of them (`bytes`, a record
+    /// cut short there): whatever a read of it finds wrong before it runs
+    /// out. A killed writer leaves a prefix of a record as written, which
+    /// holds nothing wrong; a string that is not UTF-8, say, is damage,
+    /// found so however the bytes arrived ([`RecordReader::read`] tells it
+    /// only of a whole record). Forgets what it read.
+    pub fn check_cut_short(&mut self, bytes: &[u8]) -> Result<(), String> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mark = (
+            self.arena.len(),
+            self.spans.len(),
+            self.defined,
+            self.seq,
+            self.micros,
+        );
+        let mut r = Cursor { bytes, at: 0 };
+        let read = self.record(&mut r, &mut Vec::new());
+        self.arena.truncate(mark.0);
+        self.spans.truncate(mark.1);
+        (self.defined, self.seq, self.micros) = (mark.2, mark.3, mark.4);
+        match read {
+            Err(Stop::Bad(reason)) => Err(reason),
+            _ => Ok(()),
+        }
+    }
+
     /// Records read through so far, their text checked and written (whole,
     /// cut short the first time, or bad): what a reader's cost grows with.
     pub fn attempts(&self) -> u64 {
