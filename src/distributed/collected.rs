@@ -26,11 +26,19 @@ impl Collected {
     /// records, else as the JSON lines they make, inside it.
     ///
     /// An execution with more records than a framed batch carries
-    /// ([`MAX_FRAMED_RECORDS`]) goes as lines either way. A coordinator
+    /// ([`MAX_FRAMED_RECORDS`]) goes as lines either way, if they come to
+    /// at most `lines_within` bytes (a message's budget). A coordinator
     /// bounds what a message's records make (64 MiB of text, counted with
     /// what reading them holds), and enough tiny events of one execution
     /// could pass it, their last ones dropped; lines carry what they make.
-    pub(super) fn take(&self, id: &str, as_records: bool) -> (Vec<EventLine>, Vec<u8>) {
+    /// Lines that would not fit in a message stay records: a report the
+    /// server refuses would lose the execution's outcome too.
+    pub(super) fn take(
+        &self,
+        id: &str,
+        as_records: bool,
+        lines_within: usize,
+    ) -> (Vec<EventLine>, Vec<u8>) {
         let relaying = self
             .events
             .lock()
@@ -40,10 +48,13 @@ impl Collected {
         if as_records && records.len() <= MAX_FRAMED_RECORDS {
             return (Vec::new(), records);
         }
-        let lines = relayed_lines(&records)
-            .into_iter()
-            .map(EventLine::written_line)
-            .collect();
+        let lines = relayed_lines(&records);
+        // Each written in the report as the JSON it is, after a comma.
+        let size: usize = lines.iter().map(|l| l.len() + 1).sum();
+        if as_records && size > lines_within {
+            return (Vec::new(), records);
+        }
+        let lines = lines.into_iter().map(EventLine::written_line).collect();
         (lines, Vec::new())
     }
 
@@ -141,7 +152,7 @@ mod tests {
         for as_records in [false, true] {
             let collected = Collected::default();
             collected.add(events.iter().cloned(), &worker);
-            let (lines, records) = collected.take(mine, as_records);
+            let (lines, records) = collected.take(mine, as_records, usize::MAX);
             let got: Vec<EventLine> = if as_records {
                 assert!(lines.is_empty());
                 let (read, fault) = Event::read_relayed(&records);
@@ -152,15 +163,21 @@ mod tests {
                 lines
             };
             assert_eq!(got, expected, "as records: {as_records}");
-            let (lines, records) = collected.take(mine, as_records);
+            let (lines, records) = collected.take(mine, as_records, usize::MAX);
             assert!(lines.is_empty() && records.is_empty(), "taken once");
-            assert!(!collected.take("r/worker#2/1", true).1.is_empty());
+            assert!(
+                !collected
+                    .take("r/worker#2/1", true, usize::MAX)
+                    .1
+                    .is_empty()
+            );
         }
     }
 
     /// An execution whose records pass what a framed batch carries goes
-    /// as its lines, even to a coordinator that reads records: every one
-    /// of its events reaches the log.
+    /// as its lines, even to a coordinator that reads records, when they
+    /// fit in a message: every one of its events reaches the log. Lines
+    /// that would not fit stay records.
     #[test]
     fn an_execution_with_more_records_than_a_batch_carries_goes_as_lines() {
         let worker: Arc<str> = Arc::from("w1");
@@ -175,7 +192,7 @@ mod tests {
         let collected = Collected::default();
         collected.add(events.iter().cloned(), &worker);
         let lines = |collected: &Collected, as_records| {
-            let (lines, records) = collected.take(mine, as_records);
+            let (lines, records) = collected.take(mine, as_records, usize::MAX);
             assert!(records.is_empty(), "as records: {as_records}");
             lines
         };
@@ -183,9 +200,20 @@ mod tests {
         assert_eq!(big.len(), events.len());
         collected.add(events.iter().cloned(), &worker);
         assert_eq!(big, lines(&collected, false));
+        // Lines past the message's budget: records, as they were.
+        let size: usize = big
+            .iter()
+            .map(|l| serde_json::to_string(l).unwrap().len() + 1)
+            .sum();
+        for (within, as_lines) in [(size, true), (size - 1, false)] {
+            collected.add(events.iter().cloned(), &worker);
+            let (lines, records) = collected.take(mine, true, within);
+            assert_eq!(lines.len() == events.len(), as_lines, "within {within}");
+            assert_eq!(records.is_empty(), as_lines, "within {within}");
+        }
         // Under the bound, records as before.
         collected.add(events[..10].iter().cloned(), &worker);
-        let (few, records) = collected.take(mine, true);
+        let (few, records) = collected.take(mine, true, usize::MAX);
         assert!(few.is_empty() && !records.is_empty());
     }
 }

@@ -42,7 +42,7 @@ pub const MAX_REPORTS: usize = 512;
 /// MiB counted with what reading holds, up to about fifty times the
 /// records of an execution's smallest events), and a batch this size
 /// stays well inside it. An execution with more sends its events as
-/// lines instead (`Collected::take`).
+/// lines instead when they fit in a message (`Collected::take`).
 pub const MAX_FRAMED_RECORDS: usize = 512 << 10;
 
 /// The smallest batch sent compressed: below it (a lone `Accepted`) the
@@ -72,6 +72,9 @@ pub const FRAMED: [u8; 4] = [0x00, b't', b'r', 1];
 #[derive(Debug, Clone)]
 pub struct Outbox {
     tx: mpsc::UnboundedSender<Outgoing>,
+    /// The server's message budget ([`Nats::message_budget`]) when the
+    /// outbox started: a report alone must fit in it.
+    budget: usize,
 }
 
 #[derive(Debug)]
@@ -97,8 +100,15 @@ impl Outbox {
     pub fn start(nats: Nats, worker: &str) -> Outbox {
         let (tx, rx) = mpsc::unbounded_channel();
         let prefix = format!("{worker}:{}", uuid::Uuid::now_v7().simple());
+        let budget = nats.message_budget();
         actix::spawn(publish_batches(nats, rx, prefix));
-        Outbox { tx }
+        Outbox { tx, budget }
+    }
+
+    /// The most a batch of reports holds: a report larger goes alone, and
+    /// the server may refuse it.
+    pub fn message_budget(&self) -> usize {
+        self.budget
     }
 
     /// Sends one report about `task`; resolves to whether the server

@@ -634,7 +634,8 @@ impl WorkerHost {
         let fut = async move {
             // Every event the execution published before it reported.
             let _ = seen.wait_for(|s| *s >= until).await;
-            let (events, records) = collected.take(&exec.id, t.relay_records);
+            let within = outbox.message_budget();
+            let (events, records) = collected.take(&exec.id, t.relay_records, within);
             let (report, counted): (Report, fn(&mut WorkerSummary)) = match outcome {
                 StageOutcome::Exited { result, .. } => (
                     Report::Exited {

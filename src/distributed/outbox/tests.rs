@@ -268,6 +268,25 @@ fn a_framed_batch_reads_its_reports_with_their_events() {
     check(decode(&body));
     check(decode(&packer().unwrap().compress(&body).unwrap()));
 
+    // An execution whose events go as lines inside the report's JSON (too
+    // many records for a batch: `Collected::take`), none beside it.
+    let as_lines = Report::Cancelled {
+        stage_execution_id: exec.clone(),
+        turn: 1,
+        unit: 3,
+        worker: "w1".to_owned(),
+        usage: crate::runtime::result::Usage::default(),
+        events: events
+            .iter()
+            .map(|e| EventLine::written(e).unwrap())
+            .collect(),
+    };
+    let mut inside = FRAMED.to_vec();
+    frame(&mut inside, &json(&accepted), &[]);
+    frame(&mut inside, br#"{"kind":"fromTheFuture","body":{}}"#, &[]);
+    frame(&mut inside, &json(&as_lines), &[]);
+    check(decode(&inside));
+
     for cut in FRAMED.len()..body.len() {
         let reports = decode(&body[..cut]);
         let whole = ends.iter().filter(|end| **end <= cut).count();
