@@ -465,7 +465,8 @@ impl RecordReader {
     /// found so however the bytes arrived ([`RecordReader::read`] tells it
     /// only of a whole record). Forgets what it read.
     pub fn check_cut_short(&mut self, bytes: &[u8]) -> Result<(), String> {
-        if bytes.is_empty() {
+        // Only a lone record cut short (a whole one is read as ever).
+        if !matches!(record_len(bytes), Err(Stop::More)) {
             return Ok(());
         }
         let mark = (

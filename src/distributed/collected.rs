@@ -27,7 +27,8 @@ impl Collected {
     ///
     /// An execution with more records than a framed batch carries
     /// ([`MAX_FRAMED_RECORDS`]) goes as lines either way, if they come to
-    /// at most `lines_within` bytes (a message's budget). A coordinator
+    /// at most what `lines_within` says (what a message's budget leaves
+    /// beside the rest of the report; asked only then). A coordinator
     /// bounds what a message's records make (64 MiB of text, counted with
     /// what reading them holds), and enough tiny events of one execution
     /// could pass it, their last ones dropped; lines carry what they make.
@@ -37,7 +38,7 @@ impl Collected {
         &self,
         id: &str,
         as_records: bool,
-        lines_within: usize,
+        lines_within: impl FnOnce() -> usize,
     ) -> (Vec<EventLine>, Vec<u8>) {
         let relaying = self
             .events
@@ -51,7 +52,7 @@ impl Collected {
         let lines = relayed_lines(&records);
         // Each written in the report as the JSON it is, after a comma.
         let size: usize = lines.iter().map(|l| l.len() + 1).sum();
-        if as_records && size > lines_within {
+        if as_records && size > lines_within() {
             return (Vec::new(), records);
         }
         let lines = lines.into_iter().map(EventLine::written_line).collect();
@@ -152,7 +153,7 @@ mod tests {
         for as_records in [false, true] {
             let collected = Collected::default();
             collected.add(events.iter().cloned(), &worker);
-            let (lines, records) = collected.take(mine, as_records, usize::MAX);
+            let (lines, records) = collected.take(mine, as_records, || usize::MAX);
             let got: Vec<EventLine> = if as_records {
                 assert!(lines.is_empty());
                 let (read, fault) = Event::read_relayed(&records);
@@ -163,11 +164,11 @@ mod tests {
                 lines
             };
             assert_eq!(got, expected, "as records: {as_records}");
-            let (lines, records) = collected.take(mine, as_records, usize::MAX);
+            let (lines, records) = collected.take(mine, as_records, || usize::MAX);
             assert!(lines.is_empty() && records.is_empty(), "taken once");
             assert!(
                 !collected
-                    .take("r/worker#2/1", true, usize::MAX)
+                    .take("r/worker#2/1", true, || usize::MAX)
                     .1
                     .is_empty()
             );
@@ -192,7 +193,7 @@ mod tests {
         let collected = Collected::default();
         collected.add(events.iter().cloned(), &worker);
         let lines = |collected: &Collected, as_records| {
-            let (lines, records) = collected.take(mine, as_records, usize::MAX);
+            let (lines, records) = collected.take(mine, as_records, || usize::MAX);
             assert!(records.is_empty(), "as records: {as_records}");
             lines
         };
@@ -207,13 +208,14 @@ mod tests {
             .sum();
         for (within, as_lines) in [(size, true), (size - 1, false)] {
             collected.add(events.iter().cloned(), &worker);
-            let (lines, records) = collected.take(mine, true, within);
+            let (lines, records) = collected.take(mine, true, || within);
             assert_eq!(lines.len() == events.len(), as_lines, "within {within}");
             assert_eq!(records.is_empty(), as_lines, "within {within}");
         }
-        // Under the bound, records as before.
+        // Under the bound, records as before, and the report's size is not
+        // asked for (the worker serializes its result to say it).
         collected.add(events[..10].iter().cloned(), &worker);
-        let (few, records) = collected.take(mine, true, usize::MAX);
+        let (few, records) = collected.take(mine, true, || unreachable!("asked"));
         assert!(few.is_empty() && !records.is_empty());
     }
 }

@@ -380,6 +380,11 @@ async fn start_all(host: &Addr<WorkerHost>, intakes: Vec<Intake>) {
 #[rtype(result = "()")]
 struct Count(Counted);
 
+/// What a report holds besides its result and its events, at most: the
+/// kind, the ids, the worker's name, the counts, a framed batch's
+/// lengths.
+const REPORT_BESIDE_RESULT: usize = 4096;
+
 /// Start a delivered task.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -634,7 +639,20 @@ impl WorkerHost {
         let fut = async move {
             // Every event the execution published before it reported.
             let _ = seen.wait_for(|s| *s >= until).await;
-            let within = outbox.message_budget();
+            // What lines may take of a message: its budget less the rest
+            // of the report (its result, its ids), asked only for an
+            // execution with more records than a batch carries.
+            let within = || {
+                let result = match &outcome {
+                    StageOutcome::Exited { result, .. } => {
+                        serde_json::to_vec(result).map_or(usize::MAX, |json| json.len())
+                    }
+                    _ => 0,
+                };
+                outbox
+                    .message_budget()
+                    .saturating_sub(result.saturating_add(REPORT_BESIDE_RESULT))
+            };
             let (events, records) = collected.take(&exec.id, t.relay_records, within);
             let (report, counted): (Report, fn(&mut WorkerSummary)) = match outcome {
                 StageOutcome::Exited { result, .. } => (
