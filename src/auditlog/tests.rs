@@ -73,17 +73,26 @@ fn written_in(
     (bytes, text, flushed)
 }
 
+/// `bytes` in pieces cut at `cuts` (each taken modulo one past its end).
+fn pieces<'a>(bytes: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+    cuts.sort_unstable();
+    let mut at = 0;
+    let mut pieces = Vec::new();
+    for cut in cuts.into_iter().chain([bytes.len()]) {
+        pieces.push(&bytes[at..cut.max(at)]);
+        at = cut.max(at);
+    }
+    pieces
+}
+
 /// Feeds `bytes` in pieces cut at `cuts`; the whole lines and the end
 /// (as a reader at the file's end finds it).
 fn decoded(bytes: &[u8], cuts: &[usize]) -> Result<(String, LogEnd), AuditFault> {
     let mut decoder = LogDecoder::compact();
     let mut out = Vec::new();
-    let mut at = 0;
-    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
-    cuts.sort_unstable();
-    for cut in cuts.into_iter().chain([bytes.len()]) {
-        decoder.feed_all(&bytes[at..cut.max(at)], &mut out)?;
-        at = cut.max(at);
+    for piece in pieces(bytes, cuts) {
+        decoder.feed_all(piece, &mut out)?;
     }
     let end = decoder.finish()?;
     Ok((String::from_utf8(out).expect("utf-8"), end))
@@ -344,14 +353,10 @@ fn an_empty_or_headless_file_is_made_a_log() {
 fn decoded_until_fault(bytes: &[u8], cuts: &[usize]) -> (Vec<u8>, bool) {
     let mut decoder = LogDecoder::compact();
     let mut out = Vec::new();
-    let mut at = 0;
-    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
-    cuts.sort_unstable();
-    for cut in cuts.into_iter().chain([bytes.len()]) {
-        if decoder.feed_all(&bytes[at..cut.max(at)], &mut out).is_err() {
+    for piece in pieces(bytes, cuts) {
+        if decoder.feed_all(piece, &mut out).is_err() {
             return (out, true);
         }
-        at = cut.max(at);
     }
     let faulted = decoder.finish().is_err();
     (out, faulted)
