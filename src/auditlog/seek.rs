@@ -15,7 +15,7 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use super::LogDecoder;
-use super::blocks::{ZSTD_MAGIC, block_header, frame_header_len, skippable};
+use super::blocks::{ZSTD_MAGIC, block_header, frame_header_len, has_checksum, skippable};
 use super::error::AuditError;
 
 /// The log's header bytes and the offset of each segment after it, in
@@ -80,7 +80,7 @@ fn frame_length(file: &mut BufReader<File>, size: u64) -> io::Result<Option<u64>
     if read_full(file, &mut descriptor)? < 1 {
         return Ok(None);
     }
-    let checksum = descriptor[0] & 0x04 != 0;
+    let checksum = has_checksum(descriptor[0]);
     let header = frame_header_len(descriptor[0]) as u64;
     let mut length = header;
     // Past the magic number and the descriptor, read.
