@@ -279,12 +279,7 @@ impl LogDecoder {
                     self.held = true;
                     return Ok(given - bytes.len());
                 }
-                Err(reason) => {
-                    self.fault = Some(Fault::Corrupt {
-                        offset: self.fed,
-                        reason: format!("in the segment before this byte: {reason}"),
-                    });
-                }
+                Err(reason) => self.fault = Some(wrong_record(self.fed, &reason)),
             }
             if let Some(fault) = &self.fault {
                 // A fault is told in a call of its own, after the lines
@@ -326,8 +321,7 @@ impl LogDecoder {
             let mut input = InBuffer::around(&bytes[..offer]);
             let mut output = OutBuffer::around(&mut self.scratch[..]);
             // On an error zstd does not say how far it read: the fault is
-            // somewhere in the piece fed.
-            let piece = offer;
+            // somewhere in what it was offered.
             let run = decoder.run(&mut input, &mut output);
             let (used, produced) = (input.pos(), output.pos());
             blocks.took(&bytes[..used]);
@@ -341,7 +335,7 @@ impl LogDecoder {
                     self.fault = Some(Fault::Corrupt {
                         offset: self.fed,
                         reason: format!(
-                            "in the {piece} bytes from here, a compressed block cannot be decoded: {e}"
+                            "in the {offer} bytes from here, a compressed block cannot be decoded: {e}"
                         ),
                     });
                     continue;
@@ -377,12 +371,9 @@ impl LogDecoder {
         if let (Stage::Frames(..), Content::Records { reader, .. }) =
             (&self.stage, &mut self.content)
         {
-            reader.check_cut_short(&self.partial).map_err(|reason| {
-                AuditFault(Fault::Corrupt {
-                    offset: self.fed,
-                    reason: format!("in the segment before this byte: {reason}"),
-                })
-            })?;
+            reader
+                .check_cut_short(&self.partial)
+                .map_err(|reason| AuditFault(wrong_record(self.fed, &reason)))?;
         }
         Ok(self.end())
     }
@@ -468,6 +459,15 @@ fn lines_out(
         return Err(format!("a line longer than {} MiB", MAX_RECORD >> 20));
     }
     Ok(drained)
+}
+
+/// A line or record that is wrong, found in the segment's bytes before
+/// `offset`.
+fn wrong_record(offset: u64, reason: &str) -> Fault {
+    Fault::Corrupt {
+        offset,
+        reason: format!("in the segment before this byte: {reason}"),
+    }
 }
 
 /// A decoding fault, before the path is known.

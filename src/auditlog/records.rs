@@ -224,14 +224,6 @@ impl RecordReader {
                 self.cut_short = true;
                 too_long(bytes).map_or(Ok(None), Err)
             }
-            // Something wrong inside a record these bytes do not hold whole
-            // is told once it is whole, as when it arrives in pieces (then
-            // only its frame is walked until it is): however the bytes
-            // come, a record cut short at the log's end is no damage.
-            Stop::Bad(_) if whole.is_none() && matches!(record_len(bytes), Err(Stop::More)) => {
-                self.cut_short = true;
-                too_long(bytes).map_or(Ok(None), Err)
-            }
             Stop::Bad(reason) => Err(reason),
         }
     }
@@ -239,9 +231,11 @@ impl RecordReader {
     /// At the end of a log's bytes, what is left of them (`bytes`, a record
     /// cut short there): whatever a read of it finds wrong before it runs
     /// out. A killed writer leaves a prefix of a record as written, which
-    /// holds nothing wrong; a string that is not UTF-8, say, is damage,
-    /// found so however the bytes arrived ([`RecordReader::read`] tells it
-    /// only of a whole record). Forgets what it read.
+    /// holds nothing wrong; a string that is not UTF-8, say, is damage.
+    /// [`RecordReader::read`] finds it only if the bytes that first
+    /// reached the record held it (after that it walks the record's
+    /// frame alone): read here, it is found however the bytes arrived.
+    /// Forgets what it read.
     pub fn check_cut_short(&mut self, bytes: &[u8]) -> Result<(), String> {
         // Only a lone record cut short (a whole one is read as ever).
         if !matches!(record_len(bytes), Err(Stop::More)) {

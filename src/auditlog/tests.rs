@@ -708,9 +708,9 @@ mod bounded;
 /// far holds a string that is not UTF-8 (found by the `audit_log` fuzz
 /// target): read whole, the record was read and refused; read in two
 /// pieces, it was walked as cut short and the log read as unfinished.
-/// What is wrong inside a record is told once it is whole, or at the end
-/// of the file: both read it as damage (a killed writer leaves no string
-/// that is not UTF-8).
+/// At the end of the file what is left of a record cut short is read
+/// through (`finish`): both read it as damage (a killed writer leaves no
+/// string that is not UTF-8).
 #[test]
 fn damage_in_a_record_cut_short_at_the_end_reads_alike_whole_and_in_pieces() {
     let data: Vec<u8> = vec![
