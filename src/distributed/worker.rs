@@ -380,11 +380,6 @@ async fn start_all(host: &Addr<WorkerHost>, intakes: Vec<Intake>) {
 #[rtype(result = "()")]
 struct Count(Counted);
 
-/// What a report holds besides its result and its events, at most: the
-/// kind, the ids, the worker's name, the counts, a framed batch's
-/// lengths.
-const REPORT_BESIDE_RESULT: usize = 4096;
-
 /// Start a delivered task.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -462,6 +457,11 @@ impl Actor for WorkerHost {
         });
     }
 }
+
+/// What a report holds besides its result and its events, at most: the
+/// kind, the ids, the worker's name, the counts, a framed batch's
+/// lengths.
+const REPORT_BESIDE_RESULT: usize = 4096;
 
 impl WorkerHost {
     /// Whether the task's group had its cancel broadcast here lately.
