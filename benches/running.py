@@ -15,14 +15,12 @@ started (the drain after it is the same for any run).
 How it was used: BENCHMARKS.md, "Every core, nineteenth round".
 """
 import argparse
-import datetime
 import json
 import sys
 
-
-def ts(text):
-    # 2026-11-26T16:00:00.515672Z; fromisoformat takes the offset form.
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+# The log's timestamps as seconds, read as residence.py reads them (this
+# folder is on the path of a script run from it).
+from residence import ts
 
 
 def main():
