@@ -331,8 +331,10 @@ fn framed_report(
     records: &[u8],
     budget: &mut RelayBudget,
 ) -> Result<Report, serde_json::Error> {
+    // Its events travel as lines here when there were too many records
+    // for a batch (`Collected::take`): read as a batch's report is.
     let mut report = match std::str::from_utf8(json) {
-        Ok(text) => serde_json::from_str::<Report>(text)?,
+        Ok(text) => one(text)?,
         Err(_) => serde_json::from_slice::<Report>(json)?,
     };
     if let Report::Exited {

@@ -135,18 +135,24 @@ fn a_line_that_is_no_event_reads_as_none_and_keeps_its_report() {
         serde_json::from_str::<Vec<Report>>(&text).is_err(),
         "the one pass turns the last lines down"
     );
-    let reports = decode(text.as_bytes());
-    let Some(Ok(Report::Cancelled { events, .. })) = reports.into_iter().next() else {
-        panic!("a cancelled report");
-    };
-    let read: Vec<bool> = events
-        .into_iter()
-        .map(|e| e.into_event().is_some())
-        .collect();
     let mut expected = vec![true];
     expected.extend(std::iter::repeat_n(false, odd.len()));
     expected.push(true);
-    assert_eq!(read, expected);
+    let read = |reports: Vec<Result<Report, serde_json::Error>>| -> Vec<bool> {
+        let Some(Ok(Report::Cancelled { events, .. })) = reports.into_iter().next() else {
+            panic!("a cancelled report");
+        };
+        events
+            .into_iter()
+            .map(|e| e.into_event().is_some())
+            .collect()
+    };
+    assert_eq!(read(decode(text.as_bytes())), expected);
+    // The same report framed, its events as lines inside its JSON (an
+    // execution with more records than a batch carries): read alike.
+    let mut framed = FRAMED.to_vec();
+    frame(&mut framed, &text.as_bytes()[1..text.len() - 1], &[]);
+    assert_eq!(read(decode(&framed)), expected);
 }
 
 /// A batch that is not UTF-8 everywhere (a stray byte in a member no
