@@ -82,6 +82,10 @@ struct Driver {
     session: String,
     http: reqwest::Client,
     rt: tokio::runtime::Runtime,
+    /// chromedriver's and the browser's `TMPDIR`: each leaves a profile
+    /// folder and a singleton folder there when it is stopped, and this
+    /// one goes when the driver does (after the processes, by field order).
+    _tmp: tempfile::TempDir,
 }
 
 impl Driver {
@@ -90,8 +94,10 @@ impl Driver {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
+        let tmp = tempfile::tempdir().unwrap();
         let child = Command::new(chromedriver)
             .arg(format!("--port={port}"))
+            .env("TMPDIR", tmp.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -106,6 +112,7 @@ impl Driver {
             session: String::new(),
             http: reqwest::Client::new(),
             rt,
+            _tmp: tmp,
         };
         until("chromedriver", || {
             driver
