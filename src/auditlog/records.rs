@@ -395,7 +395,7 @@ impl RecordReader {
             0 => {
                 let text = std::str::from_utf8(r.text()?)
                     .map_err(|_| bad("a string that is not UTF-8"))?;
-                define(&mut self.defined, text)?;
+                define(&mut self.defined, text.len())?;
                 let start = self.arena.len();
                 let quoted = clean(text);
                 if quoted {
@@ -425,14 +425,14 @@ impl RecordReader {
 
 /// Counts a string's definition into the bytes of text defined since the
 /// last `RESET`, which may not pass [`MAX_RECORD`].
-fn define(defined: &mut usize, text: &str) -> Read<()> {
-    if *defined + text.len() > MAX_RECORD {
+fn define(defined: &mut usize, len: usize) -> Read<()> {
+    if *defined + len > MAX_RECORD {
         return Err(Stop::Bad(format!(
             "strings past {} MiB without a RESET",
             MAX_RECORD >> 20
         )));
     }
-    *defined += text.len();
+    *defined += len;
     Ok(())
 }
 
@@ -553,7 +553,19 @@ impl<'a> Cursor<'a> {
     }
 
     /// An unsigned LEB128 varint of at most ten bytes.
+    #[inline]
     fn varint(&mut self) -> Read<u64> {
+        // Most are one byte: string numbers, counts, tags' lengths.
+        match self.bytes.get(self.at) {
+            Some(&b) if b < 0x80 => {
+                self.at += 1;
+                Ok(u64::from(b))
+            }
+            _ => self.long_varint(),
+        }
+    }
+
+    fn long_varint(&mut self) -> Read<u64> {
         let mut n = 0u64;
         for i in 0..10 {
             let b = self.byte()?;

@@ -11,7 +11,10 @@
 //!
 //! [`Scan`] reads a whole piece of records (what one report carries):
 //! anything cut short or wrong is a reason string, as for the log's own
-//! reader. Its strings borrow from the bytes read.
+//! reader. Its strings borrow from the bytes read, and are handed out
+//! unchecked: the reader checks a string is UTF-8 when it first makes
+//! it, which a coordinator does once per thread rather than once per
+//! execution (`events::relay`).
 
 use super::{
     Cursor, EVENT, HAS_EXEC, HAS_STAGE, HAS_TOOL, LINE, MAX_FIELDS, RESET, Read, Stop, V_FALSE,
@@ -70,7 +73,7 @@ pub enum Value<'a> {
 /// Reads records from a whole piece of bytes.
 pub struct Scan<'a> {
     r: Cursor<'a>,
-    strings: Vec<&'a str>,
+    strings: Vec<&'a [u8]>,
     /// The bytes of text strings were defined with since the last `RESET`.
     defined: usize,
     seq: u64,
@@ -201,8 +204,9 @@ impl<'a> Scan<'a> {
         Ok(Field { key, value })
     }
 
-    /// String `n` (a number [`Scan::record`] or [`Scan::field`] gave).
-    pub fn string(&self, n: usize) -> &'a str {
+    /// String `n` (a number [`Scan::record`] or [`Scan::field`] gave),
+    /// as its bytes: not checked to be UTF-8.
+    pub fn string(&self, n: usize) -> &'a [u8] {
         self.strings[n]
     }
 
@@ -227,8 +231,8 @@ impl<'a> Scan<'a> {
     fn string_ref(&mut self) -> Read<usize> {
         match self.r.varint()? {
             0 => {
-                let text = self.utf8()?;
-                define(&mut self.defined, text)?;
+                let text = self.r.text()?;
+                define(&mut self.defined, text.len())?;
                 self.definitions += 1;
                 self.strings.push(text);
                 Ok(self.strings.len() - 1)

@@ -188,62 +188,108 @@ fn known_key(key: &str) -> Option<&'static str> {
     KEYS.binary_search(&key).ok().map(|at| KEYS[at])
 }
 
-/// What one string of a piece of records was read as, made once for all
-/// the events that refer to it. `from` is the text it was made from: a
-/// `RESET` numbers strings anew, and a number's new text lies elsewhere.
-#[derive(Default)]
+/// What one string of relayed records is read as: made once, then kept
+/// for every event that refers to it, and in [`INTERNED`] for the next
+/// execution that defines it again.
+#[derive(Clone)]
 struct Made {
-    from: (usize, usize),
+    shared: Arc<str>,
     /// Its length written as a JSON string's body.
-    escaped: Option<usize>,
-    shared: Option<Arc<str>>,
-    key: Option<Option<&'static str>>,
-    name: Option<Option<EventName>>,
+    escaped: usize,
+    key: Option<&'static str>,
+    name: Option<EventName>,
 }
 
-/// The strings of a piece of records, as made so far.
-#[derive(Default)]
-struct Strings(Vec<Made>);
+impl Made {
+    fn of(text: &[u8]) -> Result<Made, String> {
+        let text = std::str::from_utf8(text).map_err(|_| "a string that is not UTF-8")?;
+        Ok(Made {
+            shared: Arc::from(text),
+            escaped: escaped_len(text),
+            key: known_key(text),
+            name: EventName::parse(text),
+        })
+    }
+}
 
-impl Strings {
-    fn made<'s>(&'s mut self, scan: &Scan<'_>, n: usize) -> &'s mut Made {
-        if self.0.len() < scan.strings() {
-            self.0.resize_with(scan.strings(), Made::default);
+/// Strings longer than this are made anew each time they are defined:
+/// the strings that repeat from one execution to the next (keys, event
+/// names, the run's and the stage's ids, a tool's name) are short, and
+/// hashing a long one costs what making it does.
+const INTERNED_LEN: usize = 256;
+
+/// At most this many strings are kept; the set starts again empty when
+/// it is full. A sibling defines one or two strings no other does (its
+/// execution's id) beside some forty its siblings share, so this holds
+/// a few thousand siblings' worth before it starts again.
+const INTERNED_MAX: usize = 4096;
+
+/// The strings a thread has read from relayed records, by their text.
+///
+/// Every execution's records define their strings anew (a report may be
+/// read in any message), so a coordinator meets the same forty keys,
+/// names and ids once per sibling. Made once per thread instead, each is
+/// hashed and compared rather than checked for escapes, searched for
+/// among the runtime's keys and names and copied into a new allocation,
+/// and the events share one allocation for it (BENCHMARKS.md, "Every
+/// core, twentieth round").
+#[derive(Default)]
+struct Interned(std::collections::HashMap<Box<[u8]>, Made, foldhash::fast::RandomState>);
+
+impl Interned {
+    /// What `text` is read as; the same bytes as a string kept are the
+    /// same UTF-8.
+    fn made(&mut self, text: &[u8]) -> Result<Made, String> {
+        if text.len() > INTERNED_LEN {
+            return Made::of(text);
+        }
+        if let Some(made) = self.0.get(text) {
+            return Ok(made.clone());
+        }
+        if self.0.len() >= INTERNED_MAX {
+            self.0.clear();
+        }
+        let made = Made::of(text)?;
+        self.0.insert(text.into(), made.clone());
+        Ok(made)
+    }
+}
+
+thread_local! {
+    static INTERNED: std::cell::RefCell<Interned> = std::cell::RefCell::default();
+}
+
+/// The strings of a piece of records, as made so far: each with the text
+/// it was made from, since a `RESET` numbers strings anew and a number's
+/// new text lies elsewhere.
+struct Strings<'i> {
+    made: Vec<Option<((usize, usize), Made)>>,
+    interned: &'i mut Interned,
+}
+
+impl Strings<'_> {
+    fn made(&mut self, scan: &Scan<'_>, n: usize) -> Result<&Made, String> {
+        if self.made.len() < scan.strings() {
+            // In steps, not one string at a time as they are defined.
+            let room = scan.strings().next_power_of_two().max(64);
+            self.made.resize_with(room, || None);
         }
         let text = scan.string(n);
         let from = (text.as_ptr() as usize, text.len());
-        let made = &mut self.0[n];
-        if made.from != from {
-            *made = Made {
-                from,
-                ..Made::default()
-            };
+        let slot = &mut self.made[n];
+        if slot.as_ref().is_none_or(|(was, _)| *was != from) {
+            *slot = Some((from, self.interned.made(text)?));
         }
-        made
+        match slot {
+            Some((_, made)) => Ok(made),
+            None => unreachable!("made just above"),
+        }
     }
 
     /// String `n` shared, and its length written (one look-up for both).
-    fn shared(&mut self, scan: &Scan<'_>, n: usize) -> (Arc<str>, usize) {
-        let text = scan.string(n);
-        let made = self.made(scan, n);
-        let escaped = *made.escaped.get_or_insert_with(|| escaped_len(text));
-        let shared = Arc::clone(made.shared.get_or_insert_with(|| Arc::from(text)));
-        (shared, escaped)
-    }
-
-    /// String `n` as one of the runtime's keys, and its length written.
-    fn key(&mut self, scan: &Scan<'_>, n: usize) -> (Option<&'static str>, usize) {
-        let text = scan.string(n);
-        let made = self.made(scan, n);
-        let escaped = *made.escaped.get_or_insert_with(|| escaped_len(text));
-        (*made.key.get_or_insert_with(|| known_key(text)), escaped)
-    }
-
-    fn name(&mut self, scan: &Scan<'_>, n: usize) -> Option<EventName> {
-        *self
-            .made(scan, n)
-            .name
-            .get_or_insert_with(|| EventName::parse(scan.string(n)))
+    fn shared(&mut self, scan: &Scan<'_>, n: usize) -> Result<(Arc<str>, usize), String> {
+        let made = self.made(scan, n)?;
+        Ok((Arc::clone(&made.shared), made.escaped))
     }
 }
 
@@ -262,59 +308,92 @@ impl Event {
         bytes: &[u8],
         budget: &mut RelayBudget,
     ) -> (Vec<Option<Event>>, Option<String>) {
-        let mut scan = Scan::new(bytes);
-        let mut strings = Strings::default();
-        let mut events = Vec::new();
-        let mut defined = 0;
-        loop {
-            let read = match scan.record() {
-                Ok(None) => return (events, None),
-                Ok(Some(Record::Line(line))) => budget
-                    .spend(line.len() + EVENT_OVERHEAD)
-                    .map(|()| Event::from_line(line)),
-                Ok(Some(Record::Event(head))) => read_event(&mut scan, &mut strings, budget, &head),
-                Err(why) => Err(why),
-            };
-            // What the strings defined meanwhile hold.
-            let new = scan.definitions() - std::mem::replace(&mut defined, scan.definitions());
-            match read.and_then(|event| budget.spend(new * OVERHEAD).map(|()| event)) {
-                Ok(event) => events.push(event),
-                Err(why) => return (events, Some(why)),
-            }
+        INTERNED.with_borrow_mut(|interned| read_relayed_with(bytes, budget, interned))
+    }
+}
+
+fn read_relayed_with(
+    bytes: &[u8],
+    budget: &mut RelayBudget,
+    interned: &mut Interned,
+) -> (Vec<Option<Event>>, Option<String>) {
+    let mut scan = Scan::new(bytes);
+    let mut strings = Strings {
+        made: Vec::new(),
+        interned,
+    };
+    let mut events = Vec::new();
+    let mut defined = 0;
+    loop {
+        let read = match scan.record() {
+            Ok(None) => return (events, None),
+            Ok(Some(Record::Line(line))) => budget
+                .spend(line.len() + EVENT_OVERHEAD)
+                .map(|()| Event::from_line(line)),
+            Ok(Some(Record::Event(head))) => read_event(&mut scan, &mut strings, budget, &head),
+            Err(why) => Err(why),
+        };
+        // What the strings defined meanwhile hold.
+        let new = scan.definitions() - std::mem::replace(&mut defined, scan.definitions());
+        match read.and_then(|event| budget.spend(new * OVERHEAD).map(|()| event)) {
+            Ok(event) => events.push(event),
+            Err(why) => return (events, Some(why)),
         }
     }
 }
 
-/// A field as read: a value an event keeps, or JSON text (a value the
-/// runtime would not hold as it was sent, or a relayed event's members)
-/// that only the event's members as text can keep.
-enum Read {
-    Value(usize, Option<&'static str>, FieldValue),
-    /// A key's number and its value's JSON text.
-    Json(usize, Vec<u8>),
-    Members(String),
+/// An event's fields as read so far: the values it keeps under the
+/// runtime's keys until a field it cannot keep so (a key the runtime does
+/// not give, a value it would not hold as it was sent, a relayed event's
+/// members); from then on all of them as the JSON members they make, in
+/// order, each after a comma as in a line.
+enum Fields {
+    Kept(Vec<(&'static str, FieldValue)>),
+    Members(Vec<u8>),
+}
+
+impl Fields {
+    /// The members' text, the fields kept so far written into it first.
+    fn members(&mut self) -> &mut Vec<u8> {
+        if let Fields::Kept(kept) = self {
+            let mut text = Vec::new();
+            for (key, value) in kept.drain(..) {
+                write_key(&mut text, key);
+                value.write_json(&mut text);
+            }
+            *self = Fields::Members(text);
+        }
+        match self {
+            Fields::Members(text) => text,
+            Fields::Kept(_) => unreachable!("made members just above"),
+        }
+    }
 }
 
 /// One event's fields after its head; `None` for an event name this
 /// troupe does not know (its fields read and dropped).
 fn read_event(
     scan: &mut Scan<'_>,
-    strings: &mut Strings,
+    strings: &mut Strings<'_>,
     budget: &mut RelayBudget,
     head: &scan::EventRecord,
 ) -> Result<Option<Event>, String> {
     // The head's strings, made at once: each is counted as written.
+    let name = strings.made(scan, head.name)?.name;
     let mut text = EVENT_OVERHEAD + scan.string(head.name).len();
-    let mut id = |n: usize| {
-        let (shared, escaped) = strings.shared(scan, n);
-        text += escaped;
-        shared
-    };
-    let run = id(head.run);
-    let [exec, stage, tool] = [head.exec, head.stage, head.tool].map(|n| n.map(&mut id));
+    let (run, escaped) = strings.shared(scan, head.run)?;
+    text += escaped;
+    let mut ids = [None, None, None];
+    for (id, n) in ids.iter_mut().zip([head.exec, head.stage, head.tool]) {
+        if let Some(n) = n {
+            let (shared, escaped) = strings.shared(scan, n)?;
+            text += escaped;
+            *id = Some(shared);
+        }
+    }
+    let [exec, stage, tool] = ids;
     budget.spend(text)?;
-    let mut read = Vec::with_capacity(head.fields.min(16));
-    let mut all_known = true;
+    let mut fields = Fields::Kept(Vec::with_capacity(head.fields.min(16)));
     for _ in 0..head.fields {
         let field = scan.field()?;
         let Some(k) = field.key else {
@@ -324,22 +403,22 @@ fn read_event(
             budget.spend(OVERHEAD + members.len())?;
             let members = members_as_read(members)
                 .map_err(|why| format!("a relayed event's members: {why}"))?;
-            all_known = false;
-            read.push(Read::Members(members));
+            write_members(fields.members(), members.as_bytes());
             continue;
         };
-        let (known, key_len) = strings.key(scan, k);
+        let key = strings.made(scan, k)?;
+        let (known, key_len) = (key.key, key.escaped);
         // A worker writes an event with a field named like a head key as
         // its line (no head key is in `KEYS`).
-        if known.is_none() && HEAD_KEYS.contains(&scan.string(k)) {
+        if known.is_none() && HEAD_KEYS.contains(&&*key.shared) {
             return Err(format!(
                 "a relayed event's field is named like its head key `{}`",
-                scan.string(k)
+                key.shared
             ));
         }
         let (value, value_len) = match field.value {
             scan::Value::Str(n) => {
-                let (shared, escaped) = strings.shared(scan, n);
+                let (shared, escaped) = strings.shared(scan, n)?;
                 (Ok(FieldValue::Shared(shared)), escaped)
             }
             scan::Value::Text(s) => (Ok(FieldValue::Text(Arc::from(s))), escaped_len(s)),
@@ -358,20 +437,25 @@ fn read_event(
             }
         };
         budget.spend(OVERHEAD + key_len + value_len)?;
-        read.push(match value {
-            Ok(value) => {
-                all_known &= known.is_some();
-                Read::Value(k, known, value)
+        match (&mut fields, known, value) {
+            (Fields::Kept(kept), Some(key), Ok(value)) => kept.push((key, value)),
+            (_, _, value) => {
+                let json = match value {
+                    Ok(value) => Ok(value),
+                    Err(json) => value_as_read(json)
+                        .map(Err)
+                        .map_err(|why| format!("a relayed field's value: {why}"))?,
+                };
+                let text = fields.members();
+                write_key(text, &*strings.made(scan, k)?.shared);
+                match json {
+                    Ok(value) => value.write_json(text),
+                    Err(json) => text.extend_from_slice(&json),
+                }
             }
-            Err(json) => {
-                all_known = false;
-                let text =
-                    value_as_read(json).map_err(|why| format!("a relayed field's value: {why}"))?;
-                Read::Json(k, text)
-            }
-        });
+        }
     }
-    let Some(name) = strings.name(scan, head.name) else {
+    let Some(name) = name else {
         return Ok(None);
     };
     if head.micros > LAST_MICROS {
@@ -380,33 +464,15 @@ fn read_event(
     let ts = UNIX_EPOCH
         .checked_add(Duration::from_micros(head.micros))
         .ok_or("a timestamp past any clock")?;
-    let fields = if all_known {
-        read.into_iter()
-            .filter_map(|field| match field {
-                Read::Value(_, Some(key), value) => Some((key, value)),
-                _ => None,
-            })
-            .collect()
-    } else {
-        // Kept as the JSON members they make, in order, under `""`: each
-        // after a comma, as in a line, the first comma left out.
-        let mut text = Vec::new();
-        for field in &read {
-            match field {
-                Read::Value(k, _, value) => {
-                    write_key(&mut text, scan.string(*k));
-                    value.write_json(&mut text);
-                }
-                Read::Json(k, json) => {
-                    write_key(&mut text, scan.string(*k));
-                    text.extend_from_slice(json);
-                }
-                Read::Members(members) => write_members(&mut text, members.as_bytes()),
-            }
+    let fields = match fields {
+        Fields::Kept(kept) => kept,
+        // Kept as the JSON members they make under `""`, the first comma
+        // left out.
+        Fields::Members(text) => {
+            let start = usize::from(text.first() == Some(&b','));
+            let text = std::str::from_utf8(&text[start..]).map_err(|e| e.to_string())?;
+            vec![("", FieldValue::Relayed(text.into()))]
         }
-        let start = usize::from(text.first() == Some(&b','));
-        let text = std::str::from_utf8(&text[start..]).map_err(|e| e.to_string())?;
-        vec![("", FieldValue::Relayed(text.into()))]
     };
     Ok(Some(Event {
         name,

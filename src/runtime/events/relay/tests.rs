@@ -258,6 +258,75 @@ fn text_written_out_as_it_stands_is_checked() {
     );
 }
 
+/// The strings one execution's records define come back as the ones
+/// another execution's defined before: one allocation, made once per
+/// thread (`Interned`), whatever each execution numbered them.
+#[test]
+fn strings_repeated_across_executions_are_made_once() {
+    let verdict = |bytes: &[u8]| {
+        let (back, fault) = Event::read_relayed(bytes);
+        assert_eq!(fault, None);
+        match back.last().unwrap().as_ref().unwrap().fields.as_slice() {
+            [("verdict", FieldValue::Shared(ok))] => Arc::clone(ok),
+            other => panic!("{other:?}"),
+        }
+    };
+    let first = verdict(&written(&[("StageExited", 1, &|w, b| {
+        w.field_static(b, "verdict", "interned-verdict")
+    })]));
+    // Numbered differently: another string is defined first.
+    let second = verdict(&written(&[
+        ("StageEntered", 1, &|w, b| w.field_static(b, "outcome", "proceed")),
+        ("StageExited", 1, &|w, b| {
+            w.field_static(b, "verdict", "interned-verdict")
+        }),
+    ]));
+    assert_eq!(&*first, "interned-verdict");
+    assert!(Arc::ptr_eq(&first, &second));
+}
+
+/// Past what the thread keeps, it starts again: every event still reads
+/// back as its line, the strings it shares among them too.
+#[test]
+fn more_strings_than_are_kept_read_back_alike() {
+    let mut events = Vec::new();
+    for i in 0..super::INTERNED_MAX + 100 {
+        let mut event = Event::new(EventName::StageExited, Arc::from("run"));
+        event.stage_execution_id = Some(Arc::from(format!("run/worker#{i}/1")));
+        event.stage_id = Some(Arc::from("worker"));
+        event.set("verdict", FieldValue::Shared(Arc::from("ok")));
+        events.push(event);
+    }
+    for chunk in events.chunks(1000) {
+        let (back, fault) = Event::read_relayed(&relayed(chunk));
+        assert_eq!(fault, None);
+        let lines: Vec<_> = back.iter().map(|e| e.as_ref().map(line)).collect();
+        let sent: Vec<_> = chunk.iter().map(as_lines_relayed_it).collect();
+        assert_eq!(lines, sent);
+    }
+}
+
+/// A defined string that is not UTF-8 is refused, with the events before
+/// it kept, however often valid strings were read before it.
+#[test]
+fn a_string_that_is_not_utf8_is_refused() {
+    let bytes = written(&[
+        ("StageExited", 1, &|w, b| w.field_static(b, "verdict", "ok")),
+        ("StageExited", 1, &|w, b| w.field_static(b, "verdict", "z\u{e9}z")),
+    ]);
+    let _ = Event::read_relayed(&bytes);
+    let at = bytes
+        .windows(4)
+        .position(|w| w == "z\u{e9}z".as_bytes())
+        .expect("the string's bytes");
+    let mut damaged = bytes.clone();
+    // A continuation byte with no lead: the same length, not UTF-8.
+    damaged[at + 1] = 0x80;
+    let (back, fault) = Event::read_relayed(&damaged);
+    assert_eq!(back.len(), 1);
+    assert!(fault.unwrap().contains("not UTF-8"));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
