@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod compact;
 mod kept;
 
 pub use kept::{Kept, PackedResult};

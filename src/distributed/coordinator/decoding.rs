@@ -24,7 +24,6 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::super::outbox;
 use super::super::wire::Report;
-use crate::runtime::result::Kept;
 
 /// The reports of one message, or why each could not be read.
 pub(super) type Decoded = Vec<Result<Report, serde_json::Error>>;
@@ -55,24 +54,11 @@ impl<A> Incoming<A> {
 /// Decodes a payload; a decoder that panics answers with that as the
 /// message's one error (the message is skipped, as one that cannot be
 /// read, rather than taking the coordinator down). An exited sibling's
-/// result is packed here, off the coordinator's loop, as a local
-/// sibling's is by its execution: the coordinator keeps every one until
-/// the run ends.
+/// result is read packed here (`Kept`'s reading), off the coordinator's
+/// loop, as a local sibling's is packed by its execution: the
+/// coordinator keeps every one until the run ends.
 fn decode(payload: &[u8]) -> Decoded {
-    let decoded = || {
-        let mut reports = outbox::decode(payload);
-        for report in reports.iter_mut().flatten() {
-            if let Report::Exited { result, .. } = report
-                && let Kept::Whole(whole) = result
-            {
-                let stage: Arc<str> = whole.stage_id.as_str().into();
-                let id: Arc<str> = whole.stage_execution_id.as_str().into();
-                *result = Kept::packed(Arc::clone(whole), stage, id);
-            }
-        }
-        reports
-    };
-    catch_unwind(AssertUnwindSafe(decoded)).unwrap_or_else(|_| {
+    catch_unwind(AssertUnwindSafe(|| outbox::decode(payload))).unwrap_or_else(|_| {
         vec![Err(serde::de::Error::custom(
             "the report decoder panicked on this message",
         ))]
@@ -292,7 +278,7 @@ mod tests {
     /// reads back as the worker sent it.
     #[test]
     fn an_exited_siblings_result_is_packed_where_it_is_decoded() {
-        use crate::runtime::result::{StageResult, Usage, Verdict};
+        use crate::runtime::result::{Kept, StageResult, Usage, Verdict};
         let parsed = Arc::new(serde_json::json!({"item": 3, "x": [1.5, "é"]}));
         let sent = Arc::new(StageResult {
             stage_id: "worker".into(),

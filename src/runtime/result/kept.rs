@@ -20,6 +20,7 @@ use serde::de::{Deserialize, Deserializer};
 use serde::ser::{Serialize, SerializeStruct, Serializer};
 use serde_json::Value;
 
+use super::compact::CompactJson;
 use super::{StageResult, Usage, Verdict};
 
 /// Deeper than this, a value stays whole: serde_json refuses to parse
@@ -296,10 +297,78 @@ impl Serialize for Kept {
     }
 }
 
-/// Read back whole (the distributed wire, a stored slot).
+/// Read back packed (a distributed sibling's result, off the wire): its
+/// values go straight into their compact text as they are read
+/// ([`CompactJson`]), and are parsed only when something reads them, as
+/// a local sibling's are. A value nested too deep to pack is parsed from
+/// that text and kept whole.
 impl<'de> Deserialize<'de> for Kept {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Kept, D::Error> {
-        StageResult::deserialize(deserializer).map(|r| Kept::Whole(Arc::new(r)))
+        Ok(WireResult::deserialize(deserializer)?.kept())
+    }
+}
+
+/// A [`StageResult`] as its JSON reads, its values as compact text.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireResult {
+    stage_id: String,
+    stage_execution_id: String,
+    verdict: Verdict,
+    reason: Option<String>,
+    parsed: CompactJson,
+    output: CompactJson,
+    cap_hit: bool,
+    attempt_count: u32,
+    usage: Usage,
+}
+
+impl WireResult {
+    fn kept(self) -> Kept {
+        let WireResult {
+            stage_id,
+            stage_execution_id,
+            verdict,
+            reason,
+            parsed,
+            output,
+            cap_hit,
+            attempt_count,
+            usage,
+        } = self;
+        let same = output.text == parsed.text;
+        if parsed.deepest > MAX_PACKED_DEPTH || output.deepest > MAX_PACKED_DEPTH {
+            // Text serde_json wrote from what its parser read nests no
+            // deeper than that parser allows: it parses.
+            let parsed = Arc::new(parse(&parsed.text));
+            let output = if same {
+                Arc::clone(&parsed)
+            } else {
+                Arc::new(parse(&output.text))
+            };
+            return Kept::Whole(Arc::new(StageResult {
+                stage_id,
+                stage_execution_id,
+                verdict,
+                reason,
+                parsed,
+                output,
+                cap_hit,
+                attempt_count,
+                usage,
+            }));
+        }
+        Kept::Packed(Arc::new(PackedResult {
+            stage_id: stage_id.into(),
+            stage_execution_id: stage_execution_id.into(),
+            verdict,
+            cap_hit,
+            attempt_count,
+            usage,
+            reason: reason.map(String::into_boxed_str),
+            output: (!same).then(|| output.text.into_boxed_str()),
+            parsed: parsed.text.into_boxed_str(),
+        }))
     }
 }
 
@@ -487,9 +556,27 @@ mod tests {
     }
 
     #[test]
-    fn deserialized_it_is_whole_and_equal() {
-        let whole = result(json!({"item": 1}), None, None);
-        let text = serde_json::to_string(&pack(&whole)).unwrap();
+    fn read_off_the_wire_it_is_packed_as_its_execution_packs_it() {
+        let results = [
+            result(json!({"item": 1, "s": "\u{e9}\n"}), None, Some("why")),
+            result(json!([1.5, -0.0, null]), Some(json!({"other": true})), None),
+        ];
+        for whole in results {
+            let local = pack(&whole);
+            let text = serde_json::to_string(&local).unwrap();
+            let back: Kept = serde_json::from_str(&text).unwrap();
+            assert!(matches!(back, Kept::Packed(_)));
+            assert_eq!(*back.result(), *whole);
+            assert_eq!(back.json_text(), local.json_text());
+            // Through a deserializer that holds the value first.
+            let value: Value = serde_json::from_str(&text).unwrap();
+            let held: Kept = serde_json::from_value(value).unwrap();
+            assert_eq!(held.json_text(), local.json_text());
+        }
+        // Too deep to pack: read whole, and equal.
+        let deep = (0..MAX_PACKED_DEPTH + 5).fold(json!(1), |v, _| json!([v]));
+        let whole = result(deep, None, None);
+        let text = serde_json::to_string(&*whole).unwrap();
         let back: Kept = serde_json::from_str(&text).unwrap();
         assert!(matches!(back, Kept::Whole(_)));
         assert_eq!(*back.result(), *whole);
