@@ -121,7 +121,7 @@ impl Outbox {
     /// beside it (`task.relay_records`; its `events` are then empty).
     pub async fn send_relayed(&self, task: &Task, report: &Report, records: Vec<u8>) -> bool {
         let mut body = Vec::with_capacity(report.size_hint());
-        if serde_json::to_writer(&mut body, report).is_err() {
+        if report.write_json(&mut body).is_err() {
             return false;
         }
         let (stored, answer) = oneshot::channel();

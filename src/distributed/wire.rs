@@ -16,6 +16,8 @@ use serde_json::{Map, Value};
 use crate::runtime::events::Event;
 use crate::runtime::result::{Kept, Usage};
 
+mod write;
+
 /// The work queue of sibling tasks (work-queue retention).
 pub const TASKS_STREAM: &str = "TROUPE_TASKS";
 /// The durable pull consumer every worker shares.

@@ -64,7 +64,14 @@ impl Queue {
     }
 
     async fn publish(&self) -> Outcomes {
-        let bodies: Result<Vec<Vec<u8>>, _> = self.tasks.iter().map(serde_json::to_vec).collect();
+        let bodies: Result<Vec<Vec<u8>>, _> = self
+            .tasks
+            .iter()
+            .map(|task| {
+                let mut body = Vec::with_capacity(256);
+                task.write_json(&mut body).map(|()| body)
+            })
+            .collect();
         let bodies = match bodies {
             Ok(bodies) => bodies,
             Err(e) => {

@@ -266,6 +266,48 @@ impl PackedResult {
     }
 }
 
+impl Kept {
+    /// The JSON [`Serialize`] writes, byte for byte: a whole result's by
+    /// hand (its field names as the bytes they are, where serde_json
+    /// sends each through its string escaper; the values through
+    /// serde_json), a packed one's through [`Serialize`]. A worker writes
+    /// every sibling's this way (`wire::write`).
+    pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        use crate::auditlog::json::{write_json_str, write_u64};
+        let r = match self {
+            Kept::Whole(r) => r,
+            Kept::Packed(_) => return serde_json::to_writer(&mut *out, self),
+        };
+        out.extend_from_slice(b"{\"stageId\":");
+        write_json_str(out, &r.stage_id);
+        out.extend_from_slice(b",\"stageExecutionId\":");
+        write_json_str(out, &r.stage_execution_id);
+        out.extend_from_slice(b",\"verdict\":\"");
+        out.extend_from_slice(r.verdict.as_str().as_bytes());
+        out.push(b'"');
+        if let Some(reason) = &r.reason {
+            out.extend_from_slice(b",\"reason\":");
+            write_json_str(out, reason);
+        }
+        out.extend_from_slice(b",\"parsed\":");
+        serde_json::to_writer(&mut *out, &*r.parsed)?;
+        out.extend_from_slice(b",\"output\":");
+        serde_json::to_writer(&mut *out, &*r.output)?;
+        out.extend_from_slice(b",\"capHit\":");
+        out.extend_from_slice(if r.cap_hit { b"true" } else { b"false" });
+        out.extend_from_slice(b",\"attemptCount\":");
+        write_u64(out, u64::from(r.attempt_count));
+        out.extend_from_slice(b",\"usage\":{\"promptTokens\":");
+        write_u64(out, r.usage.prompt_tokens);
+        out.extend_from_slice(b",\"completionTokens\":");
+        write_u64(out, r.usage.completion_tokens);
+        out.extend_from_slice(b",\"requests\":");
+        write_u64(out, r.usage.requests);
+        out.extend_from_slice(b"}}");
+        Ok(())
+    }
+}
+
 /// The same JSON as [`StageResult`]'s, whichever way it is held: a
 /// packed result's values are parsed back one at a time as they are
 /// written, so a printer formats them as it formats any value.
