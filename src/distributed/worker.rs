@@ -610,7 +610,7 @@ impl WorkerHost {
 
     /// An execution ended: report it with its events, then acknowledge
     /// its task.
-    fn report(&mut self, exec: ExecKey, outcome: StageOutcome, ctx: &mut Context<Self>) {
+    fn report(&mut self, exec: ExecKey, outcome: StageOutcome) {
         let Some(flight) = self.in_flight.remove(&exec.id) else {
             return;
         };
@@ -705,19 +705,33 @@ impl WorkerHost {
             // steps, not set from a length taken earlier.)
             count.send_modify(|n| *n = n.saturating_sub(1));
         };
-        ctx.spawn(fut.into_actor(self));
+        // A task of its own, not a future of this actor's context: actix
+        // polls every future a context holds each time the actor wakes,
+        // and with hundreds of reports waiting on the outbox that was
+        // some 70 polls a sibling (callgrind). It uses nothing of the
+        // actor's, ends once the outbox answered and the leases are
+        // settled, and a drain waits for it through `count`.
+        actix::spawn(fut);
     }
 }
 
 impl Handler<ToScheduler> for WorkerHost {
     type Result = ();
 
-    fn handle(&mut self, msg: ToScheduler, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: ToScheduler, _: &mut Context<Self>) {
+        self.letter(msg);
+    }
+}
+
+impl WorkerHost {
+    /// What the executions tell the scheduler, told the worker instead:
+    /// only their ends matter here.
+    fn letter(&mut self, msg: ToScheduler) {
         match msg {
-            ToScheduler::Report { exec, outcome } => self.report(exec, outcome, ctx),
+            ToScheduler::Report { exec, outcome } => self.report(exec, outcome),
             ToScheduler::Batch(letters) => {
                 for letter in letters {
-                    self.handle(letter, ctx);
+                    self.letter(letter);
                 }
             }
             ToScheduler::CancelRun | ToScheduler::LimitReached { .. } => {}
