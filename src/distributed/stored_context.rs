@@ -200,6 +200,31 @@ mod tests {
         (values.len(), read)
     }
 
+    /// The slot's results come back whole: each sibling reads them at once
+    /// (`ctx.results`), and a packed one would be parsed again each time.
+    #[test]
+    fn the_slots_results_are_read_back_whole() {
+        use crate::runtime::result::{Kept, StageResult, Usage, Verdict};
+        let parsed = Arc::new(json!({"goal": "g", "items": [1, 2]}));
+        let plan = Arc::new(StageResult {
+            stage_id: "plan".into(),
+            stage_execution_id: "run/plan/1".into(),
+            verdict: Verdict::Ok,
+            reason: None,
+            output: Arc::clone(&parsed),
+            parsed,
+            cap_hit: false,
+            attempt_count: 1,
+            usage: Usage::default(),
+        });
+        let mut with_slot = context(3);
+        with_slot.slot = Arc::new(BTreeMap::from([("plan".to_owned(), Kept::Whole(plan))]));
+        let (_, read) = round_trip(&with_slot, PART);
+        let read = read.unwrap();
+        assert!(matches!(read.slot["plan"], Kept::Whole(_)));
+        assert_eq!(read, with_slot);
+    }
+
     #[test]
     fn a_small_context_is_one_value_as_before() {
         let small = context(10);

@@ -213,7 +213,9 @@ pub enum Report {
         /// How many times the work queue delivered the task (above 1:
         /// a worker was lost and the sibling ran again from its start).
         delivered: u64,
-        /// Written as a StageResult; read back whole.
+        /// Written as a StageResult; read back packed, as the
+        /// coordinator keeps it ([`Kept::read_packed`]).
+        #[serde(deserialize_with = "Kept::read_packed")]
         result: Kept,
         /// Empty when the events travel as records beside the report;
         /// always written, since a coordinator older than records needs it.

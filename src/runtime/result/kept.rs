@@ -339,13 +339,23 @@ impl Serialize for Kept {
     }
 }
 
-/// Read back packed (a distributed sibling's result, off the wire): its
-/// values go straight into their compact text as they are read
-/// ([`CompactJson`]), and are parsed only when something reads them, as
-/// a local sibling's are. A value nested too deep to pack is parsed from
-/// that text and kept whole.
+/// Read back whole: a group's state slot, which a worker's siblings read
+/// at once and often (see [`Kept::read_packed`] for a result the reader
+/// only keeps).
 impl<'de> Deserialize<'de> for Kept {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Kept, D::Error> {
+        StageResult::deserialize(deserializer).map(|r| Kept::Whole(Arc::new(r)))
+    }
+}
+
+impl Kept {
+    /// A result read packed: its values go straight into their compact
+    /// text as they are read ([`CompactJson`]), parsed only when something
+    /// reads them, as a local sibling's result is. How a coordinator reads
+    /// a distributed sibling's result off the wire (`Report::Exited`),
+    /// which it keeps until the run ends. A value nested too deep to pack
+    /// is parsed from that text and kept whole.
+    pub fn read_packed<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Kept, D::Error> {
         Ok(WireResult::deserialize(deserializer)?.kept())
     }
 }
@@ -606,20 +616,27 @@ mod tests {
         for whole in results {
             let local = pack(&whole);
             let text = serde_json::to_string(&local).unwrap();
-            let back: Kept = serde_json::from_str(&text).unwrap();
+            let read = |text: &str| {
+                Kept::read_packed(&mut serde_json::Deserializer::from_str(text)).unwrap()
+            };
+            let back = read(&text);
             assert!(matches!(back, Kept::Packed(_)));
             assert_eq!(*back.result(), *whole);
             assert_eq!(back.json_text(), local.json_text());
             // Through a deserializer that holds the value first.
             let value: Value = serde_json::from_str(&text).unwrap();
-            let held: Kept = serde_json::from_value(value).unwrap();
+            let held = Kept::read_packed(value.clone()).unwrap();
             assert_eq!(held.json_text(), local.json_text());
+            // Read as a state slot's entry: whole.
+            let slot: Kept = serde_json::from_value(value).unwrap();
+            assert!(matches!(slot, Kept::Whole(_)));
+            assert_eq!(*slot.result(), *whole);
         }
         // Too deep to pack: read whole, and equal.
         let deep = (0..MAX_PACKED_DEPTH + 5).fold(json!(1), |v, _| json!([v]));
         let whole = result(deep, None, None);
         let text = serde_json::to_string(&*whole).unwrap();
-        let back: Kept = serde_json::from_str(&text).unwrap();
+        let back = Kept::read_packed(&mut serde_json::Deserializer::from_str(&text)).unwrap();
         assert!(matches!(back, Kept::Whole(_)));
         assert_eq!(*back.result(), *whole);
     }
