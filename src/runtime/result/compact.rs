@@ -147,6 +147,7 @@ impl<'de> Visitor<'de> for Compact<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(mut self, mut entries: A) -> Result<(), A::Error> {
+        let open = self.out.len();
         self.out.push(b'{');
         let mut first = true;
         loop {
@@ -154,9 +155,20 @@ impl<'de> Visitor<'de> for Compact<'_> {
             if !first {
                 self.out.push(b',');
             }
-            if entries.next_key_seed(Key(&mut *self.out))?.is_none() {
+            let Some(raw) = entries.next_key_seed(Key(&mut *self.out))? else {
                 self.out.truncate(at);
                 break;
+            };
+            if raw && first {
+                // As a `Value` reads it: the object is the JSON its one
+                // string holds (serde_json's `raw_value` protocol).
+                self.out.truncate(open);
+                let text: String = entries.next_value()?;
+                let value: serde_json::Value =
+                    serde_json::from_str(&text).map_err(serde::de::Error::custom)?;
+                *self.deepest = (*self.deepest).max(self.depth + depth(&value));
+                return serde_json::to_writer(&mut *self.out, &value)
+                    .map_err(serde::de::Error::custom);
             }
             self.out.push(b':');
             entries.next_value_seed(self.nested())?;
@@ -167,26 +179,40 @@ impl<'de> Visitor<'de> for Compact<'_> {
     }
 }
 
-/// Writes an object's key, which JSON makes a string.
+/// How deep `value` nests below itself.
+fn depth(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::Array(items) => items.iter().map(|v| 1 + depth(v)).max().unwrap_or(0),
+        serde_json::Value::Object(map) => map.values().map(|v| 1 + depth(v)).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The key serde_json's `Value` takes for the text of a raw value.
+const RAW_VALUE_KEY: &str = "$serde_json::private::RawValue";
+
+/// Writes an object's key, which JSON makes a string; `true` for the
+/// key of a raw value ([`RAW_VALUE_KEY`]).
 struct Key<'o>(&'o mut Vec<u8>);
 
 impl<'de> DeserializeSeed<'de> for Key<'_> {
-    type Value = ();
+    type Value = bool;
 
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
         deserializer.deserialize_str(self)
     }
 }
 
 impl<'de> Visitor<'de> for Key<'_> {
-    type Value = ();
+    type Value = bool;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a string key")
     }
 
-    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<(), E> {
-        serde_json::to_writer(&mut *self.0, s).map_err(E::custom)
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<bool, E> {
+        serde_json::to_writer(&mut *self.0, s).map_err(E::custom)?;
+        Ok(s == RAW_VALUE_KEY)
     }
 }
 
@@ -221,9 +247,12 @@ mod tests {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..5)
                     .prop_map(|items| format!("[ {} ]", items.join(" ,\n"))),
-                prop::collection::btree_map("[a-c]{0,2}", inner, 0..5).prop_map(|entries| {
+                prop::collection::vec(("[a-c]{0,2}", inner), 0..5).prop_map(|entries| {
+                    // In any order, each key once.
+                    let mut seen = std::collections::HashSet::new();
                     let entries: Vec<String> = entries
                         .into_iter()
+                        .filter(|(k, _)| seen.insert(k.clone()))
                         .map(|(k, v)| format!("{} : {v}", serde_json::to_string(&k).unwrap()))
                         .collect();
                     format!("{{{}}}", entries.join(","))
@@ -255,6 +284,29 @@ mod tests {
         ] {
             assert!(serde_json::from_str::<Value>(text).is_err(), "{text}");
             assert!(compact(text).is_err(), "{text}");
+        }
+    }
+
+    /// serde_json's raw-value protocol: an object whose first key is its
+    /// token is the JSON its string holds, to a `Value` and here alike.
+    #[test]
+    fn a_raw_values_token_reads_as_a_value_reads_it() {
+        let ok = format!("{{\"{}\":\"[1,[2]]\"}}", super::RAW_VALUE_KEY);
+        let value: Value = serde_json::from_str(&ok).unwrap();
+        let got = compact(&ok).unwrap();
+        assert_eq!((got.text.as_str(), got.deepest), ("[1,[2]]", 2));
+        assert_eq!(serde_json::to_string(&value).unwrap(), got.text);
+        let nested = format!("[{ok}]");
+        assert_eq!(compact(&nested).unwrap().text, "[[1,[2]]]");
+        for refused in [
+            format!("{{\"{}\":5}}", super::RAW_VALUE_KEY),
+            format!("{{\"{}\":\"[1\"}}", super::RAW_VALUE_KEY),
+        ] {
+            assert!(
+                serde_json::from_str::<Value>(&refused).is_err(),
+                "{refused}"
+            );
+            assert!(compact(&refused).is_err(), "{refused}");
         }
     }
 
