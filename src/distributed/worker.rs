@@ -375,6 +375,17 @@ async fn start_all(host: &Addr<WorkerHost>, intakes: Vec<Intake>) {
     }
 }
 
+/// Takes one from the count of tasks in flight when dropped. Reports end
+/// in any order, so the count is kept by steps, not set from a length
+/// taken earlier.
+struct CountDown(watch::Sender<usize>);
+
+impl Drop for CountDown {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
 /// Counts what the fetch loop decided alone.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -632,11 +643,15 @@ impl WorkerHost {
         let name = worker.clone();
         let task_log = self.config.task_log;
         let summary = Arc::clone(&self.summary);
-        let count = self.in_flight_count.clone();
         let t = flight.task;
         let delivered = lease.delivered();
         let permit = flight._permit;
+        // Counted down when the task ends, however it ends: a drain waits
+        // for the count, and a task that panicked would otherwise hold it
+        // up for good.
+        let counted_down = CountDown(self.in_flight_count.clone());
         let fut = async move {
+            let _counted_down = counted_down;
             // Every event the execution published before it reported.
             let _ = seen.wait_for(|s| *s >= until).await;
             // What lines may take of a message: its budget less the rest
@@ -700,10 +715,8 @@ impl WorkerHost {
             if let Ok(mut s) = summary.lock() {
                 counted(&mut s);
             }
-            // Counted down only now: a drain waits for the report too.
-            // (Reports finish in any order, so the count is kept by
-            // steps, not set from a length taken earlier.)
-            count.send_modify(|n| *n = n.saturating_sub(1));
+            // Counted down only now (`_counted_down`): a drain waits for
+            // the report too.
         };
         // A task of its own, not a future of this actor's context: actix
         // polls every future a context holds each time the actor wakes,
