@@ -276,7 +276,9 @@ fn strings_repeated_across_executions_are_made_once() {
     })]));
     // Numbered differently: another string is defined first.
     let second = verdict(&written(&[
-        ("StageEntered", 1, &|w, b| w.field_static(b, "outcome", "proceed")),
+        ("StageEntered", 1, &|w, b| {
+            w.field_static(b, "outcome", "proceed")
+        }),
         ("StageExited", 1, &|w, b| {
             w.field_static(b, "verdict", "interned-verdict")
         }),
@@ -312,7 +314,9 @@ fn more_strings_than_are_kept_read_back_alike() {
 fn a_string_that_is_not_utf8_is_refused() {
     let bytes = written(&[
         ("StageExited", 1, &|w, b| w.field_static(b, "verdict", "ok")),
-        ("StageExited", 1, &|w, b| w.field_static(b, "verdict", "z\u{e9}z")),
+        ("StageExited", 1, &|w, b| {
+            w.field_static(b, "verdict", "z\u{e9}z")
+        }),
     ]);
     let _ = Event::read_relayed(&bytes);
     let at = bytes
