@@ -133,7 +133,7 @@ fn framed(body: &mut Vec<u8>, i: usize) {
         result: Kept::Whole(Arc::new(result)),
         events: Vec::new(),
     };
-    let json = serde_json::to_vec(&report).unwrap();
+    let json = serde_json::to_vec(&report).expect("a report serializes");
     let mut relaying = Relaying::default();
     for e in events(i) {
         relaying.push(&e);
