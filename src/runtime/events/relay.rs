@@ -233,24 +233,49 @@ const INTERNED_MAX: usize = 4096;
 /// among the runtime's keys and names and copied into a new allocation,
 /// and the events share one allocation for it (BENCHMARKS.md, "Every
 /// core, twentieth round").
+///
+/// A worker writes a stage's siblings alike, so a string's number in one
+/// execution's records is mostly its number in the next's: each number's
+/// last string is kept too, and bytes equal to it are found with one
+/// comparison rather than a hash and a probe.
 #[derive(Default)]
-struct Interned(std::collections::HashMap<Box<[u8]>, Made, foldhash::fast::RandomState>);
+struct Interned {
+    by_text: std::collections::HashMap<Box<[u8]>, Made, foldhash::fast::RandomState>,
+    by_number: Vec<Option<Made>>,
+}
+
+/// Numbers past this are looked up by their text only.
+const BY_NUMBER: usize = 1024;
 
 impl Interned {
-    /// What `text` is read as; the same bytes as a string kept are the
-    /// same UTF-8.
-    fn made(&mut self, text: &[u8]) -> Result<Made, String> {
+    /// What `text`, string `n` of its records, is read as; the same bytes
+    /// as a string kept are the same UTF-8.
+    fn made(&mut self, n: usize, text: &[u8]) -> Result<Made, String> {
         if text.len() > INTERNED_LEN {
             return Made::of(text);
         }
-        if let Some(made) = self.0.get(text) {
+        if let Some(Some(made)) = self.by_number.get(n)
+            && made.shared.as_bytes() == text
+        {
             return Ok(made.clone());
         }
-        if self.0.len() >= INTERNED_MAX {
-            self.0.clear();
+        let made = match self.by_text.get(text) {
+            Some(made) => made.clone(),
+            None => {
+                if self.by_text.len() >= INTERNED_MAX {
+                    self.by_text.clear();
+                }
+                let made = Made::of(text)?;
+                self.by_text.insert(text.into(), made.clone());
+                made
+            }
+        };
+        if n < BY_NUMBER {
+            if self.by_number.len() <= n {
+                self.by_number.resize_with(n + 1, || None);
+            }
+            self.by_number[n] = Some(made.clone());
         }
-        let made = Made::of(text)?;
-        self.0.insert(text.into(), made.clone());
         Ok(made)
     }
 }
@@ -278,7 +303,7 @@ impl Strings<'_> {
         let from = (text.as_ptr() as usize, text.len());
         let slot = &mut self.made[n];
         if slot.as_ref().is_none_or(|(was, _)| *was != from) {
-            *slot = Some((from, self.interned.made(text)?));
+            *slot = Some((from, self.interned.made(n, text)?));
         }
         match slot {
             Some((_, made)) => Ok(made),
