@@ -204,19 +204,9 @@ mod tests {
     /// (`ctx.results`), and a packed one would be parsed again each time.
     #[test]
     fn the_slots_results_are_read_back_whole() {
-        use crate::runtime::result::{Kept, StageResult, Usage, Verdict};
-        let parsed = Arc::new(json!({"goal": "g", "items": [1, 2]}));
-        let plan = Arc::new(StageResult {
-            stage_id: "plan".into(),
-            stage_execution_id: "run/plan/1".into(),
-            verdict: Verdict::Ok,
-            reason: None,
-            output: Arc::clone(&parsed),
-            parsed,
-            cap_hit: false,
-            attempt_count: 1,
-            usage: Usage::default(),
-        });
+        use crate::runtime::result::{Kept, StageResult};
+        let parsed = json!({"goal": "g", "items": [1, 2]});
+        let plan = Arc::new(StageResult::ok("plan", "run/plan/1", parsed));
         let mut with_slot = context(3);
         with_slot.slot = Arc::new(BTreeMap::from([("plan".to_owned(), Kept::Whole(plan))]));
         let (_, read) = round_trip(&with_slot, PART);

@@ -64,4 +64,21 @@ impl StageResult {
     pub fn to_json(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
+
+    /// A first try's `ok` result whose `output` is `parsed`, for tests.
+    #[cfg(test)]
+    pub(crate) fn ok(stage_id: &str, stage_execution_id: &str, parsed: Value) -> StageResult {
+        let parsed = Arc::new(parsed);
+        StageResult {
+            stage_id: stage_id.into(),
+            stage_execution_id: stage_execution_id.into(),
+            verdict: Verdict::Ok,
+            reason: None,
+            output: Arc::clone(&parsed),
+            parsed,
+            cap_hit: false,
+            attempt_count: 1,
+            usage: Usage::default(),
+        }
+    }
 }

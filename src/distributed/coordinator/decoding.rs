@@ -278,19 +278,9 @@ mod tests {
     /// reads back as the worker sent it.
     #[test]
     fn an_exited_siblings_result_is_packed_where_it_is_decoded() {
-        use crate::runtime::result::{Kept, StageResult, Usage, Verdict};
-        let parsed = Arc::new(serde_json::json!({"item": 3, "x": [1.5, "é"]}));
-        let sent = Arc::new(StageResult {
-            stage_id: "worker".into(),
-            stage_execution_id: "r/worker#3/1".into(),
-            verdict: Verdict::Ok,
-            reason: None,
-            output: Arc::clone(&parsed),
-            parsed,
-            cap_hit: false,
-            attempt_count: 1,
-            usage: Usage::default(),
-        });
+        use crate::runtime::result::{Kept, StageResult};
+        let parsed = serde_json::json!({"item": 3, "x": [1.5, "é"]});
+        let sent = Arc::new(StageResult::ok("worker", "r/worker#3/1", parsed));
         let report = Report::Exited {
             stage_execution_id: "r/worker#3/1".into(),
             turn: 2,

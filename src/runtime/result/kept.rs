@@ -377,49 +377,38 @@ struct WireResult {
 
 impl WireResult {
     fn kept(self) -> Kept {
-        let WireResult {
-            stage_id,
-            stage_execution_id,
-            verdict,
-            reason,
-            parsed,
-            output,
-            cap_hit,
-            attempt_count,
-            usage,
-        } = self;
-        let same = output.text == parsed.text;
-        if parsed.deepest > MAX_PACKED_DEPTH || output.deepest > MAX_PACKED_DEPTH {
+        let same = self.output.text == self.parsed.text;
+        if self.parsed.deepest > MAX_PACKED_DEPTH || self.output.deepest > MAX_PACKED_DEPTH {
             // Text serde_json wrote from what its parser read nests no
             // deeper than that parser allows: it parses.
-            let parsed = Arc::new(parse(&parsed.text));
+            let parsed = Arc::new(parse(&self.parsed.text));
             let output = if same {
                 Arc::clone(&parsed)
             } else {
-                Arc::new(parse(&output.text))
+                Arc::new(parse(&self.output.text))
             };
             return Kept::Whole(Arc::new(StageResult {
-                stage_id,
-                stage_execution_id,
-                verdict,
-                reason,
+                stage_id: self.stage_id,
+                stage_execution_id: self.stage_execution_id,
+                verdict: self.verdict,
+                reason: self.reason,
                 parsed,
                 output,
-                cap_hit,
-                attempt_count,
-                usage,
+                cap_hit: self.cap_hit,
+                attempt_count: self.attempt_count,
+                usage: self.usage,
             }));
         }
         Kept::Packed(Arc::new(PackedResult {
-            stage_id: stage_id.into(),
-            stage_execution_id: stage_execution_id.into(),
-            verdict,
-            cap_hit,
-            attempt_count,
-            usage,
-            reason: reason.map(String::into_boxed_str),
-            output: (!same).then(|| output.text.into_boxed_str()),
-            parsed: parsed.text.into_boxed_str(),
+            stage_id: self.stage_id.into(),
+            stage_execution_id: self.stage_execution_id.into(),
+            verdict: self.verdict,
+            cap_hit: self.cap_hit,
+            attempt_count: self.attempt_count,
+            usage: self.usage,
+            reason: self.reason.map(String::into_boxed_str),
+            output: (!same).then(|| self.output.text.into_boxed_str()),
+            parsed: self.parsed.text.into_boxed_str(),
         }))
     }
 }
