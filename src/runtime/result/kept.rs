@@ -356,7 +356,9 @@ impl Kept {
     /// which it keeps until the run ends. A value nested too deep to pack
     /// is parsed from that text and kept whole.
     pub fn read_packed<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Kept, D::Error> {
-        Ok(WireResult::deserialize(deserializer)?.kept())
+        WireResult::deserialize(deserializer)?
+            .kept()
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -376,18 +378,26 @@ struct WireResult {
 }
 
 impl WireResult {
-    fn kept(self) -> Kept {
+    /// The result packed, or whole when a value nests too deep to pack.
+    /// A value's text nests no deeper than serde_json's parser allows, but
+    /// for a raw value's (serde_json's `raw_value` key), which may nest
+    /// deeper inside its object: such a value is refused rather than kept
+    /// as the `null` its text would parse to.
+    fn kept(self) -> Result<Kept, String> {
         let same = self.output.text == self.parsed.text;
         if self.parsed.deepest > MAX_PACKED_DEPTH || self.output.deepest > MAX_PACKED_DEPTH {
-            // Text serde_json wrote from what its parser read nests no
-            // deeper than that parser allows: it parses.
-            let parsed = Arc::new(parse(&self.parsed.text));
+            let whole = |text: &str| {
+                serde_json::from_str::<Value>(text)
+                    .map(Arc::new)
+                    .map_err(|e| format!("a result's value nests too deep to read back: {e}"))
+            };
+            let parsed = whole(&self.parsed.text)?;
             let output = if same {
                 Arc::clone(&parsed)
             } else {
-                Arc::new(parse(&self.output.text))
+                whole(&self.output.text)?
             };
-            return Kept::Whole(Arc::new(StageResult {
+            return Ok(Kept::Whole(Arc::new(StageResult {
                 stage_id: self.stage_id,
                 stage_execution_id: self.stage_execution_id,
                 verdict: self.verdict,
@@ -397,9 +407,9 @@ impl WireResult {
                 cap_hit: self.cap_hit,
                 attempt_count: self.attempt_count,
                 usage: self.usage,
-            }));
+            })));
         }
-        Kept::Packed(Arc::new(PackedResult {
+        Ok(Kept::Packed(Arc::new(PackedResult {
             stage_id: self.stage_id.into(),
             stage_execution_id: self.stage_execution_id.into(),
             verdict: self.verdict,
@@ -409,7 +419,7 @@ impl WireResult {
             reason: self.reason.map(String::into_boxed_str),
             output: (!same).then(|| self.output.text.into_boxed_str()),
             parsed: self.parsed.text.into_boxed_str(),
-        }))
+        })))
     }
 }
 
@@ -621,6 +631,20 @@ mod tests {
             assert!(matches!(slot, Kept::Whole(_)));
             assert_eq!(*slot.result(), *whole);
         }
+        // A raw value (serde_json's raw_value key) nested past what a
+        // parser reads back: refused, not read as null.
+        let inner = format!("{}1{}", "[".repeat(120), "]".repeat(120));
+        let raw = json!({"$serde_json::private::RawValue": inner});
+        let mut text = serde_json::to_string(&raw).unwrap();
+        for _ in 0..20 {
+            text = format!("[{text}]");
+        }
+        let reply = format!(
+            "{{\"stageId\":\"s\",\"stageExecutionId\":\"e\",\"verdict\":\"ok\",\"parsed\":{text},\"output\":1,\"capHit\":false,\"attemptCount\":1,\"usage\":{{\"promptTokens\":0,\"completionTokens\":0,\"requests\":0}}}}"
+        );
+        let why = Kept::read_packed(&mut serde_json::Deserializer::from_str(&reply))
+            .expect_err("refused");
+        assert!(why.to_string().contains("too deep"), "{why}");
         // Too deep to pack: read whole, and equal.
         let deep = (0..MAX_PACKED_DEPTH + 5).fold(json!(1), |v, _| json!([v]));
         let whole = result(deep, None, None);
