@@ -248,16 +248,19 @@ struct Interned {
 const BY_NUMBER: usize = 1024;
 
 impl Interned {
-    /// What `text`, string `n` of its records, is read as; the same bytes
-    /// as a string kept are the same UTF-8.
-    fn made(&mut self, n: usize, text: &[u8]) -> Result<Made, String> {
+    /// Makes `text`, string `n` of its records; the same bytes as a string
+    /// kept are the same UTF-8. Where it is kept under its number, the
+    /// piece's table refers to it there rather than holding a copy (each
+    /// copy of an `Arc` is an atomic increment, and a sibling defines
+    /// some forty strings).
+    fn make(&mut self, n: usize, text: &[u8]) -> Result<Slot, String> {
         if text.len() > INTERNED_LEN {
-            return Made::of(text);
+            return Made::of(text).map(Slot::Own);
         }
         if let Some(Some(made)) = self.by_number.get(n)
             && made.shared.as_bytes() == text
         {
-            return Ok(made.clone());
+            return Ok(Slot::Number);
         }
         let made = match self.by_text.get(text) {
             Some(made) => made.clone(),
@@ -270,14 +273,23 @@ impl Interned {
                 made
             }
         };
-        if n < BY_NUMBER {
-            if self.by_number.len() <= n {
-                self.by_number.resize_with(n + 1, || None);
-            }
-            self.by_number[n] = Some(made.clone());
+        if n >= BY_NUMBER {
+            return Ok(Slot::Own(made));
         }
-        Ok(made)
+        if self.by_number.len() <= n {
+            self.by_number.resize_with(n + 1, || None);
+        }
+        self.by_number[n] = Some(made);
+        Ok(Slot::Number)
     }
+}
+
+/// Where a piece's string `n` is held: under its number in [`Interned`]
+/// (which changes only when string `n` is made again, and with it the
+/// piece's table), or by the table itself.
+enum Slot {
+    Number,
+    Own(Made),
 }
 
 thread_local! {
@@ -288,7 +300,7 @@ thread_local! {
 /// it was made from, since a `RESET` numbers strings anew and a number's
 /// new text lies elsewhere.
 struct Strings<'i> {
-    made: Vec<Option<((usize, usize), Made)>>,
+    made: Vec<Option<((usize, usize), Slot)>>,
     interned: &'i mut Interned,
 }
 
@@ -303,10 +315,14 @@ impl Strings<'_> {
         let from = (text.as_ptr() as usize, text.len());
         let slot = &mut self.made[n];
         if slot.as_ref().is_none_or(|(was, _)| *was != from) {
-            *slot = Some((from, self.interned.made(n, text)?));
+            *slot = Some((from, self.interned.make(n, text)?));
         }
         match slot {
-            Some((_, made)) => Ok(made),
+            Some((_, Slot::Own(made))) => Ok(made),
+            Some((_, Slot::Number)) => match self.interned.by_number.get(n) {
+                Some(Some(made)) => Ok(made),
+                _ => unreachable!("kept under its number when made"),
+            },
             None => unreachable!("made just above"),
         }
     }
