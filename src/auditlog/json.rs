@@ -113,6 +113,12 @@ pub(crate) fn write_usage(out: &mut Vec<u8>, prompt: u64, completion: u64, reque
     out.push(b'}');
 }
 
+/// The name serde_json's `raw_value` protocol gives a raw value: its
+/// serializer writes a struct of this name as its one field's text, and
+/// a `Value` reads an object whose first key it is as the JSON that
+/// key's string holds.
+pub(crate) const RAW_VALUE: &str = "$serde_json::private::RawValue";
+
 /// A JSON string: copied whole when nothing in it needs escaping, else
 /// escaped by serde_json (which escapes `"`, `\\` and bytes below 0x20).
 pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::auditlog::json::RAW_VALUE;
 use crate::runtime::events::Event;
 use crate::runtime::result::{Kept, Usage};
 
@@ -400,8 +401,6 @@ impl EventLine {
 /// only text the encoder wrote; `written_text_is_written_as_it_stands`
 /// pins the protocol to the serde_json in use.
 struct Written<'a>(&'a str);
-
-const RAW_VALUE: &str = "$serde_json::private::RawValue";
 
 impl Serialize for Written<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

@@ -646,9 +646,9 @@ impl WorkerHost {
         let t = flight.task;
         let delivered = lease.delivered();
         let permit = flight._permit;
-        // Counted down when the task ends, however it ends: a drain waits
-        // for the count, and a task that panicked would otherwise hold it
-        // up for good.
+        // Counted down only when the task ends, however it ends: a drain
+        // waits for the report too, and a task that panicked would
+        // otherwise hold it up for good.
         let counted_down = CountDown(self.in_flight_count.clone());
         let fut = async move {
             let _counted_down = counted_down;
@@ -715,15 +715,13 @@ impl WorkerHost {
             if let Ok(mut s) = summary.lock() {
                 counted(&mut s);
             }
-            // Counted down only now (`_counted_down`): a drain waits for
-            // the report too.
         };
         // A task of its own, not a future of this actor's context: actix
         // polls every future a context holds each time the actor wakes,
         // and with hundreds of reports waiting on the outbox that was
         // some 70 polls a sibling (callgrind). It uses nothing of the
         // actor's, ends once the outbox answered and the leases are
-        // settled, and a drain waits for it through `count`.
+        // settled, and a drain waits for it through `counted_down`.
         actix::spawn(fut);
     }
 }

@@ -54,9 +54,9 @@ impl<A> Incoming<A> {
 /// Decodes a payload; a decoder that panics answers with that as the
 /// message's one error (the message is skipped, as one that cannot be
 /// read, rather than taking the coordinator down). An exited sibling's
-/// result is read packed here (`Kept`'s reading), off the coordinator's
-/// loop, as a local sibling's is packed by its execution: the
-/// coordinator keeps every one until the run ends.
+/// result is read packed here (`Kept::read_packed`), off the
+/// coordinator's loop, as a local sibling's is packed by its execution:
+/// the coordinator keeps every one until the run ends.
 fn decode(payload: &[u8]) -> Decoded {
     catch_unwind(AssertUnwindSafe(|| outbox::decode(payload))).unwrap_or_else(|_| {
         vec![Err(serde::de::Error::custom(

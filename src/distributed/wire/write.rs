@@ -14,14 +14,7 @@
 use serde::Serialize;
 
 use super::{Report, Task};
-use crate::auditlog::json::{write_json_str, write_u64};
-
-/// `"key":`, after a comma unless it opens the object.
-fn key(out: &mut Vec<u8>, key: &str) {
-    out.push(b'"');
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(b"\":");
-}
+use crate::auditlog::json::{write_json_str, write_key, write_u64};
 
 fn value<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> serde_json::Result<()> {
     serde_json::to_writer(&mut *out, value)
@@ -30,38 +23,28 @@ fn value<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> serde_json::Res
 impl Task {
     /// The task's JSON, as serde_json writes it.
     pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
-        out.push(b'{');
-        key(out, "runId");
+        out.extend_from_slice(b"{\"runId\":");
         write_json_str(out, &self.run_id);
-        out.push(b',');
-        key(out, "turn");
+        write_key(out, "turn");
         write_u64(out, self.turn);
-        out.push(b',');
-        key(out, "unit");
+        write_key(out, "unit");
         write_u64(out, self.unit as u64);
-        out.push(b',');
-        key(out, "stageExecutionId");
+        write_key(out, "stageExecutionId");
         write_json_str(out, &self.stage_execution_id);
-        out.push(b',');
-        key(out, "stageId");
+        write_key(out, "stageId");
         write_json_str(out, &self.stage_id);
-        out.push(b',');
-        key(out, "index");
+        write_key(out, "index");
         match self.index {
             Some(index) => write_u64(out, index as u64),
             None => out.extend_from_slice(b"null"),
         }
-        out.push(b',');
-        key(out, "visit");
+        write_key(out, "visit");
         write_u64(out, u64::from(self.visit));
-        out.push(b',');
-        key(out, "item");
+        write_key(out, "item");
         value(out, &self.item)?;
-        out.push(b',');
-        key(out, "pipelineId");
+        write_key(out, "pipelineId");
         write_json_str(out, &self.pipeline_id);
-        out.push(b',');
-        key(out, "digest");
+        write_key(out, "digest");
         write_json_str(out, &self.digest);
         if self.zstd_reports {
             out.extend_from_slice(b",\"zstdReports\":true");
@@ -95,17 +78,13 @@ impl Report {
         };
         out.extend_from_slice(b"{\"kind\":\"");
         out.extend_from_slice(kind.as_bytes());
-        out.extend_from_slice(b"\",\"body\":{");
-        key(out, "stageExecutionId");
+        out.extend_from_slice(b"\",\"body\":{\"stageExecutionId\":");
         write_json_str(out, id);
-        out.push(b',');
-        key(out, "turn");
+        write_key(out, "turn");
         write_u64(out, *turn);
-        out.push(b',');
-        key(out, "unit");
+        write_key(out, "unit");
         write_u64(out, *unit as u64);
-        out.push(b',');
-        key(out, "worker");
+        write_key(out, "worker");
         write_json_str(out, worker);
         if let Report::Exited {
             delivered,
@@ -114,14 +93,11 @@ impl Report {
             ..
         } = self
         {
-            out.push(b',');
-            key(out, "delivered");
+            write_key(out, "delivered");
             write_u64(out, *delivered);
-            out.push(b',');
-            key(out, "result");
+            write_key(out, "result");
             result.write_json(out)?;
-            out.push(b',');
-            key(out, "events");
+            write_key(out, "events");
             value(out, events)?;
         }
         out.extend_from_slice(b"}}");

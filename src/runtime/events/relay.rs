@@ -7,8 +7,9 @@
 //! instructions to write and the coordinator about 80 000 to read back,
 //! more than a local sibling costs in all (callgrind, BENCHMARKS.md
 //! "Every core, seventeenth round"). As records, each string an execution
-//! names is written and checked once, a number is a varint, and the
-//! coordinator builds each event straight from them. The coordinator's
+//! names is written once, a number is a varint, and the coordinator
+//! builds each event straight from them, making each string once a
+//! thread rather than once an execution (`Interned`). The coordinator's
 //! log then writes those events as its own records, so its lines are the
 //! lines the worker's events make, byte for byte (tests below).
 
@@ -480,19 +481,17 @@ fn read_event(
         budget.spend(OVERHEAD + key_len + value_len)?;
         match (&mut fields, known, value) {
             (Fields::Kept(kept), Some(key), Ok(value)) => kept.push((key, value)),
-            (_, _, value) => {
-                let json = match value {
-                    Ok(value) => Ok(value),
-                    Err(json) => value_as_read(json)
-                        .map(Err)
-                        .map_err(|why| format!("a relayed field's value: {why}"))?,
-                };
+            (_, _, Ok(value)) => {
                 let text = fields.members();
                 write_key(text, &*strings.made(scan, k)?.shared);
-                match json {
-                    Ok(value) => value.write_json(text),
-                    Err(json) => text.extend_from_slice(&json),
-                }
+                value.write_json(text);
+            }
+            (_, _, Err(json)) => {
+                let json =
+                    value_as_read(json).map_err(|why| format!("a relayed field's value: {why}"))?;
+                let text = fields.members();
+                write_key(text, &*strings.made(scan, k)?.shared);
+                text.extend_from_slice(&json);
             }
         }
     }

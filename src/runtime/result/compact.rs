@@ -23,6 +23,8 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
+use crate::auditlog::json::{RAW_VALUE, write_json_str};
+
 /// A value's compact JSON text, and how deep it nests (its own depth is
 /// 0, its items' 1, and so on).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -61,10 +63,6 @@ impl Compact<'_> {
             depth: self.depth + 1,
             deepest: self.deepest,
         }
-    }
-
-    fn string<E: serde::de::Error>(&mut self, s: &str) -> Result<(), E> {
-        serde_json::to_writer(&mut *self.out, s).map_err(E::custom)
     }
 }
 
@@ -111,8 +109,9 @@ impl<'de> Visitor<'de> for Compact<'_> {
         }
     }
 
-    fn visit_str<E: serde::de::Error>(mut self, s: &str) -> Result<(), E> {
-        self.string(s)
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<(), E> {
+        write_json_str(self.out, s);
+        Ok(())
     }
 
     fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
@@ -188,11 +187,8 @@ fn depth(value: &serde_json::Value) -> usize {
     }
 }
 
-/// The key serde_json's `Value` takes for the text of a raw value.
-const RAW_VALUE_KEY: &str = "$serde_json::private::RawValue";
-
 /// Writes an object's key, which JSON makes a string; `true` for the
-/// key of a raw value ([`RAW_VALUE_KEY`]).
+/// key of a raw value ([`RAW_VALUE`]).
 struct Key<'o>(&'o mut Vec<u8>);
 
 impl<'de> DeserializeSeed<'de> for Key<'_> {
@@ -211,8 +207,8 @@ impl<'de> Visitor<'de> for Key<'_> {
     }
 
     fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<bool, E> {
-        serde_json::to_writer(&mut *self.0, s).map_err(E::custom)?;
-        Ok(s == RAW_VALUE_KEY)
+        write_json_str(self.0, s);
+        Ok(s == RAW_VALUE)
     }
 }
 
@@ -221,7 +217,7 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::Value;
 
-    use super::CompactJson;
+    use super::{CompactJson, RAW_VALUE};
 
     fn compact(text: &str) -> Result<CompactJson, String> {
         serde_json::from_str(text).map_err(|e| e.to_string())
@@ -291,7 +287,7 @@ mod tests {
     /// token is the JSON its string holds, to a `Value` and here alike.
     #[test]
     fn a_raw_values_token_reads_as_a_value_reads_it() {
-        let ok = format!("{{\"{}\":\"[1,[2]]\"}}", super::RAW_VALUE_KEY);
+        let ok = format!("{{\"{}\":\"[1,[2]]\"}}", RAW_VALUE);
         let value: Value = serde_json::from_str(&ok).unwrap();
         let got = compact(&ok).unwrap();
         assert_eq!((got.text.as_str(), got.deepest), ("[1,[2]]", 2));
@@ -299,8 +295,8 @@ mod tests {
         let nested = format!("[{ok}]");
         assert_eq!(compact(&nested).unwrap().text, "[[1,[2]]]");
         for refused in [
-            format!("{{\"{}\":5}}", super::RAW_VALUE_KEY),
-            format!("{{\"{}\":\"[1\"}}", super::RAW_VALUE_KEY),
+            format!("{{\"{}\":5}}", RAW_VALUE),
+            format!("{{\"{}\":\"[1\"}}", RAW_VALUE),
         ] {
             assert!(
                 serde_json::from_str::<Value>(&refused).is_err(),

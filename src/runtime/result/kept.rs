@@ -273,7 +273,7 @@ impl Kept {
     /// serde_json), a packed one's through [`Serialize`]. A worker writes
     /// every sibling's this way (`wire::write`).
     pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
-        use crate::auditlog::json::{write_json_str, write_u64};
+        use crate::auditlog::json::{write_json_str, write_u64, write_usage};
         let r = match self {
             Kept::Whole(r) => r,
             Kept::Packed(_) => return serde_json::to_writer(&mut *out, self),
@@ -297,13 +297,15 @@ impl Kept {
         out.extend_from_slice(if r.cap_hit { b"true" } else { b"false" });
         out.extend_from_slice(b",\"attemptCount\":");
         write_u64(out, u64::from(r.attempt_count));
-        out.extend_from_slice(b",\"usage\":{\"promptTokens\":");
-        write_u64(out, r.usage.prompt_tokens);
-        out.extend_from_slice(b",\"completionTokens\":");
-        write_u64(out, r.usage.completion_tokens);
-        out.extend_from_slice(b",\"requests\":");
-        write_u64(out, r.usage.requests);
-        out.extend_from_slice(b"}}");
+        out.extend_from_slice(b",\"usage\":");
+        let usage = r.usage;
+        write_usage(
+            out,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.requests,
+        );
+        out.push(b'}');
         Ok(())
     }
 }
@@ -615,10 +617,7 @@ mod tests {
         for whole in results {
             let local = pack(&whole);
             let text = serde_json::to_string(&local).unwrap();
-            let read = |text: &str| {
-                Kept::read_packed(&mut serde_json::Deserializer::from_str(text)).unwrap()
-            };
-            let back = read(&text);
+            let back = Kept::read_packed(&mut serde_json::Deserializer::from_str(&text)).unwrap();
             assert!(matches!(back, Kept::Packed(_)));
             assert_eq!(*back.result(), *whole);
             assert_eq!(back.json_text(), local.json_text());
