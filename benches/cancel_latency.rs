@@ -15,7 +15,7 @@ use troupe::provider::selector::Selector;
 
 /// The allocator of the `troupe` binary, so the bench measures what users run.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: troupe::allocator::Mimalloc = troupe::allocator::Mimalloc;
 
 const HOLD: Duration = Duration::from_secs(60);
 

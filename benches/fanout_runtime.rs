@@ -16,7 +16,7 @@ use troupe::bench::runner::{RunCell, Workload};
 
 /// The allocator of the `troupe` binary, so the bench measures what users run.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: troupe::allocator::Mimalloc = troupe::allocator::Mimalloc;
 
 const CAP: usize = 256;
 

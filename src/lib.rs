@@ -8,6 +8,7 @@
 //! `provider`, `tools` → `runtime` → `store`, `report`, `bench`,
 //! `distributed`, `control`, `telemetry` → `cli`.
 
+pub mod allocator;
 pub mod auditlog;
 pub mod bench;
 pub mod cli;

@@ -4,9 +4,9 @@ use clap::Parser;
 
 /// mimalloc, not glibc malloc: the actor thread allocates every event and
 /// the audit writer thread frees it; glibc serializes those cross-thread
-/// frees on an arena lock (see BENCHMARKS.md).
+/// frees on an arena lock (`troupe::allocator`, BENCHMARKS.md).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: troupe::allocator::Mimalloc = troupe::allocator::Mimalloc;
 
 fn main() -> std::process::ExitCode {
     // First of all: hide the environment's secrets from what troupe starts.

@@ -10,7 +10,7 @@
 //! MiB of small blocks and reads how much of its memory is huge pages.
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: troupe::allocator::Mimalloc = troupe::allocator::Mimalloc;
 
 /// `AnonHugePages` of this process, in KiB.
 fn anon_huge_pages_kib() -> u64 {
