@@ -7,21 +7,23 @@
 //! on mimalloc).
 //!
 //! Why not the `mimalloc` crate's `MiMalloc`: it passes every request to
-//! `mi_malloc_aligned`, alignment 8 included. mimalloc 3 serves an aligned
-//! request from the size's page only while that page has a free block
-//! that happens to be aligned; when the page runs out, a size whose block
-//! is not a power of two (40, 48, 56 bytes…) is over-allocated
-//! (`size + align - 1`, from the next size's page) instead of refilling
-//! its own page. On a fan-out's actor threads one request in nine took
-//! that way, at a few hundred instructions each (BENCHMARKS.md, "Every
+//! `mi_malloc_aligned`, alignment 8 included. mimalloc 3 takes its fast
+//! path for an aligned request only while the size's page has a free
+//! block at hand (and never above 1 KiB). Otherwise a size whose block is
+//! not a power of two goes the generic way: `mi_good_size`, then an
+//! over-allocation of `align - 1` bytes (48 bytes come from the 64-byte
+//! size), without refilling the size's own page. On a fan-out's actor
+//! threads one request in nine went that way (BENCHMARKS.md, "Every
 //! core, twenty-first round"). A plain `mi_malloc` refills the page.
 //!
-//! When a plain block is aligned enough: every block's size is a whole
-//! number of 8-byte words, blocks above 64 bytes are a whole number of
-//! 16 bytes, and a page's first block is 16-byte aligned. So a plain
-//! block is 8-aligned always, and 16-aligned when its size is a multiple
-//! of 16 (a 24-byte block is not). Larger alignments (tokio's 128-byte
-//! task cells) still go to the aligned functions.
+//! When a plain block is aligned enough: mimalloc's blocks are whole
+//! 8-byte words, above 8 bytes whole 16-byte steps where `max_align_t` is
+//! 16 (x86-64, aarch64), and a page's first block is 16-aligned (mimalloc
+//! asserts that a block of 16 bytes or more is). The rule here asks no
+//! more than that on any target: 8-aligned always, 16-aligned when the
+//! size is a multiple of 16, which every Rust type of alignment 16 has.
+//! Larger alignments (tokio's 128-byte task cells) still go to the
+//! aligned functions.
 
 // The one module that may use `unsafe` (the workspace denies it
 // elsewhere): a global allocator is an `unsafe` trait, and each function
@@ -131,9 +133,9 @@ mod tests {
     #[test]
     fn every_block_meets_its_alignment() {
         // Every size up to 1 KiB and a few beyond, at every alignment
-        // up to 4 KiB, many blocks each: a 24-byte size class holds
-        // blocks at 8 bytes past 16, which a plain allocation of a
-        // 16-aligned layout would hand out.
+        // up to 4 KiB, many blocks each: the 8-byte size holds every
+        // other block 8 bytes past 16, which a plain allocation of a
+        // small 16-aligned layout would hand out.
         let sizes = (1..=1024).chain([1536, 4096, 6000, 65_536, 300_000, 5 << 20]);
         for size in sizes {
             for align in [1, 2, 4, 8, 16, 32, 64, 128, 4096] {

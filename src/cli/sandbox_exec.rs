@@ -1,6 +1,6 @@
 //! `troupe sandbox-exec` (hidden): confines its own writes with Landlock,
 //! then execs the given command, which inherits the confinement. `Bash`
-//! starts every sandboxed shell through it, because the workspace forbids
+//! starts every sandboxed shell through it, because the workspace denies
 //! the unsafe `pre_exec` that would do this between fork and exec. Fails
 //! closed: when the kernel enforces nothing, the command never runs.
 

@@ -397,7 +397,7 @@ impl EventLine {
 /// JSON text serde_json writes as it stands: serde_json's serializer
 /// writes a struct of this name and field as the field's string, verbatim
 /// (the protocol `RawValue`'s own `Serialize` uses; its unchecked
-/// constructor is an `unsafe fn`, which this workspace forbids). Given
+/// constructor is an `unsafe fn`, which this workspace denies). Given
 /// only text the encoder wrote; `written_text_is_written_as_it_stands`
 /// pins the protocol to the serde_json in use.
 struct Written<'a>(&'a str);

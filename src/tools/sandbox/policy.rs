@@ -1,7 +1,7 @@
 //! What a `Bash` call runs under: the sandbox settings a run gives its
 //! tools, and the command line that applies them. Confining writes needs
 //! a fresh process that restricts itself before it execs the shell; the
-//! workspace forbids the unsafe `pre_exec`, so the troupe binary re-execs
+//! workspace denies the unsafe `pre_exec`, so the troupe binary re-execs
 //! itself as `troupe sandbox-exec --write ROOT [--write TMP] -- SHELL -c
 //! COMMAND`.
 
