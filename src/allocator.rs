@@ -47,6 +47,29 @@ const fn plain(size: usize, align: usize) -> bool {
     align <= 8 || (align == 16 && size.is_multiple_of(16))
 }
 
+/// A new block for `layout` from `plain_fn` where a plain block is
+/// aligned enough, else from `aligned_fn` (mimalloc's allocating or
+/// zeroing pair). Always inlined, so each call is a direct one.
+///
+/// # Safety
+///
+/// `layout`'s size is not zero (`GlobalAlloc::alloc`'s contract).
+#[inline(always)]
+unsafe fn new_block(
+    layout: Layout,
+    plain_fn: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned_fn: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    // SAFETY: both take any size and return a block of it or null.
+    unsafe {
+        if plain(layout.size(), layout.align()) {
+            plain_fn(layout.size()).cast()
+        } else {
+            aligned_fn(layout.size(), layout.align()).cast()
+        }
+    }
+}
+
 // SAFETY: each function passes the caller's request to the mimalloc
 // function of the same contract: `mi_malloc`/`mi_zalloc`/`mi_realloc`
 // where `plain` says their blocks meet the layout's alignment, the
@@ -56,25 +79,13 @@ unsafe impl GlobalAlloc for Mimalloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: see the impl.
-        unsafe {
-            if plain(layout.size(), layout.align()) {
-                mi::mi_malloc(layout.size()).cast()
-            } else {
-                mi::mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        unsafe { new_block(layout, mi::mi_malloc, mi::mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: see the impl.
-        unsafe {
-            if plain(layout.size(), layout.align()) {
-                mi::mi_zalloc(layout.size()).cast()
-            } else {
-                mi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        unsafe { new_block(layout, mi::mi_zalloc, mi::mi_zalloc_aligned) }
     }
 
     #[inline]
