@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Instructions a local fan-out sibling costs, per thread: `troupe run
+# stages/fanout` under callgrind --separate-threads, cap 256, 0 ms,
+# --threads 2, at WIDTH and at WIDTH/2; the difference over WIDTH/2
+# siblings leaves out what a run costs whatever its width. Repeatable on a
+# noisy machine, unlike a wall time. How it was used: BENCHMARKS.md, "Every
+# core, twenty-first round".
+#
+#   benches/callgrind_local.sh [BIN] [WIDTH] [OUTDIR]
+#
+# BIN defaults to target/release/troupe, WIDTH to 10000. Needs valgrind.
+# Thread numbers are the order threads started in: the two arbiters are
+# the last two, the audit writer and its compressor come before them
+# (callgrind_annotate OUTDIR/WIDTH/callgrind.PID-NN names their functions).
+# A build with line tables attributes lines:
+#   CARGO_PROFILE_RELEASE_DEBUG=line-tables-only cargo build --release
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$(realpath "${1:-target/release/troupe}")
+width=${2:-10000}
+out=$(realpath -m "${3:-$(mktemp -d)}")
+stages=$PWD/stages/fanout
+
+one() {
+    local w=$1 dir=$out/$1 work
+    work=$(mktemp -d)
+    mkdir -p "$dir"
+    valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$dir/callgrind.%p" \
+        "$bin" run "$stages" --ctx "width=$w" --parallel-cap 256 --latency 0ms --threads 2 \
+        --runs-dir "$work/runs" > "$dir/out.txt" 2> "$dir/err.txt"
+    rm -rf "$work"
+}
+
+one "$width"
+one $((width / 2))
+python3 - "$out" "$width" <<'PY'
+import glob, os, re, sys
+out, width = sys.argv[1], int(sys.argv[2])
+half = width // 2
+
+def threads(w):
+    found = {}
+    for f in glob.glob(os.path.join(out, str(w), "callgrind.*-*")):
+        with open(f) as fh:
+            for line in fh:
+                m = re.match(r"(summary|totals): (\d+)", line)
+                if m:
+                    found[f.rsplit("-", 1)[1]] = int(m.group(2))
+                    break
+    return found
+
+big, small = threads(width), threads(half)
+total = (sum(big.values()) - sum(small.values())) / (width - half)
+print(f"process: {total:,.0f} instructions a sibling")
+for t in sorted(big):
+    if t in small:
+        per = (big[t] - small[t]) / (width - half)
+        if abs(per) >= 300:
+            print(f"  thread {t}: {per:,.0f}")
+PY
+echo "callgrind files: $out"
