@@ -25,7 +25,7 @@ use std::path::Path;
 /// The layers, lowest first. A module may import its own layer and those
 /// below it, never one above.
 const LAYERS: [&[&str]; 6] = [
-    &["error", "environ", "auditlog"],
+    &["error", "environ", "auditlog", "allocator"],
     &["definition"],
     &["provider", "tools"],
     &["runtime"],
