@@ -8,27 +8,35 @@
 #
 #   benches/callgrind_local.sh [BIN] [WIDTH] [OUTDIR]
 #
-# BIN defaults to target/release/troupe, WIDTH to 10000. Needs valgrind.
-# Thread numbers are the order threads started in: the two arbiters are
-# the last two, the audit writer and its compressor come before them
-# (callgrind_annotate OUTDIR/WIDTH/callgrind.PID-NN names their functions).
-# A build with line tables attributes lines:
+# BIN defaults to target/release/troupe, WIDTH to 10000; relative paths
+# are the caller's. Needs valgrind. Thread numbers are the order threads
+# started in: the two arbiters are the last two. The per-thread lines
+# match the two runs' threads by number, and the store writer starts its
+# helpers while the main thread starts the audit writer's, so threads
+# 03-06 may be numbered differently in the two runs (then those lines are
+# off; the process's total is not). callgrind_annotate
+# OUTDIR/WIDTH/callgrind.PID-NN names a thread's functions. A build with
+# line tables attributes lines:
 #   CARGO_PROFILE_RELEASE_DEBUG=line-tables-only cargo build --release
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bin=$(realpath "${1:-target/release/troupe}")
+bin=$(realpath "${1:-$(dirname "$0")/../target/release/troupe}")
 width=${2:-10000}
 out=$(realpath -m "${3:-$(mktemp -d)}")
+cd "$(dirname "$0")/.."
 stages=$PWD/stages/fanout
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 
 one() {
-    local w=$1 dir=$out/$1 work
-    work=$(mktemp -d)
+    local w=$1 dir=$out/$1
     mkdir -p "$dir"
-    valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$dir/callgrind.%p" \
+    if ! valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$dir/callgrind.%p" \
         "$bin" run "$stages" --ctx "width=$w" --parallel-cap 256 --latency 0ms --threads 2 \
-        --runs-dir "$work/runs" > "$dir/out.txt" 2> "$dir/err.txt"
-    rm -rf "$work"
+        --runs-dir "$work/runs-$w" > "$dir/out.txt" 2> "$dir/err.txt"; then
+        echo "the run at width $w failed; its stderr ends:" >&2
+        tail -n 20 "$dir/err.txt" >&2
+        exit 1
+    fi
 }
 
 one "$width"

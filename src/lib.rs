@@ -4,9 +4,9 @@
 //! `troupe-actors`.
 //!
 //! Layers, lowest first; a module imports only its own layer and those
-//! below (`tests/layering.rs` checks it): `error`, `environ`, `auditlog` → `definition` →
-//! `provider`, `tools` → `runtime` → `store`, `report`, `bench`,
-//! `distributed`, `control`, `telemetry` → `cli`.
+//! below (`tests/layering.rs` checks it): `error`, `environ`, `auditlog`,
+//! `allocator` → `definition` → `provider`, `tools` → `runtime` → `store`,
+//! `report`, `bench`, `distributed`, `control`, `telemetry` → `cli`.
 
 pub mod allocator;
 pub mod auditlog;
