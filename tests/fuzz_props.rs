@@ -392,6 +392,56 @@ mod control_requests {
         ]
     }
 
+    /// A server with one run, `r`, that takes questions and refuses
+    /// every submission.
+    fn hosting_r(dir: &std::path::Path) -> Arc<Hosted> {
+        let hosted = Arc::new(Hosted::new(Some(Arc::new(Refusing))));
+        hosted.add(Arc::new(RunControl::new(
+            "r",
+            "p",
+            &dir.join("audit.jsonl"),
+            None,
+            Some(Arc::new(troupe::runtime::ask::QuestionDesk::default())),
+        )));
+        hosted
+    }
+
+    /// A body over the bound is refused as `Control/BodyTooLarge` on
+    /// every route that reads one, before anything else is asked of it
+    /// (the approval route of a run without `--remote` included).
+    #[test]
+    fn an_oversized_body_is_refused_on_every_route_that_reads_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for path in [
+            "/v1/runs",
+            "/v1/runs/r/pending/p1",
+            "/v1/runs/r/questions/r%2Fs%2F1",
+        ] {
+            let request = Request::builder()
+                .method("POST")
+                .uri(path)
+                .body(Body::from(vec![b'{'; 70 * 1024]))
+                .unwrap();
+            let (status, v) = rt.block_on(async {
+                let response = router(hosting_r(dir.path()))
+                    .oneshot(request)
+                    .await
+                    .unwrap();
+                let status = response.status();
+                let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+                    .await
+                    .unwrap();
+                (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+            });
+            assert_eq!(status.as_u16(), 413, "{path}: {v}");
+            assert_eq!(v["error"]["code"], "Control/BodyTooLarge", "{path}: {v}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
         #[test]
@@ -401,15 +451,8 @@ mod control_requests {
             event_id in proptest::option::of("[0-9a-z]{0,8}"),
             body in bodies(),
         ) {
-            let hosted = Arc::new(Hosted::new(Some(Arc::new(Refusing))));
             let dir = tempfile::tempdir().unwrap();
-            hosted.add(Arc::new(RunControl::new(
-                "r",
-                "p",
-                &dir.path().join("audit.jsonl"),
-                None,
-                Some(Arc::new(troupe::runtime::ask::QuestionDesk::default())),
-            )));
+            let hosted = hosting_r(dir.path());
             let mut request = Request::builder().method(method).uri(&path);
             if let Some(id) = &event_id {
                 request = request.header("last-event-id", id.as_str());

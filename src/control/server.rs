@@ -285,6 +285,29 @@ fn find(hosted: &Hosted, id: &str) -> Result<Arc<RunControl>, Box<Response>> {
     })
 }
 
+/// [`find`] for a request with a body, which must be at most `MAX_BODY`.
+fn find_for_body(
+    hosted: &Hosted,
+    id: &str,
+    body: &Bytes,
+) -> Result<Arc<RunControl>, Box<Response>> {
+    let control = find(hosted, id)?;
+    within_bounds(body)?;
+    Ok(control)
+}
+
+/// `Control/BodyTooLarge` for a body over `MAX_BODY`.
+fn within_bounds(body: &Bytes) -> Result<(), Box<Response>> {
+    if body.len() > MAX_BODY {
+        return Err(Box::new(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Control/BodyTooLarge",
+            format!("bodies are at most {MAX_BODY} bytes"),
+        )));
+    }
+    Ok(())
+}
+
 async fn list_runs(State(hosted): State<Arc<Hosted>>) -> Response {
     let mut runs = Vec::new();
     for run in hosted.all() {
@@ -302,13 +325,7 @@ async fn describe(State(hosted): State<Arc<Hosted>>, UrlPath(id): UrlPath<String
 
 /// A submission's body: `{"args": [...], "cwd": "/abs", "client": "name"}`.
 fn submission(body: &Bytes) -> Result<Submission, Box<Response>> {
-    if body.len() > MAX_BODY {
-        return Err(Box::new(error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Control/BodyTooLarge",
-            format!("bodies are at most {MAX_BODY} bytes"),
-        )));
-    }
+    within_bounds(body)?;
     let bad = || {
         Box::new(error(
             StatusCode::BAD_REQUEST,
@@ -432,17 +449,10 @@ async fn answer(
     UrlPath((id, proposal)): UrlPath<(String, String)>,
     body: Bytes,
 ) -> Response {
-    let control = match find(&hosted, &id) {
+    let control = match find_for_body(&hosted, &id, &body) {
         Ok(c) => c,
         Err(e) => return *e,
     };
-    if body.len() > MAX_BODY {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Control/BodyTooLarge",
-            format!("bodies are at most {MAX_BODY} bytes"),
-        );
-    }
     let Some(addr) = control.desk.as_ref().and_then(|d| d.get()) else {
         return error(
             StatusCode::CONFLICT,
@@ -515,17 +525,10 @@ async fn answer_question(
     body: Bytes,
 ) -> Response {
     use crate::runtime::ask::Refused;
-    let control = match find(&hosted, &id) {
+    let control = match find_for_body(&hosted, &id, &body) {
         Ok(c) => c,
         Err(e) => return *e,
     };
-    if body.len() > MAX_BODY {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Control/BodyTooLarge",
-            format!("bodies are at most {MAX_BODY} bytes"),
-        );
-    }
     let Some(desk) = &control.questions else {
         return error(
             StatusCode::CONFLICT,

@@ -207,21 +207,7 @@ impl AnswerRules {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::interaction::grants::{args_digest, args_summary};
-    use serde_json::{Value, json};
-
-    fn request(proposal: &str, tool: &str, args: &Value) -> GrantRequest {
-        GrantRequest {
-            workflow_run_id: "r".into(),
-            stage_execution_id: "r/s/1".into(),
-            stage_id: "s".into(),
-            attempt: 1,
-            proposal_id: proposal.into(),
-            tool: tool.into(),
-            args_digest: args_digest(args),
-            args_summary: args_summary(args),
-        }
-    }
+    use serde_json::json;
 
     #[test]
     fn rules_match_in_order_and_default_to_deny() {
@@ -230,14 +216,14 @@ mod tests {
             "answers:\n  - { tool: Bash, args: \"git status\", answer: approve, delay: 5ms }\n  - { stage: quiet, answer: none }\n",
         )
         .unwrap();
-        let ok = request("p", "Bash", &json!({"command": "git status"}));
+        let ok = GrantRequest::sample("p", "Bash", &json!({"command": "git status"}));
         let (answer, delay, rule) = rules.answer_for(&ok, r#"{"command":"git status"}"#);
         assert_eq!(
             (answer, delay),
             (Some(Answer::Approve), Duration::from_millis(5))
         );
         assert_eq!(rule.as_deref(), Some("a.yaml#0"));
-        let other = request("p", "Bash", &json!({"command": "rm"}));
+        let other = GrantRequest::sample("p", "Bash", &json!({"command": "rm"}));
         let (answer, delay, rule) = rules.answer_for(&other, r#"{"command":"rm"}"#);
         assert_eq!(
             (answer, delay, rule),
@@ -258,7 +244,7 @@ mod tests {
         let ask = |c: &str| {
             let args = json!({"command": c});
             rules
-                .answer_for(&request("p", "Bash", &args), &args.to_string())
+                .answer_for(&GrantRequest::sample("p", "Bash", &args), &args.to_string())
                 .0
         };
         assert_eq!(ask("cargo test --lib"), Some(Answer::Approve));

@@ -22,6 +22,24 @@ pub struct GrantRequest {
     pub args_summary: String,
 }
 
+#[cfg(test)]
+impl GrantRequest {
+    /// A request for `tool` with `args` from execution `r/s/1` of stage
+    /// `s` in run `r`, its first attempt (the tests' sample).
+    pub(crate) fn sample(proposal: &str, tool: &str, args: &Value) -> GrantRequest {
+        GrantRequest {
+            workflow_run_id: "r".into(),
+            stage_execution_id: "r/s/1".into(),
+            stage_id: "s".into(),
+            attempt: 1,
+            proposal_id: proposal.into(),
+            tool: tool.into(),
+            args_digest: args_digest(args),
+            args_summary: args_summary(args),
+        }
+    }
+}
+
 /// The hub's decision on a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GrantDecision {
@@ -139,19 +157,6 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn request(proposal: &str, tool: &str, args: &Value) -> GrantRequest {
-        GrantRequest {
-            workflow_run_id: "r".into(),
-            stage_execution_id: "r/s/1".into(),
-            stage_id: "s".into(),
-            attempt: 1,
-            proposal_id: proposal.into(),
-            tool: tool.into(),
-            args_digest: args_digest(args),
-            args_summary: args_summary(args),
-        }
-    }
-
     #[test]
     fn the_digest_ignores_key_order_but_not_values() {
         let a = json!({"command": "ls", "timeout": 5, "env": {"b": 1, "a": 2}});
@@ -165,7 +170,7 @@ mod tests {
     #[test]
     fn a_grant_is_used_once_for_exactly_its_proposal() {
         let args = json!({"command": "git status"});
-        let req = request("p1", "Bash", &args);
+        let req = GrantRequest::sample("p1", "Bash", &args);
         let mut ledger = GrantLedger::default();
         assert_eq!(
             ledger.consume("p1", "Bash", &req.args_digest),
