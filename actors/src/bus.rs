@@ -29,6 +29,8 @@
 //! * [`EventBus::publish_all`] publishes a batch as its events published
 //!   one after another would be, drawing their numbers in one step (so
 //!   they are consecutive) and, uncontended, delivering them in one hold.
+//!   Its events share one allocation ([`Published`]), freed by whichever
+//!   subscriber lets go of the last of them.
 //! * Each subscriber has its own bounded queue. An [`EventClass::Observer`]
 //!   event meeting a full queue is dropped and counted; the next delivery that
 //!   fits is preceded by [`Delivery::Lagged`] with the exact number dropped. An
@@ -75,7 +77,7 @@ const CLOSED: u64 = 1 << 63;
 /// events filled 4 096 places, the publishers blocked, and the deliverer
 /// then woke one of them (a system call) for every event it took, which
 /// stretched the cancellation from 8 ms to over 40 on some runs. A
-/// shard of it costs 32 bytes a place, once a thread first hands off to
+/// shard of it costs 48 bytes a place, once a thread first hands off to
 /// it (`handoff.rs`).
 const HANDOFF: usize = 1 << 16;
 
@@ -101,7 +103,7 @@ pub enum EventClass {
 
 /// An event that can travel on an [`EventBus`].
 ///
-/// Events are shared between subscribers behind an [`Arc`], hence `Sync`.
+/// Events are shared between subscribers ([`Published`]), hence `Sync`.
 pub trait BusEvent: Send + Sync + 'static {
     /// How the bus must treat this event under backpressure.
     fn class(&self) -> EventClass;
@@ -112,15 +114,16 @@ pub trait BusEvent: Send + Sync + 'static {
 pub struct Envelope<E> {
     /// Sequence number assigned by the bus (strictly increasing, from 1).
     pub seq: u64,
-    /// The event, shared by every subscriber.
-    pub event: Arc<E>,
+    /// The event, shared by every subscriber (and, in one allocation,
+    /// with the events published beside it: [`Published`]).
+    pub event: Published<E>,
 }
 
 impl<E> Clone for Envelope<E> {
     fn clone(&self) -> Self {
         Self {
             seq: self.seq,
-            event: Arc::clone(&self.event),
+            event: self.event.clone(),
         }
     }
 }
@@ -173,7 +176,7 @@ impl<E> Drop for Deliverer<'_, E> {
 struct Handed<E> {
     seq: u64,
     class: EventClass,
-    event: Arc<E>,
+    event: Published<E>,
 }
 
 /// The deliverer's state: whoever holds it delivers.
@@ -336,7 +339,7 @@ impl<E: BusEvent> EventBus<E> {
         let handed = Handed {
             seq,
             class,
-            event: Arc::new(event),
+            event: Published::new(event),
         };
         // Uncontended, the publisher delivers its own event without the
         // hand-off queue; only one that finds the registry held hands off.
@@ -389,11 +392,13 @@ impl<E: BusEvent> EventBus<E> {
             events.clear();
             return None;
         }
-        let handed = events.drain(..).zip(first..).map(|(event, seq)| Handed {
-            seq,
-            class: event.class(),
-            event: Arc::new(event),
-        });
+        let handed = Published::batch(events)
+            .zip(first..)
+            .map(|(event, seq)| Handed {
+                seq,
+                class: event.class(),
+                event,
+            });
         match self.try_deliver() {
             None => {
                 // Delivering every so often, as each publish does after
@@ -670,10 +675,12 @@ impl<E: BusEvent> EventBus<E> {
 }
 
 mod handoff;
+mod published;
 mod queue;
 
 use handoff::{Handoff, Padded};
 
+pub use published::Published;
 use queue::{Interest, Subscriber, send_parcel};
 pub use queue::{IntoIter, Iter, Subscription};
 

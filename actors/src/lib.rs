@@ -13,7 +13,7 @@ pub mod bus;
 pub mod fanout;
 
 pub use arbiter::{Arbiter, ArbiterCommand, InteractionId, ResponderId, Unanswered};
-pub use bus::{BusEvent, Delivery, Envelope, EventBus, EventClass, Subscription};
+pub use bus::{BusEvent, Delivery, Envelope, EventBus, EventClass, Published, Subscription};
 pub use fanout::{
     CancelReason, Escalation, FanOut, FanOutCommand, FanOutError, FanOutEvent, GroupState,
     UnitOutcome,

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
-use troupe_actors::{Delivery, Subscription};
+use troupe_actors::{Delivery, Published, Subscription};
 
 use super::outbox::MAX_FRAMED_RECORDS;
 use super::wire::EventLine;
@@ -60,7 +60,7 @@ impl Collected {
     }
 
     /// Writes `events` down, each under its execution: one lock for all.
-    fn add(&self, events: impl Iterator<Item = Arc<Event>>, worker: &Arc<str>) {
+    fn add(&self, events: impl Iterator<Item = Published<Event>>, worker: &Arc<str>) {
         let mut by_execution = self.events.lock().unwrap_or_else(|e| e.into_inner());
         for event in events {
             let Some(id) = &event.stage_execution_id else {
@@ -93,7 +93,7 @@ pub(super) fn collect_events(
     seen: &watch::Sender<u64>,
 ) {
     const TOGETHER: usize = 64;
-    let mut taken: Vec<Arc<Event>> = Vec::with_capacity(TOGETHER);
+    let mut taken: Vec<Published<Event>> = Vec::with_capacity(TOGETHER);
     while let Some(first) = sub.recv() {
         let mut last = None;
         let mut next = Some(first);
@@ -130,12 +130,12 @@ mod tests {
     fn an_executions_events_are_taken_as_records_or_as_its_lines() {
         let worker: Arc<str> = Arc::from("w1");
         let mine = "r/worker#1/1";
-        let event = |name, exec: &str| Arc::new(Event::new(name, "r").stage("worker", exec));
+        let event = |name, exec: &str| Published::new(Event::new(name, "r").stage("worker", exec));
         let events = [
             event(EventName::StageEntered, mine),
             event(EventName::StageEntered, "r/worker#2/1"),
-            Arc::new(Event::new(EventName::WorkflowStarted, "r")),
-            Arc::new(
+            Published::new(Event::new(EventName::WorkflowStarted, "r")),
+            Published::new(
                 (*event(EventName::StageExited, mine))
                     .clone()
                     .with_static("verdict", "ok"),
@@ -183,11 +183,11 @@ mod tests {
     fn an_execution_with_more_records_than_a_batch_carries_goes_as_lines() {
         let worker: Arc<str> = Arc::from("w1");
         let mine = "r/worker#1/1";
-        let events: Vec<Arc<Event>> = (0..100_000u64)
+        let events: Vec<Published<Event>> = (0..100_000u64)
             .map(|n| {
                 let event =
                     Event::new(EventName::ToolInvocationSucceeded, "r").stage("worker", mine);
-                Arc::new(event.with("n", n))
+                Published::new(event.with("n", n))
             })
             .collect();
         let collected = Collected::default();

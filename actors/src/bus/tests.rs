@@ -79,7 +79,7 @@ fn subscribers_share_one_allocation_per_event() {
     let b = bus.subscribe("b", 4);
     bus.publish(Ev::Audit(7));
     let (ea, eb) = (event(a.try_recv()), event(b.try_recv()));
-    assert!(Arc::ptr_eq(&ea.event, &eb.event));
+    assert!(Published::ptr_eq(&ea.event, &eb.event));
     assert_eq!(*ea.event, Ev::Audit(7));
 }
 
@@ -216,7 +216,7 @@ fn hand_off(bus: &EventBus<Ev>, seq: u64, ev: Ev) {
     bus.shared.handoff.send(Handed {
         seq,
         class,
-        event: Arc::new(ev),
+        event: Published::new(ev),
     });
 }
 
@@ -256,7 +256,7 @@ fn hand_off_through(bus: &EventBus<Ev>, shard: usize, seq: u64, ev: Ev) {
         Handed {
             seq,
             class,
-            event: Arc::new(ev),
+            event: Published::new(ev),
         },
     );
 }

@@ -14,6 +14,26 @@ fn seqs_and_events(sub: &Subscription<Ev>) -> Vec<(u64, Ev)> {
         .collect()
 }
 
+/// A batch's events reach a subscriber in one allocation, and the next
+/// batch in another (`Published`).
+#[test]
+fn a_batch_is_delivered_in_one_allocation() {
+    let bus: EventBus<Ev> = EventBus::new();
+    let audit = bus.subscribe_audit("audit", 16);
+    bus.publish_all(&mut vec![Ev::Audit(1), Ev::Audit(2), Ev::Audit(3)]);
+    bus.publish(Ev::Audit(4));
+    let got: Vec<Envelope<Ev>> = std::iter::from_fn(|| audit.try_recv())
+        .map(|d| event(Some(d)))
+        .collect();
+    assert_eq!(got.len(), 4);
+    assert!(Published::same_batch(&got[0].event, &got[1].event));
+    assert!(Published::same_batch(&got[0].event, &got[2].event));
+    assert!(!Published::same_batch(&got[2].event, &got[3].event));
+    // What each place of the hand-off queue holds (its size is in
+    // `handoff.rs`'s and `HANDOFF`'s documentation).
+    assert_eq!(std::mem::size_of::<Handed<Ev>>(), 40);
+}
+
 #[test]
 fn a_batch_takes_consecutive_numbers_and_is_delivered_in_order() {
     let bus: EventBus<Ev> = EventBus::new();
