@@ -29,8 +29,9 @@
 //! * [`EventBus::publish_all`] publishes a batch as its events published
 //!   one after another would be, drawing their numbers in one step (so
 //!   they are consecutive) and, uncontended, delivering them in one hold.
-//!   Its events share one allocation ([`Published`]), freed by whichever
-//!   subscriber lets go of the last of them.
+//!   Its events share one allocation ([`Published`]), freed with the last
+//!   handle on any of them: a subscriber's, or the publisher's when no
+//!   subscriber takes them.
 //! * Each subscriber has its own bounded queue. An [`EventClass::Observer`]
 //!   event meeting a full queue is dropped and counted; the next delivery that
 //!   fits is preceded by [`Delivery::Lagged`] with the exact number dropped. An

@@ -91,7 +91,7 @@ mod tests {
         assert!(Published::same_batch(&handles[0], &handles[2]));
         assert!(!Published::ptr_eq(&handles[0], &handles[1]));
         assert!(Published::ptr_eq(&handles[1], &handles[1].clone()));
-        // Three handles and the batch's own count: none is kept elsewhere.
+        // The three handles, and no reference kept elsewhere.
         assert_eq!(Arc::strong_count(&handles[0].batch), 3);
     }
 

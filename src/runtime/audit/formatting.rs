@@ -204,7 +204,7 @@ mod tests {
     use super::*;
     use crate::auditlog::{Frames, LogDecoder};
     use crate::runtime::events::EventName;
-    use troupe_actors::Envelope;
+    use troupe_actors::{Envelope, Published};
 
     /// An in-memory file the test reads back.
     #[derive(Clone, Default)]
@@ -223,7 +223,7 @@ mod tests {
     fn delivery(seq: u64) -> Delivery<Event> {
         Delivery::Event(Envelope {
             seq,
-            event: Arc::new(Event::new(EventName::StageEntered, "run").with("visit", seq)),
+            event: Published::new(Event::new(EventName::StageEntered, "run").with("visit", seq)),
         })
     }
 

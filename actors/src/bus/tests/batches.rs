@@ -30,8 +30,10 @@ fn a_batch_is_delivered_in_one_allocation() {
     assert!(Published::same_batch(&got[0].event, &got[2].event));
     assert!(!Published::same_batch(&got[2].event, &got[3].event));
     // What each place of the hand-off queue holds (its size is in
-    // `handoff.rs`'s and `HANDOFF`'s documentation).
+    // `handoff.rs`'s and `HANDOFF`'s documentation), and of a
+    // subscriber's queue (8 bytes more a place than with an `Arc`).
     assert_eq!(std::mem::size_of::<Handed<Ev>>(), 40);
+    assert_eq!(std::mem::size_of::<super::queue::Parcel<Ev>>(), 40);
 }
 
 #[test]
