@@ -46,30 +46,5 @@ one() {
 
 one "$width"
 one $((width / 2))
-python3 - "$out" "$width" <<'EOF'
-import glob, os, re, sys
-out, width = sys.argv[1], int(sys.argv[2])
-half = width // 2
-
-def threads(w, who):
-    found = {}
-    for f in glob.glob(os.path.join(out, str(w), who + ".*-*")):
-        with open(f) as fh:
-            for line in fh:
-                m = re.match(r"(summary|totals): (\d+)", line)
-                if m:
-                    found[f.rsplit("-", 1)[1]] = int(m.group(2))
-                    break
-    return found
-
-for who in ("worker", "coord"):
-    big, small = threads(width, who), threads(half, who)
-    total = (sum(big.values()) - sum(small.values())) / (width - half)
-    print(f"{who}: {total:,.0f} instructions a sibling")
-    for t in sorted(big):
-        if t in small:
-            per = (big[t] - small[t]) / (width - half)
-            if abs(per) >= 1000:
-                print(f"  thread {t}: {per:,.0f}")
-EOF
+python3 benches/callgrind_sum.py "$out" "$width" worker coord
 echo "callgrind files: $out"

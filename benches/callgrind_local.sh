@@ -41,29 +41,5 @@ one() {
 
 one "$width"
 one $((width / 2))
-python3 - "$out" "$width" <<'PY'
-import glob, os, re, sys
-out, width = sys.argv[1], int(sys.argv[2])
-half = width // 2
-
-def threads(w):
-    found = {}
-    for f in glob.glob(os.path.join(out, str(w), "callgrind.*-*")):
-        with open(f) as fh:
-            for line in fh:
-                m = re.match(r"(summary|totals): (\d+)", line)
-                if m:
-                    found[f.rsplit("-", 1)[1]] = int(m.group(2))
-                    break
-    return found
-
-big, small = threads(width), threads(half)
-total = (sum(big.values()) - sum(small.values())) / (width - half)
-print(f"process: {total:,.0f} instructions a sibling")
-for t in sorted(big):
-    if t in small:
-        per = (big[t] - small[t]) / (width - half)
-        if abs(per) >= 300:
-            print(f"  thread {t}: {per:,.0f}")
-PY
+python3 benches/callgrind_sum.py "$out" "$width" callgrind
 echo "callgrind files: $out"
