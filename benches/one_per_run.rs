@@ -23,7 +23,7 @@ use serde_json::json;
 use troupe::runtime::audit::start_audit_log;
 use troupe::runtime::events::{Event, EventName};
 use troupe::runtime::ledger::{ExitRecord, Ledger};
-use troupe::runtime::result::{Kept, StageResult, Usage, Verdict};
+use troupe::runtime::result::{Kept, StageResult, Usage};
 use troupe::store::{RunRow, Store, StoreWriter};
 use troupe_actors::EventBus;
 
@@ -127,19 +127,12 @@ fn audit_log(formatters: usize) -> Duration {
 
 fn exit_record(i: usize) -> ExitRecord {
     let exec = format!("{RUN}/worker#{i}/1");
-    let parsed = Arc::new(json!({ "item": i, "echo": format!("item {i}") }));
+    let parsed = json!({ "item": i, "echo": format!("item {i}") });
     let id: Arc<str> = exec.as_str().into();
     // Packed, as a sibling's execution hands it over.
     let result = Arc::new(StageResult {
-        stage_id: "worker".to_owned(),
-        stage_execution_id: exec,
-        verdict: Verdict::Ok,
-        reason: None,
-        parsed: Arc::clone(&parsed),
-        output: parsed,
-        cap_hit: false,
-        attempt_count: 1,
         usage: usage(119, 17, 2),
+        ..StageResult::ok("worker", &exec, parsed)
     });
     ExitRecord {
         run_id: RUN.into(),

@@ -16,7 +16,7 @@ use troupe::distributed::outbox::{FRAMED, decode};
 use troupe::distributed::wire::Report;
 use troupe::provider::Usage;
 use troupe::runtime::events::{Event, EventName, FieldValue, Relaying};
-use troupe::runtime::result::{Kept, StageResult, Verdict};
+use troupe::runtime::result::{Kept, StageResult};
 
 const RUN: &str = "01a21ec6-ca4a-74c7-b285-9c47a6a1ce74";
 
@@ -108,21 +108,14 @@ fn events(i: usize) -> Vec<Event> {
 /// One exited sibling's report, as its worker frames it.
 fn framed(body: &mut Vec<u8>, i: usize) {
     let exec = format!("{RUN}/worker#{i}/1");
-    let parsed = Arc::new(json!({"item": i.to_string(), "summary": format!("done {i}")}));
+    let parsed = json!({"item": i.to_string(), "summary": format!("done {i}")});
     let result = StageResult {
-        stage_id: "worker".into(),
-        stage_execution_id: exec.clone(),
-        verdict: Verdict::Ok,
-        reason: None,
-        output: Arc::clone(&parsed),
-        parsed,
-        cap_hit: false,
-        attempt_count: 1,
         usage: Usage {
             prompt_tokens: 117,
             completion_tokens: 16,
             requests: 2,
         },
+        ..StageResult::ok("worker", &exec, parsed)
     };
     let report = Report::Exited {
         stage_execution_id: exec,

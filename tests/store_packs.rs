@@ -23,7 +23,7 @@ use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 use troupe::error::HasCode;
 use troupe::runtime::ledger::{ExitRecord, Ledger};
-use troupe::runtime::result::{Kept, StageResult, Usage, Verdict};
+use troupe::runtime::result::{Kept, StageResult, Verdict};
 use troupe::store::schema::SCHEMA_VERSION;
 use troupe::store::{Counts, RunRow, Store, StoreError, StoreWriter};
 
@@ -172,24 +172,13 @@ fn stored_exit(ledger: &impl Ledger, record: ExitRecord) {
 /// Sibling `i` of `run` exited ok with `parsed`.
 fn exit(run: &str, i: usize, parsed: Value) -> ExitRecord {
     let id = format!("{run}/worker#{i}/1");
-    let parsed = std::sync::Arc::new(parsed);
     ExitRecord {
         run_id: run.into(),
         stage_execution_id: id.as_str().into(),
         stage_id: "worker".into(),
         index: Some(i),
         visit: 1,
-        result: Kept::Whole(std::sync::Arc::new(StageResult {
-            stage_id: "worker".to_owned(),
-            stage_execution_id: id,
-            verdict: Verdict::Ok,
-            reason: None,
-            parsed: std::sync::Arc::clone(&parsed),
-            output: parsed,
-            cap_hit: false,
-            attempt_count: 1,
-            usage: Usage::default(),
-        })),
+        result: Kept::Whole(std::sync::Arc::new(StageResult::ok("worker", &id, parsed))),
         entered_at: SystemTime::now(),
         exited_at: SystemTime::now(),
     }

@@ -65,9 +65,9 @@ impl StageResult {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
 
-    /// A first try's `ok` result whose `output` is `parsed`, for tests.
-    #[cfg(test)]
-    pub(crate) fn ok(stage_id: &str, stage_execution_id: &str, parsed: Value) -> StageResult {
+    /// A first try's `ok` result with no usage, whose `output` is
+    /// `parsed` (one value, shared): what tests and benches build.
+    pub fn ok(stage_id: &str, stage_execution_id: &str, parsed: Value) -> StageResult {
         let parsed = Arc::new(parsed);
         StageResult {
             stage_id: stage_id.into(),

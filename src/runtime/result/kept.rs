@@ -273,31 +273,30 @@ impl Kept {
     /// serde_json), a packed one's through [`Serialize`]. A worker writes
     /// every sibling's this way (`wire::write`).
     pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
-        use crate::auditlog::json::{write_json_str, write_u64, write_usage};
+        use crate::auditlog::json::{write_json_str, write_key, write_u64, write_usage};
         let r = match self {
             Kept::Whole(r) => r,
             Kept::Packed(_) => return serde_json::to_writer(&mut *out, self),
         };
         out.extend_from_slice(b"{\"stageId\":");
         write_json_str(out, &r.stage_id);
-        out.extend_from_slice(b",\"stageExecutionId\":");
+        write_key(out, "stageExecutionId");
         write_json_str(out, &r.stage_execution_id);
-        out.extend_from_slice(b",\"verdict\":\"");
-        out.extend_from_slice(r.verdict.as_str().as_bytes());
-        out.push(b'"');
+        write_key(out, "verdict");
+        write_json_str(out, r.verdict.as_str());
         if let Some(reason) = &r.reason {
-            out.extend_from_slice(b",\"reason\":");
+            write_key(out, "reason");
             write_json_str(out, reason);
         }
-        out.extend_from_slice(b",\"parsed\":");
+        write_key(out, "parsed");
         serde_json::to_writer(&mut *out, &*r.parsed)?;
-        out.extend_from_slice(b",\"output\":");
+        write_key(out, "output");
         serde_json::to_writer(&mut *out, &*r.output)?;
-        out.extend_from_slice(b",\"capHit\":");
+        write_key(out, "capHit");
         out.extend_from_slice(if r.cap_hit { b"true" } else { b"false" });
-        out.extend_from_slice(b",\"attemptCount\":");
+        write_key(out, "attemptCount");
         write_u64(out, u64::from(r.attempt_count));
-        out.extend_from_slice(b",\"usage\":");
+        write_key(out, "usage");
         let usage = r.usage;
         write_usage(
             out,
@@ -633,7 +632,7 @@ mod tests {
         // A raw value (serde_json's raw_value key) nested past what a
         // parser reads back: refused, not read as null.
         let inner = format!("{}1{}", "[".repeat(120), "]".repeat(120));
-        let raw = json!({"$serde_json::private::RawValue": inner});
+        let raw = json!({ crate::auditlog::json::RAW_VALUE: inner });
         let mut text = serde_json::to_string(&raw).unwrap();
         for _ in 0..20 {
             text = format!("[{text}]");
