@@ -660,7 +660,10 @@ impl WorkerHost {
             let within = || {
                 let result = match &outcome {
                     StageOutcome::Exited { result, .. } => {
-                        serde_json::to_vec(result).map_or(usize::MAX, |json| json.len())
+                        let mut json = Vec::new();
+                        result
+                            .write_json(&mut json)
+                            .map_or(usize::MAX, |()| json.len())
                     }
                     _ => 0,
                 };
