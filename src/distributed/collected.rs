@@ -9,7 +9,7 @@ use troupe_actors::{Delivery, Published, Subscription};
 
 use super::outbox::MAX_FRAMED_RECORDS;
 use super::wire::EventLine;
-use crate::runtime::events::{Event, EventName, Relaying, relayed_lines};
+use crate::runtime::events::{Event, EventName, Relaying, relayed_lines_within};
 use crate::runtime::scheduler::FastMap;
 
 /// Events of the executions in flight, by `stageExecutionId`, collected
@@ -49,12 +49,15 @@ impl Collected {
         if as_records && records.len() <= MAX_FRAMED_RECORDS {
             return (Vec::new(), records);
         }
-        let lines = relayed_lines(&records);
         // Each written in the report as the JSON it is, after a comma.
-        let size: usize = lines.iter().map(|l| l.len() + 1).sum();
-        if as_records && size > lines_within() {
+        let within = if as_records {
+            lines_within()
+        } else {
+            usize::MAX
+        };
+        let Some(lines) = relayed_lines_within(&records, within) else {
             return (Vec::new(), records);
-        }
+        };
         let lines = lines.into_iter().map(EventLine::written_line).collect();
         (lines, Vec::new())
     }

@@ -12,5 +12,5 @@ mod vocabulary;
 mod record_tests;
 
 pub use crate::auditlog::clock::{parse_rfc3339, rfc3339};
-pub use relay::{RelayBudget, Relaying, relayed_lines};
+pub use relay::{RelayBudget, Relaying, relayed_lines, relayed_lines_within};
 pub use vocabulary::{Event, EventName, FieldValue};

@@ -58,11 +58,23 @@ impl Relaying {
 /// worker's own ([`Relaying`]): one it cannot read (a bug) ends the lines
 /// there, as a line the coordinator cannot read is skipped.
 pub fn relayed_lines(bytes: &[u8]) -> Vec<String> {
+    relayed_lines_within(bytes, usize::MAX).unwrap_or_default()
+}
+
+/// [`relayed_lines`], while they come to at most `within` bytes, each
+/// counted with the comma that follows it in a report; `None` as soon as
+/// they would come to more. An execution's records are a fraction of
+/// the text they make, so lines that cannot go are not all made first.
+pub fn relayed_lines_within(bytes: &[u8], within: usize) -> Option<Vec<String>> {
     let mut reader = RecordReader::default();
-    let (mut at, mut text, mut lines) = (0, Vec::new(), Vec::new());
+    let (mut at, mut text, mut lines, mut size) = (0, Vec::new(), Vec::new(), 0usize);
     while let Ok(Some(n)) = reader.read(&bytes[at..], &mut text) {
         at += n;
         if text.pop().is_some() {
+            size = size.saturating_add(text.len() + 1);
+            if size > within {
+                return None;
+            }
             match String::from_utf8(std::mem::take(&mut text)) {
                 Ok(line) => lines.push(line),
                 Err(_) => break,
@@ -70,7 +82,7 @@ pub fn relayed_lines(bytes: &[u8]) -> Vec<String> {
         }
     }
     debug_assert_eq!(at, bytes.len(), "the worker's own records");
-    lines
+    Some(lines)
 }
 
 /// The field keys the runtime gives the events it relays (sorted, for a

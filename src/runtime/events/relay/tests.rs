@@ -6,7 +6,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::super::record_tests::{an_event, every_kind};
-use super::{KEYS, Relaying, relayed_lines};
+use super::{KEYS, Relaying, relayed_lines, relayed_lines_within};
 use crate::auditlog::records::{EventHead, RecordWriter};
 use crate::runtime::events::{Event, EventName, FieldValue};
 
@@ -69,6 +69,23 @@ fn every_kind_of_event_reads_back_as_the_event_that_writes_its_line() {
         })
         .collect();
     assert_eq!(lines, written);
+}
+
+/// Lines within a budget, each counted with the comma after it: all of
+/// them at exactly their size, none a byte short, and the making stops
+/// at the line that passes it (the damaged tail here is never read: a
+/// reader that made every line first would reach it).
+#[test]
+fn lines_within_a_budget_stop_at_the_line_that_passes_it() {
+    let events = every_kind();
+    let bytes = relayed(&events);
+    let lines = relayed_lines(&bytes);
+    let size: usize = lines.iter().map(|l| l.len() + 1).sum();
+    assert_eq!(relayed_lines_within(&bytes, size), Some(lines.clone()));
+    assert_eq!(relayed_lines_within(&bytes, size - 1), None);
+    let mut damaged = relayed(&events[..2]);
+    damaged.extend_from_slice(&[0xff; 16]);
+    assert_eq!(relayed_lines_within(&damaged, lines[0].len() + 1), None);
 }
 
 /// An event of the runtime's own keys comes back with its fields as
