@@ -27,7 +27,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "LIST", default_value = "0ms,50ms")]
     pub latency: String,
     /// Threads the runtime's stage executions spread over (`troupe run
-    /// --threads`), comma-separated [default: as `troupe run`'s].
+    /// --threads`), comma-separated [default: as `troupe run`'s]. With
+    /// several (e.g. 1,2,4,8,16), a `speedup` column says how much more
+    /// throughput each count gets than the fewest.
     #[arg(long, value_name = "LIST")]
     pub threads: Option<String>,
     /// The run store: `on` (as `troupe run` keeps it), `off`

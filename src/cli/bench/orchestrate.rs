@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::args::{BenchArgs, Matrix, invalid, parse_matrix};
 use super::cell::{CellResult, CellRun};
-use super::render::{Row, table};
+use super::render::{Row, table, with_speedups};
 use crate::bench::WORKER_TURNS;
 use crate::bench::floor::{Floor, FloorSpec};
 use crate::bench::matrix::show_latency;
@@ -242,7 +242,8 @@ fn run_matrix(args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {
         let kept = runs.keep();
         eprintln!("audit logs kept in {}", kept.display());
     }
-    let rows: Vec<Row> = results.iter().map(|r| Row::from_runs(r, m)).collect();
+    let mut rows: Vec<Row> = results.iter().map(|r| Row::from_runs(r, m)).collect();
+    with_speedups(&mut rows);
     if args.json {
         let value = json!({
             "pipeline": workload.pipeline.id,

@@ -39,6 +39,32 @@ pub(super) struct Row {
     cancel_latency_ms: Option<f64>,
     floor_cancel_latency_ms: Option<f64>,
     cancelled: usize,
+    /// With several `--threads`: the wall of the same cell (width, cap,
+    /// latency, store) at the fewest threads measured over this one's,
+    /// how much more throughput the added threads bought (set by
+    /// [`with_speedups`]).
+    speedup: Option<f64>,
+}
+
+/// Sets each row's [`Row::speedup`] against the row of the same cell at
+/// the fewest threads, when the matrix measured more than one count.
+pub(super) fn with_speedups(rows: &mut [Row]) {
+    let same = |a: &Row, b: &Row| {
+        (a.width, a.cap, a.store) == (b.width, b.cap, b.store) && a.latency_ms == b.latency_ms
+    };
+    let base: Vec<Option<f64>> = rows
+        .iter()
+        .map(|r| {
+            let cell: Vec<&Row> = rows.iter().filter(|o| same(o, r)).collect();
+            let fewest = cell.iter().min_by_key(|o| o.threads)?;
+            cell.iter()
+                .any(|o| o.threads != fewest.threads)
+                .then_some(fewest.runtime_wall_ms)
+        })
+        .collect();
+    for (row, base) in rows.iter_mut().zip(base) {
+        row.speedup = base.map(|b| b / row.runtime_wall_ms.max(f64::MIN_POSITIVE));
+    }
 }
 
 pub(super) fn median(values: &mut [f64]) -> f64 {
@@ -102,6 +128,7 @@ impl Row {
             cancel_latency_ms: cancel(&r.runtime),
             floor_cancel_latency_ms: cancel(&r.floor),
             cancelled: r.runtime.iter().map(|c| c.cancelled).max().unwrap_or(0),
+            speedup: None,
         }
     }
 }
@@ -115,6 +142,7 @@ pub(super) fn table(pipeline: &str, m: &Matrix, rows: &[Row]) -> String {
         m.repeat
     );
     let with_cancel = m.fail.is_some();
+    let with_speedup = rows.iter().any(|r| r.speedup.is_some());
     let _ = write!(
         out,
         "{:>7} {:>5} {:>7} {:>7} {:>5} {:>11} {:>11} {:>9} {:>8} {:>8} {:>9} {:>9}",
@@ -131,6 +159,9 @@ pub(super) fn table(pipeline: &str, m: &Matrix, rows: &[Row]) -> String {
         "RSS MiB",
         "RSS×floor"
     );
+    if with_speedup {
+        let _ = write!(out, " {:>8}", "speedup");
+    }
     if with_cancel {
         let _ = write!(out, " {:>10} {:>9}", "cancel ms", "cancelled");
     }
@@ -153,6 +184,9 @@ pub(super) fn table(pipeline: &str, m: &Matrix, rows: &[Row]) -> String {
             opt(r.peak_rss_kib.map(|k| k as f64 / 1024.0), 1),
             opt(r.rss_ratio_to_floor, 2),
         );
+        if with_speedup {
+            let _ = write!(out, " {:>8}", opt(r.speedup, 2));
+        }
         if with_cancel {
             let _ = write!(
                 out,
@@ -174,12 +208,81 @@ pub(super) fn table(pipeline: &str, m: &Matrix, rows: &[Row]) -> String {
         }
         let _ = writeln!(out);
     }
+    if with_speedup {
+        let _ = writeln!(
+            out,
+            "speedup: the same cell's wall at the fewest threads measured over this wall (its throughput against theirs)"
+        );
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(width: usize, threads: usize, store: bool, wall: f64) -> Row {
+        Row {
+            width,
+            cap: 256,
+            latency_ms: 0.0,
+            threads,
+            store,
+            runtime_ok: true,
+            runtime_wall_ms: wall,
+            runtime_walls_ms: vec![wall],
+            floor_wall_ms: 1.0,
+            floor_walls_ms: vec![1.0],
+            per_sibling_us: 0.0,
+            floor_per_sibling_us: 0.0,
+            ratio_to_floor: wall,
+            ideal_ms: None,
+            ratio_to_ideal: None,
+            floor_ratio_to_ideal: None,
+            peak_rss_kib: None,
+            floor_peak_rss_kib: None,
+            rss_ratio_to_floor: None,
+            cancel_latency_ms: None,
+            floor_cancel_latency_ms: None,
+            cancelled: 0,
+            speedup: None,
+        }
+    }
+
+    /// Each cell against itself at the fewest threads measured, never
+    /// against another width or store setting; a cell measured at one
+    /// count has none, and the table shows the column only when one has.
+    #[test]
+    fn a_speedup_is_against_the_same_cell_at_the_fewest_threads() {
+        let mut rows = vec![
+            row(10_000, 2, true, 50.0),
+            row(10_000, 1, true, 100.0),
+            row(10_000, 8, true, 20.0),
+            row(100, 1, true, 10.0),
+            row(100, 2, true, 8.0),
+            row(100, 2, false, 4.0),
+        ];
+        with_speedups(&mut rows);
+        let got: Vec<Option<f64>> = rows.iter().map(|r| r.speedup).collect();
+        assert_eq!(
+            got,
+            [Some(2.0), Some(1.0), Some(5.0), Some(1.0), Some(1.25), None]
+        );
+        let m = Matrix {
+            widths: vec![100, 10_000],
+            caps: vec![256],
+            latencies: vec![Duration::ZERO],
+            threads: vec![1, 2, 8],
+            stores: vec![true, false],
+            repeat: 1,
+            fail: None,
+        };
+        assert!(table("fanout", &m, &rows).contains("speedup"));
+        let mut one = vec![row(100, 2, true, 8.0), row(1_000, 2, true, 9.0)];
+        with_speedups(&mut one);
+        assert!(one.iter().all(|r| r.speedup.is_none()));
+        assert!(!table("fanout", &m, &one).contains("speedup"));
+    }
 
     #[test]
     fn medians_of_odd_and_even_counts() {
