@@ -38,6 +38,7 @@ pub(crate) mod clock;
 mod decode;
 mod error;
 mod export;
+mod head;
 pub(crate) mod json;
 mod read;
 pub mod records;
@@ -49,7 +50,8 @@ use std::path::{Path, PathBuf};
 pub use decode::{AuditFault, LINES_AT_ONCE, LogDecoder, LogEnd};
 pub use error::AuditError;
 pub use export::{ExportError, OrderedReader, export_lines};
-pub use read::{DecodedReader, Follower, cut_to_whole, format_of, scan_end};
+pub use head::Head;
+pub use read::{DecodedReader, Follower, cut_to_whole, format_of, scan_end, scan_heads};
 pub use seek::segment_starts;
 pub use write::{
     Compressed, FORMAT, FORMAT_LINES, Frames, LEVEL, SEGMENT, SegmentCompressor, header, header_for,

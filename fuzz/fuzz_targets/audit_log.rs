@@ -3,7 +3,9 @@
 //! header of either format) and as a plain one, and walked for its
 //! segments as `runs tail` does, and repaired as `troupe resume` repairs a
 //! killed run's log; and the same bytes as a segment's binary
-//! records, which zstd frames the fuzzer makes rarely reach. A file troupe
+//! records, which zstd frames the fuzzer makes rarely reach, and read
+//! as the resume's scan reads records (each one's members, not its
+//! line), which must agree with its line. A file troupe
 //! did not write must give a typed error or whole lines, never a panic;
 //! both feeds must agree, on the lines before a fault too; and no call
 //! hands out more than the decoder's bound and a line, however many lines
@@ -130,6 +132,12 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
+        // `resume` reads a log of records for its members without its
+        // lines: it ends where the lines end, or fails where they do.
+        if let Some(end) = scan_within(&file) {
+            let heads = troupe::auditlog::scan_heads(&file, |_| Ok(()));
+            assert_eq!(heads.ok(), Some(end), "the scan ends where the lines do");
+        }
         // `resume`'s repair of the same file: a typed error, or a log
         // that then reads to a whole end. Logs past READ_AT_MOST of lines
         // are left: reading them only takes time.
@@ -152,6 +160,30 @@ fuzz_target!(|data: &[u8]| {
         at += n;
     }
     assert!(lines.is_empty() || lines.ends_with(b"\n"));
+    // The same bytes read as a resume's scan reads records: every read
+    // alike, and each record's members those its line holds.
+    let mut as_lines = troupe::auditlog::records::RecordReader::default();
+    let mut as_heads = troupe::auditlog::records::RecordReader::heads();
+    let (mut lines, mut entries, mut at) = (Vec::new(), Vec::new(), 0);
+    loop {
+        let read = as_lines.read(&bytes[at..], &mut lines);
+        assert_eq!(read, as_heads.read(&bytes[at..], &mut entries));
+        match read {
+            Ok(Some(n)) => at += n,
+            _ => break,
+        }
+    }
+    let of_lines: Vec<_> = lines
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(troupe::auditlog::Head::of_line)
+        .collect();
+    let of_entries: Vec<_> = troupe::auditlog::records::Entries::new(&entries)
+        .map(|e| e.expect("an entry the reader wrote"))
+        .filter(|e| *e != troupe::auditlog::records::HeadEntry::Line(b""))
+        .map(troupe::auditlog::Head::of_entry)
+        .collect();
+    assert_eq!(of_entries, of_lines);
     let mut plain = LogDecoder::plain();
     let mut out = Vec::new();
     plain.feed_all(bytes, &mut out).expect("a plain log never fails");

@@ -63,12 +63,18 @@ enum Content {
 }
 
 impl Content {
-    fn of(format: u32, raw: bool) -> Content {
+    /// `heads`: records as the entries a resume's scan reads
+    /// ([`RecordReader::heads`]); lines stay lines.
+    fn of(format: u32, raw: bool, heads: bool) -> Content {
         if format == FORMAT_LINES {
             Content::Lines { scanned: 0 }
         } else {
             Content::Records {
-                reader: Box::default(),
+                reader: Box::new(if heads {
+                    RecordReader::heads()
+                } else {
+                    RecordReader::default()
+                }),
                 raw,
             }
         }
@@ -109,6 +115,8 @@ pub struct LogDecoder {
     fault: Option<Fault>,
     /// The last call stopped at the bound: [`LogDecoder::more`].
     held: bool,
+    /// Records go out as a scan's entries ([`LogDecoder::heads_for_path`]).
+    heads: bool,
 }
 
 impl std::fmt::Debug for LogDecoder {
@@ -141,6 +149,22 @@ impl LogDecoder {
         }
     }
 
+    /// For the log at `path`, handing out records as the entries a
+    /// resume's scan reads ([`super::records::Entries`]) and lines as
+    /// lines: [`LogDecoder::gives_heads`] says which a call handed out.
+    pub fn heads_for_path(path: &Path) -> LogDecoder {
+        LogDecoder {
+            heads: true,
+            ..LogDecoder::for_path(path)
+        }
+    }
+
+    /// What was handed out is entries, not lines: the log holds records
+    /// and the decoder was made by [`LogDecoder::heads_for_path`].
+    pub fn gives_heads(&self) -> bool {
+        self.heads && matches!(self.content, Content::Records { .. })
+    }
+
     /// For the segments of a log in format `format` from byte `at` (one
     /// of [`super::segment_starts`]), its header read elsewhere; handing
     /// out records as they are when `raw` (to write them again).
@@ -149,7 +173,7 @@ impl LogDecoder {
         let mut decoder = LogDecoder::at(Stage::Frames(decoder, Blocks::default()));
         decoder.fed = at;
         decoder.keep = at;
-        decoder.content = Content::of(format, raw);
+        decoder.content = Content::of(format, raw, false);
         Ok(decoder)
     }
 
@@ -165,6 +189,7 @@ impl LogDecoder {
             segment_ended: false,
             fault: None,
             held: false,
+            heads: false,
         }
     }
 
@@ -235,7 +260,7 @@ impl LogDecoder {
             };
             if head.len() >= 8 && head.len() == need {
                 let format = check_header(head).map_err(AuditFault)?;
-                self.content = Content::of(format, false);
+                self.content = Content::of(format, false, self.heads);
                 self.keep = need as u64;
                 let decoder = Box::new(frames().map_err(AuditFault)?);
                 self.stage = Stage::Frames(decoder, Blocks::default());
@@ -539,7 +564,7 @@ mod tests {
     /// them; a line arriving in pieces is searched once, piece by piece.
     #[test]
     fn json_lines_go_out_a_bound_at_a_time() {
-        let mut content = Content::of(FORMAT_LINES, false);
+        let mut content = Content::of(FORMAT_LINES, false, false);
         let text = format!("{}\n", "x".repeat(99)).repeat(30_000);
         let mut partial = text.as_bytes().to_vec();
         let mut lines = Vec::new();
@@ -598,7 +623,7 @@ mod tests {
         let line = format!("{{\"seq\":1,\"pad\":\"{}\"}}\n", "x".repeat(4 << 20));
         let mut record = Vec::new();
         super::super::records::lines_as_records(line.as_bytes(), &mut record);
-        let mut content = Content::of(FORMAT, false);
+        let mut content = Content::of(FORMAT, false, false);
         let (mut partial, mut lines) = (Vec::new(), Vec::new());
         for piece in record.chunks(4096) {
             take(&mut content, &mut partial, piece, &mut lines);
@@ -617,7 +642,7 @@ mod tests {
     fn every_whole_record_is_handed_out_at_once() {
         let mut record = Vec::new();
         super::super::records::lines_as_records(b"{\"seq\":1}\n{\"seq\":2}\n", &mut record);
-        let mut content = Content::of(FORMAT, false);
+        let mut content = Content::of(FORMAT, false, false);
         let (mut partial, mut lines) = (Vec::new(), Vec::new());
         // The first record (a tag, a length, 9 bytes) one byte short.
         let first = 2 + 9;

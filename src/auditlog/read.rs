@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use super::decode::{LogDecoder, LogEnd, check_header, header_len};
 use super::error::{AuditError, Fault};
+use super::head::Head;
+use super::records::{Entries, HeadEntry};
 use super::write::{Compressed, FORMAT};
 
 /// The format of the compact log at `path`, from its header (and nothing
@@ -59,11 +61,15 @@ pub struct DecodedReader {
 impl DecodedReader {
     /// Opens the log at `path` (compact or plain, by its name).
     pub fn open(path: &Path) -> Result<DecodedReader, AuditError> {
+        DecodedReader::with(path, LogDecoder::for_path(path))
+    }
+
+    fn with(path: &Path, decoder: LogDecoder) -> Result<DecodedReader, AuditError> {
         let file = File::open(path).map_err(AuditError::io(path))?;
         Ok(DecodedReader {
             path: path.to_owned(),
             file,
-            decoder: LogDecoder::for_path(path),
+            decoder,
             ready: Vec::new(),
             at: 0,
             chunk: vec![0; CHUNK].into_boxed_slice(),
@@ -214,6 +220,47 @@ pub fn scan_end(
             offset: reader.decoder.end().fed,
             reason,
         })?;
+    }
+}
+
+/// Reads the whole log at `path` for its end, passing what a resume's
+/// scan reads of each event to `each`, in order: its [`Head`], or `None`
+/// for a line that is not UTF-8 or not a JSON object. A log of records
+/// is read without making its lines ([`super::records::Entries`]); any
+/// other, line by line. An error from `each` is the log's fault there.
+pub fn scan_heads(
+    path: &Path,
+    mut each: impl FnMut(Option<Head<'_>>) -> Result<(), String>,
+) -> Result<LogEnd, AuditError> {
+    let mut reader = DecodedReader::with(path, LogDecoder::heads_for_path(path))?;
+    loop {
+        reader.fill()?;
+        if reader.ready.is_empty() {
+            return Ok(reader.end());
+        }
+        let fault = |reason| AuditError::Corrupt {
+            path: path.to_owned(),
+            offset: reader.decoder.end().fed,
+            reason,
+        };
+        if reader.decoder.gives_heads() {
+            for entry in Entries::new(&reader.ready) {
+                let entry = entry.map_err(fault)?;
+                // An empty `LINE` record makes an empty line, which a
+                // reader of lines passes over.
+                if entry != HeadEntry::Line(b"") {
+                    each(Head::of_entry(entry)).map_err(fault)?;
+                }
+            }
+        } else {
+            for line in reader
+                .ready
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+            {
+                each(Head::of_line(line)).map_err(fault)?;
+            }
+        }
     }
 }
 

@@ -149,6 +149,12 @@ pub struct RecordReader {
     line_limit: Option<usize>,
     /// The record the next read begins was found cut short.
     cut_short: bool,
+    /// Hands out each record as the entry a resume's scan reads, not as
+    /// its JSON line ([`RecordReader::heads`]).
+    heads: bool,
+    /// With `heads`, beside each string of `spans`: which member the scan
+    /// reads a field of that name as, if any (`heads::NO_SLOT`).
+    slots: Vec<u8>,
 }
 
 /// Why a record was not read: it is cut short, or it is wrong.
@@ -178,6 +184,7 @@ impl RecordReader {
         self.cut_short = false;
         self.arena.clear();
         self.spans.clear();
+        self.slots.clear();
         self.defined = 0;
         self.seq = 0;
         self.micros = 0;
@@ -268,6 +275,7 @@ impl RecordReader {
     fn undo(&mut self, mark: Mark, out: &mut Vec<u8>) {
         self.arena.truncate(mark.arena);
         self.spans.truncate(mark.spans);
+        self.slots.truncate(mark.spans);
         (self.defined, self.seq, self.micros) = (mark.defined, mark.seq, mark.micros);
         out.truncate(mark.out);
     }
@@ -289,10 +297,15 @@ impl RecordReader {
                 if text.contains(&b'\n') {
                     return Err(bad("a line record holds a newline"));
                 }
-                out.extend_from_slice(text);
-                out.push(b'\n');
+                if self.heads {
+                    RecordReader::line_entry(out, text);
+                } else {
+                    out.extend_from_slice(text);
+                    out.push(b'\n');
+                }
                 Ok(())
             }
+            EVENT if self.heads => self.event_entry(r, out),
             EVENT => self.event(r, out),
             tag => Err(Stop::Bad(format!("unknown record tag {tag}"))),
         }
@@ -406,6 +419,9 @@ impl RecordReader {
                     self.arena.push_str(text);
                 }
                 self.spans.push((start, self.arena.len(), quoted));
+                if self.heads {
+                    self.slots.push(heads::slot_number(text));
+                }
                 Ok(self.spans.len() - 1)
             }
             n => referred(n, self.spans.len()),
@@ -605,9 +621,11 @@ fn unzigzag(z: u64) -> u64 {
     ((z >> 1) as i64 ^ -((z & 1) as i64)) as u64
 }
 
+mod heads;
 pub mod scan;
 mod writer;
 
+pub use heads::{Entries, HeadEntry};
 pub use writer::{EventHead, RecordWriter};
 
 #[cfg(test)]

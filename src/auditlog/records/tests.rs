@@ -279,7 +279,15 @@ proptest! {
 /// the log's decoder feeds what zstd gives it): the JSON lines, or the
 /// reason it stopped.
 pub(crate) fn read_in_pieces(bytes: &[u8], cuts: &[usize]) -> Result<Vec<u8>, String> {
-    let mut reader = RecordReader::default();
+    read_in_pieces_with(RecordReader::default(), bytes, cuts)
+}
+
+/// [`read_in_pieces`] with `reader`.
+pub(crate) fn read_in_pieces_with(
+    mut reader: RecordReader,
+    bytes: &[u8],
+    cuts: &[usize],
+) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     let mut partial = Vec::new();
     let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();

@@ -1,6 +1,8 @@
-//! What the scan reads of an audit line: the few members it needs,
-//! borrowed from the line where they have no escapes; every other member
-//! is skipped unread. Reading each line into a `serde_json::Value` (a map,
+//! What a resume's scan reads of an audit line (`store::repair`): the
+//! few members it needs, borrowed from the line where they have no
+//! escapes; every other member is skipped unread. A log of records is
+//! read for the same members without its lines ([`super::records::Entries`],
+//! [`super::scan_heads`]). Reading each line into a `serde_json::Value` (a map,
 //! a `String` per key, every nested value built) was most of a resume's
 //! time on a large log: a million-wide run's log has twelve million lines.
 //!
@@ -19,14 +21,45 @@ use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAcces
 
 /// The members of an audit line the scan reads.
 #[derive(Debug, Default, PartialEq)]
-pub(super) struct Head<'a> {
+pub struct Head<'a> {
     /// `seq`, when it is an unsigned integer.
-    pub(super) seq: Option<u64>,
-    pub(super) event: Option<Cow<'a, str>>,
-    pub(super) stage_execution_id: Option<Cow<'a, str>>,
-    pub(super) stage_id: Option<Cow<'a, str>>,
-    pub(super) turn_id: Option<Cow<'a, str>>,
-    pub(super) status: Option<Cow<'a, str>>,
+    pub seq: Option<u64>,
+    pub event: Option<Cow<'a, str>>,
+    pub stage_execution_id: Option<Cow<'a, str>>,
+    pub stage_id: Option<Cow<'a, str>>,
+    pub turn_id: Option<Cow<'a, str>>,
+    pub status: Option<Cow<'a, str>>,
+}
+
+impl<'a> Head<'a> {
+    /// A line's members, or `None` for a line that is not UTF-8 or not a
+    /// JSON object.
+    pub fn of_line(line: &'a [u8]) -> Option<Head<'a>> {
+        // Checked as UTF-8 whole first: the members skipped are not read
+        // closely enough to find bytes that are not.
+        std::str::from_utf8(line)
+            .ok()
+            .and_then(|text| serde_json::from_str(text).ok())
+    }
+
+    /// The members of a heads reader's entry ([`super::records::HeadEntry`]):
+    /// read from the record, or from the line it handed out instead.
+    pub fn of_entry(entry: super::records::HeadEntry<'a>) -> Option<Head<'a>> {
+        match entry {
+            super::records::HeadEntry::Members(seq, texts) => {
+                let [event, exec, stage, turn, status] = texts.map(|t| t.map(Cow::Borrowed));
+                Some(Head {
+                    seq,
+                    event,
+                    stage_execution_id: exec,
+                    stage_id: stage,
+                    turn_id: turn,
+                    status,
+                })
+            }
+            super::records::HeadEntry::Line(line) => Head::of_line(line),
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for Head<'de> {
