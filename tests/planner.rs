@@ -725,7 +725,7 @@ fn a_restored_run_skips_finished_executions_and_runs_the_rest() {
             r.stage_id.as_str().into(),
             id.as_str().into(),
         );
-        restore.results.insert(id, kept);
+        Arc::make_mut(&mut restore.results).insert(id.as_str().into(), kept);
     }
     restore.turns_started.insert(format!("{run}/turn/1"));
     restore.turns_ended.insert(format!("{run}/turn/1"));

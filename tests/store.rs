@@ -636,7 +636,7 @@ fn a_resume_reads_stored_results_packed_and_only_the_exits_its_log_lacks() {
     assert_eq!(kept.len(), 6, "every exited execution, the failed one too");
     assert_eq!(whole.len(), kept.len());
     for result in &whole {
-        let k = &kept[&result.stage_execution_id];
+        let k = &kept[result.stage_execution_id.as_str()];
         assert!(matches!(k, Kept::Packed(_)));
         assert_eq!(*k.result(), **result, "{}", result.stage_execution_id);
     }

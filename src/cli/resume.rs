@@ -131,7 +131,7 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
     // the log with the events the worker recorded, not a bare recovery.
     // Both read the run's exited rows: a log that has every one (a run
     // stopped cleanly, the usual case) needs no second pass.
-    let mut exits = if results.keys().all(|id| scanned.exited.contains(id)) {
+    let mut exits = if results.keys().all(|id| scanned.exited.contains(&**id)) {
         Vec::new()
     } else {
         store.exit_events(&run.id, |id| scanned.exited.contains(id))?
@@ -159,7 +159,7 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
     }
     let restore = Restore {
         resumed: true,
-        results,
+        results: Arc::new(results),
         turns_started: scanned.turns_started,
         turns_ended: scanned.turns_ended,
     };

@@ -452,7 +452,11 @@ impl Store {
     /// as they were stored (`Kept::stored`), so a run with a million
     /// stored results resumes in the memory its results take packed, not
     /// as parsed values.
-    pub fn kept_results(&self, run_id: &str) -> Result<HashMap<String, Kept>, StoreError> {
+    ///
+    /// Each is found by the same `Arc` its result names the execution
+    /// with: a second copy of a million ids was a tenth of a resume's
+    /// memory.
+    pub fn kept_results(&self, run_id: &str) -> Result<HashMap<Arc<str>, Kept>, StoreError> {
         // One name per stage, shared by its executions' results.
         let stages: RefCell<HashMap<String, Arc<str>>> = RefCell::default();
         let kept = self.folded(
@@ -478,23 +482,21 @@ impl Store {
                         s
                     }
                 };
-                let id = format!("{run_id}/{}", r.exec);
-                Some(Kept::stored(
+                let id: Arc<str> = format!("{run_id}/{}", r.exec).into();
+                let kept = Kept::stored(
                     stage,
-                    id.as_str().into(),
+                    Arc::clone(&id),
                     verdict,
                     reason.map(str::to_owned),
                     cap_hit,
                     r.attempts,
                     r.usage,
                     (Some(parsed.to_owned()), output.map(str::to_owned)),
-                ))
+                );
+                Some((id, kept))
             },
         )?;
-        Ok(kept
-            .filter_map(|(_, kept)| kept)
-            .map(|kept| (kept.stage_execution_id().to_owned(), kept))
-            .collect())
+        Ok(kept.filter_map(|(_, kept)| kept).collect())
     }
 
     /// Each of a run's exited executions whose `StageExited` the audit

@@ -91,8 +91,10 @@ pub struct Restore {
     /// A new session of an earlier run: `WorkflowResumed` opens it
     /// instead of `WorkflowStarted`.
     pub resumed: bool,
-    /// Packed as stored (see `Kept`).
-    pub results: HashMap<String, Kept>,
+    /// Packed as stored (see `Kept`), by the id each names its execution
+    /// with; shared, since a run's spec and its scheduler each hold the
+    /// restore, and a million stored results were copied twice.
+    pub results: Arc<HashMap<Arc<str>, Kept>>,
     pub turns_started: HashSet<String>,
     pub turns_ended: HashSet<String>,
 }
