@@ -72,6 +72,52 @@ fn scan_within(path: &std::path::Path) -> Option<LogEnd> {
     .ok()
 }
 
+/// What the scan reads of one event, owned.
+type Members = Option<(Option<u64>, [Option<String>; 5])>;
+
+fn owned(head: Option<troupe::auditlog::Head<'_>>) -> Members {
+    let text = |t: Option<std::borrow::Cow<'_, str>>| t.map(|t| t.into_owned());
+    head.map(|h| {
+        (
+            h.seq,
+            [
+                text(h.event),
+                text(h.stage_execution_id),
+                text(h.stage_id),
+                text(h.turn_id),
+                text(h.status),
+            ],
+        )
+    })
+}
+
+/// A log read as lines for what the scan reads of each.
+enum Within {
+    Read(Vec<Members>, LogEnd),
+    Damaged,
+    /// More than [`READ_AT_MOST`] of lines: left unread.
+    TooMany,
+}
+
+fn members_of_lines(path: &std::path::Path) -> Within {
+    let (mut read, mut members) = (0, Vec::new());
+    let end = troupe::auditlog::scan_end(path, |lines| {
+        read += lines.len();
+        if read > READ_AT_MOST {
+            return Err("more lines than the target reads".into());
+        }
+        for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            members.push(owned(troupe::auditlog::Head::of_line(line)));
+        }
+        Ok(())
+    });
+    match end {
+        Ok(end) => Within::Read(members, end),
+        Err(_) if read > READ_AT_MOST => Within::TooMany,
+        Err(_) => Within::Damaged,
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&split, bytes)) = data.split_first() else {
         return;
@@ -133,10 +179,23 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         // `resume` reads a log of records for its members without its
-        // lines: it ends where the lines end, or fails where they do.
-        if let Some(end) = scan_within(&file) {
-            let heads = troupe::auditlog::scan_heads(&file, |_| Ok(()));
-            assert_eq!(heads.ok(), Some(end), "the scan ends where the lines do");
+        // lines: the same members, ending where the lines end, or failing
+        // where they fail.
+        match members_of_lines(&file) {
+            Within::Read(members, end) => {
+                let mut heads = Vec::new();
+                let end_heads = troupe::auditlog::scan_heads(&file, |h| {
+                    heads.push(owned(h));
+                    Ok(())
+                });
+                assert_eq!(end_heads.ok(), Some(end), "the scan ends where the lines do");
+                assert_eq!(heads, members, "the members its lines hold");
+            }
+            Within::Damaged => assert!(
+                troupe::auditlog::scan_heads(&file, |_| Ok(())).is_err(),
+                "the scan fails where the lines do"
+            ),
+            Within::TooMany => {}
         }
         // `resume`'s repair of the same file: a typed error, or a log
         // that then reads to a whole end. Logs past READ_AT_MOST of lines

@@ -54,8 +54,10 @@ enum Content {
     /// those waiting are known to hold no newline (a long line arriving
     /// in pieces is searched once).
     Lines { scanned: usize },
-    /// Binary records ([`FORMAT`]), handed out as JSON lines, or as the
-    /// records themselves when `raw` (to write them again).
+    /// Binary records ([`FORMAT`]), handed out as JSON lines, as the
+    /// records themselves when `raw` (to write them again), or as the
+    /// entries a resume's scan reads when the reader is a heads reader
+    /// ([`LogDecoder::heads_for_path`]).
     Records {
         reader: Box<RecordReader>,
         raw: bool,

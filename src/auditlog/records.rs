@@ -129,7 +129,8 @@ struct Mark {
     out: usize,
 }
 
-/// Reads records back, as JSON lines or as the records themselves.
+/// Reads records back as JSON lines, or as the entries a resume's scan
+/// reads ([`RecordReader::heads`]).
 #[derive(Debug, Default)]
 pub struct RecordReader {
     /// The strings defined since the last `RESET`, one after another:
@@ -191,7 +192,8 @@ impl RecordReader {
     }
 
     /// Reads the record that `bytes` begins with, appending its JSON line
-    /// (with its newline) to `out`; its length, or `None` when `bytes` ends
+    /// (with its newline) to `out`, or a heads reader's entry
+    /// ([`RecordReader::heads`]); its length, or `None` when `bytes` ends
     /// inside it (nothing is appended or remembered then).
     pub fn read(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, String> {
         // A record found cut short is walked first (its frame only, its
@@ -282,6 +284,8 @@ impl RecordReader {
 
     /// Records read through so far, their text checked and written (whole,
     /// cut short the first time, or bad): what a reader's cost grows with.
+    /// (A heads reader reads a record that must go out as its line twice,
+    /// and counts it once.)
     pub fn attempts(&self) -> u64 {
         self.attempts
     }
@@ -344,19 +348,27 @@ impl RecordReader {
                 tool: text(ids[2]),
             },
         );
+        // A string is written each time it is referred to: a record of a
+        // few bytes may make a line of any length (its head too: five
+        // references to one long string), and one line is held whole.
+        self.within_line(out.len() - start)?;
         for _ in 0..fields {
             self.field(r, out)?;
-            // A string is written each time it is referred to: a record
-            // of a few bytes may make a line of any length, and one line
-            // is held whole.
-            if out.len() - start > self.longest_line() {
-                return Err(Stop::Bad(format!(
-                    "a record whose line passes {} MiB",
-                    self.longest_line() >> 20
-                )));
-            }
+            self.within_line(out.len() - start)?;
         }
         out.extend_from_slice(b"}\n");
+        Ok(())
+    }
+
+    /// Refuses a line of `len` bytes so far past the longest a record may
+    /// make.
+    fn within_line(&self, len: usize) -> Read<()> {
+        if len > self.longest_line() {
+            return Err(Stop::Bad(format!(
+                "a record whose line passes {} MiB",
+                self.longest_line() >> 20
+            )));
+        }
         Ok(())
     }
 

@@ -40,9 +40,9 @@ pub struct LogScan {
     pub end: LogEnd,
     /// Executions entered and not ended, `stageExecutionId → stageId`.
     pub open: BTreeMap<String, String>,
-    /// Executions whose `StageExited` is in the log: one a finished
-    /// sibling, hashed with foldhash (SipHash of a million ids was a
-    /// twentieth of the scan once the lines were gone).
+    /// Executions whose `StageExited` is in the log, one for each
+    /// finished sibling: hashed with foldhash (SipHash of a million ids
+    /// was a twentieth of the scan once the lines were gone).
     pub exited: HashSet<String, foldhash::fast::RandomState>,
     /// Session turns the log shows as started, and as ended.
     pub turns_started: HashSet<String>,

@@ -3,12 +3,12 @@
 //!
 //! A resume scans the whole log for its last `seq` and for the executions
 //! entered, exited and cancelled: six members of each event
-//! ([`crate::auditlog::Head`]). Written out as a JSON line and parsed
-//! back, a million-wide run's twelve million events took four fifths of
-//! the instructions a resume spends before it goes on (BENCHMARKS.md,
-//! "A resume's scan"). A reader made with [`RecordReader::heads`] hands
-//! out, for each event record, just those six members, read from the
-//! record where a JSON parser would have found them in its line:
+//! ([`crate::auditlog::Head`]). Each record written out as its JSON line
+//! and parsed back was four fifths of a resume's instructions
+//! (BENCHMARKS.md, "Every core, twenty-second round"). A reader made
+//! with [`RecordReader::heads`] hands out, for each event record, just
+//! those six members, read from the record where a JSON parser would
+//! have found them in its line:
 //!
 //! - a member named like one of them among the event's fields counts
 //!   after the head, the last one given winning, and a value of another
@@ -29,8 +29,9 @@ use super::*;
 
 /// An entry: an event's members, as [`write_entry`] writes them.
 const E_HEAD: u8 = 1;
-/// An entry: a JSON line (a `LINE` record, or an event made into its
-/// line), its length as four little-endian bytes.
+/// An entry: a line (a `LINE` record's text, which the scan parses as
+/// JSON, or an event made into its line), its length as four
+/// little-endian bytes.
 const E_LINE: u8 = 2;
 
 /// More than the members of a line's head other than its strings can
@@ -129,6 +130,9 @@ impl RecordReader {
         let fields = r.varint()?;
         if fields > MAX_FIELDS {
             return Err(Stop::Bad(format!("an event with {fields} fields")));
+        }
+        if bound > self.longest_line() {
+            return Ok(false);
         }
         let id = |n: Option<usize>| n.map_or(Slot::Absent, Slot::Str);
         let mut slots = [
@@ -244,7 +248,7 @@ pub enum HeadEntry<'a> {
     /// `stageId`, `turnId`, `status` (each absent when the line would
     /// hold none of its type).
     Members(Option<u64>, [Option<&'a str>; 5]),
-    /// A JSON line (no newline), for the caller to parse.
+    /// A line (no newline), for the caller to parse as JSON.
     Line(&'a [u8]),
 }
 
@@ -342,10 +346,20 @@ mod tests {
         })
     }
 
+    /// A reader of lines or of heads whose lines may be `limit` bytes at
+    /// most, or as long as a record's may.
+    fn reader(heads: bool, limit: Option<usize>) -> RecordReader {
+        RecordReader {
+            heads,
+            line_limit: limit,
+            ..RecordReader::default()
+        }
+    }
+
     /// The records read as JSON lines and each line parsed, as the scan
     /// read every log before.
-    fn as_lines(bytes: &[u8], cuts: &[usize]) -> Result<Read, String> {
-        let lines = read_in_pieces_with(RecordReader::default(), bytes, cuts)?;
+    fn as_lines_within(bytes: &[u8], cuts: &[usize], limit: Option<usize>) -> Result<Read, String> {
+        let lines = read_in_pieces_with(reader(false, limit), bytes, cuts)?;
         Ok(lines
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
@@ -354,12 +368,20 @@ mod tests {
     }
 
     /// The records read as a heads reader's entries.
-    fn as_heads(bytes: &[u8], cuts: &[usize]) -> Result<Read, String> {
-        let entries = read_in_pieces_with(RecordReader::heads(), bytes, cuts)?;
+    fn as_heads_within(bytes: &[u8], cuts: &[usize], limit: Option<usize>) -> Result<Read, String> {
+        let entries = read_in_pieces_with(reader(true, limit), bytes, cuts)?;
         Entries::new(&entries)
             .filter(|e| e.as_ref().map_or(true, |e| *e != HeadEntry::Line(b"")))
             .map(|e| e.map(|e| owned(Head::of_entry(e))))
             .collect()
+    }
+
+    fn as_lines(bytes: &[u8], cuts: &[usize]) -> Result<Read, String> {
+        as_lines_within(bytes, cuts, None)
+    }
+
+    fn as_heads(bytes: &[u8], cuts: &[usize]) -> Result<Read, String> {
+        as_heads_within(bytes, cuts, None)
     }
 
     #[derive(Debug, Clone)]
@@ -436,8 +458,13 @@ mod tests {
         out
     }
 
+    /// Short strings, some needing escapes (quotes, backslashes, control
+    /// characters, non-ASCII), and now and then a long one.
     fn text() -> impl Strategy<Value = String> {
-        "[a-z\"\\\\/#é\n]{0,6}"
+        prop_oneof![
+            8 => "[a-z\"\\\\/#é\n\t\u{1}\u{7f}]{0,8}",
+            1 => "[a-z\u{1}]{100,300}",
+        ]
     }
 
     fn value() -> impl Strategy<Value = Value> {
@@ -482,6 +509,8 @@ mod tests {
             "tool",
             "verdict",
             "n",
+            "k\"ey",
+            "t\tab",
         ]);
         let id = || prop::option::of(text());
         prop_oneof![
@@ -523,6 +552,21 @@ mod tests {
         ) {
             let bytes = write(&records);
             prop_assert_eq!(as_heads(&bytes, &cuts), as_lines(&bytes, &cuts));
+        }
+
+        /// A log cut inside a record (a killed writer's torn end): both
+        /// readings find the same damage in what is there, or none.
+        #[test]
+        fn a_record_cut_short_is_checked_alike(
+            records in prop::collection::vec(record(), 1..8),
+            cut in any::<usize>(),
+        ) {
+            let bytes = write(&records);
+            let tail = &bytes[..cut % (bytes.len() + 1)];
+            prop_assert_eq!(
+                reader(true, None).check_cut_short(tail),
+                reader(false, None).check_cut_short(tail)
+            );
         }
 
         /// Bytes troupe did not write: the same reason or the same members.
@@ -601,6 +645,61 @@ mod tests {
             ]
         );
         assert_eq!(Ok(read), as_lines(&bytes, &[]));
+    }
+
+    /// Near the longest line a record may make, whatever makes the line
+    /// long (its head, text to escape, a key or a value to escape, usage),
+    /// the members are read alike and a line past it is refused alike:
+    /// the bound a heads reader keeps is never below the line's length.
+    #[test]
+    fn a_line_near_the_limit_is_read_alike_whatever_makes_it_long() {
+        let limit = Some(1024);
+        let event = |ids: [Option<String>; 3], fields: Vec<(&'static str, Value)>| Record::Event {
+            seq: u64::MAX,
+            micros: u64::MAX,
+            name: "StageEntered",
+            ids,
+            fields,
+        };
+        let escaped = |n: usize| "\u{1}".repeat(n);
+        let mut refused = 0;
+        for n in 0..260 {
+            let key: &'static str = Box::leak(escaped(n).into_boxed_str());
+            let cases = [
+                event([Some("x".repeat(4 * n)), None, None], vec![]),
+                event(
+                    [Some("x".repeat(4 * n)), None, None],
+                    vec![("n", Value::U64(1))],
+                ),
+                event([Some(escaped(n)), Some("w".to_owned()), None], vec![]),
+                event([None, None, None], vec![("k", Value::Text(escaped(n)))]),
+                event([None, None, None], vec![("k", Value::Shared(escaped(n)))]),
+                event([None, None, None], vec![(key, Value::Static("ok"))]),
+                event(
+                    [None, None, None],
+                    vec![("u", Value::Usage([u64::MAX; 3])); n / 20],
+                ),
+            ];
+            for case in cases {
+                let bytes = write(&[Record::Reset, case]);
+                let lines = as_lines_within(&bytes, &[], limit);
+                refused += usize::from(lines.is_err());
+                assert_eq!(as_heads_within(&bytes, &[], limit), lines, "n = {n}");
+            }
+        }
+        assert!(refused > 0, "some lines pass the limit");
+        // A head alone can make a line past it: five references to one
+        // long string, with no field to check the line after.
+        let head = write(&[
+            Record::Reset,
+            event([Some("x".repeat(2000)), None, None], vec![]),
+        ]);
+        let lines = as_lines_within(&head, &[], limit);
+        assert!(
+            lines.as_ref().is_err_and(|e| e.contains("passes")),
+            "{lines:?}"
+        );
+        assert_eq!(as_heads_within(&head, &[], limit), lines);
     }
 
     /// A record whose line would pass the longest a record may make is
