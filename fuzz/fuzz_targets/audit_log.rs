@@ -240,7 +240,7 @@ fuzz_target!(|data: &[u8]| {
     let of_entries: Vec<_> = troupe::auditlog::records::Entries::new(&entries)
         .map(|e| e.expect("an entry the reader wrote"))
         .filter(|e| *e != troupe::auditlog::records::HeadEntry::Line(b""))
-        .map(troupe::auditlog::Head::of_entry)
+        .map(troupe::auditlog::records::HeadEntry::head)
         .collect();
     assert_eq!(of_entries, of_lines);
     let mut plain = LogDecoder::plain();

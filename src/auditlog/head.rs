@@ -41,25 +41,6 @@ impl<'a> Head<'a> {
             .ok()
             .and_then(|text| serde_json::from_str(text).ok())
     }
-
-    /// The members of a heads reader's entry ([`super::records::HeadEntry`]):
-    /// read from the record, or from the line it handed out instead.
-    pub fn of_entry(entry: super::records::HeadEntry<'a>) -> Option<Head<'a>> {
-        match entry {
-            super::records::HeadEntry::Members(seq, texts) => {
-                let [event, exec, stage, turn, status] = texts.map(|t| t.map(Cow::Borrowed));
-                Some(Head {
-                    seq,
-                    event,
-                    stage_execution_id: exec,
-                    stage_id: stage,
-                    turn_id: turn,
-                    status,
-                })
-            }
-            super::records::HeadEntry::Line(line) => Head::of_line(line),
-        }
-    }
 }
 
 impl<'de> Deserialize<'de> for Head<'de> {

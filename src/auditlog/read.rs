@@ -249,7 +249,7 @@ pub fn scan_heads(
                 // An empty `LINE` record makes an empty line, which a
                 // reader of lines passes over.
                 if entry != HeadEntry::Line(b"") {
-                    each(Head::of_entry(entry)).map_err(fault)?;
+                    each(entry.head()).map_err(fault)?;
                 }
             }
         } else {

@@ -25,7 +25,10 @@
 //! and the lengths it reads are the same: [`RecordReader::read`] frames
 //! both.
 
+use std::borrow::Cow;
+
 use super::*;
+use crate::auditlog::Head;
 
 /// An entry: an event's members, as [`write_entry`] writes them.
 const E_HEAD: u8 = 1;
@@ -252,6 +255,28 @@ pub enum HeadEntry<'a> {
     Line(&'a [u8]),
 }
 
+impl<'a> HeadEntry<'a> {
+    /// The members the entry holds: read from the record, or from the
+    /// line it handed out instead (`None` for a line that is not UTF-8
+    /// or not a JSON object).
+    pub fn head(self) -> Option<Head<'a>> {
+        match self {
+            HeadEntry::Members(seq, texts) => {
+                let [event, exec, stage, turn, status] = texts.map(|t| t.map(Cow::Borrowed));
+                Some(Head {
+                    seq,
+                    event,
+                    stage_execution_id: exec,
+                    stage_id: stage,
+                    turn_id: turn,
+                    status,
+                })
+            }
+            HeadEntry::Line(line) => Head::of_line(line),
+        }
+    }
+}
+
 /// The entries in what a heads reader handed out.
 #[derive(Debug)]
 pub struct Entries<'a> {
@@ -325,7 +350,6 @@ mod tests {
 
     use super::super::tests::read_in_pieces_with;
     use super::*;
-    use crate::auditlog::Head;
 
     /// What the scan reads of each record: its members, owned.
     type Read = Vec<Option<(Option<u64>, [Option<String>; 5])>>;
@@ -372,7 +396,7 @@ mod tests {
         let entries = read_in_pieces_with(reader(true, limit), bytes, cuts)?;
         Entries::new(&entries)
             .filter(|e| e.as_ref().map_or(true, |e| *e != HeadEntry::Line(b"")))
-            .map(|e| e.map(|e| owned(Head::of_entry(e))))
+            .map(|e| e.map(|e| owned(e.head())))
             .collect()
     }
 
