@@ -42,6 +42,7 @@ mod head;
 pub(crate) mod json;
 mod read;
 pub mod records;
+mod scan;
 mod seek;
 mod write;
 
@@ -51,7 +52,8 @@ pub use decode::{AuditFault, LINES_AT_ONCE, LogDecoder, LogEnd};
 pub use error::AuditError;
 pub use export::{ExportError, OrderedReader, export_lines};
 pub use head::Head;
-pub use read::{DecodedReader, Follower, cut_to_whole, format_of, scan_end, scan_heads};
+pub use read::{DecodedReader, Follower, cut_to_whole, format_of, scan_end};
+pub use scan::scan_heads;
 pub use seek::segment_starts;
 pub use write::{
     Compressed, FORMAT, FORMAT_LINES, Frames, LEVEL, SEGMENT, SegmentCompressor, header, header_for,

@@ -171,11 +171,23 @@ impl LogDecoder {
     /// of [`super::segment_starts`]), its header read elsewhere; handing
     /// out records as they are when `raw` (to write them again).
     pub(super) fn segments_at(at: u64, format: u32, raw: bool) -> Result<LogDecoder, AuditFault> {
+        LogDecoder::segments_handing(at, format, raw, false)
+    }
+
+    /// [`LogDecoder::segments_at`], handing out records as a resume's
+    /// scan reads them when `heads` ([`LogDecoder::heads_for_path`]).
+    pub(super) fn segments_handing(
+        at: u64,
+        format: u32,
+        raw: bool,
+        heads: bool,
+    ) -> Result<LogDecoder, AuditFault> {
         let decoder = Box::new(frames().map_err(AuditFault)?);
         let mut decoder = LogDecoder::at(Stage::Frames(decoder, Blocks::default()));
         decoder.fed = at;
         decoder.keep = at;
-        decoder.content = Content::of(format, raw, false);
+        decoder.heads = heads;
+        decoder.content = Content::of(format, raw, heads);
         Ok(decoder)
     }
 

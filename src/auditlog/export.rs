@@ -14,7 +14,7 @@ use std::path::Path;
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError, bounded, select};
 
-use super::decode::LogDecoder;
+use super::decode::{LogDecoder, LogEnd};
 use super::error::AuditError;
 use super::read::{DecodedReader, format_of};
 use super::seek::segment_starts;
@@ -23,7 +23,7 @@ use super::seek::segment_starts;
 /// many (a formatter thread's segments are a few KiB each, and a zstd
 /// decoder is made per job). A one-stream segment, 1 MiB of records, is
 /// about 180 KiB on disk and 7.5 MiB of lines: a job is one of those.
-const JOB: u64 = 128 << 10;
+pub(super) const JOB: u64 = 128 << 10;
 
 /// The lines a job hands over at once, and how many may wait for the
 /// writer: a job's usual lines (a 1 MiB segment's), however many a job's
@@ -52,12 +52,12 @@ struct Job {
     done: Sender<Decoded>,
 }
 
-/// What a job hands over: its lines, a [`PIECE`] at a time, then its end,
-/// with the fault that stopped it if one did.
+/// What a job hands over: its lines, a [`PIECE`] at a time, then how its
+/// bytes end, or the fault that stopped it.
 enum Decoded {
     /// Lines, and for a large piece, where to say it was written.
     Lines(Vec<u8>, Option<Sender<()>>),
-    End(Option<AuditError>),
+    End(Result<LogEnd, AuditError>),
 }
 
 /// Writes the whole lines of the compact or plain log at `path` into
@@ -84,7 +84,25 @@ pub(super) fn export_in_jobs(
         return export_in_one(path, out);
     }
     let format = format_of(path).map_err(ExportError::Read)?;
-    let jobs = runs_of(&starts, job);
+    in_jobs(path, &starts, format, out, threads, job, false)
+        .map(|_| ())
+        .map_err(|(e, _)| e)
+}
+
+/// The segments from `starts` decoded in jobs of about `job` file bytes
+/// on `threads` threads, written into `out` in the log's order: lines,
+/// or a resume's scan's entries when `heads`. How the log ends, or why
+/// it stopped with the offset of the job being written then.
+pub(super) fn in_jobs(
+    path: &Path,
+    starts: &[u64],
+    format: u32,
+    out: &mut dyn Write,
+    threads: usize,
+    job: u64,
+    heads: bool,
+) -> Result<LogEnd, (ExportError, u64)> {
+    let jobs = runs_of(starts, job);
     let threads = threads.min(jobs.len());
     let (work, taken) = bounded::<Job>(threads);
     // Jobs handed out ahead of the one being written: enough to keep
@@ -100,11 +118,13 @@ pub(super) fn export_in_jobs(
     std::thread::scope(|s| {
         for _ in 0..threads {
             let (taken, spare, stopped) = (taken.clone(), spare.clone(), stopped.clone());
-            s.spawn(move || decode_jobs(path, format, &taken, &spare, &stopped));
+            s.spawn(move || decode_jobs(path, (format, heads), &taken, &spare, &stopped));
         }
         drop(taken);
-        let mut pending: VecDeque<Receiver<Decoded>> = VecDeque::with_capacity(ahead);
+        // Each job's receiver, and where its bytes begin.
+        let mut pending: VecDeque<(Receiver<Decoded>, u64)> = VecDeque::with_capacity(ahead);
         let mut next = jobs.into_iter();
+        let mut end = LogEnd::default();
         let outcome = loop {
             while pending.len() < ahead {
                 let Some((from, to)) = next.next() else { break };
@@ -112,15 +132,16 @@ pub(super) fn export_in_jobs(
                 if work.send(Job { from, to, done }).is_err() {
                     break;
                 }
-                pending.push_back(decoded);
+                pending.push_back((decoded, from));
             }
-            let Some(decoded) = pending.front() else {
-                break Ok(());
+            let Some((decoded, from)) = pending.front() else {
+                break Ok(end);
             };
+            let from = *from;
             match decoded.recv() {
                 Ok(Decoded::Lines(lines, written)) => {
                     if let Err(e) = out.write_all(&lines) {
-                        break Err(ExportError::Write(e));
+                        break Err((ExportError::Write(e), from));
                     }
                     if let Some(written) = written {
                         let _ = written.send(());
@@ -130,13 +151,15 @@ pub(super) fn export_in_jobs(
                         let _ = give_back.try_send(lines);
                     }
                 }
-                Ok(Decoded::End(None)) => {
+                Ok(Decoded::End(Ok(ended))) => {
+                    // The last job's is the log's.
+                    end = ended;
                     pending.pop_front();
                 }
-                Ok(Decoded::End(Some(fault))) => break Err(ExportError::Read(fault)),
+                Ok(Decoded::End(Err(fault))) => break Err((ExportError::Read(fault), from)),
                 Err(_) => {
                     let reason = "a decoding thread stopped".to_owned();
-                    break Err(ExportError::Read(corrupt(path, 0, reason)));
+                    break Err((ExportError::Read(corrupt(path, from, reason)), from));
                 }
             }
         };
@@ -271,7 +294,7 @@ fn runs_of(starts: &[u64], job: u64) -> Vec<(u64, Option<u64>)> {
 /// a buffer from `spare` when there is one. A panic is the job's fault.
 fn decode_jobs(
     path: &Path,
-    format: u32,
+    (format, heads): (u32, bool),
     jobs: &Receiver<Job>,
     spare: &Receiver<Vec<u8>>,
     stopped: &Receiver<()>,
@@ -309,15 +332,16 @@ fn decode_jobs(
                 recv(stopped) -> _ => false,
             }
         };
-        let fault = catch_unwind(AssertUnwindSafe(|| {
+        let ended = catch_unwind(AssertUnwindSafe(|| {
             let span = (job.from, job.to);
-            decode(path, format, span, &mut bytes, &mut lines, &mut hand_over).err()
+            let format = (format, heads);
+            decode(path, format, span, &mut bytes, &mut lines, &mut hand_over)
         }))
-        .unwrap_or_else(|_| Some(corrupt(path, job.from, "decoding panicked".into())));
+        .unwrap_or_else(|_| Err(corrupt(path, job.from, "decoding panicked".into())));
         if !lines.is_empty() && !hand_over(&mut lines) {
             continue;
         }
-        let _ = job.done.send(Decoded::End(fault));
+        let _ = job.done.send(Decoded::End(ended));
     }
 }
 
@@ -330,19 +354,21 @@ const READ: usize = 1 << 16;
 /// each time they reach a [`PIECE`]; stops early, quietly, once it
 /// returns false. A job before the last must end where a segment does,
 /// all of its bytes read: a file cut short while it is read loses no line
-/// silently.
+/// silently. How the bytes end (the last job's: the log's). With `heads`,
+/// records go out as a resume's scan reads them.
 fn decode(
     path: &Path,
-    format: u32,
+    (format, heads): (u32, bool),
     (from, to): (u64, Option<u64>),
     bytes: &mut [u8],
     lines: &mut Vec<u8>,
     hand_over: &mut dyn FnMut(&mut Vec<u8>) -> bool,
-) -> Result<(), AuditError> {
+) -> Result<LogEnd, AuditError> {
     let mut file = File::open(path).map_err(AuditError::io(path))?;
     file.seek(SeekFrom::Start(from))
         .map_err(AuditError::io(path))?;
-    let mut decoder = LogDecoder::segments_at(from, format, false).map_err(|f| f.at(path))?;
+    let mut decoder =
+        LogDecoder::segments_handing(from, format, false, heads).map_err(|f| f.at(path))?;
     let mut left = to.map(|to| to - from);
     loop {
         let want = left.map_or(bytes.len(), |left| bytes.len().min(left as usize));
@@ -361,7 +387,7 @@ fn decode(
             let taken = decoder.feed(unread, lines).map_err(|f| f.at(path))?;
             unread = &unread[taken..];
             if lines.len() >= PIECE && !hand_over(lines) {
-                return Ok(());
+                return Ok(decoder.end());
             }
             if unread.is_empty() && !decoder.more() {
                 break;
@@ -375,7 +401,7 @@ fn decode(
             end.fed,
             format!("the segments before byte {to} do not end whole"),
         )),
-        _ => Ok(()),
+        _ => Ok(end),
     }
 }
 

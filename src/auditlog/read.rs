@@ -223,14 +223,10 @@ pub fn scan_end(
     }
 }
 
-/// Reads the whole log at `path` for its end, passing what a resume's
-/// scan reads of each event to `each`, in order: its [`Head`], or `None`
-/// for a line that is not UTF-8 or not a JSON object. A log of records
-/// is read without making its lines ([`super::records::Entries`]); any
-/// other, line by line. An error from `each` is the log's fault there.
-pub fn scan_heads(
+/// [`super::scan_heads`] on one thread, from the first byte.
+pub(super) fn scan_in_one(
     path: &Path,
-    mut each: impl FnMut(Option<Head<'_>>) -> Result<(), String>,
+    each: &mut dyn FnMut(Option<Head<'_>>) -> Result<(), String>,
 ) -> Result<LogEnd, AuditError> {
     let mut reader = DecodedReader::with(path, LogDecoder::heads_for_path(path))?;
     loop {
@@ -238,30 +234,39 @@ pub fn scan_heads(
         if reader.ready.is_empty() {
             return Ok(reader.end());
         }
-        let fault = |reason| AuditError::Corrupt {
-            path: path.to_owned(),
-            offset: reader.decoder.end().fed,
-            reason,
-        };
-        if reader.decoder.gives_heads() {
-            for entry in Entries::new(&reader.ready) {
-                let entry = entry.map_err(fault)?;
-                // An empty `LINE` record makes an empty line, which a
-                // reader of lines passes over.
-                if entry != HeadEntry::Line(b"") {
-                    each(entry.head()).map_err(fault)?;
-                }
+        heads_of(&reader.ready, reader.decoder.gives_heads(), each).map_err(|reason| {
+            AuditError::Corrupt {
+                path: path.to_owned(),
+                offset: reader.decoder.end().fed,
+                reason,
             }
-        } else {
-            for line in reader
-                .ready
-                .split(|b| *b == b'\n')
-                .filter(|l| !l.is_empty())
-            {
-                each(Head::of_line(line)).map_err(fault)?;
+        })?;
+    }
+}
+
+/// Passes what a resume's scan reads of each line or entry in `chunk`
+/// (whole ones, as a decoder hands them out) to `each`, in order:
+/// `entries` when a heads reader made them ([`Entries`]), else lines.
+pub(super) fn heads_of(
+    chunk: &[u8],
+    entries: bool,
+    each: &mut dyn FnMut(Option<Head<'_>>) -> Result<(), String>,
+) -> Result<(), String> {
+    if entries {
+        for entry in Entries::new(chunk) {
+            let entry = entry?;
+            // An empty `LINE` record makes an empty line, which a reader
+            // of lines passes over.
+            if entry != HeadEntry::Line(b"") {
+                each(entry.head())?;
             }
         }
+    } else {
+        for line in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            each(Head::of_line(line))?;
+        }
     }
+    Ok(())
 }
 
 /// Makes the log at `path` end whole, so that it can be appended to: a

@@ -32,7 +32,7 @@ fn written(n: u64, every: u64, close: bool) -> (Vec<u8>, String, Vec<(usize, usi
 
 /// [`written`] in `format`: events as the audit writer writes them
 /// (each flushed batch of records begun by its own `RESET`), or lines.
-fn written_in(
+pub(super) fn written_in(
     format: u32,
     n: u64,
     every: u64,
@@ -256,7 +256,7 @@ fn cut_to_whole_closes_a_killed_segment_with_every_whole_line_it_had() {
 
 /// A log of formatter threads: each batch of records a closed segment
 /// of its own (`Frames`, `SegmentCompressor`), `batches` of them.
-fn frames_log(batches: u64, per_batch: u64) -> (Vec<u8>, Vec<String>, Vec<usize>) {
+pub(super) fn frames_log(batches: u64, per_batch: u64) -> (Vec<u8>, Vec<String>, Vec<usize>) {
     let run: Arc<str> = Arc::from("01a2169c-ae47-74a5-8cb4-5df934e3f66c");
     let mut log = Frames::create(Vec::new());
     let mut compressor = SegmentCompressor::new().expect("zstd");
