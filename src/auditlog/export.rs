@@ -123,8 +123,10 @@ pub(super) fn in_jobs(
         drop(taken);
         // Each job's receiver, and where its bytes begin.
         let mut pending: VecDeque<(Receiver<Decoded>, u64)> = VecDeque::with_capacity(ahead);
-        let mut next = jobs.into_iter();
-        let mut end = LogEnd::default();
+        let mut next = jobs.into_iter().peekable();
+        // How the last job's bytes end, the log's end: never assumed. A
+        // resume cuts the log to it.
+        let mut end = None;
         let outcome = loop {
             while pending.len() < ahead {
                 let Some((from, to)) = next.next() else { break };
@@ -135,7 +137,17 @@ pub(super) fn in_jobs(
                 pending.push_back((decoded, from));
             }
             let Some((decoded, from)) = pending.front() else {
-                break Ok(end);
+                break match end {
+                    Some(end) if next.peek().is_none() => Ok(end),
+                    _ => Err((
+                        ExportError::Read(corrupt(
+                            path,
+                            0,
+                            "the log's last segments were not read".to_owned(),
+                        )),
+                        0,
+                    )),
+                };
             };
             let from = *from;
             match decoded.recv() {
@@ -152,9 +164,11 @@ pub(super) fn in_jobs(
                     }
                 }
                 Ok(Decoded::End(Ok(ended))) => {
-                    // The last job's is the log's.
-                    end = ended;
                     pending.pop_front();
+                    // The last job's is the log's.
+                    if pending.is_empty() && next.peek().is_none() {
+                        end = Some(ended);
+                    }
                 }
                 Ok(Decoded::End(Err(fault))) => break Err((ExportError::Read(fault), from)),
                 Err(_) => {

@@ -41,7 +41,9 @@ pub fn scan_heads(
 /// [`scan_heads`] on `threads` threads, in jobs of about `job` file
 /// bytes: one reader from the first byte for a plain log, a log of one
 /// segment, or one thread (and for a file whose segments cannot be
-/// found, which that reader then refuses as it should).
+/// found, which that reader then refuses as it should). A refusal by
+/// `each` names the start of the job it was reading (one reader names
+/// how far it had read): where to look, not the event's own byte.
 pub(super) fn scan_heads_in(
     path: &Path,
     threads: usize,
