@@ -21,7 +21,7 @@
 //! of `StageExited` or `StageCancelled`, and `seq` goes on without a gap
 //! or a duplicate.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::Path;
@@ -38,8 +38,11 @@ pub struct LogScan {
     pub last_seq: u64,
     /// How the log's bytes end: what stays when it is appended to.
     pub end: LogEnd,
-    /// Executions entered and not ended, `stageExecutionId → stageId`.
-    pub open: BTreeMap<String, String>,
+    /// Executions entered and not ended, `stageExecutionId → stageId`:
+    /// every sibling passes through it, so it is hashed with foldhash
+    /// (a `BTreeMap` compared long ids that share their run's prefix),
+    /// and read in order only when the repair cancels what is left.
+    pub open: HashMap<String, String, foldhash::fast::RandomState>,
     /// Executions whose `StageExited` is in the log, one for each
     /// finished sibling: hashed with foldhash (SipHash of a million ids
     /// was a twentieth of the scan once the lines were gone).
@@ -184,7 +187,10 @@ pub fn repair(
         scan.exited.insert(exit.id.clone());
         repaired.exits_restored += 1;
     }
-    for (id, stage) in std::mem::take(&mut scan.open) {
+    // In `stageExecutionId` order, whatever the map's.
+    let mut left: Vec<(String, String)> = std::mem::take(&mut scan.open).into_iter().collect();
+    left.sort_unstable();
+    for (id, stage) in left {
         seq += 1;
         let record = serde_json::json!({
             "seq": seq,
@@ -290,6 +296,37 @@ mod tests {
                 expect(4, "StageCancelled", "r/w#0/1"),
             ]
         );
+    }
+
+    /// Executions left open are cancelled in `stageExecutionId` order,
+    /// whatever order the scan kept them in: a resume of the same log
+    /// appends the same lines.
+    #[test]
+    fn open_executions_are_cancelled_in_the_order_of_their_ids() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("audit.jsonl");
+        let ids: Vec<String> = (0..40).rev().map(|i| format!("r/w#{i:02}/1")).collect();
+        let log: String = ids
+            .iter()
+            .enumerate()
+            .map(|(seq, id)| line(seq as u64 + 1, "StageEntered", id))
+            .collect();
+        std::fs::write(&path, &log).expect("write");
+        let scan = scan(&path).expect("scan");
+        let (repaired, _) = repair(&path, scan, &[], "r", "t").expect("repair");
+        assert_eq!(repaired.cancels_added, 40);
+        let text = std::fs::read_to_string(&path).expect("read");
+        let cancelled: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains("StageCancelled"))
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).expect("a whole line");
+                v["stageExecutionId"].as_str().expect("id").to_owned()
+            })
+            .collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(cancelled, sorted);
     }
 
     #[test]
