@@ -73,22 +73,10 @@ fn scan_within(path: &std::path::Path) -> Option<LogEnd> {
 }
 
 /// What the scan reads of one event, owned.
-type Members = Option<(Option<u64>, [Option<String>; 5])>;
+type Members = Option<troupe::auditlog::Head<'static>>;
 
 fn owned(head: Option<troupe::auditlog::Head<'_>>) -> Members {
-    let text = |t: Option<std::borrow::Cow<'_, str>>| t.map(|t| t.into_owned());
-    head.map(|h| {
-        (
-            h.seq,
-            [
-                text(h.event),
-                text(h.stage_execution_id),
-                text(h.stage_id),
-                text(h.turn_id),
-                text(h.status),
-            ],
-        )
-    })
+    head.map(troupe::auditlog::Head::into_owned)
 }
 
 /// A log read as lines for what the scan reads of each.

@@ -32,6 +32,19 @@ pub struct Head<'a> {
 }
 
 impl<'a> Head<'a> {
+    /// The same members, owning their text.
+    pub fn into_owned(self) -> Head<'static> {
+        let own = |t: Option<Cow<'a, str>>| t.map(|t| Cow::Owned(t.into_owned()));
+        Head {
+            seq: self.seq,
+            event: own(self.event),
+            stage_execution_id: own(self.stage_execution_id),
+            stage_id: own(self.stage_id),
+            turn_id: own(self.turn_id),
+            status: own(self.status),
+        }
+    }
+
     /// A line's members, or `None` for a line that is not UTF-8 or not a
     /// JSON object.
     pub fn of_line(line: &'a [u8]) -> Option<Head<'a>> {
@@ -232,16 +245,15 @@ mod tests {
     fn as_now(line: &str) -> Option<(Option<u64>, [Option<String>; 5])> {
         let h: Head = serde_json::from_str(line).ok()?;
         let text = |t: Option<Cow<str>>| t.map(Cow::into_owned);
-        Some((
-            h.seq,
-            [
-                text(h.event),
-                text(h.stage_execution_id),
-                text(h.stage_id),
-                text(h.turn_id),
-                text(h.status),
-            ],
-        ))
+        let [event, exec, stage, turn, status] = [
+            h.event,
+            h.stage_execution_id,
+            h.stage_id,
+            h.turn_id,
+            h.status,
+        ]
+        .map(text);
+        Some((h.seq, [event, exec, stage, turn, status]))
     }
 
     #[test]

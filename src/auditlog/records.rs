@@ -315,8 +315,10 @@ impl RecordReader {
         }
     }
 
-    fn event(&mut self, r: &mut Cursor<'_>, out: &mut Vec<u8>) -> Read<()> {
-        let start = out.len();
+    /// An event record's head, its tag read: `seq` and `ts` taken in,
+    /// the name's, the run's and the ids' string numbers, and how many
+    /// fields follow.
+    fn event_head(&mut self, r: &mut Cursor<'_>) -> Read<(usize, usize, [Option<usize>; 3], u64)> {
         self.seq = self.seq.wrapping_add(unzigzag(r.varint()?));
         self.micros = self.micros.wrapping_add(unzigzag(r.varint()?));
         let flags = r.byte()?;
@@ -335,6 +337,12 @@ impl RecordReader {
         if fields > MAX_FIELDS {
             return Err(Stop::Bad(format!("an event with {fields} fields")));
         }
+        Ok((name, run, ids, fields))
+    }
+
+    fn event(&mut self, r: &mut Cursor<'_>, out: &mut Vec<u8>) -> Read<()> {
+        let start = out.len();
+        let (name, run, ids, fields) = self.event_head(r)?;
         let text = |n: Option<usize>| n.map(|n| self.checked(n));
         write_head(
             out,

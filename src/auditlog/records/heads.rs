@@ -113,26 +113,10 @@ impl RecordReader {
     /// Writes the event's members as an entry; false, having written
     /// nothing, when its line must be made instead.
     fn members(&mut self, r: &mut Cursor<'_>, out: &mut Vec<u8>) -> Read<bool> {
-        self.seq = self.seq.wrapping_add(unzigzag(r.varint()?));
-        self.micros = self.micros.wrapping_add(unzigzag(r.varint()?));
-        let flags = r.byte()?;
-        if flags & !(HAS_EXEC | HAS_STAGE | HAS_TOOL) != 0 {
-            return Err(Stop::Bad(format!("unknown event flags {flags:#x}")));
-        }
-        let name = self.string(r)?;
-        let run = self.string(r)?;
+        let (name, run, ids, fields) = self.event_head(r)?;
         let mut bound = HEAD_BOUND + self.json_bound(name) + self.json_bound(run);
-        let mut ids = [None; 3];
-        for (i, flag) in [HAS_EXEC, HAS_STAGE, HAS_TOOL].into_iter().enumerate() {
-            if flags & flag != 0 {
-                let id = self.string(r)?;
-                bound += self.json_bound(id);
-                ids[i] = Some(id);
-            }
-        }
-        let fields = r.varint()?;
-        if fields > MAX_FIELDS {
-            return Err(Stop::Bad(format!("an event with {fields} fields")));
+        for id in ids.into_iter().flatten() {
+            bound += self.json_bound(id);
         }
         if bound > self.longest_line() {
             return Ok(false);
@@ -352,22 +336,10 @@ mod tests {
     use super::*;
 
     /// What the scan reads of each record: its members, owned.
-    type Read = Vec<Option<(Option<u64>, [Option<String>; 5])>>;
+    type Read = Vec<Option<Head<'static>>>;
 
-    fn owned(head: Option<Head<'_>>) -> Option<(Option<u64>, [Option<String>; 5])> {
-        let text = |t: Option<std::borrow::Cow<'_, str>>| t.map(|t| t.into_owned());
-        head.map(|h| {
-            (
-                h.seq,
-                [
-                    text(h.event),
-                    text(h.stage_execution_id),
-                    text(h.stage_id),
-                    text(h.turn_id),
-                    text(h.status),
-                ],
-            )
-        })
+    fn owned(head: Option<Head<'_>>) -> Option<Head<'static>> {
+        head.map(Head::into_owned)
     }
 
     /// A reader of lines or of heads whose lines may be `limit` bytes at
@@ -634,38 +606,25 @@ mod tests {
             .collect();
         assert_eq!(kinds, [true, true, true, false]);
         let read = as_heads(&bytes, &[]).expect("read");
-        let some = |s: &str| Some(s.to_owned());
+        let head = |seq, [event, exec, stage, turn]: [Option<&'static str>; 4]| {
+            let text = |t: Option<&'static str>| t.map(Cow::Borrowed);
+            Some(Head {
+                seq,
+                event: text(event),
+                stage_execution_id: text(exec),
+                stage_id: text(stage),
+                turn_id: text(turn),
+                status: None,
+            })
+        };
+        let (turn, exec) = (Some("SessionTurnStart"), Some("r/w#1/1"));
         assert_eq!(
             read,
             [
-                Some((
-                    Some(9),
-                    [
-                        some("SessionTurnStart"),
-                        some("r/w#1/1"),
-                        some("w"),
-                        some("r/turn/1"),
-                        None
-                    ]
-                )),
-                Some((
-                    Some(3),
-                    [some("StageExited"), some("r/w#1/1"), some("w"), None, None]
-                )),
-                Some((
-                    None,
-                    [some("SessionTurnStart"), some("r/w#1/1"), None, None, None]
-                )),
-                Some((
-                    Some(9),
-                    [
-                        some("SessionTurnStart"),
-                        some("r/w#1/1"),
-                        some("w"),
-                        some("t"),
-                        None
-                    ]
-                )),
+                head(Some(9), [turn, exec, Some("w"), Some("r/turn/1")]),
+                head(Some(3), [Some("StageExited"), exec, Some("w"), None]),
+                head(None, [turn, exec, None, None]),
+                head(Some(9), [turn, exec, Some("w"), Some("t")]),
             ]
         );
         assert_eq!(Ok(read), as_lines(&bytes, &[]));

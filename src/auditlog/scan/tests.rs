@@ -7,27 +7,12 @@ use super::*;
 
 /// What the scan read of each event (owned), before an end or a fault
 /// alike, and how the log ended.
-type Scanned = (
-    Vec<Option<(Option<u64>, [Option<String>; 5])>>,
-    Result<LogEnd, AuditError>,
-);
+type Scanned = (Vec<Option<Head<'static>>>, Result<LogEnd, AuditError>);
 
 fn scanned(path: &Path, threads: usize, job: u64) -> Scanned {
     let mut read = Vec::new();
     let end = scan_heads_in(path, threads, job, &mut |head| {
-        let text = |t: Option<std::borrow::Cow<'_, str>>| t.map(|t| t.into_owned());
-        read.push(head.map(|h| {
-            (
-                h.seq,
-                [
-                    text(h.event),
-                    text(h.stage_execution_id),
-                    text(h.stage_id),
-                    text(h.turn_id),
-                    text(h.status),
-                ],
-            )
-        }));
+        read.push(head.map(Head::into_owned));
         Ok(())
     });
     (read, end)
