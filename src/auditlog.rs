@@ -3,7 +3,8 @@
 //! What is in it is the run's events as binary records ([`records`]),
 //! compressed with zstd; every reader here hands them out as the JSON
 //! lines an uncompressed log would hold (`troupe runs export` writes them
-//! byte for byte):
+//! byte for byte), except a resume's scan, which reads each record for
+//! the few members it needs ([`scan_heads`]):
 //!
 //! - It begins with a zstd *skippable frame* holding the header
 //!   `troupe audit log, format N`. The stock `zstd` skips it; troupe reads
