@@ -6,8 +6,8 @@
 //!   `definition`; `provider`, `tools`; `runtime`; `store`, `report`,
 //!   `bench`, `distributed`, `control`, `telemetry`; `cli` ([`LAYERS`]).
 //!   A file under `src/<module>` may name `crate::<other>` only when
-//!   `<other>` is in the same layer or one below. A new top-level module must be given a layer
-//!   here before this test passes.
+//!   `<other>` is in the same layer or one below. A new top-level module
+//!   must be given a layer here before this test passes.
 //! - "A imports B" when A names a path into B: `crate::…` anywhere in A
 //!   (its unit tests included), `super::…` above A's `#[cfg(test)]` (in a
 //!   test module, `super` is A itself). A path belongs to the file that

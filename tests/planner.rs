@@ -691,19 +691,8 @@ fn a_restored_run_skips_finished_executions_and_runs_the_rest() {
     let run = RunId::new();
     let mut d = Driver::new(Arc::clone(&p), 2);
     d.planner = Planner::new(p, run.clone(), Arc::new(serde_json::Map::new()), 2);
-    let result = |stage: &str, id: String, parsed: Value| {
-        Arc::new(StageResult {
-            stage_id: stage.into(),
-            stage_execution_id: id,
-            verdict: Verdict::Ok,
-            reason: None,
-            parsed: Arc::new(parsed.clone()),
-            output: Arc::new(parsed),
-            cap_hit: false,
-            attempt_count: 1,
-            usage: Usage::default(),
-        })
-    };
+    let result =
+        |stage: &str, id: String, parsed: Value| Arc::new(StageResult::ok(stage, &id, parsed));
     let mut restore = Restore::default();
     for (id, r) in [
         (

@@ -58,18 +58,13 @@ fn decoded(pieces: &[&[u8]]) -> Option<Decoded> {
     Some((out, end))
 }
 
-/// How the log at `path` ends, read as `resume` reads it, unless it is
-/// damaged or makes more than [`READ_AT_MOST`] of lines.
+/// How the log at `path` ends, read line by line, unless it is damaged
+/// or makes more than [`READ_AT_MOST`] of lines.
 fn scan_within(path: &std::path::Path) -> Option<LogEnd> {
-    let mut read = 0;
-    troupe::auditlog::scan_end(path, |lines| {
-        read += lines.len();
-        if read > READ_AT_MOST {
-            return Err("more lines than the target reads".into());
-        }
-        Ok(())
-    })
-    .ok()
+    match members_of_lines(path) {
+        Within::Read(_, end) => Some(end),
+        Within::Damaged | Within::TooMany => None,
+    }
 }
 
 /// What the scan reads of one event, owned.

@@ -48,16 +48,29 @@ enum Stage {
     Plain,
 }
 
+/// What a decoder hands out of a log of records (a log of JSON lines
+/// hands out its lines whatever this says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hand {
+    /// Each record as its JSON line.
+    Lines,
+    /// The records themselves, each read whole first (to write them
+    /// again).
+    Raw,
+    /// Each record as the entry a resume's scan reads
+    /// ([`RecordReader::heads`]).
+    Heads,
+}
+
 /// What a compact log's segments hold, by its format.
 enum Content {
     /// JSON lines ([`FORMAT_LINES`]); `scanned` bytes at the front of
     /// those waiting are known to hold no newline (a long line arriving
     /// in pieces is searched once).
     Lines { scanned: usize },
-    /// Binary records ([`FORMAT`]), handed out as JSON lines, as the
-    /// records themselves when `raw` (to write them again), or as the
-    /// entries a resume's scan reads when the reader is a heads reader
-    /// ([`LogDecoder::heads_for_path`]).
+    /// Binary records ([`FORMAT`]), handed out as the reader writes
+    /// them (JSON lines, or a heads reader's entries), or as themselves
+    /// when `raw` ([`Hand`]).
     Records {
         reader: Box<RecordReader>,
         raw: bool,
@@ -65,19 +78,17 @@ enum Content {
 }
 
 impl Content {
-    /// `heads`: records as the entries a resume's scan reads
-    /// ([`RecordReader::heads`]); lines stay lines.
-    fn of(format: u32, raw: bool, heads: bool) -> Content {
+    fn of(format: u32, hand: Hand) -> Content {
         if format == FORMAT_LINES {
             Content::Lines { scanned: 0 }
         } else {
             Content::Records {
-                reader: Box::new(if heads {
+                reader: Box::new(if hand == Hand::Heads {
                     RecordReader::heads()
                 } else {
                     RecordReader::default()
                 }),
-                raw,
+                raw: hand == Hand::Raw,
             }
         }
     }
@@ -117,8 +128,8 @@ pub struct LogDecoder {
     fault: Option<Fault>,
     /// The last call stopped at the bound: [`LogDecoder::more`].
     held: bool,
-    /// Records go out as a scan's entries ([`LogDecoder::heads_for_path`]).
-    heads: bool,
+    /// What records go out as, once the header says the log holds them.
+    hand: Hand,
 }
 
 impl std::fmt::Debug for LogDecoder {
@@ -156,38 +167,27 @@ impl LogDecoder {
     /// lines: [`LogDecoder::gives_heads`] says which a call handed out.
     pub fn heads_for_path(path: &Path) -> LogDecoder {
         LogDecoder {
-            heads: true,
+            hand: Hand::Heads,
             ..LogDecoder::for_path(path)
         }
     }
 
     /// What was handed out is entries, not lines: the log holds records
-    /// and the decoder was made by [`LogDecoder::heads_for_path`].
+    /// and the decoder hands them out as [`Hand::Heads`].
     pub fn gives_heads(&self) -> bool {
-        self.heads && matches!(self.content, Content::Records { .. })
+        self.hand == Hand::Heads && matches!(self.content, Content::Records { .. })
     }
 
     /// For the segments of a log in format `format` from byte `at` (one
     /// of [`super::segment_starts`]), its header read elsewhere; handing
-    /// out records as they are when `raw` (to write them again).
-    pub(super) fn segments_at(at: u64, format: u32, raw: bool) -> Result<LogDecoder, AuditFault> {
-        LogDecoder::segments_handing(at, format, raw, false)
-    }
-
-    /// [`LogDecoder::segments_at`], handing out records as a resume's
-    /// scan reads them when `heads` ([`LogDecoder::heads_for_path`]).
-    pub(super) fn segments_handing(
-        at: u64,
-        format: u32,
-        raw: bool,
-        heads: bool,
-    ) -> Result<LogDecoder, AuditFault> {
+    /// out records as `hand` says.
+    pub(super) fn segments_at(at: u64, format: u32, hand: Hand) -> Result<LogDecoder, AuditFault> {
         let decoder = Box::new(frames().map_err(AuditFault)?);
         let mut decoder = LogDecoder::at(Stage::Frames(decoder, Blocks::default()));
         decoder.fed = at;
         decoder.keep = at;
-        decoder.heads = heads;
-        decoder.content = Content::of(format, raw, heads);
+        decoder.hand = hand;
+        decoder.content = Content::of(format, hand);
         Ok(decoder)
     }
 
@@ -203,7 +203,7 @@ impl LogDecoder {
             segment_ended: false,
             fault: None,
             held: false,
-            heads: false,
+            hand: Hand::Lines,
         }
     }
 
@@ -274,7 +274,7 @@ impl LogDecoder {
             };
             if head.len() >= 8 && head.len() == need {
                 let format = check_header(head).map_err(AuditFault)?;
-                self.content = Content::of(format, false, self.heads);
+                self.content = Content::of(format, self.hand);
                 self.keep = need as u64;
                 let decoder = Box::new(frames().map_err(AuditFault)?);
                 self.stage = Stage::Frames(decoder, Blocks::default());
@@ -578,7 +578,7 @@ mod tests {
     /// them; a line arriving in pieces is searched once, piece by piece.
     #[test]
     fn json_lines_go_out_a_bound_at_a_time() {
-        let mut content = Content::of(FORMAT_LINES, false, false);
+        let mut content = Content::of(FORMAT_LINES, Hand::Lines);
         let text = format!("{}\n", "x".repeat(99)).repeat(30_000);
         let mut partial = text.as_bytes().to_vec();
         let mut lines = Vec::new();
@@ -637,7 +637,7 @@ mod tests {
         let line = format!("{{\"seq\":1,\"pad\":\"{}\"}}\n", "x".repeat(4 << 20));
         let mut record = Vec::new();
         super::super::records::lines_as_records(line.as_bytes(), &mut record);
-        let mut content = Content::of(FORMAT, false, false);
+        let mut content = Content::of(FORMAT, Hand::Lines);
         let (mut partial, mut lines) = (Vec::new(), Vec::new());
         for piece in record.chunks(4096) {
             take(&mut content, &mut partial, piece, &mut lines);
@@ -656,7 +656,7 @@ mod tests {
     fn every_whole_record_is_handed_out_at_once() {
         let mut record = Vec::new();
         super::super::records::lines_as_records(b"{\"seq\":1}\n{\"seq\":2}\n", &mut record);
-        let mut content = Content::of(FORMAT, false, false);
+        let mut content = Content::of(FORMAT, Hand::Lines);
         let (mut partial, mut lines) = (Vec::new(), Vec::new());
         // The first record (a tag, a length, 9 bytes) one byte short.
         let first = 2 + 9;

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError, bounded, select};
 
-use super::decode::{LogDecoder, LogEnd};
+use super::decode::{Hand, LogDecoder, LogEnd};
 use super::error::AuditError;
 use super::read::{DecodedReader, format_of};
 use super::seek::segment_starts;
@@ -84,15 +84,15 @@ pub(super) fn export_in_jobs(
         return export_in_one(path, out);
     }
     let format = format_of(path).map_err(ExportError::Read)?;
-    in_jobs(path, &starts, format, out, threads, job, false)
+    in_jobs(path, &starts, format, out, threads, job, Hand::Lines)
         .map(|_| ())
         .map_err(|(e, _)| e)
 }
 
 /// The segments from `starts` decoded in jobs of about `job` file bytes
-/// on `threads` threads, written into `out` in the log's order: lines,
-/// or a resume's scan's entries when `heads`. How the log ends, or why
-/// it stopped with the offset of the job being written then.
+/// on `threads` threads, written into `out` in the log's order: records
+/// handed out as `hand` says. How the log ends, or why it stopped with
+/// the offset of the job being written then.
 pub(super) fn in_jobs(
     path: &Path,
     starts: &[u64],
@@ -100,7 +100,7 @@ pub(super) fn in_jobs(
     out: &mut dyn Write,
     threads: usize,
     job: u64,
-    heads: bool,
+    hand: Hand,
 ) -> Result<LogEnd, (ExportError, u64)> {
     let jobs = runs_of(starts, job);
     let threads = threads.min(jobs.len());
@@ -118,7 +118,7 @@ pub(super) fn in_jobs(
     std::thread::scope(|s| {
         for _ in 0..threads {
             let (taken, spare, stopped) = (taken.clone(), spare.clone(), stopped.clone());
-            s.spawn(move || decode_jobs(path, (format, heads), &taken, &spare, &stopped));
+            s.spawn(move || decode_jobs(path, (format, hand), &taken, &spare, &stopped));
         }
         drop(taken);
         // Each job's receiver, and where its bytes begin.
@@ -308,7 +308,7 @@ fn runs_of(starts: &[u64], job: u64) -> Vec<(u64, Option<u64>)> {
 /// a buffer from `spare` when there is one. A panic is the job's fault.
 fn decode_jobs(
     path: &Path,
-    (format, heads): (u32, bool),
+    (format, hand): (u32, Hand),
     jobs: &Receiver<Job>,
     spare: &Receiver<Vec<u8>>,
     stopped: &Receiver<()>,
@@ -348,8 +348,14 @@ fn decode_jobs(
         };
         let ended = catch_unwind(AssertUnwindSafe(|| {
             let span = (job.from, job.to);
-            let format = (format, heads);
-            decode(path, format, span, &mut bytes, &mut lines, &mut hand_over)
+            decode(
+                path,
+                (format, hand),
+                span,
+                &mut bytes,
+                &mut lines,
+                &mut hand_over,
+            )
         }))
         .unwrap_or_else(|_| Err(corrupt(path, job.from, "decoding panicked".into())));
         if !lines.is_empty() && !hand_over(&mut lines) {
@@ -368,11 +374,11 @@ const READ: usize = 1 << 16;
 /// each time they reach a [`PIECE`]; stops early, quietly, once it
 /// returns false. A job before the last must end where a segment does,
 /// all of its bytes read: a file cut short while it is read loses no line
-/// silently. How the bytes end (the last job's: the log's). With `heads`,
-/// records go out as a resume's scan reads them.
+/// silently. How the bytes end (the last job's: the log's). Records go
+/// out as `hand` says.
 fn decode(
     path: &Path,
-    (format, heads): (u32, bool),
+    (format, hand): (u32, Hand),
     (from, to): (u64, Option<u64>),
     bytes: &mut [u8],
     lines: &mut Vec<u8>,
@@ -381,8 +387,7 @@ fn decode(
     let mut file = File::open(path).map_err(AuditError::io(path))?;
     file.seek(SeekFrom::Start(from))
         .map_err(AuditError::io(path))?;
-    let mut decoder =
-        LogDecoder::segments_handing(from, format, false, heads).map_err(|f| f.at(path))?;
+    let mut decoder = LogDecoder::segments_at(from, format, hand).map_err(|f| f.at(path))?;
     let mut left = to.map(|to| to - from);
     loop {
         let want = left.map_or(bytes.len(), |left| bytes.len().min(left as usize));

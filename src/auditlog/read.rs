@@ -8,7 +8,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use super::decode::{LogDecoder, LogEnd, check_header, header_len};
+use super::decode::{Hand, LogDecoder, LogEnd, check_header, header_len};
 use super::error::{AuditError, Fault};
 use super::head::Head;
 use super::records::{Entries, HeadEntry};
@@ -164,7 +164,7 @@ impl Follower {
         let format = format_of(path)?;
         Ok(Follower {
             path: path.to_owned(),
-            decoder: LogDecoder::segments_at(at, format, false).map_err(|f| f.at(path))?,
+            decoder: LogDecoder::segments_at(at, format, Hand::Lines).map_err(|f| f.at(path))?,
             unread: Vec::new(),
         })
     }
@@ -344,7 +344,7 @@ fn open_segment(
     tail: &[u8],
     mut each: impl FnMut(&[u8]) -> Result<(), AuditError>,
 ) -> Result<(), AuditError> {
-    let mut decoder = LogDecoder::segments_at(at, format, true).map_err(|f| f.at(path))?;
+    let mut decoder = LogDecoder::segments_at(at, format, Hand::Raw).map_err(|f| f.at(path))?;
     let (mut rest, mut piece) = (tail, Vec::new());
     while !rest.is_empty() || decoder.more() {
         let taken = decoder.feed(rest, &mut piece).map_err(|f| f.at(path))?;

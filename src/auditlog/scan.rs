@@ -11,6 +11,7 @@
 use std::io::{self, Write};
 use std::path::Path;
 
+use super::decode::Hand;
 use super::error::AuditError;
 use super::export::{ExportError, JOB, in_jobs};
 use super::head::Head;
@@ -64,7 +65,7 @@ pub(super) fn scan_heads_in(
         entries: format != FORMAT_LINES,
         failed: None,
     };
-    match in_jobs(path, &starts, format, &mut sink, threads, job, true) {
+    match in_jobs(path, &starts, format, &mut sink, threads, job, Hand::Heads) {
         Ok(end) => Ok(end),
         Err((ExportError::Read(e), _)) => Err(e),
         Err((ExportError::Write(e), offset)) => Err(AuditError::Corrupt {

@@ -164,22 +164,15 @@ fn resolve_in_result(result: &Kept, rest: &[Segment]) -> Result<Value, String> {
 mod tests {
     use super::*;
     use crate::definition::template::Template;
-    use crate::provider::Usage;
-    use crate::runtime::result::{StageResult, Verdict};
+    use crate::runtime::result::StageResult;
     use serde_json::json;
 
     fn ctx() -> StageContext {
-        let prior = StageResult {
-            stage_id: "plan".into(),
-            stage_execution_id: "r/plan/1".into(),
-            verdict: Verdict::Ok,
-            reason: None,
-            parsed: Arc::new(json!({"summary": "s", "steps": ["a", "b"]})),
-            output: Arc::new(json!({"summary": "s", "steps": ["a", "b"]})),
-            cap_hit: false,
-            attempt_count: 1,
-            usage: Usage::default(),
-        };
+        let prior = StageResult::ok(
+            "plan",
+            "r/plan/1",
+            json!({"summary": "s", "steps": ["a", "b"]}),
+        );
         let prior = Arc::new(prior);
         let mut fields = Map::new();
         fields.insert("task".into(), json!("fix it"));
