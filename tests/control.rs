@@ -356,6 +356,61 @@ fn a_socket_already_served_is_not_taken_over() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
 
+/// A route that answers without reading the body it was sent (a path
+/// that is not there, a method a route does not take) still leaves the
+/// connection fit for the next request: a client that reuses it is never
+/// reset, whichever request comes next.
+#[test]
+fn an_unread_body_never_costs_the_next_request_its_connection() {
+    use std::sync::Arc;
+    use troupe::control::{ControlServer, Hosted, RunControl};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("control.sock");
+    std::fs::write(dir.path().join("audit.jsonl"), "").unwrap();
+    let _server = ControlServer::start(
+        &socket,
+        Hosted::one(Arc::new(RunControl::new(
+            "r",
+            "p",
+            &dir.path().join("audit.jsonl"),
+            None,
+            Some(Arc::new(troupe::runtime::ask::QuestionDesk::default())),
+        ))),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let http = reqwest::Client::builder()
+        .unix_socket(socket.clone())
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for round in 0..100 {
+            for (path, size) in [
+                ("/v1/nope/x", 70 * 1024),
+                ("/v1/runs/r/questions/%zz", 70 * 1024),
+                ("/v1/runs/r", 70 * 1024),
+                ("/v1/runs/r/questions/x", 70 * 1024),
+                ("/v1/runs/r/questions/x", 8),
+            ] {
+                let r = http
+                    .post(format!("http://troupe{path}"))
+                    .body(vec![b'{'; size])
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}, {path}: {e}"));
+                let status = r.status().as_u16();
+                let v: serde_json::Value = r.json().await.expect("a JSON body");
+                assert!(status >= 400, "{path}: {status}");
+                let code = v["error"]["code"].as_str().unwrap_or_default();
+                assert!(code.starts_with("Control/"), "{path}: {v}");
+            }
+        }
+    });
+}
+
 /// Whatever a client sends — bodies that are not JSON, JSON of the wrong
 /// shape, huge ones, odd paths and queries — the server answers with a
 /// typed error (or a success), never a crash or a hang, and keeps serving.

@@ -235,7 +235,39 @@ pub fn router(hosted: Arc<Hosted>) -> Router {
         .route("/v1/runs/{id}/questions/{execution}", post(answer_question))
         .fallback(not_found)
         .layer(axum::middleware::map_response(typed_rejections))
+        .layer(axum::middleware::from_fn(whole_body))
         .with_state(hosted)
+}
+
+/// Reads every request's body whole, at most `MAX_BODY`, before any route
+/// sees it, so that every answer leaves the connection fit for the next
+/// request. A route that answered without reading its body (a path that
+/// is not there, a method it does not take, a path that does not decode)
+/// left the body's bytes on the connection, which the server then closed
+/// under a client about to reuse it: the client's next request, whatever
+/// it was, was reset. A body over the bound is `Control/BodyTooLarge` on
+/// every route, and the connection is closed after it, since the rest of
+/// the body was not read.
+async fn whole_body(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (parts, body) = request.into_parts();
+    match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(bytes) => {
+            let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+            next.run(request).await
+        }
+        Err(_) => {
+            let mut refused = error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Control/BodyTooLarge",
+                format!("bodies are at most {MAX_BODY} bytes"),
+            );
+            refused.headers_mut().insert(
+                header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+            refused
+        }
+    }
 }
 
 /// The router's own refusals (a path that does not decode, a method a
@@ -285,29 +317,6 @@ fn find(hosted: &Hosted, id: &str) -> Result<Arc<RunControl>, Box<Response>> {
     })
 }
 
-/// [`find`] for a request with a body, which must be at most `MAX_BODY`.
-fn find_for_body(
-    hosted: &Hosted,
-    id: &str,
-    body: &Bytes,
-) -> Result<Arc<RunControl>, Box<Response>> {
-    let control = find(hosted, id)?;
-    within_bounds(body)?;
-    Ok(control)
-}
-
-/// `Control/BodyTooLarge` for a body over `MAX_BODY`.
-fn within_bounds(body: &Bytes) -> Result<(), Box<Response>> {
-    if body.len() > MAX_BODY {
-        return Err(Box::new(error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Control/BodyTooLarge",
-            format!("bodies are at most {MAX_BODY} bytes"),
-        )));
-    }
-    Ok(())
-}
-
 async fn list_runs(State(hosted): State<Arc<Hosted>>) -> Response {
     let mut runs = Vec::new();
     for run in hosted.all() {
@@ -325,7 +334,6 @@ async fn describe(State(hosted): State<Arc<Hosted>>, UrlPath(id): UrlPath<String
 
 /// A submission's body: `{"args": [...], "cwd": "/abs", "client": "name"}`.
 fn submission(body: &Bytes) -> Result<Submission, Box<Response>> {
-    within_bounds(body)?;
     let bad = || {
         Box::new(error(
             StatusCode::BAD_REQUEST,
@@ -449,7 +457,7 @@ async fn answer(
     UrlPath((id, proposal)): UrlPath<(String, String)>,
     body: Bytes,
 ) -> Response {
-    let control = match find_for_body(&hosted, &id, &body) {
+    let control = match find(&hosted, &id) {
         Ok(c) => c,
         Err(e) => return *e,
     };
@@ -525,7 +533,7 @@ async fn answer_question(
     body: Bytes,
 ) -> Response {
     use crate::runtime::ask::Refused;
-    let control = match find_for_body(&hosted, &id, &body) {
+    let control = match find(&hosted, &id) {
         Ok(c) => c,
         Err(e) => return *e,
     };
