@@ -364,7 +364,10 @@ fn a_busy_worker_holds_what_its_slots_cannot_take_and_puts_it_back_on_a_drain() 
             let accepted = std::rc::Rc::clone(&accepted);
             async move { accepted.borrow_mut().extend(offers) }
         };
-        let hold = past.unwrap().hold(&nats, &buckets, &slots, drained, accept);
+        let nobody = || async { false };
+        let hold = past
+            .unwrap()
+            .hold(&nats, &buckets, &slots, drained, accept, nobody);
         let drain_once_one_has_a_slot = async {
             while held.count() > 2 {
                 tokio::task::yield_now().await;
@@ -401,6 +404,113 @@ fn a_busy_worker_holds_what_its_slots_cannot_take_and_puts_it_back_on_a_drain() 
         assert_eq!(ids(&left), offered);
         let key = Records::key(&tasks[0], "requeued-held", 41, 1);
         assert!(groups.get(key).await.unwrap().is_some());
+    });
+}
+
+/// A busy worker holds what its one free slot cannot take, and looks at
+/// once and then again (2 ms later) whether another worker waits for a
+/// task. The second look finds one: the three held go back on the queue
+/// as one message for it, without waiting for this worker's slot (none
+/// frees), and are written down for the message's next delivery. A hold
+/// that never looked, or stopped looking, would wait a third of the lease
+/// (the slot never frees), and make more looks than two meanwhile.
+#[test]
+fn a_held_task_goes_back_at_once_when_another_worker_waits() {
+    use std::cell::Cell;
+    use std::sync::Arc;
+    use troupe::distributed::intake::Buckets;
+    use troupe::distributed::taking::{Delivered, Held, Records, offers, still_to_run};
+    use troupe::distributed::wire::{decode_tasks, task_subject};
+
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let args = nats_args(&server.url());
+    actix::System::new().block_on(async move {
+        let nats = args.connect("look test").await.unwrap();
+        let (_consumer, cancelled, groups) = nats.worker_topology().await.unwrap();
+        let buckets = Arc::new(Buckets::new(cancelled, groups.clone()));
+        let tasks = group_tasks(4);
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let mut permits = vec![Arc::clone(&slots).try_acquire_owned().unwrap()];
+        let held = Arc::new(Held::default());
+        let message = Delivered {
+            tasks: tasks.clone(),
+            reply: "look.reply".into(),
+            delivered: 1,
+            sequence: 45,
+            busy: true,
+        };
+        let (taken, past) = offers(&nats, &buckets, message, &mut permits, &held, 16);
+        assert_eq!((taken.len(), held.count()), (1, 3));
+        let (_drain, drained) = tokio::sync::watch::channel(false);
+        let accept = |_: Vec<troupe::distributed::intake::Offer>| async {
+            panic!("no slot freed");
+        };
+        let looks = Cell::new(0);
+        let elsewhere = || {
+            looks.set(looks.get() + 1);
+            let now = looks.get();
+            async move { now >= 2 }
+        };
+        past.unwrap()
+            .hold(&nats, &buckets, &slots, drained, accept, elsewhere)
+            .await;
+        assert_eq!(looks.get(), 2, "it looked at once, then once more");
+        assert_eq!(held.count(), 0, "nothing held any more");
+        let stream = nats.tasks().await.unwrap();
+        let last = stream
+            .get_last_raw_message_by_subject(&task_subject("run-1", 2))
+            .await
+            .unwrap();
+        let back: Vec<usize> = decode_tasks(&last.payload)
+            .unwrap()
+            .iter()
+            .map(|t| t.unit)
+            .collect();
+        let mut all = back.clone();
+        all.push(taken[0].task.unit);
+        all.sort_unstable();
+        assert_eq!(all, [0, 1, 2, 3], "each task once: back {back:?}");
+        let key = Records::key(&tasks[0], "requeued-held", 45, 1);
+        assert!(groups.get(key).await.unwrap().is_some());
+        let left = still_to_run(&groups, tasks.clone(), 45, 2).await;
+        let units: Vec<usize> = left.iter().map(|t| t.unit).collect();
+        assert_eq!(units, [taken[0].task.unit]);
+    });
+}
+
+/// What a hold asks the server: no other worker waits while no pull
+/// request is open; one does while another worker's fetch waits on the
+/// empty queue (the server takes the request in its own time, so the
+/// answer is awaited, for ten seconds at most).
+#[test]
+fn another_worker_waits_while_its_fetch_is_open() {
+    use troupe::distributed::taking::another_waits;
+
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let args = nats_args(&server.url());
+    actix::System::new().block_on(async move {
+        let nats = args.connect("waits test").await.unwrap();
+        let (consumer, _, _) = nats.worker_topology().await.unwrap();
+        assert!(!another_waits(&consumer).await, "no fetch open");
+        let other = args.connect("the other worker").await.unwrap();
+        let (theirs, _, _) = other.worker_topology().await.unwrap();
+        let open = theirs
+            .fetch()
+            .max_messages(4)
+            .expires(Duration::from_secs(60))
+            .messages()
+            .await
+            .unwrap();
+        let seen = tokio::time::timeout(Duration::from_secs(10), async {
+            while !another_waits(&consumer).await {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(seen.is_ok(), "the other worker's open fetch was never seen");
+        drop(open);
     });
 }
 
@@ -444,7 +554,7 @@ fn a_message_put_back_twice_on_one_delivery_writes_both_down() {
             panic!("no slot freed");
         };
         past.unwrap()
-            .hold(&nats, &buckets, &slots, drained, accept)
+            .hold(&nats, &buckets, &slots, drained, accept, || async { false })
             .await;
         let left = still_to_run(&groups, tasks.clone(), 43, 2).await;
         let units: Vec<usize> = left.iter().map(|t| t.unit).collect();

@@ -203,6 +203,87 @@ impl Records {
     }
 }
 
+/// When a hold asks again whether another worker waits for a task, after
+/// its first look (at once): each the time since the last, doubling, so a
+/// hold in a busy cluster asks a handful of times, not once a millisecond.
+const LOOKS: [std::time::Duration; 8] = {
+    let ms = std::time::Duration::from_millis;
+    [
+        ms(2),
+        ms(4),
+        ms(8),
+        ms(16),
+        ms(32),
+        ms(64),
+        ms(128),
+        ms(256),
+    ]
+};
+
+/// Whether another worker waits for a task: a pull request of theirs is
+/// open at the server (a worker with free slots and an empty queue keeps
+/// one open until its fetch expires). A worker holding tasks asks this of
+/// the workers' shared consumer, whose own fetch is not open meanwhile
+/// (the fetch loop waits while any task is held). Not known (the server
+/// did not answer): false, and the hold goes on.
+pub async fn another_waits(consumer: &async_nats::jetstream::consumer::PullConsumer) -> bool {
+    consumer
+        .get_info()
+        .await
+        .is_ok_and(|info| info.num_waiting > 0)
+}
+
+/// A hold's looks for another worker waiting for a task ([`LOOKS`]).
+struct Looks {
+    /// When the next is due; none once they are all made.
+    due: Option<tokio::time::Instant>,
+    after: std::slice::Iter<'static, std::time::Duration>,
+}
+
+impl Looks {
+    /// The first is due at once.
+    fn new() -> Looks {
+        Looks {
+            due: Some(tokio::time::Instant::now()),
+            after: LOOKS.iter(),
+        }
+    }
+
+    /// A slot of `slots` for a held task, looking meanwhile whether
+    /// another worker waits (`elsewhere`). None: the deadline passed, the
+    /// worker drains, or another worker waits. A look the server is slow
+    /// to answer holds up nothing: a slot that frees meanwhile is taken.
+    async fn slot<G: Future<Output = bool>>(
+        &mut self,
+        slots: &Arc<Semaphore>,
+        deadline: tokio::time::Instant,
+        drain: &mut tokio::sync::watch::Receiver<bool>,
+        elsewhere: &impl Fn() -> G,
+    ) -> Option<OwnedSemaphorePermit> {
+        use futures::future::{Fuse, FusedFuture, FutureExt};
+        let acquire = tokio::time::timeout_at(deadline, Arc::clone(slots).acquire_owned());
+        let mut acquire = std::pin::pin!(acquire);
+        let mut asking = std::pin::pin!(Fuse::terminated());
+        loop {
+            let due = self.due;
+            tokio::select! {
+                biased;
+                slot = &mut acquire => return slot.ok().and_then(Result::ok),
+                _ = drain.changed() => return None,
+                seen = &mut asking => {
+                    if seen {
+                        return None;
+                    }
+                    self.due = self.after.next().map(|after| tokio::time::Instant::now() + *after);
+                }
+                () = tokio::time::sleep_until(due.unwrap_or(deadline)), if due.is_some() && asking.is_terminated() => {
+                    asking.set(elsewhere().fuse());
+                }
+            }
+        }
+    }
+}
+
 /// The tasks of a message past its free slots (see [`offers`]).
 #[derive(Debug)]
 pub struct Past {
@@ -223,18 +304,30 @@ impl Past {
     /// done. The queue held other messages when they came, so the cluster
     /// is busy and they would wait anyway; put back, each would cost the
     /// server a message and a key more every time a slot frees, one sibling
-    /// at a time. Held longer, a task could wait here while another worker
-    /// has a slot free. A drain (`drain` set) puts back at once what has no
-    /// slot. Call inside a Tokio `LocalSet`: what it starts runs there.
-    pub async fn hold<F>(
+    /// at a time.
+    ///
+    /// But a queue that holds messages is not always a busy cluster: when a
+    /// wave of siblings ends together, the coordinator publishes the next
+    /// wave at once, and the queue holds it for the moment other workers
+    /// take to fetch it. A task held then waits for one of this worker's
+    /// siblings to end (a whole model turn, or two) while another worker
+    /// has a slot free. So the hold asks whether another worker waits for
+    /// a task (`elsewhere`: a pull request of theirs open at the server) at
+    /// once and again after 2, 6, 14… ms ([`LOOKS`]); if one does, what is
+    /// still held goes back on the queue for it. A drain (`drain` set) puts
+    /// back at once what has no slot. Call inside a Tokio `LocalSet`: what
+    /// it starts runs there.
+    pub async fn hold<F, G>(
         self,
         nats: &Nats,
         buckets: &Arc<Buckets>,
         slots: &Arc<Semaphore>,
         mut drain: tokio::sync::watch::Receiver<bool>,
         accept: impl Fn(Vec<Offer>) -> F,
+        elsewhere: impl Fn() -> G,
     ) where
         F: Future<Output = ()> + 'static,
+        G: Future<Output = bool>,
     {
         let Past {
             mut tasks,
@@ -255,15 +348,13 @@ impl Past {
         }
         let mut tasks = tasks.into_iter();
         let deadline = tokio::time::Instant::now() + nats.lease / 3;
+        let mut looks = Looks::new();
         while let Some(held) = waiting.pop() {
             if *drain.borrow() {
                 break;
             }
-            let slot = tokio::select! {
-                slot = tokio::time::timeout_at(deadline, Arc::clone(slots).acquire_owned()) => slot,
-                _ = drain.changed() => break,
-            };
-            let Ok(Ok(permit)) = slot else {
+            let wait = looks.slot(slots, deadline, &mut drain, &elsewhere);
+            let Some(permit) = wait.await else {
                 break;
             };
             // This slot, and any others free now for the tasks held.

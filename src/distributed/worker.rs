@@ -37,7 +37,7 @@ pub use super::intake::{Served, WorkerConfig};
 use super::lease::Lease;
 use super::nats::{Nats, NatsError};
 use super::outbox::Outbox;
-use super::taking::{Delivered, Expected, Held, Past, offers, still_to_run};
+use super::taking::{Delivered, Expected, Held, Past, another_waits, offers, still_to_run};
 use super::wire::{CANCEL_ALL, Cancel, GroupContext, Report, Task, decode_tasks};
 use crate::definition::StageKind;
 use crate::runtime::cancel::CancelScope;
@@ -135,6 +135,7 @@ pub async fn serve(
     let held = Arc::new(Held::default());
     let taker = Taker {
         nats: nats.clone(),
+        consumer: consumer.clone(),
         config: config.clone(),
         buckets: Arc::clone(&buckets),
         outbox: outbox.clone(),
@@ -290,6 +291,9 @@ pub async fn serve(
 #[derive(Clone)]
 struct Taker {
     nats: Nats,
+    /// The workers' shared consumer: whether another worker waits for a
+    /// task is asked of it (see [`Past::hold`]).
+    consumer: async_nats::jetstream::consumer::PullConsumer,
     config: WorkerConfig,
     buckets: Arc<Buckets>,
     outbox: Outbox,
@@ -336,12 +340,14 @@ impl Taker {
                 let taker = self.clone();
                 async move { taker.accept(offers).await }
             };
+            let elsewhere = || another_waits(&self.consumer);
             past.hold(
                 &self.nats,
                 &self.buckets,
                 &self.slots,
                 self.drain.clone(),
                 accept,
+                elsewhere,
             )
             .await;
         };
