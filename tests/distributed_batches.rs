@@ -479,38 +479,72 @@ fn a_held_task_goes_back_at_once_when_another_worker_waits() {
     });
 }
 
-/// What a hold asks the server: no other worker waits while no pull
-/// request is open; one does while another worker's fetch waits on the
-/// empty queue (the server takes the request in its own time, so the
-/// answer is awaited, for ten seconds at most).
+/// What a hold asks the server, with one unacknowledged message allowed
+/// the workers at a time: no other worker waits while no pull request is
+/// open; none waits for what the queue lacks while the other worker's
+/// fetch waits behind that limit with a message still queued (a task put
+/// back would wait there too); one does once its fetch waits on an empty
+/// queue. The server takes a request in its own time, so each state is
+/// awaited (ten seconds at most) before it is asked about.
 #[test]
-fn another_worker_waits_while_its_fetch_is_open() {
+fn another_worker_waits_while_its_fetch_is_open_on_an_empty_queue() {
+    use futures::StreamExt;
     use troupe::distributed::taking::another_waits;
+    use troupe::distributed::wire::task_subject;
 
     let Some(bin) = nats_server() else { return };
     let server = Server::start(&bin);
-    let args = nats_args(&server.url());
+    let mut args = nats_args(&server.url());
+    args.nats_max_pending = 1;
     actix::System::new().block_on(async move {
         let nats = args.connect("waits test").await.unwrap();
         let (consumer, _, _) = nats.worker_topology().await.unwrap();
         assert!(!another_waits(&consumer).await, "no fetch open");
         let other = args.connect("the other worker").await.unwrap();
         let (theirs, _, _) = other.worker_topology().await.unwrap();
-        let open = theirs
-            .fetch()
-            .max_messages(4)
-            .expires(Duration::from_secs(60))
-            .messages()
-            .await
-            .unwrap();
-        let seen = tokio::time::timeout(Duration::from_secs(10), async {
-            while !another_waits(&consumer).await {
-                tokio::task::yield_now().await;
+        let until = |what: &'static str,
+                     info: fn(&async_nats::jetstream::consumer::Info) -> bool| {
+            let consumer = consumer.clone();
+            async move {
+                let seen = tokio::time::timeout(Duration::from_secs(10), async {
+                    while !consumer.get_info().await.is_ok_and(|i| info(&i)) {
+                        tokio::task::yield_now().await;
+                    }
+                })
+                .await;
+                assert!(seen.is_ok(), "never seen: {what}");
             }
+        };
+        for n in 0..2 {
+            let subject = task_subject("run-w", 1);
+            let ack = nats.js.publish(subject, format!("[{n}]").into()).await;
+            ack.unwrap().await.unwrap();
+        }
+        let fetch = |n: usize| {
+            theirs
+                .fetch()
+                .max_messages(n)
+                .expires(Duration::from_secs(60))
+                .messages()
+        };
+        let mut first = fetch(1).await.unwrap();
+        let taken = first.next().await.unwrap().unwrap();
+        // At the limit: the next fetch waits, the second message queued.
+        let mut second = fetch(1).await.unwrap();
+        until("a fetch waiting behind the limit", |i| {
+            i.num_waiting > 0 && i.num_pending == 1
         })
         .await;
-        assert!(seen.is_ok(), "the other worker's open fetch was never seen");
-        drop(open);
+        assert!(!another_waits(&consumer).await, "a message still queued");
+        // Acknowledged: the waiting fetch takes the second message.
+        taken.ack().await.unwrap();
+        second.next().await.unwrap().unwrap().ack().await.unwrap();
+        let _open = fetch(4).await.unwrap();
+        until("a fetch waiting on the empty queue", |i| {
+            i.num_waiting > 0 && i.num_pending == 0 && i.num_ack_pending == 0
+        })
+        .await;
+        assert!(another_waits(&consumer).await, "the other worker waits");
     });
 }
 

@@ -220,17 +220,20 @@ const LOOKS: [std::time::Duration; 8] = {
     ]
 };
 
-/// Whether another worker waits for a task: a pull request of theirs is
-/// open at the server (a worker with free slots and an empty queue keeps
-/// one open until its fetch expires). A worker holding tasks asks this of
-/// the workers' shared consumer, whose own fetch is not open meanwhile
-/// (the fetch loop waits while any task is held). Not known (the server
-/// did not answer): false, and the hold goes on.
+/// Whether another worker waits for a task the queue does not have: a
+/// pull request of theirs is open at the server (a worker with free slots
+/// and an empty queue keeps one open until its fetch expires) and no
+/// message waits to be delivered. While messages wait (the consumer's
+/// limit of unacknowledged messages reached), a task put back would wait
+/// with them. A worker holding tasks asks this of the workers' shared
+/// consumer, whose own fetch is not open meanwhile (the fetch loop waits
+/// while any task is held). Not known (the server did not answer): false,
+/// and the hold goes on.
 pub async fn another_waits(consumer: &async_nats::jetstream::consumer::PullConsumer) -> bool {
     consumer
         .get_info()
         .await
-        .is_ok_and(|info| info.num_waiting > 0)
+        .is_ok_and(|info| info.num_waiting > 0 && info.num_pending == 0)
 }
 
 /// A hold's looks for another worker waiting for a task ([`LOOKS`]).
