@@ -330,13 +330,17 @@ impl Strings<'_> {
         if slot.as_ref().is_none_or(|(was, _)| *was != from) {
             *slot = Some((from, self.interned.make(n, text)?));
         }
+        // `make` keeps a string under its number before it answers
+        // `Slot::Number`, and the slot was filled just above: the errors
+        // below would be a bug of this reader, and fail the message (as a
+        // record it cannot read does) rather than the coordinator.
         match slot {
             Some((_, Slot::Own(made))) => Ok(made),
             Some((_, Slot::Number)) => match self.interned.by_number.get(n) {
                 Some(Some(made)) => Ok(made),
-                _ => unreachable!("kept under its number when made"),
+                _ => Err(format!("string {n} was not kept under its number")),
             },
-            None => unreachable!("made just above"),
+            None => Err(format!("string {n} was not made")),
         }
     }
 
