@@ -4,8 +4,9 @@
 //!
 //! A message of the queue holds one task or several of one group (see
 //! `TASKS_PER_MESSAGE`); the worker takes as many as it has free slots,
-//! holds the rest a moment for a slot when the queue is busy, and puts
-//! back on the queue what still has none (`taking`). For each task
+//! holds the rest a moment for a slot when the queue is busy and no other
+//! worker waits for a task, and puts back on the queue what still has
+//! none (`taking`). For each task
 //! it takes, the worker: refuses it when it has another copy of the
 //! pipeline (the digests differ) or none at all; reports `Accepted`;
 //! reads the group's cancelled mark (a worker that comes late starts
