@@ -34,9 +34,10 @@
 #                     target/nats-server (carry it: `cp "$(command -v
 #                     nats-server)" target/`): the coordinator at 0 ms over
 #                     three workers (siblings/s), and eight workers, cap
-#                     1 024, 50 ms turns (x the ideal), both with the
-#                     binary given. A stripped binary keeps both under the
-#                     64 MiB a carry allows.
+#                     1 024, 50 ms turns (x the ideal, and how long its
+#                     slots stood empty between siblings: turnover.py),
+#                     both with the binary given. A stripped binary keeps
+#                     both under the 64 MiB a carry allows.
 #   bus.txt           with the criterion bus_throughput executable at
 #                     $BUS_BENCH (`cargo bench --bench bus_throughput
 #                     --no-run` prints its path; carry it): events/s from
@@ -185,7 +186,7 @@ elif [ -x "$nats" ]; then
     # The same with workers that have cores to spare: whether three
     # one-thread workers, not the coordinator, set the pace above.
     distributed 0ms_4t --cap 256 --latency 0ms --worker-threads 4
-    distributed 8w --cap 1024 --latency 50ms --workers 8
+    distributed 8w --cap 1024 --latency 50ms --workers 8 --turnover
     distributed 8w_2t --cap 1024 --latency 50ms --workers 8 --worker-threads 2
 else
     echo "no nats-server at $nats" >"$out/distributed_0ms.txt"

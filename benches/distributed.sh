@@ -8,7 +8,11 @@
 #
 #   benches/distributed.sh [--width N] [--cap C] [--latency D] [--workers W]
 #                          [--worker-threads T] [--repeat R] [--fail INDEX]
-#                          [--threads T]
+#                          [--threads T] [--turnover]
+#
+# --turnover: after each distributed run, how long its slots stood empty
+# between siblings (benches/turnover.py: mean and percentiles, and the
+# five longest with the sibling that waited).
 #
 # Each worker runs its siblings on T threads (default 1). At 0 ms a
 # worker's siblings take 40-57 us of that thread's CPU each on the 2-core
@@ -24,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-width=10000 cap=256 latency=50ms workers=3 worker_threads=1 repeat=3 fail="" threads=2
+width=10000 cap=256 latency=50ms workers=3 worker_threads=1 repeat=3 fail="" threads=2 turnover=
 while [ $# -gt 0 ]; do
     case $1 in
         --width) width=$2; shift 2 ;;
@@ -35,10 +39,12 @@ while [ $# -gt 0 ]; do
         --repeat) repeat=$2; shift 2 ;;
         --fail) fail=$2; shift 2 ;;
         --threads) threads=$2; shift 2 ;;
+        --turnover) turnover=1; shift ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
 
+benches=$PWD/benches
 # The server and workers (TROUPE_BIN: another binary than the release
 # build; the script cds away, so relative paths are made absolute).
 . benches/nats_cluster.sh
@@ -93,5 +99,11 @@ for mode in local distributed; do
         ratio=$(python3 -c "print(f'{$wall / $ideal:.3f}' if $ideal else '-')")
         printf '%-12s run %s: wall %6s ms  %8s siblings/s  x ideal %s%s\n' \
             "$mode" "$r" "$wall" "$sps" "$ratio" "${window:+  cancel window ${window} ms}"
+        if [ -n "$turnover" ] && [ "$mode" = distributed ]; then
+            run_id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["runId"])' "$work/summary.json")
+            runs_dir=$(python3 -c 'import json,os,sys; print(os.path.dirname(os.path.dirname(json.load(open(sys.argv[1]))["auditPath"])))' "$work/summary.json")
+            "$troupe" runs export "$run_id" --runs-dir "$runs_dir" \
+                | python3 "$benches/turnover.py" --cap "$cap" --worst 5 | sed 's/^/    /' || true
+        fi
     done
 done
