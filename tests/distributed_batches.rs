@@ -407,13 +407,14 @@ fn a_busy_worker_holds_what_its_slots_cannot_take_and_puts_it_back_on_a_drain() 
     });
 }
 
-/// A busy worker holds what its one free slot cannot take, and looks at
-/// once and then again (2 ms later) whether another worker waits for a
-/// task. The second look finds one: the three held go back on the queue
-/// as one message for it, without waiting for this worker's slot (none
-/// frees), and are written down for the message's next delivery. A hold
-/// that never looked, or stopped looking, would wait a third of the lease
-/// (the slot never frees), and make more looks than two meanwhile.
+/// A busy worker holds what its one free slot cannot take, and looks
+/// whether another worker waits for a task: no at the first look, yes at
+/// the second. The three held then go back on the queue as one message,
+/// without waiting for this worker's slot (none frees), and are written
+/// down for the message's next delivery. A hold that did not look would
+/// wait a third of the lease (10 s by default) and put them back with
+/// no look made; one that did not end at the second look would make
+/// more. (When the looks fall due is `taking`'s own tests'.)
 #[test]
 fn a_held_task_goes_back_at_once_when_another_worker_waits() {
     use std::cell::Cell;

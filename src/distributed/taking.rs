@@ -204,8 +204,11 @@ impl Records {
 }
 
 /// When a hold asks again whether another worker waits for a task, after
-/// its first look (at once): each the time since the last, doubling, so a
-/// hold in a busy cluster asks a handful of times, not once a millisecond.
+/// its first look (at once): each the time since the last answer,
+/// doubling, so that a hold in a busy cluster asks a handful of times in
+/// its first half second, not once a millisecond; then every 256 ms (the
+/// last) until the hold ends, since a worker may go idle at any time in
+/// a hold of seconds (model turns take seconds).
 const LOOKS: [std::time::Duration; 8] = {
     let ms = std::time::Duration::from_millis;
     [
@@ -222,24 +225,42 @@ const LOOKS: [std::time::Duration; 8] = {
 
 /// Whether another worker waits for a task the queue does not have: a
 /// pull request of theirs is open at the server (a worker with free slots
-/// and an empty queue keeps one open until its fetch expires) and no
-/// message waits to be delivered. While messages wait (the consumer's
-/// limit of unacknowledged messages reached), a task put back would wait
-/// with them. A worker holding tasks asks this of the workers' shared
-/// consumer, whose own fetch is not open meanwhile (the fetch loop waits
-/// while any task is held). Not known (the server did not answer): false,
-/// and the hold goes on.
+/// and an empty queue keeps one open until its fetch expires), no message
+/// waits to be delivered, and the consumer's limit of unacknowledged
+/// messages is not reached. Where messages wait, or the limit is reached,
+/// the request waits behind the limit, and a task put back would wait
+/// with it. A worker holding tasks asks this of the workers' shared
+/// consumer; its own fetch is not open meanwhile, since the fetch loop
+/// waits while any task is held (but for a redelivered message's tasks,
+/// which are held only once what earlier deliveries did is read: a look
+/// may then see this worker's own fetch, and the tasks go back on the
+/// queue, most likely to it). Not known (the server did not answer):
+/// false, and the hold goes on.
 pub async fn another_waits(consumer: &async_nats::jetstream::consumer::PullConsumer) -> bool {
-    consumer
-        .get_info()
-        .await
-        .is_ok_and(|info| info.num_waiting > 0 && info.num_pending == 0)
+    consumer.get_info().await.is_ok_and(|info| {
+        idle_elsewhere(
+            info.num_waiting,
+            info.num_pending,
+            info.num_ack_pending,
+            info.config.max_ack_pending,
+        )
+    })
+}
+
+/// [`another_waits`]'s reading of a consumer's state: requests waiting,
+/// messages waiting to be delivered, messages delivered and not yet
+/// acknowledged, and the most of those the consumer allows (0 or less:
+/// no limit).
+fn idle_elsewhere(waiting: usize, pending: u64, ack_pending: usize, max_ack_pending: i64) -> bool {
+    let under_limit =
+        max_ack_pending <= 0 || i64::try_from(ack_pending).is_ok_and(|acks| acks < max_ack_pending);
+    waiting > 0 && pending == 0 && under_limit
 }
 
 /// A hold's looks for another worker waiting for a task ([`LOOKS`]).
 struct Looks {
-    /// When the next is due; none once they are all made.
-    due: Option<tokio::time::Instant>,
+    /// When the next is due.
+    due: tokio::time::Instant,
     after: std::slice::Iter<'static, std::time::Duration>,
 }
 
@@ -247,15 +268,16 @@ impl Looks {
     /// The first is due at once.
     fn new() -> Looks {
         Looks {
-            due: Some(tokio::time::Instant::now()),
+            due: tokio::time::Instant::now(),
             after: LOOKS.iter(),
         }
     }
 
     /// A slot of `slots` for a held task, looking meanwhile whether
     /// another worker waits (`elsewhere`). None: the deadline passed, the
-    /// worker drains, or another worker waits. A look the server is slow
-    /// to answer holds up nothing: a slot that frees meanwhile is taken.
+    /// worker drains (or its drain's sender is gone), the slots were
+    /// closed, or another worker waits. A look the server is slow to
+    /// answer holds up nothing: a slot that frees meanwhile is taken.
     async fn slot<G: Future<Output = bool>>(
         &mut self,
         slots: &Arc<Semaphore>,
@@ -277,9 +299,10 @@ impl Looks {
                     if seen {
                         return None;
                     }
-                    self.due = self.after.next().map(|after| tokio::time::Instant::now() + *after);
+                    let after = self.after.next().unwrap_or(&LOOKS[LOOKS.len() - 1]);
+                    self.due = tokio::time::Instant::now() + *after;
                 }
-                () = tokio::time::sleep_until(due.unwrap_or(deadline)), if due.is_some() && asking.is_terminated() => {
+                () = tokio::time::sleep_until(due), if asking.is_terminated() => {
                     asking.set(elsewhere().fuse());
                 }
             }
@@ -315,9 +338,10 @@ impl Past {
     /// take to fetch it. A task held then waits for one of this worker's
     /// siblings to end (a whole model turn, or two) while another worker
     /// has a slot free. So the hold asks whether another worker waits for
-    /// a task (`elsewhere`: a pull request of theirs open at the server) at
-    /// once and again after 2, 6, 14… ms ([`LOOKS`]); if one does, what is
-    /// still held goes back on the queue for it. A drain (`drain` set) puts
+    /// a task the queue does not have (`elsewhere`, [`another_waits`]) at
+    /// once, again after about 2, 6, 14… ms, and every 256 ms from half a
+    /// second on ([`LOOKS`]); if one does, what is still held goes back on
+    /// the queue for it. A drain (`drain` set) puts
     /// back at once what has no slot. Call inside a Tokio `LocalSet`: what
     /// it starts runs there.
     pub async fn hold<F, G>(
@@ -536,6 +560,104 @@ pub async fn still_to_run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    /// Another worker waits for a task only with a request open, nothing
+    /// queued, and room under the limit of unacknowledged messages (none
+    /// set: room).
+    #[test]
+    fn another_worker_waits_only_where_a_task_put_back_would_reach_it() {
+        assert!(idle_elsewhere(1, 0, 0, 10));
+        assert!(idle_elsewhere(3, 0, 9, 10));
+        assert!(idle_elsewhere(1, 0, 500, -1), "no limit");
+        assert!(idle_elsewhere(1, 0, 500, 0), "no limit");
+        assert!(!idle_elsewhere(0, 0, 0, 10), "no request open");
+        assert!(!idle_elsewhere(1, 1, 0, 10), "a message queued");
+        assert!(!idle_elsewhere(1, 0, 10, 10), "at the limit");
+        assert!(!idle_elsewhere(1, 0, 11, 10), "past it");
+    }
+
+    /// Waits for [`Looks::slot`] with `slots`, a look that counts its
+    /// calls into `looks` and answers `answer(call)` (never, with None),
+    /// and `drain`; what it answered and the time that passed (paused).
+    async fn slot_with(
+        slots: &Arc<Semaphore>,
+        looks: &Cell<usize>,
+        answer: impl Fn(usize) -> Option<bool>,
+        drain: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> (Option<OwnedSemaphorePermit>, Duration) {
+        let start = tokio::time::Instant::now();
+        let deadline = start + Duration::from_secs(3600);
+        let elsewhere = || {
+            looks.set(looks.get() + 1);
+            let said = answer(looks.get());
+            async move {
+                match said {
+                    Some(said) => said,
+                    None => std::future::pending().await,
+                }
+            }
+        };
+        let got = Looks::new().slot(slots, deadline, drain, &elsewhere).await;
+        (got, start.elapsed())
+    }
+
+    /// A hold goes on looking past the doubling: every 256 ms once at
+    /// it, here until the thirteenth look finds a worker waiting (no slot
+    /// frees). Then no slot is taken.
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_looks_until_it_ends_not_only_at_first() {
+        let slots = Arc::new(Semaphore::new(0));
+        let looks = Cell::new(0);
+        let (_drain, mut drained) = tokio::sync::watch::channel(false);
+        let (got, waited) = slot_with(&slots, &looks, |n| Some(n >= 13), &mut drained).await;
+        assert!(got.is_none());
+        assert_eq!(looks.get(), 13);
+        // At once, then 2 + 4 + … + 256 ms, then four more of 256.
+        assert_eq!(waited, Duration::from_millis(510 + 4 * 256));
+        assert_eq!(slots.available_permits(), 0);
+    }
+
+    /// A look the server does not answer holds up nothing: the slot that
+    /// frees while it is out is taken; and a drain while it is out ends
+    /// the wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_look_that_is_out_neither_delays_a_slot_nor_a_drain() {
+        let slots = Arc::new(Semaphore::new(0));
+        let looks = Cell::new(0);
+        let (drain, mut drained) = tokio::sync::watch::channel(false);
+        let free_once_asked = async {
+            while looks.get() == 0 {
+                tokio::task::yield_now().await;
+            }
+            slots.add_permits(1);
+        };
+        let ((got, waited), ()) = tokio::join!(
+            slot_with(&slots, &looks, |_| None, &mut drained),
+            free_once_asked
+        );
+        assert!(got.is_some(), "the slot that freed");
+        assert_eq!((looks.get(), waited), (1, Duration::ZERO));
+
+        let looks = Cell::new(0);
+        let drain_once_asked = async {
+            while looks.get() == 0 {
+                tokio::task::yield_now().await;
+            }
+            drain.send(true).unwrap();
+        };
+        let ((got, _), ()) = tokio::join!(
+            slot_with(&slots, &looks, |_| None, &mut drained),
+            drain_once_asked
+        );
+        assert!(got.is_none(), "drained");
+        assert_eq!(
+            slots.available_permits(),
+            0,
+            "the freed slot was taken before"
+        );
+    }
 
     /// A wide start's sixteen-task messages spread: a worker asks for its
     /// free slots over sixteen. When lone tasks come, the expectation
