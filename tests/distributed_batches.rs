@@ -318,6 +318,51 @@ fn a_message_is_answered_once_when_its_last_task_is_settled() {
     });
 }
 
+/// What a busy worker was offered: a message of four tasks of one group
+/// (`group_tasks`), delivered once as `sequence` while the queue held
+/// more, against one free slot of `slots`, with `room` to hold.
+struct Offered {
+    buckets: std::sync::Arc<troupe::distributed::intake::Buckets>,
+    groups: async_nats::jetstream::kv::Store,
+    tasks: Vec<troupe::distributed::wire::Task>,
+    taken: Vec<troupe::distributed::intake::Offer>,
+    past: Option<troupe::distributed::taking::Past>,
+    held: std::sync::Arc<troupe::distributed::taking::Held>,
+}
+
+async fn offered(
+    nats: &troupe::distributed::nats::Nats,
+    slots: &std::sync::Arc<tokio::sync::Semaphore>,
+    sequence: u64,
+    room: usize,
+) -> Offered {
+    use std::sync::Arc;
+    use troupe::distributed::intake::Buckets;
+    use troupe::distributed::taking::{Delivered, Held, offers};
+
+    let (_consumer, cancelled, groups) = nats.worker_topology().await.unwrap();
+    let buckets = Arc::new(Buckets::new(cancelled, groups.clone()));
+    let tasks = group_tasks(4);
+    let mut permits = vec![Arc::clone(slots).try_acquire_owned().unwrap()];
+    let held = Arc::new(Held::default());
+    let message = Delivered {
+        tasks: tasks.clone(),
+        reply: format!("offered.{sequence}").into(),
+        delivered: 1,
+        sequence,
+        busy: true,
+    };
+    let (taken, past) = offers(nats, &buckets, message, &mut permits, &held, room);
+    Offered {
+        buckets,
+        groups,
+        tasks,
+        taken,
+        past,
+        held,
+    }
+}
+
 /// A message of four tasks to a worker with one free slot: one task
 /// takes it; with other messages in the queue (the cluster is busy) the
 /// other three are held for this worker's slots: one gets the slot that
@@ -327,8 +372,7 @@ fn a_message_is_answered_once_when_its_last_task_is_settled() {
 #[test]
 fn a_busy_worker_holds_what_its_slots_cannot_take_and_puts_it_back_on_a_drain() {
     use std::sync::Arc;
-    use troupe::distributed::intake::Buckets;
-    use troupe::distributed::taking::{Delivered, Held, Records, offers, still_to_run};
+    use troupe::distributed::taking::{Records, still_to_run};
     use troupe::distributed::wire::{Task, decode_tasks, task_subject};
 
     let Some(bin) = nats_server() else { return };
@@ -336,22 +380,17 @@ fn a_busy_worker_holds_what_its_slots_cannot_take_and_puts_it_back_on_a_drain() 
     let args = nats_args(&server.url());
     actix::System::new().block_on(async move {
         let nats = args.connect("hold test").await.unwrap();
-        let (_consumer, cancelled, groups) = nats.worker_topology().await.unwrap();
-        let buckets = Arc::new(Buckets::new(cancelled, groups.clone()));
-        let tasks = group_tasks(4);
         // Two slots: one free, one the test holds.
         let slots = Arc::new(tokio::sync::Semaphore::new(2));
         let busy = Arc::clone(&slots).try_acquire_owned().unwrap();
-        let mut permits = vec![Arc::clone(&slots).try_acquire_owned().unwrap()];
-        let held = Arc::new(Held::default());
-        let message = Delivered {
-            tasks: tasks.clone(),
-            reply: "hold.reply".into(),
-            delivered: 1,
-            sequence: 41,
-            busy: true,
-        };
-        let (taken, past) = offers(&nats, &buckets, message, &mut permits, &held, 16);
+        let Offered {
+            buckets,
+            groups,
+            tasks,
+            taken,
+            past,
+            held,
+        } = offered(&nats, &slots, 41, 16).await;
         assert_eq!(taken.len(), 1);
         assert!(taken[0].permit.is_some());
         assert_eq!(held.count(), 3, "three held for a slot");
@@ -419,8 +458,7 @@ fn a_busy_worker_holds_what_its_slots_cannot_take_and_puts_it_back_on_a_drain() 
 fn a_held_task_goes_back_at_once_when_another_worker_waits() {
     use std::cell::Cell;
     use std::sync::Arc;
-    use troupe::distributed::intake::Buckets;
-    use troupe::distributed::taking::{Delivered, Held, Records, offers, still_to_run};
+    use troupe::distributed::taking::{Records, still_to_run};
     use troupe::distributed::wire::{decode_tasks, task_subject};
 
     let Some(bin) = nats_server() else { return };
@@ -428,21 +466,9 @@ fn a_held_task_goes_back_at_once_when_another_worker_waits() {
     let args = nats_args(&server.url());
     actix::System::new().block_on(async move {
         let nats = args.connect("look test").await.unwrap();
-        let (_consumer, cancelled, groups) = nats.worker_topology().await.unwrap();
-        let buckets = Arc::new(Buckets::new(cancelled, groups.clone()));
-        let tasks = group_tasks(4);
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
-        let mut permits = vec![Arc::clone(&slots).try_acquire_owned().unwrap()];
-        let held = Arc::new(Held::default());
-        let message = Delivered {
-            tasks: tasks.clone(),
-            reply: "look.reply".into(),
-            delivered: 1,
-            sequence: 45,
-            busy: true,
-        };
-        let (taken, past) = offers(&nats, &buckets, message, &mut permits, &held, 16);
-        assert_eq!((taken.len(), held.count()), (1, 3));
+        let o = offered(&nats, &slots, 45, 16).await;
+        assert_eq!((o.taken.len(), o.held.count()), (1, 3));
         let (_drain, drained) = tokio::sync::watch::channel(false);
         let accept = |_: Vec<troupe::distributed::intake::Offer>| async {
             panic!("no slot freed");
@@ -453,11 +479,11 @@ fn a_held_task_goes_back_at_once_when_another_worker_waits() {
             let now = looks.get();
             async move { now >= 2 }
         };
-        past.unwrap()
-            .hold(&nats, &buckets, &slots, drained, accept, elsewhere)
+        let past = o.past.unwrap();
+        past.hold(&nats, &o.buckets, &slots, drained, accept, elsewhere)
             .await;
-        assert_eq!(looks.get(), 2, "it looked at once, then once more");
-        assert_eq!(held.count(), 0, "nothing held any more");
+        assert_eq!(looks.get(), 2, "no at the first look, yes at the second");
+        assert_eq!(o.held.count(), 0, "nothing held any more");
         let stream = nats.tasks().await.unwrap();
         let last = stream
             .get_last_raw_message_by_subject(&task_subject("run-1", 2))
@@ -469,14 +495,14 @@ fn a_held_task_goes_back_at_once_when_another_worker_waits() {
             .map(|t| t.unit)
             .collect();
         let mut all = back.clone();
-        all.push(taken[0].task.unit);
+        all.push(o.taken[0].task.unit);
         all.sort_unstable();
         assert_eq!(all, [0, 1, 2, 3], "each task once: back {back:?}");
-        let key = Records::key(&tasks[0], "requeued-held", 45, 1);
-        assert!(groups.get(key).await.unwrap().is_some());
-        let left = still_to_run(&groups, tasks.clone(), 45, 2).await;
+        let key = Records::key(&o.tasks[0], "requeued-held", 45, 1);
+        assert!(o.groups.get(key).await.unwrap().is_some());
+        let left = still_to_run(&o.groups, o.tasks.clone(), 45, 2).await;
         let units: Vec<usize> = left.iter().map(|t| t.unit).collect();
-        assert_eq!(units, [taken[0].task.unit]);
+        assert_eq!(units, [o.taken[0].task.unit]);
     });
 }
 
@@ -557,45 +583,32 @@ fn another_worker_waits_while_its_fetch_is_open_on_an_empty_queue() {
 #[test]
 fn a_message_put_back_twice_on_one_delivery_writes_both_down() {
     use std::sync::Arc;
-    use troupe::distributed::intake::Buckets;
-    use troupe::distributed::taking::{Delivered, Held, offers, still_to_run};
+    use troupe::distributed::taking::still_to_run;
 
     let Some(bin) = nats_server() else { return };
     let server = Server::start(&bin);
     let args = nats_args(&server.url());
     actix::System::new().block_on(async move {
         let nats = args.connect("put back twice").await.unwrap();
-        let (_consumer, cancelled, groups) = nats.worker_topology().await.unwrap();
-        let buckets = Arc::new(Buckets::new(cancelled, groups.clone()));
-        let tasks = group_tasks(4);
         // One slot free, none to free: the hold keeps one task, with room
         // for one, and the other two go back at once.
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
-        let mut permits = vec![Arc::clone(&slots).try_acquire_owned().unwrap()];
-        let held = Arc::new(Held::default());
-        let message = Delivered {
-            tasks: tasks.clone(),
-            reply: "twice.reply".into(),
-            delivered: 1,
-            sequence: 43,
-            busy: true,
-        };
-        let (taken, past) = offers(&nats, &buckets, message, &mut permits, &held, 1);
-        assert_eq!(taken.len(), 1);
-        assert_eq!(held.count(), 1, "one held for a slot");
+        let put = offered(&nats, &slots, 43, 1).await;
+        assert_eq!(put.taken.len(), 1);
+        assert_eq!(put.held.count(), 1, "one held for a slot");
         // A drain before any slot frees: the held one goes back too.
         let (_drain, drained) = tokio::sync::watch::channel(true);
         let accept = |_: Vec<troupe::distributed::intake::Offer>| async {
             panic!("no slot freed");
         };
-        past.unwrap()
-            .hold(&nats, &buckets, &slots, drained, accept, || async { false })
+        let (past, buckets) = (put.past.unwrap(), &put.buckets);
+        past.hold(&nats, buckets, &slots, drained, accept, || async { false })
             .await;
-        let left = still_to_run(&groups, tasks.clone(), 43, 2).await;
+        let left = still_to_run(&put.groups, put.tasks.clone(), 43, 2).await;
         let units: Vec<usize> = left.iter().map(|t| t.unit).collect();
         assert_eq!(
             units,
-            [taken[0].task.unit],
+            [put.taken[0].task.unit],
             "only the task taken runs again"
         );
     });
