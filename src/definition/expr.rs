@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use cel::common::ast::{EntryExpr, Expr as Ast, IdedEntryExpr, IdedExpr};
 
+use super::template::Segment;
+
 /// A compiled CEL expression with its source text.
 #[derive(Clone)]
 pub struct Expr {
@@ -193,6 +195,21 @@ impl Expr {
 
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The expression as a placeholder path (`ctx.upstream[0].parsed.items`
+    /// as `ctx`, `upstream`, `[0]`, …) when it is a plain path rooted at
+    /// `root`: what a context can read without building the whole value
+    /// CEL would be handed.
+    pub fn path_under(&self, root: &str) -> Option<Vec<Segment>> {
+        let path = self.path.as_ref().filter(|p| p.root == root)?;
+        let mut segments = Vec::with_capacity(path.steps.len() + 1);
+        segments.push(Segment::Key(path.root.clone()));
+        segments.extend(path.steps.iter().map(|step| match step {
+            Step::Field(name) => Segment::Key(name.clone()),
+            Step::Index(i) => Segment::Index(*i),
+        }));
+        Some(segments)
     }
 
     /// The top-level variables the expression reads.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::result::Kept;
+use crate::definition::expr::{Expr, ExprError};
 use crate::definition::template::{Segment, lookup};
 use crate::provider::TemplateScope;
 
@@ -101,6 +102,21 @@ impl StageContext {
         }
     }
 
+    /// Evaluates `expr` with `ctx` bound to this context. A plain path
+    /// under `ctx` (a fan-out's `over: ctx.upstream[0].parsed.items`) is
+    /// read through [`StageContext::resolve`]: the value CEL would be
+    /// handed holds each upstream result whole, serialized again, and a
+    /// million items were three copies at once (BENCHMARKS.md, twenty-third
+    /// round). A path that does not resolve is evaluated as before, for
+    /// CEL's own message.
+    pub fn eval(&self, expr: &Expr) -> Result<Value, ExprError> {
+        if let Some(found) = expr.path_under("ctx").and_then(|p| self.resolve(&p).ok()) {
+            return Ok(found);
+        }
+        let value = self.to_expr_value(expr.source());
+        expr.eval(&[("ctx", &value)])
+    }
+
     /// The `ctx` value that expressions see. `upstream` and `results` are
     /// included only when `source` mentions them: materialising them for
     /// every sibling of a wide fan-out would be quadratic.
@@ -154,9 +170,29 @@ fn sub(value: Value, rest: &[Segment]) -> Result<Value, String> {
 /// `output` alone is all a packed one parses again.
 fn resolve_in_result(result: &Kept, rest: &[Segment]) -> Result<Value, String> {
     match rest.first() {
-        Some(Segment::Key(k)) if k == "parsed" => lookup(&result.parsed(), &rest[1..]).cloned(),
-        Some(Segment::Key(k)) if k == "output" => lookup(&result.output(), &rest[1..]).cloned(),
+        Some(Segment::Key(k)) if k == "parsed" => taken(result.parsed(), &rest[1..]),
+        Some(Segment::Key(k)) if k == "output" => taken(result.output(), &rest[1..]),
         _ => lookup(&result.to_json(), rest).cloned(),
+    }
+}
+
+/// The value at `path` in `value`: moved out when this is the value's only
+/// holder (a packed result's, parsed again for this look), else copied.
+fn taken(value: Arc<Value>, path: &[Segment]) -> Result<Value, String> {
+    match Arc::try_unwrap(value) {
+        Ok(mut owned) => {
+            lookup(&owned, path)?;
+            let mut at = &mut owned;
+            for segment in path {
+                let next = match segment {
+                    Segment::Key(k) => at.get_mut(k.as_str()),
+                    Segment::Index(i) => at.get_mut(*i),
+                };
+                at = next.ok_or("the path looked up just above")?;
+            }
+            Ok(at.take())
+        }
+        Err(shared) => lookup(&shared, path).cloned(),
     }
 }
 
@@ -226,6 +262,51 @@ mod tests {
         assert_eq!(t.render_value(|p| c.resolve(p)).unwrap(), json!(2));
         let t = Template::parse("done {{ctx.index}}").unwrap();
         assert_eq!(t.render_value(|p| c.resolve(p)).unwrap(), json!("done 2"));
+    }
+
+    /// An expression that is a plain path under `ctx` reads what the value
+    /// CEL is handed holds there, from a packed result (parsed again for
+    /// the look, and moved out of it) and from a whole one (copied, and
+    /// left as it was); one that does not resolve fails as CEL fails it.
+    #[test]
+    fn a_path_expression_reads_what_cel_would() {
+        let c = ctx();
+        let reads = [
+            "ctx.upstream[0].parsed.steps",
+            "ctx.upstream[0].parsed",
+            "ctx.upstream[0].output.summary",
+            "ctx.upstream[0].verdict",
+            "ctx.upstream",
+            "ctx.results.plan.parsed.steps",
+            "ctx.results.plan.verdict",
+            "ctx.width",
+            "ctx.item",
+            "ctx.index",
+            "ctx.stageExecutionId",
+        ];
+        for src in reads {
+            let expr = Expr::compile(src).unwrap();
+            assert!(expr.path_under("ctx").is_some(), "{src}");
+            let slow = expr.eval(&[("ctx", &c.to_expr_value(src))]).unwrap();
+            assert_eq!(c.eval(&expr).unwrap(), slow, "{src}");
+        }
+        assert_eq!(c.results["plan"].parsed()["steps"], json!(["a", "b"]));
+        assert_eq!(c.upstream[0].parsed()["steps"], json!(["a", "b"]));
+        let misses = [
+            "ctx.upstream[1].parsed",
+            "ctx.upstream[0].parsed.nope",
+            "ctx.upstream[0].parsed.steps[5]",
+            "ctx.results.nope.parsed",
+        ];
+        for src in misses {
+            let expr = Expr::compile(src).unwrap();
+            let slow = expr.eval(&[("ctx", &c.to_expr_value(src))]);
+            assert!(slow.is_err(), "{src}");
+            assert_eq!(c.eval(&expr), slow, "{src}");
+        }
+        let not_a_path = Expr::compile("size(ctx.upstream)").unwrap();
+        assert_eq!(not_a_path.path_under("ctx"), None);
+        assert_eq!(c.eval(&not_a_path).unwrap(), json!(1));
     }
 
     #[test]

@@ -51,8 +51,7 @@ impl Planner {
         upstream: &Arc<Vec<Kept>>,
     ) -> Result<Vec<Value>, String> {
         let sctx = self.context(stage, None, 0, Arc::clone(upstream), self.snapshot(), None);
-        let value = sctx.to_expr_value(over.source());
-        match over.eval(&[("ctx", &value)]) {
+        match sctx.eval(over) {
             Ok(Value::Array(items)) => Ok(items),
             Ok(other) => Err(format!(
                 "{}: map over `{}` gave {}, not a list",
