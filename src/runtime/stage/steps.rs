@@ -39,8 +39,7 @@ impl StageRun {
         self.phase(whereabouts, "Act", true);
         let ctx = &self.ctx;
         let eval = |expr: &Expr| -> Result<Value, String> {
-            let c = ctx.to_expr_value(expr.source());
-            expr.eval(&[("ctx", &c)])
+            ctx.eval(expr)
                 .map_err(|e| format!("{}: {e}", ValidationCode::ExpressionFailed.code()))
         };
         let mut skipped = None;

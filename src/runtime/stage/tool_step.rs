@@ -96,8 +96,7 @@ impl StageRun {
     ) -> Result<(Value, Option<Value>), String> {
         let mut out = Map::new();
         for (name, expr) in set {
-            let c = self.ctx.to_expr_value(expr.source());
-            let v = expr.eval(&[("ctx", &c)]).map_err(|e| {
+            let v = self.ctx.eval(expr).map_err(|e| {
                 format!("{}: `{name}`: {e}", ValidationCode::ExpressionFailed.code())
             })?;
             out.insert(name.clone(), v);
