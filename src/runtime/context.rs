@@ -58,19 +58,22 @@ impl StageContext {
                     Err(format!("`ctx.upstream.{k}`: upstream is a list; index it"))
                 }
             },
-            (Some("ctx"), Some("results")) => match key(2) {
+            (Some("ctx"), Some("results")) => match path.get(2) {
                 None => Ok(Value::Object(
                     self.results
                         .iter()
                         .map(|(k, r)| (k.clone(), r.to_json()))
                         .collect(),
                 )),
-                Some(stage) => {
+                Some(Segment::Key(stage)) => {
                     let result = self.results.get(stage).ok_or_else(|| {
                         format!("`ctx.results.{stage}` is not set (that stage has not finished)")
                     })?;
                     resolve_in_result(result, &path[3..])
                 }
+                Some(Segment::Index(i)) => Err(format!(
+                    "`ctx.results[{i}]`: results are keyed by stage id; name one"
+                )),
             },
             (Some("ctx"), Some("workflowRunId")) => {
                 sub(Value::from(&*self.workflow_run_id), &path[2..])
@@ -249,6 +252,7 @@ mod tests {
             "{{ctx.upstream[1].parsed}}",
             "{{ctx.results.nope}}",
             "{{ctx.upstream[0].parsed.nope}}",
+            "{{ctx.results[0]}}",
         ] {
             let t = Template::parse(src).unwrap();
             assert!(t.render_with(|p| c.resolve(p)).is_err(), "{src}");
@@ -264,14 +268,30 @@ mod tests {
         assert_eq!(t.render_value(|p| c.resolve(p)).unwrap(), json!("done 2"));
     }
 
-    /// An expression that is a plain path under `ctx` reads what the value
-    /// CEL is handed holds there, from a packed result (parsed again for
-    /// the look, and moved out of it) and from a whole one (copied, and
-    /// left as it was); one that does not resolve fails as CEL fails it.
+    /// An expression that is a plain path under `ctx` reads, through
+    /// `resolve`, what it read before in the value expressions are handed
+    /// (`to_expr_value`, walked by `Expr::eval`): from a packed result
+    /// (parsed again for the look, and moved out of it) and from a whole
+    /// one (copied, and left as it was), `parsed` and an `output` that
+    /// differs from it. One that does not resolve is evaluated as before,
+    /// and fails as it did.
     #[test]
-    fn a_path_expression_reads_what_cel_would() {
-        let c = ctx();
+    fn a_path_expression_reads_what_it_read_before() {
+        let mut c = ctx();
+        let mut tool = StageResult::ok("tool", "r/tool/1", json!({"kept": [1, 2]}));
+        tool.output = Arc::new(json!({"raw": "text", "kept": [3]}));
+        let tool = Arc::new(tool);
+        let packed = Kept::packed(Arc::clone(&tool), "tool".into(), "r/tool/1".into());
+        c.upstream = Arc::new(vec![c.upstream[0].clone(), packed]);
+        let mut results = (*c.results).clone();
+        results.insert("tool".into(), Kept::Whole(tool));
+        c.results = Arc::new(results);
         let reads = [
+            "ctx.upstream[1].parsed.kept",
+            "ctx.upstream[1].output.kept",
+            "ctx.upstream[1].output.raw",
+            "ctx.results.tool.output",
+            "ctx.results.tool.parsed.kept[1]",
             "ctx.upstream[0].parsed.steps",
             "ctx.upstream[0].parsed",
             "ctx.upstream[0].output.summary",
@@ -286,17 +306,26 @@ mod tests {
         ];
         for src in reads {
             let expr = Expr::compile(src).unwrap();
-            assert!(expr.path_under("ctx").is_some(), "{src}");
+            let path = expr.path_under("ctx").expect("a plain path");
+            assert!(c.resolve(&path).is_ok(), "read through resolve: {src}");
             let slow = expr.eval(&[("ctx", &c.to_expr_value(src))]).unwrap();
             assert_eq!(c.eval(&expr).unwrap(), slow, "{src}");
         }
         assert_eq!(c.results["plan"].parsed()["steps"], json!(["a", "b"]));
+        assert_eq!(c.results["tool"].output()["kept"], json!([3]));
         assert_eq!(c.upstream[0].parsed()["steps"], json!(["a", "b"]));
         let misses = [
-            "ctx.upstream[1].parsed",
+            "ctx.upstream[2].parsed",
             "ctx.upstream[0].parsed.nope",
             "ctx.upstream[0].parsed.steps[5]",
+            "ctx.upstream[0].parsed.summary.x",
+            "ctx.upstream[0].parsed.steps.x",
+            "ctx.upstream.x",
             "ctx.results.nope.parsed",
+            "ctx.results[0]",
+            "ctx.results[0].parsed",
+            "ctx.task.x",
+            "ctx.task[0]",
         ];
         for src in misses {
             let expr = Expr::compile(src).unwrap();
@@ -304,9 +333,22 @@ mod tests {
             assert!(slow.is_err(), "{src}");
             assert_eq!(c.eval(&expr), slow, "{src}");
         }
+        // `ctx` alone is no path `resolve` reads: the value as before.
+        let whole = Expr::compile("ctx").unwrap();
+        let slow = whole.eval(&[("ctx", &c.to_expr_value("ctx"))]).unwrap();
+        assert_eq!(c.eval(&whole).unwrap(), slow);
+        // Unset outside a map's siblings: both miss.
+        c.item = None;
+        c.index = None;
+        for src in ["ctx.item", "ctx.index"] {
+            let expr = Expr::compile(src).unwrap();
+            let slow = expr.eval(&[("ctx", &c.to_expr_value(src))]);
+            assert!(slow.is_err(), "{src}");
+            assert_eq!(c.eval(&expr), slow, "{src}");
+        }
         let not_a_path = Expr::compile("size(ctx.upstream)").unwrap();
         assert_eq!(not_a_path.path_under("ctx"), None);
-        assert_eq!(c.eval(&not_a_path).unwrap(), json!(1));
+        assert_eq!(c.eval(&not_a_path).unwrap(), json!(2));
     }
 
     #[test]
