@@ -13,6 +13,7 @@ pub mod lease;
 pub mod nats;
 pub mod outbox;
 pub mod stored_context;
+mod taker;
 pub mod taking;
 pub mod wire;
 pub mod worker;

@@ -31,14 +31,13 @@ use tokio::sync::{Semaphore, watch};
 use troupe_actors::EventBus;
 
 use super::collected::{Collected, collect_events};
-use super::intake::{
-    Buckets, Counted, FORGET_AFTER, Intake, KEPT_IDLE, Offer, accept_all, log_task,
-};
+use super::intake::{Buckets, Counted, FORGET_AFTER, KEPT_IDLE, Offer, log_task};
 pub use super::intake::{Served, WorkerConfig};
 use super::lease::Lease;
 use super::nats::{Nats, NatsError};
 use super::outbox::Outbox;
-use super::taking::{Delivered, Expected, Held, Past, another_waits, offers, still_to_run};
+use super::taker::{Count, Start, Taker};
+use super::taking::{Delivered, Expected, Held, still_to_run};
 use super::wire::{CANCEL_ALL, Cancel, GroupContext, Report, Task, decode_tasks};
 use crate::definition::StageKind;
 use crate::runtime::cancel::CancelScope;
@@ -140,7 +139,8 @@ pub async fn serve(
         config: config.clone(),
         buckets: Arc::clone(&buckets),
         outbox: outbox.clone(),
-        host: host.clone(),
+        starts: host.clone().recipient(),
+        counts: host.clone().recipient(),
         slots: Arc::clone(&slots),
         held: Arc::clone(&held),
         drain: drain.clone(),
@@ -288,100 +288,6 @@ pub async fn serve(
     Ok(summary)
 }
 
-/// What the fetch loop's tasks share to take what it was delivered.
-#[derive(Clone)]
-struct Taker {
-    nats: Nats,
-    /// The workers' shared consumer: whether another worker waits for a
-    /// task is asked of it (see [`Past::hold`]).
-    consumer: async_nats::jetstream::consumer::PullConsumer,
-    config: WorkerConfig,
-    buckets: Arc<Buckets>,
-    outbox: Outbox,
-    host: Addr<WorkerHost>,
-    slots: Arc<Semaphore>,
-    held: Arc<Held>,
-    /// Set when the worker drains: held tasks go back on the queue.
-    drain: watch::Receiver<bool>,
-}
-
-impl Taker {
-    /// A delivered message's tasks: offers for the free slots of
-    /// `permits`, and those past them (see [`offers`]), held while no
-    /// more than `max_siblings` are.
-    fn offers(
-        &self,
-        message: Delivered,
-        permits: &mut Vec<tokio::sync::OwnedSemaphorePermit>,
-    ) -> (Vec<Offer>, Option<Past>) {
-        let room = self
-            .config
-            .max_siblings
-            .max(1)
-            .saturating_sub(self.held.count());
-        offers(
-            &self.nats,
-            &self.buckets,
-            message,
-            permits,
-            &self.held,
-            room,
-        )
-    }
-
-    /// Accepts `offers` now, and those of `past` each as it gets a slot
-    /// while held; what does not goes back on the queue (see
-    /// [`Past::hold`]).
-    async fn take(self, offers: Vec<Offer>, past: Option<Past>) {
-        let later = async {
-            let Some(past) = past else {
-                return;
-            };
-            let accept = |offers: Vec<Offer>| {
-                let taker = self.clone();
-                async move { taker.accept(offers).await }
-            };
-            let elsewhere = || another_waits(&self.consumer);
-            past.hold(
-                &self.nats,
-                &self.buckets,
-                &self.slots,
-                self.drain.clone(),
-                accept,
-                elsewhere,
-            )
-            .await;
-        };
-        futures::future::join(self.accept(offers), later).await;
-    }
-
-    /// Accepts tasks taken together (see [`accept_all`]) and starts those
-    /// to run.
-    async fn accept(&self, offers: Vec<Offer>) {
-        if offers.is_empty() {
-            return;
-        }
-        let intakes = accept_all(&self.config, &self.buckets, &self.outbox, offers).await;
-        start_all(&self.host, intakes).await;
-    }
-}
-
-/// Hands what intake decided to the host: the tasks to start, the
-/// counts of those settled without running. Each start is awaited until
-/// the host has it, so that a drain (which waits for the tasks being
-/// accepted, then for the count in flight) counts it.
-async fn start_all(host: &Addr<WorkerHost>, intakes: Vec<Intake>) {
-    for intake in intakes {
-        match intake {
-            Intake::Start(offer) => {
-                let _ = host.send(Start(*offer)).await;
-            }
-            Intake::Settled(counted) => host.do_send(Count(counted)),
-            Intake::HandedBack => {}
-        }
-    }
-}
-
 /// Takes one from the count of tasks in flight when dropped. Reports end
 /// in any order, so the count is kept by steps, not set from a length
 /// taken earlier.
@@ -392,16 +298,6 @@ impl Drop for CountDown {
         self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
-
-/// Counts what the fetch loop decided alone.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-struct Count(Counted);
-
-/// Start a delivered task.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-struct Start(Offer);
 
 /// A group was cancelled.
 #[derive(Debug, Message)]
