@@ -17,7 +17,6 @@ mod common;
 #[path = "distributed/harness.rs"]
 mod harness;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -55,12 +54,7 @@ fn a_worker_takes_what_its_slots_can_run_and_puts_the_rest_back() {
     let s = summary(&out);
     let events = audit(&s);
     check_log(&events, 12);
-    let mut per_worker: BTreeMap<String, usize> = BTreeMap::new();
-    for e in named(&events, "StageEntered").filter(|e| is_sibling(e)) {
-        *per_worker
-            .entry(e["worker"].as_str().unwrap().to_owned())
-            .or_default() += 1;
-    }
+    let per_worker = siblings_per_worker(&events);
     let names: Vec<&str> = workers.iter().map(|w| w.name.as_str()).collect();
     assert_eq!(
         per_worker,
@@ -202,16 +196,6 @@ fn group_tasks(n: usize) -> Vec<troupe::distributed::wire::Task> {
             ..sample_task(2)
         })
         .collect()
-}
-
-/// Every message the task stream has stored so far.
-fn task_messages(url: &str) -> u64 {
-    let args = nats_args(url);
-    actix::System::new().block_on(async move {
-        let nats = args.connect("task count").await.unwrap();
-        let mut tasks = nats.tasks().await.unwrap();
-        tasks.info().await.unwrap().state.last_sequence
-    })
 }
 
 /// The answers published on `reply`, in order, each taken once a marker

@@ -24,16 +24,6 @@ use std::time::Instant;
 
 use harness::*;
 
-/// Messages the task stream has stored so far.
-fn task_messages(url: &str) -> u64 {
-    let args = nats_args(url);
-    actix::System::new().block_on(async move {
-        let nats = args.connect("task count").await.unwrap();
-        let mut tasks = nats.tasks().await.unwrap();
-        tasks.info().await.unwrap().state.last_sequence
-    })
-}
-
 /// Twenty siblings under a cap of twenty, each waiting until all twenty
 /// have started (for a minute or so at most). The coordinator publishes
 /// them as two messages, sixteen and four, before any worker runs.
@@ -91,12 +81,7 @@ fn a_held_task_goes_to_the_worker_that_waits_for_one() {
     let s: serde_json::Value = serde_json::from_str(&out).unwrap();
     let events = audit(&s);
     check_log(&events, 20);
-    let mut per_worker: BTreeMap<String, usize> = BTreeMap::new();
-    for e in named(&events, "StageEntered").filter(|e| is_sibling(e)) {
-        *per_worker
-            .entry(e["worker"].as_str().unwrap().to_owned())
-            .or_default() += 1;
-    }
+    let per_worker = siblings_per_worker(&events);
     let expected = BTreeMap::from([("a".to_owned(), 1), ("b".to_owned(), 19)]);
     assert_eq!(per_worker, expected, "the held task ran on b");
 }

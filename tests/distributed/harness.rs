@@ -567,6 +567,28 @@ pub fn is_sibling(event: &Value) -> bool {
     label(event).contains('#')
 }
 
+/// How many sibling executions each worker entered, by the worker's name
+/// on their `StageEntered`.
+pub fn siblings_per_worker(events: &[Value]) -> std::collections::BTreeMap<String, usize> {
+    let mut per_worker = std::collections::BTreeMap::new();
+    for e in named(events, "StageEntered").filter(|e| is_sibling(e)) {
+        *per_worker
+            .entry(e["worker"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    per_worker
+}
+
+/// Messages the task stream has stored so far.
+pub fn task_messages(url: &str) -> u64 {
+    let args = nats_args(url);
+    actix::System::new().block_on(async move {
+        let nats = args.connect("task count").await.unwrap();
+        let mut tasks = nats.tasks().await.unwrap();
+        tasks.info().await.unwrap().state.last_sequence
+    })
+}
+
 pub fn named<'a>(events: &'a [Value], name: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
     events.iter().filter(move |e| e["event"] == name)
 }
