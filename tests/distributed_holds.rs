@@ -20,7 +20,6 @@ mod common;
 mod harness;
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use harness::*;
 
@@ -56,15 +55,19 @@ fn a_held_task_goes_to_the_worker_that_waits_for_one() {
             .args(["--ctx", "width=20", "--parallel-cap", "20", "--json"])
             .args(lease),
     );
-    // Both messages stored before any worker fetches.
-    let deadline = Instant::now() + WAIT;
-    while task_messages(&url) < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the two task messages never came"
-        );
-        std::thread::yield_now();
-    }
+    // Both messages stored before any worker fetches: the stream read on
+    // one connection until it holds them.
+    let args = nats_args(&url);
+    actix::System::new().block_on(async move {
+        let nats = args.connect("task count").await.unwrap();
+        let mut tasks = nats.tasks().await.unwrap();
+        let stored = tokio::time::timeout(WAIT, async {
+            while tasks.info().await.unwrap().state.last_sequence < 2 {
+                tokio::task::yield_now().await;
+            }
+        });
+        assert!(stored.await.is_ok(), "the two task messages never came");
+    });
     let one = ["--max-siblings", "1", lease[0], lease[1]];
     let _a = Worker::start(fixture.path(), &url, "a", project.root(), &one);
     project.wait_started(1);
