@@ -19,9 +19,9 @@
 //! starts over at the writer's next transaction only if nothing was
 //! committed since then, so the thread runs a pass after every commit
 //! while the WAL is long, and a short pass soon catches up. Should the WAL
-//! still grow past [`MOST_PAGES`], the writer checkpoints it itself, as
-//! SQLite would have. Durability is unchanged: a commit is durable once
-//! it is in the WAL, checkpointed or not.
+//! still grow past a valve (sixteen times as many pages), the writer
+//! checkpoints it itself, as SQLite would have. Durability is unchanged: a
+//! commit is durable once it is in the WAL, checkpointed or not.
 
 use std::path::Path;
 use std::thread::JoinHandle;
@@ -31,12 +31,21 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::schema;
 
-/// WAL pages past which a checkpoint is asked for (SQLite's default
-/// auto-checkpoint).
-const PAGES: i32 = 1000;
+/// The WAL's sizes, in pages, at which the hook acts.
+#[derive(Clone, Copy)]
+struct Marks {
+    /// Past this a checkpoint is asked of the thread.
+    nudge: i32,
+    /// Past this the writer checkpoints itself.
+    most: i32,
+}
 
-/// WAL pages (64 MiB) past which the writer checkpoints itself.
-const MOST_PAGES: i32 = 16 * PAGES;
+/// The store's marks: SQLite's default auto-checkpoint (1 000 pages) for
+/// the nudge, sixteen times that (64 MiB of 4 KiB pages) for the valve.
+const MARKS: Marks = Marks {
+    nudge: 1000,
+    most: 16_000,
+};
 
 /// The checkpointing thread, owned by the writer's thread: it ends once
 /// every connection holding its nudge (the writer's hook) is closed.
@@ -55,7 +64,7 @@ impl Checkpointer {
             .name("troupe-checkpoint".into())
             .spawn(move || checkpoint(&path, &nudges))
             .ok()?;
-        if writer.wal_hook(Some(hook(nudge))).is_err() {
+        if writer.wal_hook(Some(hook(nudge, MARKS))).is_err() {
             // The nudge went with the refused hook: the thread ends.
             let _ = thread.join();
             return None;
@@ -71,12 +80,15 @@ impl Checkpointer {
 
 /// The writer's WAL hook: called after each commit with the WAL's size in
 /// pages. A nudge already waiting is enough, so it never blocks.
-fn hook(nudge: Sender<()>) -> impl FnMut(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()> {
+fn hook(
+    nudge: Sender<()>,
+    marks: Marks,
+) -> impl FnMut(&mut rusqlite::hooks::Wal, i32) -> rusqlite::Result<()> {
     move |wal, pages| {
-        if pages >= MOST_PAGES {
+        if pages >= marks.most {
             // As SQLite's own hook would; what it could not copy stays.
             let _ = wal.checkpoint();
-        } else if pages >= PAGES {
+        } else if pages >= marks.nudge {
             let _ = nudge.try_send(());
         }
         Ok(())
@@ -109,9 +121,10 @@ mod tests {
 
     /// The safety valve: with the checkpointing thread stalled (its nudges
     /// never taken), the writer's hook checkpoints the WAL itself once it
-    /// passes [`MOST_PAGES`], so the WAL stops growing there. Without the
+    /// passes its valve ([`Marks::most`]), so the WAL stops growing there. Without the
     /// valve it grows to all the pages written (the hook replaces
-    /// SQLite's own checkpoints).
+    /// SQLite's own checkpoints). The marks are a hundredth of the
+    /// store's, so the test writes a few hundred KiB, not tens of MiB.
     #[test]
     fn the_writer_checkpoints_a_wal_past_the_most_pages_when_the_thread_lags() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -124,23 +137,26 @@ mod tests {
         )
         .expect("set up");
         let (nudge, _stalled) = crossbeam_channel::bounded::<()>(1);
-        conn.wal_hook(Some(hook(nudge))).expect("hook");
+        let marks = Marks {
+            nudge: MARKS.nudge / 100,
+            most: MARKS.most / 100,
+        };
+        conn.wal_hook(Some(hook(nudge, marks))).expect("hook");
         let row = vec![7u8; 400];
         let frame = 512 + 24;
         let wal = dir.path().join("valve.db-wal");
         let mut largest = 0;
-        // Twice the valve's pages, a hundred rows (about a hundred pages)
-        // a commit.
-        for _ in 0..(2 * MOST_PAGES / 100) {
+        // Twice the valve's pages, ten rows (about ten pages) a commit.
+        for _ in 0..(2 * marks.most / 10) {
             let tx = conn.transaction().expect("begin");
-            for _ in 0..100 {
+            for _ in 0..10 {
                 tx.execute("INSERT INTO t (x) VALUES (?1)", [&row])
                     .expect("insert");
             }
             tx.commit().expect("commit");
             largest = largest.max(std::fs::metadata(&wal).expect("the WAL").len());
         }
-        let valve = u64::try_from(MOST_PAGES).expect("positive") * frame;
+        let valve = u64::try_from(marks.most).expect("positive") * frame;
         assert!(
             largest > valve,
             "the WAL reached the valve ({largest} bytes)"
