@@ -26,7 +26,9 @@
 //! `RESET`); `n` refers to string `n - 1`. The writer numbers a string by
 //! where it lives (a `&'static str` or an `Arc<str>` it holds until the
 //! batch ends), so an id shared by a sibling's twelve events is written
-//! once per batch and then costs a byte.
+//! once per batch and then costs a byte. A head's run, stage and tool,
+//! which each execution or call holds a copy of its own of, are also
+//! matched by content against the last one named there.
 //!
 //! Everything here reads files troupe did not necessarily write: a
 //! record cut short asks for more bytes; anything else wrong is a reason

@@ -471,8 +471,10 @@ proptest! {
 
 #[test]
 fn segment_starts_are_found_from_headers_and_each_decodes_to_a_suffix() {
-    // Each format, with enough events for several 8 MiB segments.
-    for (format, n, segments) in [(FORMAT_LINES, 100_000, 3), (FORMAT, 120_000, 2)] {
+    // Each format, with enough events for several segments, and some
+    // written after the last flush (a flush that closes a segment opens
+    // the next, which would otherwise be closed empty).
+    for (format, n, segments) in [(FORMAT_LINES, 100_000, 3), (FORMAT, 120_500, 2)] {
         let dir = tempfile::tempdir().expect("a folder");
         let path = dir.path().join(FILE);
         let (bytes, text, _) = written_in(format, n, 1000, true);

@@ -134,6 +134,60 @@ fn a_shared_string_freed_and_made_again_at_its_address_is_not_taken_for_it() {
 }
 
 #[test]
+fn a_run_id_copied_per_execution_is_defined_once_a_batch() {
+    // Each execution holds a copy of its own of the run's id and its
+    // stage's: by content the writer still defines each once a batch.
+    let run = "01a2169c-ae47-74a5-8cb4-5df934e3f66c";
+    let mut w = RecordWriter::new();
+    let (mut records, mut lines) = (Vec::new(), String::new());
+    let execs: Vec<Arc<str>> = (0..4)
+        .map(|i| Arc::from(format!("{run}/worker#{i}/1")))
+        .collect();
+    w.begin(&mut records);
+    for i in 0..40u64 {
+        // `exit` makes the stage's id afresh for each event too.
+        let copy: Arc<str> = Arc::from(run);
+        lines += &exit(&mut w, &mut records, i + 1, &copy, &execs[(i % 4) as usize]);
+    }
+    // A definition is the string after its length byte (the execution ids
+    // hold both, after other bytes).
+    let definitions = |text: &str| {
+        let defined = [&[u8::try_from(text.len()).unwrap()][..], text.as_bytes()].concat();
+        records
+            .windows(defined.len())
+            .filter(|w| *w == defined)
+            .count()
+    };
+    assert_eq!(definitions(run), 1);
+    assert_eq!(definitions("worker"), 1);
+    assert_eq!(
+        String::from_utf8(read_in_pieces(&records, &[]).expect("records")).unwrap(),
+        lines
+    );
+}
+
+#[test]
+fn a_head_string_of_other_content_at_the_same_address_reads_as_itself() {
+    // Runs, stages and tools are matched by content: a string freed and
+    // another of the same length made where it was, with other bytes,
+    // is its own string, though no address lookup is made for it.
+    let mut w = RecordWriter::new();
+    let (mut records, mut lines) = (Vec::new(), String::new());
+    w.begin(&mut records);
+    for i in 0..60u64 {
+        let run: Arc<str> = Arc::from(if i % 3 == 0 { "run-a" } else { "run-b" });
+        let exec: Arc<str> = Arc::from(format!("run/worker#{i:03}/1"));
+        lines += &exit(&mut w, &mut records, i + 1, &run, &exec);
+        // `run` is dropped here: the next, of the same length, is likely
+        // made at the same address.
+    }
+    assert_eq!(
+        String::from_utf8(read_in_pieces(&records, &[]).expect("records")).unwrap(),
+        lines
+    );
+}
+
+#[test]
 fn damaged_records_are_reasons_never_panics() {
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("unknown record tag", vec![RESET, 9]),

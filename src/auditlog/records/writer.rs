@@ -25,6 +25,9 @@ pub struct RecordWriter {
     /// Shared strings numbered in this batch, held so that no other
     /// string is made at their address before the batch ends.
     held: Vec<Arc<str>>,
+    /// The last run, stage and tool an event head named, by content
+    /// ([`Same`]).
+    same: [Same; 3],
     seq: u64,
     micros: u64,
     /// A JSON value's text before its length is known.
@@ -79,6 +82,7 @@ impl RecordWriter {
             recent: vec![(0, 0, 0); 1 << cache_bits].into_boxed_slice(),
             cache_bits,
             held: Vec::new(),
+            same: Default::default(),
             seq: 0,
             micros: 0,
             scratch: Vec::new(),
@@ -91,6 +95,9 @@ impl RecordWriter {
         self.strings.clear();
         self.recent.fill((0, 0, 0));
         self.held.clear();
+        for same in &mut self.same {
+            same.number = 0;
+        }
         self.seq = 0;
         self.micros = 0;
         out.push(RESET);
@@ -110,9 +117,15 @@ impl RecordWriter {
             | flag(head.tool.is_some(), HAS_TOOL);
         out.push(flags);
         self.static_ref(out, head.name);
-        self.shared_ref(out, head.run);
-        for id in [head.exec, head.stage, head.tool].into_iter().flatten() {
-            self.shared_ref(out, id);
+        self.same_ref(out, RUN, head.run);
+        if let Some(exec) = head.exec {
+            self.shared_ref(out, exec);
+        }
+        if let Some(stage) = head.stage {
+            self.same_ref(out, STAGE, stage);
+        }
+        if let Some(tool) = head.tool {
+            self.same_ref(out, TOOL, tool);
         }
         write_varint(out, head.fields as u64);
     }
@@ -195,17 +208,38 @@ impl RecordWriter {
         self.reference(out, s, Some(s));
     }
 
+    /// A head's run, stage or tool (`which`): the number of the last one
+    /// named there when it reads the same, without looking up where it
+    /// lives. Each execution holds a copy of its own of the run's id and
+    /// its stage's (see `EventIds`), and each tool call its tool's name,
+    /// so by address each sibling defined all three again: a string
+    /// written out, held (an atomic increment on a line another core
+    /// wrote) and dropped at the batch's end, three times a sibling.
+    fn same_ref(&mut self, out: &mut Vec<u8>, which: usize, s: &Arc<str>) {
+        let same = &mut self.same[which];
+        if same.number != 0 && same.text == s.as_bytes() {
+            return write_varint(out, same.number);
+        }
+        let number = self.reference(out, s, Some(s));
+        let same = &mut self.same[which];
+        same.text.clear();
+        same.text.extend_from_slice(s.as_bytes());
+        same.number = number;
+    }
+
     /// A string by its number, defined here if this batch has not yet
-    /// numbered it. Two strings at one address with one length are the
-    /// same string while it lives: a `&'static str` always does, a
-    /// shared one is held until the batch ends.
-    fn reference(&mut self, out: &mut Vec<u8>, s: &str, hold: Option<&Arc<str>>) {
+    /// numbered it; its reference (its number + 1). Two strings at one
+    /// address with one length are the same string while it lives: a
+    /// `&'static str` always does, a shared one is held until the batch
+    /// ends.
+    fn reference(&mut self, out: &mut Vec<u8>, s: &str, hold: Option<&Arc<str>>) -> u64 {
         let (at, len) = (s.as_ptr() as usize, s.len());
         // Fibonacci hashing: the top bits of the address times 2^64/φ.
         let place = &mut self.recent
             [((at as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.cache_bits)) as usize];
         if place.0 == at && place.1 == len && place.2 != 0 {
-            return write_varint(out, place.2);
+            write_varint(out, place.2);
+            return place.2;
         }
         let next = self.strings.len() as u64;
         let number = match self.strings.entry((at, len)) {
@@ -218,10 +252,26 @@ impl RecordWriter {
                     self.held.push(Arc::clone(shared));
                 }
                 *place = (at, len, next + 1);
-                return;
+                return next + 1;
             }
         };
         *place = (at, len, number + 1);
         write_varint(out, number + 1);
+        number + 1
     }
+}
+
+/// [`RecordWriter::same_ref`]'s places.
+const RUN: usize = 0;
+const STAGE: usize = 1;
+const TOOL: usize = 2;
+
+/// The last string a head named in one place, and its reference in this
+/// batch (0: none yet). Compared by content, which an address cannot
+/// stand for once the writer no longer holds the string; equal content
+/// under one number is what the reader reads back either way.
+#[derive(Debug, Default)]
+struct Same {
+    text: Vec<u8>,
+    number: u64,
 }
