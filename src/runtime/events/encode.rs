@@ -23,6 +23,23 @@ pub(super) const HEAD_KEYS: [&str; 7] = [
     "tool",
 ];
 
+/// Whether `key` is one of [`HEAD_KEYS`]: by its length first, which
+/// tells all seven apart, so that a field named otherwise (nearly every
+/// one) is told by one comparison, not seven. The audit writer asks this
+/// of every field of every event.
+fn is_head_key(key: &str) -> bool {
+    match key.len() {
+        2 => key == "ts",
+        3 => key == "seq",
+        4 => key == "tool",
+        5 => key == "event",
+        7 => key == "stageId",
+        13 => key == "workflowRunId",
+        16 => key == "stageExecutionId",
+        _ => false,
+    }
+}
+
 impl Event {
     /// The JSON object of one audit line, keys in contract order.
     pub fn to_json(&self, seq: u64) -> Value {
@@ -135,7 +152,7 @@ impl Event {
     /// A field is named like a head key (`seq`, `tool`, …): its line is
     /// written by [`Event::write_json_with_clashes`].
     fn has_head_key_fields(&self) -> bool {
-        self.fields.iter().any(|(k, _)| HEAD_KEYS.contains(k))
+        self.fields.iter().any(|(k, _)| is_head_key(k))
     }
 
     /// [`Event::write_json`] for an event with a field named like a head
@@ -283,6 +300,41 @@ impl FieldValue {
 
 #[cfg(test)]
 mod tests {
+    /// `is_head_key` is `HEAD_KEYS.contains`: each head key, and keys
+    /// one byte off (in length or in content) and the fields the runtime
+    /// names, are told apart alike.
+    #[test]
+    fn a_head_key_is_told_by_length_then_content() {
+        let mut keys: Vec<String> = Vec::new();
+        for head in super::HEAD_KEYS {
+            keys.push(head.to_owned());
+            keys.push(format!("{head}x"));
+            keys.push(head[1..].to_owned());
+            keys.push(head.to_uppercase());
+        }
+        keys.extend(
+            [
+                "",
+                "s",
+                "outcome",
+                "reason",
+                "callId",
+                "arguments",
+                "verdict",
+                "usage",
+                "step",
+            ]
+            .map(str::to_owned),
+        );
+        for key in &keys {
+            assert_eq!(
+                super::is_head_key(key),
+                super::HEAD_KEYS.contains(&key.as_str()),
+                "{key:?}"
+            );
+        }
+    }
+
     use std::sync::Arc;
 
     use super::*;
