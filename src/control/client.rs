@@ -137,6 +137,15 @@ impl std::fmt::Display for Target {
     }
 }
 
+/// How long a connection to a control server may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a control server may send nothing at all: four times the
+/// keep-alive an event stream sends while a run is quiet (about every
+/// 15 s), and far past any other reply. A server that accepted the
+/// connection and went silent is unreachable past it, not waited for.
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A client of one control server.
 #[derive(Debug, Clone)]
 pub struct ControlClient {
@@ -157,6 +166,8 @@ impl ControlClient {
             Target::Unix(socket) => (
                 reqwest::Client::builder()
                     .unix_socket(socket.clone())
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .read_timeout(READ_TIMEOUT)
                     .build()
                     .map_err(failed)?,
                 "http://troupe".to_owned(),
@@ -178,6 +189,8 @@ impl ControlClient {
                 (
                     reqwest::Client::builder()
                         .default_headers(headers)
+                        .connect_timeout(CONNECT_TIMEOUT)
+                        .read_timeout(READ_TIMEOUT)
                         .build()
                         .map_err(failed)?,
                     base.clone(),
@@ -368,38 +381,152 @@ impl ControlClient {
             return self.json(r).await.map(|_| ());
         }
         let mut body = r.bytes_stream();
-        let mut buf = String::new();
+        let mut events = SseEvents::default();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| self.unreachable(&e))?;
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            // One SSE event per blank line; `data:` holds the audit line.
-            // A cursor, then one drain per chunk (not one per event).
-            let mut start = 0;
-            while let Some(len) = buf[start..].find("\n\n") {
-                let block = &buf[start..start + len];
-                if block.lines().any(|l| l.trim_end() == "event: end") {
-                    // The run's session ended with no `WorkflowExit` to
-                    // come: refused after it was accepted, or lost.
-                    let data = block
-                        .lines()
-                        .find_map(|l| l.strip_prefix("data:"))
-                        .unwrap_or("{}");
-                    let v: Value = serde_json::from_str(data.trim()).unwrap_or(Value::Null);
-                    let message = v["error"]["message"]
-                        .as_str()
-                        .unwrap_or("the run's session ended before its WorkflowExit");
-                    return Err(ControlError::new("RunRefused", message));
-                }
-                for line in block.lines() {
-                    if let Some(data) = line.strip_prefix("data:") {
-                        each(data.trim_start());
-                    }
-                }
-                start += len + 2;
-            }
-            buf.drain(..start);
+            events.push(&chunk, &mut each)?;
             settled();
         }
         Ok(())
+    }
+}
+
+/// The events of a stream as its chunks come: kept as bytes, not text, so
+/// that a character the network split between two chunks is whole once
+/// both are here.
+#[derive(Debug, Default)]
+struct SseEvents {
+    buf: Vec<u8>,
+    /// How much of `buf` is searched for an event's end already (an event
+    /// may come in many chunks).
+    searched: usize,
+}
+
+impl SseEvents {
+    /// Takes `chunk`, and hands each `data:` line of the events it ends to
+    /// `each` (an audit line); an `end` event is the run refused.
+    fn push(&mut self, chunk: &[u8], each: &mut impl FnMut(&str)) -> Result<(), ControlError> {
+        self.buf.extend_from_slice(chunk);
+        // One SSE event per blank line; `data:` holds the audit line. A
+        // cursor, then one drain per chunk (not one per event).
+        let mut start = 0;
+        while let Some(len) = block_end(&self.buf[start..], self.searched.saturating_sub(start)) {
+            let block = String::from_utf8_lossy(&self.buf[start..start + len]);
+            if let Some(refused) = ended(&block) {
+                return Err(refused);
+            }
+            for line in block.lines() {
+                if let Some(data) = line.strip_prefix("data:") {
+                    each(data.trim_start());
+                }
+            }
+            start += len + 2;
+        }
+        self.buf.drain(..start);
+        // All but the last byte, which may begin the blank line.
+        self.searched = self.buf.len().saturating_sub(1);
+        if self.buf.len() > MOST_EVENT_BYTES {
+            return Err(ControlError::new(
+                "BadReply",
+                format!(
+                    "the server sent {} bytes of one event without its end",
+                    self.buf.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The most bytes one event of the stream may take before its end: an
+/// audit line's most ([`crate::auditlog::records::MAX_RECORD`]) and room
+/// for the SSE field names. Past it the server is not troupe's.
+const MOST_EVENT_BYTES: usize = crate::auditlog::records::MAX_RECORD + 4096;
+
+/// The length of the first SSE event in `buf`, up to the blank line that
+/// ends it, looking from `from` on (what is before it has no end).
+fn block_end(buf: &[u8], from: usize) -> Option<usize> {
+    let from = from.min(buf.len());
+    buf[from..]
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .map(|at| from + at)
+}
+
+/// An `end` event: the run's session ended with no `WorkflowExit` to come
+/// (refused after it was accepted, or lost).
+fn ended(block: &str) -> Option<ControlError> {
+    if !block.lines().any(|l| l.trim_end() == "event: end") {
+        return None;
+    }
+    let data = block
+        .lines()
+        .find_map(|l| l.strip_prefix("data:"))
+        .unwrap_or("{}");
+    let v: Value = serde_json::from_str(data.trim()).unwrap_or(Value::Null);
+    let message = v["error"]["message"]
+        .as_str()
+        .unwrap_or("the run's session ended before its WorkflowExit");
+    Some(ControlError::new("RunRefused", message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `chunks` make of a stream: its audit lines, or the error.
+    fn read(chunks: &[&[u8]]) -> Result<Vec<String>, String> {
+        let mut events = SseEvents::default();
+        let mut lines = Vec::new();
+        for chunk in chunks {
+            events
+                .push(chunk, &mut |line: &str| lines.push(line.to_owned()))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(lines)
+    }
+
+    #[test]
+    fn an_event_split_anywhere_reads_whole() {
+        let stream = "id: 1\ndata: {\"text\":\"caf\u{e9} \u{2026} \u{1f600}\"}\n\n: keep-alive\n\ndata: {\"seq\":2}\n\n";
+        let whole = read(&[stream.as_bytes()]).expect("read");
+        assert_eq!(
+            whole,
+            ["{\"text\":\"caf\u{e9} \u{2026} \u{1f600}\"}", "{\"seq\":2}"]
+        );
+        let bytes = stream.as_bytes();
+        // Cut in two at every byte (inside each multi-byte character and
+        // between the two newlines), and a byte at a time.
+        for at in 0..=bytes.len() {
+            assert_eq!(
+                read(&[&bytes[..at], &bytes[at..]]),
+                Ok(whole.clone()),
+                "{at}"
+            );
+        }
+        let one_by_one: Vec<&[u8]> = bytes.chunks(1).collect();
+        assert_eq!(read(&one_by_one), Ok(whole));
+    }
+
+    #[test]
+    fn an_end_event_is_the_run_refused() {
+        let stream = b"event: end\ndata: {\"error\":{\"message\":\"no room\"}}\n\n";
+        let got = read(&[&stream[..7], &stream[7..]]).expect_err("refused");
+        assert!(got.contains("no room"), "{got}");
+    }
+
+    #[test]
+    fn an_event_without_end_past_the_most_is_an_error() {
+        let mut events = SseEvents::default();
+        let chunk = vec![b'x'; 1 << 20];
+        let mut pushed = 0;
+        let err = loop {
+            match events.push(&chunk, &mut |_: &str| {}) {
+                Ok(()) => pushed += chunk.len(),
+                Err(e) => break e,
+            }
+            assert!(pushed <= MOST_EVENT_BYTES, "never refused");
+        };
+        assert_eq!(err.code, "BadReply");
     }
 }
