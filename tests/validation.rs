@@ -436,6 +436,29 @@ fn missing_and_binary_stage_files_are_unreadable() {
     assert!(errs[0].message.contains("UTF-8"));
 }
 
+#[cfg(unix)]
+#[test]
+fn a_fifo_stage_file_is_unreadable_not_waited_on() {
+    // Opening a FIFO to read waits for a writer; none comes.
+    let yaml = "id: demo\nentry: a\nstages:\n  a: a.md\n";
+    let f = Fixture::new(yaml, &[]);
+    let made = std::process::Command::new("mkfifo")
+        .arg(f.file("a.md"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(errors(&f));
+    });
+    // A guard, not a measure: the load returns at once or never.
+    let errs = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the load returned rather than waiting on the FIFO");
+    assert_eq!(errs[0].code, V::StageFileUnreadable);
+    assert!(errs[0].message.contains("not a regular file"), "{errs:#?}");
+}
+
 #[test]
 fn malformed_yaml_of_every_kind_is_a_located_error() {
     let a = stage_md("a", "", "x");

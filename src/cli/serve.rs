@@ -200,7 +200,25 @@ impl Submitter for Arc<Server> {
                 Some(cwd) if args.pipeline.is_relative() => cwd.join(&args.pipeline),
                 _ => args.pipeline.clone(),
             };
-            let pipeline = load_pipeline(&path).map(Arc::new).map_err(|diags| {
+            // Read off the control server's one thread, which every route
+            // shares: a slow disk holds up this submission alone.
+            let read = {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || load_pipeline(&path)).await
+            };
+            let loaded = read.map_err(|e| {
+                refusal(&Refusal::Diagnostics {
+                    path: path.clone(),
+                    diags: crate::error::Diagnostics(vec![
+                        crate::error::Diagnostic::new(
+                            crate::error::ValidationCode::PipelineUnreadable,
+                            format!("reading the pipeline failed: {e}"),
+                        )
+                        .file(&path),
+                    ]),
+                })
+            })?;
+            let pipeline = loaded.map(Arc::new).map_err(|diags| {
                 refusal(&Refusal::Diagnostics {
                     path: path.clone(),
                     diags,

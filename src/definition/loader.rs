@@ -173,7 +173,17 @@ fn read_bounded(
     unreadable_code: ValidationCode,
 ) -> Result<String, (ValidationCode, String)> {
     let unreadable = |e: std::io::Error| (unreadable_code, format!("cannot read: {e}"));
-    let handle = std::fs::File::open(file).map_err(unreadable)?;
+    // Opened without waiting: opening a FIFO to read waits for a writer,
+    // forever if none comes, before it could be told from a file. (On a
+    // regular file the flag changes nothing.)
+    let handle = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(file)
+            .map_err(unreadable)?
+    };
     let meta = handle.metadata().map_err(unreadable)?;
     if !meta.is_file() {
         return Err((unreadable_code, "not a regular file".to_owned()));
