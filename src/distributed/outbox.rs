@@ -333,10 +333,11 @@ fn framed_report(
 ) -> Result<Report, serde_json::Error> {
     // Its events travel as lines here when there were too many records
     // for a batch (`Collected::take`): read as a batch's report is.
-    let mut report = match std::str::from_utf8(json) {
-        Ok(text) => one(text)?,
-        Err(_) => serde_json::from_slice::<Report>(json)?,
+    let read = match std::str::from_utf8(json) {
+        Ok(text) => one(text),
+        Err(_) => serde_json::from_slice::<Report>(json),
     };
+    let mut report = read.or_else(|e| unreadable(json, e))?;
     if let Report::Exited {
         events,
         stage_execution_id,
@@ -424,7 +425,7 @@ fn decode_text(payload: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|b| *b == b'[');
     if !batch {
-        return vec![serde_json::from_slice(payload)];
+        return vec![serde_json::from_slice(payload).or_else(|e| unreadable(payload, e))];
     }
     // The whole batch at once, as it nearly always reads; one by one only
     // when it does not. Read as text checked once: read from bytes,
@@ -445,7 +446,10 @@ fn decode_text(payload: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
         return reports.into_iter().map(Ok).collect();
     }
     match serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(payload) {
-        Ok(items) => items.into_iter().map(|raw| one(raw.get())).collect(),
+        Ok(items) => items
+            .into_iter()
+            .map(|raw| one(raw.get()).or_else(|e| unreadable(raw.get().as_bytes(), e)))
+            .collect(),
         Err(e) => vec![Err(e)],
     }
 }
@@ -455,6 +459,50 @@ fn decode_text(payload: &[u8]) -> Vec<Result<Report, serde_json::Error>> {
 /// that is no string, a name with a lone surrogate) costs only itself.
 fn one(text: &str) -> Result<Report, serde_json::Error> {
     serde_json::from_str(text).or_else(|_| line_by_line(|| serde_json::from_str(text)))
+}
+
+/// The code of a sibling whose last report its coordinator cannot read.
+pub const REPORT_UNREADABLE: &str = "Distributed/ReportUnreadable";
+
+/// A report that could not be read (`error`), as what settles its sibling
+/// when it was the sibling's last (exited, cancelled, refused) and its
+/// ids can still be read: refused with [`REPORT_UNREADABLE`], so the
+/// sibling fails with the reason rather than its run waiting for a report
+/// that came and was skipped. Any other stays `error` (skipped: an
+/// `accepted` report changes nothing the last will not).
+///
+/// The ids are read with every other member skipped, which serde_json
+/// does without nesting: a result nested deeper than its reader allows
+/// (a model's answer 125 levels deep, three more inside a report) is one
+/// way to get here.
+fn unreadable(json: &[u8], error: serde_json::Error) -> Result<Report, serde_json::Error> {
+    #[derive(serde::Deserialize)]
+    struct Ids {
+        kind: String,
+        body: Body,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Body {
+        stage_execution_id: String,
+        turn: u64,
+        unit: usize,
+        worker: String,
+    }
+    let Ok(Ids { kind, body }) = serde_json::from_slice::<Ids>(json) else {
+        return Err(error);
+    };
+    if !matches!(kind.as_str(), "exited" | "cancelled" | "refused") {
+        return Err(error);
+    }
+    Ok(Report::Refused {
+        stage_execution_id: body.stage_execution_id,
+        turn: body.turn,
+        unit: body.unit,
+        worker: body.worker,
+        code: REPORT_UNREADABLE.to_owned(),
+        message: format!("its {kind} report could not be read by the coordinator: {error}"),
+    })
 }
 
 #[cfg(test)]

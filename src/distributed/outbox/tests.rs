@@ -385,3 +385,78 @@ fn a_framed_batch_is_bounded_as_a_whole() {
     assert!(reports[..MAX_REPORTS].iter().all(Result::is_ok));
     assert!(reports[MAX_REPORTS].is_err());
 }
+
+/// An exited report holding a result nested deeper than the reader
+/// allows: a model's answer can be.
+fn exited_deep(unit: usize, depth: usize) -> Vec<u8> {
+    let exec = format!("r/w#{unit}/1");
+    let result = crate::runtime::result::StageResult::ok("w", &exec, serde_json::json!(1));
+    let result = serde_json::to_string(&result).unwrap().replace(
+        "\"parsed\":1",
+        &format!("\"parsed\":{}1{}", "[".repeat(depth), "]".repeat(depth)),
+    );
+    format!(
+        r#"{{"kind":"exited","body":{{"stageExecutionId":"{exec}","turn":1,"unit":{unit},"worker":"w","delivered":1,"result":{result},"events":[]}}}}"#
+    )
+    .into_bytes()
+}
+
+/// A sibling's last report that cannot be read, with its ids readable,
+/// settles it as refused (`ReportUnreadable`, its reason the reader's),
+/// so the run does not wait for a report that came and was skipped:
+/// alone, in a batch, framed. Any other report that cannot be read is
+/// still only skipped.
+#[test]
+fn a_last_report_that_cannot_be_read_refuses_its_sibling() {
+    let refused = |report: &Result<Report, serde_json::Error>, unit: usize| match report {
+        Ok(Report::Refused {
+            stage_execution_id,
+            turn: 1,
+            unit: u,
+            worker,
+            code,
+            message,
+        }) => {
+            assert_eq!(stage_execution_id, &format!("r/w#{unit}/1"));
+            assert_eq!((*u, worker.as_str()), (unit, "w"));
+            assert_eq!(code, REPORT_UNREADABLE);
+            assert!(message.contains("recursion limit"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    };
+    // Nested as deep as the reader allows, it reads.
+    assert!(matches!(
+        decode(&exited_deep(1, 100))[..],
+        [Ok(Report::Exited { unit: 1, .. })]
+    ));
+    let deep = exited_deep(2, 126);
+    refused(&decode(&deep)[0], 2);
+    let accepted = Report::Accepted {
+        stage_execution_id: "r/w#3/1".to_owned(),
+        turn: 1,
+        unit: 3,
+        worker: "w".to_owned(),
+    };
+    let mut batch = b"[".to_vec();
+    batch.extend_from_slice(&serde_json::to_vec(&accepted).unwrap());
+    batch.push(b',');
+    batch.extend_from_slice(&deep);
+    batch.push(b']');
+    let reports = decode(&batch);
+    assert_eq!(reports[0].as_ref().unwrap(), &accepted);
+    refused(&reports[1], 2);
+    let mut framed = FRAMED.to_vec();
+    frame(&mut framed, &serde_json::to_vec(&accepted).unwrap(), &[]);
+    frame(&mut framed, &deep, &[]);
+    let reports = decode(&framed);
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    assert_eq!(reports[0].as_ref().unwrap(), &accepted);
+    refused(&reports[1], 2);
+    // A report of a kind this troupe does not know, with ids, or a last
+    // one whose ids cannot be read: skipped.
+    let unknown = br#"{"kind":"fromTheFuture","body":{"stageExecutionId":"r/w#4/1","turn":1,"unit":4,"worker":"w"}}"#;
+    assert!(decode(unknown)[0].is_err());
+    let no_ids =
+        br#"{"kind":"exited","body":{"turn":1,"unit":4,"worker":"w","delivered":1,"result":7}}"#;
+    assert!(decode(no_ids)[0].is_err());
+}
