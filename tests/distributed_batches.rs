@@ -735,3 +735,40 @@ fn framed_batches_carry_a_bounded_share_of_records() {
     assert_eq!(counts.iter().sum::<usize>(), 5, "{counts:?}");
     assert!(counts.iter().all(|n| *n <= 2), "{counts:?}");
 }
+
+#[test]
+fn reports_read_before_a_resume_are_acknowledged_only_once_stored() {
+    use troupe::distributed::arrived::take_arrived;
+    use troupe::distributed::wire::report_subject;
+
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let args = nats_args(&server.url());
+    actix::System::new().block_on(async move {
+        let nats = args.connect("arrived test").await.unwrap();
+        nats.run_topology().await.unwrap();
+        let run = "01a2169c-ae47-74a5-8cb4-5df934e3f66c";
+        let exec = format!("{run}/worker#1/1");
+        let result = serde_json::json!({"stageId": "worker", "stageExecutionId": exec,
+            "verdict": "ok", "parsed": 1, "output": 1, "capHit": false, "attemptCount": 1,
+            "usage": {"promptTokens": 0, "completionTokens": 0, "requests": 0}});
+        let report = serde_json::json!([{"kind": "exited", "body": {"stageExecutionId": exec,
+            "turn": 1, "unit": 1, "worker": "w", "delivered": 1, "result": result}}]);
+        let sent = nats
+            .js
+            .publish(report_subject(run), report.to_string().into())
+            .await
+            .unwrap();
+        sent.await.unwrap();
+        let arrived = take_arrived(&nats, run).await.unwrap();
+        assert_eq!(arrived.results.len(), 1, "{arrived:?}");
+        assert_eq!(arrived.unreadable, 0);
+        // Read, not yet acknowledged: a resume that fails to store the
+        // result finds it again.
+        let mut consumer = nats.coordinator_consumer(run).await.unwrap();
+        assert_eq!(consumer.info().await.unwrap().num_ack_pending, 1);
+        arrived.acknowledge().await;
+        nats.flush().await;
+        assert_eq!(consumer.info().await.unwrap().num_ack_pending, 0);
+    });
+}

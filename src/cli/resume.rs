@@ -203,30 +203,45 @@ fn store_arrived(
         .enable_all()
         .build()
         .map_err(|e| io(e.to_string()))?;
-    let arrived = runtime
+    // The connection lives until the acknowledgements are sent.
+    let (connection, mut arrived) = runtime
         .block_on(async {
             let nats = nats.connect(&format!("troupe resume {run_id}")).await?;
-            crate::distributed::arrived::take_arrived(&nats, run_id).await
+            let arrived = crate::distributed::arrived::take_arrived(&nats, run_id).await?;
+            Ok::<_, crate::distributed::NatsError>((nats, arrived))
         })
         .map_err(|e| io(format!("{}: {e}", crate::error::HasCode::code(&e))))?;
-    if arrived.is_empty() {
-        return Ok(Vec::new());
-    }
-    let writer = crate::store::StoreWriter::start(store.path())?;
-    let ledger = writer.ledger();
-    for (result, _) in &arrived {
-        crate::runtime::ledger::Ledger::persist(
-            &ledger,
-            crate::distributed::arrived::exit_record(run_id, result),
-            None,
+    if arrived.unreadable > 0 {
+        eprintln!(
+            "warning: {} report(s) workers sent while the run had no coordinator could not be read; their siblings run again",
+            arrived.unreadable
         );
     }
-    writer.finish()?;
-    eprintln!(
-        "note: {} result(s) workers reported while the run had no coordinator were stored",
-        arrived.len()
-    );
-    Ok(arrived
+    if !arrived.results.is_empty() {
+        let writer = crate::store::StoreWriter::start(store.path())?;
+        let ledger = writer.ledger();
+        for (result, _) in &arrived.results {
+            crate::runtime::ledger::Ledger::persist(
+                &ledger,
+                crate::distributed::arrived::exit_record(run_id, result),
+                None,
+            );
+        }
+        writer.finish()?;
+        eprintln!(
+            "note: {} result(s) workers reported while the run had no coordinator were stored",
+            arrived.results.len()
+        );
+    }
+    // Only now: a resume that failed to store them finds them again.
+    let results = std::mem::take(&mut arrived.results);
+    runtime.block_on(async {
+        arrived.acknowledge().await;
+        // The acknowledgements are queued on the connection: sent before
+        // it goes.
+        connection.flush().await;
+    });
+    Ok(results
         .into_iter()
         .map(|(result, events)| LostExit {
             id: result.stage_execution_id().to_string(),

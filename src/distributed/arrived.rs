@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use async_nats::jetstream::message::Acker;
 use futures::StreamExt;
 use serde_json::Value;
 
@@ -41,19 +42,49 @@ pub fn exit_record(run_id: &str, result: &Kept) -> ExitRecord {
     }
 }
 
+/// What [`take_arrived`] read: the results, each with the events its
+/// worker recorded, and the acknowledgements of the messages that held
+/// them, to send once the results are stored ([`Arrived::acknowledge`]):
+/// a resume that fails to store them (or is killed first) finds them on
+/// the stream again.
+pub struct Arrived {
+    pub results: Vec<(Kept, Vec<Value>)>,
+    /// Reports that could not be read (skipped; a sibling so reported
+    /// runs again in the resumed run).
+    pub unreadable: usize,
+    ackers: Vec<Acker>,
+}
+
+impl std::fmt::Debug for Arrived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arrived")
+            .field("results", &self.results.len())
+            .field("unreadable", &self.unreadable)
+            .field("messages", &self.ackers.len())
+            .finish()
+    }
+}
+
+impl Arrived {
+    /// Acknowledges every message read: call once its results are stored.
+    pub async fn acknowledge(self) {
+        for acker in self.ackers {
+            let _ = acker.ack().await;
+        }
+    }
+}
+
 /// Before a run's coordinator resumes: the results workers reported while
 /// no coordinator was reading (exited `ok`/`skipped`, to be stored so the
-/// resumed run does not run them again); every report is acknowledged and
-/// the run's queued tasks are purged (the resumed run publishes again
-/// only what has no stored result).
-pub async fn take_arrived(
-    nats: &Nats,
-    run_id: &str,
-) -> Result<Vec<(Kept, Vec<Value>)>, super::NatsError> {
+/// resumed run does not run them again; acknowledged once they are, see
+/// [`Arrived`]), and the run's queued tasks purged (the resumed run
+/// publishes again only what has no stored result).
+pub async fn take_arrived(nats: &Nats, run_id: &str) -> Result<Arrived, super::NatsError> {
     // A resume against a cluster still forming waits for it, as a run does.
     nats.run_topology().await?;
     let consumer = nats.coordinator_consumer(run_id).await?;
     let mut results = Vec::new();
+    let (mut ackers, mut unreadable) = (Vec::new(), 0);
     loop {
         let mut batch = consumer
             .fetch()
@@ -68,20 +99,25 @@ pub async fn take_arrived(
         let mut got = 0;
         while let Some(Ok(msg)) = batch.next().await {
             got += 1;
+            let (msg, acker) = msg.split();
             for report in outbox::decode(&msg.payload) {
-                if let Ok(Report::Exited { result, events, .. }) = report
-                    && result.verdict() != Verdict::Fail
-                {
-                    // As the worker wrote them (its seq, 0, is the
-                    // coordinator's to give).
-                    let lines = events
-                        .into_iter()
-                        .filter_map(|e| e.into_event().map(|event| event.to_json(0)))
-                        .collect();
-                    results.push((result, lines));
+                match report {
+                    Ok(Report::Exited { result, events, .. })
+                        if result.verdict() != Verdict::Fail =>
+                    {
+                        // As the worker wrote them (its seq, 0, is the
+                        // coordinator's to give).
+                        let lines = events
+                            .into_iter()
+                            .filter_map(|e| e.into_event().map(|event| event.to_json(0)))
+                            .collect();
+                        results.push((result, lines));
+                    }
+                    Ok(_) => {}
+                    Err(_) => unreadable += 1,
                 }
             }
-            let _ = msg.ack().await;
+            ackers.push(acker);
         }
         if got == 0 {
             break;
@@ -93,5 +129,9 @@ pub async fn take_arrived(
             .filter(super::wire::run_tasks_subject(run_id))
             .await;
     }
-    Ok(results)
+    Ok(Arrived {
+        results,
+        unreadable,
+        ackers,
+    })
 }
