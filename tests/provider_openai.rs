@@ -353,6 +353,12 @@ async fn every_failure_is_a_typed_error() {
         (Reply::BreakMidStream, "ProviderTransient/ConnectionFailed"),
         (Reply::Hang, "ProviderTransient/Timeout"),
         (Reply::StreamThenHang, "ProviderTransient/Timeout"),
+        // A body that keeps coming, a byte at a time, is bounded as a
+        // whole: ten seconds of it, each byte well within the timeout.
+        (
+            Reply::Trickle(Box::new(Reply::Text("a reply that takes its time".into()))),
+            "ProviderTransient/Timeout",
+        ),
     ];
     for (reply, expected) in cases {
         let shown = format!("{reply:?}");

@@ -49,8 +49,8 @@ pub struct ProviderArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_inflight: Option<u32>,
     /// How long a request may wait for the reply to start, then for each
-    /// next event of a stream (keep-alive pings do not count) or chunk of
-    /// a plain reply [default: 5m].
+    /// next event of a stream (keep-alive pings do not count) or for the
+    /// whole of a plain reply [default: 5m].
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
     pub request_timeout: Option<Duration>,
     /// Retries of a transient provider error (429, 5xx, connection

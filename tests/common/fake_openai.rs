@@ -64,6 +64,9 @@ pub enum Reply {
     /// The inner reply as one plain JSON completion, even when a stream was
     /// asked for.
     PlainJson(Box<Reply>),
+    /// The inner reply as one plain JSON completion, a byte every 50 ms:
+    /// a server (or a proxy) that trickles its body.
+    Trickle(Box<Reply>),
     /// This status, headers and body.
     Status {
         status: u16,
@@ -510,6 +513,20 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         Reply::PlainJson(inner) => {
             flight.done = true;
             json_response(200, &completion(&inner, &model, usage))
+        }
+        Reply::Trickle(inner) => {
+            flight.done = true;
+            let text = completion(&inner, &model, usage).to_string();
+            let body = futures::stream::unfold(text.into_bytes().into_iter(), |mut bytes| async {
+                let byte = bytes.next()?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Some((Ok::<_, std::io::Error>(Bytes::from(vec![byte])), bytes))
+            });
+            Response::builder()
+                .status(200)
+                .header("content-type", "application/json")
+                .body(Body::from_stream(body))
+                .unwrap()
         }
         Reply::Events(events) => {
             let frames = events

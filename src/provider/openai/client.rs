@@ -413,8 +413,10 @@ impl Inner {
         ))
     }
 
-    /// The whole body, each chunk within the request timeout. Past `limit`
-    /// it is cut (`truncate`) or refused.
+    /// The whole body, within the request timeout from when it began: a
+    /// server (or a proxy) that trickles its reply a byte at a time would
+    /// keep a timeout per chunk waiting without end. Past `limit` it is
+    /// cut (`truncate`) or refused.
     pub(super) async fn read_all(
         &self,
         response: reqwest::Response,
@@ -422,10 +424,11 @@ impl Inner {
         truncate: bool,
     ) -> Result<Vec<u8>, ProviderError> {
         let wait = self.config.request_timeout;
+        let deadline = tokio::time::Instant::now() + wait;
         let mut stream = response.bytes_stream();
         let mut body = Vec::new();
         loop {
-            let next = tokio::time::timeout(wait, stream.next())
+            let next = tokio::time::timeout_at(deadline, stream.next())
                 .await
                 .map_err(|_| timed_out(wait, "the rest of the reply"))?;
             let Some(chunk) = next else {

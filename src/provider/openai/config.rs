@@ -15,7 +15,8 @@ pub const DEFAULT_API_KEY_ENV: &str = "OPENAI_API_KEY";
 /// Requests in flight at once per provider, by default.
 pub const DEFAULT_MAX_INFLIGHT: usize = 16;
 /// How long a request may wait for its reply to start, and then for each
-/// next chunk of it, by default. Local models can think for minutes.
+/// next event of a stream or for the whole of a plain reply, by default.
+/// Local models can think for minutes.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// Longest wait for a TCP (and TLS) connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -62,7 +63,8 @@ pub struct OpenAiConfig {
     pub stream: bool,
     /// At most this many requests in flight at once (`--max-inflight`).
     pub max_inflight: usize,
-    /// How long to wait for the reply to start, then for each next chunk.
+    /// How long to wait for the reply to start, then for each next event of
+    /// a stream or for the whole of a plain reply.
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
 }
