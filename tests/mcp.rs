@@ -243,7 +243,7 @@ fn an_allowed_tool_the_server_does_not_list_stops_the_run_before_any_stage() {
 
 #[test]
 fn servers_that_cannot_start_answer_or_list_are_typed_errors_with_exit_2() {
-    let cases: [(&[&str], &str, &str); 4] = [
+    let cases: [(&[&str], &str, &str); 6] = [
         (
             &["exit-at-start"],
             "Mcp/InitializeFailed",
@@ -253,6 +253,10 @@ fn servers_that_cannot_start_answer_or_list_are_typed_errors_with_exit_2() {
         (&["garbage-init"], "Mcp/StartTimeout", "initialize"),
         (&["wrong-version"], "Mcp/ProtocolVersion", "1999-01-01"),
         (&["bad-schema"], "Mcp/InvalidSchema", "broken"),
+        // A listing whose paging never ends is refused, not read until
+        // memory runs out.
+        (&["same-cursor"], "Mcp/ListFailed", "a page it gave before"),
+        (&["endless-pages"], "Mcp/ListFailed", "past 100 pages"),
     ];
     for (modes, code, said_text) in cases {
         let yaml = format!(

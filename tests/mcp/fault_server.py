@@ -7,7 +7,9 @@ object (anything else ends it, as a broken peer would).
 
 Usage: fault_server.py STATS_FILE [MODE...]
 Modes change startup: exit-at-start, slow-start, garbage-init,
-wrong-version, bad-schema, paged (the listing comes in two pages); and
+wrong-version, bad-schema, paged (the listing comes in two pages),
+same-cursor (every page says the same next cursor), endless-pages (every
+page names a new next cursor); and
 linger (stay alive after the input closes, as a careless server would).
 STATS_FILE receives one JSON line per event (start, call, cancelled, end),
 so a test can see what the server saw.
@@ -216,7 +218,12 @@ def main():
         elif method == "tools/list":
             listed = tools()
             cursor = (msg.get("params") or {}).get("cursor")
-            if "paged" in MODES and cursor is None:
+            if "same-cursor" in MODES:
+                send({"jsonrpc": "2.0", "id": req_id, "result": {"tools": listed[:1], "nextCursor": "again"}})
+            elif "endless-pages" in MODES:
+                page = int(cursor or "0") + 1
+                send({"jsonrpc": "2.0", "id": req_id, "result": {"tools": listed[:1], "nextCursor": str(page)}})
+            elif "paged" in MODES and cursor is None:
                 send({"jsonrpc": "2.0", "id": req_id, "result": {"tools": listed[:3], "nextCursor": "page2"}})
             elif "paged" in MODES:
                 send({"jsonrpc": "2.0", "id": req_id, "result": {"tools": listed[3:]}})

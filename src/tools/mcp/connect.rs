@@ -9,6 +9,7 @@ use std::io::Read;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, ClientConfig, Implementation};
 use rmcp::service::{NotificationContext, RoleClient, RunningService};
@@ -31,6 +32,8 @@ use crate::tools::process_group::GroupKill;
 struct Handler {
     server: String,
     cell: Arc<ListingCell>,
+    /// How long a listing may take (the server's start timeout).
+    within: Duration,
     info: ClientConfig,
     elicitor: Arc<super::elicit::ElicitorSlot>,
 }
@@ -90,8 +93,9 @@ impl ClientHandler for Handler {
         let peer = context.peer.clone();
         let cell = Arc::clone(&self.cell);
         let server = self.server.clone();
+        let within = self.within;
         tokio::spawn(async move {
-            if let Ok(tools) = list(&server, &peer).await {
+            if let Ok(tools) = list(&server, &peer, within).await {
                 cell.replace(tools);
             }
         });
@@ -99,13 +103,68 @@ impl ClientHandler for Handler {
     }
 }
 
-async fn list(server: &str, peer: &rmcp::Peer<RoleClient>) -> Result<Vec<McpTool>, McpError> {
-    let tools = peer.list_all_tools().await.map_err(|e| {
+/// The most pages a server's tool listing may take.
+const MOST_PAGES: usize = 100;
+
+/// The most tools a server may list.
+const MOST_TOOLS: usize = 10_000;
+
+/// The server's tools, page by page, within `within` in all. A listing
+/// past [`MOST_PAGES`] or [`MOST_TOOLS`], or one that gives a cursor it
+/// gave before (a server whose paging never ends), is refused: listed
+/// without end, it would grow until memory ran out.
+async fn list(
+    server: &str,
+    peer: &rmcp::Peer<RoleClient>,
+    within: Duration,
+) -> Result<Vec<McpTool>, McpError> {
+    tokio::time::timeout(within, list_pages(server, peer))
+        .await
+        .map_err(|_| {
+            McpError::new(
+                "StartTimeout",
+                format!("MCP server `{server}` did not list its tools in time"),
+            )
+        })?
+}
+
+async fn list_pages(server: &str, peer: &rmcp::Peer<RoleClient>) -> Result<Vec<McpTool>, McpError> {
+    let failed = |why: String| {
         McpError::new(
             "ListFailed",
-            format!("MCP server `{server}` did not list its tools: {e}"),
+            format!("MCP server `{server}` did not list its tools: {why}"),
         )
-    })?;
+    };
+    let mut tools = Vec::new();
+    let mut cursors = std::collections::HashSet::new();
+    let mut cursor = None;
+    for _ in 0..MOST_PAGES {
+        let params =
+            cursor.map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
+        let page = peer
+            .list_tools(params)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        tools.extend(page.tools);
+        if tools.len() > MOST_TOOLS {
+            return Err(failed(format!("it listed more than {MOST_TOOLS} tools")));
+        }
+        match page.next_cursor {
+            None => return described(server, &tools),
+            Some(next) if !cursors.insert(next.clone()) => {
+                return Err(failed(format!(
+                    "its listing came back to a page it gave before (cursor `{next}`)"
+                )));
+            }
+            Some(next) => cursor = Some(next),
+        }
+    }
+    Err(failed(format!(
+        "its listing went on past {MOST_PAGES} pages"
+    )))
+}
+
+fn described(server: &str, tools: &[rmcp::model::Tool]) -> Result<Vec<McpTool>, McpError> {
     tools
         .iter()
         .map(|t| {
@@ -166,6 +225,8 @@ pub struct Connection {
     cell: Arc<ListingCell>,
     service: RunningService<RoleClient, Handler>,
     dead: AtomicBool,
+    /// How long a listing may take (the server's start timeout).
+    within: Duration,
     /// The stdio child's process group; killed when the connection goes.
     _group: Option<GroupKill>,
 }
@@ -200,6 +261,7 @@ impl Connection {
                 Implementation::new("troupe", env!("CARGO_PKG_VERSION")),
             ),
             elicitor: Arc::clone(&start.elicitor),
+            within: start_timeout,
         };
         let (service, group, log) = match &def.transport {
             McpTransport::Stdio {
@@ -342,14 +404,7 @@ impl Connection {
             }
             Ok(Ok(service)) => service,
         };
-        let tools = tokio::time::timeout(start_timeout, list(&def.name, service.peer()))
-            .await
-            .map_err(|_| {
-                McpError::new(
-                    "StartTimeout",
-                    format!("MCP server `{}` did not list its tools in time", def.name),
-                )
-            })??;
+        let tools = list(&def.name, service.peer(), start_timeout).await?;
         cell.replace(tools);
         // A server must speak a version of the protocol troupe knows.
         let version = service
@@ -376,6 +431,7 @@ impl Connection {
             server: def.name.clone(),
             service,
             dead: AtomicBool::new(false),
+            within: start_timeout,
             _group: group,
         }))
     }
@@ -410,7 +466,7 @@ impl Connection {
         // turn must see the new listing, so it is fetched before this
         // call returns.
         if self.cell.is_stale()
-            && let Ok(tools) = list(&self.server, self.service.peer()).await
+            && let Ok(tools) = list(&self.server, self.service.peer(), self.within).await
         {
             self.cell.replace(tools);
         }
