@@ -14,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::hook::{Hook, HookError, HookReply};
 use crate::definition::hooks::{HookDef, HookKind};
+use crate::tools::process_group::GroupKill;
 
 /// Output read from a hook command, at most.
 const MAX_OUTPUT: usize = 1 << 20;
@@ -64,30 +65,53 @@ impl CommandHook {
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
+                // A group of its own, so that what it starts ends with it.
+                .process_group(0)
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(|e| HookError::Spawn {
                     hook: name.clone(),
                     message: e.to_string(),
                 })?;
+            // Declared after `child`: dropped before it (see `GroupKill`),
+            // so a hook past its timeout, or whose run is cancelled, takes
+            // its children (a pipeline's other commands, a script's
+            // subprocesses) with it, not only its shell.
+            let mut group = GroupKill::new(child.id());
             let input = serde_json::to_vec(payload).unwrap_or_default();
-            let mut stdin = child.stdin.take();
-            let mut stdout = child.stdout.take();
-            let mut stderr = child.stderr.take();
+            let stdin = child.stdin.take();
+            let stdout = child.stdout.take();
+            let stderr = child.stderr.take();
+            let (mut out, mut err) = (Vec::new(), Vec::new());
             // Write, read and wait together: a hook that does not read its
             // input, or writes a lot, cannot deadlock us.
             let write = async {
-                if let Some(mut s) = stdin.take() {
+                if let Some(mut s) = stdin {
                     // A hook may ignore its input and exit: a broken pipe is fine.
                     let _ = s.write_all(&input).await;
                 }
             };
-            let (_, out, err, status) = tokio::join!(
-                write,
-                read_capped(stdout.take()),
-                read_capped(stderr.take()),
-                child.wait()
-            );
+            let status = {
+                let mut io = std::pin::pin!(async {
+                    tokio::join!(write, fill(stdout, &mut out), fill(stderr, &mut err));
+                });
+                let mut wait = std::pin::pin!(child.wait());
+                let mut io_done = false;
+                let status = loop {
+                    tokio::select! {
+                        status = &mut wait => break status,
+                        () = &mut io, if !io_done => io_done = true,
+                    }
+                };
+                // What it left in the background (`notify &`) dies with
+                // it: its pipes close, and the answer is read now rather
+                // than when the background job ends (or the timeout).
+                group.kill();
+                if !io_done {
+                    let _ = tokio::time::timeout(PIPE_GRACE, io).await;
+                }
+                status
+            };
             let status = status.map_err(|e| HookError::Failed {
                 hook: name.clone(),
                 message: e.to_string(),
@@ -151,14 +175,18 @@ impl CommandHook {
     }
 }
 
-/// Reads a pipe to its end, keeping at most [`MAX_OUTPUT`] bytes.
-async fn read_capped<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>) -> Vec<u8> {
-    let mut buf = Vec::new();
+/// Reads a pipe to its end into `buf`, keeping at most [`MAX_OUTPUT`]
+/// bytes; what was read stays in `buf` if it is stopped first.
+async fn fill<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>, buf: &mut Vec<u8>) {
     if let Some(p) = pipe {
-        let _ = p.take(MAX_OUTPUT as u64).read_to_end(&mut buf).await;
+        let _ = p.take(MAX_OUTPUT as u64).read_to_end(buf).await;
     }
-    buf
 }
+
+/// How long a hook's pipes may stay open once its shell exited and its
+/// group was killed: a process that left the group (`setsid`) may hold
+/// them; the answer is taken as read by then.
+const PIPE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
@@ -225,6 +253,58 @@ mod tests {
             run(&hang, json!({})),
             Err(HookError::Timeout { .. })
         ));
+    }
+
+    #[test]
+    fn what_a_hook_leaves_in_the_background_neither_holds_its_answer_nor_outlives_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        // Answers at once, with a job in the background that holds the
+        // hook's stdout and would run for a minute.
+        let mut g = hook(
+            HookKind::Guard,
+            &format!(
+                r#"sleep 60 & echo $! > {}; echo '{{"decision":"allow"}}'"#,
+                pid_file.display()
+            ),
+        );
+        g.def.timeout = Duration::from_secs(30);
+        assert_eq!(run(&g, json!({})).unwrap(), HookReply::Allow);
+        assert_ended(&pid_file);
+        // Past its timeout: its subprocess ends with it, not only its shell.
+        let pid_file = dir.path().join("pid2");
+        let mut hang = hook(
+            HookKind::Guard,
+            &format!("sleep 60 & echo $! > {}; wait", pid_file.display()),
+        );
+        hang.def.timeout = Duration::from_millis(300);
+        assert!(matches!(
+            run(&hang, json!({})),
+            Err(HookError::Timeout { .. })
+        ));
+        assert_ended(&pid_file);
+    }
+
+    /// The process whose id `pid_file` holds has ended (gone, or a zombie
+    /// waiting for whoever adopted it). A guard, not a measure: a killed
+    /// process ends at once.
+    fn assert_ended(pid_file: &std::path::Path) {
+        let pid = std::fs::read_to_string(pid_file).unwrap();
+        let stat = format!("/proc/{}/stat", pid.trim());
+        for _ in 0..500 {
+            match std::fs::read_to_string(&stat) {
+                Err(_) => return,
+                Ok(s)
+                    if s.rsplit(')')
+                        .next()
+                        .is_some_and(|r| r.trim_start().starts_with('Z')) =>
+                {
+                    return;
+                }
+                Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        panic!("process {} outlived its hook", pid.trim());
     }
 
     #[test]
