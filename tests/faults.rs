@@ -499,3 +499,67 @@ impl Provider for Silent {
         std::future::pending().boxed()
     }
 }
+
+/// A sink slow to finish (a span exporter waiting on a collector) holds
+/// up its own run's report, not the thread it ran on: `troupe serve`
+/// hosts every run's session there, and another run goes on meanwhile.
+#[test]
+fn a_sink_slow_to_finish_holds_up_no_other_run_on_its_thread() {
+    use std::sync::atomic::AtomicBool;
+    let f = one_stage("Read", "", "stages:\n  s:\n    - complete: { n: 1 }\n");
+    let spec = |dir: &Path| {
+        let pipeline = Arc::new(load_pipeline(dir).unwrap());
+        let script = Script::load(&dir.join("script.yaml"), &pipeline).unwrap();
+        let fields = resolve_fields(&pipeline, &[], None).unwrap();
+        RunSpec::new(
+            pipeline,
+            fields,
+            Arc::new(ScriptedProvider::new(script)),
+            None,
+        )
+    };
+    let released = Arc::new(AtomicBool::new(false));
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    // The first run's sink finishes once released: by the test, or (were
+    // the thread blocked in it) by a watchdog, so that a regression fails
+    // rather than hangs.
+    let slow = {
+        let released = Arc::clone(&released);
+        Sink::from_thread(std::thread::spawn(move || {
+            let _ = held.recv_timeout(std::time::Duration::from_secs(20));
+            released.store(true, Ordering::SeqCst);
+            Ok(0)
+        }))
+    };
+    let (first, second) = (spec(f.path()), spec(f.path()));
+    let events = first.bus.subscribe_audit("test", 1 << 16);
+    let (one, other_first) = actix::System::new().block_on(async move {
+        let (_a, first_done) = start_run(first, vec![slow]);
+        // The first run ends (its report then waits on the sink) before
+        // the second starts.
+        loop {
+            match events.try_recv() {
+                Some(Delivery::Event(e)) if e.event.name.as_str() == "WorkflowExit" => break,
+                Some(_) => {}
+                None => tokio::task::yield_now().await,
+            }
+        }
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+        let (_b, second_done) = start_run(second, Vec::new());
+        let other = second_done.await.expect("the second run reports");
+        let other_first = !released.load(Ordering::SeqCst);
+        assert_eq!(other.status, RunStatus::Ok);
+        let _ = release.send(());
+        (
+            first_done.await.expect("the first run reports"),
+            other_first,
+        )
+    });
+    assert_eq!(one.status, RunStatus::Ok);
+    assert!(
+        other_first,
+        "the second run waited for the first run's sink"
+    );
+}

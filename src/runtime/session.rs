@@ -32,6 +32,9 @@ pub struct Session {
     sinks: Vec<Sink>,
     scheduler: Option<Addr<Scheduler>>,
     reply: Option<oneshot::Sender<RunReport>>,
+    /// Dropped with the session: tells the thread that finished the run
+    /// it may let the settings go.
+    gone: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Session {
@@ -41,6 +44,7 @@ impl Session {
             sinks,
             scheduler: None,
             reply: None,
+            gone: None,
         }
     }
 
@@ -126,35 +130,69 @@ impl Handler<ToSession> for Session {
 impl Handler<RunFinished> for Session {
     type Result = ();
 
+    /// Closes the bus and, off this thread, waits for every sink to flush
+    /// (nothing is lost) before it answers. The sinks' threads may take
+    /// seconds to end (a span exporter gives a slow collector two), and
+    /// this thread may be one many runs share (`troupe serve` hosts every
+    /// run's session and scheduler on one): joined here, every other run
+    /// would stand still meanwhile. The run's settings go with them, so
+    /// that what their last drop does (an MCP pool lets its servers read
+    /// their last messages) is not done here either.
     fn handle(&mut self, msg: RunFinished, ctx: &mut Context<Self>) {
-        let mut report = msg.0;
-        // Close the bus and wait for every sink to flush: nothing is lost.
         self.spec.bus.close();
-        for sink in self.sinks.drain(..) {
-            let path = sink.path.clone();
-            match (sink.finish(), &path) {
-                (Ok(_), _) => {}
-                // The audit log is the run's record: a run that lost part
-                // of it (the last flush failed, after the run's end) has
-                // failed, whatever its stages did.
-                (Err(e), Some(path)) => {
-                    let reason = format!("{AUDIT_LOST}: the audit log {}: {e}", path.display());
-                    if matches!(report.status, RunStatus::Ok) {
-                        report.status = RunStatus::Failed {
-                            reason: reason.clone(),
-                        };
-                    }
-                    report.warnings.push(reason);
-                }
-                (Err(e), None) => report.warnings.push(format!("an event sink failed: {e}")),
+        let sinks = std::mem::take(&mut self.sinks);
+        let reply = self.reply.take();
+        let settings = std::sync::Arc::clone(&self.spec.settings);
+        let (gone, session_gone) = std::sync::mpsc::channel::<()>();
+        self.gone = Some(gone);
+        let report = msg.0;
+        let finish = move || {
+            let report = finished(report, sinks);
+            if let Some(reply) = reply {
+                let _ = reply.send(report);
             }
-            if path.is_some() {
-                report.audit_path = path;
+            // Until the session itself is gone, then the settings' last
+            // reference is likely this one.
+            let _ = session_gone.recv_timeout(std::time::Duration::from_secs(5));
+            drop(settings);
+        };
+        // On the runtime's blocking pool, which (unlike a thread of our
+        // own) a paused test clock waits for rather than jumping ahead.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(finish)),
+            Err(_) => {
+                // No runtime (never, under actix): here, as before, the
+                // channel told the session is gone.
+                self.gone = None;
+                finish();
             }
-        }
-        if let Some(reply) = self.reply.take() {
-            let _ = reply.send(report);
         }
         ctx.stop();
     }
+}
+
+/// The report once every sink has flushed. The audit log is the run's
+/// record: a run that lost part of it (the last flush failed, after the
+/// run's end) has failed, whatever its stages did.
+fn finished(mut report: RunReport, sinks: Vec<Sink>) -> RunReport {
+    for sink in sinks {
+        let path = sink.path.clone();
+        match (sink.finish(), &path) {
+            (Ok(_), _) => {}
+            (Err(e), Some(path)) => {
+                let reason = format!("{AUDIT_LOST}: the audit log {}: {e}", path.display());
+                if matches!(report.status, RunStatus::Ok) {
+                    report.status = RunStatus::Failed {
+                        reason: reason.clone(),
+                    };
+                }
+                report.warnings.push(reason);
+            }
+            (Err(e), None) => report.warnings.push(format!("an event sink failed: {e}")),
+        }
+        if path.is_some() {
+            report.audit_path = path;
+        }
+    }
+    report
 }
