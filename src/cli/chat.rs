@@ -232,20 +232,18 @@ pub fn run(args: &ChatArgs) -> Exit {
     );
     let system = actix::System::new();
     let mut last = Exit::Ok;
-    // Each line is read with the lock held only while reading: the
-    // terminal's approval prompt reads stdin too, from another thread.
-    let stdin = std::io::stdin();
-    let mut read = String::new();
+    // Lines come from the terminal's one reader, which the approval
+    // prompts and forms take theirs from too (`prompter::read_line`): a
+    // prompt withdrawn as a turn is cancelled leaves the next line here.
     loop {
         if interactive {
             let _ = write!(std::io::stderr(), "you> ");
             let _ = std::io::stderr().flush();
         }
-        read.clear();
-        let line = match stdin.read_line(&mut read) {
-            Ok(0) => break,
-            Ok(_) => read.as_str(),
-            Err(e) => {
+        let read = match super::prompter::read_line(|| true) {
+            None => break,
+            Some(Ok(read)) => read,
+            Some(Err(e)) => {
                 let _ = writeln!(
                     std::io::stderr(),
                     "error: Validation/InputInvalid: stdin: {e}"
@@ -253,6 +251,7 @@ pub fn run(args: &ChatArgs) -> Exit {
                 break;
             }
         };
+        let line = read.as_str();
         let line = line.trim();
         if line.is_empty() {
             continue;

@@ -1,8 +1,112 @@
 //! The terminal's approval prompt: asks on stderr, reads `y`/`n` from
 //! stdin. The runtime's terminal interactor calls it on a thread of its
 //! own.
+//!
+//! Every line of the terminal is read by one thread ([`read_line`]) for
+//! whoever asks next: a prompt, a form, `troupe chat`'s next message. A
+//! prompt withdrawn while it waits (its call decided elsewhere, its turn
+//! cancelled) stops waiting, so the next line goes to the next asker. Read
+//! on the prompt's own thread, that line went to the prompt no one waited
+//! on any more, and the chat's next message was lost.
 
-use crate::runtime::interaction::{Answer, FormView, PromptView, Prompter};
+use std::collections::VecDeque;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use crate::runtime::interaction::{Answer, FormView, PromptView, Prompter, Wanted};
+
+/// A line of the terminal, or why it could not be read.
+pub type Line = Result<String, String>;
+
+/// The terminal's lines: read by a thread of their own (for the process's
+/// life: it ends at the end of input), taken by whoever asks next.
+struct Input {
+    lines: Receiver<Line>,
+    /// Lines taken by an asker no longer wanted when they came: the next
+    /// asker's first.
+    back: Mutex<VecDeque<Line>>,
+}
+
+impl Input {
+    /// Lines `next` reads (into the buffer it is given; 0 at the end), on
+    /// a thread of their own.
+    fn start(
+        mut next: impl FnMut(&mut String) -> std::io::Result<usize> + Send + 'static,
+    ) -> Input {
+        let (tx, lines) = crossbeam_channel::unbounded();
+        let _ = std::thread::Builder::new()
+            .name("troupe-stdin".into())
+            .spawn(move || {
+                loop {
+                    let mut line = String::new();
+                    match next(&mut line) {
+                        Ok(0) => return,
+                        Ok(_) => {
+                            if tx.send(Ok(line)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e.to_string()));
+                            return;
+                        }
+                    }
+                }
+            });
+        Input {
+            lines,
+            back: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// The next line, for as long as `wanted` says it is wanted.
+    fn read(&self, wanted: impl Fn() -> bool) -> Option<Line> {
+        let input = self;
+        loop {
+            if !wanted() {
+                return None;
+            }
+            if let Some(line) = input
+                .back
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop_front()
+            {
+                return Some(line);
+            }
+            match input.lines.recv_timeout(LOOK) {
+                Ok(line) if wanted() => return Some(line),
+                Ok(line) => {
+                    // Came as the asker stopped waiting: the next one's.
+                    input
+                        .back
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push_back(line);
+                    return None;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+}
+
+/// How often a waiting asker looks whether it is still wanted.
+const LOOK: Duration = Duration::from_millis(50);
+
+/// The terminal's next line, for as long as `wanted` says it is wanted:
+/// `None` at the end of input, or once it is not.
+pub fn read_line(wanted: impl Fn() -> bool) -> Option<Line> {
+    static STDIN: OnceLock<Input> = OnceLock::new();
+    STDIN
+        .get_or_init(|| {
+            Input::start(|line| std::io::BufRead::read_line(&mut std::io::stdin().lock(), line))
+        })
+        .read(wanted)
+}
 
 /// One question on the terminal at a time: an approval and a server's form
 /// may be asked from two threads, and must not read the same lines.
@@ -10,11 +114,14 @@ static TERMINAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Prompts on stderr and reads `y`/`n` from stdin.
 #[derive(Debug, Default)]
-pub struct StdinPrompter;
+pub struct StdinPrompter {
+    /// The prompt being shown: withdrawn, it stops reading.
+    showing: Mutex<Option<Wanted>>,
+}
 
 impl Prompter for StdinPrompter {
     fn ask(&self, view: &PromptView) -> Option<Answer> {
-        use std::io::{BufRead, Write};
+        use std::io::Write;
         let _turn = TERMINAL
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -43,10 +150,15 @@ impl Prompter for StdinPrompter {
             );
             let _ = err.flush();
         }
-        let mut line = String::new();
-        match std::io::stdin().lock().read_line(&mut line) {
-            Ok(0) | Err(_) => None,
-            Ok(_) => match line.trim().to_ascii_lowercase().as_str() {
+        let wanted = Wanted::default();
+        *self
+            .showing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wanted.clone());
+        let line = read_line(|| wanted.still());
+        match line {
+            None | Some(Err(_)) => None,
+            Some(Ok(line)) => match line.trim().to_ascii_lowercase().as_str() {
                 "y" | "yes" => Some(Answer::Approve),
                 "a" | "all" => Some(Answer::ApproveSame),
                 "p" | "prefix" if view.tool == "Bash" => Some(Answer::ApprovePrefix),
@@ -59,7 +171,7 @@ impl Prompter for StdinPrompter {
     /// optional field, `-` alone declines the whole form.
     fn fill(&self, form: &FormView) -> Option<serde_json::Value> {
         use serde_json::Value;
-        use std::io::{BufRead, Write};
+        use std::io::Write;
         let _turn = TERMINAL
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -88,11 +200,9 @@ impl Prompter for StdinPrompter {
                     let _ = write!(err, "  {name} ({kind}{need}) {about}: ");
                     let _ = err.flush();
                 }
-                let mut line = String::new();
-                match std::io::stdin().lock().read_line(&mut line) {
-                    Ok(0) | Err(_) => return None,
-                    Ok(_) => {}
-                }
+                let Some(Ok(line)) = read_line(|| form.wanted.still()) else {
+                    return None;
+                };
                 let text = line.trim();
                 if text == "-" {
                     return None;
@@ -127,9 +237,77 @@ impl Prompter for StdinPrompter {
     }
 
     fn withdrawn(&self, view: &PromptView) {
+        // Called for the prompt being shown: it stops reading.
+        if let Some(wanted) = self
+            .showing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            wanted.drop_it();
+        }
         eprintln!(
             "\n(no longer needed: the {} call of stage `{}` was decided or its stage ended; an answer will be ignored)",
             view.tool, view.stage_id
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Input that gives `lines` one at a time, each once `go` is set.
+    fn input(lines: &[&str], go: &Arc<AtomicBool>) -> Input {
+        let mut lines: VecDeque<String> = lines.iter().map(|l| format!("{l}\n")).collect();
+        let go = Arc::clone(go);
+        Input::start(move |buf| {
+            while !go.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            match lines.pop_front() {
+                Some(line) => {
+                    buf.push_str(&line);
+                    Ok(line.len())
+                }
+                None => Ok(0),
+            }
+        })
+    }
+
+    #[test]
+    fn an_asker_no_longer_wanted_leaves_the_next_line_to_the_next() {
+        let go = Arc::new(AtomicBool::new(false));
+        let input = input(&["for the chat", "then this"], &go);
+        // A prompt withdrawn before anything was typed takes nothing.
+        assert_eq!(input.read(|| false), None);
+        let withdrawn = Wanted::default();
+        withdrawn.drop_it();
+        assert_eq!(input.read(|| withdrawn.still()), None);
+        go.store(true, Ordering::Release);
+        assert_eq!(input.read(|| true), Some(Ok("for the chat\n".into())));
+        assert_eq!(input.read(|| true), Some(Ok("then this\n".into())));
+        // The end of input, to every asker after it.
+        assert_eq!(input.read(|| true), None);
+        assert_eq!(input.read(|| true), None);
+    }
+
+    #[test]
+    fn a_line_that_comes_as_its_asker_stops_waiting_goes_to_the_next() {
+        let go = Arc::new(AtomicBool::new(true));
+        let input = input(&["typed"], &go);
+        while input.lines.is_empty() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Wanted when it looked, not when the line came.
+        let looks = std::cell::Cell::new(0);
+        let taken = input.read(|| {
+            looks.set(looks.get() + 1);
+            looks.get() == 1
+        });
+        assert_eq!(taken, None);
+        assert_eq!(input.read(|| true), Some(Ok("typed\n".into())));
     }
 }

@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::interaction::{AnswerRules, FormView, InteractorSpec, Prompter, form_fillers};
+use super::interaction::{AnswerRules, FormView, InteractorSpec, Prompter, Wanted, form_fillers};
 use crate::definition::schema::Schema;
 
 /// A question a human step asks.
@@ -177,10 +177,13 @@ impl Asker for RunAsker {
         });
         if let Some(prompter) = self.prompter.clone() {
             let (tx, rx) = tokio::sync::oneshot::channel();
+            let wanted = Wanted::default();
+            let unwanted = wanted.until_dropped();
             let form = FormView {
                 server: format!("stage {}", question.stage_id),
                 message: question.prompt.clone(),
                 schema: question.fields.document().clone(),
+                wanted,
             };
             let fields = question.fields.clone();
             let spawned = std::thread::Builder::new()
@@ -203,6 +206,9 @@ impl Asker for RunAsker {
             if spawned.is_ok() {
                 waits.push(
                     async move {
+                        // Answered elsewhere (this wait dropped): the
+                        // terminal stops reading for the form.
+                        let _unwanted = unwanted;
                         rx.await.ok().map(|content| Answer {
                             content,
                             by: "terminal".to_owned(),

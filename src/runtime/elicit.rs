@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use troupe_actors::EventBus;
 
 use super::events::{Event, EventName};
-use super::interaction::{AnswerRules, FormView, InteractorSpec, Prompter, form_fillers};
+use super::interaction::{AnswerRules, FormView, InteractorSpec, Prompter, Wanted, form_fillers};
 use crate::tools::mcp::{ElicitAnswer, ElicitRequest, Elicitor};
 
 /// Answers elicitations from a run's interactors.
@@ -85,10 +85,13 @@ impl Elicitor for RunElicitor {
         // A person may take their time: a thread of its own, as the
         // terminal's approval prompts have.
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let wanted = Wanted::default();
+        let unwanted = wanted.until_dropped();
         let form = FormView {
             server: request.server.clone(),
             message: request.message.clone(),
             schema: request.schema.clone(),
+            wanted,
         };
         let spawned = std::thread::Builder::new()
             .name("troupe-form".into())
@@ -102,6 +105,9 @@ impl Elicitor for RunElicitor {
         let bus = self.bus.clone();
         let run_id = Arc::clone(&self.run_id);
         async move {
+            // The call ended first (this future dropped): the terminal
+            // stops reading for the form.
+            let _unwanted = unwanted;
             let filled = rx.await.ok().flatten();
             let outcome = if filled.is_some() {
                 "accepted"

@@ -16,7 +16,9 @@ mod remote;
 pub use answers::{AnswerRule, AnswerRules};
 pub use grants::{GrantDecision, GrantError, GrantLedger, GrantRequest, args_digest, args_summary};
 pub use hub::{InteractionHub, InteractorSpec, form_fillers, start_hub};
-pub use interactors::{FormView, PromptView, Prompter, RuleInteractor, TerminalInteractor};
+pub use interactors::{
+    FormView, PromptView, Prompter, RuleInteractor, TerminalInteractor, Unwanted, Wanted,
+};
 pub use messages::{
     Answer, Answered, InteractorHandle, Prompt, Raise, Released, Settle, Unprompt, WithdrawOwner,
 };

@@ -136,6 +136,43 @@ pub struct FormView {
     pub message: String,
     /// An object schema of primitive properties.
     pub schema: serde_json::Value,
+    /// Whether the answer is still wanted (see [`Wanted`]).
+    pub wanted: Wanted,
+}
+
+/// Whether a person's answer is still wanted: no longer once whoever
+/// asked stopped waiting for it (the question was answered elsewhere, or
+/// its step or run ended). A prompter that reads a person's input stops
+/// reading then, so that the next line they type goes to whoever asks
+/// next rather than to a question no one waits on.
+#[derive(Debug, Clone, Default)]
+pub struct Wanted(Arc<std::sync::atomic::AtomicBool>);
+
+impl Wanted {
+    pub fn still(&self) -> bool {
+        !self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the answer unwanted.
+    pub fn drop_it(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// A guard that marks the answer unwanted when it is dropped: held by
+    /// whoever waits for the answer.
+    pub fn until_dropped(&self) -> Unwanted {
+        Unwanted(self.clone())
+    }
+}
+
+/// See [`Wanted::until_dropped`].
+#[derive(Debug)]
+pub struct Unwanted(Wanted);
+
+impl Drop for Unwanted {
+    fn drop(&mut self) {
+        self.0.drop_it();
+    }
 }
 
 /// One prompt at a time on a person's terminal; the rest queue in order,
