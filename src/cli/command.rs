@@ -255,7 +255,16 @@ pub fn run(cli: Cli) -> Exit {
         crate::tools::process_group::arm_reaper(&launcher);
     }
     if starts_processes {
-        crate::tools::process_group::adopt_orphans();
+        // What a run's processes leave behind comes to troupe; commands
+        // that outlive their runs reap what ended as they go.
+        if crate::tools::process_group::adopt_orphans()
+            && matches!(
+                cli.command,
+                Command::Worker(_) | Command::Serve(_) | Command::Chat(_)
+            )
+        {
+            crate::tools::process_group::keep_reaping_adopted();
+        }
     } else {
         quiet_broken_pipe();
     }

@@ -157,6 +157,64 @@ pub fn kill_orphans() -> usize {
     killed
 }
 
+/// Reaps the adopted children that have ended: processes that escaped a
+/// group (`setsid`, a double fork) or outlived their shell, re-parented to
+/// troupe by [`adopt_orphans`], whose exit no one else waits for. A
+/// long-lived troupe (`serve`, `chat`, `worker`) calls it now and then;
+/// else each would stay a zombie until troupe ends, and enough of them
+/// exhaust a container's pids.
+///
+/// Only what troupe did not start itself is reaped: its own children are
+/// waited for by whoever started them (tokio, which a reaped pid would
+/// leave with no exit status). Each of those leads a process group of its
+/// own or stays in troupe's, while an adopted process is in the group of
+/// the shell or hook that started it. Returns how many were reaped.
+pub fn reap_adopted() -> usize {
+    let ours = nix::unistd::getpgrp().as_raw();
+    let mut reaped = 0;
+    for pid in children_of_self() {
+        let Some((state, group)) = state_and_group(pid) else {
+            continue;
+        };
+        if state == 'Z' && group != pid && group != ours {
+            let flags = nix::sys::wait::WaitPidFlag::WNOHANG;
+            if nix::sys::wait::waitpid(Pid::from_raw(pid), Some(flags)).is_ok() {
+                reaped += 1;
+            }
+        }
+    }
+    reaped
+}
+
+/// How often a long-lived troupe reaps what it adopted.
+const REAP_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reaps what this process adopted ([`reap_adopted`]) every couple of
+/// seconds, on a thread that lives as long as the process: for commands
+/// that outlive their runs.
+pub fn keep_reaping_adopted() {
+    let _ = std::thread::Builder::new()
+        .name("troupe-adopted".into())
+        .spawn(|| {
+            loop {
+                std::thread::sleep(REAP_EVERY);
+                reap_adopted();
+            }
+        });
+}
+
+/// A process's state letter and process group, from `/proc/<pid>/stat`
+/// (a zombie's included).
+fn state_and_group(pid: i32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's name, which may hold spaces and parentheses.
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let _parent = fields.next()?;
+    let group = fields.next()?.parse().ok()?;
+    Some((state, group))
+}
+
 /// This process's children, from `/proc/self/task/*/children`.
 fn children_of_self() -> Vec<i32> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -272,6 +330,50 @@ pub fn kill_all_groups() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Waits (a guard, not a measure: it comes at once) until `pid` is a
+    /// zombie.
+    fn until_ended(pid: i32) {
+        for _ in 0..500 {
+            if state_and_group(pid).is_some_and(|(state, _)| state == 'Z') {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("process {pid} did not end");
+    }
+
+    #[test]
+    fn what_was_adopted_is_reaped_and_what_was_started_is_left_to_its_waiter() {
+        use std::os::unix::process::CommandExt;
+        assert!(adopt_orphans());
+        // A child of ours, leading its group, ended and not waited for yet.
+        let mut own = std::process::Command::new("true")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        // A shell that leaves a job behind: the job comes to us.
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let shell = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("sleep 0.1 & echo $! > {}", pid_file.display()))
+            .process_group(0)
+            .status()
+            .unwrap();
+        assert!(shell.success());
+        let orphan: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        until_ended(orphan);
+        until_ended(i32::try_from(own.id()).unwrap());
+        assert!(reap_adopted() >= 1);
+        assert_eq!(state_and_group(orphan), None, "the adopted job was reaped");
+        // Its starter still gets its exit.
+        assert!(own.wait().unwrap().success());
+    }
 
     #[test]
     fn the_reaper_kills_what_is_still_listed_when_the_pipe_closes() {
