@@ -3,7 +3,9 @@
 //! `POST /v1/runs/{id}/pending/{proposal}`), like a terminal that shows
 //! them all at once. First answer wins across every interactor, as ever;
 //! a withdrawn prompt leaves the list; the client's name is audited with
-//! its answer.
+//! its answer. A remembering answer (`approve-same`, `approve-prefix`)
+//! leaves a rule, as a person's at the terminal does: it answers the
+//! prompts waiting that it matches at once, and those that come later.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -13,6 +15,7 @@ use serde::Serialize;
 use troupe_actors::InteractionId;
 
 use super::messages::{Answer, Answered, Prompt, Released, Unprompt};
+use super::remember::Remembered;
 
 /// A pending approval as a client sees it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -30,6 +33,30 @@ pub struct PendingView {
 #[derive(Debug, Default)]
 pub struct RemoteInteractor {
     pending: BTreeMap<InteractionId, Prompt>,
+    /// What clients' remembering answers left, each with how the audit
+    /// log names it (the rule and the client).
+    remembered: Vec<(Remembered, Arc<str>)>,
+}
+
+impl RemoteInteractor {
+    /// Answers `prompt` by a remembered rule, if one matches; gives it
+    /// back otherwise.
+    fn by_rule(&self, prompt: Prompt) -> Option<Prompt> {
+        let Some((_, describe)) = self
+            .remembered
+            .iter()
+            .find(|(rule, _)| rule.matches(&prompt.request, &prompt.args_json))
+        else {
+            return Some(prompt);
+        };
+        prompt.hub.do_send(Answered {
+            id: prompt.id,
+            responder: prompt.responder,
+            answer: Answer::Approve,
+            rule: Some(Arc::clone(describe)),
+        });
+        None
+    }
 }
 
 impl Actor for RemoteInteractor {
@@ -40,7 +67,9 @@ impl Handler<Prompt> for RemoteInteractor {
     type Result = ();
 
     fn handle(&mut self, msg: Prompt, _ctx: &mut Context<Self>) {
-        self.pending.insert(msg.id, msg);
+        if let Some(msg) = self.by_rule(msg) {
+            self.pending.insert(msg.id, msg);
+        }
     }
 }
 
@@ -107,12 +136,22 @@ impl Handler<AnswerRemote> for RemoteInteractor {
             .map(|(id, _)| *id)
             .ok_or(NotPending)?;
         let prompt = self.pending.remove(&id).ok_or(NotPending)?;
+        let rule = Remembered::from_answer(msg.answer, &prompt.request, &prompt.args_json);
         prompt.hub.do_send(Answered {
             id,
             responder: prompt.responder,
             answer: msg.answer,
             rule: Some(Arc::from(format!("client: {}", msg.client))),
         });
+        if let Some(rule) = rule {
+            let describe = Arc::from(format!("{} (client: {})", rule.describe, msg.client));
+            self.remembered.push((rule, describe));
+            let waiting = std::mem::take(&mut self.pending);
+            self.pending = waiting
+                .into_iter()
+                .filter_map(|(id, p)| self.by_rule(p).map(|p| (id, p)))
+                .collect();
+        }
         Ok(())
     }
 }
@@ -129,5 +168,117 @@ impl RemoteDesk {
 
     pub fn get(&self) -> Option<&Addr<RemoteInteractor>> {
         self.0.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::runtime::interaction::grants::GrantRequest;
+    use serde_json::json;
+
+    /// Records what the interactor answers.
+    #[derive(Default)]
+    struct Hub(Vec<(InteractionId, Answer, Option<String>)>);
+
+    impl Actor for Hub {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<Answered> for Hub {
+        type Result = ();
+        fn handle(&mut self, msg: Answered, _: &mut Context<Self>) {
+            self.0
+                .push((msg.id, msg.answer, msg.rule.map(|r| r.to_string())));
+        }
+    }
+
+    impl Handler<Released> for Hub {
+        type Result = ();
+        fn handle(&mut self, _: Released, _: &mut Context<Self>) {}
+    }
+
+    #[derive(Message)]
+    #[rtype(result = "Vec<(InteractionId, Answer, Option<String>)>")]
+    struct Seen;
+
+    impl Handler<Seen> for Hub {
+        type Result = MessageResult<Seen>;
+        fn handle(&mut self, _: Seen, _: &mut Context<Self>) -> Self::Result {
+            MessageResult(self.0.clone())
+        }
+    }
+
+    fn prompt(id: InteractionId, text: &str, hub: &Addr<Hub>) -> Prompt {
+        let args = json!({ "text": text });
+        Prompt {
+            id,
+            responder: 0,
+            request: Arc::new(GrantRequest::sample(&format!("p{id}"), "Echo", &args)),
+            args_json: Arc::from(args.to_string()),
+            hub: hub.clone().recipient(),
+            release: hub.clone().recipient(),
+        }
+    }
+
+    /// `troupe approve --same` remembers, as the terminal's `a` does: the
+    /// waiting prompts it matches are answered at once, later ones as
+    /// they come, and the others still wait.
+    #[actix::test]
+    async fn a_remembering_answer_answers_what_it_matches_now_and_later() {
+        let hub = Hub::default().start();
+        let remote = RemoteInteractor::default().start();
+        for (id, text) in [(1, "same"), (2, "same"), (3, "other")] {
+            remote.send(prompt(id, text, &hub)).await.unwrap();
+        }
+        let answered = remote
+            .send(AnswerRemote {
+                proposal_id: "p1".into(),
+                answer: Answer::ApproveSame,
+                client: "alice".into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(answered, Ok(()));
+        remote.send(prompt(4, "same", &hub)).await.unwrap();
+        let pending: Vec<String> = remote
+            .send(ListPending)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.proposal_id)
+            .collect();
+        assert_eq!(pending, ["p3"]);
+        let seen = hub.send(Seen).await.unwrap();
+        let rule = "approve-same: Echo with arguments";
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert_eq!(
+            seen[0],
+            (1, Answer::ApproveSame, Some("client: alice".into()))
+        );
+        for (at, id) in [(1, 2), (2, 4)] {
+            let (got, answer, by) = &seen[at];
+            assert_eq!((*got, *answer), (id, Answer::Approve));
+            let by = by.as_deref().unwrap();
+            assert!(
+                by.starts_with(rule) && by.ends_with("(client: alice)"),
+                "{by}"
+            );
+        }
+        // A plain answer leaves no rule.
+        remote
+            .send(AnswerRemote {
+                proposal_id: "p3".into(),
+                answer: Answer::Approve,
+                client: "bob".into(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        remote.send(prompt(5, "other", &hub)).await.unwrap();
+        let pending = remote.send(ListPending).await.unwrap();
+        assert_eq!(pending.len(), 1);
     }
 }
