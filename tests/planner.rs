@@ -737,6 +737,14 @@ fn a_restored_run_skips_finished_executions_and_runs_the_rest() {
         "{:?}",
         emitted(&cmds)
     );
+    // The siblings run again see the state as the group started, as in a
+    // fresh run: the plan's result, no sibling's.
+    for c in &cmds {
+        if let PlanCommand::Spawn(s) = c {
+            let seen: Vec<&String> = s.ctx.results.keys().collect();
+            assert_eq!(seen, ["plan"], "{:?}", s.exec.slot);
+        }
+    }
     d.request(1);
     d.request(2);
     let cmds = d.exit(Some(1), "worker", Verdict::Ok, json!({"n": 1}));

@@ -108,6 +108,10 @@ impl Planner {
             .with("cap", cap)
             .with("join", json!(plan.join));
         self.turn_start(&turn_id, start, out);
+        // What the siblings read as `ctx.results`: the state as the group
+        // starts, before a resumed run's restored siblings are recorded
+        // below (in a fresh run no sibling sees another's result).
+        let slot = self.snapshot();
         // A resumed run's siblings that finished before are not run again.
         let mut done = Vec::new();
         let mut results = vec![None; total];
@@ -141,7 +145,7 @@ impl Planner {
             core,
             items,
             upstream_for_join: Arc::new(Vec::new()),
-            slot: self.snapshot(),
+            slot,
             visit,
             results,
             joining: false,
