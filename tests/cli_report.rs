@@ -190,6 +190,48 @@ fn an_unknown_run_exits_2_with_run_not_found() {
 }
 
 #[test]
+fn a_prefix_of_two_runs_is_ambiguous_not_unknown() {
+    let runs = tempfile::tempdir().unwrap();
+    let (first, _) = run_fanout(runs.path(), &["--ctx", "width=2"]);
+    let (second, _) = run_fanout(runs.path(), &["--ctx", "width=2"]);
+    let common = first
+        .chars()
+        .zip(second.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(common > 0, "{first} {second}");
+    let store = runs.path().join("troupe.db");
+    let svg = runs.path().join("x.svg");
+    let out = report(
+        runs.path(),
+        &[
+            &first[..common],
+            "--svg",
+            svg.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["errors"][0]["code"], "Store/AmbiguousRun", "{json}");
+    assert!(!svg.exists());
+    // One more character names one of them.
+    let out = report(
+        runs.path(),
+        &[
+            &second[..=common],
+            "--svg",
+            svg.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
 fn a_corrupt_log_exits_2_naming_the_line() {
     let runs = tempfile::tempdir().unwrap();
     let dir = runs.path().join("broken");

@@ -72,23 +72,28 @@ pub struct ReportArgs {
 
 /// Where the run's folder is (`options::find_run_folder`), as the folder
 /// that holds it and its name; a run it does not find is looked for in
-/// `--runs-dir` by the name given, and `load_run` says what is missing.
-fn locate(args: &ReportArgs) -> (PathBuf, String, Option<PathBuf>) {
+/// `--runs-dir` by the name given, and `load_run` says what is missing. A
+/// prefix of several runs' ids is that error (`Store/AmbiguousRun`).
+fn locate(args: &ReportArgs) -> Result<(PathBuf, String, Option<PathBuf>), ReportError> {
     let path = super::options::store_path(args.store.as_deref(), &args.runs_dir);
-    let found = super::options::find_run_folder(&path, &args.runs_dir, &args.run_id).ok();
+    let found = match super::options::find_run_folder(&path, &args.runs_dir, &args.run_id) {
+        Ok(found) => Some(found),
+        Err(e @ crate::store::StoreError::AmbiguousRun { .. }) => return Err(e.into()),
+        Err(_) => None,
+    };
     let split = found.as_ref().and_then(|run| {
         let parent = run.dir.parent()?;
         let name = run.dir.file_name()?;
         Some((parent, name, &run.pipeline))
     });
-    match split {
+    Ok(match split {
         Some((parent, name, pipeline)) => (
             parent.to_owned(),
             name.to_string_lossy().into_owned(),
             pipeline.clone(),
         ),
         None => (args.runs_dir.clone(), args.run_id.clone(), None),
-    }
+    })
 }
 
 /// One file written.
@@ -115,7 +120,7 @@ fn write_report(args: &ReportArgs) -> Result<Vec<Written>, ReportError> {
     if args.svg.is_none() && args.html.is_none() {
         return Err(ReportError::NothingToWrite);
     }
-    let (runs_dir, run_id, pipeline_dir) = locate(args);
+    let (runs_dir, run_id, pipeline_dir) = locate(args)?;
     let timeline = load_run(&runs_dir, &run_id)?;
     let opts = SvgOptions {
         width: args.width,

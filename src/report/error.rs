@@ -31,6 +31,10 @@ pub enum ReportError {
     /// Neither `--svg` nor `--html` was given.
     #[error("nothing to write: give --svg FILE, --html FILE or both")]
     NothingToWrite,
+    /// The run store could not say which run is meant (a prefix of more
+    /// than one run's id).
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
 }
 
 fn located(source: &str, line: u64, reason: &str) -> String {
@@ -57,6 +61,7 @@ impl ReportError {
             ReportError::NothingToWrite => {
                 Some("troupe report <RUN_ID> --svg run.svg --html run.html".to_owned())
             }
+            ReportError::Store(e) => Some(e.hint()),
         }
     }
 
@@ -84,6 +89,7 @@ impl HasCode for ReportError {
             ReportError::AuditCorrupt { .. } => store("AuditCorrupt"),
             ReportError::WriteFailed { .. } => store("WriteFailed"),
             ReportError::NothingToWrite => ValidationCode::InputInvalid.code(),
+            ReportError::Store(e) => e.code(),
         }
     }
 }
