@@ -17,6 +17,7 @@ pub mod dashboard;
 pub mod hosted;
 pub mod logview;
 pub mod metrics;
+mod peers;
 pub mod reply;
 pub mod server;
 pub mod stream;

@@ -515,3 +515,45 @@ fn bad_requests_get_typed_errors_and_the_server_keeps_serving() {
     });
     assert_eq!(status, 200);
 }
+
+/// A `Bash` call of the run (sandboxed, as by default) connects to the
+/// run's control socket as any process of the user could: it is turned
+/// away with `403 Control/InsideRun`, so it cannot approve its own calls
+/// (nor, on `troupe serve`'s socket, submit a run).
+#[test]
+fn a_process_the_run_started_is_refused_by_its_control_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    std::fs::write(
+        dir.path().join("probe.py"),
+        [
+            "import glob, socket",
+            "s = socket.socket(socket.AF_UNIX)",
+            "s.connect(glob.glob('runs/*/control.sock')[0])",
+            "s.sendall(b'GET /v1/runs HTTP/1.1\\r\\nHost: t\\r\\nConnection: close\\r\\n\\r\\n')",
+            "print(s.recv(4096).decode())",
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let fixture = common::Fixture::new(
+        "id: probe\nentry: s\nstages:\n  s: { kind: tool, tool: Bash, args: { command: \"python3 probe.py\" } }\nnext:\n  s: end\n",
+        &[],
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .arg("run")
+        .arg(fixture.path())
+        .arg("--root")
+        .arg(dir.path())
+        .arg("--runs-dir")
+        .arg(&runs)
+        .args(["--headless", "--no-store", "--remote", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", said(&out));
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let told = summary["results"][0]["parsed"]["text"].as_str().unwrap();
+    assert!(told.contains("stdout:\nHTTP/1.1 403 Forbidden"), "{told}");
+    assert!(told.contains("Control/InsideRun"), "{told}");
+}

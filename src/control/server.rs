@@ -143,6 +143,10 @@ impl ControlServer {
                     )?;
                     server.bound.push(listen.clone());
                     let app = app.clone();
+                    // No process this troupe started may use it (see
+                    // `peers`): the socket's mode lets its user in, and
+                    // they run as that user.
+                    let listener = super::peers::Outsiders(listener);
                     server.served.push(rt.spawn(async move {
                         let _ = axum::serve(listener, app)
                             .with_graceful_shutdown(shutdown)
