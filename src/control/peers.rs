@@ -11,11 +11,18 @@
 //! is answered `403 Control/InsideRun` and closed. troupe is the subreaper
 //! of what it starts (`process_group::adopt_orphans`), so a double fork or
 //! `setsid` does not take a process out of its descent.
+//!
+//! A TCP listener is guarded by its token, but a command may read the
+//! token's file as its user can; so a TCP connection made from this
+//! machine is traced too: its socket in `/proc/net/tcp{,6}`, and whether
+//! one of this process's descendants holds it.
 
 use std::path::Path;
 
-use tokio::io::AsyncWriteExt;
-use tokio::net::{UnixListener, UnixStream};
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 /// A Unix listener that turns away this process's descendants.
 pub(super) struct Outsiders(pub(super) UnixListener);
@@ -44,13 +51,114 @@ impl axum::serve::Listener for Outsiders {
     }
 }
 
+/// A TCP listener that turns away connections this process's descendants
+/// made.
+pub(super) struct TcpOutsiders(pub(super) TcpListener);
+
+impl axum::serve::Listener for TcpOutsiders {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (stream, addr) = axum::serve::Listener::accept(&mut self.0).await;
+            let inside = stream.local_addr().is_ok_and(|ours| {
+                let proc = Path::new("/proc");
+                socket_inode(addr, ours, proc)
+                    .is_some_and(|inode| held_by_descendant(inode, std::process::id(), proc))
+            });
+            if !inside {
+                return (stream, addr);
+            }
+            tokio::spawn(refuse(stream));
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+/// The inode of this machine's TCP socket at `peer` connected to `ours`
+/// (the other end of an accepted connection), from `<proc>/net/tcp` and
+/// `tcp6`; `None` when it is not on this machine (or cannot be read).
+fn socket_inode(peer: SocketAddr, ours: SocketAddr, proc: &Path) -> Option<u64> {
+    // A dual-stack listener sees an IPv4 peer as `::ffff:a.b.c.d`; the
+    // peer's own socket is IPv4.
+    let canonical = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
+    let (peer, ours) = (canonical(peer), canonical(ours));
+    let (local, remote) = (proc_addr(peer), proc_addr(ours));
+    ["net/tcp", "net/tcp6"].iter().find_map(|table| {
+        let text = std::fs::read_to_string(proc.join(table)).ok()?;
+        text.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (l, r, inode) = (fields.get(1)?, fields.get(2)?, fields.get(9)?);
+            (l.eq_ignore_ascii_case(&local) && r.eq_ignore_ascii_case(&remote))
+                .then(|| inode.parse().ok())
+                .flatten()
+        })
+    })
+}
+
+/// An address as `/proc/net/tcp{,6}` writes it: each 32-bit word of the
+/// address in this machine's byte order, in hex, then the port.
+fn proc_addr(addr: SocketAddr) -> String {
+    let words: Vec<u32> = match addr.ip() {
+        std::net::IpAddr::V4(ip) => vec![u32::from_ne_bytes(ip.octets())],
+        std::net::IpAddr::V6(ip) => ip
+            .octets()
+            .chunks_exact(4)
+            .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+            .collect(),
+    };
+    let mut text: String = words.iter().map(|w| format!("{w:08X}")).collect();
+    text.push_str(&format!(":{:04X}", addr.port()));
+    text
+}
+
+/// Whether a descendant of `ancestor` holds socket `inode` open.
+fn held_by_descendant(inode: u64, ancestor: u32, proc: &Path) -> bool {
+    let wanted = format!("socket:[{inode}]");
+    descendants(ancestor, proc).into_iter().any(|pid| {
+        std::fs::read_dir(proc.join(pid.to_string()).join("fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|to| to.as_os_str() == wanted.as_str())
+            })
+        })
+    })
+}
+
+/// Every descendant of `ancestor`, from the `children` its threads and
+/// theirs list (at most a few thousand).
+fn descendants(ancestor: u32, proc: &Path) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut next = vec![ancestor];
+    while let Some(pid) = next.pop() {
+        let Ok(tasks) = std::fs::read_dir(proc.join(pid.to_string()).join("task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if found.len() < 4096 && !found.contains(&child) {
+                    found.push(child);
+                    next.push(child);
+                }
+            }
+        }
+    }
+    found
+}
+
 /// What a refused peer reads before the connection closes: the API's
 /// error shape, so that a client says why.
 const REFUSED: &str = "{\"error\":{\"code\":\"Control/InsideRun\",\"message\":\"a process a troupe run started cannot use that run's control API\"}}";
 
 /// Answers the request's head (read first, so that the peer is not cut
 /// off mid-write) with the refusal, then closes; two seconds at most.
-async fn refuse(mut stream: UnixStream) {
+async fn refuse(mut stream: impl AsyncRead + AsyncWrite + Unpin) {
     use tokio::io::AsyncReadExt;
     let reply = format!(
         "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{REFUSED}",
@@ -139,6 +247,44 @@ mod tests {
             nix::unistd::Pid::from_raw(child_pid),
             nix::sys::signal::Signal::SIGKILL,
         );
+        let _ = child.wait();
+    }
+
+    /// A TCP connection this process makes is traced to it, and one a
+    /// child makes to the child: what the listener refuses.
+    #[test]
+    fn a_connection_is_traced_to_the_process_that_made_it() {
+        let proc = Path::new("/proc");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = listener.local_addr().unwrap();
+        // Made here: this process holds it, no descendant does.
+        let _mine = std::net::TcpStream::connect(ours).unwrap();
+        let (_accepted, peer) = listener.accept().unwrap();
+        let inode = socket_inode(peer, ours, proc).expect("found in /proc/net/tcp");
+        assert!(!held_by_descendant(inode, std::process::id(), proc));
+        // Made by a child, which holds it open.
+        let mut child = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(format!(
+                "import socket, sys, time\ns = socket.create_connection(('127.0.0.1', {}))\nprint('on', flush=True)\ntime.sleep(30)",
+                ours.port()
+            ))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let (_theirs, peer) = listener.accept().unwrap();
+        let inode = socket_inode(peer, ours, proc).expect("found in /proc/net/tcp");
+        assert!(held_by_descendant(inode, std::process::id(), proc));
+        // A peer that is not on this machine's tables: none.
+        let elsewhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert_eq!(socket_inode(elsewhere, ours, proc), None);
+        let _ = child.kill();
         let _ = child.wait();
     }
 

@@ -171,6 +171,9 @@ impl ControlServer {
                         auth,
                         super::auth::gate,
                     ));
+                    // The token's file is readable by what a run starts:
+                    // connections they make are refused (see `peers`).
+                    let listener = super::peers::TcpOutsiders(listener);
                     server.served.push(rt.spawn(async move {
                         let _ = axum::serve(listener, app)
                             .with_graceful_shutdown(shutdown)
