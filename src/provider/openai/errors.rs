@@ -260,12 +260,30 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// `message` with every occurrence of `secret` replaced by `[redacted]`.
+/// `message` with every occurrence of `secret` replaced by `[redacted]`,
+/// and the start of one that [`shorten`] cut off at its end (`…`): a
+/// server that echoes the key can place it across the cut.
 pub fn redact_str(message: String, secret: Option<&str>) -> String {
-    match secret.filter(|s| !s.is_empty()) {
-        Some(secret) if message.contains(secret) => message.replace(secret, "[redacted]"),
-        _ => message,
+    let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+        return message;
+    };
+    let mut message = if message.contains(secret) {
+        message.replace(secret, "[redacted]")
+    } else {
+        message
+    };
+    if let Some(kept) = message.strip_suffix('…') {
+        // The longest start of the secret the cut text ends with; a few
+        // characters at least, so that a word is not taken for one.
+        let cut = (4..secret.len())
+            .rev()
+            .filter(|n| secret.is_char_boundary(*n))
+            .find(|n| kept.ends_with(&secret[..*n]));
+        if let Some(n) = cut {
+            message = format!("{}[redacted]…", &kept[..kept.len() - n]);
+        }
     }
+    message
 }
 
 /// Replaces every occurrence of `secret` in the error's message.
@@ -298,6 +316,27 @@ pub fn redact(err: ProviderError, secret: Option<&str>) -> ProviderError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key the server echoed where its message is cut is redacted as
+    /// far as it goes; a word that merely starts like the key is not.
+    #[test]
+    fn a_key_cut_at_the_end_of_a_shortened_message_is_redacted() {
+        let key = "sk-live-0123456789abcdefghij";
+        let body = format!("{} {key} more", "x".repeat(MAX_MESSAGE_CHARS - 20));
+        let short = shorten(&body);
+        assert!(short.ends_with('…') && !short.contains(key), "{short}");
+        let red = redact_str(short, Some(key));
+        assert!(red.ends_with(" [redacted]…"), "{red}");
+        assert!(!red.contains("sk-live-0"), "{red}");
+        assert_eq!(
+            redact_str("a word sk…".to_owned(), Some(key)),
+            "a word sk…"
+        );
+        assert_eq!(
+            redact_str(format!("all of it: {key}"), Some(key)),
+            "all of it: [redacted]"
+        );
+    }
     use reqwest::header::HeaderValue;
 
     #[test]
