@@ -351,3 +351,21 @@ fn mcp_servers_start_once_for_every_turn() {
     assert_eq!(count("start"), 1, "{saw:?}");
     assert_eq!(count("call"), 2, "{saw:?}");
 }
+
+#[test]
+fn a_reply_is_printed_with_its_escape_sequences_shown_not_obeyed() {
+    // The reply quotes the message: an OSC 52 (set the clipboard) and a
+    // screen clear reach the terminal as text.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("script.yaml"), SCRIPT).unwrap();
+    let out = chat(
+        dir.path(),
+        &["--script", "script.yaml", "--mode", "yolo"],
+        "hi \u{1b}]52;c;aGk=\u{7} \u{1b}[2J\n",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "done: hi \u{fffd}]52;c;aGk=\u{fffd} \u{fffd}[2J"
+    );
+}

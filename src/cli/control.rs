@@ -223,7 +223,7 @@ impl Shown {
         if !self.raw
             && let Some(text) = summary_line(&v)
         {
-            let _ = writeln!(self.out, "{text}");
+            let _ = writeln!(self.out, "{}", super::output::terminal_safe(&text));
         }
     }
 

@@ -68,6 +68,8 @@ pub fn print_report(
     if let Some(s) = stats {
         text.push_str(&provider_line(s));
     }
+    // Reasons and warnings quote what models, commands and servers said.
+    let text = terminal_safe(&text);
     if events {
         eprint!("{text}");
     } else {
@@ -182,4 +184,45 @@ pub fn typed_failure(code: &str, message: &str, hint: &str, json: bool) -> super
         eprintln!("error: {code}: {message}\n  hint: {hint}");
     }
     super::Exit::Invalid
+}
+
+/// `text` as it may go to a terminal: control characters other than a
+/// line's own (newline, tab), and those that reorder text (bidi marks and
+/// overrides), shown as U+FFFD. A model's reply, a command's output or a
+/// server's message may hold escape sequences that clear the screen, set
+/// the clipboard, link elsewhere or fake a prompt next to a real one.
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    fn unsafe_char(c: char) -> bool {
+        (c.is_control() && c != '\n' && c != '\t')
+            || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    }
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(
+        text.chars()
+            .map(|c| if unsafe_char(c) { '\u{FFFD}' } else { c })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod terminal_tests {
+    use super::terminal_safe;
+
+    #[test]
+    fn escape_sequences_and_reordering_marks_are_shown_not_obeyed() {
+        assert_eq!(terminal_safe("plain\ttext\nnext"), "plain\ttext\nnext");
+        let hostile = "ok\x1b]52;c;aGk=\x07 \x1b[2J\u{9b}31m \u{202e}txt.exe\r fake";
+        let shown = terminal_safe(hostile);
+        assert!(
+            !shown
+                .chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t'),
+            "{shown:?}"
+        );
+        assert!(!shown.contains('\u{202e}'));
+        assert_eq!(shown.matches('\u{FFFD}').count(), 6, "{shown:?}");
+        assert!(shown.starts_with("ok\u{FFFD}]52;c;aGk=\u{FFFD} "));
+    }
 }

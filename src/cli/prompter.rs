@@ -135,8 +135,8 @@ impl Prompter for StdinPrompter {
         // (the withdrawal notice, the runtime's own messages).
         {
             let mut err = std::io::stderr().lock();
-            let _ = write!(
-                err,
+            // The call's arguments are the model's: shown, not obeyed.
+            let shown = format!(
                 "\napproval{queued}: stage `{}` ({}) wants to run {} {}\n  allow this one call? [y/N, a = this and every call with the same arguments this run{}] ",
                 view.stage_id,
                 view.stage_execution_id,
@@ -148,6 +148,7 @@ impl Prompter for StdinPrompter {
                     ""
                 }
             );
+            let _ = write!(err, "{}", super::output::terminal_safe(&shown));
             let _ = err.flush();
         }
         let wanted = Wanted::default();
@@ -179,9 +180,12 @@ impl Prompter for StdinPrompter {
             .as_array()
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
+        // The server's words, shown, not obeyed.
+        let safe = |text: &str| super::output::terminal_safe(text).into_owned();
         eprintln!(
             "\nMCP server `{}` asks: {}\n  (answer each field; `-` declines)",
-            form.server, form.message
+            safe(&form.server),
+            safe(&form.message)
         );
         let mut content = serde_json::Map::new();
         let empty = serde_json::Map::new();
@@ -197,7 +201,13 @@ impl Prompter for StdinPrompter {
             loop {
                 {
                     let mut err = std::io::stderr().lock();
-                    let _ = write!(err, "  {name} ({kind}{need}) {about}: ");
+                    let _ = write!(
+                        err,
+                        "  {} ({}{need}) {}: ",
+                        safe(name),
+                        safe(kind),
+                        safe(about)
+                    );
                     let _ = err.flush();
                 }
                 let Some(Ok(line)) = read_line(|| form.wanted.still()) else {

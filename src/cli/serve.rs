@@ -282,6 +282,7 @@ impl Submitter for Arc<Server> {
 
 /// A line on the server's log (stderr).
 fn say(line: &str) {
+    let line = super::output::terminal_safe(line);
     let _ = writeln!(std::io::stderr(), "troupe serve: {line}");
 }
 

@@ -222,7 +222,12 @@ fn write_text(
     )
     .map_err(io)?;
     if let Some(reason) = &run.reason {
-        writeln!(out, "  stopped by: {reason}").map_err(io)?;
+        writeln!(
+            out,
+            "  stopped by: {}",
+            crate::cli::output::terminal_safe(reason)
+        )
+        .map_err(io)?;
     }
     writeln!(
         out,
