@@ -328,10 +328,7 @@ mod tests {
         let red = redact_str(short, Some(key));
         assert!(red.ends_with(" [redacted]…"), "{red}");
         assert!(!red.contains("sk-live-0"), "{red}");
-        assert_eq!(
-            redact_str("a word sk…".to_owned(), Some(key)),
-            "a word sk…"
-        );
+        assert_eq!(redact_str("a word sk…".to_owned(), Some(key)), "a word sk…");
         assert_eq!(
             redact_str(format!("all of it: {key}"), Some(key)),
             "all of it: [redacted]"
