@@ -723,3 +723,44 @@ fn no_server_process_outlives_troupe_killed_with_sigkill() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// A server that says its environment: the value of a variable its
+/// `env:` names reaches neither the summary nor the store nor the audit
+/// log (a tool step's result is the stage's), as docs/mcp.md promises.
+#[test]
+fn a_value_the_server_was_given_is_redacted_from_what_it_says() {
+    let secret = "troupe-test-secret-0123456789";
+    let yaml = format!(
+        "id: t\nentry: s\nmcpServers:\n{}stages:\n  s: {{ kind: tool, tool: srv__env, args: {{ name: TROUPE_TEST_MCP_SECRET }} }}\nnext:\n  s: end\n",
+        fault_block(
+            "srv",
+            Path::new(STATS),
+            &[],
+            "    env: [TROUPE_TEST_MCP_SECRET]\n"
+        )
+    );
+    let project = project(&yaml, &[]);
+    let out = project
+        .troupe()
+        .args(["run", "p", "--json", "--headless"])
+        .env("TROUPE_TEST_MCP_SECRET", secret)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!summary.contains(secret), "the summary holds the value");
+    let v: Value = serde_json::from_str(&summary).unwrap();
+    // The step's result is the server's structured content.
+    assert_eq!(
+        v["results"][0]["parsed"]["value"], "[redacted]",
+        "{summary}"
+    );
+    let log = troupe::auditlog::read_text(&project.path().join(v["auditPath"].as_str().unwrap()))
+        .unwrap();
+    assert!(!log.contains(secret), "the audit log holds the value");
+    let shown = project.output(&["runs", "show", v["runId"].as_str().unwrap(), "--json"]);
+    assert!(
+        !String::from_utf8_lossy(&shown.stdout).contains(secret),
+        "the store holds the value"
+    );
+}

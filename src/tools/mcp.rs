@@ -15,6 +15,7 @@ mod connect;
 mod elicit;
 mod listing;
 mod result;
+mod secrets;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

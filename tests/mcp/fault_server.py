@@ -14,7 +14,7 @@ linger (stay alive after the input closes, as a careless server would).
 STATS_FILE receives one JSON line per event (start, call, cancelled, end),
 so a test can see what the server saw.
 
-Tools: echo {text}; slow {ms}; hang {}; crash {}; fail {}; big {bytes};
+Tools: echo {text}; env {name} (says the variable's value); slow {ms}; hang {}; crash {}; fail {}; big {bytes};
 changed {} (then the listing gains `extra`); extra {}; wait_for {n}
 (answers once n `hang` calls are in flight); connect {port} (tries a TCP
 connection to 127.0.0.1:port and says whether it got through)."""
@@ -66,6 +66,7 @@ def tool(name, props=None, required=()):
 def tools():
     listed = [
         tool("echo", {"text": {"type": "string"}}, ["text"]),
+        tool("env", {"name": {"type": "string"}}, ["name"]),
         tool("slow", {"ms": {"type": "integer", "minimum": 0}}, ["ms"]),
         tool("hang"),
         tool("crash"),
@@ -98,6 +99,11 @@ def call(req_id, name, args):
     result = None
     if name == "echo":
         result = text(args["text"])
+    elif name == "env":
+        # What a careless server says: its environment, in its result.
+        value = os.environ.get(args["name"], "")
+        result = {"content": [{"type": "text", "text": f"{args['name']}={value}"}],
+                  "structuredContent": {"value": value}}
     elif name == "slow":
         time.sleep(args["ms"] / 1000)
         result = text(f"slept {args['ms']}ms")

@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use super::listing::{ListingCell, McpTool};
 use super::result::{ToolOutput, render_json};
+use super::secrets::Secrets;
 use super::{McpError, McpStart};
 use crate::definition::mcp::{McpServerDef, McpTransport};
 use crate::tools::ToolError;
@@ -227,6 +228,9 @@ pub struct Connection {
     dead: AtomicBool,
     /// How long a listing may take (the server's start timeout).
     within: Duration,
+    /// What it was given from troupe's environment, kept out of what is
+    /// recorded of it.
+    secrets: Secrets,
     /// The stdio child's process group; killed when the connection goes.
     _group: Option<GroupKill>,
 }
@@ -243,6 +247,17 @@ impl Connection {
     /// Starts or reaches `def`, initializes and lists its tools into
     /// `cell`.
     pub async fn open(
+        def: &McpServerDef,
+        start: &McpStart,
+        cell: Arc<ListingCell>,
+    ) -> Result<Arc<Connection>, McpError> {
+        // A start that failed may quote the server's stderr.
+        Connection::open_unredacted(def, start, cell)
+            .await
+            .map_err(|e| Secrets::of(def).error(e))
+    }
+
+    async fn open_unredacted(
         def: &McpServerDef,
         start: &McpStart,
         cell: Arc<ListingCell>,
@@ -432,6 +447,7 @@ impl Connection {
             service,
             dead: AtomicBool::new(false),
             within: start_timeout,
+            secrets: Secrets::of(def),
             _group: group,
         }))
     }
@@ -459,6 +475,11 @@ impl Connection {
     /// One `tools/call`. Dropping the future cancels the request on the
     /// server (`notifications/cancelled`).
     pub async fn call(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
+        let outcome = self.call_unredacted(tool, args).await;
+        self.secrets.outcome(outcome)
+    }
+
+    async fn call_unredacted(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
         let mut params = CallToolRequestParams::new(tool.to_owned());
         params.arguments = args.as_object().cloned();
         let answer = self.service.peer().call_tool(params).await;
