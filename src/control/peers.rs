@@ -217,16 +217,10 @@ fn parent_of(pid: i32, proc: &Path) -> Option<i32> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_child_and_a_grandchild_descend_and_the_process_itself_and_its_parent_do_not() {
-        use std::os::unix::process::CommandExt;
-        let me = std::process::id();
-        let proc = Path::new("/proc");
-        let mut child = std::process::Command::new("sh")
-            .arg("-c")
-            .arg("sleep 30 & echo $!; wait")
+    /// Starts `command` and waits for the first line it prints.
+    fn first_line(command: &mut std::process::Command) -> (std::process::Child, String) {
+        let mut child = command
             .stdout(std::process::Stdio::piped())
-            .process_group(0)
             .spawn()
             .unwrap();
         let mut line = String::new();
@@ -235,6 +229,20 @@ mod tests {
             &mut line,
         )
         .unwrap();
+        (child, line)
+    }
+
+    #[test]
+    fn a_child_and_a_grandchild_descend_and_the_process_itself_and_its_parent_do_not() {
+        use std::os::unix::process::CommandExt;
+        let me = std::process::id();
+        let proc = Path::new("/proc");
+        let (mut child, line) = first_line(
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg("sleep 30 & echo $!; wait")
+                .process_group(0),
+        );
         let grandchild: i32 = line.trim().parse().unwrap();
         let child_pid = i32::try_from(child.id()).unwrap();
         assert!(descends_from(child_pid, me, proc));
@@ -263,21 +271,12 @@ mod tests {
         let inode = socket_inode(peer, ours, proc).expect("found in /proc/net/tcp");
         assert!(!held_by_descendant(inode, std::process::id(), proc));
         // Made by a child, which holds it open.
-        let mut child = std::process::Command::new("python3")
-            .arg("-c")
-            .arg(format!(
+        let (mut child, _) = first_line(std::process::Command::new("python3").arg("-c").arg(
+            format!(
                 "import socket, sys, time\ns = socket.create_connection(('127.0.0.1', {}))\nprint('on', flush=True)\ntime.sleep(30)",
                 ours.port()
-            ))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
+            ),
+        ));
         let (_theirs, peer) = listener.accept().unwrap();
         let inode = socket_inode(peer, ours, proc).expect("found in /proc/net/tcp");
         assert!(held_by_descendant(inode, std::process::id(), proc));
