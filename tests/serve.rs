@@ -442,3 +442,53 @@ fn bad_listeners_second_servers_and_bad_submissions_are_typed_refusals() {
     );
     drop(server);
 }
+
+/// A run's sandboxed `Bash` step reads the TCP listener's token (its file
+/// is readable where it runs) and calls the API with it: refused with
+/// `403 Control/InsideRun`, as on the sockets, while the test's own
+/// client, with the same token, gets through.
+#[test]
+fn a_process_a_hosted_run_started_is_refused_by_the_tcp_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--listen", "tcp:127.0.0.1:0"]);
+    let addr = server.tcp();
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    std::fs::write(
+        dir.path().join("probe.py"),
+        [
+            "import socket",
+            "token = open('.troupe/token').read().strip()",
+            &format!("s = socket.create_connection(('{host}', {port}))"),
+            "s.sendall(('GET /v1/runs HTTP/1.1\\r\\nHost: t\\r\\nConnection: close\\r\\n'",
+            "           'Authorization: Bearer ' + token + '\\r\\n\\r\\n').encode())",
+            "print(s.recv(4096).decode())",
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let pipeline = dir.path().join("probe");
+    std::fs::create_dir(&pipeline).unwrap();
+    std::fs::write(
+        pipeline.join("pipeline.yaml"),
+        "id: probe\nentry: s\nstages:\n  s: { kind: tool, tool: Bash, args: { command: \"python3 probe.py\" } }\nnext:\n  s: end\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["submit", "probe", "--server", &format!("http://{addr}")])
+        .args(["--root", dir.path().to_str().unwrap()])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    until("the probe's run to end", || {
+        runs(dir.path())
+            .iter()
+            .any(|r| r["id"] == id.as_str() && r["state"] == "ok")
+    });
+    let shown = server.cli(&["runs", "show", &id, "--json"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("HTTP/1.1 403 Forbidden"), "{text}");
+    assert!(text.contains("Control/InsideRun"), "{text}");
+}
