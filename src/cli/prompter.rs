@@ -61,30 +61,27 @@ impl Input {
         }
     }
 
+    /// Lines taken by an asker no longer wanted, the oldest first.
+    fn back(&self) -> std::sync::MutexGuard<'_, VecDeque<Line>> {
+        self.back
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The next line, for as long as `wanted` says it is wanted.
     fn read(&self, wanted: impl Fn() -> bool) -> Option<Line> {
-        let input = self;
         loop {
             if !wanted() {
                 return None;
             }
-            if let Some(line) = input
-                .back
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .pop_front()
-            {
+            if let Some(line) = self.back().pop_front() {
                 return Some(line);
             }
-            match input.lines.recv_timeout(LOOK) {
+            match self.lines.recv_timeout(LOOK) {
                 Ok(line) if wanted() => return Some(line),
                 Ok(line) => {
                     // Came as the asker stopped waiting: the next one's.
-                    input
-                        .back
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push_back(line);
+                    self.back().push_back(line);
                     return None;
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -266,17 +263,22 @@ impl Prompter for StdinPrompter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// Input that gives `lines` one at a time, each once `go` is set.
-    fn input(lines: &[&str], go: &Arc<AtomicBool>) -> Input {
+    /// Input that gives `lines` one at a time once the gate's sender is
+    /// dropped (typed only then), and the number of lines it has handed
+    /// on so far each time it is asked for the next (so the n-th notice
+    /// says n lines wait in the channel).
+    fn input(
+        lines: &[&str],
+        gate: crossbeam_channel::Receiver<()>,
+    ) -> (Input, crossbeam_channel::Receiver<usize>) {
         let mut lines: VecDeque<String> = lines.iter().map(|l| format!("{l}\n")).collect();
-        let go = Arc::clone(go);
-        Input::start(move |buf| {
-            while !go.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+        let (notice, handed) = crossbeam_channel::unbounded();
+        let mut sent = 0;
+        let input = Input::start(move |buf| {
+            let _ = notice.send(sent);
+            sent += 1;
+            let _ = gate.recv();
             match lines.pop_front() {
                 Some(line) => {
                     buf.push_str(&line);
@@ -284,19 +286,20 @@ mod tests {
                 }
                 None => Ok(0),
             }
-        })
+        });
+        (input, handed)
     }
 
     #[test]
     fn an_asker_no_longer_wanted_leaves_the_next_line_to_the_next() {
-        let go = Arc::new(AtomicBool::new(false));
-        let input = input(&["for the chat", "then this"], &go);
+        let (open, gate) = crossbeam_channel::bounded(0);
+        let (input, _) = input(&["for the chat", "then this"], gate);
         // A prompt withdrawn before anything was typed takes nothing.
         assert_eq!(input.read(|| false), None);
         let withdrawn = Wanted::default();
         withdrawn.drop_it();
         assert_eq!(input.read(|| withdrawn.still()), None);
-        go.store(true, Ordering::Release);
+        drop(open);
         assert_eq!(input.read(|| true), Some(Ok("for the chat\n".into())));
         assert_eq!(input.read(|| true), Some(Ok("then this\n".into())));
         // The end of input, to every asker after it.
@@ -306,11 +309,11 @@ mod tests {
 
     #[test]
     fn a_line_that_comes_as_its_asker_stops_waiting_goes_to_the_next() {
-        let go = Arc::new(AtomicBool::new(true));
-        let input = input(&["typed"], &go);
-        while input.lines.is_empty() {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let (open, gate) = crossbeam_channel::bounded::<()>(0);
+        drop(open);
+        let (input, handed) = input(&["typed"], gate);
+        // The line waits in the channel before the asker looks.
+        while handed.recv().unwrap() < 1 {}
         // Wanted when it looked, not when the line came.
         let looks = std::cell::Cell::new(0);
         let taken = input.read(|| {
