@@ -24,6 +24,8 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
+use crate::tools::process_group::{ProcStat, children_of, proc_stat};
+
 /// A Unix listener that turns away this process's descendants.
 pub(super) struct Outsiders(pub(super) UnixListener);
 
@@ -38,7 +40,7 @@ impl axum::serve::Listener for Outsiders {
                 .peer_cred()
                 .ok()
                 .and_then(|cred| cred.pid())
-                .is_some_and(|pid| descends_from(pid, std::process::id(), Path::new("/proc")));
+                .is_some_and(|pid| descends_from(pid, me(), Path::new("/proc")));
             if !inside {
                 return (stream, addr);
             }
@@ -65,7 +67,7 @@ impl axum::serve::Listener for TcpOutsiders {
             let inside = stream.local_addr().is_ok_and(|ours| {
                 let proc = Path::new("/proc");
                 socket_inode(addr, ours, proc)
-                    .is_some_and(|inode| held_by_descendant(inode, std::process::id(), proc))
+                    .is_some_and(|inode| held_by_descendant(inode, me(), proc))
             });
             if !inside {
                 return (stream, addr);
@@ -116,8 +118,13 @@ fn proc_addr(addr: SocketAddr) -> String {
     text
 }
 
+/// This process's id, as procfs writes ids.
+fn me() -> i32 {
+    i32::try_from(std::process::id()).unwrap_or(i32::MAX)
+}
+
 /// Whether a descendant of `ancestor` holds socket `inode` open.
-fn held_by_descendant(inode: u64, ancestor: u32, proc: &Path) -> bool {
+fn held_by_descendant(inode: u64, ancestor: i32, proc: &Path) -> bool {
     let wanted = format!("socket:[{inode}]");
     descendants(ancestor, proc).into_iter().any(|pid| {
         std::fs::read_dir(proc.join(pid.to_string()).join("fd")).is_ok_and(|fds| {
@@ -128,24 +135,16 @@ fn held_by_descendant(inode: u64, ancestor: u32, proc: &Path) -> bool {
     })
 }
 
-/// Every descendant of `ancestor`, from the `children` its threads and
-/// theirs list (at most a few thousand).
-fn descendants(ancestor: u32, proc: &Path) -> Vec<u32> {
+/// Every descendant of `ancestor`, children of children included (at
+/// most a few thousand).
+fn descendants(ancestor: i32, proc: &Path) -> Vec<i32> {
     let mut found = Vec::new();
     let mut next = vec![ancestor];
     while let Some(pid) = next.pop() {
-        let Ok(tasks) = std::fs::read_dir(proc.join(pid.to_string()).join("task")) else {
-            continue;
-        };
-        for task in tasks.flatten() {
-            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
-                continue;
-            };
-            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                if found.len() < 4096 && !found.contains(&child) {
-                    found.push(child);
-                    next.push(child);
-                }
+        for child in children_of(proc, pid) {
+            if found.len() < 4096 && !found.contains(&child) {
+                found.push(child);
+                next.push(child);
             }
         }
     }
@@ -182,17 +181,14 @@ async fn refuse(mut stream: impl AsyncRead + AsyncWrite + Unpin) {
 /// Whether process `pid` is a descendant of `ancestor` (not `ancestor`
 /// itself), by the parents `proc` (a procfs) records. A process that
 /// cannot be read (gone) is taken as not one.
-pub(super) fn descends_from(pid: i32, ancestor: u32, proc: &Path) -> bool {
-    let Ok(ancestor) = i32::try_from(ancestor) else {
-        return false;
-    };
+pub(super) fn descends_from(pid: i32, ancestor: i32, proc: &Path) -> bool {
     let mut at = pid;
     // Far past any real process tree; a loop in a damaged procfs ends.
     for _ in 0..256 {
         if at <= 1 {
             return false;
         }
-        let Some(parent) = parent_of(at, proc) else {
+        let Some(ProcStat { parent, .. }) = proc_stat(proc, at) else {
             return false;
         };
         if parent == ancestor {
@@ -201,16 +197,6 @@ pub(super) fn descends_from(pid: i32, ancestor: u32, proc: &Path) -> bool {
         at = parent;
     }
     false
-}
-
-/// A process's parent, from `<proc>/<pid>/stat`.
-fn parent_of(pid: i32, proc: &Path) -> Option<i32> {
-    let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
-    // After the command's name, which may hold spaces and parentheses:
-    // the state, then the parent.
-    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
-    let _state = fields.next()?;
-    fields.next()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -235,7 +221,7 @@ mod tests {
     #[test]
     fn a_child_and_a_grandchild_descend_and_the_process_itself_and_its_parent_do_not() {
         use std::os::unix::process::CommandExt;
-        let me = std::process::id();
+        let me = me();
         let proc = Path::new("/proc");
         let (mut child, line) = first_line(
             std::process::Command::new("sh")
@@ -247,8 +233,8 @@ mod tests {
         let child_pid = i32::try_from(child.id()).unwrap();
         assert!(descends_from(child_pid, me, proc));
         assert!(descends_from(grandchild, me, proc));
-        assert!(!descends_from(i32::try_from(me).unwrap(), me, proc));
-        let parent = parent_of(i32::try_from(me).unwrap(), proc).unwrap();
+        assert!(!descends_from(me, me, proc));
+        let parent = proc_stat(proc, me).unwrap().parent;
         assert!(!descends_from(parent, me, proc));
         assert!(!descends_from(1, me, proc));
         let _ = nix::sys::signal::killpg(
@@ -269,7 +255,7 @@ mod tests {
         let _mine = std::net::TcpStream::connect(ours).unwrap();
         let (_accepted, peer) = listener.accept().unwrap();
         let inode = socket_inode(peer, ours, proc).expect("found in /proc/net/tcp");
-        assert!(!held_by_descendant(inode, std::process::id(), proc));
+        assert!(!held_by_descendant(inode, me(), proc));
         // Made by a child, which holds it open.
         let (mut child, _) = first_line(std::process::Command::new("python3").arg("-c").arg(
             format!(
@@ -279,7 +265,7 @@ mod tests {
         ));
         let (_theirs, peer) = listener.accept().unwrap();
         let inode = socket_inode(peer, ours, proc).expect("found in /proc/net/tcp");
-        assert!(held_by_descendant(inode, std::process::id(), proc));
+        assert!(held_by_descendant(inode, me(), proc));
         // A peer that is not on this machine's tables: none.
         let elsewhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(socket_inode(elsewhere, ours, proc), None);

@@ -173,7 +173,7 @@ pub fn reap_adopted() -> usize {
     let ours = nix::unistd::getpgrp().as_raw();
     let mut reaped = 0;
     for pid in children_of_self() {
-        let Some((state, group)) = state_and_group(pid) else {
+        let Some(ProcStat { state, group, .. }) = proc_stat(Path::new("/proc"), pid) else {
             continue;
         };
         if state == 'Z' && group != pid && group != ours {
@@ -203,21 +203,35 @@ pub fn keep_reaping_adopted() {
         });
 }
 
-/// A process's state letter and process group, from `/proc/<pid>/stat`
-/// (a zombie's included).
-fn state_and_group(pid: i32) -> Option<(char, i32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// What `<proc>/<pid>/stat` says of a process (a zombie's included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcStat {
+    /// `R`, `S`, `Z`, …
+    pub state: char,
+    pub parent: i32,
+    pub group: i32,
+}
+
+/// Process `pid`'s [`ProcStat`], from the procfs at `proc`; `None` when
+/// it is gone or the file does not read as one.
+pub(crate) fn proc_stat(proc: &Path, pid: i32) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
     // After the command's name, which may hold spaces and parentheses.
     let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
     let state = fields.next()?.chars().next()?;
-    let _parent = fields.next()?;
+    let parent = fields.next()?.parse().ok()?;
     let group = fields.next()?.parse().ok()?;
-    Some((state, group))
+    Some(ProcStat {
+        state,
+        parent,
+        group,
+    })
 }
 
-/// This process's children, from `/proc/self/task/*/children`.
-fn children_of_self() -> Vec<i32> {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+/// The children of process `pid`, from the procfs at `proc`
+/// (`<pid>/task/*/children`: every thread's).
+pub(crate) fn children_of(proc: &Path, pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(proc.join(pid.to_string()).join("task")) else {
         return Vec::new();
     };
     let mut out = BTreeSet::new();
@@ -230,6 +244,12 @@ fn children_of_self() -> Vec<i32> {
         }
     }
     out.into_iter().collect()
+}
+
+/// This process's children.
+fn children_of_self() -> Vec<i32> {
+    i32::try_from(std::process::id())
+        .map_or_else(|_| Vec::new(), |me| children_of(Path::new("/proc"), me))
 }
 
 /// The reaper's side: reads `+PGID`/`-PGID` and `D<dir>`/`d<dir>` lines
@@ -335,7 +355,7 @@ mod tests {
     /// zombie.
     fn until_ended(pid: i32) {
         for _ in 0..500 {
-            if state_and_group(pid).is_some_and(|(state, _)| state == 'Z') {
+            if proc_stat(Path::new("/proc"), pid).is_some_and(|s| s.state == 'Z') {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -370,7 +390,11 @@ mod tests {
         until_ended(orphan);
         until_ended(i32::try_from(own.id()).unwrap());
         assert!(reap_adopted() >= 1);
-        assert_eq!(state_and_group(orphan), None, "the adopted job was reaped");
+        assert_eq!(
+            proc_stat(Path::new("/proc"), orphan),
+            None,
+            "the adopted job was reaped"
+        );
         // Its starter still gets its exit.
         assert!(own.wait().unwrap().success());
     }

@@ -289,22 +289,20 @@ mod tests {
     /// waiting for whoever adopted it). A guard, not a measure: a killed
     /// process ends at once.
     fn assert_ended(pid_file: &std::path::Path) {
-        let pid = std::fs::read_to_string(pid_file).unwrap();
-        let stat = format!("/proc/{}/stat", pid.trim());
+        use crate::tools::process_group::proc_stat;
+        let pid: i32 = std::fs::read_to_string(pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         for _ in 0..500 {
-            match std::fs::read_to_string(&stat) {
-                Err(_) => return,
-                Ok(s)
-                    if s.rsplit(')')
-                        .next()
-                        .is_some_and(|r| r.trim_start().starts_with('Z')) =>
-                {
-                    return;
-                }
-                Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+            match proc_stat(std::path::Path::new("/proc"), pid) {
+                None => return,
+                Some(stat) if stat.state == 'Z' => return,
+                Some(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
-        panic!("process {} outlived its hook", pid.trim());
+        panic!("process {pid} outlived its hook");
     }
 
     #[test]
