@@ -12,7 +12,7 @@ use troupe_actors::InteractionId;
 
 use super::answers::AnswerRules;
 use super::messages::{Answer, Answered, Prompt, Released, Unprompt};
-use super::remember::Remembered;
+use super::remember::{Remembered, answer_by};
 
 /// Answers by rule (`--answers FILE`), or approves everything (`--yolo`).
 pub struct RuleInteractor {
@@ -207,22 +207,7 @@ impl TerminalInteractor {
     /// Answers `prompt` by a remembered rule, if one matches; gives it
     /// back otherwise.
     fn by_rule(&self, prompt: Prompt) -> Option<Prompt> {
-        match self
-            .remembered
-            .iter()
-            .find(|r| r.matches(&prompt.request, &prompt.args_json))
-        {
-            Some(rule) => {
-                prompt.hub.do_send(Answered {
-                    id: prompt.id,
-                    responder: prompt.responder,
-                    answer: Answer::Approve,
-                    rule: Some(Arc::clone(&rule.describe)),
-                });
-                None
-            }
-            None => Some(prompt),
-        }
+        answer_by(&self.remembered, prompt)
     }
 
     fn view(prompt: &Prompt, waiting: usize) -> PromptView {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::grants::GrantRequest;
-use super::messages::Answer;
+use super::messages::{Answer, Answered, Prompt};
 
 /// Characters that chain, substitute or redirect in a shell command: a
 /// prefix rule never approves a command holding one, so `cargo test` does
@@ -78,6 +78,25 @@ impl Remembered {
                 .is_some_and(|command| prefix_matches(prefix, &command)),
         }
     }
+}
+
+/// Answers `prompt` by the first of `rules` that matches it (approved,
+/// audited with the rule's description); gives it back when none does.
+/// How an interactor that remembers answers what it was asked before.
+pub fn answer_by(rules: &[Remembered], prompt: Prompt) -> Option<Prompt> {
+    let Some(rule) = rules
+        .iter()
+        .find(|r| r.matches(&prompt.request, &prompt.args_json))
+    else {
+        return Some(prompt);
+    };
+    prompt.hub.do_send(Answered {
+        id: prompt.id,
+        responder: prompt.responder,
+        answer: Answer::Approve,
+        rule: Some(Arc::clone(&rule.describe)),
+    });
+    None
 }
 
 /// The `command` of a `Bash` call.

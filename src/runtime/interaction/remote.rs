@@ -15,7 +15,7 @@ use serde::Serialize;
 use troupe_actors::InteractionId;
 
 use super::messages::{Answer, Answered, Prompt, Released, Unprompt};
-use super::remember::Remembered;
+use super::remember::{Remembered, answer_by};
 
 /// A pending approval as a client sees it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -33,30 +33,9 @@ pub struct PendingView {
 #[derive(Debug, Default)]
 pub struct RemoteInteractor {
     pending: BTreeMap<InteractionId, Prompt>,
-    /// What clients' remembering answers left, each with how the audit
-    /// log names it (the rule and the client).
-    remembered: Vec<(Remembered, Arc<str>)>,
-}
-
-impl RemoteInteractor {
-    /// Answers `prompt` by a remembered rule, if one matches; gives it
-    /// back otherwise.
-    fn by_rule(&self, prompt: Prompt) -> Option<Prompt> {
-        let Some((_, describe)) = self
-            .remembered
-            .iter()
-            .find(|(rule, _)| rule.matches(&prompt.request, &prompt.args_json))
-        else {
-            return Some(prompt);
-        };
-        prompt.hub.do_send(Answered {
-            id: prompt.id,
-            responder: prompt.responder,
-            answer: Answer::Approve,
-            rule: Some(Arc::clone(describe)),
-        });
-        None
-    }
+    /// What clients' remembering answers left, each described with the
+    /// client who gave it.
+    remembered: Vec<Remembered>,
 }
 
 impl Actor for RemoteInteractor {
@@ -67,7 +46,7 @@ impl Handler<Prompt> for RemoteInteractor {
     type Result = ();
 
     fn handle(&mut self, msg: Prompt, _ctx: &mut Context<Self>) {
-        if let Some(msg) = self.by_rule(msg) {
+        if let Some(msg) = answer_by(&self.remembered, msg) {
             self.pending.insert(msg.id, msg);
         }
     }
@@ -143,13 +122,13 @@ impl Handler<AnswerRemote> for RemoteInteractor {
             answer: msg.answer,
             rule: Some(Arc::from(format!("client: {}", msg.client))),
         });
-        if let Some(rule) = rule {
-            let describe = Arc::from(format!("{} (client: {})", rule.describe, msg.client));
-            self.remembered.push((rule, describe));
+        if let Some(mut rule) = rule {
+            rule.describe = Arc::from(format!("{} (client: {})", rule.describe, msg.client));
+            self.remembered.push(rule);
             let waiting = std::mem::take(&mut self.pending);
             self.pending = waiting
                 .into_iter()
-                .filter_map(|(id, p)| self.by_rule(p).map(|p| (id, p)))
+                .filter_map(|(id, p)| answer_by(&self.remembered, p).map(|p| (id, p)))
                 .collect();
         }
         Ok(())
