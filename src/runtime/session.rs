@@ -28,53 +28,42 @@ pub enum ToSession {
 /// One run.
 #[derive(Debug)]
 pub struct Session {
-    spec: RunSpec,
+    /// Until the run is over; then it goes with the sinks (see
+    /// `RunFinished`).
+    spec: Option<RunSpec>,
     sinks: Vec<Sink>,
     scheduler: Option<Addr<Scheduler>>,
     reply: Option<oneshot::Sender<RunReport>>,
-    /// Dropped with the session: tells the thread that finished the run
-    /// it may let the settings go.
-    gone: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Session {
     pub fn new(spec: RunSpec, sinks: Vec<Sink>) -> Session {
         Session {
-            spec,
+            spec: Some(spec),
             sinks,
             scheduler: None,
             reply: None,
-            gone: None,
         }
     }
 
     fn start(&mut self, reply: oneshot::Sender<RunReport>, ctx: &mut Context<Self>) {
-        if self.scheduler.is_some() {
+        let (None, Some(spec)) = (&self.scheduler, &self.spec) else {
             return;
-        }
+        };
         self.reply = Some(reply);
-        let hub = start_hub(
-            &self.spec.interactors,
-            self.spec.approval_timeout,
-            self.spec.bus.clone(),
-        );
+        let hub = start_hub(&spec.interactors, spec.approval_timeout, spec.bus.clone());
         // Stage executions spread over one arbiter per thread; with one
         // thread they share the session's (deterministic, paused-time
         // tests run that way).
-        let threads = self.spec.settings.threads;
+        let threads = spec.settings.threads;
         let arbiters = if threads > 1 {
             (0..threads).map(|_| Arbiter::new().handle()).collect()
         } else {
             Vec::new()
         };
-        let scheduler = Scheduler::new(
-            self.spec.clone(),
-            Some(hub),
-            ctx.address().recipient(),
-            arbiters,
-        )
-        .start();
-        if let Some(limit) = self.spec.max_run_time {
+        let scheduler =
+            Scheduler::new(spec.clone(), Some(hub), ctx.address().recipient(), arbiters).start();
+        if let Some(limit) = spec.max_run_time {
             let scheduler = scheduler.clone();
             ctx.run_later(limit, move |_act, _ctx| {
                 scheduler.do_send(ToScheduler::LimitReached {
@@ -135,37 +124,32 @@ impl Handler<RunFinished> for Session {
     /// seconds to end (a span exporter gives a slow collector two), and
     /// this thread may be one many runs share (`troupe serve` hosts every
     /// run's session and scheduler on one): joined here, every other run
-    /// would stand still meanwhile. The run's settings go with them, so
-    /// that what their last drop does (an MCP pool lets its servers read
-    /// their last messages) is not done here either.
+    /// would stand still meanwhile. The run's spec goes with them, so
+    /// that what its settings' last drop does (an MCP pool lets its
+    /// servers read their last messages) is not done here either, when
+    /// this copy is the last (the scheduler's usually went as it stopped
+    /// after reporting the end).
     fn handle(&mut self, msg: RunFinished, ctx: &mut Context<Self>) {
-        self.spec.bus.close();
+        let spec = self.spec.take();
+        if let Some(spec) = &spec {
+            spec.bus.close();
+        }
         let sinks = std::mem::take(&mut self.sinks);
         let reply = self.reply.take();
-        let settings = std::sync::Arc::clone(&self.spec.settings);
-        let (gone, session_gone) = std::sync::mpsc::channel::<()>();
-        self.gone = Some(gone);
         let report = msg.0;
         let finish = move || {
             let report = finished(report, sinks);
             if let Some(reply) = reply {
                 let _ = reply.send(report);
             }
-            // Until the session itself is gone, then the settings' last
-            // reference is likely this one.
-            let _ = session_gone.recv_timeout(std::time::Duration::from_secs(5));
-            drop(settings);
+            drop(spec);
         };
         // On the runtime's blocking pool, which (unlike a thread of our
         // own) a paused test clock waits for rather than jumping ahead.
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(finish)),
-            Err(_) => {
-                // No runtime (never, under actix): here, as before, the
-                // channel told the session is gone.
-                self.gone = None;
-                finish();
-            }
+            // No runtime (never, under actix): here, as before.
+            Err(_) => finish(),
         }
         ctx.stop();
     }
