@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::server::SOCKET_NAME;
 use crate::error::{Code, ErrorClass, HasCode};
+use crate::provider::openai::SseDecoder;
 
 /// Why a control call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -391,83 +392,49 @@ impl ControlClient {
     }
 }
 
-/// The events of a stream as its chunks come: kept as bytes, not text, so
-/// that a character the network split between two chunks is whole once
-/// both are here.
-#[derive(Debug, Default)]
-struct SseEvents {
-    buf: Vec<u8>,
-    /// How much of `buf` is searched for an event's end already (an event
-    /// may come in many chunks).
-    searched: usize,
+/// The events of a stream as its chunks come, decoded by the provider's
+/// SSE decoder (which keeps bytes until a line is whole, so that a
+/// character the network split between two chunks is whole once both are
+/// here), with a limit an audit line fits in.
+#[derive(Debug)]
+struct SseEvents(SseDecoder);
+
+impl Default for SseEvents {
+    fn default() -> Self {
+        SseEvents(SseDecoder::with_limit(MOST_EVENT_BYTES))
+    }
 }
 
 impl SseEvents {
-    /// Takes `chunk`, and hands each `data:` line of the events it ends to
-    /// `each` (an audit line); an `end` event is the run refused.
+    /// Takes `chunk`, and hands each audit line of the events it ends to
+    /// `each`; an `end` event is the run refused.
     fn push(&mut self, chunk: &[u8], each: &mut impl FnMut(&str)) -> Result<(), ControlError> {
-        self.buf.extend_from_slice(chunk);
-        // One SSE event per blank line; `data:` holds the audit line. A
-        // cursor, then one drain per chunk (not one per event).
-        let mut start = 0;
-        while let Some(len) = block_end(&self.buf[start..], self.searched.saturating_sub(start)) {
-            let block = String::from_utf8_lossy(&self.buf[start..start + len]);
-            if let Some(refused) = ended(&block) {
-                return Err(refused);
+        let events = self.0.push_events(chunk).map_err(|e| {
+            ControlError::new("BadReply", format!("the server's event stream: {}", e.0))
+        })?;
+        for event in events {
+            if event.kind.as_deref() == Some("end") {
+                return Err(ended(&event.data));
             }
-            for line in block.lines() {
-                if let Some(data) = line.strip_prefix("data:") {
-                    each(data.trim_start());
-                }
-            }
-            start += len + 2;
-        }
-        self.buf.drain(..start);
-        // All but the last byte, which may begin the blank line.
-        self.searched = self.buf.len().saturating_sub(1);
-        if self.buf.len() > MOST_EVENT_BYTES {
-            return Err(ControlError::new(
-                "BadReply",
-                format!(
-                    "the server sent {} bytes of one event without its end",
-                    self.buf.len()
-                ),
-            ));
+            event.data.split('\n').for_each(&mut *each);
         }
         Ok(())
     }
 }
 
-/// The most bytes one event of the stream may take before its end: an
-/// audit line's most ([`crate::auditlog::records::MAX_RECORD`]) and room
-/// for the SSE field names. Past it the server is not troupe's.
-const MOST_EVENT_BYTES: usize = crate::auditlog::records::MAX_RECORD + 4096;
+/// The most bytes one event of the stream may take: an audit line's most
+/// ([`crate::auditlog::records::MAX_RECORD`]). Past it the server is not
+/// troupe's.
+const MOST_EVENT_BYTES: usize = crate::auditlog::records::MAX_RECORD;
 
-/// The length of the first SSE event in `buf`, up to the blank line that
-/// ends it, looking from `from` on (what is before it has no end).
-fn block_end(buf: &[u8], from: usize) -> Option<usize> {
-    let from = from.min(buf.len());
-    buf[from..]
-        .windows(2)
-        .position(|w| w == b"\n\n")
-        .map(|at| from + at)
-}
-
-/// An `end` event: the run's session ended with no `WorkflowExit` to come
-/// (refused after it was accepted, or lost).
-fn ended(block: &str) -> Option<ControlError> {
-    if !block.lines().any(|l| l.trim_end() == "event: end") {
-        return None;
-    }
-    let data = block
-        .lines()
-        .find_map(|l| l.strip_prefix("data:"))
-        .unwrap_or("{}");
+/// An `end` event's refusal: the run's session ended with no
+/// `WorkflowExit` to come (refused after it was accepted, or lost).
+fn ended(data: &str) -> ControlError {
     let v: Value = serde_json::from_str(data.trim()).unwrap_or(Value::Null);
     let message = v["error"]["message"]
         .as_str()
         .unwrap_or("the run's session ended before its WorkflowExit");
-    Some(ControlError::new("RunRefused", message))
+    ControlError::new("RunRefused", message)
 }
 
 #[cfg(test)]

@@ -27,6 +27,6 @@ pub use config::{
 };
 pub use errors::{parse_http_date, parse_retry_after};
 pub use probe::{CheckError, CheckReport, PROBE_TOOL};
-pub use sse::{SseDecoder, SseError};
+pub use sse::{SseDecoder, SseError, SseEvent};
 pub use wire::Assembly;
 pub use wire::tool as function_tool;

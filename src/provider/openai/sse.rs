@@ -1,15 +1,25 @@
 //! Server-sent events from a byte stream: bytes are buffered to whole lines
 //! (`\n`, `\r\n` or `\r`), `data:` lines are collected, and a blank line
 //! ends an event. Chunks may split lines, events and UTF-8 characters
-//! anywhere. Comments (`: ping`) and other fields (`event:`, `id:`) are
-//! ignored: the OpenAI stream carries everything in `data`.
+//! anywhere. Comments (`: ping`) and fields other than `data` and `event`
+//! (`id:`) are ignored. The OpenAI stream carries everything in `data`
+//! ([`SseDecoder::push`]); the control API's names its last event `end`
+//! ([`SseDecoder::push_events`]).
 
 /// A line, or an event's data, larger than this is refused (a server
 /// streaming garbage without line breaks must not exhaust memory).
 pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 
+/// One event: its `event:` field, if it had one, and its data lines
+/// joined by `\n`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SseEvent {
+    pub kind: Option<String>,
+    pub data: String,
+}
+
 /// Incremental SSE decoder.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SseDecoder {
     /// Bytes not yet forming a whole line.
     pending: Vec<u8>,
@@ -19,6 +29,16 @@ pub struct SseDecoder {
     /// `data` lines of the event being read.
     data: Vec<String>,
     data_bytes: usize,
+    /// Its `event` field.
+    kind: Option<String>,
+    /// The most bytes a line or an event's data may take.
+    most: usize,
+}
+
+impl Default for SseDecoder {
+    fn default() -> Self {
+        SseDecoder::with_limit(MAX_EVENT_BYTES)
+    }
 }
 
 /// Why a stream cannot be decoded.
@@ -30,8 +50,30 @@ impl SseDecoder {
         SseDecoder::default()
     }
 
+    /// A decoder that refuses a line or an event's data past `most`
+    /// bytes (rather than [`MAX_EVENT_BYTES`]).
+    pub fn with_limit(most: usize) -> SseDecoder {
+        SseDecoder {
+            pending: Vec::new(),
+            scanned: 0,
+            data: Vec::new(),
+            data_bytes: 0,
+            kind: None,
+            most,
+        }
+    }
+
     /// Feeds bytes; returns the data of every event completed by them.
     pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, SseError> {
+        Ok(self
+            .push_events(bytes)?
+            .into_iter()
+            .map(|e| e.data)
+            .collect())
+    }
+
+    /// Feeds bytes; returns every event completed by them.
+    pub fn push_events(&mut self, bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
         self.pending.extend_from_slice(bytes);
         let mut events = Vec::new();
         let mut start = 0;
@@ -49,8 +91,8 @@ impl SseDecoder {
                     continue;
                 }
             };
-            if i - start > MAX_EVENT_BYTES {
-                return Err(too_large());
+            if i - start > self.most {
+                return Err(too_large(self.most));
             }
             let line = String::from_utf8_lossy(&self.pending[start..i]).into_owned();
             self.line(&line, &mut events)?;
@@ -63,8 +105,8 @@ impl SseDecoder {
         // still open is refused once it is longer than a whole one may be
         // (counting other lines' data here refused a long comment followed
         // by data only when the stream happened to split inside it).
-        if self.scanned > MAX_EVENT_BYTES {
-            return Err(too_large());
+        if self.scanned > self.most {
+            return Err(too_large(self.most));
         }
         Ok(events)
     }
@@ -80,13 +122,17 @@ impl SseDecoder {
             self.line(line.trim_end_matches('\r'), &mut events)?;
         }
         self.line("", &mut events)?;
-        Ok(events.pop())
+        Ok(events.pop().map(|e| e.data))
     }
 
-    fn line(&mut self, line: &str, events: &mut Vec<String>) -> Result<(), SseError> {
+    fn line(&mut self, line: &str, events: &mut Vec<SseEvent>) -> Result<(), SseError> {
         if line.is_empty() {
+            let kind = self.kind.take();
             if !self.data.is_empty() {
-                events.push(self.data.join("\n"));
+                events.push(SseEvent {
+                    kind,
+                    data: self.data.join("\n"),
+                });
                 self.data.clear();
                 self.data_bytes = 0;
             }
@@ -99,22 +145,26 @@ impl SseDecoder {
             Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
             None => (line, ""),
         };
-        if field == "data" {
-            self.data_bytes += value.len();
-            if self.data_bytes > MAX_EVENT_BYTES {
-                return Err(too_large());
+        match field {
+            "data" => {
+                self.data_bytes += value.len();
+                if self.data_bytes > self.most {
+                    return Err(too_large(self.most));
+                }
+                self.data.push(value.to_owned());
             }
-            self.data.push(value.to_owned());
+            "event" => self.kind = Some(value.to_owned()),
+            _ => {}
         }
         Ok(())
     }
 }
 
-/// A line, or an event's data, over `MAX_EVENT_BYTES`.
-fn too_large() -> SseError {
+/// A line, or an event's data, over `most` bytes.
+fn too_large(most: usize) -> SseError {
     SseError(format!(
         "an event of the stream exceeds {} MiB",
-        MAX_EVENT_BYTES / (1024 * 1024)
+        most / (1024 * 1024)
     ))
 }
 
