@@ -235,12 +235,8 @@ fn store_arrived(
     }
     // Only now: a resume that failed to store them finds them again.
     let results = std::mem::take(&mut arrived.results);
-    runtime.block_on(async {
-        arrived.acknowledge().await;
-        // The acknowledgements are queued on the connection: sent before
-        // it goes.
-        connection.flush().await;
-    });
+    runtime.block_on(arrived.acknowledge());
+    drop(connection);
     Ok(results
         .into_iter()
         .map(|(result, events)| LostExit {

@@ -67,10 +67,10 @@ impl std::fmt::Debug for Arrived {
 
 impl Arrived {
     /// Acknowledges every message read: call once its results are stored.
+    /// Each is confirmed by the server (a double ack), so that once this
+    /// returns the messages are no longer pending.
     pub async fn acknowledge(self) {
-        for acker in self.ackers {
-            let _ = acker.ack().await;
-        }
+        futures::future::join_all(self.ackers.iter().map(|a| a.double_ack())).await;
     }
 }
 
