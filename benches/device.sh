@@ -59,7 +59,8 @@
 # DIST_THREADS (default 2; "default" for troupe's own) the coordinator's
 # --threads: a short call when device time is scarce.
 # THREADS (default "1 2 4 8 16") is the thread counts of threads.json;
-# BIG_THREADS (default 16) the one of the million-wide run.
+# BIG_THREADS (default 16) the one of the million-wide run, and
+# MILLION_REPEAT (default 1) how many times it runs.
 set -u
 bin=${1:-target/release/troupe}
 out=${2:-${OUT:-/tmp/troupe-device}}
@@ -157,12 +158,12 @@ echo "$SECONDS s: thread CPU, system calls" >>"$out/steps.txt"
 
 rm -rf "${runs:?}"/*
 step million && "$bin" bench stages/fanout --width "$w1m" --cap 256 --latency 0ms \
-    --threads "${BIG_THREADS:-16}" --repeat 1 --keep-runs --runs-dir "$runs" --json \
+    --threads "${BIG_THREADS:-16}" --repeat "${MILLION_REPEAT:-1}" --keep-runs --runs-dir "$runs" --json \
     >"$out/million.json" 2>"$out/million.err"
 # `--keep-runs` says on stderr where it kept the logs.
 kept=$(sed -n 's/^audit logs kept in //p' "$out/million.err" 2>/dev/null | tail -1)
 if [ -n "$kept" ]; then
-    find "$kept" -name 'audit.jsonl*' -printf '%s bytes %p\n' >"$out/million_audit.txt"
+    find "$kept" -name 'audit.*' -printf '%s bytes %p\n' >"$out/million_audit.txt"
     rm -rf "$kept"
 fi
 
