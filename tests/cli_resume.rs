@@ -5,7 +5,7 @@
 //! once and its result (every sibling's, in order) equals an uninterrupted
 //! run's, and the audit log is whole across both sessions. Then resume's
 //! refusals: a changed pipeline, an unknown run, a finished run, a run
-//! another process holds.
+//! another process holds, a run whose earlier sessions used its budget.
 //!
 //! The tests wait on the `--events -` stream (a streamed `StageExited` is
 //! durable, so "some hundreds exited" is a fact, not a guess) and on the
@@ -534,6 +534,94 @@ fn an_unknown_run_and_a_run_that_ended_ok_are_refused() {
     );
     assert_eq!(std::fs::read(project.audit_path(run_id)).unwrap(), log);
     assert_eq!(project.listed(run_id)["sessions"], 1);
+}
+
+/// Prompt and completion tokens of every execution the store keeps for
+/// `run_id`.
+fn stored_tokens(project: &Project, run_id: &str) -> u64 {
+    let shown = project.json(&["runs", "show", run_id, "--json"]);
+    shown["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            e["usage"]["promptTokens"].as_u64().unwrap()
+                + e["usage"]["completionTokens"].as_u64().unwrap()
+        })
+        .sum()
+}
+
+#[test]
+fn a_resumed_runs_budget_counts_what_its_earlier_sessions_used() {
+    let project = Project::new();
+    let (fanout, script) = (path(bundled("fanout")), script());
+    let out = project.output(&run_args(
+        &fanout,
+        &script,
+        &[
+            "--parallel-cap",
+            "8",
+            "--fail-sibling",
+            "worker#17",
+            "--json",
+        ],
+    ));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        common::project::said(&out)
+    );
+    let failed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let run_id = failed["runId"].as_str().unwrap();
+    let earlier = stored_tokens(&project, run_id);
+    assert!(earlier > 0, "the scripted provider counts tokens");
+    let log = std::fs::read(project.audit_path(run_id)).unwrap();
+
+    // Already over: refused before anything runs or is recorded.
+    let under = (earlier - 1).to_string();
+    let out = project.output(&[
+        "resume",
+        run_id,
+        "--script",
+        &script,
+        "--max-tokens",
+        &under,
+        "--json",
+    ]);
+    assert_eq!(refusal(&out), "Budget/TokensExceeded");
+    let said: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let message = said["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("{earlier} tokens in its earlier sessions")),
+        "{message}"
+    );
+    assert_eq!(std::fs::read(project.audit_path(run_id)).unwrap(), log);
+    assert_eq!(project.listed(run_id)["sessions"], 1);
+    assert_eq!(project.listed(run_id)["state"], "failed");
+
+    // Room for the rest: the meter starts at the earlier sessions' use.
+    let max = "100000000";
+    let resumed = project.json(&[
+        "resume",
+        run_id,
+        "--script",
+        &script,
+        "--max-tokens",
+        max,
+        "--json",
+    ]);
+    assert_eq!(resumed["status"], "ok", "{}", resumed["reason"]);
+    let spent = resumed["budget"]["spentTokens"].as_u64().unwrap();
+    // Every stored try counts, the cancelled ones and the failed one run
+    // again too (when they had used any), which the results the run shows
+    // at its end do not hold; without the earlier sessions the meter
+    // would read less than those results.
+    let shown = stored_tokens(&project, run_id);
+    assert!(
+        spent >= shown && spent - shown < earlier,
+        "{spent} spent, {shown} shown, {earlier} earlier"
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! order stored, each record found again by its place; a damaged pack
 //! is refused with `Store/Corrupt` and where it is damaged, by the
 //! library's every reader and by `troupe runs show`, never half read and
-//! never a panic.
+//! never a panic; what a run used counts every record it stored.
 
 // Test code: a failed unwrap is a failed test with its location.
 #![allow(clippy::unwrap_used)]
@@ -22,7 +22,8 @@ use first_schema::first_schema_store;
 use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 use troupe::error::HasCode;
-use troupe::runtime::ledger::{ExitRecord, Ledger};
+use troupe::provider::Usage;
+use troupe::runtime::ledger::{CancelRecord, ExitRecord, Ledger};
 use troupe::runtime::result::{Kept, StageResult, Verdict};
 use troupe::store::schema::SCHEMA_VERSION;
 use troupe::store::{Counts, RunRow, Store, StoreError, StoreWriter};
@@ -353,6 +354,66 @@ fn no_read_stays_open_on_the_store_while_a_pass_waits_on_its_reader() {
 
 /// Stores of schema 2 written before the first schema's table was kept
 /// (6011cd6 dropped it) read the same.
+/// A resumed run's budget starts at what every stored record used: the
+/// results it keeps, a try run again since and a cancelled execution
+/// alike, read in the pass that finds the results.
+#[test]
+fn what_a_run_used_counts_every_record_it_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(".troupe/troupe.db");
+    let store = stored_run(&path, 0);
+    let used = |p: u64, c: u64| Usage {
+        prompt_tokens: p,
+        completion_tokens: c,
+        requests: 1,
+    };
+    let with_usage = |mut record: ExitRecord, usage: Usage| {
+        let Kept::Whole(r) = &mut record.result else {
+            unreachable!("exit() makes a whole result")
+        };
+        std::sync::Arc::make_mut(r).usage = usage;
+        record
+    };
+    let writer = StoreWriter::start(&path).unwrap();
+    let ledger = writer.ledger();
+    stored_exit(&ledger, with_usage(exit("r", 0, json!(0)), used(10, 1)));
+    stored_exit(&ledger, with_usage(exit("r", 1, json!(1)), used(20, 2)));
+    // Sibling 1 again (a failed try run again in a later session).
+    stored_exit(
+        &ledger,
+        with_usage(exit("r", 1, json!("again")), used(40, 4)),
+    );
+    let now = SystemTime::now();
+    ledger.cancelled(CancelRecord {
+        run_id: "r".into(),
+        stage_execution_id: "r/worker#2/1".into(),
+        stage_id: "worker".into(),
+        index: Some(2),
+        visit: 1,
+        reason: "Cancellation/FailFast".into(),
+        phase: "Act",
+        attempt: 1,
+        turn: 1,
+        tool_calls: json!([]),
+        usage: used(80, 8),
+        entered_at: now,
+        cancelled_at: now,
+    });
+    writer.finish().unwrap();
+
+    let (kept, spent) = store.resumable("r").unwrap();
+    assert_eq!(kept.len(), 2, "the cancelled execution has no result");
+    assert_eq!(*kept["r/worker#1/1"].parsed(), json!("again"));
+    assert_eq!(
+        spent,
+        Usage {
+            prompt_tokens: 150,
+            completion_tokens: 15,
+            requests: 4,
+        }
+    );
+}
+
 #[test]
 fn a_store_with_packs_and_no_rows_table_reads_its_packs() {
     let dir = tempfile::tempdir().unwrap();

@@ -48,6 +48,9 @@ pub struct Resumed {
     pub run: RunRow,
     pub restore: Restore,
     pub last_seq: u64,
+    /// What the run's stored executions used in its earlier sessions
+    /// (its budget's meter starts there).
+    pub spent: crate::provider::Usage,
     pub store: Store,
     pub lock: RunLock,
     pub digest: String,

@@ -20,7 +20,9 @@ pub struct LimitArgs {
     /// The run's budget in tokens (prompt + completion, all model requests).
     /// When a response takes the total over it, no new request starts and
     /// the run is cancelled strictly: Budget/TokensExceeded (exit 1).
-    /// Beats `provider.maxTokens` in pipeline.yaml.
+    /// A resumed run counts what its earlier sessions used (a resume
+    /// already over it is refused, exit 2). Beats `provider.maxTokens` in
+    /// pipeline.yaml.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_tokens: Option<u64>,
     /// The run's budget in US dollars, priced by --price or the pipeline's

@@ -118,7 +118,7 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
     } else {
         Vec::new()
     };
-    let results = store.kept_results(&run.id)?;
+    let (results, spent) = store.resumable(&run.id)?;
     let audit = crate::auditlog::in_dir(&run_dir);
     if !audit.exists() {
         std::fs::write(&audit, b"").map_err(|e| StoreError::Io {
@@ -171,6 +171,7 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
             run,
             restore,
             last_seq: repaired.last_seq,
+            spent,
             store,
             lock,
             digest,

@@ -92,23 +92,7 @@ impl Budget {
         if !self.allows_request() {
             return;
         }
-        let tokens = total.prompt_tokens + total.completion_tokens;
-        let over = match (self.max_tokens, self.cost_of(total), self.max_cost) {
-            (Some(max), _, _) if tokens > max => Some(BudgetExceeded {
-                code: "TokensExceeded",
-                message: format!(
-                    "the run used {tokens} tokens, over its budget of {max} (--max-tokens)"
-                ),
-            }),
-            (_, Some(cost), Some(max)) if cost > max => Some(BudgetExceeded {
-                code: "CostExceeded",
-                message: format!(
-                    "the run spent ${cost:.4}, over its budget of ${max:.2} (--max-cost)"
-                ),
-            }),
-            _ => None,
-        };
-        if let Some(over) = over {
+        if let Some(over) = self.over(total, "") {
             self.exceeded.send_if_modified(|slot| {
                 if slot.is_none() {
                     *slot = Some(over);
@@ -117,6 +101,43 @@ impl Budget {
                     false
                 }
             });
+        }
+    }
+
+    /// Starts the meter at what a resumed run's earlier sessions used (its
+    /// stored executions'), so that a budget bounds the whole run, not
+    /// each session. Refused, with the meter untouched and untripped, when
+    /// that is already over a limit: nothing should start, and the run
+    /// stays resumable with a larger budget.
+    pub fn carry_over(&self, earlier: Usage) -> Result<(), BudgetExceeded> {
+        let mut spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
+        let mut total = *spent;
+        total.add(earlier);
+        if let Some(over) = self.over(total, " in its earlier sessions") {
+            return Err(over);
+        }
+        *spent = total;
+        Ok(())
+    }
+
+    /// The limit `total` is over, if any; `when` follows the amount in
+    /// the message.
+    fn over(&self, total: Usage, when: &str) -> Option<BudgetExceeded> {
+        let tokens = total.prompt_tokens + total.completion_tokens;
+        match (self.max_tokens, self.cost_of(total), self.max_cost) {
+            (Some(max), _, _) if tokens > max => Some(BudgetExceeded {
+                code: "TokensExceeded",
+                message: format!(
+                    "the run used {tokens} tokens{when}, over its budget of {max} (--max-tokens)"
+                ),
+            }),
+            (_, Some(cost), Some(max)) if cost > max => Some(BudgetExceeded {
+                code: "CostExceeded",
+                message: format!(
+                    "the run spent ${cost:.4}{when}, over its budget of ${max:.2} (--max-cost)"
+                ),
+            }),
+            _ => None,
         }
     }
 
@@ -209,6 +230,40 @@ mod tests {
         b.record(usage(2_000, 1_000));
         assert!(!b.allows_request());
         assert_eq!(b.report().exceeded.as_deref(), Some("Budget/CostExceeded"));
+    }
+
+    #[test]
+    fn a_resumed_run_carries_its_earlier_usage_and_is_refused_when_it_is_over() {
+        let b = Budget::new(Some(100), None, None);
+        b.carry_over(usage(50, 30)).expect("80 of 100 is within");
+        assert!(b.allows_request());
+        assert_eq!(b.report().spent_tokens, 80);
+        b.record(usage(15, 10));
+        assert_eq!(
+            b.report().exceeded.as_deref(),
+            Some("Budget/TokensExceeded")
+        );
+
+        let b = Budget::new(Some(100), None, None);
+        let over = b.carry_over(usage(90, 20)).expect_err("110 is over 100");
+        assert_eq!(over.code, "TokensExceeded");
+        assert!(
+            over.message.contains("110 tokens in its earlier sessions"),
+            "{}",
+            over.message
+        );
+        assert!(b.allows_request(), "the refusal leaves the meter untripped");
+        assert_eq!(b.report().spent_tokens, 0, "and unchanged");
+
+        let price = Price {
+            input: 1.0,
+            output: 1.0,
+        };
+        let b = Budget::new(None, Some(0.001), Some(price));
+        let over = b
+            .carry_over(usage(1_000, 1_000))
+            .expect_err("$0.002 is over $0.001");
+        assert_eq!(over.code, "CostExceeded");
     }
 
     #[tokio::test]

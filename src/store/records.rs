@@ -457,12 +457,26 @@ impl Store {
     /// with: a second copy of a million ids was a tenth of a resume's
     /// memory.
     pub fn kept_results(&self, run_id: &str) -> Result<HashMap<Arc<str>, Kept>, StoreError> {
+        Ok(self.resumable(run_id)?.0)
+    }
+
+    /// [`Store::kept_results`], and the model usage of every record the
+    /// run has stored, read in the same pass: each execution's every end,
+    /// the cancelled and the superseded (a failed try run again) too. A
+    /// resumed run's budget starts there.
+    pub fn resumable(&self, run_id: &str) -> Result<(HashMap<Arc<str>, Kept>, Usage), StoreError> {
         // One name per stage, shared by its executions' results.
         let stages: RefCell<HashMap<String, Arc<str>, foldhash::fast::RandomState>> =
             RefCell::default();
+        let spent = std::cell::Cell::new(Usage::default());
         let kept = self.folded(
             run_id,
-            |_| true,
+            |r| {
+                let mut sum = spent.get();
+                sum.add(r.usage);
+                spent.set(sum);
+                true
+            },
             |r| {
                 let End::Exited {
                     verdict,
@@ -502,7 +516,7 @@ impl Store {
                 Some((id, kept))
             },
         )?;
-        Ok(kept.filter_map(|(_, kept)| kept).collect())
+        Ok((kept.filter_map(|(_, kept)| kept).collect(), spent.get()))
     }
 
     /// Each of a run's exited executions whose `StageExited` the audit

@@ -245,6 +245,9 @@ enum Outcome {
     Store(StoreError),
     /// `--nats`: the server could not be used; nothing ran.
     Nats(crate::distributed::NatsError),
+    /// A resumed run's earlier sessions already used its budget; nothing
+    /// ran.
+    Budget(crate::runtime::limits::BudgetExceeded),
 }
 
 /// The store side of a run: the store, the run's lock and its writer.
@@ -355,6 +358,17 @@ impl Prepared {
                 return driven;
             }
         }
+        // A budget bounds the whole run: a resumed one's meter starts at
+        // what its earlier sessions' stored executions used (those
+        // cancelled or in flight when it stopped included, as far as the
+        // store has them). Nothing is stored or started yet, so a run
+        // already over it stays resumable.
+        if let (Some(budget), Some(resume)) = (&settings.budget, &resume)
+            && let Err(over) = budget.carry_over(resume.spent)
+        {
+            driven.outcome = Outcome::Budget(over);
+            return driven;
+        }
         let resuming = resume.is_some();
         // The store, the run's lock, the writer: before anything runs.
         if keeping {
@@ -462,6 +476,13 @@ impl Driven {
                 return Concluded::Refused(Refusal::invalid(&path, message));
             }
             Outcome::Store(e) => return Concluded::Refused(super::store_refusal(&e)),
+            Outcome::Budget(over) => {
+                return Concluded::Refused(Refusal::typed(
+                    &over,
+                    over.to_string(),
+                    "a resumed run's budget counts what its stored stages used in earlier sessions; resume with a larger --max-tokens or --max-cost to go on",
+                ));
+            }
             Outcome::Nats(e) => {
                 failed_in_store(kept, &run_id, &format!("{}: {e}", e.code()));
                 return Concluded::Refused(super::nats_refusal(&e));
