@@ -26,6 +26,7 @@ pub mod sandbox;
 pub mod sandbox_exec;
 pub mod seal;
 pub mod serve;
+mod serve_policy;
 pub mod show;
 pub mod signals;
 pub mod submit;

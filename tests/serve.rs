@@ -492,3 +492,109 @@ fn a_process_a_hosted_run_started_is_refused_by_the_tcp_listener() {
     assert!(text.contains("HTTP/1.1 403 Forbidden"), "{text}");
     assert!(text.contains("Control/InsideRun"), "{text}");
 }
+
+/// `troupe serve --pipelines DIR`: clients run the operator's pipelines
+/// and nothing else (a link inside the folder that leads out is outside),
+/// with none of the options that would widen what the run reaches, and
+/// cannot resume a run of another pipeline through the server either.
+#[test]
+fn a_server_of_curated_pipelines_refuses_other_pipelines_and_widening_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let curated = dir.path().join("curated/fanout");
+    std::fs::create_dir_all(&curated).unwrap();
+    for entry in std::fs::read_dir(fanout()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), curated.join(entry.file_name())).unwrap();
+    }
+    std::os::unix::fs::symlink(fanout(), dir.path().join("curated/escape")).unwrap();
+    let elsewhere = dir.path().join("elsewhere.yaml");
+    std::fs::copy(fanout().join("script.yaml"), &elsewhere).unwrap();
+    // A run of a pipeline outside the folders, made without the server,
+    // stopped by a failed sibling so that it could be resumed.
+    let outside = cli(
+        dir.path(),
+        &[
+            "run",
+            fanout().to_str().unwrap(),
+            "--ctx",
+            "width=4",
+            "--fail-sibling",
+            "worker#1",
+            "--json",
+        ],
+    );
+    assert_eq!(outside.status.code(), Some(1), "{}", said(&outside));
+    let outside: Value = serde_json::from_slice(&outside.stdout).unwrap();
+    let outside = outside["runId"].as_str().unwrap();
+
+    let server = Server::start(dir.path(), &["--pipelines", "curated"]);
+    let ok = submit(
+        dir.path(),
+        &["curated/fanout", "--ctx", "width=3", "--watch"],
+    );
+    assert!(ok.contains("run ok"), "{ok}");
+    let inside_script = submit(
+        dir.path(),
+        &[
+            "curated/fanout",
+            "--ctx",
+            "width=2",
+            "--script",
+            "curated/fanout/script.yaml",
+            "--watch",
+        ],
+    );
+    assert!(inside_script.contains("run ok"), "{inside_script}");
+
+    let refused = |args: &[&str], code: &str, naming: &str| {
+        let mut all = vec!["submit"];
+        all.extend_from_slice(args);
+        let out = cli(dir.path(), &all);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", said(&out));
+        assert!(
+            said(&out).contains(code) && said(&out).contains(naming),
+            "{args:?}: {}",
+            said(&out)
+        );
+    };
+    let bundled = fanout();
+    refused(
+        &[bundled.to_str().unwrap()],
+        "Control/PipelineNotAllowed",
+        "--pipelines",
+    );
+    refused(
+        &["curated/escape"],
+        "Control/PipelineNotAllowed",
+        "curated/escape",
+    );
+    let widening: [&[&str]; 12] = [
+        &["--no-sandbox"],
+        &["--max-tokens", "5"],
+        &["--price", "0,0"],
+        &["--pass-env", "HOME"],
+        &["--root", "/"],
+        &["--yolo"],
+        &["--base-url", "http://127.0.0.1:9/v1"],
+        &["--api-key-env", "HOME"],
+        &["--otlp", "http://127.0.0.1:9"],
+        &["--nats", "nats://127.0.0.1:9"],
+        &["--script", elsewhere.to_str().unwrap()],
+        &["--answers", "/etc/passwd"],
+    ];
+    for flags in widening {
+        let mut args = vec!["curated/fanout"];
+        args.extend_from_slice(flags);
+        refused(&args, "Control/OptionNotAllowed", flags[0]);
+    }
+    let resumed = cli(dir.path(), &["resume", outside]);
+    assert_eq!(resumed.status.code(), Some(2), "{}", said(&resumed));
+    assert!(
+        said(&resumed).contains("Control/PipelineNotAllowed"),
+        "{}",
+        said(&resumed)
+    );
+    assert_eq!(state_of(dir.path(), outside), "failed");
+    let log = server.log();
+    assert_eq!(log.matches("ended ok").count(), 2, "{log}");
+}

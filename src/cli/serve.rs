@@ -23,6 +23,7 @@ use super::Exit;
 use super::launch::{Concluded, EndpointSlots, Host, Launch, Prepared, Refusal, prepare};
 use super::options::RunOptions;
 use super::reach::project_socket;
+use super::serve_policy::Policy;
 use super::signals::{FirstSignal, Interrupts};
 use crate::control::{ControlServer, Hosted, Listen, RunControl, Submission, Submitter};
 use crate::definition::load_pipeline;
@@ -60,6 +61,16 @@ pub struct ServeArgs {
     /// The run store [default: troupe.db beside --runs-dir].
     #[arg(long, value_name = "FILE")]
     pub store: Option<PathBuf>,
+    /// Run only the pipelines under DIR (repeatable), for clients not
+    /// trusted as you: their runs may not turn the sandbox off, pass
+    /// variables to shells, move the root, approve every call, choose
+    /// the model endpoint, key variable or budget, export to OTLP, use
+    /// NATS, or read files outside these folders (403
+    /// Control/OptionNotAllowed, Control/PipelineNotAllowed). Without it
+    /// a client holding the socket or the token can do whatever you can
+    /// with `troupe run`.
+    #[arg(long, value_name = "DIR")]
+    pub pipelines: Vec<PathBuf>,
 }
 
 /// `troupe run`'s grammar, for submissions.
@@ -92,6 +103,8 @@ struct Server {
     hosted: std::sync::Weak<Hosted>,
     jobs: tokio::sync::mpsc::UnboundedSender<Job>,
     host: Host,
+    /// What clients may ask for (`--pipelines`).
+    policy: Policy,
 }
 
 fn bad_args(message: String) -> (u16, serde_json::Value) {
@@ -113,6 +126,7 @@ impl Server {
         opts: &mut RunOptions,
         cwd: Option<&Path>,
     ) -> Result<(), (u16, serde_json::Value)> {
+        self.policy.options(opts, cwd)?;
         let theirs = |p: &Path| match cwd {
             Some(cwd) if p.is_relative() => cwd.join(p),
             _ => p.to_owned(),
@@ -200,6 +214,7 @@ impl Submitter for Arc<Server> {
                 Some(cwd) if args.pipeline.is_relative() => cwd.join(&args.pipeline),
                 _ => args.pipeline.clone(),
             };
+            server.policy.pipeline(&path)?;
             // Read off the control server's one thread, which every route
             // shares: a slow disk holds up this submission alone.
             let read = {
@@ -268,10 +283,20 @@ impl Submitter for Arc<Server> {
             server.settle(&mut args.opts, submission.cwd.as_deref())?;
             let store = args.opts.store_path();
             let opts = args.opts.clone();
-            let launch = tokio::task::spawn_blocking(move || super::resume::prepare(&args, &store))
-                .await
-                .map_err(|_| bad_args("the run could not be prepared".to_owned()))?
-                .map_err(|r| refusal(&r))?;
+            let policy = server.policy.clone();
+            let launch = tokio::task::spawn_blocking(move || {
+                // The stored run's pipeline is checked before the resume
+                // takes its lock or repairs its log; a run the store does
+                // not have is the resume's own refusal.
+                if let Ok(run) = crate::store::Store::open_read_only(&store)
+                    .and_then(|s| s.find_run(&args.run_id))
+                {
+                    policy.pipeline(Path::new(&run.pipeline_dir))?;
+                }
+                super::resume::prepare(&args, &store).map_err(|r| refusal(&r))
+            })
+            .await
+            .map_err(|_| bad_args("the run could not be prepared".to_owned()))??;
             server
                 .host(launch, opts, submission.client, "resumed")
                 .await
@@ -324,6 +349,16 @@ pub fn run(args: &ServeArgs) -> Exit {
     let root = match super::options::project_root(&args.root) {
         Ok(r) => r,
         Err(why) => return typed("Validation/InputInvalid", why, "give the project's folder"),
+    };
+    let policy = match Policy::new(&args.pipelines) {
+        Ok(p) => p,
+        Err(why) => {
+            return typed(
+                "Validation/InputInvalid",
+                why,
+                "give folders that hold the pipelines clients may run",
+            );
+        }
     };
     if let Err(e) = std::fs::create_dir_all(&args.runs_dir) {
         return typed(
@@ -383,6 +418,7 @@ pub fn run(args: &ServeArgs) -> Exit {
                 tool_mode: None,
                 mcp: None,
             },
+            policy,
         });
         Hosted::new(Some(Arc::new(server)))
     });
