@@ -13,6 +13,12 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;
 
+/// A loopback port nothing listens on (bound, then released).
+pub fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
 /// A valid LLM stage file for `id`, with `extra` appended to the frontmatter
 /// and `body` as the prompt.
 pub fn stage_md(id: &str, extra: &str, body: &str) -> String {
