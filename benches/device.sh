@@ -64,6 +64,14 @@
 set -u
 bin=${1:-target/release/troupe}
 out=${2:-${OUT:-/tmp/troupe-device}}
+# A binary that did not travel (a folder git ignores must be named in the
+# call's carry) or was unpacked empty fails here, at once, instead of
+# every step failing and the distributed step waiting on a server that
+# never starts (the twenty-fifth round lost a call so).
+if ! "$bin" --version >/dev/null 2>&1; then
+    echo "$bin does not run: was it carried and unpacked?" >&2
+    exit 2
+fi
 mkdir -p "$out"
 scale=${SCALE:-1}
 w100k=$((100000 / scale)) w200k=$((200000 / scale)) w1m=$((1000000 / scale))
@@ -182,7 +190,7 @@ distributed() {
 }
 if ! step distributed; then
     : # not asked for
-elif [ -x "$nats" ]; then
+elif [ -x "$nats" ] && "$nats" --version >/dev/null 2>&1; then
     distributed 0ms --cap 256 --latency 0ms
     # The same with workers that have cores to spare: whether three
     # one-thread workers, not the coordinator, set the pace above.

@@ -23,7 +23,10 @@ out=$(realpath -m "${1:?output folder}")
 shift
 [ $# -ge 2 ] || { echo "two builds at least" >&2; exit 2; }
 bins=()
-for b in "$@"; do bins+=("$(realpath -m "$b")"); done
+for b in "$@"; do
+    bins+=("$(realpath -m "$b")")
+    "$b" --version >/dev/null 2>&1 || { echo "$b does not run: was it carried and unpacked?" >&2; exit 2; }
+done
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 scale=${SCALE:-1}
