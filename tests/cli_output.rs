@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::{stages, text};
 use std::process::{Command, Output};
 
 use assert_cmd::cargo::CommandCargoExt;
@@ -22,19 +23,6 @@ fn troupe(args: &[&str], runs: &std::path::Path) -> Output {
         .arg(runs.join("runs"))
         .output()
         .unwrap()
-}
-
-fn stages(name: &str) -> String {
-    format!("{}/stages/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]

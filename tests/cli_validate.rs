@@ -6,13 +6,10 @@
 mod common;
 
 use assert_cmd::Command;
+use common::stages;
 
 fn troupe() -> Command {
     Command::cargo_bin("troupe").expect("binary")
-}
-
-fn stages(name: &str) -> String {
-    format!("{}/stages/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::text;
 use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
@@ -199,15 +200,6 @@ fn troupe(args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]

@@ -10,37 +10,12 @@ mod common;
 #[path = "common/fake_openai.rs"]
 mod fake_openai;
 
+use common::{audit, stages, text};
 use std::process::{Command, Output};
 
 use assert_cmd::cargo::CommandCargoExt;
 use fake_openai::{FakeOpenAi, Quirk, pipeline_responder};
 use serde_json::Value;
-
-fn stages(name: &str) -> String {
-    format!("{}/stages/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn audit(runs: &std::path::Path) -> Vec<Value> {
-    let run = std::fs::read_dir(runs.join("runs"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap();
-    troupe::auditlog::read_text(&run.path().join(troupe::auditlog::FILE))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
 
 /// `troupe run stages/fanout --ctx width=4 --base-url <server>` (no
 /// `--model`: the server lists one), plus `extra`.

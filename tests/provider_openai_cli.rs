@@ -13,6 +13,7 @@ mod common;
 #[path = "common/fake_openai.rs"]
 mod fake_openai;
 
+use common::{audit, audit_text, stages, text};
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,36 +29,6 @@ fn troupe() -> Command {
     let mut cmd = Command::cargo_bin("troupe").unwrap();
     cmd.env_remove("OPENAI_API_KEY");
     cmd
-}
-
-fn stages(name: &str) -> String {
-    format!("{}/stages/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// The audit lines of the only run under `runs`.
-fn audit(runs: &std::path::Path) -> Vec<Value> {
-    audit_text(runs)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn audit_text(runs: &std::path::Path) -> String {
-    let run = std::fs::read_dir(runs.join("runs"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap();
-    troupe::auditlog::read_text(&run.path().join(troupe::auditlog::FILE)).unwrap()
 }
 
 // ------------------------------------------------- replies and request shape

@@ -13,6 +13,40 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;
 
+/// A bundled pipeline's folder, `stages/<name>`.
+pub fn stages(name: &str) -> String {
+    format!("{}/stages/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A finished command's exit status and both its streams, for a failed
+/// assertion's message.
+pub fn text(out: &std::process::Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The audit log, as JSON lines, of the only run under `<runs>/runs`.
+pub fn audit_text(runs: &Path) -> String {
+    let run = std::fs::read_dir(runs.join("runs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    troupe::auditlog::read_text(&run.path().join(troupe::auditlog::FILE)).unwrap()
+}
+
+/// [`audit_text`]'s events.
+pub fn audit(runs: &Path) -> Vec<serde_json::Value> {
+    audit_text(runs)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// A loopback port nothing listens on (bound, then released).
 pub fn closed_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
