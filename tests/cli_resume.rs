@@ -596,6 +596,21 @@ fn a_resumed_runs_budget_counts_what_its_earlier_sessions_used() {
         message.contains(&format!("{earlier} tokens in its earlier sessions")),
         "{message}"
     );
+    // Before the provider is asked anything: an endpoint nothing answers
+    // on would otherwise fail the capability check first.
+    let nowhere = format!("http://127.0.0.1:{}/v1", common::closed_port());
+    let out = project.output(&[
+        "resume",
+        run_id,
+        "--base-url",
+        &nowhere,
+        "--model",
+        "m",
+        "--max-tokens",
+        &under,
+        "--json",
+    ]);
+    assert_eq!(refusal(&out), "Budget/TokensExceeded");
     assert_eq!(std::fs::read(project.audit_path(run_id)).unwrap(), log);
     assert_eq!(project.listed(run_id)["sessions"], 1);
     assert_eq!(project.listed(run_id)["state"], "failed");

@@ -495,18 +495,44 @@ fn a_process_a_hosted_run_started_is_refused_by_the_tcp_listener() {
 
 /// `troupe serve --pipelines DIR`: clients run the operator's pipelines
 /// and nothing else (a link inside the folder that leads out is outside),
-/// with none of the options that would widen what the run reaches, and
-/// cannot resume a run of another pipeline through the server either.
+/// with none of the options that would widen what the run reaches, their
+/// approvals are not asked of them, and they cannot resume a run of
+/// another pipeline through the server either. The folders must lie where
+/// no run can write: outside the root, with the shells' writes confined.
 #[test]
 fn a_server_of_curated_pipelines_refuses_other_pipelines_and_widening_options() {
     let dir = tempfile::tempdir().unwrap();
-    let curated = dir.path().join("curated/fanout");
+    let operators = tempfile::tempdir().unwrap();
+    let curated = operators.path().join("fanout");
     std::fs::create_dir_all(&curated).unwrap();
     for entry in std::fs::read_dir(fanout()).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), curated.join(entry.file_name())).unwrap();
     }
-    std::os::unix::fs::symlink(fanout(), dir.path().join("curated/escape")).unwrap();
+    let escape = operators.path().join("escape");
+    std::os::unix::fs::symlink(fanout(), &escape).unwrap();
+    let operators_dir = operators.path().to_str().unwrap();
+    if troupe::tools::sandbox::probe(&[dir.path().to_owned()]).is_err() {
+        // No Landlock here: a run's shell could rewrite the pipelines.
+        let refused = cli(dir.path(), &["serve", "--pipelines", operators_dir]);
+        assert_eq!(refused.status.code(), Some(2), "{}", said(&refused));
+        assert!(
+            said(&refused).contains("write confinement"),
+            "{}",
+            said(&refused)
+        );
+        eprintln!("note: no Landlock here; only the refusal to start is tested");
+        return;
+    }
+    // A folder inside the root, where runs write, is refused.
+    std::fs::create_dir(dir.path().join("inside")).unwrap();
+    let inside = cli(dir.path(), &["serve", "--pipelines", "inside"]);
+    assert_eq!(inside.status.code(), Some(2), "{}", said(&inside));
+    assert!(
+        said(&inside).contains("overlaps the root"),
+        "{}",
+        said(&inside)
+    );
     let elsewhere = dir.path().join("elsewhere.yaml");
     std::fs::copy(fanout().join("script.yaml"), &elsewhere).unwrap();
     // A run of a pipeline outside the folders, made without the server,
@@ -527,20 +553,35 @@ fn a_server_of_curated_pipelines_refuses_other_pipelines_and_widening_options() 
     let outside: Value = serde_json::from_slice(&outside.stdout).unwrap();
     let outside = outside["runId"].as_str().unwrap();
 
-    let server = Server::start(dir.path(), &["--pipelines", "curated"]);
-    let ok = submit(
-        dir.path(),
-        &["curated/fanout", "--ctx", "width=3", "--watch"],
-    );
-    assert!(ok.contains("run ok"), "{ok}");
+    let server = Server::start(dir.path(), &["--pipelines", operators_dir]);
+    let pipeline = curated.to_str().unwrap();
+    let id = submit(dir.path(), &[pipeline, "--ctx", "width=3"]);
+    until("the run to end", || state_of(dir.path(), &id) == "ok");
+    // Approvals are not put to these clients (questions still are).
+    let shown = {
+        use std::io::{Read, Write};
+        let mut socket =
+            std::os::unix::net::UnixStream::connect(dir.path().join(".troupe/troupe.sock"))
+                .unwrap();
+        write!(
+            socket,
+            "GET /v1/runs/{id} HTTP/1.1\r\nHost: troupe\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut reply = String::new();
+        socket.read_to_string(&mut reply).unwrap();
+        reply
+    };
+    assert!(shown.contains("\"remoteAnswers\":false"), "{shown}");
+    let script = curated.join("script.yaml");
     let inside_script = submit(
         dir.path(),
         &[
-            "curated/fanout",
+            pipeline,
             "--ctx",
             "width=2",
             "--script",
-            "curated/fanout/script.yaml",
+            script.to_str().unwrap(),
             "--watch",
         ],
     );
@@ -564,26 +605,30 @@ fn a_server_of_curated_pipelines_refuses_other_pipelines_and_widening_options() 
         "--pipelines",
     );
     refused(
-        &["curated/escape"],
+        &[escape.to_str().unwrap()],
         "Control/PipelineNotAllowed",
-        "curated/escape",
+        "escape",
     );
-    let widening: [&[&str]; 12] = [
+    let widening: [&[&str]; 16] = [
         &["--no-sandbox"],
-        &["--max-tokens", "5"],
-        &["--price", "0,0"],
         &["--pass-env", "HOME"],
         &["--root", "/"],
         &["--yolo"],
+        &["--remote"],
+        &["--provider", "openai"],
         &["--base-url", "http://127.0.0.1:9/v1"],
+        &["--model", "gpt-4o"],
         &["--api-key-env", "HOME"],
+        &["--provider-retries", "100"],
+        &["--max-tokens", "5"],
+        &["--price", "0,0"],
         &["--otlp", "http://127.0.0.1:9"],
         &["--nats", "nats://127.0.0.1:9"],
         &["--script", elsewhere.to_str().unwrap()],
         &["--answers", "/etc/passwd"],
     ];
     for flags in widening {
-        let mut args = vec!["curated/fanout"];
+        let mut args = vec![pipeline];
         args.extend_from_slice(flags);
         refused(&args, "Control/OptionNotAllowed", flags[0]);
     }

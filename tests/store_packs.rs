@@ -367,21 +367,29 @@ fn what_a_run_used_counts_every_record_it_stored() {
         completion_tokens: c,
         requests: 1,
     };
-    let with_usage = |mut record: ExitRecord, usage: Usage| {
+    let with = |mut record: ExitRecord, usage: Usage, verdict: Verdict| {
         let Kept::Whole(r) = &mut record.result else {
             unreachable!("exit() makes a whole result")
         };
-        std::sync::Arc::make_mut(r).usage = usage;
+        let r = std::sync::Arc::make_mut(r);
+        r.usage = usage;
+        r.verdict = verdict;
         record
     };
     let writer = StoreWriter::start(&path).unwrap();
     let ledger = writer.ledger();
-    stored_exit(&ledger, with_usage(exit("r", 0, json!(0)), used(10, 1)));
-    stored_exit(&ledger, with_usage(exit("r", 1, json!(1)), used(20, 2)));
-    // Sibling 1 again (a failed try run again in a later session).
     stored_exit(
         &ledger,
-        with_usage(exit("r", 1, json!("again")), used(40, 4)),
+        with(exit("r", 0, json!(0)), used(10, 1), Verdict::Ok),
+    );
+    // Sibling 1 failed, then ran again (in a later session) and passed.
+    stored_exit(
+        &ledger,
+        with(exit("r", 1, json!(1)), used(20, 2), Verdict::Fail),
+    );
+    stored_exit(
+        &ledger,
+        with(exit("r", 1, json!("again")), used(40, 4), Verdict::Ok),
     );
     let now = SystemTime::now();
     ledger.cancelled(CancelRecord {

@@ -70,6 +70,11 @@ pub struct Host {
     /// starting the pipeline's own: a chat starts them once for all its
     /// turns.
     pub mcp: Option<Arc<crate::tools::mcp::McpPool>>,
+    /// `troupe serve --pipelines`: the API's clients are not trusted as
+    /// the operator, so approvals are not put to them (a call outside a
+    /// stage's allowedTools is denied, unless an operator's `--answers`
+    /// file approves it); human steps' questions still are.
+    pub untrusted_clients: bool,
 }
 
 /// One request limiter per OpenAI-compatible endpoint, shared by the runs

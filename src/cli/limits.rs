@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::definition::duration::parse_positive_duration;
 use crate::definition::{Pipeline, Price};
-use crate::runtime::limits::Budget;
+use crate::provider::Usage;
+use crate::runtime::limits::{Budget, BudgetExceeded};
 
 /// `troupe run`'s limits.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -64,6 +65,28 @@ impl LimitArgs {
             return Ok(None);
         }
         Ok(Some(Arc::new(Budget::new(max_tokens, max_cost, price))))
+    }
+}
+
+impl LimitArgs {
+    /// Why a resumed run whose earlier sessions used `spent` is already
+    /// over the budget that can be told before its provider is asked
+    /// anything: the token limit, and the cost limit when `model` is
+    /// known and priced. The whole budget is checked again once the
+    /// capability check has settled the model.
+    pub fn already_over(
+        &self,
+        pipeline: &Pipeline,
+        model: Option<&str>,
+        spent: Usage,
+    ) -> Option<BudgetExceeded> {
+        let file = pipeline.provider.clone().unwrap_or_default();
+        let max_tokens = self.max_tokens.or(file.max_tokens);
+        let price = model.and_then(|m| self.price.or_else(|| file.prices.get(m).copied()));
+        let max_cost = price.and(self.max_cost.or(file.max_cost));
+        Budget::new(max_tokens, max_cost, price)
+            .carry_over(spent)
+            .err()
     }
 }
 

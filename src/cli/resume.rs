@@ -17,6 +17,7 @@ use super::launch::{Launch, Refusal, Resumed, execute, store_refusal};
 use super::options::RunOptions;
 use crate::definition::load_pipeline;
 use crate::runtime::events::rfc3339;
+use crate::runtime::result::{Kept, Verdict};
 use crate::runtime::scheduler::Restore;
 use crate::store::repair::{LostExit, repair, scan};
 use crate::store::{RunLock, Store, StoreError, pipeline_digest};
@@ -218,10 +219,20 @@ fn store_arrived(
             arrived.unreadable
         );
     }
-    if !arrived.results.is_empty() {
+    // A report message delivered again (its coordinator was killed
+    // between committing some of its results and acknowledging it) holds
+    // results the store already has ok: those are not stored twice, so
+    // what the run used is not counted twice either.
+    let stored = if arrived.results.is_empty() {
+        std::collections::HashMap::new()
+    } else {
+        store.kept_results(run_id)?
+    };
+    let fresh = not_stored_ok(&stored, arrived.results.iter().map(|(result, _)| result));
+    if !fresh.is_empty() {
         let writer = crate::store::StoreWriter::start(store.path())?;
         let ledger = writer.ledger();
-        for (result, _) in &arrived.results {
+        for result in &fresh {
             crate::runtime::ledger::Ledger::persist(
                 &ledger,
                 crate::distributed::arrived::exit_record(run_id, result),
@@ -231,7 +242,7 @@ fn store_arrived(
         writer.finish()?;
         eprintln!(
             "note: {} result(s) workers reported while the run had no coordinator were stored",
-            arrived.results.len()
+            fresh.len()
         );
     }
     // Only now: a resume that failed to store them finds them again.
@@ -245,4 +256,51 @@ fn store_arrived(
             lines: events,
         })
         .collect())
+}
+
+/// The results of `arrived` the store does not already have ok.
+fn not_stored_ok<'a>(
+    stored: &std::collections::HashMap<Arc<str>, Kept>,
+    arrived: impl Iterator<Item = &'a Kept>,
+) -> Vec<&'a Kept> {
+    arrived
+        .filter(|result| {
+            stored
+                .get(result.stage_execution_id())
+                .is_none_or(|kept| kept.verdict() != Verdict::Ok)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::result::StageResult;
+
+    fn kept(id: &str, verdict: Verdict) -> Kept {
+        let mut r = StageResult::ok("worker", id, serde_json::json!(null));
+        r.verdict = verdict;
+        Kept::Whole(Arc::new(r))
+    }
+
+    #[test]
+    fn a_report_delivered_again_stores_only_what_the_store_lacks_ok() {
+        let stored: std::collections::HashMap<Arc<str>, Kept> = [
+            ("r/worker#0/1", Verdict::Ok),
+            ("r/worker#1/1", Verdict::Fail),
+        ]
+        .into_iter()
+        .map(|(id, v)| (Arc::from(id), kept(id, v)))
+        .collect();
+        let arrived = [
+            kept("r/worker#0/1", Verdict::Ok),
+            kept("r/worker#1/1", Verdict::Ok),
+            kept("r/worker#2/1", Verdict::Ok),
+        ];
+        let fresh: Vec<&str> = not_stored_ok(&stored, arrived.iter())
+            .into_iter()
+            .map(Kept::stage_execution_id)
+            .collect();
+        assert_eq!(fresh, ["r/worker#1/1", "r/worker#2/1"]);
+    }
 }

@@ -63,12 +63,13 @@ pub struct ServeArgs {
     pub store: Option<PathBuf>,
     /// Run only the pipelines under DIR (repeatable), for clients not
     /// trusted as you: their runs may not turn the sandbox off, pass
-    /// variables to shells, move the root, approve every call, choose
-    /// the model endpoint, key variable or budget, export to OTLP, use
-    /// NATS, or read files outside these folders (403
-    /// Control/OptionNotAllowed, Control/PipelineNotAllowed). Without it
-    /// a client holding the socket or the token can do whatever you can
-    /// with `troupe run`.
+    /// variables to shells, move the root, approve every call, set any
+    /// provider flag or the budget, export to OTLP, use NATS, or read
+    /// files outside these folders (403 Control/OptionNotAllowed,
+    /// Control/PipelineNotAllowed), and their approvals are not put to
+    /// them. DIR must lie outside the root and the runs folder, on a
+    /// kernel with Landlock. Without it a client holding the socket or
+    /// the token can do whatever you can with `troupe run`.
     #[arg(long, value_name = "DIR")]
     pub pipelines: Vec<PathBuf>,
 }
@@ -214,7 +215,7 @@ impl Submitter for Arc<Server> {
                 Some(cwd) if args.pipeline.is_relative() => cwd.join(&args.pipeline),
                 _ => args.pipeline.clone(),
             };
-            server.policy.pipeline(&path)?;
+            let path = server.policy.pipeline(&path)?;
             // Read off the control server's one thread, which every route
             // shares: a slow disk holds up this submission alone.
             let read = {
@@ -286,11 +287,12 @@ impl Submitter for Arc<Server> {
             let policy = server.policy.clone();
             let launch = tokio::task::spawn_blocking(move || {
                 // The stored run's pipeline is checked before the resume
-                // takes its lock or repairs its log; a run the store does
-                // not have is the resume's own refusal.
-                if let Ok(run) = crate::store::Store::open_read_only(&store)
-                    .and_then(|s| s.find_run(&args.run_id))
-                {
+                // takes its lock or repairs its log, and a run that cannot
+                // be looked up is refused as the resume would refuse it.
+                if policy.is_curated() {
+                    let run = crate::store::Store::open(&store)
+                        .and_then(|s| s.find_run(&args.run_id))
+                        .map_err(|e| refusal(&super::launch::store_refusal(&e)))?;
                     policy.pipeline(Path::new(&run.pipeline_dir))?;
                 }
                 super::resume::prepare(&args, &store).map_err(|r| refusal(&r))
@@ -350,7 +352,14 @@ pub fn run(args: &ServeArgs) -> Exit {
         Ok(r) => r,
         Err(why) => return typed("Validation/InputInvalid", why, "give the project's folder"),
     };
-    let policy = match Policy::new(&args.pipelines) {
+    if let Err(e) = std::fs::create_dir_all(&args.runs_dir) {
+        return typed(
+            "Store/Io",
+            format!("cannot create {}: {e}", args.runs_dir.display()),
+            "check the folder's permissions",
+        );
+    }
+    let policy = match Policy::new(&args.pipelines, &root, &args.runs_dir) {
         Ok(p) => p,
         Err(why) => {
             return typed(
@@ -360,13 +369,6 @@ pub fn run(args: &ServeArgs) -> Exit {
             );
         }
     };
-    if let Err(e) = std::fs::create_dir_all(&args.runs_dir) {
-        return typed(
-            "Store/Io",
-            format!("cannot create {}: {e}", args.runs_dir.display()),
-            "check the folder's permissions",
-        );
-    }
     let store_path = super::options::store_path(args.store.as_deref(), &args.runs_dir);
     // Runs a killed server left: said now, resumed on request.
     match crate::store::Store::open(&store_path) {
@@ -417,6 +419,7 @@ pub fn run(args: &ServeArgs) -> Exit {
                 slots: Some(Arc::new(EndpointSlots::default())),
                 tool_mode: None,
                 mcp: None,
+                untrusted_clients: policy.is_curated(),
             },
             policy,
         });

@@ -10,7 +10,9 @@
 //! shells, another root, every tool call approved, another model endpoint
 //! or key variable, a budget or price other than the pipeline's, an OTLP
 //! collector, a NATS server, files read from outside those folders. A refusal is `403 Control/PipelineNotAllowed`
-//! or `403 Control/OptionNotAllowed`, naming what was refused.
+//! or `403 Control/OptionNotAllowed`, naming what was refused. Their
+//! approvals are not put to them (a call outside a stage's allowedTools is
+//! denied); the folders must lie outside what a run can write.
 
 use std::path::{Path, PathBuf};
 
@@ -32,17 +34,46 @@ pub(super) struct Policy {
 impl Policy {
     /// The rule for `--pipelines` (none given: clients trusted). Each
     /// folder must exist; it is resolved once, so a link inside one that
-    /// leads out does not count as inside.
-    pub(super) fn new(dirs: &[PathBuf]) -> Result<Policy, String> {
+    /// leads out does not count as inside. A folder a run could write
+    /// is refused: one that holds or lies inside the root (where Write,
+    /// Edit and the sandboxed shells write) or the runs folder, and any
+    /// folder where the kernel cannot confine the shells' writes
+    /// (Landlock): a run could otherwise write itself a pipeline with a
+    /// hook, and have it run as the operator.
+    pub(super) fn new(dirs: &[PathBuf], root: &Path, runs_dir: &Path) -> Result<Policy, String> {
         if dirs.is_empty() {
             return Ok(Policy::default());
         }
+        if let Err(e) = crate::tools::sandbox::probe(&[root.to_owned()]) {
+            return Err(format!(
+                "--pipelines needs the shell sandbox's write confinement, which this kernel cannot give ({e}): a run's shell could rewrite the pipelines"
+            ));
+        }
+        let writable = [
+            (
+                "the root",
+                std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned()),
+            ),
+            (
+                "the runs folder",
+                std::fs::canonicalize(runs_dir).unwrap_or_else(|_| runs_dir.to_owned()),
+            ),
+        ];
         let mut resolved = Vec::with_capacity(dirs.len());
         for dir in dirs {
             let real = std::fs::canonicalize(dir)
                 .map_err(|e| format!("--pipelines {}: {e}", dir.display()))?;
             if !real.is_dir() {
                 return Err(format!("--pipelines {}: not a folder", dir.display()));
+            }
+            for (what, place) in &writable {
+                if real.starts_with(place) || place.starts_with(&real) {
+                    return Err(format!(
+                        "--pipelines {}: overlaps {what} ({}), where runs write: keep the pipelines clients may run outside it",
+                        dir.display(),
+                        place.display()
+                    ));
+                }
             }
             resolved.push(real);
         }
@@ -51,33 +82,42 @@ impl Policy {
         })
     }
 
-    /// Whether `path`, resolved, lies under one of the folders (always,
-    /// for trusted clients). A path that does not resolve is not.
-    fn inside(&self, path: &Path) -> bool {
-        let Some(allowed) = &self.pipelines else {
-            return true;
-        };
-        std::fs::canonicalize(path).is_ok_and(|real| allowed.iter().any(|a| real.starts_with(a)))
+    /// Whether clients are held to the folders (`--pipelines`).
+    pub(super) fn is_curated(&self) -> bool {
+        self.pipelines.is_some()
     }
 
-    /// Refuses a pipeline folder outside the operator's folders.
-    pub(super) fn pipeline(&self, dir: &Path) -> Result<(), Refused> {
-        if self.inside(dir) {
-            return Ok(());
-        }
-        Err(refused(
-            "Control/PipelineNotAllowed",
-            format!(
-                "{} is not under this server's --pipelines folders",
-                dir.display()
-            ),
-        ))
+    /// `path` resolved, when it lies under one of the folders; for
+    /// trusted clients, `path` as it is. A path that does not resolve is
+    /// not inside.
+    fn inside(&self, path: &Path) -> Option<PathBuf> {
+        let Some(allowed) = &self.pipelines else {
+            return Some(path.to_owned());
+        };
+        std::fs::canonicalize(path)
+            .ok()
+            .filter(|real| allowed.iter().any(|a| real.starts_with(a)))
+    }
+
+    /// The pipeline folder to load: `dir` resolved (what was checked is
+    /// what is read), or a refusal when it lies outside the folders.
+    pub(super) fn pipeline(&self, dir: &Path) -> Result<PathBuf, Refused> {
+        self.inside(dir).ok_or_else(|| {
+            refused(
+                "Control/PipelineNotAllowed",
+                format!(
+                    "{} is not under this server's --pipelines folders",
+                    dir.display()
+                ),
+            )
+        })
     }
 
     /// Refuses the options that would widen what a run of an operator's
-    /// pipeline reaches. `opts` as the client sent them; their relative
-    /// paths are `cwd`'s.
-    pub(super) fn options(&self, opts: &RunOptions, cwd: Option<&Path>) -> Result<(), Refused> {
+    /// pipeline reaches. `opts` as the client sent them (their relative
+    /// paths are `cwd`'s); a `--script` or `--answers` file inside the
+    /// folders is replaced by its resolved path, which is what is read.
+    pub(super) fn options(&self, opts: &mut RunOptions, cwd: Option<&Path>) -> Result<(), Refused> {
         if self.pipelines.is_none() {
             return Ok(());
         }
@@ -85,26 +125,43 @@ impl Policy {
             Some(cwd) if p.is_relative() => cwd.join(p),
             _ => p.to_owned(),
         };
-        let outside = |p: &Path| !self.inside(&theirs(p));
+        let script = opts.script.as_deref().map(|p| self.inside(&theirs(p)));
+        let answers: Vec<Option<PathBuf>> = opts
+            .answers
+            .iter()
+            .map(|p| self.inside(&theirs(p)))
+            .collect();
+        let provider = &opts.provider;
         let widening = [
             (opts.no_sandbox, "--no-sandbox"),
             (!opts.pass_env.is_empty(), "--pass-env"),
             (opts.yolo, "--yolo"),
+            (opts.remote, "--remote"),
             (opts.root != Path::new("."), "--root"),
-            (opts.provider.base_url.is_some(), "--base-url"),
-            (opts.provider.api_key_env.is_some(), "--api-key-env"),
-            (opts.otlp.is_some() || opts.otlp_content, "--otlp"),
-            (opts.nats.nats.is_some(), "--nats"),
-            // The pipeline's budget and price stand: a flag beats them.
+            // The provider is the pipeline's: its endpoint, model, key
+            // variable and how hard it is asked.
+            (provider.provider.is_some(), "--provider"),
+            (provider.base_url.is_some(), "--base-url"),
+            (provider.model.is_some(), "--model"),
+            (provider.api_key_env.is_some(), "--api-key-env"),
+            (provider.no_stream, "--no-stream"),
+            (provider.max_inflight.is_some(), "--max-inflight"),
+            (provider.request_timeout.is_some(), "--request-timeout"),
+            (provider.provider_retries.is_some(), "--provider-retries"),
+            (provider.provider_backoff.is_some(), "--provider-backoff"),
+            (provider.skip_check, "--skip-check"),
+            // So are its budget and price: a flag beats them.
             (opts.limits.max_tokens.is_some(), "--max-tokens"),
             (opts.limits.max_cost.is_some(), "--max-cost"),
             (opts.limits.price.is_some(), "--price"),
+            (opts.otlp.is_some() || opts.otlp_content, "--otlp"),
+            (opts.nats.nats.is_some(), "--nats"),
             (
-                opts.script.as_deref().is_some_and(outside),
+                matches!(script, Some(None)),
                 "--script (a file outside the --pipelines folders)",
             ),
             (
-                opts.answers.iter().any(|p| outside(p)),
+                answers.iter().any(Option::is_none),
                 "--answers (a file outside the --pipelines folders)",
             ),
         ];
@@ -113,16 +170,18 @@ impl Policy {
             .filter(|(set, _)| *set)
             .map(|(_, flag)| *flag)
             .collect();
-        if named.is_empty() {
-            return Ok(());
+        if !named.is_empty() {
+            return Err(refused(
+                "Control/OptionNotAllowed",
+                format!(
+                    "this server runs its --pipelines for clients it does not trust as itself, and refuses {}",
+                    named.join(", ")
+                ),
+            ));
         }
-        Err(refused(
-            "Control/OptionNotAllowed",
-            format!(
-                "this server runs its --pipelines for clients it does not trust as itself, and refuses {}",
-                named.join(", ")
-            ),
-        ))
+        opts.script = script.flatten();
+        opts.answers = answers.into_iter().flatten().collect();
+        Ok(())
     }
 }
 

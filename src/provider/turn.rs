@@ -72,9 +72,13 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Adds `other`, saturating: counts a server or a damaged store made
+    /// huge stay at the largest number rather than wrap to small ones.
     pub fn add(&mut self, other: Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-        self.requests += other.requests;
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+        self.requests = self.requests.saturating_add(other.requests);
     }
 }

@@ -123,7 +123,7 @@ impl Budget {
     /// The limit `total` is over, if any; `when` follows the amount in
     /// the message.
     fn over(&self, total: Usage, when: &str) -> Option<BudgetExceeded> {
-        let tokens = total.prompt_tokens + total.completion_tokens;
+        let tokens = total.prompt_tokens.saturating_add(total.completion_tokens);
         match (self.max_tokens, self.cost_of(total), self.max_cost) {
             (Some(max), _, _) if tokens > max => Some(BudgetExceeded {
                 code: "TokensExceeded",
@@ -171,7 +171,7 @@ impl Budget {
     pub fn report(&self) -> BudgetReport {
         let spent = *self.spent.lock().unwrap_or_else(|e| e.into_inner());
         BudgetReport {
-            spent_tokens: spent.prompt_tokens + spent.completion_tokens,
+            spent_tokens: spent.prompt_tokens.saturating_add(spent.completion_tokens),
             max_tokens: self.max_tokens,
             spent_cost: self.cost_of(spent),
             max_cost: self.max_cost,

@@ -69,6 +69,9 @@ impl std::fmt::Debug for Prepared {
     }
 }
 
+/// What a resume refused for its earlier sessions' spend can do.
+const OVER_BUDGET_HINT: &str = "a resumed run's budget counts what its stored stages used in earlier sessions; resume with a larger --max-tokens or --max-cost to go on";
+
 /// Checks `launch` with `opts` and readies it: a refusal when anything
 /// would stop it (nothing ran, nothing was recorded).
 pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepared, Refusal> {
@@ -115,6 +118,22 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
         &path,
         host.slots.as_deref(),
     )?;
+    // A resumed run already over its budget is refused here, before its
+    // MCP servers start or its provider is asked anything: the token
+    // limit, and the cost limit when the model and its price are known
+    // yet (the rest once the capability check has picked the model).
+    if let Some(resume) = &resume {
+        let model = match &openai {
+            Some((provider, _)) => provider.model().map(str::to_owned),
+            None => Some("scripted".to_owned()),
+        };
+        if let Some(over) = opts
+            .limits
+            .already_over(&pipeline, model.as_deref(), resume.spent)
+        {
+            return Err(Refusal::typed(&over, over.to_string(), OVER_BUDGET_HINT));
+        }
+    }
     let mut interactors = Vec::new();
     for answers in &opts.answers {
         match AnswerRules::load(answers) {
@@ -125,9 +144,10 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
     if opts.yolo {
         interactors.push(InteractorSpec::Yolo);
     }
-    // Approvals are also put to the control API's clients.
+    // Approvals are also put to the control API's clients, unless those
+    // are not trusted with them.
     let remote = opts.remote || host.server;
-    let desk = remote.then(|| Arc::new(RemoteDesk::default()));
+    let desk = (remote && !host.untrusted_clients).then(|| Arc::new(RemoteDesk::default()));
     if let Some(desk) = &desk {
         interactors.push(InteractorSpec::Remote(Arc::clone(desk)));
     }
@@ -480,7 +500,7 @@ impl Driven {
                 return Concluded::Refused(Refusal::typed(
                     &over,
                     over.to_string(),
-                    "a resumed run's budget counts what its stored stages used in earlier sessions; resume with a larger --max-tokens or --max-cost to go on",
+                    OVER_BUDGET_HINT,
                 ));
             }
             Outcome::Nats(e) => {
