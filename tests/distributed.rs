@@ -181,6 +181,35 @@ fn a_failed_sibling_cancels_the_siblings_in_flight_on_every_worker() {
     assert_eq!(entered.keys().cloned().collect::<BTreeSet<_>>(), expected);
     let cancelled: BTreeSet<String> = named(&events, "StageCancelled").map(label).collect();
     assert_eq!(cancelled, (0..3).map(|i| format!("worker#{i}/1")).collect());
+    // The store has them as a local run's: with the phase they were in,
+    // why, and what they had used.
+    let run_id = s["runId"].as_str().unwrap();
+    let shown = troupe()
+        .args(["runs", "show", run_id, "--json", "--runs-dir"])
+        .arg(project.runs())
+        .output()
+        .unwrap();
+    assert!(shown.status.success(), "{shown:?}");
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let stored: BTreeSet<String> = shown["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["outcome"] == "cancelled")
+        .map(|e| {
+            assert_eq!(e["phase"], "Act", "{e}");
+            assert!(
+                e["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("ParallelSiblingFailure")),
+                "{e}"
+            );
+            assert!(e["usage"]["requests"].as_u64().unwrap() >= 1, "{e}");
+            assert!(e["enteredAt"].as_u64() <= e["endedAt"].as_u64(), "{e}");
+            label(e)
+        })
+        .collect();
+    assert_eq!(stored, cancelled, "{shown}");
     let on: BTreeSet<&String> = entered.values().collect();
     assert_eq!(on.len(), 2, "the siblings ran on both workers: {entered:?}");
     assert!(

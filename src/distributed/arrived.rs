@@ -11,24 +11,98 @@ use serde_json::Value;
 use super::nats::Nats;
 use super::outbox;
 use super::wire::Report;
-use crate::runtime::ledger::ExitRecord;
+use crate::provider::Usage;
+use crate::runtime::events::{Event, EventName};
+use crate::runtime::ledger::{CancelRecord, ExitRecord};
 use crate::runtime::result::{Kept, Verdict};
 
-/// The store's record of a result that came from a worker.
-pub fn exit_record(run_id: &str, result: &Kept) -> ExitRecord {
-    let (stage_id, index) = match result.stage_execution_id().rsplit('/').nth(1) {
+/// A worker's execution's stage, sibling index and visit, read from its
+/// id (`<run>/<stage>[#<index>]/<visit>`); `stage` when the id has none.
+fn place(stage_execution_id: &str, stage: &str) -> (String, Option<usize>, u32) {
+    let (stage_id, index) = match stage_execution_id.rsplit('/').nth(1) {
         Some(label) => match label.split_once('#') {
             Some((s, i)) => (s.to_owned(), i.parse().ok()),
             None => (label.to_owned(), None),
         },
-        None => (result.stage_id().to_owned(), None),
+        None => (stage.to_owned(), None),
     };
-    let visit = result
-        .stage_execution_id()
+    let visit = stage_execution_id
         .rsplit('/')
         .next()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
+    (stage_id, index, visit)
+}
+
+/// The store's record of a sibling a worker cancelled, read from the
+/// events it relayed (its `StageCancelled`, the last, and its
+/// `StageEntered`), as a local cancellation is stored: so `troupe runs
+/// show` lists it with its phase and open tool calls, and a resumed run's
+/// budget counts what it used. `None` without a `StageCancelled`.
+pub fn cancel_record(
+    run_id: &str,
+    stage_execution_id: &str,
+    events: &[Event],
+    usage: Usage,
+) -> Option<CancelRecord> {
+    let cancelled = events
+        .iter()
+        .rev()
+        .find(|e| e.name == EventName::StageCancelled)?;
+    let entered_at = events
+        .iter()
+        .find(|e| e.name == EventName::StageEntered)
+        .map_or(cancelled.ts, |e| e.ts);
+    let text = |key: &str| match cancelled.field(key) {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    };
+    let number = |key: &str| {
+        cancelled
+            .field(key)
+            .and_then(|v| v.as_u64())
+            .and_then(|n| u32::try_from(n).ok())
+    };
+    let stage = cancelled.stage_id.as_deref().unwrap_or_default();
+    let (stage_id, index, visit) = place(stage_execution_id, stage);
+    Some(CancelRecord {
+        run_id: Arc::from(run_id),
+        stage_execution_id: Arc::from(stage_execution_id),
+        stage_id: Arc::from(stage_id.as_str()),
+        index,
+        visit,
+        reason: Arc::from(text("reason").unwrap_or_default()),
+        phase: text("phase").map_or("", |p| static_phase(&p)),
+        attempt: number("attempt").unwrap_or(1),
+        turn: number("turn").unwrap_or(0),
+        tool_calls: cancelled
+            .field("toolCalls")
+            .unwrap_or_else(|| Value::Array(Vec::new())),
+        usage,
+        entered_at,
+        cancelled_at: cancelled.ts,
+    })
+}
+
+/// A phase's name as the stage actor records it (the record keeps a
+/// `&'static str`); a name troupe does not use reads as empty.
+fn static_phase(name: &str) -> &'static str {
+    const PHASES: [&str; 8] = [
+        "Setup",
+        "Init",
+        "CheckGate",
+        "Act",
+        "Assert",
+        "Execute",
+        "Exit",
+        "Next",
+    ];
+    PHASES.into_iter().find(|p| *p == name).unwrap_or("")
+}
+
+/// The store's record of a result that came from a worker.
+pub fn exit_record(run_id: &str, result: &Kept) -> ExitRecord {
+    let (stage_id, index, visit) = place(result.stage_execution_id(), result.stage_id());
     let now = std::time::SystemTime::now();
     ExitRecord {
         run_id: Arc::from(run_id),
@@ -134,4 +208,50 @@ pub async fn take_arrived(nats: &Nats, run_id: &str) -> Result<Arrived, super::N
         unreadable,
         ackers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    fn event(name: EventName, at: u64) -> Event {
+        let mut e = Event::new(name, "r").stage("worker", "r/worker#7/2");
+        e.ts = UNIX_EPOCH + Duration::from_secs(at);
+        e
+    }
+
+    #[test]
+    fn a_workers_cancelled_sibling_is_stored_from_its_events() {
+        let used = Usage {
+            prompt_tokens: 5,
+            completion_tokens: 1,
+            requests: 1,
+        };
+        let cancelled = event(EventName::StageCancelled, 9)
+            .with("reason", Arc::<str>::from("Cancellation/FailFast"))
+            .with_static("phase", "Act")
+            .with("attempt", 2u64)
+            .with("turn", 3u64);
+        let events = [event(EventName::StageEntered, 4), cancelled];
+        let record = cancel_record("r", "r/worker#7/2", &events, used).unwrap();
+        assert_eq!(&*record.stage_id, "worker");
+        assert_eq!((record.index, record.visit), (Some(7), 2));
+        assert_eq!(&*record.reason, "Cancellation/FailFast");
+        assert_eq!((record.phase, record.attempt, record.turn), ("Act", 2, 3));
+        assert_eq!(record.tool_calls, Value::Array(Vec::new()));
+        assert_eq!(record.usage, used);
+        assert_eq!(record.entered_at, UNIX_EPOCH + Duration::from_secs(4));
+        assert_eq!(record.cancelled_at, UNIX_EPOCH + Duration::from_secs(9));
+
+        let odd = event(EventName::StageCancelled, 9).with_static("phase", "Dancing");
+        let record = cancel_record("r", "r/worker#7/2", &[odd], used).unwrap();
+        assert_eq!(record.phase, "", "a phase troupe does not use");
+        assert_eq!(record.entered_at, record.cancelled_at);
+        assert!(
+            cancel_record("r", "r/worker#7/2", &events[..1], used).is_none(),
+            "no StageCancelled, no record"
+        );
+    }
 }

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::super::arrived::exit_record;
+use super::super::arrived::{cancel_record, exit_record};
 use super::super::groups::Unit;
 use super::super::wire::{EventLine, Report};
 use super::{Cmd, Coordinator, Incoming};
@@ -207,7 +207,18 @@ impl Coordinator {
                 if let Some(exec) = known.filter(|_| !resolved) {
                     self.done(&exec, turn, unit);
                     self.charge(usage);
-                    relay(&self.spec.bus, events);
+                    let mut events: Vec<Event> = events
+                        .into_iter()
+                        .filter_map(EventLine::into_event)
+                        .collect();
+                    // Stored as a local cancellation is (best effort).
+                    if let Some(ledger) = &self.spec.ledger
+                        && let Some(record) =
+                            cancel_record(&self.spec.run_id, &exec.id, &events, usage)
+                    {
+                        ledger.cancelled(record);
+                    }
+                    let _ = self.spec.bus.publish_all(&mut events);
                     self.scheduler.do_send(ToScheduler::Report {
                         exec,
                         outcome: StageOutcome::Cancelled { usage },
