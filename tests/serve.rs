@@ -14,7 +14,7 @@ mod common;
 use common::project::{said, sibling_exits};
 use common::serve::*;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
@@ -321,12 +321,32 @@ fn the_tcp_listener_wants_the_token_and_guards_the_dashboard_session() {
         })
         .unwrap();
     assert!(
-        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Strict")
+            && cookie.contains("Max-Age=43200"),
         "{cookie}"
     );
     let session = cookie.split(';').next().unwrap();
     let (again, _, _) = get(&addr, path, "");
     assert_eq!(again, 401, "the link works once");
+    // `troupe dashboard` (over TCP with the token: this server has no
+    // socket) prints a new link; a newer one voids it unused, and each
+    // works once.
+    let over_tcp = format!("http://{addr}");
+    let fresh = |out: Output| {
+        assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+        let url = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        assert!(
+            url.starts_with(&format!("http://{addr}/login?once=")),
+            "{url}"
+        );
+        url[url.find("/login").unwrap()..].to_owned()
+    };
+    let voided = fresh(cli(dir.path(), &["dashboard", "--server", &over_tcp]));
+    let newest = fresh(cli(dir.path(), &["dashboard", "--server", &over_tcp]));
+    assert_eq!(get(&addr, &voided, "").0, 401, "a newer link voids it");
+    assert_eq!(get(&addr, &newest, "").0, 303);
+    assert_eq!(get(&addr, &newest, "").0, 401, "and works once");
     let with = format!("Cookie: {session}\r\n");
     let (status, _, page) = get(&addr, "/", &with);
     assert_eq!(status, 200);
@@ -386,8 +406,23 @@ fn bad_listeners_second_servers_and_bad_submissions_are_typed_refusals() {
     let none = cli(dir.path(), &["submit", fanout().to_str().unwrap()]);
     assert_eq!(none.status.code(), Some(2));
     assert!(said(&none).contains("Control/NoServer"), "{}", said(&none));
+    let none = cli(dir.path(), &["dashboard"]);
+    assert_eq!(none.status.code(), Some(2));
+    assert!(said(&none).contains("Control/NoServer"), "{}", said(&none));
 
     let server = Server::start(dir.path(), &[]);
+    let no_dashboard = cli(dir.path(), &["dashboard"]);
+    assert_eq!(
+        no_dashboard.status.code(),
+        Some(2),
+        "{}",
+        said(&no_dashboard)
+    );
+    assert!(
+        said(&no_dashboard).contains("Control/NoDashboard"),
+        "{}",
+        said(&no_dashboard)
+    );
     let twice = cli(dir.path(), &["serve"]);
     assert_eq!(twice.status.code(), Some(2));
     assert!(

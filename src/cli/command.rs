@@ -219,6 +219,10 @@ Examples:
     Answer(super::control::QuestionArgs),
     /// Cancel a running run strictly, as Ctrl-C in its terminal would.
     Cancel(super::control::RunRef),
+    /// Print a new one-time login link to `troupe serve`'s dashboard (its
+    /// TCP listener); the last link stops working. A session lasts 12
+    /// hours unused.
+    Dashboard(super::control::DashboardArgs),
     /// Internal: confine writes to the given folders with Landlock, then
     /// exec the command. `Bash` runs every sandboxed shell through it.
     #[command(hide = true)]
@@ -345,6 +349,7 @@ fn dispatch(command: Command) -> Exit {
         Command::Approve(args) => super::control::answer(&args, true),
         Command::Deny(args) => super::control::answer(&args, false),
         Command::Cancel(at) => super::control::cancel(&at),
+        Command::Dashboard(args) => super::control::dashboard(&args),
         Command::Answer(args) => super::control::answer_question(&args),
     }
 }

@@ -26,6 +26,41 @@ pub struct RunRef {
     pub server: Option<String>,
 }
 
+/// `troupe dashboard`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DashboardArgs {
+    /// The runs folder the server was started with.
+    #[arg(long, value_name = "DIR", default_value = ".troupe/runs")]
+    pub runs_dir: PathBuf,
+    /// The `troupe serve` to ask (`unix:PATH`, `http://HOST:PORT`)
+    /// [default: $TROUPE_SERVER; else the project's server].
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+}
+
+/// Prints a new one-time login link to the server's dashboard.
+pub fn dashboard(args: &DashboardArgs) -> Exit {
+    let target = match super::reach::server_for(args.server.as_deref(), &args.runs_dir) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return failed(&ControlError {
+                code: "NoServer",
+                message: "no `troupe serve` answers for this project (start one, or name it with --server)"
+                    .to_owned(),
+            });
+        }
+        Err(e) => return failed(&e),
+    };
+    let link = ControlClient::to(&target).and_then(|c| block_on(c.dashboard_login()));
+    match link {
+        Ok(url) => {
+            println!("{url}");
+            Exit::Ok
+        }
+        Err(e) => failed(&e),
+    }
+}
+
 /// `troupe watch`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WatchArgs {

@@ -2,13 +2,17 @@
 //! mode 0600, made on first start), or for the dashboard a session cookie
 //! got through a one-time login link. A state-changing request carried by
 //! the cookie must also say `X-Troupe-Csrf: 1` and come from the server's
-//! own origin, which a cross-site form or script cannot arrange. The Unix
-//! socket needs none of this: its mode (0600) is the check.
+//! own origin, which a cross-site form or script cannot arrange. A session
+//! unused for [`SESSION_IDLE`] is over (the cookie says so too), and
+//! `troupe dashboard` asks the server for a new login link, which voids
+//! the last one. The Unix socket needs none of this: its mode (0600) is
+//! the check.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -20,13 +24,17 @@ use super::reply::error;
 /// The cookie the dashboard's session rides on.
 const COOKIE: &str = "troupe_session";
 
+/// How long a dashboard session lasts unused.
+pub const SESSION_IDLE: Duration = Duration::from_secs(12 * 60 * 60);
+
 /// The token and the dashboard's sessions.
 #[derive(Debug)]
 pub struct Auth {
     token: String,
     /// The login link's secret, good once.
     once: Mutex<Option<String>>,
-    sessions: Mutex<HashSet<String>>,
+    /// Each session's secret, with when it was last used.
+    sessions: Mutex<HashMap<String, Instant>>,
 }
 
 /// 32 random bytes, hex.
@@ -84,7 +92,7 @@ impl Auth {
         Ok(Arc::new(Auth {
             token,
             once: Mutex::new(Some(random_hex()?)),
-            sessions: Mutex::new(HashSet::new()),
+            sessions: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -106,14 +114,33 @@ impl Auth {
             .is_some_and(|t| same(t.trim(), &self.token))
     }
 
+    /// A new login link (its path), good once; the last one no longer is.
+    pub fn fresh_login(&self) -> std::io::Result<String> {
+        let once = random_hex()?;
+        let path = format!("/login?once={once}");
+        *self.once.lock().unwrap_or_else(PoisonError::into_inner) = Some(once);
+        Ok(path)
+    }
+
+    /// Whether the request's cookie names a session used within
+    /// [`SESSION_IDLE`] (now used again); sessions past it are let go.
     fn session_ok(&self, headers: &HeaderMap) -> bool {
         let Some(id) = cookie(headers, COOKIE) else {
             return false;
         };
-        self.sessions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(id)
+        self.session_at(id, Instant::now())
+    }
+
+    fn session_at(&self, id: &str, now: Instant) -> bool {
+        let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        sessions.retain(|_, used| now.saturating_duration_since(*used) < SESSION_IDLE);
+        match sessions.get_mut(id) {
+            Some(used) => {
+                *used = now;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Trades the login link's secret for a session cookie, once.
@@ -127,7 +154,7 @@ impl Auth {
             return error(
                 StatusCode::UNAUTHORIZED,
                 "Control/Unauthorized",
-                "this login link is not valid (it works once): restart `troupe serve` for a new one, or send the token as a bearer",
+                "this login link is not valid (it works once): `troupe dashboard` prints a new one, or send the token as a bearer",
             );
         }
         *once = None;
@@ -141,14 +168,17 @@ impl Auth {
         self.sessions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(session.clone());
+            .insert(session.clone(), Instant::now());
         (
             StatusCode::SEE_OTHER,
             [
                 (header::LOCATION, "/".to_owned()),
                 (
                     header::SET_COOKIE,
-                    format!("{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/"),
+                    format!(
+                        "{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+                        SESSION_IDLE.as_secs()
+                    ),
                 ),
             ],
         )
@@ -253,6 +283,42 @@ mod tests {
                 .expect_err("refused")
                 .contains("chmod 600")
         );
+    }
+
+    #[test]
+    fn a_session_unused_past_its_idle_time_is_over_and_a_new_link_voids_the_last() {
+        let auth = Auth::new("t".repeat(64)).expect("auth");
+        let first = auth.login_path().expect("a link");
+        let start = Instant::now();
+        auth.sessions
+            .lock()
+            .expect("lock")
+            .insert("s".to_owned(), start);
+        let later = start + SESSION_IDLE / 2;
+        assert!(auth.session_at("s", later), "used within its idle time");
+        assert!(
+            auth.session_at("s", later + SESSION_IDLE / 2 + Duration::from_secs(1)),
+            "its idle time counts from its last use"
+        );
+        assert!(
+            !auth.session_at("s", later + SESSION_IDLE * 2),
+            "unused past it"
+        );
+        assert!(auth.sessions.lock().expect("lock").is_empty(), "let go");
+        assert!(!auth.session_at("nobody", start));
+
+        let fresh = auth.fresh_login().expect("fresh");
+        assert_ne!(fresh, first);
+        assert_eq!(auth.login_path().as_deref(), Some(fresh.as_str()));
+        let once = |path: &str| path.split_once("once=").map(|(_, o)| o.to_owned());
+        let refused = auth.login(Some(&format!("once={}", once(&first).expect("once"))));
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+        let taken = auth.login(Some(&format!("once={}", once(&fresh).expect("once"))));
+        assert_eq!(taken.status(), StatusCode::SEE_OTHER);
+        let cookie = taken.headers()[header::SET_COOKIE]
+            .to_str()
+            .expect("cookie");
+        assert!(cookie.ends_with("Max-Age=43200"), "{cookie}");
     }
 
     #[test]

@@ -277,6 +277,13 @@ impl ControlClient {
         self.json(r).await
     }
 
+    /// A new one-time login link to the server's dashboard (a URL); the
+    /// last one stops working.
+    pub async fn dashboard_login(&self) -> Result<String, ControlError> {
+        let v = self.post("/v1/dashboard/login", &Value::Null).await?;
+        Ok(v["url"].as_str().unwrap_or_default().to_owned())
+    }
+
     /// Lists the runs the server hosts.
     pub async fn runs(&self) -> Result<Vec<Value>, ControlError> {
         let v = self.get("/v1/runs").await?;

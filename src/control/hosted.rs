@@ -272,6 +272,9 @@ pub struct Hosted {
     closed: AtomicBool,
     /// Submissions past their check and not yet queued.
     admitting: std::sync::atomic::AtomicUsize,
+    /// A server's dashboard: its sessions' gate and the TCP address it
+    /// is served on (set once the listener is bound).
+    dashboard: OnceLock<(Arc<super::auth::Auth>, std::net::SocketAddr)>,
 }
 
 /// A submission being admitted: while it lives the server does not drain
@@ -306,7 +309,24 @@ impl Hosted {
             submitter,
             closed: AtomicBool::new(false),
             admitting: std::sync::atomic::AtomicUsize::new(0),
+            dashboard: OnceLock::new(),
         }
+    }
+
+    /// Where the dashboard is served, with its gate (the first TCP
+    /// listener's; later calls are ignored).
+    pub fn set_dashboard(&self, auth: Arc<super::auth::Auth>, addr: std::net::SocketAddr) {
+        let _ = self.dashboard.set((auth, addr));
+    }
+
+    /// A new one-time login link to the dashboard (a URL), voiding the
+    /// last one; `None` when this server serves no dashboard.
+    pub fn fresh_login(&self) -> Option<std::io::Result<String>> {
+        let (auth, addr) = self.dashboard.get()?;
+        Some(
+            auth.fresh_login()
+                .map(|path| format!("http://{addr}{path}")),
+        )
     }
 
     /// Hosts `run`. Ended runs beyond the newest [`KEEP_ENDED`] are let go

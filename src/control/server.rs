@@ -166,7 +166,9 @@ impl ControlServer {
                         std.set_nonblocking(true)?;
                         tokio::net::TcpListener::from_std(std)?
                     };
-                    server.bound.push(Listen::Tcp(listener.local_addr()?));
+                    let bound = listener.local_addr()?;
+                    server.bound.push(Listen::Tcp(bound));
+                    hosted.set_dashboard(Arc::clone(&auth), bound);
                     let app = app.clone().layer(axum::middleware::from_fn_with_state(
                         auth,
                         super::auth::gate,
@@ -233,6 +235,7 @@ pub fn router(hosted: Arc<Hosted>) -> Router {
         .route("/v1/runs/{id}/pending", get(pending))
         .route("/v1/runs/{id}/pending/{proposal}", post(answer))
         .route("/v1/runs/{id}/cancel", post(cancel))
+        .route("/v1/dashboard/login", post(dashboard_login))
         .route("/v1/runs/{id}/resume", post(resume))
         .route(
             "/v1/runs/{id}/timeline.svg",
@@ -580,6 +583,23 @@ async fn answer_question(
                 "the answer does not match the step's fields: {}",
                 errors.join("; ")
             ),
+        ),
+    }
+}
+
+/// A new one-time login link to the dashboard, voiding the last one.
+async fn dashboard_login(State(hosted): State<Arc<Hosted>>) -> Response {
+    match hosted.fresh_login() {
+        Some(Ok(url)) => ok_json(&json!({ "url": url })),
+        Some(Err(e)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Control/ServerError",
+            format!("cannot make a login link: {e}"),
+        ),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "Control/NoDashboard",
+            "this server serves no dashboard: start `troupe serve` with `--listen tcp:127.0.0.1:PORT`",
         ),
     }
 }
