@@ -162,13 +162,23 @@ impl ControlClient {
     }
 
     pub fn to(target: &Target) -> Result<ControlClient, ControlError> {
+        ControlClient::waiting(target, CONNECT_TIMEOUT, READ_TIMEOUT)
+    }
+
+    /// A client that gives up on a connection after `connect`, and on a
+    /// server that sends nothing for `read`.
+    fn waiting(
+        target: &Target,
+        connect: std::time::Duration,
+        read: std::time::Duration,
+    ) -> Result<ControlClient, ControlError> {
         let failed = |e: reqwest::Error| ControlError::new("ClientFailed", e.to_string());
         let (http, base) = match target {
             Target::Unix(socket) => (
                 reqwest::Client::builder()
                     .unix_socket(socket.clone())
-                    .connect_timeout(CONNECT_TIMEOUT)
-                    .read_timeout(READ_TIMEOUT)
+                    .connect_timeout(connect)
+                    .read_timeout(read)
                     .build()
                     .map_err(failed)?,
                 "http://troupe".to_owned(),
@@ -190,8 +200,8 @@ impl ControlClient {
                 (
                     reqwest::Client::builder()
                         .default_headers(headers)
-                        .connect_timeout(CONNECT_TIMEOUT)
-                        .read_timeout(READ_TIMEOUT)
+                        .connect_timeout(connect)
+                        .read_timeout(read)
                         .build()
                         .map_err(failed)?,
                     base.clone(),
@@ -243,6 +253,10 @@ impl ControlClient {
             Some("ShuttingDown") => "ShuttingDown",
             Some("RunActive") => "RunActive",
             Some("BadArgs") => "BadArgs",
+            Some("NoDashboard") => "NoDashboard",
+            Some("PipelineNotAllowed") => "PipelineNotAllowed",
+            Some("OptionNotAllowed") => "OptionNotAllowed",
+            Some("InsideRun") => "InsideRun",
             Some(_) | None => {
                 // A refused submission keeps the run's own code
                 // (`Validation/…`, `Store/…`, `Provider/…`).
@@ -458,6 +472,48 @@ mod tests {
                 .map_err(|e| e.to_string())?;
         }
         Ok(lines)
+    }
+
+    /// A server that accepted the connection and then sent nothing is
+    /// unreachable once the read timeout has passed, not waited on for
+    /// ever (without it the call would still be waiting when the test's
+    /// own bound runs out).
+    #[test]
+    fn a_silent_server_is_unreachable_after_the_read_timeout() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("silent.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            // Accepts one connection and holds it, answering nothing,
+            // until the test is done.
+            let (conn, _) = listener.accept().expect("accept");
+            let _ = held_rx.recv();
+            drop(conn);
+        });
+        let client = ControlClient::waiting(
+            &Target::Unix(socket),
+            std::time::Duration::from_secs(5),
+            std::time::Duration::from_millis(200),
+        )
+        .expect("client");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let e = rt
+            .block_on(async {
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(20),
+                    client.describe("some-run"),
+                )
+                .await
+            })
+            .expect("the client gives up by itself")
+            .expect_err("a silent server answers nothing");
+        assert_eq!(e.code, "Unreachable", "{e}");
+        let _ = held_tx.send(());
+        holder.join().expect("holder");
     }
 
     #[test]
