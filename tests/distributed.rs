@@ -205,7 +205,16 @@ fn a_failed_sibling_cancels_the_siblings_in_flight_on_every_worker() {
                 "{e}"
             );
             assert!(e["usage"]["requests"].as_u64().unwrap() >= 1, "{e}");
-            assert!(e["enteredAt"].as_u64() <= e["endedAt"].as_u64(), "{e}");
+            assert!(e["turn"].as_u64().unwrap() >= 1, "{e}");
+            // Each was in its Bash call, which the record names.
+            assert!(
+                e["toolCalls"]
+                    .as_array()
+                    .is_some_and(|calls| calls.iter().any(|c| c["tool"] == "Bash")),
+                "{e}"
+            );
+            let entered = e["enteredAt"].as_u64().expect("when it entered");
+            assert!(entered <= e["endedAt"].as_u64().unwrap(), "{e}");
             label(e)
         })
         .collect();

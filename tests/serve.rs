@@ -644,8 +644,10 @@ fn a_server_of_curated_pipelines_refuses_other_pipelines_and_widening_options() 
         "Control/PipelineNotAllowed",
         "escape",
     );
-    let widening: [&[&str]; 16] = [
+    let widening: [&[&str]; 18] = [
         &["--no-sandbox"],
+        &["--parallel-cap", "100000"],
+        &["--threads", "64"],
         &["--pass-env", "HOME"],
         &["--root", "/"],
         &["--yolo"],
@@ -666,6 +668,34 @@ fn a_server_of_curated_pipelines_refuses_other_pipelines_and_widening_options() 
         let mut args = vec![pipeline];
         args.extend_from_slice(flags);
         refused(&args, "Control/OptionNotAllowed", flags[0]);
+    }
+    // A pipeline of the folders whose MCP server could write them.
+    for (server, naming) in [
+        ("    sandbox: false\n", "sandbox: false"),
+        (
+            &*format!("    writes: [\"{operators_dir}\"]\n"),
+            "may write",
+        ),
+    ] {
+        let with_mcp = operators.path().join("with-mcp");
+        let _ = std::fs::remove_dir_all(&with_mcp);
+        std::fs::create_dir(&with_mcp).unwrap();
+        for entry in std::fs::read_dir(&curated).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), with_mcp.join(entry.file_name())).unwrap();
+        }
+        let yaml = with_mcp.join("pipeline.yaml");
+        let text = std::fs::read_to_string(&yaml).unwrap();
+        std::fs::write(
+            &yaml,
+            format!("{text}\nmcpServers:\n  writer:\n    command: \"true\"\n{server}"),
+        )
+        .unwrap();
+        refused(
+            &[with_mcp.to_str().unwrap()],
+            "Control/PipelineNotAllowed",
+            naming,
+        );
     }
     let resumed = cli(dir.path(), &["resume", outside]);
     assert_eq!(resumed.status.code(), Some(2), "{}", said(&resumed));

@@ -71,8 +71,8 @@ impl LimitArgs {
 impl LimitArgs {
     /// Why a resumed run whose earlier sessions used `spent` is already
     /// over the budget that can be told before its provider is asked
-    /// anything: the token limit, and the cost limit when `model` is
-    /// known and priced. The whole budget is checked again once the
+    /// anything: the token limit, and the cost limit when the price is
+    /// known (`--price`, or `model`'s in the pipeline). The whole budget is checked again once the
     /// capability check has settled the model.
     pub fn already_over(
         &self,
@@ -82,7 +82,9 @@ impl LimitArgs {
     ) -> Option<BudgetExceeded> {
         let file = pipeline.provider.clone().unwrap_or_default();
         let max_tokens = self.max_tokens.or(file.max_tokens);
-        let price = model.and_then(|m| self.price.or_else(|| file.prices.get(m).copied()));
+        let price = self
+            .price
+            .or_else(|| model.and_then(|m| file.prices.get(m).copied()));
         let max_cost = price.and(self.max_cost.or(file.max_cost));
         Budget::new(max_tokens, max_cost, price)
             .carry_over(spent)

@@ -62,7 +62,18 @@ pub fn run(args: ResumeArgs) -> Exit {
 
 /// The run `args` names, checked and repaired, ready to go on.
 pub fn prepare(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Refusal> {
-    prepare_stored(args, store_path).map_err(|e| match e {
+    prepare_from(args, store_path, None)
+}
+
+/// [`prepare`], its pipeline read from `checked` (the stored folder as a
+/// caller resolved and checked it) when given: what was checked is what
+/// is read.
+pub fn prepare_from(
+    args: &ResumeArgs,
+    store_path: &Path,
+    checked: Option<PathBuf>,
+) -> Result<Launch, Refusal> {
+    prepare_stored(args, store_path, checked).map_err(|e| match e {
         Stopped::Store(e) => store_refusal(&e),
         Stopped::Refused(r) => r,
     })
@@ -79,7 +90,11 @@ impl From<StoreError> for Stopped {
     }
 }
 
-fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stopped> {
+fn prepare_stored(
+    args: &ResumeArgs,
+    store_path: &Path,
+    checked: Option<PathBuf>,
+) -> Result<Launch, Stopped> {
     let store = Store::open(store_path)?;
     let run = store.find_run(&args.run_id)?;
     if run.status == "ok" {
@@ -87,7 +102,7 @@ fn prepare_stored(args: &ResumeArgs, store_path: &Path) -> Result<Launch, Stoppe
     }
     let run_dir = PathBuf::from(&run.run_dir);
     let lock = RunLock::acquire(&run_dir, &run.id)?;
-    let dir = PathBuf::from(&run.pipeline_dir);
+    let dir = checked.unwrap_or_else(|| PathBuf::from(&run.pipeline_dir));
     let pipeline = match load_pipeline(&dir) {
         Ok(p) => Arc::new(p),
         Err(diags) => {
@@ -258,7 +273,8 @@ fn store_arrived(
         .collect())
 }
 
-/// The results of `arrived` the store does not already have ok.
+/// The results of `arrived` the store does not already have standing (ok
+/// or skipped: what a resume does not run again).
 fn not_stored_ok<'a>(
     stored: &std::collections::HashMap<Arc<str>, Kept>,
     arrived: impl Iterator<Item = &'a Kept>,
@@ -267,7 +283,7 @@ fn not_stored_ok<'a>(
         .filter(|result| {
             stored
                 .get(result.stage_execution_id())
-                .is_none_or(|kept| kept.verdict() != Verdict::Ok)
+                .is_none_or(|kept| kept.verdict() == Verdict::Fail)
         })
         .collect()
 }
@@ -288,6 +304,7 @@ mod tests {
         let stored: std::collections::HashMap<Arc<str>, Kept> = [
             ("r/worker#0/1", Verdict::Ok),
             ("r/worker#1/1", Verdict::Fail),
+            ("r/worker#3/1", Verdict::Skipped),
         ]
         .into_iter()
         .map(|(id, v)| (Arc::from(id), kept(id, v)))
@@ -296,6 +313,7 @@ mod tests {
             kept("r/worker#0/1", Verdict::Ok),
             kept("r/worker#1/1", Verdict::Ok),
             kept("r/worker#2/1", Verdict::Ok),
+            kept("r/worker#3/1", Verdict::Skipped),
         ];
         let fresh: Vec<&str> = not_stored_ok(&stored, arrived.iter())
             .into_iter()

@@ -166,6 +166,7 @@ impl Server {
         client: String,
         verb: &str,
     ) -> Result<String, (u16, serde_json::Value)> {
+        self.policy.servers(&launch.pipeline)?;
         let host = self.host.clone();
         let prepared = tokio::task::spawn_blocking(move || prepare(launch, &opts, &host))
             .await
@@ -289,13 +290,15 @@ impl Submitter for Arc<Server> {
                 // The stored run's pipeline is checked before the resume
                 // takes its lock or repairs its log, and a run that cannot
                 // be looked up is refused as the resume would refuse it.
-                if policy.is_curated() {
+                let checked = if policy.is_curated() {
                     let run = crate::store::Store::open(&store)
                         .and_then(|s| s.find_run(&args.run_id))
                         .map_err(|e| refusal(&super::launch::store_refusal(&e)))?;
-                    policy.pipeline(Path::new(&run.pipeline_dir))?;
-                }
-                super::resume::prepare(&args, &store).map_err(|r| refusal(&r))
+                    Some(policy.pipeline(Path::new(&run.pipeline_dir))?)
+                } else {
+                    None
+                };
+                super::resume::prepare_from(&args, &store, checked).map_err(|r| refusal(&r))
             })
             .await
             .map_err(|_| bad_args("the run could not be prepared".to_owned()))??;

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::options::RunOptions;
+use crate::definition::Pipeline;
+use crate::definition::mcp::McpTransport;
 
 /// A refusal: the HTTP status and the typed error body.
 type Refused = (u16, serde_json::Value);
@@ -36,8 +38,9 @@ impl Policy {
     /// folder must exist; it is resolved once, so a link inside one that
     /// leads out does not count as inside. A folder a run could write
     /// is refused: one that holds or lies inside the root (where Write,
-    /// Edit and the sandboxed shells write) or the runs folder, and any
-    /// folder where the kernel cannot confine the shells' writes
+    /// Edit and the sandboxed shells write) or the runs folder, one that
+    /// holds the temp folder the shells' private ones are made in, and
+    /// any folder where the kernel cannot confine the shells' writes
     /// (Landlock): a run could otherwise write itself a pipeline with a
     /// hook, and have it run as the operator.
     pub(super) fn new(dirs: &[PathBuf], root: &Path, runs_dir: &Path) -> Result<Policy, String> {
@@ -49,33 +52,35 @@ impl Policy {
                 "--pipelines needs the shell sandbox's write confinement, which this kernel cannot give ({e}): a run's shell could rewrite the pipelines"
             ));
         }
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
         let writable = [
-            (
-                "the root",
-                std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned()),
-            ),
-            (
-                "the runs folder",
-                std::fs::canonicalize(runs_dir).unwrap_or_else(|_| runs_dir.to_owned()),
-            ),
+            ("the root", real(root)),
+            ("the runs folder", real(runs_dir)),
         ];
+        // Each run's shells get a private folder made inside it.
+        let temp = (
+            "the temp folder the shells' own are made in",
+            real(&std::env::temp_dir()),
+        );
         let mut resolved = Vec::with_capacity(dirs.len());
         for dir in dirs {
-            let real = std::fs::canonicalize(dir)
+            let folder = std::fs::canonicalize(dir)
                 .map_err(|e| format!("--pipelines {}: {e}", dir.display()))?;
-            if !real.is_dir() {
+            if !folder.is_dir() {
                 return Err(format!("--pipelines {}: not a folder", dir.display()));
             }
-            for (what, place) in &writable {
-                if real.starts_with(place) || place.starts_with(&real) {
-                    return Err(format!(
-                        "--pipelines {}: overlaps {what} ({}), where runs write: keep the pipelines clients may run outside it",
-                        dir.display(),
-                        place.display()
-                    ));
-                }
+            let overlap = writable
+                .iter()
+                .find(|(_, place)| folder.starts_with(place) || place.starts_with(&folder))
+                .or_else(|| temp.1.starts_with(&folder).then_some(&temp));
+            if let Some((what, place)) = overlap {
+                return Err(format!(
+                    "--pipelines {}: overlaps {what} ({}), where runs write: keep the pipelines clients may run outside it",
+                    dir.display(),
+                    place.display()
+                ));
             }
-            resolved.push(real);
+            resolved.push(folder);
         }
         Ok(Policy {
             pipelines: Some(resolved),
@@ -113,6 +118,56 @@ impl Policy {
         })
     }
 
+    /// Refuses a pipeline whose MCP servers could write the folders: one
+    /// without the sandbox, or one whose `writes:` holds or lies inside
+    /// one of them. (The operator wrote it; the model, which clients
+    /// steer, calls its tools.)
+    pub(super) fn servers(&self, pipeline: &Pipeline) -> Result<(), Refused> {
+        let Some(allowed) = &self.pipelines else {
+            return Ok(());
+        };
+        let home = crate::environ::var("HOME").unwrap_or_default();
+        for server in &pipeline.mcp_servers {
+            let McpTransport::Stdio {
+                sandbox, writes, ..
+            } = &server.transport
+            else {
+                continue;
+            };
+            let why = if *sandbox {
+                writes.iter().find_map(|w| {
+                    let path = match w.strip_prefix("~/") {
+                        Some(rest) => Path::new(&home).join(rest),
+                        None => PathBuf::from(w),
+                    };
+                    let path = std::fs::canonicalize(&path)
+                        .or_else(|_| std::path::absolute(&path))
+                        .unwrap_or(path);
+                    allowed
+                        .iter()
+                        .any(|a| path.starts_with(a) || a.starts_with(&path))
+                        .then(|| {
+                            format!(
+                                "may write `{w}`, which overlaps this server's --pipelines folders"
+                            )
+                        })
+                })
+            } else {
+                Some("runs without the sandbox (`sandbox: false`)".to_owned())
+            };
+            if let Some(why) = why {
+                return Err(refused(
+                    "Control/PipelineNotAllowed",
+                    format!(
+                        "pipeline `{}`: MCP server `{}` {why}: a run could rewrite the pipelines",
+                        pipeline.id, server.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Refuses the options that would widen what a run of an operator's
     /// pipeline reaches. `opts` as the client sent them (their relative
     /// paths are `cwd`'s); a `--script` or `--answers` file inside the
@@ -137,6 +192,10 @@ impl Policy {
             (!opts.pass_env.is_empty(), "--pass-env"),
             (opts.yolo, "--yolo"),
             (opts.remote, "--remote"),
+            // The pipeline's cap stands, and a run's threads are the
+            // server's to give.
+            (opts.parallel_cap.is_some(), "--parallel-cap"),
+            (opts.threads.is_some(), "--threads"),
             (opts.root != Path::new("."), "--root"),
             // The provider is the pipeline's: its endpoint, model, key
             // variable and how hard it is asked.

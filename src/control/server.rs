@@ -475,7 +475,7 @@ async fn answer(
         return error(
             StatusCode::CONFLICT,
             "Control/NoRemoteAnswers",
-            "this run takes no answers through the API: start it with --remote",
+            "this run takes no answers through the API: a run started without --remote, or one a `troupe serve --pipelines` hosts, whose approvals are not its clients' to give",
         );
     };
     let Ok(v) = serde_json::from_slice::<Value>(&body) else {

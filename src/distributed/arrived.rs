@@ -215,6 +215,8 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
+    use crate::distributed::wire::EventLine;
+    use crate::runtime::events::FieldValue;
 
     fn event(name: EventName, at: u64) -> Event {
         let mut e = Event::new(name, "r").stage("worker", "r/worker#7/2");
@@ -222,35 +224,60 @@ mod tests {
         e
     }
 
+    /// `events` as the coordinator has them: written by the worker into a
+    /// cancelled report, and the report read back off the wire.
+    fn relayed(events: &[Event]) -> Vec<Event> {
+        let report = Report::Cancelled {
+            stage_execution_id: "r/worker#7/2".to_owned(),
+            turn: 1,
+            unit: 7,
+            worker: "w1".to_owned(),
+            usage: Usage::default(),
+            events: events.iter().filter_map(EventLine::written).collect(),
+        };
+        let text = serde_json::to_vec(&vec![report]).expect("written");
+        let back: Vec<Report> = serde_json::from_slice(&text).expect("read");
+        let Some(Report::Cancelled { events, .. }) = back.into_iter().next() else {
+            panic!("a cancelled report");
+        };
+        events
+            .into_iter()
+            .filter_map(EventLine::into_event)
+            .collect()
+    }
+
     #[test]
-    fn a_workers_cancelled_sibling_is_stored_from_its_events() {
+    fn a_workers_cancelled_sibling_is_stored_from_its_relayed_events() {
         let used = Usage {
             prompt_tokens: 5,
             completion_tokens: 1,
             requests: 1,
         };
+        let calls = [(Arc::<str>::from("call_1"), Arc::<str>::from("Bash"))];
         let cancelled = event(EventName::StageCancelled, 9)
             .with("reason", Arc::<str>::from("Cancellation/FailFast"))
             .with_static("phase", "Act")
             .with("attempt", 2u64)
-            .with("turn", 3u64);
-        let events = [event(EventName::StageEntered, 4), cancelled];
-        let record = cancel_record("r", "r/worker#7/2", &events, used).unwrap();
+            .with("turn", 3u64)
+            .with("toolCalls", FieldValue::calls(&calls));
+        let events = relayed(&[event(EventName::StageEntered, 4), cancelled]);
+        let record = cancel_record("r", "r/worker#7/2", &events, used).expect("a record");
         assert_eq!(&*record.stage_id, "worker");
         assert_eq!((record.index, record.visit), (Some(7), 2));
         assert_eq!(&*record.reason, "Cancellation/FailFast");
         assert_eq!((record.phase, record.attempt, record.turn), ("Act", 2, 3));
-        assert_eq!(record.tool_calls, Value::Array(Vec::new()));
+        assert_eq!(record.tool_calls, FieldValue::calls_json(&calls));
         assert_eq!(record.usage, used);
         assert_eq!(record.entered_at, UNIX_EPOCH + Duration::from_secs(4));
         assert_eq!(record.cancelled_at, UNIX_EPOCH + Duration::from_secs(9));
 
-        let odd = event(EventName::StageCancelled, 9).with_static("phase", "Dancing");
-        let record = cancel_record("r", "r/worker#7/2", &[odd], used).unwrap();
+        let odd = relayed(&[event(EventName::StageCancelled, 9).with_static("phase", "Dancing")]);
+        let record = cancel_record("r", "r/worker#7/2", &odd, used).expect("a record");
         assert_eq!(record.phase, "", "a phase troupe does not use");
         assert_eq!(record.entered_at, record.cancelled_at);
+        let entered = relayed(&[event(EventName::StageEntered, 4)]);
         assert!(
-            cancel_record("r", "r/worker#7/2", &events[..1], used).is_none(),
+            cancel_record("r", "r/worker#7/2", &entered, used).is_none(),
             "no StageCancelled, no record"
         );
     }

@@ -87,6 +87,9 @@ pub struct RemoteSiblings {
     /// may queue the same execution again (its first task was purged
     /// with the run's queue).
     pub session: Arc<str>,
+    /// The results a resumed run found stored (by execution id): a
+    /// report of an earlier session delivered again is not stored twice.
+    pub restored: Arc<std::collections::HashMap<Arc<str>, crate::runtime::result::Kept>>,
 }
 
 impl ExecutorFactory for RemoteSiblings {

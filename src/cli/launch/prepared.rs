@@ -70,7 +70,7 @@ impl std::fmt::Debug for Prepared {
 }
 
 /// What a resume refused for its earlier sessions' spend can do.
-const OVER_BUDGET_HINT: &str = "a resumed run's budget counts what its stored stages used in earlier sessions; resume with a larger --max-tokens or --max-cost to go on";
+const OVER_BUDGET_HINT: &str = "a resumed run's budget counts what its stored stages used in earlier sessions; resume with a larger --max-tokens or --max-cost to go on (through a `troupe serve --pipelines`, which refuses those flags: raise the pipeline's provider.maxTokens or maxCost and resume with --force)";
 
 /// Checks `launch` with `opts` and readies it: a refusal when anything
 /// would stop it (nothing ran, nothing was recorded).
@@ -183,6 +183,18 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
         }
     };
     let shell = shell_sandbox(opts.no_sandbox, &opts.pass_env, &root);
+    // A run for clients not trusted as the operator runs confined or not
+    // at all: unconfined, its shells could write the operator's pipelines.
+    if host.untrusted_clients && shell.sandbox.as_ref().is_none_or(|s| s.writes.is_none()) {
+        let e = crate::tools::sandbox::SandboxError::Unavailable(
+            "the shells' writes could not be confined for this run".to_owned(),
+        );
+        return Err(Refusal::typed(
+            &e,
+            e.to_string(),
+            "this server's runs must be confined (`--pipelines`): see its log for why this one could not be",
+        ));
+    }
     settings.sandbox = shell.sandbox.clone();
     // `network: deny` anywhere must hold: checked on this kernel now.
     let deny_network = opts.network == "deny";
@@ -643,6 +655,7 @@ async fn remote_siblings(
         ledger: settings.ledger.clone(),
         budget: settings.budget.clone(),
         session: uuid::Uuid::now_v7().simple().to_string().into(),
+        restored: Arc::clone(&spec.restore.results),
     })
 }
 

@@ -127,9 +127,18 @@ impl Coordinator {
                 }
                 let Some(exec) = known else {
                     // A sibling of another session (before a resume): store
-                    // it all the same, a resumed run will find it.
+                    // it all the same, a resumed run will find it; unless
+                    // this one found it stored already (a message of the
+                    // killed session's delivered again), so that it and
+                    // what it used count once.
+                    let stored = self
+                        .spec
+                        .restored
+                        .get(result.stage_execution_id())
+                        .is_some_and(|kept| kept.verdict() != Verdict::Fail);
                     if let Some(ledger) = &self.spec.ledger
                         && result.verdict() != Verdict::Fail
+                        && !stored
                     {
                         ledger.persist(exit_record(&self.spec.run_id, &result), None);
                     }
