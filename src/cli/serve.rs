@@ -34,8 +34,10 @@ use crate::runtime::summary::RunStatus;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Where to listen: `unix:PATH` or `tcp:HOST:PORT` (port 0 picks
-    /// one). Repeatable [default: unix:.troupe/troupe.sock]. A TCP
-    /// listener needs the token and serves the dashboard at `/`.
+    /// one). Repeatable. The project's socket (unix:.troupe/troupe.sock,
+    /// where client commands look) is always one, unless another Unix
+    /// socket is named. A TCP listener needs the token and serves the
+    /// dashboard at `/`.
     #[arg(long, value_name = "ADDR")]
     pub listen: Vec<String>,
     /// The bearer token's file (made on first start, mode 0600)
@@ -316,13 +318,15 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "troupe serve: {line}");
 }
 
-/// Where to listen, from `--listen`; refused: a bad address, or a
-/// non-loopback one without `--allow-remote`.
+/// Where to listen, from `--listen`: the project's socket first, where
+/// the client commands look for a server, unless another Unix socket was
+/// named; refused: a bad address, or a non-loopback one without
+/// `--allow-remote`.
 fn listeners(args: &ServeArgs) -> Result<Vec<Listen>, String> {
-    if args.listen.is_empty() {
-        return Ok(vec![Listen::Unix(project_socket(&args.runs_dir))]);
-    }
     let mut out = Vec::new();
+    if !args.listen.iter().any(|l| l.starts_with("unix:")) {
+        out.push(Listen::Unix(project_socket(&args.runs_dir)));
+    }
     for text in &args.listen {
         if let Some(path) = text.strip_prefix("unix:") {
             out.push(Listen::Unix(PathBuf::from(path)));

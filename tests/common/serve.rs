@@ -51,9 +51,16 @@ impl Server {
             .unwrap();
         let mut said = Vec::new();
         let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let listeners = extra.iter().filter(|a| **a == "--listen").count().max(1);
+        // A line for each listener, the project's socket always among
+        // them unless another is named, and a dashboard line for each TCP
+        // one.
+        let unix = extra
+            .iter()
+            .filter(|a| a.starts_with("unix:"))
+            .count()
+            .max(1);
         let tcp = extra.iter().filter(|a| a.starts_with("tcp:")).count();
-        while said.len() < listeners + tcp {
+        while said.len() < unix + 2 * tcp {
             let mut line = String::new();
             let n = out.read_line(&mut line).unwrap();
             assert!(n > 0, "the server ended: {}", Server::log_of(dir));
