@@ -50,22 +50,48 @@ impl RunLock {
     }
 }
 
-/// Whether a live process holds the lock of the run in `run_dir`.
+/// Whether a live process holds the lock of the run in `run_dir`. A lock
+/// that cannot be checked (a file this user may not open, a kernel that
+/// refuses the lock, a loop of links) counts as held: `troupe runs rm`
+/// and `gc` ask this before deleting a run, and must never delete one
+/// that is running. Only a missing lock file is free. Opened read-only
+/// (`flock` needs no more) and without waiting (a FIFO put there would
+/// block the open).
 pub fn is_held(run_dir: &Path) -> bool {
-    let Ok(file) = OpenOptions::new().write(true).open(run_dir.join(LOCK_FILE)) else {
-        return false;
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(run_dir.join(LOCK_FILE));
+    let file = match opened {
+        Ok(file) => file,
+        Err(e) => return e.kind() != std::io::ErrorKind::NotFound,
     };
     match file.try_lock() {
         // Free: taken for this check only, released as `file` drops.
         Ok(()) => false,
-        Err(TryLockError::WouldBlock) => true,
-        Err(TryLockError::Error(_)) => false,
+        Err(TryLockError::WouldBlock | TryLockError::Error(_)) => true,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_that_cannot_be_checked_counts_as_held() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let run = dir.path().join("run-1");
+        std::fs::create_dir(&run).expect("run folder");
+        assert!(!is_held(&run), "no lock file: free");
+        // A loop of links: the open fails with ELOOP, not NotFound.
+        std::os::unix::fs::symlink(run.join(LOCK_FILE), run.join(LOCK_FILE)).expect("link");
+        assert!(is_held(&run), "unknown is not free");
+        std::fs::remove_file(run.join(LOCK_FILE)).expect("unlink");
+        // A FIFO there does not block the check.
+        nix::unistd::mkfifo(&run.join(LOCK_FILE), nix::sys::stat::Mode::S_IRWXU).expect("fifo");
+        let _ = is_held(&run);
+    }
 
     #[test]
     fn a_run_lock_is_exclusive_and_released_when_dropped() {
