@@ -528,7 +528,17 @@ impl Driven {
                 RunStatus::Failed { reason } => ("failed", Some(reason.as_str())),
                 RunStatus::Cancelled => ("cancelled", Some(crate::runtime::cancel::TURN_CANCELLED)),
             };
-            if let Some(warning) = end_in_store(kept, &run_id, label, reason, &summary) {
+            if let Some((code, warning)) = end_in_store(kept, &run_id, label, reason, &summary) {
+                // The store could not record the run's last results or how
+                // it ended: whatever its work did, the run did not end ok
+                // (its row still reads running, so it shows interrupted).
+                if report.status == RunStatus::Ok {
+                    report.status = RunStatus::Failed {
+                        reason: format!(
+                            "{code}: the run store could not record how the run ended (see the warning)"
+                        ),
+                    };
+                }
                 report.warnings.push(warning);
             }
         }
@@ -608,26 +618,33 @@ fn failed_in_store(kept: Option<Kept>, run_id: &str, reason: &str) {
 
 /// Waits for the writer, then records how the session ended; a warning
 /// when the store could not take it.
+/// Drains the writer and records how the run ended; when either fails,
+/// the first failure's code and what went wrong.
 fn end_in_store(
     kept: Kept,
     run_id: &str,
     status: &str,
     reason: Option<&str>,
     summary: &serde_json::Value,
-) -> Option<String> {
+) -> Option<(String, String)> {
     let Kept {
         store,
         _lock,
         writer,
     } = kept;
-    let mut warnings = Vec::new();
+    let mut failures = Vec::new();
     if let Err(e) = writer.finish() {
-        warnings.push(format!("{}: {e}", e.code()));
+        failures.push((e.code().to_string(), e.to_string()));
     }
     if let Err(e) = store.end_run(run_id, status, reason, summary) {
-        warnings.push(format!("{}: {e}", e.code()));
+        failures.push((e.code().to_string(), e.to_string()));
     }
-    (!warnings.is_empty()).then(|| format!("the run store: {}", warnings.join("; ")))
+    let code = failures.first()?.0.clone();
+    let said: Vec<String> = failures
+        .iter()
+        .map(|(code, message)| format!("{code}: {message}"))
+        .collect();
+    Some((code, format!("the run store: {}", said.join("; "))))
 }
 
 /// The executor that sends the run's fan-out siblings to the workers.
