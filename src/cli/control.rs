@@ -206,6 +206,9 @@ fn watch_log(args: &WatchArgs) -> Exit {
         };
         if line_head(&line).is_some_and(|(seq, _)| seq > args.from) {
             show.line(&line);
+            if show.unwritten.is_some() {
+                break;
+            }
         }
     }
     show.exit("note: the run is not running and its log has no end: it was killed (`troupe resume` continues it)")
@@ -228,6 +231,9 @@ struct Shown {
     out: std::io::BufWriter<std::io::StdoutLock<'static>>,
     /// The last session's `WorkflowExit` status, if the log has one.
     status: Option<String>,
+    /// The first write to stdout that failed: nothing more is shown, and
+    /// the watch ends (a reader that went away, a full disk).
+    unwritten: Option<std::io::Error>,
 }
 
 impl Shown {
@@ -236,6 +242,16 @@ impl Shown {
             raw,
             out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock()),
             status: None,
+            unwritten: None,
+        }
+    }
+
+    /// Writes one line unless a write already failed.
+    fn write(&mut self, line: &str) {
+        if self.unwritten.is_none()
+            && let Err(e) = writeln!(self.out, "{line}")
+        {
+            self.unwritten = Some(e);
         }
     }
 
@@ -244,7 +260,7 @@ impl Shown {
     fn line(&mut self, line: &str) {
         let event = line_head(line).map(|(_, event)| event);
         if self.raw {
-            let _ = writeln!(self.out, "{line}");
+            self.write(line);
         }
         match event {
             Some("WorkflowResumed") => self.status = None,
@@ -258,18 +274,36 @@ impl Shown {
         if !self.raw
             && let Some(text) = summary_line(&v)
         {
-            let _ = writeln!(self.out, "{}", super::output::terminal_safe(&text));
+            self.write(&super::output::terminal_safe(&text));
         }
     }
 
-    fn flush(&mut self) {
-        let _ = self.out.flush();
+    /// Flushes what was written; whether the watch should go on (no write
+    /// has failed).
+    fn flush(&mut self) -> bool {
+        if self.unwritten.is_none()
+            && let Err(e) = self.out.flush()
+        {
+            self.unwritten = Some(e);
+        }
+        self.unwritten.is_none()
     }
 
     /// The exit the run had: 0 ok, 130 cancelled, 1 failed or no end (said
-    /// on stderr with `no_end`).
+    /// on stderr with `no_end`); 141 when the reader went away, 1 when
+    /// stdout could not be written otherwise.
     fn exit(mut self, no_end: &str) -> Exit {
         self.flush();
+        if let Some(e) = self.unwritten.take() {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                return Exit::ReaderGone;
+            }
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: cannot write what the run said: {e}"
+            );
+            return Exit::RunFailed;
+        }
         match self.status.as_deref() {
             Some("ok") => Exit::Ok,
             Some("cancelled") => Exit::Interrupted,

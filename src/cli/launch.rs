@@ -221,7 +221,18 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         }
         Concluded::Refused(refusal) => return refusal.print(json),
     };
-    print_report(&report, stats.as_ref(), json, stream_events, last_seq);
+    if let Err(e) = print_report(&report, stats.as_ref(), json, stream_events, last_seq) {
+        // The run is in the store (`troupe runs show`) whatever became of
+        // its report; the exit says the report was not delivered.
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return Exit::ReaderGone;
+        }
+        eprintln!(
+            "error: cannot write the report of run {}: {e} (the store has it: `troupe runs show {}`)",
+            report.run_id, report.run_id
+        );
+        return Exit::RunFailed;
+    }
     match report.status {
         RunStatus::Ok => Exit::Ok,
         RunStatus::Failed { .. } => Exit::RunFailed,

@@ -10,14 +10,17 @@ use crate::provider::openai::{CheckError, CheckReport, OpenAiProvider, ProviderS
 use crate::runtime::summary::{RunReport, RunStatus};
 
 /// Prints the run's report. With `events` on stdout, text goes to stderr
-/// and JSON becomes the stream's last line.
+/// and JSON becomes the stream's last line. Fails when stdout cannot be
+/// written (a reader that went away, a full disk): the caller says so and
+/// exits accordingly, rather than with the run's own status.
 pub fn print_report(
     report: &RunReport,
     stats: Option<&ProviderStats>,
     json: bool,
     events: bool,
     last_seq: u64,
-) {
+) -> std::io::Result<()> {
+    use std::io::Write;
     for w in &report.warnings {
         eprintln!("warning: {w}");
     }
@@ -33,21 +36,18 @@ pub fn print_report(
             provider: Option<&'a ProviderStats>,
         }
         let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-        let written = serde_json::to_writer_pretty(
+        serde_json::to_writer_pretty(
             &mut out,
             &Printed {
                 report,
                 provider: stats,
             },
         )
-        .map_err(|e| e.to_string())
-        .and_then(|()| std::io::Write::write_all(&mut out, b"\n").map_err(|e| e.to_string()))
-        .and_then(|()| std::io::Write::flush(&mut out).map_err(|e| e.to_string()));
-        if let Err(e) = written {
-            eprintln!("error: cannot write the report: {e}");
-        }
-        return;
+        .map_err(std::io::Error::from)?;
+        out.write_all(b"\n")?;
+        return out.flush();
     }
+    let mut out = std::io::stdout().lock();
     if json {
         let mut value = serde_json::to_value(report).unwrap_or(Value::Null);
         if let (Some(obj), Some(stats)) = (value.as_object_mut(), stats) {
@@ -58,11 +58,10 @@ pub fn print_report(
         }
         // The event stream is JSON lines: the summary is its last line,
         // with the head keys every line has.
-        match serde_json::to_string(&summary_line(value, report, last_seq)) {
-            Ok(s) => println!("{s}"),
-            Err(e) => eprintln!("error: cannot serialize the report: {e}"),
-        }
-        return;
+        let line = serde_json::to_string(&summary_line(value, report, last_seq))
+            .map_err(std::io::Error::from)?;
+        writeln!(out, "{line}")?;
+        return out.flush();
     }
     let mut text = report.to_text();
     if let Some(s) = stats {
@@ -72,12 +71,17 @@ pub fn print_report(
     let text = terminal_safe(&text);
     if events {
         eprint!("{text}");
-    } else {
-        print!("{text}");
-        if let RunStatus::Ok = report.status {
-            print_outputs(report);
+        return Ok(());
+    }
+    write!(out, "{text}")?;
+    if let RunStatus::Ok = report.status {
+        for output in report.results.values().map(|r| r.output()) {
+            if let Some(text) = output.get("text").and_then(Value::as_str) {
+                writeln!(out, "\n{text}")?;
+            }
         }
     }
+    out.flush()
 }
 
 /// The report as the store keeps it: the summary without the results
@@ -157,15 +161,6 @@ pub fn print_check_error(e: &CheckError, json: bool) {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         eprintln!("error: {}: {}\n  hint: {}", e.code(), e.message, e.hint);
-    }
-}
-
-/// Prints the text of `print` steps that ran, so a run shows its report.
-fn print_outputs(report: &RunReport) {
-    for output in report.results.values().map(|r| r.output()) {
-        if let Some(text) = output.get("text").and_then(Value::as_str) {
-            println!("\n{text}");
-        }
     }
 }
 

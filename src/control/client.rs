@@ -391,7 +391,7 @@ impl ControlClient {
         run: &str,
         from: u64,
         mut each: impl FnMut(&str),
-        mut settled: impl FnMut(),
+        mut settled: impl FnMut() -> bool,
     ) -> Result<(), ControlError> {
         let r = self
             .http
@@ -407,7 +407,10 @@ impl ControlClient {
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| self.unreachable(&e))?;
             events.push(&chunk, &mut each)?;
-            settled();
+            // The caller stops following (its reader went away).
+            if !settled() {
+                break;
+            }
         }
         Ok(())
     }
