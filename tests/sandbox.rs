@@ -157,6 +157,30 @@ fn bash_cannot_read_the_api_key_and_pass_env_passes_a_name() {
     );
 }
 
+/// A temp folder that cannot be made for the shells (its disk full, a
+/// TMPDIR that does not exist) leaves them confined to the root alone,
+/// never unconfined.
+#[test]
+fn without_a_temp_folder_bash_is_still_confined_to_the_root() {
+    let p = Project::new();
+    let outside = p.outside.join("x");
+    let pipeline = pipeline(&format!(
+        "touch inside.txt; echo \"inside=$?\" >> report.txt\n\
+         touch '{}'; echo \"outside=$?\" >> report.txt\n",
+        outside.display()
+    ));
+    if landlock_here(&p.root).is_none() {
+        return;
+    }
+    let missing = p.outside.join("no-such-tmp");
+    let (out, mode) = p.run(&pipeline, &[], &[("TMPDIR", missing.to_str().unwrap())]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(mode, "landlock", "{stderr}");
+    assert!(stderr.contains("confined to --root alone"), "{stderr}");
+    assert_eq!(p.read("report.txt"), "inside=0\noutside=1\n");
+    assert!(!outside.exists());
+}
+
 #[test]
 fn bash_writes_only_beneath_the_root_unless_no_sandbox() {
     let p = Project::new();

@@ -61,7 +61,7 @@ pub fn shell_sandbox(no_sandbox: bool, pass_env: &[String], root: &Path) -> Shel
     }
     let env = scrubbed_env(pass_env);
     let (writes, tmp) = match confinement(root) {
-        Ok((writes, tmp)) => (Some(writes), Some(ShellTemp::new(tmp))),
+        Ok((writes, tmp)) => (Some(writes), tmp.map(ShellTemp::new)),
         Err(why) => {
             notice(&format!(
                 "warning: {why}: Bash calls are NOT confined to --root and may write anywhere troupe may (their environment is still scrubbed)"
@@ -75,21 +75,39 @@ pub fn shell_sandbox(no_sandbox: bool, pass_env: &[String], root: &Path) -> Shel
     }
 }
 
-/// Write confinement for `root`, once a probe showed the kernel enforces it.
-fn confinement(root: &Path) -> Result<(WriteConfinement, tempfile::TempDir), String> {
+/// Write confinement for `root`, once a probe showed the kernel enforces
+/// it, with the shells' private temp folder when one can be made. Without
+/// one (the temp folder's disk full, not writable) the shells are still
+/// confined, to the root alone, and said so: a temp folder that cannot be
+/// made is no reason to let them write anywhere.
+fn confinement(root: &Path) -> Result<(WriteConfinement, Option<tempfile::TempDir>), String> {
     let launcher = std::env::current_exe()
         .map_err(|e| format!("cannot find the troupe binary to confine Bash with: {e}"))?;
     let tmp = tempfile::Builder::new()
         .prefix("troupe-bash-")
         .tempdir()
-        .map_err(|e| format!("cannot make a temp folder for Bash: {e}"))?;
-    let tmp_path = std::fs::canonicalize(tmp.path())
-        .map_err(|e| format!("cannot resolve {}: {e}", tmp.path().display()))?;
-    probe(&[root.to_owned(), tmp_path.clone()]).map_err(|e| format!("{}: {e}", e.code()))?;
+        .map_err(|e| format!("cannot make a temp folder for Bash: {e}"))
+        .and_then(|tmp| {
+            let path = std::fs::canonicalize(tmp.path())
+                .map_err(|e| format!("cannot resolve {}: {e}", tmp.path().display()))?;
+            Ok((tmp, path))
+        });
+    let (tmp, tmp_path) = match tmp {
+        Ok((tmp, path)) => (Some(tmp), Some(path)),
+        Err(why) => {
+            notice(&format!(
+                "warning: {why}: Bash calls are confined to --root alone, with no temp folder of their own"
+            ));
+            (None, None)
+        }
+    };
+    let mut folders = vec![root.to_owned()];
+    folders.extend(tmp_path.clone());
+    probe(&folders).map_err(|e| format!("{}: {e}", e.code()))?;
     Ok((
         WriteConfinement {
             launcher,
-            tmp: Some(tmp_path),
+            tmp: tmp_path,
         },
         tmp,
     ))
