@@ -214,4 +214,23 @@ fn a_watch_whose_stdout_cannot_be_written_stops_and_says_so() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // So do `runs export` and `runs tail` for a reader that went away.
+    for verb in ["export", "tail"] {
+        let mut child = Command::cargo_bin("troupe")
+            .unwrap()
+            .args(["runs", verb, id, "--runs-dir"])
+            .arg(runs.path().join("runs"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(141),
+            "runs {verb}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

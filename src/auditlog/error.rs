@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::write::FORMAT;
 
-/// Why a log cannot be read. Code `Store/AuditCorrupt` (`Store/Io` for a
-/// file that cannot be read at all).
+/// Why a log cannot be read. Code `Store/AuditCorrupt`; for a file that
+/// cannot be read at all `Store/WriteFailed`, the code the store gives
+/// any file it cannot use.
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
     #[error("{}: not a troupe audit log (it does not begin with the log's header)", path.display())]
@@ -45,7 +46,7 @@ impl AuditError {
     /// The stable code.
     pub fn code(&self) -> &'static str {
         match self {
-            AuditError::Io { .. } => "Store/Io",
+            AuditError::Io { .. } => "Store/WriteFailed",
             _ => "Store/AuditCorrupt",
         }
     }

@@ -267,6 +267,11 @@ fn export(dir: &Path, output: Option<&Path>) -> Result<Exit, StoreError> {
     match written {
         Ok(()) => Ok(Exit::Ok),
         Err(auditlog::ExportError::Read(e)) => Err(e.into()),
+        // A reader that went away (`runs export … | head`) ends the
+        // export as it ends any Unix tool's output.
+        Err(auditlog::ExportError::Write(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            Ok(Exit::ReaderGone)
+        }
         Err(auditlog::ExportError::Write(e)) => Err(StoreError::Io {
             path: output.map_or_else(|| PathBuf::from("stdout"), Path::to_owned),
             detail: e.to_string(),
@@ -312,11 +317,31 @@ fn last_lines(
 /// then every event it gets until the run ends (its `WorkflowExit` with no
 /// process left running it) or its process is gone.
 fn tail(dir: &Path, lines: usize, follow: bool) -> Result<Exit, StoreError> {
+    let gone = std::cell::Cell::new(false);
+    let tailed = tail_into(dir, lines, follow, &gone);
+    // A reader that went away (`runs tail … | head`) ends the tail as it
+    // ends any Unix tool's output.
+    if gone.get() {
+        return Ok(Exit::ReaderGone);
+    }
+    tailed
+}
+
+/// [`tail`]; `gone` is set when stdout's reader went away.
+fn tail_into(
+    dir: &Path,
+    lines: usize,
+    follow: bool,
+    gone: &std::cell::Cell<bool>,
+) -> Result<Exit, StoreError> {
     let log = auditlog::in_dir(dir);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let io = |e: std::io::Error| StoreError::Io {
-        path: PathBuf::from("stdout"),
-        detail: e.to_string(),
+    let io = |e: std::io::Error| {
+        gone.set(e.kind() == std::io::ErrorKind::BrokenPipe);
+        StoreError::Io {
+            path: PathBuf::from("stdout"),
+            detail: e.to_string(),
+        }
     };
     // What is there now: the last `lines` of it, decoded from the last
     // segments that hold them rather than from the log's first byte. Too

@@ -361,7 +361,7 @@ pub fn run(args: &ServeArgs) -> Exit {
     };
     if let Err(e) = std::fs::create_dir_all(&args.runs_dir) {
         return typed(
-            "Store/Io",
+            "Store/WriteFailed",
             format!("cannot create {}: {e}", args.runs_dir.display()),
             "check the folder's permissions",
         );

@@ -52,8 +52,9 @@ pub enum StoreError {
     /// troupe, or damaged (`detail` names the file and the byte).
     #[error("{detail}")]
     AuditCorrupt { detail: String },
-    /// Any other failure to read or write.
-    #[error("cannot use the store {path}: {detail}")]
+    /// Any other failure to read or write one of the files troupe keeps
+    /// (the store, a run's log, a report's output).
+    #[error("cannot use {path}: {detail}")]
     Io { path: PathBuf, detail: String },
 }
 
