@@ -34,6 +34,17 @@ fn every_template_validates_and_runs_offline() {
         let name = format!("my-{template}");
         let out = troupe(&["new", &name, "--from", template], base.path());
         assert_eq!(out.status.code(), Some(0), "{template}: {}", said(&out));
+        // The next step it prints runs as printed, with its `…` filled in.
+        let printed = String::from_utf8(out.stdout).unwrap();
+        let next = printed
+            .lines()
+            .find_map(|l| l.strip_prefix("next: "))
+            .unwrap_or_else(|| panic!("{template}: {printed}"));
+        let (_, run) = next.rsplit_once("&& troupe ").unwrap();
+        let run: Vec<String> = run
+            .split_whitespace()
+            .map(|w| w.replace("\"…\"", "try it").replace('…', "x"))
+            .collect();
         let out = troupe(&["validate", &name, "--json"], base.path());
         assert_eq!(out.status.code(), Some(0), "{template}: {}", said(&out));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -41,16 +52,15 @@ fn every_template_validates_and_runs_offline() {
         if template == "mcp-survey" {
             continue; // its server comes from npx: tests/mcp.rs runs it
         }
-        let input: &[&str] = match template {
-            "empty" | "code-review" => &["--task", "try it"],
-            "fanout" => &["--ctx", "width=5"],
-            "triage" => &["--ctx", "ticket=the app crashes"],
-            _ => &["--ctx", "goal=a login page"],
-        };
-        let mut args = vec!["run", name.as_str(), "--headless"];
-        args.extend_from_slice(input);
+        let mut args: Vec<&str> = run.iter().map(String::as_str).collect();
+        args.push("--headless");
         let out = troupe(&args, base.path());
-        assert_eq!(out.status.code(), Some(0), "{template}: {}", said(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{template}: {args:?}: {}",
+            said(&out)
+        );
     }
 }
 

@@ -94,7 +94,11 @@ pub enum Command {
     /// its ctx and every stored StageResult, repairs its audit log and goes
     /// on in the same log with the same run and execution ids. Siblings
     /// whose results were stored are not run again; failed and unfinished
-    /// executions are. Takes the same options as `troupe run`.
+    /// executions are. Takes the options of `troupe run` but --task and
+    /// --ctx (the ctx is the run's). When a `troupe serve` answers for the
+    /// project (or --server names one), the run goes on inside it: the
+    /// command prints the run's id and exits 0; follow it with `troupe
+    /// watch`.
     Resume(Box<resume::ResumeArgs>),
     /// List runs, or show, export, delete them (the run store).
     ///
@@ -212,7 +216,7 @@ Examples:
     /// first answer from anyone wins.
     Approve(super::control::AnswerArgs),
     /// Deny a pending call of a running run.
-    Deny(super::control::AnswerArgs),
+    Deny(super::control::DenyArgs),
     /// Answer a human step's question of a running run (see `troupe
     /// pending`); an answer that does not match the step's fields is
     /// refused and the question stays open.
@@ -347,7 +351,7 @@ fn dispatch(command: Command) -> Exit {
         Command::Watch(args) => super::control::watch(&args),
         Command::Pending { at, json } => super::control::pending(&at, json),
         Command::Approve(args) => super::control::answer(&args, true),
-        Command::Deny(args) => super::control::answer(&args, false),
+        Command::Deny(args) => super::control::answer(&args.into(), false),
         Command::Cancel(at) => super::control::cancel(&at),
         Command::Dashboard(args) => super::control::dashboard(&args),
         Command::Answer(args) => super::control::answer_question(&args),

@@ -95,6 +95,30 @@ pub struct AnswerArgs {
     pub client: String,
 }
 
+/// `troupe deny`: as `approve`, without what only an approval remembers.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DenyArgs {
+    #[command(flatten)]
+    pub at: RunRef,
+    /// The proposal to deny (`troupe pending` lists them).
+    pub proposal: String,
+    /// The name the audit log records for this answer (never a secret).
+    #[arg(long, default_value = "cli")]
+    pub client: String,
+}
+
+impl From<DenyArgs> for AnswerArgs {
+    fn from(d: DenyArgs) -> AnswerArgs {
+        AnswerArgs {
+            at: d.at,
+            proposal: d.proposal,
+            same: false,
+            prefix: false,
+            client: d.client,
+        }
+    }
+}
+
 pub fn failed(e: &ControlError) -> Exit {
     let _ = writeln!(std::io::stderr(), "error: {}: {e}", e.code());
     match e.code {

@@ -23,7 +23,8 @@ macro_rules! bundled {
 
 const EMPTY_PIPELINE: &str = r##"# A pipeline: an entry stage, a table of stages, and the Next() table.
 # `troupe validate .` checks it; `troupe show . --mermaid` draws it;
-# `troupe run .` runs it offline from script.yaml (add --base-url for a model).
+# `troupe run . --task "…"` runs it offline from script.yaml (add --base-url
+# for a model).
 id: my-pipeline
 name: My pipeline
 entry: draft
@@ -180,10 +181,32 @@ pub fn run(dir: &Path, from: &str) -> Exit {
         template.files.len()
     );
     println!(
-        "next: troupe validate {0} && troupe show {0} --mermaid && troupe run {0}",
-        dir.display()
+        "next: troupe validate {0} && troupe show {0} --mermaid && troupe run {0}{1}",
+        dir.display(),
+        required_ctx(dir)
     );
     Exit::Ok
+}
+
+/// The flags a run of the pipeline in `dir` needs for its required ctx
+/// fields without a default (` --task "…"` or ` --ctx name=…`), so that
+/// the command printed as the next step runs as printed.
+fn required_ctx(dir: &Path) -> String {
+    let Ok(pipeline) = crate::definition::load_pipeline(dir) else {
+        return String::new();
+    };
+    pipeline
+        .ctx
+        .iter()
+        .filter(|f| f.required && f.default.is_none())
+        .map(|f| {
+            if f.name == "task" {
+                " --task \"…\"".to_owned()
+            } else {
+                format!(" --ctx {}=…", f.name)
+            }
+        })
+        .collect()
 }
 
 /// `text` with its top-level `id:` line set to `id`.

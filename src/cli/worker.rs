@@ -37,8 +37,9 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "K", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_siblings: u32,
-    /// Threads the siblings' stage executions spread over [default: one
-    /// per core].
+    /// Threads the siblings' stage executions spread over [default: as
+    /// `troupe run`'s: one per core up to 4 cores; on more, the cores less
+    /// those the worker's own threads use].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
     /// The project root the tools work in (as `troupe run --root`).
