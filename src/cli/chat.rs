@@ -175,7 +175,7 @@ pub fn run(args: &ChatArgs) -> Exit {
     let mut history = match &args.continue_from {
         Some(run) => match continued(&args.opts.store_path(), run) {
             Ok(h) => h,
-            Err(e) => return fail("Store/RunNotFound", &e),
+            Err((code, message)) => return fail(&code, &message),
         },
         None => Vec::new(),
     };
@@ -464,18 +464,25 @@ next:
 
 /// The conversation of the latest chat turn (or of run `run`): its
 /// history, and its reply when it finished.
-fn continued(store_path: &Path, run: &str) -> Result<Vec<Said>, String> {
-    let store = Store::open(store_path).map_err(|e| e.to_string())?;
+fn continued(store_path: &Path, run: &str) -> Result<Vec<Said>, (String, String)> {
+    let store_failed =
+        |e: crate::store::StoreError| (crate::error::HasCode::code(&e).to_string(), e.to_string());
+    let store = Store::open(store_path).map_err(store_failed)?;
     let row = if run.is_empty() {
         store
             .runs(usize::MAX)
-            .map_err(|e| e.to_string())?
+            .map_err(store_failed)?
             .into_iter()
             .filter(|r| r.pipeline_id == CHAT)
             .max_by_key(|r| (r.started_at, r.id.clone()))
-            .ok_or_else(|| format!("no chat in {} to continue", store_path.display()))?
+            .ok_or_else(|| {
+                (
+                    "Store/RunNotFound".to_owned(),
+                    format!("no chat in {} to continue", store_path.display()),
+                )
+            })?
     } else {
-        store.find_run(run).map_err(|e| e.to_string())?
+        store.find_run(run).map_err(store_failed)?
     };
     let mut history: Vec<Said> = row.ctx["history"]
         .as_array()
@@ -490,7 +497,7 @@ fn continued(store_path: &Path, run: &str) -> Result<Vec<Said>, String> {
         .unwrap_or_default();
     let reply = store
         .kept_results(&row.id)
-        .map_err(|e| e.to_string())?
+        .map_err(store_failed)?
         .values()
         .find(|r| r.stage_id() == CHAT)
         .and_then(|r| r.parsed()["message"].as_str().map(str::to_owned));

@@ -166,11 +166,30 @@ fn graph_of(dir: Option<&Path>) -> Option<String> {
     }
 }
 
+/// Writes `text` beside `path`, then renames it into place: a disk that
+/// fills midway leaves the last report whole, not a truncated one.
 fn write(path: &Path, format: &'static str, text: String) -> Result<Written, ReportError> {
-    std::fs::write(path, text.as_bytes()).map_err(|source| ReportError::WriteFailed {
+    let failed = |source| ReportError::WriteFailed {
         path: path.to_owned(),
         source,
-    })?;
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".troupe-report-")
+        .tempfile_in(dir)
+        .map_err(failed)?;
+    std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(failed)?;
+    // A temp file is made private (0600); a report is as readable as a
+    // file written the plain way.
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .map_err(failed)?;
+    tmp.persist(path).map_err(|e| failed(e.error))?;
     Ok(Written {
         format,
         path: path.to_owned(),

@@ -80,8 +80,12 @@ pub fn load_or_make_token(path: &Path) -> Result<String, String> {
                 .mode(0o600)
                 .open(path)
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes())
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            if let Err(e) = std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes()) {
+                // Not left half written: the next start would call it a
+                // file with no token, hiding why.
+                let _ = std::fs::remove_file(path);
+                return Err(format!("cannot write {}: {e}", path.display()));
+            }
             Ok(token)
         }
     }

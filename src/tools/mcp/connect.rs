@@ -321,13 +321,28 @@ impl Connection {
                 let (stderr, log) = match &start.log_dir {
                     Some(dir) => {
                         let path = dir.join(format!("mcp-{}.log", def.name));
+                        // Neither followed (a link there) nor waited on
+                        // (a FIFO there would hold the start).
+                        use std::os::unix::fs::OpenOptionsExt;
+                        let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
                         match std::fs::OpenOptions::new()
                             .create(true)
                             .append(true)
+                            .custom_flags(flags.bits())
                             .open(&path)
                         {
                             Ok(f) => (Stdio::from(f), Some(path)),
-                            Err(_) => (Stdio::null(), None),
+                            Err(e) => {
+                                let _ = std::io::Write::write_fmt(
+                                    &mut std::io::stderr(),
+                                    format_args!(
+                                        "warning: MCP server `{}`: cannot write its log {}: {e}; its stderr is dropped\n",
+                                        def.name,
+                                        path.display()
+                                    ),
+                                );
+                                (Stdio::null(), None)
+                            }
                         }
                     }
                     None => (Stdio::null(), None),
@@ -548,14 +563,47 @@ fn writable(server: &str, writes: &[String]) -> Result<Vec<std::path::PathBuf>, 
 
 /// The last lines a stdio server wrote to its log, for an error message.
 fn log_tail(path: &std::path::Path) -> String {
-    let mut text = String::new();
+    use std::io::Seek;
+    // Its last 64 KiB, read as text whatever the server wrote: a log of
+    // gigabytes is not read whole, and bytes that are not UTF-8 do not
+    // cost the tail.
+    const TAIL: u64 = 64 * 1024;
+    let mut bytes = Vec::new();
     if let Ok(mut f) = std::fs::File::open(path) {
-        let _ = f.read_to_string(&mut text);
+        let len = f.metadata().map_or(0, |m| m.len());
+        let _ = f.seek(std::io::SeekFrom::Start(len.saturating_sub(TAIL)));
+        let _ = f.take(TAIL).read_to_end(&mut bytes);
     }
+    let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().rev().take(5).collect();
     if lines.is_empty() {
         return String::new();
     }
     let tail: Vec<&str> = lines.into_iter().rev().collect();
     format!(" (its stderr, {}: {})", path.display(), tail.join(" | "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_tail_is_the_last_lines_of_a_long_log_whatever_its_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("mcp-x.log");
+        let mut log = Vec::new();
+        for i in 0..20_000 {
+            log.extend_from_slice(format!("line {i}\n").as_bytes());
+        }
+        log.extend_from_slice(b"\xff\xfe not text \xc3\n");
+        log.extend_from_slice(b"the last line\n");
+        std::fs::write(&path, &log).expect("write");
+        let tail = log_tail(&path);
+        assert!(
+            tail.contains("line 19999 | \u{fffd}\u{fffd} not text \u{fffd} | the last line"),
+            "{tail}"
+        );
+        assert!(!tail.contains("line 0 "), "{tail}");
+        assert_eq!(log_tail(&dir.path().join("none.log")), "");
+    }
 }
