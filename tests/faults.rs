@@ -1,7 +1,8 @@
 //! Faults: parts of a run that fail — the provider at any turn (a reply
 //! cut at any byte is `tests/reply_truncation.rs`), a tool past its timeout, a hook that crashes, hangs or
 //! prints garbage, a Rust hook that panics, an interactor whose input goes
-//! away mid-prompt, an audit log on a full disk or removed mid-run. Each
+//! away mid-prompt, an audit log on a full disk or removed mid-run, a run
+//! store deleted mid-run. Each
 //! ends in its documented, typed outcome, never a panic or a hung run, and
 //! (but where the audit log itself is what failed) with a complete audit
 //! log: every entry closed once, `seq` strictly increasing, `WorkflowExit`
@@ -561,5 +562,42 @@ fn a_sink_slow_to_finish_holds_up_no_other_run_on_its_thread() {
     assert!(
         other_first,
         "the second run waited for the first run's sink"
+    );
+}
+
+/// A run store deleted during the run: SQLite goes on committing into the
+/// unlinked file, which nothing would read again, so the run fails with
+/// the store's code (exit 1) instead of ending ok with its record lost.
+#[test]
+fn a_store_deleted_during_the_run_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("kept/troupe.db");
+    let remove = format!("rm -f '{0}' '{0}-wal' '{0}-shm'", store.display());
+    let f = one_stage(
+        "Bash",
+        "",
+        &format!(
+            "stages:\n  s:\n    - {{ tool: Bash, args: {{ command: \"{remove}\" }} }}\n    - complete: {{ n: 1 }}\n"
+        ),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .arg("run")
+        .arg(f.path())
+        .args(["--json", "--headless", "--no-sandbox", "--root"])
+        .arg(f.path())
+        .arg("--store")
+        .arg(&store)
+        .arg("--runs-dir")
+        .arg(dir.path().join("runs"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reason = report["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("Store/WriteFailed"), "{report}");
+    assert!(
+        said.contains("deleted or replaced during the run"),
+        "{said}"
     );
 }

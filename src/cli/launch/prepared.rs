@@ -287,6 +287,11 @@ struct Kept {
     store: Store,
     _lock: RunLock,
     writer: StoreWriter,
+    /// The store file's device and inode when the run began: a store
+    /// deleted or replaced during the run goes on taking commits into the
+    /// unlinked file (SQLite in WAL mode does not notice), which no later
+    /// `troupe runs` or `resume` would see.
+    file: Option<(u64, u64)>,
 }
 
 /// A run the actor system is done with, not yet recorded as ended.
@@ -595,11 +600,19 @@ fn keep(
         }
     };
     let writer = StoreWriter::start(store.path())?;
+    let file = file_identity(store.path());
     Ok(Kept {
         store,
         _lock: lock,
         writer,
+        file,
     })
+}
+
+/// A file's device and inode, when it can be looked at.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// Records a run that stopped before its report as failed, when it is
@@ -631,8 +644,18 @@ fn end_in_store(
         store,
         _lock,
         writer,
+        file,
     } = kept;
     let mut failures = Vec::new();
+    if file.is_some() && file_identity(store.path()) != file {
+        failures.push((
+            "Store/WriteFailed".to_owned(),
+            format!(
+                "{} was deleted or replaced during the run: what the run stored went into the old file, which nothing will read",
+                store.path().display()
+            ),
+        ));
+    }
     if let Err(e) = writer.finish() {
         failures.push((e.code().to_string(), e.to_string()));
     }
