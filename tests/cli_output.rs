@@ -134,18 +134,16 @@ fn failed_scripted_requests_count_as_model_requests() {
     );
 }
 
-/// A report that cannot be written is not a run that ended ok: a full
-/// disk fails the command (exit 1, naming where the run is kept), and a
-/// reader that went away ends it as SIGPIPE would (141), never a panic.
-#[test]
-fn a_report_that_cannot_be_written_is_said_and_exits_so() {
-    let runs = tempfile::tempdir().unwrap();
-    let fanout = stages("fanout");
-    let run = |stdout: std::process::Stdio| {
+/// `troupe <args> --runs-dir <runs>/runs` with its stdout to a full disk
+/// (`/dev/full`) and, again, to a pipe whose reader is gone at once: the
+/// two ways a command's output cannot be written.
+fn unwritable(args: &[&str], runs: &std::path::Path) -> [Output; 2] {
+    let start = |stdout: std::process::Stdio| {
         Command::cargo_bin("troupe")
             .unwrap()
-            .args(["run", &fanout, "--ctx", "width=3", "--json", "--runs-dir"])
-            .arg(runs.path().join("runs"))
+            .args(args)
+            .arg("--runs-dir")
+            .arg(runs.join("runs"))
             .stdout(stdout)
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -155,26 +153,36 @@ fn a_report_that_cannot_be_written_is_said_and_exits_so() {
         .write(true)
         .open("/dev/full")
         .unwrap();
-    let out = run(full.into()).wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{said}");
+    let on_full = start(full.into()).wait_with_output().unwrap();
+    let mut child = start(std::process::Stdio::piped());
+    drop(child.stdout.take());
+    [on_full, child.wait_with_output().unwrap()]
+}
+
+/// A report that cannot be written is not a run that ended ok: a full
+/// disk fails the command (exit 1, naming where the run is kept), and a
+/// reader that went away ends it as SIGPIPE would (141), never a panic.
+#[test]
+fn a_report_that_cannot_be_written_is_said_and_exits_so() {
+    let runs = tempfile::tempdir().unwrap();
+    let fanout = stages("fanout");
+    let [full, gone] = unwritable(&["run", &fanout, "--ctx", "width=3", "--json"], runs.path());
+    let said = String::from_utf8_lossy(&full.stderr);
+    assert_eq!(full.status.code(), Some(1), "{said}");
     assert!(
         said.contains("cannot write the report") && said.contains("troupe runs show"),
         "{said}"
     );
     assert!(!said.contains("panicked"), "{said}");
-
-    let mut child = run(std::process::Stdio::piped());
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(141), "{said}");
+    let said = String::from_utf8_lossy(&gone.stderr);
+    assert_eq!(gone.status.code(), Some(141), "{said}");
     assert!(!said.contains("panicked"), "{said}");
 }
 
 /// `troupe watch` of a run whose stdout cannot be written stops and says
 /// so (141 for a reader that went away, 1 for a full disk) instead of
-/// going on, or ending with the run's own status.
+/// going on, or ending with the run's own status; `runs export` and
+/// `runs tail` end at 141 too.
 #[test]
 fn a_watch_whose_stdout_cannot_be_written_stops_and_says_so() {
     let runs = tempfile::tempdir().unwrap();
@@ -186,51 +194,18 @@ fn a_watch_whose_stdout_cannot_be_written_stops_and_says_so() {
     assert_eq!(report.status.code(), Some(0), "{}", text(&report));
     let report: Value = serde_json::from_slice(&report.stdout).unwrap();
     let id = report["runId"].as_str().unwrap();
-    let watch = |stdout: std::process::Stdio| {
-        Command::cargo_bin("troupe")
-            .unwrap()
-            .args(["watch", id, "--events", "-", "--runs-dir"])
-            .arg(runs.path().join("runs"))
-            .stdout(stdout)
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let full = std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap();
-    let out = watch(full.into()).wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{said}");
+    let [full, gone] = unwritable(&["watch", id, "--events", "-"], runs.path());
+    let said = String::from_utf8_lossy(&full.stderr);
+    assert_eq!(full.status.code(), Some(1), "{said}");
     assert!(said.contains("cannot write"), "{said}");
-
-    let mut child = watch(std::process::Stdio::piped());
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(141),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // So do `runs export` and `runs tail` for a reader that went away.
+    assert_eq!(gone.status.code(), Some(141), "{}", text(&gone));
     for verb in ["export", "tail"] {
-        let mut child = Command::cargo_bin("troupe")
-            .unwrap()
-            .args(["runs", verb, id, "--runs-dir"])
-            .arg(runs.path().join("runs"))
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        drop(child.stdout.take());
-        let out = child.wait_with_output().unwrap();
+        let [_, gone] = unwritable(&["runs", verb, id], runs.path());
         assert_eq!(
-            out.status.code(),
+            gone.status.code(),
             Some(141),
             "runs {verb}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            text(&gone)
         );
     }
 }
