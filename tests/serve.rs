@@ -705,6 +705,10 @@ fn a_server_of_curated_pipelines_refuses_other_pipelines_and_widening_options() 
         said(&resumed)
     );
     assert_eq!(state_of(dir.path(), outside), "failed");
+    // The operator resumes it in their own process beside the server.
+    let local = cli(dir.path(), &["resume", outside, "--local"]);
+    assert_eq!(local.status.code(), Some(0), "{}", said(&local));
+    assert_eq!(state_of(dir.path(), outside), "ok");
     let log = server.log();
     assert_eq!(log.matches("ended ok").count(), 2, "{log}");
 }

@@ -36,6 +36,10 @@ pub struct ResumeArgs {
     /// default `$TROUPE_SERVER`, else the project's server when one runs).
     #[arg(long, value_name = "URL")]
     pub server: Option<String>,
+    /// Resume it in this process even when a `troupe serve` answers for
+    /// the project (one that refuses the options this resume needs, say).
+    #[arg(long, conflicts_with = "server")]
+    pub local: bool,
     #[command(flatten)]
     pub opts: RunOptions,
 }
@@ -49,10 +53,12 @@ pub fn run(args: ResumeArgs) -> Exit {
             json,
         );
     }
-    match super::reach::server_for(args.server.as_deref(), &args.opts.runs_dir) {
-        Ok(Some(server)) => return super::submit::resume_remote(&server, &args.run_id),
-        Ok(None) => {}
-        Err(e) => return super::control::failed(&e),
+    if !args.local {
+        match super::reach::server_for(args.server.as_deref(), &args.opts.runs_dir) {
+            Ok(Some(server)) => return super::submit::resume_remote(&server, &args.run_id),
+            Ok(None) => {}
+            Err(e) => return super::control::failed(&e),
+        }
     }
     match prepare(&args, &args.opts.store_path()) {
         Ok(launch) => execute(launch, &args.opts),

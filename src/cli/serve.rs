@@ -284,6 +284,11 @@ impl Submitter for Arc<Server> {
             let parsed = Resubmitted::try_parse_from(&argv)
                 .map_err(|e| bad_args(e.render().to_string()))?;
             let mut args = parsed.resume;
+            if args.local {
+                return Err(bad_args(
+                    "--local resumes a run in the client's own process, not in a server".to_owned(),
+                ));
+            }
             server.settle(&mut args.opts, submission.cwd.as_deref())?;
             let store = args.opts.store_path();
             let opts = args.opts.clone();

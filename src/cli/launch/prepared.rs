@@ -70,7 +70,7 @@ impl std::fmt::Debug for Prepared {
 }
 
 /// What a resume refused for its earlier sessions' spend can do.
-const OVER_BUDGET_HINT: &str = "a resumed run's budget counts what its stored stages used in earlier sessions; resume with a larger --max-tokens or --max-cost to go on (through a `troupe serve --pipelines`, which refuses those flags: raise the pipeline's provider.maxTokens or maxCost and resume with --force)";
+const OVER_BUDGET_HINT: &str = "a resumed run's budget counts what its stored stages used in earlier sessions; resume with a larger --max-tokens or --max-cost to go on (a `troupe serve --pipelines` refuses those flags: resume with --local beside it, or raise the pipeline's provider.maxTokens or maxCost and resume with --force)";
 
 /// Checks `launch` with `opts` and readies it: a refusal when anything
 /// would stop it (nothing ran, nothing was recorded).
