@@ -172,6 +172,14 @@ pub enum Command {
     /// run, the rest are put to you) or yolo. Offline (scripted) unless a
     /// provider is given. Every turn is a run in the store with its audit
     /// log; --continue picks the conversation up again.
+    // A chat has no pipeline of the user's: the run options that speak of
+    // one say what they do here.
+    #[command(
+        mut_arg("script", |a| a.help("Canned model turns for the scripted provider (default: the chat's own)")),
+        mut_arg("parallel_cap", |a| a.hide(true)),
+        mut_arg("fail_sibling", |a| a.hide(true)),
+        mut_arg("headless", |a| a.help("Ask no one: a call --mode would put to you is denied. The default when stdin is not a terminal")),
+    )]
     Chat(Box<super::chat::ChatArgs>),
     /// Host many runs in one long-lived actor system, reachable through
     /// the control API (and, on a TCP listener, a dashboard).
