@@ -17,6 +17,11 @@
 #   perf_T.txt      perf's flat profile (by thread name, object, symbol)
 #                   of a 100 000-wide run at --threads T (2, 16), and
 #                   perf_T.data for reading its call graphs elsewhere
+#   perf_T_exe.txt  the same for the scheduler's thread alone (the main
+#                   thread, `exe` after the sealing re-exec), with call
+#                   chains: at 9 threads on 16 cores it ran at 96% of a
+#                   core in the run's middle (twenty-fifth round), the
+#                   serial part the last two targets wait on
 #   stat_T.csv      perf stat of the same run: system calls by kind,
 #                   context switches, migrations
 #   steps.txt       seconds since the start after each step
@@ -26,6 +31,10 @@
 set -u
 bin=$(realpath -m "${1:?binary}")
 out=$(realpath -m "${2:?output folder}")
+if ! "$bin" --version >/dev/null 2>&1; then
+    echo "$bin does not run: was it carried and unpacked?" >&2
+    exit 2
+fi
 mkdir -p "$out"
 scale=${SCALE:-1}
 w50k=$((50000 / scale)) w100k=$((100000 / scale))
@@ -51,7 +60,7 @@ echo "$SECONDS s: residence" >>"$out/steps.txt"
 if "$perf" stat -e task-clock -o /dev/null true 2>/dev/null; then
     . benches/perf_events.sh
     events=$(syscall_events "$perf" task-clock,context-switches,cpu-migrations,page-faults)
-    for t in ${PERF_THREADS:-2 16}; do
+    for t in ${PERF_THREADS:-2 9 16}; do
         rm -rf "${runs:?}"/*
         fanout_args "$w100k" "$t" "$runs"
         "$perf" record -F 999 -g -o "$out/perf_$t.data" -- \
@@ -59,6 +68,9 @@ if "$perf" stat -e task-clock -o /dev/null true 2>/dev/null; then
         "$perf" report -i "$out/perf_$t.data" --stdio --no-children \
             --sort comm,dso,sym --percent-limit 0.2 -g none \
             >"$out/perf_$t.txt" 2>>"$out/perf_$t.err"
+        "$perf" report -i "$out/perf_$t.data" --stdio --no-children --comms exe \
+            --sort sym --percent-limit 0.5 -g caller,0.5,callee --max-stack 12 \
+            >"$out/perf_${t}_exe.txt" 2>>"$out/perf_$t.err"
         rm -rf "${runs:?}"/*
         "$perf" stat -x, -e "$events" -o "$out/stat_$t.csv" -- \
             "$bin" "${FANOUT[@]}" >/dev/null 2>&1
