@@ -15,10 +15,11 @@
 #                   the store, and between executions (report, spawn,
 #                   start handshake)
 #   perf_T.txt      perf's flat profile (by thread name, object, symbol)
-#                   of a 100 000-wide run at --threads T (2, 16), and
+#                   of a 100 000-wide run at --threads T (2, 9, 16), and
 #                   perf_T.data for reading its call graphs elsewhere
 #   perf_T_exe.txt  the same for the scheduler's thread alone (the main
-#                   thread, `exe` after the sealing re-exec), with call
+#                   thread: `exe` after the sealing re-exec, `troupe`
+#                   where the environment needed no sealing), with call
 #                   chains: at 9 threads on 16 cores it ran at 96% of a
 #                   core in the run's middle (twenty-fifth round), the
 #                   serial part the last two targets wait on
@@ -68,7 +69,7 @@ if "$perf" stat -e task-clock -o /dev/null true 2>/dev/null; then
         "$perf" report -i "$out/perf_$t.data" --stdio --no-children \
             --sort comm,dso,sym --percent-limit 0.2 -g none \
             >"$out/perf_$t.txt" 2>>"$out/perf_$t.err"
-        "$perf" report -i "$out/perf_$t.data" --stdio --no-children --comms exe \
+        "$perf" report -i "$out/perf_$t.data" --stdio --no-children --comms exe,troupe \
             --sort sym --percent-limit 0.5 -g caller,0.5,callee --max-stack 12 \
             >"$out/perf_${t}_exe.txt" 2>>"$out/perf_$t.err"
         rm -rf "${runs:?}"/*

@@ -135,8 +135,8 @@ fn failed_scripted_requests_count_as_model_requests() {
 }
 
 /// `troupe <args> --runs-dir <runs>/runs` with its stdout to a full disk
-/// (`/dev/full`) and, again, to a pipe whose reader is gone at once: the
-/// two ways a command's output cannot be written.
+/// (`/dev/full`) and, again, to a pipe whose reader is gone before the
+/// command starts: the two ways a command's output cannot be written.
 fn unwritable(args: &[&str], runs: &std::path::Path) -> [Output; 2] {
     let start = |stdout: std::process::Stdio| {
         Command::cargo_bin("troupe")
@@ -154,9 +154,10 @@ fn unwritable(args: &[&str], runs: &std::path::Path) -> [Output; 2] {
         .open("/dev/full")
         .unwrap();
     let on_full = start(full.into()).wait_with_output().unwrap();
-    let mut child = start(std::process::Stdio::piped());
-    drop(child.stdout.take());
-    [on_full, child.wait_with_output().unwrap()]
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    let gone = start(writer.into()).wait_with_output().unwrap();
+    [on_full, gone]
 }
 
 /// A report that cannot be written is not a run that ended ok: a full

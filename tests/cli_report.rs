@@ -327,3 +327,48 @@ fn graph_draws_the_pipeline_above_the_timeline() {
     let out = report(runs.path(), &[&id, "--svg", "x.svg", "--graph"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A report replaces the file it names whole (written beside it, then
+/// renamed), keeping that file's mode, the link that names it, and any
+/// path that is no regular file (`/dev/null`) as it is.
+#[test]
+fn a_report_replaces_its_file_keeping_mode_and_links() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let runs = tempfile::tempdir().unwrap();
+    let (id, run) = run_fanout(runs.path(), &["--ctx", "width=3"]);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let out_dir = tempfile::tempdir().unwrap();
+    let real = out_dir.path().join("real.svg");
+    std::fs::write(&real, "old").unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let link = out_dir.path().join("link.svg");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let out = report(
+        runs.path(),
+        &[&id, "--svg", link.to_str().unwrap(), "--html", "/dev/null"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link stays a link"
+    );
+    assert!(std::fs::read_to_string(&real).unwrap().starts_with("<svg"));
+    let mode = std::fs::metadata(&real).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "its mode kept");
+    assert!(
+        std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device()
+            || !std::path::Path::new("/dev/null").exists(),
+        "/dev/null written in place"
+    );
+    let left: Vec<_> = std::fs::read_dir(out_dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 2, "no temp file left: {left:?}");
+}

@@ -167,29 +167,53 @@ fn graph_of(dir: Option<&Path>) -> Option<String> {
 }
 
 /// Writes `text` beside `path`, then renames it into place: a disk that
-/// fills midway leaves the last report whole, not a truncated one.
+/// fills midway leaves the last report whole, not a truncated one. The
+/// new file gets the mode the old one had, or for a first one what a
+/// plain write would give it (0666 less the umask). A path that is not a
+/// regular file (`/dev/stdout`, `/dev/null`) is written in place, and a
+/// link is followed, so the file it names is replaced, not the link.
 fn write(path: &Path, format: &'static str, text: String) -> Result<Written, ReportError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let failed = |source| ReportError::WriteFailed {
         path: path.to_owned(),
         source,
     };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".troupe-report-")
-        .tempfile_in(dir)
-        .map_err(failed)?;
-    std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(failed)?;
-    // A temp file is made private (0600); a report is as readable as a
-    // file written the plain way.
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o644),
-    )
-    .map_err(failed)?;
-    tmp.persist(path).map_err(|e| failed(e.error))?;
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    let existing = std::fs::metadata(&target).ok();
+    if existing.as_ref().is_some_and(|m| !m.is_file()) {
+        std::fs::write(&target, text.as_bytes()).map_err(failed)?;
+    } else {
+        let mode = existing
+            .as_ref()
+            .map_or(0o666, |m| m.permissions().mode() & 0o7777);
+        let name = target.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = target.with_file_name(format!(
+            ".{name}.troupe-{}-{}.tmp",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        ));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)
+            .and_then(|mut f| {
+                std::io::Write::write_all(&mut f, text.as_bytes())?;
+                // The mode asked for at creation, less the umask: an old
+                // report's own mode is kept whole.
+                if existing.is_some() {
+                    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+                }
+                Ok(())
+            })
+            .and_then(|()| std::fs::rename(&tmp, &target));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(failed(e));
+        }
+    }
     Ok(Written {
         format,
         path: path.to_owned(),

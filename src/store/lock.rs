@@ -51,18 +51,29 @@ impl RunLock {
 }
 
 /// Whether a live process holds the lock of the run in `run_dir`. A lock
-/// that cannot be checked (a file this user may not open, a kernel that
-/// refuses the lock, a loop of links) counts as held: `troupe runs rm`
-/// and `gc` ask this before deleting a run, and must never delete one
-/// that is running. Only a missing lock file is free. Opened read-only
-/// (`flock` needs no more) and without waiting (a FIFO put there would
-/// block the open).
+/// that cannot be checked (a file this user may not open at all, a kernel
+/// that refuses the lock, a loop of links) counts as held: `troupe runs
+/// rm` and `gc` ask this before deleting a run, and must never delete one
+/// that is running. Only a missing lock file is free. Opened for writing
+/// where it may be (NFS emulates `flock` with locks that want a writable
+/// file), else read-only (a file of another user's, a read-only
+/// filesystem), and never waited on (a FIFO put there would block).
 pub fn is_held(run_dir: &Path) -> bool {
     use std::os::unix::fs::OpenOptionsExt;
-    let opened = OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
-        .open(run_dir.join(LOCK_FILE));
+    let path = run_dir.join(LOCK_FILE);
+    let open = |write: bool| {
+        OpenOptions::new()
+            .read(true)
+            .write(write)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(&path)
+    };
+    let opened = open(true).or_else(|e| match e.kind() {
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+            open(false)
+        }
+        _ => Err(e),
+    });
     let file = match opened {
         Ok(file) => file,
         Err(e) => return e.kind() != std::io::ErrorKind::NotFound,

@@ -659,6 +659,15 @@ fn end_in_store(
     if let Err(e) = writer.finish() {
         failures.push((e.code().to_string(), e.to_string()));
     }
+    // Results that were not stored: the row must not read ok, or a
+    // resume would call the run finished and never run them again.
+    let lost = failures
+        .first()
+        .map(|(code, _)| format!("{code}: the run's last results could not be stored"));
+    let (status, reason) = match &lost {
+        Some(lost) => ("failed", Some(lost.as_str())),
+        None => (status, reason),
+    };
     if let Err(e) = store.end_run(run_id, status, reason, summary) {
         failures.push((e.code().to_string(), e.to_string()));
     }
