@@ -183,6 +183,10 @@ fn spawn_watch(run: &Run, extra: &[&str]) -> Child {
 fn a_second_process_watches_the_run_and_approves_its_pending_call() {
     let run = Run::start(&["--remote"]);
     let proposal = run.wait_pending();
+    // What is approved is what can be seen: the whole arguments too.
+    let listed = run.pending();
+    let args: Value = serde_json::from_str(listed[0]["args"].as_str().unwrap()).unwrap();
+    assert_eq!(args, serde_json::json!({"text": "from afar"}));
     let (watch, watch_first) = watching(&run, &[]);
     let (raw, raw_first) = watching(&run, &["--events", "-"]);
     let out = run.cli("approve", &[&proposal, "--client", "alice"]);

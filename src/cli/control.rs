@@ -488,13 +488,24 @@ pub fn pending(at: &RunRef, json: bool) -> Exit {
                 println!("no approval or question is waiting for an answer through the API");
             } else {
                 for p in list {
-                    println!(
+                    let line = format!(
                         "{}  {}  {} {}",
                         p["proposalId"].as_str().unwrap_or("?"),
                         p["stageId"].as_str().unwrap_or("?"),
                         p["tool"].as_str().unwrap_or("?"),
                         p["argsSummary"].as_str().unwrap_or("")
                     );
+                    println!("{}", super::output::terminal_safe(&line));
+                    // A shortened summary: the whole arguments, so what is
+                    // approved is what was seen.
+                    if p["argsSummary"].as_str().is_some_and(|s| s.ends_with('…'))
+                        && let Some(args) = p["args"].as_str()
+                    {
+                        println!(
+                            "    whole arguments: {}",
+                            super::output::terminal_safe(args)
+                        );
+                    }
                 }
             }
             Exit::Ok

@@ -169,6 +169,18 @@ impl Prompter for StdinPrompter {
                     ""
                 }
             );
+            // A shortened summary hides the rest of the call: the whole
+            // arguments go first, so what is approved is what was seen.
+            if view.args_summary.ends_with('…') {
+                let whole = serde_json::from_str::<serde_json::Value>(&view.args_json)
+                    .and_then(|v| serde_json::to_string_pretty(&v))
+                    .unwrap_or_else(|_| view.args_json.to_string());
+                let _ = write!(
+                    err,
+                    "\nthe whole arguments of the call below:\n{}",
+                    super::output::terminal_safe(&whole)
+                );
+            }
             let _ = write!(err, "{}", super::output::terminal_safe(&shown));
             let _ = err.flush();
         }

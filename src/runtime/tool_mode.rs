@@ -51,7 +51,10 @@ pub struct AllowRule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Matcher {
     Any,
+    /// `Bash(words *)`: a plain command that starts with the words.
     Prefix(String),
+    /// `Bash(words)`: that plain command and no more.
+    Exact(String),
     Contains(String),
 }
 
@@ -76,7 +79,8 @@ impl AllowRule {
             None | Some("*" | "") => Matcher::Any,
             Some(p) if tool == "Bash" => match p.strip_suffix('*') {
                 Some(words) if !words.trim().is_empty() => Matcher::Prefix(words.trim().to_owned()),
-                _ => Matcher::Prefix(p.to_owned()),
+                // No `*`: that command, with nothing after it.
+                _ => Matcher::Exact(p.to_owned()),
             },
             Some(p) => Matcher::Contains(p.to_owned()),
         };
@@ -97,6 +101,10 @@ impl AllowRule {
             Matcher::Prefix(words) => args["command"]
                 .as_str()
                 .is_some_and(|c| super::interaction::prefix_matches(words, c)),
+            Matcher::Exact(words) => args["command"].as_str().is_some_and(|c| {
+                let count = |s: &str| s.split([' ', '\t']).filter(|w| !w.is_empty()).count();
+                super::interaction::prefix_matches(words, c) && count(c) == count(words)
+            }),
             Matcher::Contains(text) => args.to_string().contains(text.as_str()),
         }
     }
@@ -201,6 +209,19 @@ mod tests {
             Verdict::Run("--allow#3 fs__*".to_owned())
         );
         assert_eq!(run("Write", json!({})), Verdict::Ask);
+        // Without `*`, the command as written and nothing after it.
+        let m = mode(&["Bash(git status)"]);
+        let run = |c: &str| m.decide("Bash", &json!({ "command": c }));
+        assert_eq!(
+            run("git status"),
+            Verdict::Run("--allow#0 Bash(git status)".to_owned())
+        );
+        assert_eq!(
+            run("git  status"),
+            Verdict::Run("--allow#0 Bash(git status)".to_owned())
+        );
+        assert_eq!(run("git status --output=/tmp/x"), Verdict::Ask);
+        assert_eq!(run("git"), Verdict::Ask);
     }
 
     #[test]

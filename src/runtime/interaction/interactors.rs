@@ -109,6 +109,9 @@ pub struct PromptView {
     pub stage_execution_id: String,
     pub tool: String,
     pub args_summary: String,
+    /// The whole arguments, as JSON text: shown too when the summary is
+    /// shortened, so a person never approves what they could not see.
+    pub args_json: std::sync::Arc<str>,
     /// Prompts queued behind this one.
     pub waiting: usize,
 }
@@ -216,6 +219,7 @@ impl TerminalInteractor {
             stage_execution_id: prompt.request.stage_execution_id.clone(),
             tool: prompt.request.tool.clone(),
             args_summary: prompt.request.args_summary.clone(),
+            args_json: std::sync::Arc::clone(&prompt.args_json),
             waiting,
         }
     }

@@ -27,6 +27,8 @@ pub struct PendingView {
     pub tool: String,
     pub args_digest: String,
     pub args_summary: String,
+    /// The whole arguments, as JSON text (the summary is shortened).
+    pub args: std::sync::Arc<str>,
 }
 
 /// Holds the prompts put to the API until a client answers.
@@ -83,6 +85,7 @@ impl Handler<ListPending> for RemoteInteractor {
                     tool: p.request.tool.clone(),
                     args_digest: p.request.args_digest.clone(),
                     args_summary: p.request.args_summary.clone(),
+                    args: std::sync::Arc::clone(&p.args_json),
                 })
                 .collect(),
         )
