@@ -240,3 +240,43 @@ fn malformed_hooks_are_reported_with_their_place() {
         ]
     );
 }
+
+/// A guard's `tools:` is read as `allowedTools` is: `<server>__*` covers a
+/// server's tools, and a name that is no tool (a typo, a server not
+/// declared) is refused when the pipeline loads, not left to never run.
+#[test]
+fn a_hooks_tools_are_checked_and_match_as_allowed_tools_do() {
+    let typo = fixture(
+        "Echo",
+        "  - { name: g, at: TOOL_CALL/pre, kind: guard, command: x, tools: [bash, nope__*] }\n",
+        "stages: {}\n",
+        &[],
+    );
+    let diags = load_pipeline(typo.path()).unwrap_err().0;
+    let unknown: Vec<String> = diags
+        .iter()
+        .filter(|d| d.code.name() == "UnknownTool")
+        .map(|d| d.message.clone())
+        .collect();
+    assert_eq!(unknown.len(), 2, "{unknown:?}");
+    assert!(unknown[0].contains("`bash`"), "{unknown:?}");
+
+    let def = troupe::definition::hooks::HookDef {
+        name: "g".to_owned(),
+        at: "TOOL_CALL/pre".to_owned(),
+        kind: troupe::definition::hooks::HookKind::Guard,
+        command: "true".to_owned(),
+        timeout: std::time::Duration::from_secs(1),
+        tools: vec!["fs__*".to_owned(), "Bash".to_owned()],
+        env: Vec::new(),
+    };
+    use troupe::runtime::hooks::Hook;
+    let hook = troupe::runtime::hooks::CommandHook {
+        def,
+        dir: std::path::PathBuf::from("."),
+    };
+    assert!(hook.wants_tool("fs__read_file"));
+    assert!(hook.wants_tool("Bash"));
+    assert!(!hook.wants_tool("Read"));
+    assert!(!hook.wants_tool("fsx__read"));
+}

@@ -102,6 +102,21 @@ pub fn load_pipeline_text(
             );
         }
     }
+    // A guard whose `tools:` names no tool would never run, silently: a
+    // typo or a name of no declared server is refused as an unknown tool.
+    for (i, hook) in doc.hooks.iter().enumerate() {
+        for tool in hook.tools.iter().filter(|t| !is_tool(t)) {
+            diags.push(
+                Diagnostic::new(
+                    ValidationCode::UnknownTool,
+                    format!("hook `{}` names unknown tool `{tool}`", hook.name),
+                )
+                .file(&file)
+                .field(format!("hooks[{i}].tools"))
+                .hint("a built-in tool (Read, Grep, Glob, Edit, Write, Bash, Echo), `<server>__<tool>` or `<server>__*` of a server under `mcpServers:`"),
+            );
+        }
+    }
     cross_check(&doc, &stages, &file, &mut diags);
     if !diags.is_empty() {
         return Err(Diagnostics(diags));

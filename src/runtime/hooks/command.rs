@@ -36,7 +36,12 @@ impl Hook for CommandHook {
     }
 
     fn wants_tool(&self, tool: &str) -> bool {
-        self.def.tools.is_empty() || self.def.tools.iter().any(|t| t == tool)
+        self.def.tools.is_empty()
+            || self
+                .def
+                .tools
+                .iter()
+                .any(|t| crate::definition::mcp::allows(t, tool))
     }
 
     fn call(
