@@ -450,3 +450,42 @@ fn one_remembered_answer_approves_every_matching_proposal_of_the_run() {
         assert_eq!(by_rule.len(), approved - 1, "{answer:?}");
     }
 }
+
+/// An answers file beside `--yolo` (or a person) answers what its rules
+/// match and leaves the rest to them: before, its "no rule matches,
+/// deny" came at once, raced `--yolo`, and shadowed every person.
+#[test]
+fn an_answers_file_leaves_what_no_rule_matches_to_the_others() {
+    let f = one_stage(
+        "stages:\n  s:\n    - { tool: Echo, args: { text: alpha } }\n    - complete: { n: 1 }\n",
+    );
+    let file = f.path().join("answers.yaml");
+    std::fs::write(&file, "answers:\n  - { tool: Bash, answer: deny }\n").unwrap();
+    let runs = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .arg("run")
+        .arg(f.path())
+        .arg("--answers")
+        .arg(&file)
+        .args(["--yolo", "--headless", "--json", "--runs-dir"])
+        .arg(runs.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let log =
+        troupe::auditlog::read_text(std::path::Path::new(report["auditPath"].as_str().unwrap()))
+            .unwrap();
+    let answered: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["event"] == "InteractionAnswered")
+        .collect();
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert_eq!(answered[0]["answer"], "approve", "{answered:?}");
+}

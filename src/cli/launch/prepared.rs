@@ -134,13 +134,14 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
             return Err(Refusal::typed(&over, over.to_string(), OVER_BUDGET_HINT));
         }
     }
-    let mut interactors = Vec::new();
+    let mut files = Vec::new();
     for answers in &opts.answers {
         match AnswerRules::load(answers) {
-            Ok(rules) => interactors.push(InteractorSpec::Scripted(Arc::new(rules))),
+            Ok(rules) => files.push(rules),
             Err(e) => return Err(Refusal::invalid(answers, format!("--answers {e}"))),
         }
     }
+    let mut interactors = Vec::new();
     if opts.yolo {
         interactors.push(InteractorSpec::Yolo);
     }
@@ -157,6 +158,15 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
             crate::cli::prompter::StdinPrompter::default(),
         )));
     }
+    // An answers file answers what its rules match; the rest it leaves to
+    // a person (or --yolo) when there is one, rather than deny it at once
+    // before they are asked. With files alone, no rule matching denies.
+    let others = !interactors.is_empty();
+    let files = files.into_iter().map(|mut rules| {
+        rules.leave_unmatched = others;
+        InteractorSpec::Scripted(Arc::new(rules))
+    });
+    let interactors: Vec<InteractorSpec> = files.chain(interactors).collect();
     let cap = opts
         .parallel_cap
         .map(|c| c as usize)

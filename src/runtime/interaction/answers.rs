@@ -73,6 +73,9 @@ struct Rule {
 pub struct AnswerRules {
     pub name: String,
     rules: Vec<Rule>,
+    /// No rule matching: leave the call to the run's other interactors
+    /// (a person, `--yolo`) instead of denying it.
+    pub leave_unmatched: bool,
 }
 
 impl AnswerRules {
@@ -128,12 +131,14 @@ impl AnswerRules {
         Ok(AnswerRules {
             name: name.to_owned(),
             rules,
+            leave_unmatched: false,
         })
     }
 
     /// The answer (and its delay) for `request`, and the rule that gave
     /// it; `None` to stay silent. With no matching rule the answer is a
-    /// denial.
+    /// denial, unless the run has other interactors to leave it to
+    /// ([`AnswerRules::leave_unmatched`]).
     pub fn answer_for(
         &self,
         request: &GrantRequest,
@@ -157,6 +162,7 @@ impl AnswerRules {
         });
         match hit {
             Some(r) => (r.answer, r.delay, Some(std::sync::Arc::clone(&r.name))),
+            None if self.leave_unmatched => (None, Duration::ZERO, None),
             None => (Some(Answer::Deny), Duration::ZERO, None),
         }
     }
@@ -232,6 +238,17 @@ mod tests {
         let mut quiet = other.clone();
         quiet.stage_id = "quiet".into();
         assert_eq!(rules.answer_for(&quiet, "{}").0, None);
+        // Beside a person (or --yolo), what no rule matches is theirs.
+        let mut beside = rules;
+        beside.leave_unmatched = true;
+        assert_eq!(
+            beside.answer_for(&other, r#"{"command":"rm"}"#),
+            (None, Duration::ZERO, None)
+        );
+        assert_eq!(
+            beside.answer_for(&ok, r#"{"command":"git status"}"#).0,
+            Some(Answer::Approve)
+        );
     }
 
     #[test]
