@@ -1,7 +1,8 @@
 //! The hooks of a run by slot, and running one slot: guards first (the
 //! first deny short-circuits), then transforms (chained, each sees the
-//! previous one's payload), then observers (best effort: a failure is
-//! audited, never fatal).
+//! previous one's payload), the guards again when a transform changed the
+//! payload (they decide on what would run), then observers (best effort:
+//! a failure is audited, never fatal).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,7 +68,8 @@ impl HookSet {
             .is_some_and(|hooks| hooks.iter().any(|h| tool.is_none_or(|t| h.wants_tool(t))))
     }
 
-    /// Runs the slot's hooks in order: guards, transforms, observers.
+    /// Runs the slot's hooks in order: guards, transforms (then the guards
+    /// again on a payload they changed), observers.
     /// `log` receives one entry per hook run.
     pub async fn run(
         &self,
@@ -85,30 +87,49 @@ impl HookSet {
                 .filter(move |h| h.kind() == kind && tool.is_none_or(|t| h.wants_tool(t)))
         };
         let mut payload = Arc::new(payload);
-        for hook in wanted(HookKind::Guard) {
-            let reply = hook.call(slot, Arc::clone(&payload)).await;
-            let (outcome, denied, error) = match reply {
-                Ok(HookReply::Deny { reason }) => ("deny", Some(reason), None),
-                Ok(_) => ("allow", None, None),
-                Err(e) => (
-                    "failed",
-                    Some(format!("{}: {e}", HookError::CODE)),
-                    Some(e.to_string()),
-                ),
-            };
-            log.push(HookRun {
-                hook: hook.name().to_owned(),
-                kind: HookKind::Guard,
-                outcome,
-                error,
-            });
-            if let Some(reason) = denied {
-                return SlotOutcome::Denied {
-                    hook: hook.name().to_owned(),
-                    reason,
-                };
+        // The guards decide on what would run: once, and again on a
+        // payload a transform rewrote (a transform must not carry a call
+        // past a guard that would refuse what it became).
+        let guards = |payload: Arc<Value>| {
+            let order: Vec<&Arc<dyn Hook>> = wanted(HookKind::Guard).collect();
+            async move {
+                let mut ran = Vec::new();
+                for hook in order {
+                    let reply = hook.call(slot, Arc::clone(&payload)).await;
+                    let (outcome, denied, error) = match reply {
+                        Ok(HookReply::Deny { reason }) => ("deny", Some(reason), None),
+                        Ok(_) => ("allow", None, None),
+                        Err(e) => (
+                            "failed",
+                            Some(format!("{}: {e}", HookError::CODE)),
+                            Some(e.to_string()),
+                        ),
+                    };
+                    ran.push(HookRun {
+                        hook: hook.name().to_owned(),
+                        kind: HookKind::Guard,
+                        outcome,
+                        error,
+                    });
+                    if let Some(reason) = denied {
+                        return (
+                            ran,
+                            Some(SlotOutcome::Denied {
+                                hook: hook.name().to_owned(),
+                                reason,
+                            }),
+                        );
+                    }
+                }
+                (ran, None)
             }
+        };
+        let (ran, denied) = guards(Arc::clone(&payload)).await;
+        log.extend(ran);
+        if let Some(denied) = denied {
+            return denied;
         }
+        let mut transformed = false;
         for hook in wanted(HookKind::Transform) {
             match hook.call(slot, Arc::clone(&payload)).await {
                 Ok(HookReply::Replace(v)) => {
@@ -118,6 +139,7 @@ impl HookSet {
                         outcome: "transformed",
                         error: None,
                     });
+                    transformed |= *payload != v;
                     payload = Arc::new(v);
                 }
                 Ok(_) => log.push(HookRun {
@@ -138,6 +160,13 @@ impl HookSet {
                         error,
                     };
                 }
+            }
+        }
+        if transformed {
+            let (ran, denied) = guards(Arc::clone(&payload)).await;
+            log.extend(ran);
+            if let Some(denied) = denied {
+                return denied;
             }
         }
         for hook in wanted(HookKind::Observer) {
