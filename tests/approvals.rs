@@ -467,8 +467,8 @@ fn an_answers_file_leaves_what_no_rule_matches_to_the_others() {
         .arg(f.path())
         .arg("--answers")
         .arg(&file)
-        .args(["--yolo", "--headless", "--json", "--runs-dir"])
-        .arg(runs.path())
+        .args(["--yolo", "--headless", "--runs-dir"])
+        .arg(runs.path().join("runs"))
         .output()
         .unwrap();
     assert_eq!(
@@ -477,13 +477,8 @@ fn an_answers_file_leaves_what_no_rule_matches_to_the_others() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let log =
-        troupe::auditlog::read_text(std::path::Path::new(report["auditPath"].as_str().unwrap()))
-            .unwrap();
-    let answered: Vec<Value> = log
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    let answered: Vec<Value> = common::audit(runs.path())
+        .into_iter()
         .filter(|e| e["event"] == "InteractionAnswered")
         .collect();
     assert_eq!(answered.len(), 1, "{answered:?}");
