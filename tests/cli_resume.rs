@@ -455,6 +455,20 @@ fn a_failed_sibling_fixed_then_resumed_runs_again_alone_with_the_unfinished() {
     assert_eq!(entered[&format!("{run_id}/worker#17/1")], 2);
 }
 
+/// Runs `args` (`troupe run … --json`), which must fail (exit 1): the
+/// run's id.
+fn failed_run(project: &Project, args: &[&str]) -> String {
+    let out = project.output(args);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        common::project::said(&out)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    report["runId"].as_str().unwrap().to_owned()
+}
+
 /// The `code` of a refusal printed with `--json`, exit 2.
 fn refusal(out: &std::process::Output) -> String {
     assert_eq!(out.status.code(), Some(2), "{}", common::project::said(out));
@@ -473,24 +487,19 @@ fn a_pipeline_changed_since_the_run_is_refused_unless_forced() {
         std::fs::copy(&file, pipeline.join(file.file_name().unwrap())).unwrap();
     }
     let pipeline = path(pipeline);
-    let out = project.output(&[
-        "run",
-        &pipeline,
-        "--ctx",
-        "width=8",
-        "--fail-sibling",
-        "worker#1",
-        "--headless",
-        "--json",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        common::project::said(&out)
+    let run_id = failed_run(
+        &project,
+        &[
+            "run",
+            &pipeline,
+            "--ctx",
+            "width=8",
+            "--fail-sibling",
+            "worker#1",
+            "--headless",
+            "--json",
+        ],
     );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let run_id = report["runId"].as_str().unwrap().to_owned();
     let log = std::fs::read(project.audit_path(&run_id)).unwrap();
 
     let worker = std::path::Path::new(&pipeline).join("worker.md");
@@ -555,25 +564,20 @@ fn stored_tokens(project: &Project, run_id: &str) -> u64 {
 fn a_resumed_runs_budget_counts_what_its_earlier_sessions_used() {
     let project = Project::new();
     let (fanout, script) = (path(bundled("fanout")), script());
-    let out = project.output(&run_args(
-        &fanout,
-        &script,
-        &[
-            "--parallel-cap",
-            "8",
-            "--fail-sibling",
-            "worker#17",
-            "--json",
-        ],
-    ));
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        common::project::said(&out)
+    let run_id = &failed_run(
+        &project,
+        &run_args(
+            &fanout,
+            &script,
+            &[
+                "--parallel-cap",
+                "8",
+                "--fail-sibling",
+                "worker#17",
+                "--json",
+            ],
+        ),
     );
-    let failed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let run_id = failed["runId"].as_str().unwrap();
     let earlier = stored_tokens(&project, run_id);
     assert!(earlier > 0, "the scripted provider counts tokens");
     let log = std::fs::read(project.audit_path(run_id)).unwrap();

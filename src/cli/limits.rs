@@ -38,22 +38,35 @@ pub struct LimitArgs {
 }
 
 impl LimitArgs {
+    /// The token limit, the cost limit and the price for `model` (when
+    /// known): the flags over the pipeline's `provider:` block.
+    fn limits(
+        &self,
+        pipeline: &Pipeline,
+        model: Option<&str>,
+    ) -> (Option<u64>, Option<f64>, Option<Price>) {
+        let file = pipeline.provider.as_ref();
+        let max_tokens = self.max_tokens.or(file.and_then(|f| f.max_tokens));
+        let max_cost = self.max_cost.or(file.and_then(|f| f.max_cost));
+        let price = self
+            .price
+            .or_else(|| model.and_then(|m| file.and_then(|f| f.prices.get(m).copied())));
+        (max_tokens, max_cost, price)
+    }
+
     /// The run's budget for `model` (flags over the pipeline's block), or
     /// `None` when neither sets a limit nor a price. Errors are messages for
     /// `Validation/InputInvalid`.
     pub fn budget(&self, pipeline: &Pipeline, model: &str) -> Result<Option<Arc<Budget>>, String> {
-        let file = pipeline.provider.clone().unwrap_or_default();
-        let max_tokens = self.max_tokens.or(file.max_tokens);
-        let max_cost = self.max_cost.or(file.max_cost);
-        let price = self.price.or_else(|| file.prices.get(model).copied());
+        let (max_tokens, max_cost, price) = self.limits(pipeline, Some(model));
         if max_cost.is_some() && price.is_none() {
-            let known = if file.prices.is_empty() {
-                String::new()
-            } else {
-                format!(
+            let prices = pipeline.provider.as_ref().map(|f| &f.prices);
+            let known = match prices.filter(|p| !p.is_empty()) {
+                None => String::new(),
+                Some(p) => format!(
                     " (provider.prices has {})",
-                    file.prices.keys().cloned().collect::<Vec<_>>().join(", ")
-                )
+                    p.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
             };
             return Err(format!(
                 "--max-cost needs the price of model `{model}`{known}: pass --price IN,OUT or add `provider.prices.{model}: {{input: …, output: …}}` (US dollars per million tokens)"
@@ -66,27 +79,20 @@ impl LimitArgs {
         }
         Ok(Some(Arc::new(Budget::new(max_tokens, max_cost, price))))
     }
-}
 
-impl LimitArgs {
     /// Why a resumed run whose earlier sessions used `spent` is already
     /// over the budget that can be told before its provider is asked
     /// anything: the token limit, and the cost limit when the price is
-    /// known (`--price`, or `model`'s in the pipeline). The whole budget is checked again once the
-    /// capability check has settled the model.
+    /// known (`--price`, or `model`'s in the pipeline). The whole budget
+    /// is checked again once the capability check has settled the model.
     pub fn already_over(
         &self,
         pipeline: &Pipeline,
         model: Option<&str>,
         spent: Usage,
     ) -> Option<BudgetExceeded> {
-        let file = pipeline.provider.clone().unwrap_or_default();
-        let max_tokens = self.max_tokens.or(file.max_tokens);
-        let price = self
-            .price
-            .or_else(|| model.and_then(|m| file.prices.get(m).copied()));
-        let max_cost = price.and(self.max_cost.or(file.max_cost));
-        Budget::new(max_tokens, max_cost, price)
+        let (max_tokens, max_cost, price) = self.limits(pipeline, model);
+        Budget::new(max_tokens, price.and(max_cost), price)
             .carry_over(spent)
             .err()
     }

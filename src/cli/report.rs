@@ -173,7 +173,7 @@ fn graph_of(dir: Option<&Path>) -> Option<String> {
 /// regular file (`/dev/stdout`, `/dev/null`) is written in place, and a
 /// link is followed, so the file it names is replaced, not the link.
 fn write(path: &Path, format: &'static str, text: String) -> Result<Written, ReportError> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     let failed = |source| ReportError::WriteFailed {
         path: path.to_owned(),
         source,
@@ -183,36 +183,27 @@ fn write(path: &Path, format: &'static str, text: String) -> Result<Written, Rep
     if existing.as_ref().is_some_and(|m| !m.is_file()) {
         std::fs::write(&target, text.as_bytes()).map_err(failed)?;
     } else {
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        // Made with the mode asked for, less the umask; removed if it is
+        // not renamed into place.
         let mode = existing
             .as_ref()
             .map_or(0o666, |m| m.permissions().mode() & 0o7777);
-        let name = target.file_name().unwrap_or_default().to_string_lossy();
-        let tmp = target.with_file_name(format!(
-            ".{name}.troupe-{}-{}.tmp",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos())
-        ));
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)
-            .and_then(|mut f| {
-                std::io::Write::write_all(&mut f, text.as_bytes())?;
-                // The mode asked for at creation, less the umask: an old
-                // report's own mode is kept whole.
-                if existing.is_some() {
-                    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-                }
-                Ok(())
-            })
-            .and_then(|()| std::fs::rename(&tmp, &target));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(failed(e));
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".troupe-report-")
+            .permissions(std::fs::Permissions::from_mode(mode))
+            .tempfile_in(dir)
+            .map_err(failed)?;
+        std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(failed)?;
+        // An old report's own mode is kept whole, whatever the umask.
+        if existing.is_some() {
+            std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode))
+                .map_err(failed)?;
         }
+        tmp.persist(&target).map_err(|e| failed(e.error))?;
     }
     Ok(Written {
         format,

@@ -129,11 +129,15 @@ impl Server {
         opts: &mut RunOptions,
         cwd: Option<&Path>,
     ) -> Result<(), (u16, serde_json::Value)> {
-        self.policy.options(opts, cwd)?;
         let theirs = |p: &Path| match cwd {
             Some(cwd) if p.is_relative() => cwd.join(p),
             _ => p.to_owned(),
         };
+        opts.script = opts.script.as_deref().map(theirs);
+        opts.answers = opts.answers.iter().map(|p| theirs(p)).collect();
+        // With the client's files made the client's, before the root is
+        // made the server's.
+        self.policy.options(opts)?;
         if opts.store.is_some() || opts.no_store || opts.runs_dir != Path::new(".troupe/runs") {
             return Err(bad_args(
                 "--store, --no-store and --runs-dir are the server's (see `troupe serve --help`)"
@@ -152,8 +156,6 @@ impl Server {
         } else {
             theirs(&opts.root)
         };
-        opts.script = opts.script.as_deref().map(theirs);
-        opts.answers = opts.answers.iter().map(|p| theirs(p)).collect();
         opts.headless = true;
         opts.json = false;
         Ok(())

@@ -126,7 +126,6 @@ impl Policy {
         let Some(allowed) = &self.pipelines else {
             return Ok(());
         };
-        let home = crate::environ::var("HOME").unwrap_or_default();
         for server in &pipeline.mcp_servers {
             let McpTransport::Stdio {
                 sandbox, writes, ..
@@ -136,10 +135,7 @@ impl Policy {
             };
             let why = if *sandbox {
                 writes.iter().find_map(|w| {
-                    let path = match w.strip_prefix("~/") {
-                        Some(rest) => Path::new(&home).join(rest),
-                        None => PathBuf::from(w),
-                    };
+                    let path = crate::tools::mcp::writes_path(w);
                     let path = std::fs::canonicalize(&path)
                         .or_else(|_| std::path::absolute(&path))
                         .unwrap_or(path);
@@ -169,23 +165,15 @@ impl Policy {
     }
 
     /// Refuses the options that would widen what a run of an operator's
-    /// pipeline reaches. `opts` as the client sent them (their relative
-    /// paths are `cwd`'s); a `--script` or `--answers` file inside the
+    /// pipeline reaches. `opts` as the client sent them, its files' paths
+    /// made the client's; a `--script` or `--answers` file inside the
     /// folders is replaced by its resolved path, which is what is read.
-    pub(super) fn options(&self, opts: &mut RunOptions, cwd: Option<&Path>) -> Result<(), Refused> {
+    pub(super) fn options(&self, opts: &mut RunOptions) -> Result<(), Refused> {
         if self.pipelines.is_none() {
             return Ok(());
         }
-        let theirs = |p: &Path| match cwd {
-            Some(cwd) if p.is_relative() => cwd.join(p),
-            _ => p.to_owned(),
-        };
-        let script = opts.script.as_deref().map(|p| self.inside(&theirs(p)));
-        let answers: Vec<Option<PathBuf>> = opts
-            .answers
-            .iter()
-            .map(|p| self.inside(&theirs(p)))
-            .collect();
+        let script = opts.script.as_deref().map(|p| self.inside(p));
+        let answers: Vec<Option<PathBuf>> = opts.answers.iter().map(|p| self.inside(p)).collect();
         let provider = &opts.provider;
         let widening = [
             (opts.no_sandbox, "--no-sandbox"),

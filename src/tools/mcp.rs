@@ -31,7 +31,7 @@ use super::sandbox::ShellSandbox;
 use crate::definition::ToolSpec;
 use crate::definition::mcp::{McpServerDef, allows, split_tool_name, tool_name};
 use crate::error::{Code, HasCode};
-pub use connect::Connection;
+pub use connect::{Connection, writes_path};
 pub use elicit::{ElicitAnswer, ElicitRequest, Elicitor, ElicitorSlot};
 pub use listing::{Listing, ListingCell, McpTool};
 pub use result::ToolOutput;

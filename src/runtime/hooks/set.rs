@@ -90,43 +90,7 @@ impl HookSet {
         // The guards decide on what would run: once, and again on a
         // payload a transform rewrote (a transform must not carry a call
         // past a guard that would refuse what it became).
-        let guards = |payload: Arc<Value>| {
-            let order: Vec<&Arc<dyn Hook>> = wanted(HookKind::Guard).collect();
-            async move {
-                let mut ran = Vec::new();
-                for hook in order {
-                    let reply = hook.call(slot, Arc::clone(&payload)).await;
-                    let (outcome, denied, error) = match reply {
-                        Ok(HookReply::Deny { reason }) => ("deny", Some(reason), None),
-                        Ok(_) => ("allow", None, None),
-                        Err(e) => (
-                            "failed",
-                            Some(format!("{}: {e}", HookError::CODE)),
-                            Some(e.to_string()),
-                        ),
-                    };
-                    ran.push(HookRun {
-                        hook: hook.name().to_owned(),
-                        kind: HookKind::Guard,
-                        outcome,
-                        error,
-                    });
-                    if let Some(reason) = denied {
-                        return (
-                            ran,
-                            Some(SlotOutcome::Denied {
-                                hook: hook.name().to_owned(),
-                                reason,
-                            }),
-                        );
-                    }
-                }
-                (ran, None)
-            }
-        };
-        let (ran, denied) = guards(Arc::clone(&payload)).await;
-        log.extend(ran);
-        if let Some(denied) = denied {
+        if let Some(denied) = guard(wanted(HookKind::Guard), slot, &payload, log).await {
             return denied;
         }
         let mut transformed = false;
@@ -162,12 +126,10 @@ impl HookSet {
                 }
             }
         }
-        if transformed {
-            let (ran, denied) = guards(Arc::clone(&payload)).await;
-            log.extend(ran);
-            if let Some(denied) = denied {
-                return denied;
-            }
+        if transformed
+            && let Some(denied) = guard(wanted(HookKind::Guard), slot, &payload, log).await
+        {
+            return denied;
         }
         for hook in wanted(HookKind::Observer) {
             let result = hook.call(slot, Arc::clone(&payload)).await;
@@ -180,4 +142,38 @@ impl HookSet {
         }
         SlotOutcome::Proceed(Arc::unwrap_or_clone(payload))
     }
+}
+
+/// Runs `guards` on `payload` in order, each one's run into `log`: the
+/// first deny (or failure, which denies) as the slot's outcome.
+async fn guard<'h>(
+    guards: impl Iterator<Item = &'h Arc<dyn Hook>>,
+    slot: &str,
+    payload: &Arc<Value>,
+    log: &mut Vec<HookRun>,
+) -> Option<SlotOutcome> {
+    for hook in guards {
+        let (outcome, denied, error) = match hook.call(slot, Arc::clone(payload)).await {
+            Ok(HookReply::Deny { reason }) => ("deny", Some(reason), None),
+            Ok(_) => ("allow", None, None),
+            Err(e) => (
+                "failed",
+                Some(format!("{}: {e}", HookError::CODE)),
+                Some(e.to_string()),
+            ),
+        };
+        log.push(HookRun {
+            hook: hook.name().to_owned(),
+            kind: HookKind::Guard,
+            outcome,
+            error,
+        });
+        if let Some(reason) = denied {
+            return Some(SlotOutcome::Denied {
+                hook: hook.name().to_owned(),
+                reason,
+            });
+        }
+    }
+    None
 }

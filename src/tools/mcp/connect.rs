@@ -333,13 +333,12 @@ impl Connection {
                         {
                             Ok(f) => (Stdio::from(f), Some(path)),
                             Err(e) => {
-                                let _ = std::io::Write::write_fmt(
-                                    &mut std::io::stderr(),
-                                    format_args!(
-                                        "warning: MCP server `{}`: cannot write its log {}: {e}; its stderr is dropped\n",
-                                        def.name,
-                                        path.display()
-                                    ),
+                                use std::io::Write as _;
+                                let _ = writeln!(
+                                    std::io::stderr(),
+                                    "warning: MCP server `{}`: cannot write its log {}: {e}; its stderr is dropped",
+                                    def.name,
+                                    path.display()
                                 );
                                 (Stdio::null(), None)
                             }
@@ -539,17 +538,23 @@ impl Connection {
     }
 }
 
+/// The folder a server's `writes:` entry names: `~/` is the home folder.
+pub fn writes_path(entry: &str) -> std::path::PathBuf {
+    match entry.strip_prefix("~/") {
+        Some(rest) => {
+            std::path::Path::new(&crate::environ::var("HOME").unwrap_or_default()).join(rest)
+        }
+        None => std::path::PathBuf::from(entry),
+    }
+}
+
 /// The extra folders a sandboxed server may write: `~/` expanded, made if
 /// missing (Landlock grants a folder that exists).
 fn writable(server: &str, writes: &[String]) -> Result<Vec<std::path::PathBuf>, McpError> {
-    let home = crate::environ::var("HOME").unwrap_or_default();
     writes
         .iter()
         .map(|w| {
-            let path = match w.strip_prefix("~/") {
-                Some(rest) => std::path::Path::new(&home).join(rest),
-                None => std::path::PathBuf::from(w),
-            };
+            let path = writes_path(w);
             std::fs::create_dir_all(&path).map_err(|e| {
                 McpError::new(
                     "WritesUnusable",
