@@ -48,9 +48,25 @@ pub struct OpenQuestion {
     pub fields: Value,
 }
 
+/// The one reply of a question, shared by every interactor asked: the
+/// first to take it answers, and the others learn that they came late.
+/// The asking step holds only the receiver, so the question also ends
+/// (unanswered) once every interactor let go of the slot.
+type ReplySlot = Arc<Mutex<Option<tokio::sync::oneshot::Sender<Answer>>>>;
+
+/// Takes the reply from `slot` and sends `answer` on it: `false` when
+/// another interactor answered first or the step stopped waiting.
+fn reply_once(slot: &ReplySlot, answer: Answer) -> bool {
+    let taken = slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    taken.is_some_and(|reply| reply.send(answer).is_ok())
+}
+
 struct Waiting {
     question: Question,
-    reply: tokio::sync::oneshot::Sender<Answer>,
+    reply: ReplySlot,
 }
 
 /// The questions open to the control API's clients.
@@ -105,18 +121,20 @@ impl QuestionDesk {
             .check(&content)
             .map_err(Refused::Invalid)?;
         let waiting = open.remove(execution).ok_or(Refused::NotAsked)?;
-        let _ = waiting.reply.send(Answer {
+        let answer = Answer {
             content,
             by: format!("api: {client}"),
-        });
-        Ok(())
+        };
+        if reply_once(&waiting.reply, answer) {
+            Ok(())
+        } else {
+            Err(Refused::NotAsked)
+        }
     }
 
-    fn open(&self, question: Question) -> tokio::sync::oneshot::Receiver<Answer> {
-        let (reply, rx) = tokio::sync::oneshot::channel();
+    fn open(&self, question: Question, reply: ReplySlot) {
         let execution = question.stage_execution_id.clone();
         self.lock().insert(execution, Waiting { question, reply });
-        rx
     }
 
     fn withdraw(&self, execution: &str) {
@@ -165,20 +183,20 @@ impl Asker for RunAsker {
                 .boxed();
             }
         }
-        let mut waits: Vec<BoxFuture<'static, Option<Answer>>> = Vec::new();
+        let (reply, answered) = tokio::sync::oneshot::channel();
+        let slot: ReplySlot = Arc::new(Mutex::new(Some(reply)));
         // Off the desk when the step stops waiting, answered or dropped.
         let guard = self.desk.as_ref().map(|desk| {
-            let rx = desk.open(question.clone());
-            waits.push(async move { rx.await.ok() }.boxed());
+            desk.open(question.clone(), Arc::clone(&slot));
             OpenGuard {
                 desk: Arc::clone(desk),
                 execution: question.stage_execution_id.clone(),
             }
         });
+        let mut unwanted = None;
         if let Some(prompter) = self.prompter.clone() {
-            let (tx, rx) = tokio::sync::oneshot::channel();
             let wanted = Wanted::default();
-            let unwanted = wanted.until_dropped();
+            unwanted = Some(wanted.until_dropped());
             let form = FormView {
                 server: format!("stage {}", question.stage_id),
                 message: question.prompt.clone(),
@@ -186,7 +204,9 @@ impl Asker for RunAsker {
                 wanted,
             };
             let fields = question.fields.clone();
-            let spawned = std::thread::Builder::new()
+            let slot = Arc::clone(&slot);
+            // Not started: the terminal simply does not answer.
+            let _ = std::thread::Builder::new()
                 .name("troupe-question".into())
                 .spawn(move || {
                     // Asked again until the answer fits the form.
@@ -196,46 +216,31 @@ impl Asker for RunAsker {
                         };
                         match fields.check(&content) {
                             Ok(()) => {
-                                let _ = tx.send(content);
+                                let answer = Answer {
+                                    content,
+                                    by: "terminal".to_owned(),
+                                };
+                                if !reply_once(&slot, answer) {
+                                    eprintln!(
+                                        "  answered elsewhere first: this answer was not used"
+                                    );
+                                }
                                 return;
                             }
                             Err(errors) => eprintln!("  not accepted: {}", errors.join("; ")),
                         }
                     }
                 });
-            if spawned.is_ok() {
-                waits.push(
-                    async move {
-                        // Answered elsewhere (this wait dropped): the
-                        // terminal stops reading for the form.
-                        let _unwanted = unwanted;
-                        rx.await.ok().map(|content| Answer {
-                            content,
-                            by: "terminal".to_owned(),
-                        })
-                    }
-                    .boxed(),
-                );
-            }
         }
-        if waits.is_empty() {
-            return std::future::ready(None).boxed();
-        }
+        // Only the interactors hold the slot now: when the last of them
+        // lets go unanswered (the terminal's input ended, no API), the
+        // question ends unanswered.
+        drop(slot);
         async move {
             let _guard = guard;
-            // First answer wins; an interactor that gives up (the terminal's
-            // input ended) leaves the others to answer.
-            let mut waits = waits;
-            let mut answer = None;
-            while !waits.is_empty() {
-                let (got, _, rest) = futures::future::select_all(waits).await;
-                if got.is_some() {
-                    answer = got;
-                    break;
-                }
-                waits = rest;
-            }
-            answer
+            // Answered elsewhere or dropped: the terminal stops reading.
+            let _unwanted = unwanted;
+            answered.await.ok()
         }
         .boxed()
     }
@@ -251,5 +256,91 @@ struct OpenGuard {
 impl Drop for OpenGuard {
     fn drop(&mut self) {
         self.desk.withdraw(&self.execution);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::runtime::interaction::{self as messages, PromptView};
+    use serde_json::json;
+    use std::sync::mpsc;
+
+    /// A person at the terminal who fills the form with `{"ok": true}`
+    /// once the test lets them.
+    struct Person(Mutex<mpsc::Receiver<()>>);
+
+    impl Prompter for Person {
+        fn ask(&self, _: &PromptView) -> Option<messages::Answer> {
+            None
+        }
+        fn withdrawn(&self, _: &PromptView) {}
+        fn fill(&self, _: &FormView) -> Option<Value> {
+            self.0.lock().unwrap().recv().ok()?;
+            Some(json!({ "ok": true }))
+        }
+    }
+
+    fn asked() -> (
+        Arc<QuestionDesk>,
+        Arc<dyn Prompter>,
+        mpsc::Sender<()>,
+        BoxFuture<'static, Option<Answer>>,
+    ) {
+        let (go, gate) = mpsc::channel();
+        let person: Arc<dyn Prompter> = Arc::new(Person(Mutex::new(gate)));
+        let desk = Arc::new(QuestionDesk::default());
+        let asker = RunAsker::new(
+            &[InteractorSpec::Terminal(Arc::clone(&person))],
+            Some(Arc::clone(&desk)),
+        );
+        let fields = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}});
+        let asking = asker.ask(Question {
+            stage_id: "review".into(),
+            stage_execution_id: "e1".into(),
+            prompt: "ok?".into(),
+            fields: Schema::compile(fields).unwrap(),
+        });
+        (desk, person, go, asking)
+    }
+
+    /// Waits for the terminal's thread to end: it holds the other handle
+    /// on the person until then.
+    fn terminal_done(person: &Arc<dyn Prompter>) {
+        while Arc::strong_count(person) > 1 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// The terminal answered first: the API's answer, arriving before the
+    /// step took the terminal's, is refused rather than also told "done".
+    #[tokio::test]
+    async fn an_api_answer_after_the_terminals_is_refused() {
+        let (desk, person, go, asking) = asked();
+        go.send(()).unwrap();
+        terminal_done(&person);
+        assert_eq!(
+            desk.answer("e1", json!({ "ok": false }), "alice"),
+            Err(Refused::NotAsked)
+        );
+        let answer = asking.await.unwrap();
+        assert_eq!(answer.by, "terminal");
+        assert_eq!(answer.content, json!({ "ok": true }));
+    }
+
+    /// The API answered first: the step takes that answer, whatever the
+    /// terminal sends after.
+    #[tokio::test]
+    async fn the_terminal_after_the_apis_answer_is_not_used() {
+        let (desk, person, go, asking) = asked();
+        assert_eq!(desk.answer("e1", json!({ "ok": false }), "alice"), Ok(()));
+        go.send(()).unwrap();
+        terminal_done(&person);
+        let answer = asking.await.unwrap();
+        assert_eq!(answer.by, "api: alice");
+        assert_eq!(answer.content, json!({ "ok": false }));
+        assert!(desk.list().is_empty());
     }
 }

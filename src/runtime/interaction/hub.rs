@@ -288,16 +288,21 @@ impl Handler<Raise> for InteractionHub {
 }
 
 impl Handler<Answered> for InteractionHub {
-    type Result = ();
+    type Result = bool;
 
-    fn handle(&mut self, msg: Answered, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: Answered, ctx: &mut Context<Self>) -> bool {
         if let Some(rule) = msg.rule {
             self.rules.insert((msg.id, msg.responder), rule);
         }
         let mut out = Vec::new();
         self.arbiter
             .answer(msg.id, msg.responder, msg.answer, &mut out);
+        let decided = out.iter().any(|c| {
+            matches!(c, ArbiterCommand::Answered { id, responder, .. }
+                if *id == msg.id && *responder == msg.responder)
+        });
         self.carry_out(out, ctx);
+        decided
     }
 }
 

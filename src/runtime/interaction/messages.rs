@@ -50,9 +50,12 @@ pub struct Raise {
     pub reply: oneshot::Sender<GrantDecision>,
 }
 
-/// An interactor's answer to interaction `id`.
+/// An interactor's answer to interaction `id`. The hub replies whether
+/// it decided the interaction (`true`), or came after another
+/// interactor's answer, a timeout or a withdrawal (`false`, audited as
+/// late): an interactor that tells its client "done" asks and waits.
 #[derive(Debug, Message)]
-#[rtype(result = "()")]
+#[rtype(result = "bool")]
 pub struct Answered {
     pub id: InteractionId,
     pub responder: ResponderId,

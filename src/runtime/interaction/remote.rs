@@ -108,33 +108,50 @@ pub struct AnswerRemote {
 pub struct NotPending;
 
 impl Handler<AnswerRemote> for RemoteInteractor {
-    type Result = Result<(), NotPending>;
+    type Result = ResponseActFuture<Self, Result<(), NotPending>>;
 
+    /// Told "done" only once the hub says this answer decided the
+    /// prompt: one another interactor (or a timeout, or the step's end)
+    /// decided meanwhile is late, refused, and leaves no rule behind.
     fn handle(&mut self, msg: AnswerRemote, _ctx: &mut Context<Self>) -> Self::Result {
-        let id = self
+        let Some(id) = self
             .pending
             .iter()
             .find(|(_, p)| p.request.proposal_id == msg.proposal_id)
             .map(|(id, _)| *id)
-            .ok_or(NotPending)?;
-        let prompt = self.pending.remove(&id).ok_or(NotPending)?;
+        else {
+            return Box::pin(fut::ready(Err(NotPending)));
+        };
+        let Some(prompt) = self.pending.remove(&id) else {
+            return Box::pin(fut::ready(Err(NotPending)));
+        };
         let rule = Remembered::from_answer(msg.answer, &prompt.request, &prompt.args_json);
-        prompt.hub.do_send(Answered {
+        let decided = prompt.hub.send(Answered {
             id,
             responder: prompt.responder,
             answer: msg.answer,
             rule: Some(Arc::from(format!("client: {}", msg.client))),
         });
-        if let Some(mut rule) = rule {
-            rule.describe = Arc::from(format!("{} (client: {})", rule.describe, msg.client));
-            self.remembered.push(rule);
-            let waiting = std::mem::take(&mut self.pending);
-            self.pending = waiting
-                .into_iter()
-                .filter_map(|(id, p)| answer_by(&self.remembered, p).map(|p| (id, p)))
-                .collect();
-        }
-        Ok(())
+        Box::pin(
+            async move { decided.await.unwrap_or(false) }
+                .into_actor(self)
+                .map(move |decided, this, _ctx| {
+                    if !decided {
+                        return Err(NotPending);
+                    }
+                    if let Some(mut rule) = rule {
+                        rule.describe =
+                            Arc::from(format!("{} (client: {})", rule.describe, msg.client));
+                        this.remembered.push(rule);
+                        let waiting = std::mem::take(&mut this.pending);
+                        this.pending = waiting
+                            .into_iter()
+                            .filter_map(|(id, p)| answer_by(&this.remembered, p).map(|p| (id, p)))
+                            .collect();
+                    }
+                    Ok(())
+                }),
+        )
     }
 }
 
@@ -170,10 +187,12 @@ mod tests {
     }
 
     impl Handler<Answered> for Hub {
-        type Result = ();
-        fn handle(&mut self, msg: Answered, _: &mut Context<Self>) {
+        type Result = bool;
+        fn handle(&mut self, msg: Answered, _: &mut Context<Self>) -> bool {
             self.0
                 .push((msg.id, msg.answer, msg.rule.map(|r| r.to_string())));
+            // Prompts from 100 on were decided elsewhere first.
+            msg.id < 100
         }
     }
 
@@ -262,5 +281,34 @@ mod tests {
         remote.send(prompt(5, "other", &hub)).await.unwrap();
         let pending = remote.send(ListPending).await.unwrap();
         assert_eq!(pending.len(), 1);
+    }
+
+    /// An answer the hub no longer takes (another interactor, a timeout
+    /// or the step's end decided first) is refused, and its rule is not
+    /// kept: the client is not told "done" for an answer that did nothing.
+    #[actix::test]
+    async fn an_answer_decided_elsewhere_first_is_refused_and_keeps_no_rule() {
+        let hub = Hub::default().start();
+        let remote = RemoteInteractor::default().start();
+        remote.send(prompt(100, "same", &hub)).await.unwrap();
+        let answered = remote
+            .send(AnswerRemote {
+                proposal_id: "p100".into(),
+                answer: Answer::ApproveSame,
+                client: "alice".into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(answered, Err(NotPending));
+        remote.send(prompt(1, "same", &hub)).await.unwrap();
+        let pending: Vec<String> = remote
+            .send(ListPending)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.proposal_id)
+            .collect();
+        assert_eq!(pending, ["p1"], "a refused answer left a rule");
+        assert_eq!(hub.send(Seen).await.unwrap().len(), 1);
     }
 }
