@@ -770,3 +770,25 @@ fn a_value_the_server_was_given_is_redacted_from_what_it_says() {
         "the store holds the value"
     );
 }
+
+/// `--no-sandbox` hands shells every variable, but an MCP server still
+/// gets only the scrubbed environment and the names its `env:` lists: the
+/// API key is not among them.
+#[test]
+fn a_server_under_no_sandbox_gets_no_variable_it_did_not_name() {
+    let key = "sk-troupe-test-key-0123456789";
+    let yaml = format!(
+        "id: t\nentry: s\nmcpServers:\n{}stages:\n  s: {{ kind: tool, tool: srv__env, args: {{ name: OPENAI_API_KEY }} }}\nnext:\n  s: end\n",
+        fault_block("srv", Path::new(STATS), &[], "")
+    );
+    let project = project(&yaml, &[]);
+    let out = project
+        .troupe()
+        .args(["run", "p", "--json", "--headless", "--no-sandbox"])
+        .env("OPENAI_API_KEY", key)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["results"][0]["parsed"]["value"], "", "{v}");
+}

@@ -299,19 +299,18 @@ impl Connection {
                         ),
                     ));
                 }
+                // The scrubbed environment and the server's `env:` names,
+                // with or without the sandbox: a server says what it
+                // needs, and `--no-sandbox` (which hands shells every
+                // variable) lifts only its write confinement.
                 let mut cmd = match start.sandbox.as_deref() {
                     Some(sb) if *sandbox => {
                         let extra = writable(&def.name, writes)?;
                         sb.program_command(command, args, env, &start.root, &extra, deny)
                     }
-                    Some(_) => {
+                    _ => {
                         let mut c = tokio::process::Command::new(command);
                         c.args(args).env_clear().envs(crate::environ::scrubbed(env));
-                        c
-                    }
-                    None => {
-                        let mut c = tokio::process::Command::new(command);
-                        c.args(args).env_clear().envs(crate::environ::vars_os());
                         c
                     }
                 };
