@@ -230,6 +230,12 @@ fn rm_and_gc_delete_rows_and_folders_but_never_a_held_run() {
     assert_eq!(dry, format!("would remove {old}\n"));
     assert!(exists(old));
     assert_eq!(listed(&project).len(), 3);
+    let dry = project.json(&["runs", "gc", "--older-than", "1d", "--dry-run", "--json"]);
+    assert_eq!(dry, json!({"wouldRemove": [old]}));
+    // An age of nothing would take every run not running: refused.
+    let zero = project.output(&["runs", "gc", "--older-than", "0d"]);
+    assert_eq!(zero.status.code(), Some(2), "{}", said(&zero));
+    assert_eq!(listed(&project).len(), 3);
 
     let gc = project.json(&["runs", "gc", "--older-than", "1d", "--json"]);
     assert_eq!(gc, json!({"removed": [old]}));
@@ -248,11 +254,30 @@ fn rm_and_gc_delete_rows_and_folders_but_never_a_held_run() {
         "Store/RunNotFound"
     );
 
-    // The held run: neither removed nor collected while held.
+    // The held run: neither removed nor collected while held, also when
+    // asked from another folder (the row's folder is absolute).
     assert_eq!(
         refusal(&project, &["runs", "rm", held, "--json"]),
         "Store/RunBusy"
     );
+    let elsewhere = project.path().join("sub");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let out = project
+        .troupe()
+        .current_dir(&elsewhere)
+        .args([
+            "runs",
+            "rm",
+            held,
+            "--json",
+            "--store",
+            "../.troupe/troupe.db",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Store/RunBusy"));
+    assert!(exists(held));
     assert_eq!(
         project.json(&["runs", "gc", "--older-than", "1d", "--json"]),
         json!({"removed": []})
@@ -262,6 +287,20 @@ fn rm_and_gc_delete_rows_and_folders_but_never_a_held_run() {
     // can go.
     drop(lock);
     assert_eq!(project.listed(held)["state"], "interrupted");
+    // A row naming a folder that is not a run's (damaged, or edited by
+    // hand) is refused rather than followed.
+    let folder = project.run_dir(held).display().to_string();
+    set(
+        &project,
+        held,
+        &format!("run_dir = '{}'", project.path().join("sub").display()),
+    );
+    assert_eq!(
+        refusal(&project, &["runs", "rm", held, "--json"]),
+        "Store/NotARunFolder"
+    );
+    assert!(elsewhere.is_dir());
+    set(&project, held, &format!("run_dir = '{folder}'"));
     stdout(&project, &["runs", "rm", held]);
     assert!(!exists(held));
     assert!(listed(&project).is_empty());

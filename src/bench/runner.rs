@@ -198,7 +198,10 @@ fn open_store(
             digest: String::new(),
             ctx: Value::Object((*spec.fields).clone()),
             cap: spec.cap as u64,
-            run_dir: run_dir.display().to_string(),
+            run_dir: std::path::absolute(run_dir)
+                .unwrap_or_else(|_| run_dir.to_owned())
+                .display()
+                .to_string(),
             status: "running".to_owned(),
             reason: None,
             started_at: unix_ms(SystemTime::now()),

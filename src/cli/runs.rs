@@ -110,6 +110,11 @@ fn parse_age(s: &str) -> Result<Duration, String> {
             .trim()
             .parse()
             .map_err(|_| format!("`{s}` is not a duration such as 7d, 12h or 30m"))?;
+        if n == 0 {
+            return Err(
+                "`0d` would delete every run that is not running; give an age above 0".into(),
+            );
+        }
         return Ok(Duration::from_secs(n.saturating_mul(86_400)));
     }
     parse_positive_duration(s)
@@ -419,20 +424,53 @@ fn remove(path: &Path, ids: &[String], json: bool) -> Result<Exit, StoreError> {
     let store = Store::open(path)?;
     let mut removed = Vec::new();
     for id in ids {
-        let run = store.find_run(id)?;
-        delete(&store, &run)?;
-        removed.push(run.id);
+        // What was removed before a failure is still said.
+        let gone = store
+            .find_run(id)
+            .and_then(|run| delete(&store, &run).map(|()| run.id));
+        match gone {
+            Ok(id) => removed.push(id),
+            Err(e) => {
+                report_removed(&removed, json);
+                return Err(e);
+            }
+        }
     }
     report_removed(&removed, json);
     Ok(Exit::Ok)
 }
 
-/// Deletes a run that no process is running: its rows, then its folder.
-fn delete(store: &Store, run: &RunRow) -> Result<(), StoreError> {
+/// Whether a run's folder may be deleted: no process holds it, and it is
+/// a run folder, named by the run's id. A damaged or hand-edited row
+/// naming `.` or a home folder is refused rather than followed.
+fn deletable(run: &RunRow) -> Result<&Path, StoreError> {
     let dir = Path::new(&run.run_dir);
+    if dir.file_name() != Some(std::ffi::OsStr::new(&run.id)) {
+        return Err(StoreError::NotARunFolder {
+            id: run.id.clone(),
+            path: dir.to_owned(),
+            why: "a run's folder is named by its id, and the store names another (a damaged or edited row)".to_owned(),
+        });
+    }
     if is_held(dir) {
         return Err(StoreError::RunBusy { id: run.id.clone() });
     }
+    // Rows of older troupes hold the folder relative to where the run
+    // started: not found from here, a run still marked running may be
+    // live.
+    if dir.is_relative() && run.status == "running" && !dir.exists() {
+        return Err(StoreError::NotARunFolder {
+            id: run.id.clone(),
+            path: dir.to_owned(),
+            why: "it is marked running and its folder, relative to where it started, is not found from here (a row of an older troupe); run this from that folder".to_owned(),
+        });
+    }
+    Ok(dir)
+}
+
+/// Deletes a run that no process is running: its rows, then its folder.
+fn delete(store: &Store, run: &RunRow) -> Result<(), StoreError> {
+    let dir = deletable(run)?;
     store.delete_run(&run.id)?;
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
@@ -460,17 +498,23 @@ fn gc(path: &Path, older_than: Duration, dry_run: bool, json: bool) -> Result<Ex
         unix_ms(SystemTime::now()) - i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
     let mut removed = Vec::new();
     for run in store.runs_started_before(cutoff)? {
-        if is_held(Path::new(&run.run_dir)) {
+        // Running, or not a folder troupe may delete: left alone.
+        if deletable(&run).is_err() {
             continue;
         }
-        if !dry_run {
-            delete(&store, &run)?;
+        if !dry_run && let Err(e) = delete(&store, &run) {
+            report_removed(&removed, json);
+            return Err(e);
         }
         removed.push(run.id);
     }
-    if dry_run && !json {
-        for id in &removed {
-            println!("would remove {id}");
+    if dry_run {
+        if json {
+            println!("{}", json!({ "wouldRemove": removed }));
+        } else {
+            for id in &removed {
+                println!("would remove {id}");
+            }
         }
     } else {
         report_removed(&removed, json);

@@ -52,6 +52,14 @@ pub enum StoreError {
     /// troupe, or damaged (`detail` names the file and the byte).
     #[error("{detail}")]
     AuditCorrupt { detail: String },
+    /// The run's row names a folder troupe will not delete: not one named
+    /// by the run's id, or one it cannot tell is not live.
+    #[error("will not delete {path} for run `{id}`: {why}")]
+    NotARunFolder {
+        id: String,
+        path: PathBuf,
+        why: String,
+    },
     /// Any other failure to read or write one of the files troupe keeps
     /// (the store, a run's log, a report's output).
     #[error("cannot use {path}: {detail}")]
@@ -84,6 +92,7 @@ impl StoreError {
                 "`troupe runs show` shows its results; start a new run with `troupe run`".to_owned()
             }
             StoreError::Io { .. } => "check the path and its permissions".to_owned(),
+            StoreError::NotARunFolder { .. } => "delete the folder by hand if it is the run's; nothing was deleted".to_owned(),
             StoreError::AuditCorrupt { .. } => "the log's lines before the damage are intact: `troupe runs export <run>` prints them (a torn end, from a killed process, is not damage: resume repairs it)".to_owned(),
         }
     }
@@ -120,6 +129,7 @@ impl HasCode for StoreError {
             StoreError::PipelineChanged { .. } => "PipelineChanged",
             StoreError::NothingToResume { .. } => "NothingToResume",
             StoreError::Io { .. } => "WriteFailed",
+            StoreError::NotARunFolder { .. } => "NotARunFolder",
             StoreError::AuditCorrupt { .. } => "AuditCorrupt",
         };
         Code {

@@ -598,7 +598,12 @@ fn keep(
                 digest,
                 ctx: serde_json::Value::Object((*spec.fields).clone()),
                 cap: spec.cap as u64,
-                run_dir: run_dir.display().to_string(),
+                // Absolute, so that `runs`, `rm` and `resume` find it
+                // (and its lock) from any folder.
+                run_dir: std::path::absolute(run_dir)
+                    .unwrap_or_else(|_| run_dir.to_owned())
+                    .display()
+                    .to_string(),
                 status: "running".to_owned(),
                 reason: None,
                 started_at: unix_ms(std::time::SystemTime::now()),
