@@ -325,8 +325,16 @@ fn runs_tail_prints_the_last_lines_and_follows_a_live_run_to_its_end() {
     // Following a run that ended prints nothing more and returns.
     assert_eq!(stdout(&project, &["runs", "tail", id, "-n", "0", "-f"]), "");
 
+    follow_live(&project, &[]);
+    // A run kept without a store is followed as well: it holds its
+    // folder's lock all the same.
+    follow_live(&project, &["--no-store"]);
+}
+
+/// Follows a live fan-out's log with `runs tail -f` to its end.
+fn follow_live(project: &Project, extra: &[&str]) {
     let fanout = bundled("fanout");
-    let mut live = project.spawn(&[
+    let mut args = vec![
         "run",
         fanout.to_str().unwrap(),
         "--ctx",
@@ -337,7 +345,9 @@ fn runs_tail_prints_the_last_lines_and_follows_a_live_run_to_its_end() {
         "20ms",
         "--events",
         "-",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let mut live = project.spawn(&args);
     live.until(|e| e["event"] == "StageExited");
     let run_id = live.run_id();
     // The run's stream is read to its end meanwhile, so it never waits on

@@ -313,6 +313,9 @@ pub struct Driven {
     path: PathBuf,
     openai: Option<OpenAiProvider>,
     _shell: crate::cli::sandbox::ShellSetup,
+    /// A run kept without a store still holds its folder's lock, so that
+    /// `runs tail --follow` (and `rm`) can tell it is live.
+    _unstored_lock: Option<RunLock>,
 }
 
 /// How a run ended, recorded.
@@ -382,6 +385,7 @@ impl Prepared {
             path,
             openai: openai.as_ref().map(|(p, _)| p.clone()),
             _shell: shell,
+            _unstored_lock: None,
         };
         if let Some((provider, false)) = &openai {
             match provider.check(check_retries, &check_backoff).await {
@@ -421,6 +425,14 @@ impl Prepared {
         if keeping {
             match keep(store, &spec, &pipeline, &run_dir, resume) {
                 Ok(kept) => driven.kept = Some(kept),
+                Err(e) => {
+                    driven.outcome = Outcome::Store(e);
+                    return driven;
+                }
+            }
+        } else {
+            match RunLock::acquire(&run_dir, spec.run_id.as_str()) {
+                Ok(lock) => driven._unstored_lock = Some(lock),
                 Err(e) => {
                     driven.outcome = Outcome::Store(e);
                     return driven;
@@ -509,6 +521,7 @@ impl Driven {
             path,
             openai,
             _shell,
+            _unstored_lock,
         } = self;
         let (mut report, last_seq) = match outcome {
             Outcome::Report(r, seq) => (r, seq),
