@@ -369,3 +369,33 @@ fn a_reply_is_printed_with_its_escape_sequences_shown_not_obeyed() {
         "done: hi \u{fffd}]52;c;aGk=\u{fffd} \u{fffd}[2J"
     );
 }
+
+/// `--continue RUN` takes a chat's turn only: another pipeline's run has
+/// no conversation to go on from.
+#[test]
+fn continue_refuses_a_run_that_is_not_a_chat_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let fanout = Path::new(env!("CARGO_MANIFEST_DIR")).join("stages/fanout");
+    let run = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args([
+            "run",
+            fanout.to_str().unwrap(),
+            "--ctx",
+            "width=2",
+            "--json",
+        ])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", said(&run));
+    let id: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let id = id["runId"].as_str().unwrap();
+    let out = chat(dir.path(), &["--continue", id], "hello\n");
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        said(&out).contains("Store/RunNotFound") && said(&out).contains("not a chat turn"),
+        "{}",
+        said(&out)
+    );
+}

@@ -465,3 +465,28 @@ fn a_foreign_newer_or_damaged_compact_log_is_a_typed_error() {
         assert!(!svg.exists(), "nothing drawn");
     }
 }
+
+/// A failure's reason may quote a tool's output (a `Bash` timeout quotes
+/// what the command printed): `runs show` prints it without the control
+/// sequences in it, which could set the clipboard or rewrite the screen.
+#[test]
+fn runs_show_prints_no_control_sequence_a_tool_printed() {
+    let project = Project::new();
+    let dir = project.path().join("p");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(
+        dir.join("pipeline.yaml"),
+        "id: esc\nentry: s\nstages:\n  s: { kind: tool, tool: Bash, args: { command: \"printf 'x\\\\033]52;c;aGk=\\\\007y'; sleep 30\", timeout_ms: 300 } }\nnext:\n  s: end\n",
+    )
+    .unwrap();
+    let out = project.output(&["run", "p", "--headless", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = v["runId"].as_str().unwrap();
+    let shown = stdout(&project, &["runs", "show", id]);
+    assert!(shown.contains("x\u{FFFD}]52;c;aGk=\u{FFFD}y"), "{shown}");
+    assert!(
+        !shown.contains('\u{1b}') && !shown.contains('\u{7}'),
+        "{shown:?}"
+    );
+}

@@ -280,7 +280,11 @@ pub fn run(args: &ChatArgs) -> Exit {
             Err((exit, message)) => {
                 // The question stays in the conversation; the next line
                 // goes on from it.
-                let _ = writeln!(std::io::stderr(), "error: {message}");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "error: {}",
+                    super::output::terminal_safe(&message)
+                );
                 last = exit;
             }
         }
@@ -482,7 +486,17 @@ fn continued(store_path: &Path, run: &str) -> Result<Vec<Said>, (String, String)
                 )
             })?
     } else {
-        store.find_run(run).map_err(store_failed)?
+        let row = store.find_run(run).map_err(store_failed)?;
+        if row.pipeline_id != CHAT {
+            return Err((
+                "Store/RunNotFound".to_owned(),
+                format!(
+                    "run `{}` is a run of `{}`, not a chat turn: `troupe runs` lists the chat's turns (pipeline `{CHAT}`)",
+                    row.id, row.pipeline_id
+                ),
+            ));
+        }
+        row
     };
     let mut history: Vec<Said> = row.ctx["history"]
         .as_array()

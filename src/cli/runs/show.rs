@@ -345,6 +345,7 @@ fn write_text(
                         r.attempts,
                         r.usage.requests,
                         r.usage.prompt_tokens + r.usage.completion_tokens,
+                        reason = crate::cli::output::terminal_safe(reason),
                     ),
                 )
             },
@@ -368,7 +369,13 @@ fn write_text(
                 };
                 line(
                     out,
-                    format_args!("  {}  {}", label(r), reason.unwrap_or("")),
+                    // A reason may quote a tool's output: no control
+                    // sequence of it reaches the terminal.
+                    format_args!(
+                        "  {}  {}",
+                        label(r),
+                        crate::cli::output::terminal_safe(reason.unwrap_or(""))
+                    ),
                 )
             },
         )?;
