@@ -399,3 +399,54 @@ fn continue_refuses_a_run_that_is_not_a_chat_turn() {
         said(&out)
     );
 }
+
+/// SIGTERM during a turn cancels it and ends the chat (143), taking no
+/// later line: `timeout 60 troupe chat < lines` stops at 60 s.
+#[test]
+fn sigterm_during_a_turn_ends_the_chat() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["chat", "--latency", "10m"])
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"first\nsecond\n").unwrap();
+    // The first turn waits on its model.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let started = turns(dir.path()).first().is_some_and(|t| {
+            let log = dir
+                .path()
+                .join(".troupe/runs")
+                .join(t["id"].as_str().unwrap())
+                .join(troupe::auditlog::FILE);
+            troupe::auditlog::read_text(&log)
+                .is_ok_and(|text| text.contains("\"ProviderRequestStarted\""))
+        });
+        if started {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the turn never asked its model");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the chat went on to the next line after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(143));
+    assert_eq!(turns(dir.path()).len(), 1, "a second turn started");
+    drop(stdin);
+}

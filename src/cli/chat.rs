@@ -286,6 +286,12 @@ pub fn run(args: &ChatArgs) -> Exit {
                     super::output::terminal_safe(&message)
                 );
                 last = exit;
+                // SIGTERM and SIGHUP ask the chat to end (a `timeout`, a
+                // closed terminal): the turn is cancelled, and no later
+                // line is taken. Ctrl-C cancels the turn alone.
+                if matches!(exit.code(), 143 | 129) {
+                    break;
+                }
             }
         }
     }
