@@ -59,6 +59,15 @@ impl OtlpConfig {
     /// none is set. A URL that is not an http(s) one is an error.
     pub fn resolve(flag: Option<&str>, content: bool) -> Result<Option<OtlpConfig>, String> {
         let var = |n: &str| crate::environ::var(n).filter(|v| !v.trim().is_empty());
+        // The standard switches turn the variables' export off; a flag
+        // asks for it by name and wins.
+        let off =
+            |n: &str, value: &str| var(n).is_some_and(|v| v.trim().eq_ignore_ascii_case(value));
+        if flag.is_none()
+            && (off("OTEL_SDK_DISABLED", "true") || off("OTEL_TRACES_EXPORTER", "none"))
+        {
+            return Ok(None);
+        }
         let (raw, whole) = match (flag, var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
             (Some(f), _) => (
                 f.to_owned(),
@@ -81,14 +90,32 @@ impl OtlpConfig {
             let path = format!("{}/v1/traces", url.path().trim_end_matches('/'));
             url.set_path(&path);
         }
-        let headers = var("OTEL_EXPORTER_OTLP_HEADERS")
-            .map(|h| {
-                h.split(',')
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (percent_decoded(k.trim()), percent_decoded(v.trim())))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let protocol = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"));
+        if let Some(p) = protocol
+            && p.trim() != "http/protobuf"
+        {
+            return Err(format!(
+                "OTEL_EXPORTER_OTLP_PROTOCOL asks for `{}`; troupe exports OTLP over HTTP with protobuf only: set it to http/protobuf (and the endpoint to the collector's HTTP port, 4318), or unset it",
+                p.trim()
+            ));
+        }
+        // The traces' own headers win over the shared ones of that name.
+        let mut headers: Vec<(String, String)> = Vec::new();
+        for name in [
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        ] {
+            for (k, v) in var(name)
+                .iter()
+                .flat_map(|h| h.split(','))
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (percent_decoded(k.trim()), percent_decoded(v.trim())))
+            {
+                headers.retain(|(old, _)| !old.eq_ignore_ascii_case(&k));
+                headers.push((k, v));
+            }
+        }
         Ok(Some(OtlpConfig {
             endpoint: url,
             headers,
@@ -149,7 +176,8 @@ pub fn start_otlp(bus: &EventBus<Event>, run_id: &str, config: OtlpConfig) -> io
                     .and_then(|e| e.clone())
                     .unwrap_or_else(|| "the collector did not answer in time".to_owned());
                 eprintln!(
-                    "warning: OTLP export to {endpoint}: {} of {total} spans not delivered ({why})",
+                    "warning: OTLP export to {}: {} of {total} spans not delivered ({why})",
+                    shown(&endpoint),
                     total - sent
                 );
             }
@@ -173,4 +201,14 @@ mod tests {
         assert_eq!(percent_decoded("100%"), "100%");
         assert_eq!(percent_decoded("%zz%4"), "%zz%4");
     }
+}
+
+/// An endpoint as said on stderr: no user, password or query, which may
+/// hold a credential (`https://user:token@host/…`, `?api_key=…`).
+fn shown(endpoint: &reqwest::Url) -> String {
+    let mut url = endpoint.clone();
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.set_query(None);
+    url.to_string()
 }

@@ -175,6 +175,18 @@ fn a_collector_that_refuses_hangs_or_is_absent_costs_a_warning_not_the_run() {
         // The end waits a bounded grace for the exporter, never the post.
         assert!(started.elapsed() < Duration::from_secs(30));
     }
+    // A credential in the endpoint is not said in the warning.
+    let (out, _dir) = run(&[
+        "--otlp",
+        &format!("http://user:tok-123@{}/?api_key=zzz-456", refusing.addr),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(said(&out).contains("spans not delivered"), "{}", said(&out));
+    assert!(
+        !said(&out).contains("tok-123") && !said(&out).contains("zzz-456"),
+        "{}",
+        said(&out)
+    );
     let (out, _dir) = run(&["--otlp", "not a url"]);
     assert_eq!(out.status.code(), Some(2), "{}", said(&out));
     assert!(
@@ -208,4 +220,88 @@ fn the_standard_variables_choose_the_endpoint() {
             .any(|s| s.name == "run fanout")
     );
     assert_eq!(r.services.lock().unwrap()[0], "my-agents");
+
+    let with = |vars: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_troupe"));
+        cmd.arg("run")
+            .arg(common::project::bundled("fanout"))
+            .args(["--ctx", "width=2", "--headless"])
+            .current_dir(dir.path())
+            .envs(vars.iter().copied());
+        cmd.output().unwrap()
+    };
+    // The standard switches turn the variables' export off.
+    let quiet = receiver(Collector::Accepts);
+    let endpoint = format!("http://{}", quiet.addr);
+    for off in [
+        ("OTEL_SDK_DISABLED", "true"),
+        ("OTEL_TRACES_EXPORTER", "none"),
+    ] {
+        let out = with(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), off]);
+        assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    }
+    assert!(quiet.spans.lock().unwrap().is_empty());
+    // A protocol troupe does not speak is refused before anything runs.
+    let out = with(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(said(&out).contains("http/protobuf"), "{}", said(&out));
+    // The traces' own headers win over the shared ones.
+    let out = with(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-probe=shared,x-other=1"),
+        ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-probe=traces"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let probes = quiet.probes.lock().unwrap().clone();
+    assert!(
+        !probes.is_empty() && probes.iter().all(|p| p == "traces"),
+        "{probes:?}"
+    );
+}
+
+/// A failure's reason may quote a tool's output (here a `Bash` timeout's):
+/// without `--otlp-content` the spans carry only its code; with it, the
+/// whole reason.
+#[test]
+fn a_reason_quoting_tool_output_is_exported_only_with_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p");
+    std::fs::create_dir(&p).unwrap();
+    std::fs::write(
+        p.join("pipeline.yaml"),
+        "id: leak\nentry: s\nstages:\n  s: { kind: tool, tool: Bash, args: { command: \"echo printed-secret-42; sleep 30\", timeout_ms: 300 } }\nnext:\n  s: end\n",
+    )
+    .unwrap();
+    for (content, shown) in [(false, false), (true, true)] {
+        let r = receiver(Collector::Accepts);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_troupe"));
+        cmd.args([
+            "run",
+            "p",
+            "--headless",
+            "--otlp",
+            &format!("http://{}", r.addr),
+        ])
+        .current_dir(dir.path())
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+        if content {
+            cmd.arg("--otlp-content");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+        let spans = r.spans.lock().unwrap().clone();
+        let stage = spans.iter().find(|s| s.name == "stage s").unwrap();
+        let status = &stage.status.as_ref().unwrap().message;
+        assert!(status.starts_with("ToolTransient/Timeout"), "{status}");
+        let everything = format!("{spans:?}");
+        assert_eq!(
+            everything.contains("printed-secret-42"),
+            shown,
+            "content {content}: {everything}"
+        );
+    }
 }

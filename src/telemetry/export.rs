@@ -127,7 +127,10 @@ impl Exporter {
                         request = request.header(k.as_str(), v.as_str());
                     }
                     let posted = rt.block_on(async {
-                        let r = request.send().await.map_err(|e| e.to_string())?;
+                        let r = request
+                            .send()
+                            .await
+                            .map_err(|e| e.without_url().to_string())?;
                         if r.status().is_success() {
                             Ok(())
                         } else {

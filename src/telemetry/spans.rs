@@ -156,6 +156,32 @@ impl SpanBook {
             .map_or_else(|| self.run_span_id(), |(_, t)| t.span.span_id.clone())
     }
 
+    /// A failure's reason as exported: whole with `--otlp-content`;
+    /// without it only its code (`ToolTransient/Timeout`), since a reason
+    /// may quote a tool's output (a `Bash` timeout's, an MCP server's
+    /// error text) that the collector's readers are not meant to see.
+    fn reason(&self, reason: &str) -> String {
+        fn is_code(s: &str) -> bool {
+            s.split_once('/').is_some_and(|(class, name)| {
+                !class.is_empty()
+                    && !name.is_empty()
+                    && class
+                        .chars()
+                        .chain(name.chars())
+                        .all(|c| c.is_ascii_alphanumeric())
+            })
+        }
+        if self.content {
+            return reason.to_owned();
+        }
+        match reason.split_once(':') {
+            Some((code, _)) if is_code(code) => code.to_owned(),
+            _ if is_code(reason) => reason.to_owned(),
+            _ => "failed (the reason is in the run's audit log; --otlp-content exports it)"
+                .to_owned(),
+        }
+    }
+
     fn end(mut open: Open, at: SystemTime, error: Option<String>, done: &mut Vec<Span>) {
         open.span.end_time_unix_nano = nanos(at).max(open.span.start_time_unix_nano);
         if let Some(message) = error {
@@ -214,12 +240,12 @@ impl SpanBook {
                     let status = field("status");
                     let status = status.as_str().unwrap_or("?");
                     open.span.attributes.push(text("troupe.status", status));
-                    let reason = field("reason");
-                    if let Some(r) = reason.as_str() {
+                    let reason = field("reason").as_str().map(|r| self.reason(r));
+                    if let Some(r) = &reason {
                         open.span.attributes.push(text("troupe.reason", r));
                     }
-                    let error = (status == "failed")
-                        .then(|| reason.as_str().unwrap_or("failed").to_owned());
+                    let error =
+                        (status == "failed").then(|| reason.unwrap_or_else(|| "failed".into()));
                     SpanBook::end(open, e.ts, error, done);
                 }
             }
@@ -281,8 +307,8 @@ impl SpanBook {
                         field("verdict").as_str().unwrap_or("?").to_owned()
                     };
                     open.span.attributes.push(text("troupe.verdict", &verdict));
-                    let reason = field("reason");
-                    if let Some(r) = reason.as_str() {
+                    let reason = field("reason").as_str().map(|r| self.reason(r));
+                    if let Some(r) = &reason {
                         let key = if cancelled {
                             "troupe.cancel_reason"
                         } else {
@@ -297,7 +323,7 @@ impl SpanBook {
                         open.span.attributes.push(int(name, n));
                     }
                     let error = (!cancelled && verdict != "ok")
-                        .then(|| reason.as_str().unwrap_or("failed").to_owned());
+                        .then(|| reason.unwrap_or_else(|| "failed".into()));
                     SpanBook::end(open, e.ts, error, done);
                 }
             }
@@ -400,11 +426,11 @@ impl SpanBook {
                     };
                     open.span.attributes.push(text("troupe.outcome", outcome));
                     let error = (outcome == "failed").then(|| {
-                        format!(
+                        self.reason(&format!(
                             "{}: {}",
                             field("code").as_str().unwrap_or("?"),
                             field("message").as_str().unwrap_or("")
-                        )
+                        ))
                     });
                     SpanBook::end(open, e.ts, error, done);
                 }

@@ -25,6 +25,8 @@ pub struct Receiver {
     pub addr: String,
     pub spans: Arc<Mutex<Vec<Span>>>,
     pub services: Arc<Mutex<Vec<String>>>,
+    /// The `x-probe` header of each post, for tests of the headers sent.
+    pub probes: Arc<Mutex<Vec<String>>>,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -36,7 +38,12 @@ pub fn receiver(mode: Collector) -> Receiver {
         .unwrap();
     let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
     let services: Arc<Mutex<Vec<String>>> = Arc::default();
-    let (kept, named) = (Arc::clone(&spans), Arc::clone(&services));
+    let probes: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (kept, named, probed) = (
+        Arc::clone(&spans),
+        Arc::clone(&services),
+        Arc::clone(&probes),
+    );
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
@@ -45,6 +52,9 @@ pub fn receiver(mode: Collector) -> Receiver {
         "/v1/traces",
         axum::routing::post(move |headers: HeaderMap, body: Bytes| {
             let (kept, named) = (Arc::clone(&kept), Arc::clone(&named));
+            if let Some(probe) = headers.get("x-probe").and_then(|v| v.to_str().ok()) {
+                probed.lock().unwrap().push(probe.to_owned());
+            }
             async move {
                 match mode {
                     Collector::Refuses => return (StatusCode::INTERNAL_SERVER_ERROR, Vec::new()),
@@ -86,6 +96,7 @@ pub fn receiver(mode: Collector) -> Receiver {
         addr,
         spans,
         services,
+        probes,
         _rt: rt,
     }
 }
