@@ -141,6 +141,14 @@ impl SpanBook {
         }
     }
 
+    /// The span of execution `exec`, open or not (a late event of an
+    /// execution that ended hangs from where it would have).
+    fn execution_span(&self, exec: &str) -> Vec<u8> {
+        self.open
+            .get(exec)
+            .map_or_else(|| span_id(exec), |o| o.span.span_id.clone())
+    }
+
     fn run_span_id(&self) -> Vec<u8> {
         self.run
             .as_ref()
@@ -257,7 +265,7 @@ impl SpanBook {
                     .map(|a| a.iter().filter_map(Value::as_str).collect())
                     .unwrap_or_default();
                 let mut open = self.start(
-                    &turn,
+                    &format!("turn:{turn}@{seq}"),
                     format!("turn {}", names.join(", ")),
                     &self.run_span_id(),
                     e.ts,
@@ -281,8 +289,12 @@ impl SpanBook {
             }
             EventName::StageEntered => {
                 let stage = e.stage_id.as_deref().unwrap_or("?");
+                // Every span is keyed by the `seq` of the event that began
+                // it, unique in the run: an execution that runs again (a
+                // resume, a sibling redelivered to another worker) or a
+                // request id a retry repeats gets a span id of its own.
                 let mut open = self.start(
-                    exec,
+                    &format!("{exec}@{seq}"),
                     format!("stage {stage}"),
                     &self.turn_parent(),
                     e.ts,
@@ -296,7 +308,9 @@ impl SpanBook {
                 if let Some(i) = field("index").as_i64() {
                     open.span.attributes.push(int("troupe.sibling_index", i));
                 }
-                self.open.insert(exec.to_owned(), open);
+                if let Some(old) = self.open.insert(exec.to_owned(), open) {
+                    SpanBook::end(old, e.ts, Some("it began again".to_owned()), done);
+                }
             }
             EventName::StageExited | EventName::StageCancelled => {
                 if let Some(mut open) = self.open.remove(exec) {
@@ -334,11 +348,11 @@ impl SpanBook {
                     SpanBook::end(old, e.ts, Some("retried".to_owned()), done);
                 }
                 let model = self.model.clone().unwrap_or_default();
-                let id_key = format!("{key}/try/{attempt}");
+                let id_key = format!("{key}/try/{attempt}@{seq}");
                 let mut open = self.start(
                     &id_key,
                     format!("chat {model}").trim_end().to_owned(),
-                    &span_id(exec),
+                    &self.execution_span(exec),
                     e.ts,
                     span::SpanKind::Client,
                 );
@@ -395,9 +409,9 @@ impl SpanBook {
                 let tool = e.tool.as_deref().unwrap_or("?");
                 let key = format!("{exec}/call/{call}");
                 let mut open = self.start(
-                    &key,
+                    &format!("{key}@{seq}"),
                     format!("execute_tool {tool}"),
-                    &span_id(exec),
+                    &self.execution_span(exec),
                     e.ts,
                     span::SpanKind::Internal,
                 );
@@ -465,5 +479,99 @@ impl SpanBook {
                 done,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use std::collections::HashSet;
+
+    /// One execution that runs twice (a retry repeats its turn and try
+    /// numbers, a resume or a redelivery its id), with a model request
+    /// and a tool call each time: every span has an id of its own, and
+    /// each request and call hangs from the execution span it ran in.
+    #[test]
+    fn an_execution_that_runs_again_gets_span_ids_of_its_own() {
+        let run = "01a22167-3058-7161-8dfe-293276497364";
+        let exec = format!("{run}/w#0/1");
+        let mut book = SpanBook::new(run, false);
+        let mut done = Vec::new();
+        let mut seq = 0;
+        let mut take = |book: &mut SpanBook, e: Event, done: &mut Vec<Span>| {
+            seq += 1;
+            book.take(seq, &e, done);
+        };
+        take(
+            &mut book,
+            Event::new(EventName::WorkflowStarted, run).with("pipeline", "p"),
+            &mut done,
+        );
+        take(
+            &mut book,
+            Event::new(EventName::SessionTurnStart, run).with("turnId", "turn"),
+            &mut done,
+        );
+        for _ in 0..2 {
+            let at = |name| Event::new(name, run).stage("w", exec.as_str());
+            take(&mut book, at(EventName::StageEntered), &mut done);
+            let request = |name| at(name).with("turn", 1).with("try", 1);
+            take(
+                &mut book,
+                request(EventName::ProviderRequestStarted),
+                &mut done,
+            );
+            take(
+                &mut book,
+                request(EventName::ProviderRequestCompleted),
+                &mut done,
+            );
+            let call = |name| at(name).tool("Echo").with("callId", "call_0");
+            take(&mut book, call(EventName::ToolInvocationStarted), &mut done);
+            take(
+                &mut book,
+                call(EventName::ToolInvocationSucceeded),
+                &mut done,
+            );
+            take(
+                &mut book,
+                at(EventName::StageExited).with("verdict", "ok"),
+                &mut done,
+            );
+        }
+        take(
+            &mut book,
+            Event::new(EventName::SessionTurnEnd, run).with("turnId", "turn"),
+            &mut done,
+        );
+        take(
+            &mut book,
+            Event::new(EventName::WorkflowExit, run).with("status", "ok"),
+            &mut done,
+        );
+        let ids: HashSet<&[u8]> = done.iter().map(|s| &s.span_id[..]).collect();
+        assert_eq!(ids.len(), done.len(), "{done:#?}");
+        let stages: Vec<&Span> = done.iter().filter(|s| s.name == "stage w").collect();
+        assert_eq!(stages.len(), 2);
+        for child in done
+            .iter()
+            .filter(|s| s.name != "stage w" && s.name.contains(' '))
+        {
+            if child.name.starts_with("chat") || child.name.starts_with("execute_tool") {
+                assert!(
+                    stages.iter().any(|s| s.span_id == child.parent_span_id),
+                    "{} hangs from no execution",
+                    child.name
+                );
+            }
+        }
+        // The second run's children hang from the second execution span.
+        let last_call = done
+            .iter()
+            .rfind(|s| s.name == "execute_tool Echo")
+            .unwrap();
+        assert_eq!(last_call.parent_span_id, stages[1].span_id);
     }
 }
