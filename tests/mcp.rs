@@ -665,6 +665,45 @@ fn an_elicitation_goes_to_the_answers_file_and_is_declined_when_headless() {
     let answered = events(&audit, "InteractionAnswered");
     assert_eq!(answered[0]["outcome"], "accepted");
     assert_eq!(answered[0]["by"], "answers:answers.yaml");
+    // Content that does not fit the server's form is never sent: the rule
+    // is passed over (and said), and the next one answers, or no one.
+    for (rules, said_back, by) in [
+        (
+            "answers:\n  - { elicit: srv, answer: approve, content: { age: 3 } }\n",
+            "no answer: decline",
+            "noInteractor",
+        ),
+        (
+            "answers:\n  - { elicit: srv, answer: approve, content: \"yes\" }\n",
+            "no answer: decline",
+            "noInteractor",
+        ),
+    ] {
+        std::fs::write(project.path().join("answers.yaml"), rules).unwrap();
+        let second = project.path().join("second.yaml");
+        std::fs::write(&second, "answers:\n  - { elicit: '*', answer: deny }\n").unwrap();
+        let (out, summary, audit) = run(&project, &["--answers", "answers.yaml"]);
+        assert_eq!(out.status.code(), Some(0), "{rules}: {}", said(&out));
+        let text = parsed(&summary, "ask")["text"].as_str().unwrap().to_owned();
+        assert_eq!(text, said_back, "{rules}");
+        let answered = events(&audit, "InteractionAnswered");
+        assert_eq!(answered[0]["by"], by, "{rules}");
+        assert!(
+            answered[0]["unfit"]
+                .as_str()
+                .unwrap()
+                .contains("answers.yaml#0"),
+            "{:?}",
+            answered[0]
+        );
+        // A later file's rule is asked next.
+        let (_, _, audit) = run(
+            &project,
+            &["--answers", "answers.yaml", "--answers", "second.yaml"],
+        );
+        let answered = events(&audit, "InteractionAnswered");
+        assert_eq!(answered[0]["by"], "answers:second.yaml", "{rules}");
+    }
 }
 
 #[test]

@@ -12,6 +12,7 @@ use troupe_actors::EventBus;
 
 use super::events::{Event, EventName};
 use super::interaction::{AnswerRules, FormView, InteractorSpec, Prompter, Wanted, form_fillers};
+use crate::definition::schema::Schema;
 use crate::tools::mcp::{ElicitAnswer, ElicitRequest, Elicitor};
 
 /// Answers elicitations from a run's interactors.
@@ -42,14 +43,18 @@ impl RunElicitor {
         }
     }
 
-    fn answered(&self, request: &ElicitRequest, outcome: &'static str, by: &str) {
-        self.bus.publish(
-            Event::new(EventName::InteractionAnswered, Arc::clone(&self.run_id))
-                .with("kind", "elicitation")
-                .with("mcpServer", request.server.as_str())
-                .with("outcome", outcome)
-                .with("by", by),
-        );
+    /// Audits the answer; `unfit` names the answers-file rules passed
+    /// over because their content did not fit the form.
+    fn answered(&self, request: &ElicitRequest, outcome: &'static str, by: &str, unfit: &[String]) {
+        let mut event = Event::new(EventName::InteractionAnswered, Arc::clone(&self.run_id))
+            .with("kind", "elicitation")
+            .with("mcpServer", request.server.as_str())
+            .with("outcome", outcome)
+            .with("by", by);
+        if !unfit.is_empty() {
+            event = event.with("unfit", unfit.join("; "));
+        }
+        self.bus.publish(event);
     }
 }
 
@@ -61,25 +66,42 @@ impl Elicitor for RunElicitor {
                 .with("mcpServer", request.server.as_str())
                 .with("message", request.message.as_str()),
         );
+        // The server's form, checked as a JSON Schema: an answer that
+        // does not fit it is never sent. A form troupe cannot read is
+        // declined.
+        let fields = match Schema::compile(request.schema.clone()) {
+            Ok(fields) => fields,
+            Err(e) => {
+                let by = format!("troupe: the form's requestedSchema is not a schema: {e}");
+                self.answered(&request, "declined", &by, &[]);
+                return std::future::ready(ElicitAnswer::Decline).boxed();
+            }
+        };
+        let mut unfit = Vec::new();
         for rules in &self.rules {
             if let Some((content, rule)) = rules.elicitation_for(&request.server) {
                 let by = format!("answers:{}", rules.name);
                 let answer = match content {
                     Some(content) => {
-                        self.answered(&request, "accepted", &by);
+                        if let Err(errors) = fields.check(&content) {
+                            // Left to the next interactor, as a human
+                            // step's rule that does not fit is.
+                            unfit.push(format!("{rule}: {}", errors.join(", ")));
+                            continue;
+                        }
+                        self.answered(&request, "accepted", &by, &unfit);
                         ElicitAnswer::Accept(content)
                     }
                     None => {
-                        self.answered(&request, "declined", &by);
+                        self.answered(&request, "declined", &by, &unfit);
                         ElicitAnswer::Decline
                     }
                 };
-                let _ = rule;
                 return std::future::ready(answer).boxed();
             }
         }
         let Some(prompter) = self.prompter.clone() else {
-            self.answered(&request, "declined", "noInteractor");
+            self.answered(&request, "declined", "noInteractor", &unfit);
             return std::future::ready(ElicitAnswer::Decline).boxed();
         };
         // A person may take their time: a thread of its own, as the
@@ -96,10 +118,30 @@ impl Elicitor for RunElicitor {
         let spawned = std::thread::Builder::new()
             .name("troupe-form".into())
             .spawn(move || {
-                let _ = tx.send(prompter.fill(&form));
+                // Asked again until the answer fits the form.
+                for _ in 0..5 {
+                    let Some(content) = prompter.fill(&form) else {
+                        break;
+                    };
+                    match fields.check(&content) {
+                        Ok(()) => {
+                            let _ = tx.send(Some(content));
+                            return;
+                        }
+                        Err(errors) => {
+                            use std::io::Write as _;
+                            let _ = writeln!(
+                                std::io::stderr(),
+                                "  not accepted: {}",
+                                errors.join("; ")
+                            );
+                        }
+                    }
+                }
+                let _ = tx.send(None);
             });
         if spawned.is_err() {
-            self.answered(&request, "declined", "terminal");
+            self.answered(&request, "declined", "terminal", &unfit);
             return std::future::ready(ElicitAnswer::Decline).boxed();
         }
         let bus = self.bus.clone();
@@ -114,13 +156,15 @@ impl Elicitor for RunElicitor {
             } else {
                 "declined"
             };
-            bus.publish(
-                Event::new(EventName::InteractionAnswered, run_id)
-                    .with("kind", "elicitation")
-                    .with("mcpServer", request.server.as_str())
-                    .with("outcome", outcome)
-                    .with("by", "terminal"),
-            );
+            let mut event = Event::new(EventName::InteractionAnswered, run_id)
+                .with("kind", "elicitation")
+                .with("mcpServer", request.server.as_str())
+                .with("outcome", outcome)
+                .with("by", "terminal");
+            if !unfit.is_empty() {
+                event = event.with("unfit", unfit.join("; "));
+            }
+            bus.publish(event);
             filled.map_or(ElicitAnswer::Decline, ElicitAnswer::Accept)
         }
         .boxed()
