@@ -47,12 +47,16 @@ impl ClientHandler for Handler {
     fn create_elicitation(
         &self,
         request: rmcp::model::ElicitRequestParams,
-        _context: rmcp::service::RequestContext<RoleClient>,
+        context: rmcp::service::RequestContext<RoleClient>,
     ) -> impl Future<Output = Result<rmcp::model::ElicitResult, rmcp::ErrorData>> + Send + '_ {
         use super::elicit::{ElicitAnswer, ElicitRequest};
         use rmcp::model::{ElicitResult, ElicitationAction};
         let slot = Arc::clone(&self.elicitor);
         let server = self.server.clone();
+        // Cancelled when the server withdraws its question
+        // (`notifications/cancelled`, as when the call that asked was
+        // cancelled) or the connection ends: the form leaves the terminal.
+        let withdrawn = context.ct.clone();
         async move {
             let answer = match request {
                 rmcp::model::ElicitRequestParams::FormElicitationParams {
@@ -62,13 +66,15 @@ impl ClientHandler for Handler {
                 } => match slot.get() {
                     Some(elicitor) => {
                         let schema = serde_json::to_value(&requested_schema).unwrap_or(Value::Null);
-                        elicitor
-                            .elicit(ElicitRequest {
-                                server,
-                                message,
-                                schema,
-                            })
-                            .await
+                        let asked = elicitor.elicit(ElicitRequest {
+                            server,
+                            message,
+                            schema,
+                        });
+                        tokio::select! {
+                            answer = asked => answer,
+                            () = withdrawn.cancelled() => ElicitAnswer::Cancel,
+                        }
                     }
                     None => ElicitAnswer::Decline,
                 },
