@@ -249,7 +249,7 @@ fn an_allowed_tool_the_server_does_not_list_stops_the_run_before_any_stage() {
 
 #[test]
 fn servers_that_cannot_start_answer_or_list_are_typed_errors_with_exit_2() {
-    let cases: [(&[&str], &str, &str); 6] = [
+    let cases: [(&[&str], &str, &str); 5] = [
         (
             &["exit-at-start"],
             "Mcp/InitializeFailed",
@@ -258,7 +258,6 @@ fn servers_that_cannot_start_answer_or_list_are_typed_errors_with_exit_2() {
         // rmcp skips a line that is not JSON-RPC and waits on.
         (&["garbage-init"], "Mcp/StartTimeout", "initialize"),
         (&["wrong-version"], "Mcp/ProtocolVersion", "1999-01-01"),
-        (&["bad-schema"], "Mcp/InvalidSchema", "broken"),
         // A listing whose paging never ends is refused, not read until
         // memory runs out.
         (&["same-cursor"], "Mcp/ListFailed", "a page it gave before"),
@@ -830,4 +829,57 @@ fn a_server_under_no_sandbox_gets_no_variable_it_did_not_name() {
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["results"][0]["parsed"]["value"], "", "{v}");
+}
+
+/// A listed tool troupe cannot offer (a schema that is not an object
+/// schema, a name no model's function names allow) costs only itself: the
+/// server's other tools serve, with a warning; a stage that allows it is
+/// refused at start. A tool step's MCP tool is checked at start too, so a
+/// typo fails before the stages ahead of it run.
+#[test]
+fn a_tool_troupe_cannot_offer_costs_only_itself() {
+    let servers = format!(
+        "mcpServers:\n{}",
+        fault_block("srv", Path::new(STATS), &["bad-schema"], "")
+    );
+    let yaml = format!(
+        "id: t\nentry: s\n{servers}stages:\n  s: {{ kind: tool, tool: srv__echo, args: {{ text: hi }} }}\nnext:\n  s: end\n"
+    );
+    let project = project(&yaml, &[]);
+    let (out, summary, _) = run(&project, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert_eq!(summary["status"], "ok", "{summary}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for tool in ["broken", "has.dot"] {
+        assert!(
+            err.contains(&format!("tool `{tool}` is not offered")),
+            "{err}"
+        );
+    }
+    // A stage that allows one of them is refused, naming why.
+    for (tool, code) in [
+        ("broken", "Mcp/InvalidSchema"),
+        ("has.dot", "Mcp/InvalidListing"),
+    ] {
+        let yaml = format!("id: t\nentry: s\n{servers}stages:\n  s: s.md\nnext:\n  s: end\n");
+        let project = self::project(&yaml, &[("s.md", &stage("s", &format!("srv__{tool}"), ""))]);
+        let (out, summary, _) = run(&project, &[]);
+        assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+        assert_eq!(summary["code"], code, "{summary}");
+    }
+    // A tool step of a tool the server does not list fails at start: the
+    // step before it never ran.
+    let yaml = format!(
+        "id: t\nentry: first\n{servers}stages:\n  first: {{ kind: tool, tool: srv__echo, args: {{ text: hi }} }}\n  typo: {{ kind: tool, tool: srv__ecko, args: {{ text: hi }} }}\nnext:\n  first: typo\n  typo: end\n"
+    );
+    let project = self::project(&yaml, &[]);
+    let (out, summary, _) = run(&project, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert_eq!(summary["code"], "Mcp/UnknownTool", "{summary}");
+    assert!(
+        summary["message"].as_str().unwrap().contains("srv__echo"),
+        "{summary}"
+    );
+    let stats = std::fs::read_to_string(project.path().join(STATS)).unwrap_or_default();
+    assert!(!stats.contains("\"call\""), "{stats}");
 }

@@ -56,9 +56,30 @@ pub fn start_servers(
         elicitor: Arc::default(),
     };
     let pool = McpPool::start(&pipeline.mcp_servers, &start)?;
+    for (server, tool, why) in pool.unusable_tools() {
+        eprintln!(
+            "warning: MCP server `{server}`: tool `{tool}` is not offered ({}: {})",
+            why.code, why.message
+        );
+    }
     for stage in &pipeline.stages {
-        if let StageKind::Llm(def) = &stage.kind {
-            pool.check_allowed(&stage.id, &def.allowed_tools)?;
+        match &stage.kind {
+            StageKind::Llm(def) => pool.check_allowed(&stage.id, &def.allowed_tools)?,
+            // A tool step's MCP tool is checked now, not when the step is
+            // reached after the stages before it ran.
+            StageKind::Tool { tool, .. } => {
+                if crate::definition::mcp::split_tool_name(tool).is_some_and(|(_, t)| t == "*") {
+                    return Err(McpError::new(
+                        "UnknownTool",
+                        format!(
+                            "stage `{}` is a tool step of `{tool}`, which names no one tool",
+                            stage.id
+                        ),
+                    ));
+                }
+                pool.check_allowed(&stage.id, std::slice::from_ref(tool))?;
+            }
+            _ => {}
         }
     }
     Ok(Some(pool))

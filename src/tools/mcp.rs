@@ -33,7 +33,7 @@ use crate::definition::mcp::{McpServerDef, allows, split_tool_name, tool_name};
 use crate::error::{Code, HasCode};
 pub use connect::{Connection, writes_path};
 pub use elicit::{ElicitAnswer, ElicitRequest, Elicitor, ElicitorSlot};
-pub use listing::{Listing, ListingCell, McpTool};
+pub use listing::{Listed, Listing, ListingCell, McpTool};
 pub use result::ToolOutput;
 
 /// Why a pool could not start: a typed error the CLI turns into exit 2.
@@ -196,6 +196,19 @@ impl McpPool {
     /// Checks `allowedTools` entries of MCP servers against the listings:
     /// each must name a listed tool, or be a wildcard of a running server.
     /// The error names the server and the closest names.
+    /// Every listed tool troupe cannot offer, by server, with why.
+    pub fn unusable_tools(&self) -> Vec<(String, String, McpError)> {
+        self.servers
+            .iter()
+            .flat_map(|(name, s)| {
+                s.listing()
+                    .unusable_tools()
+                    .map(|(tool, why)| (name.clone(), tool.clone(), why.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     pub fn check_allowed(&self, stage: &str, entries: &[String]) -> Result<(), McpError> {
         for entry in entries {
             let Some((server, tool)) = split_tool_name(entry) else {
@@ -213,6 +226,15 @@ impl McpPool {
                 continue;
             }
             let listing = s.listing();
+            if let Some(why) = listing.unusable(tool) {
+                return Err(McpError::new(
+                    why.code,
+                    format!(
+                        "stage `{stage}` allows `{entry}`, which troupe cannot offer: {}",
+                        why.message
+                    ),
+                ));
+            }
             if listing.get(tool).is_none() {
                 let names = listing.names();
                 let close = crate::definition::fields::did_you_mean(

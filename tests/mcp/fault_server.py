@@ -81,6 +81,8 @@ def tools():
         listed.append(tool("extra"))
     if "bad-schema" in MODES:
         listed.append({"name": "broken", "inputSchema": {"type": "string"}})
+        # A name MCP allows but no model's function names do.
+        listed.append(tool("has.dot"))
     return listed
 
 

@@ -20,7 +20,7 @@ use rmcp::transport::streamable_http_client::{
 use rmcp::{ClientHandler, ServiceExt};
 use serde_json::Value;
 
-use super::listing::{ListingCell, McpTool};
+use super::listing::{Listed, ListingCell};
 use super::result::{ToolOutput, render_json};
 use super::secrets::Secrets;
 use super::{McpError, McpStart};
@@ -102,8 +102,8 @@ impl ClientHandler for Handler {
         let server = self.server.clone();
         let within = self.within;
         tokio::spawn(async move {
-            if let Ok(tools) = list(&server, &peer, within).await {
-                cell.replace(tools);
+            if let Ok(listed) = list(&server, &peer, within).await {
+                cell.replace(listed);
             }
         });
         std::future::ready(())
@@ -124,7 +124,7 @@ async fn list(
     server: &str,
     peer: &rmcp::Peer<RoleClient>,
     within: Duration,
-) -> Result<Vec<McpTool>, McpError> {
+) -> Result<Listed, McpError> {
     tokio::time::timeout(within, list_pages(server, peer))
         .await
         .map_err(|_| {
@@ -135,7 +135,7 @@ async fn list(
         })?
 }
 
-async fn list_pages(server: &str, peer: &rmcp::Peer<RoleClient>) -> Result<Vec<McpTool>, McpError> {
+async fn list_pages(server: &str, peer: &rmcp::Peer<RoleClient>) -> Result<Listed, McpError> {
     let failed = |why: String| {
         McpError::new(
             "ListFailed",
@@ -171,14 +171,12 @@ async fn list_pages(server: &str, peer: &rmcp::Peer<RoleClient>) -> Result<Vec<M
     )))
 }
 
-fn described(server: &str, tools: &[rmcp::model::Tool]) -> Result<Vec<McpTool>, McpError> {
-    tools
+fn described(server: &str, tools: &[rmcp::model::Tool]) -> Result<Listed, McpError> {
+    let entries: Vec<Value> = tools
         .iter()
-        .map(|t| {
-            let json = serde_json::to_value(t).unwrap_or(Value::Null);
-            McpTool::from_listed(server, &json)
-        })
-        .collect()
+        .map(|t| serde_json::to_value(t).unwrap_or(Value::Null))
+        .collect();
+    Ok(Listed::from_entries(server, &entries))
 }
 
 /// A transport that marks the listing stale the moment a
@@ -438,8 +436,8 @@ impl Connection {
             }
             Ok(Ok(service)) => service,
         };
-        let tools = list(&def.name, service.peer(), start_timeout).await?;
-        cell.replace(tools);
+        let listed = list(&def.name, service.peer(), start_timeout).await?;
+        cell.replace(listed);
         // A server must speak a version of the protocol troupe knows.
         let version = service
             .peer_info()
@@ -506,9 +504,9 @@ impl Connection {
         // turn must see the new listing, so it is fetched before this
         // call returns.
         if self.cell.is_stale()
-            && let Ok(tools) = list(&self.server, self.service.peer(), self.within).await
+            && let Ok(listed) = list(&self.server, self.service.peer(), self.within).await
         {
-            self.cell.replace(tools);
+            self.cell.replace(listed);
         }
         match answer {
             Ok(result) => render_json(

@@ -25,15 +25,21 @@ pub struct McpTool {
 impl McpTool {
     /// Reads one entry of `tools/list` (its JSON).
     pub fn from_listed(server: &str, tool: &Value) -> Result<McpTool, McpError> {
+        // Offered to a model as `server__tool`: a function name of at
+        // most 64 letters, digits, `_` and `-` (what OpenAI accepts).
         let name = tool
             .get("name")
             .and_then(Value::as_str)
-            .filter(|n| crate::definition::fields::is_tool_name(&format!("x__{n}")))
+            .filter(|n| {
+                crate::definition::fields::is_tool_name(&crate::definition::mcp::tool_name(
+                    server, n,
+                ))
+            })
             .ok_or_else(|| {
                 McpError::new(
                     "InvalidListing",
                     format!(
-                        "MCP server `{server}` lists a tool without a usable name: {}",
+                        "MCP server `{server}` lists a tool whose name cannot be offered to a model as `{server}__<name>` (at most 64 letters, digits, _ and -): {}",
                         short(tool)
                     ),
                 )
@@ -115,27 +121,69 @@ fn short(v: &Value) -> String {
     }
 }
 
+/// What a server listed: the tools troupe can offer, and those it
+/// cannot (a name no model accepts, a schema that is not one), each with
+/// why. One unusable tool does not cost the server's others.
+#[derive(Debug, Default)]
+pub struct Listed {
+    pub tools: Vec<McpTool>,
+    pub unusable: Vec<(String, McpError)>,
+}
+
+impl Listed {
+    /// Reads the entries of `tools/list` (their JSON).
+    pub fn from_entries(server: &str, entries: &[Value]) -> Listed {
+        let mut listed = Listed::default();
+        for entry in entries {
+            match McpTool::from_listed(server, entry) {
+                Ok(tool) => listed.tools.push(tool),
+                Err(e) => {
+                    let name = entry
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .map_or_else(|| short(entry), str::to_owned);
+                    listed.unusable.push((name, e));
+                }
+            }
+        }
+        listed
+    }
+}
+
 /// The tools of one server, by name.
 #[derive(Debug, Default)]
 pub struct Listing {
     tools: BTreeMap<String, Arc<McpTool>>,
+    unusable: BTreeMap<String, McpError>,
     /// Bumped on every refresh.
     pub generation: u64,
 }
 
 impl Listing {
-    pub fn new(tools: Vec<McpTool>, generation: u64) -> Listing {
+    pub fn new(listed: Listed, generation: u64) -> Listing {
         Listing {
-            tools: tools
+            tools: listed
+                .tools
                 .into_iter()
                 .map(|t| (t.name.clone(), Arc::new(t)))
                 .collect(),
+            unusable: listed.unusable.into_iter().collect(),
             generation,
         }
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<McpTool>> {
         self.tools.get(name).cloned()
+    }
+
+    /// Why a listed tool cannot be offered, when it cannot.
+    pub fn unusable(&self, name: &str) -> Option<&McpError> {
+        self.unusable.get(name)
+    }
+
+    /// Every listed tool that cannot be offered, with why.
+    pub fn unusable_tools(&self) -> impl Iterator<Item = (&String, &McpError)> {
+        self.unusable.iter()
     }
 
     pub fn tools(&self) -> impl Iterator<Item = &Arc<McpTool>> {
@@ -179,14 +227,14 @@ impl ListingCell {
         self.1.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Replaces the listing with `tools`, one generation on.
-    pub fn replace(&self, tools: Vec<McpTool>) {
+    /// Replaces the listing with `listed`, one generation on.
+    pub fn replace(&self, listed: Listed) {
         self.1.store(false, std::sync::atomic::Ordering::SeqCst);
         let mut cell = self
             .0
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let generation = cell.generation + 1;
-        *cell = Arc::new(Listing::new(tools, generation));
+        *cell = Arc::new(Listing::new(listed, generation));
     }
 }
