@@ -395,14 +395,26 @@ impl Server {
     }
 
     async fn call(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
+        /// Counts a call among the waiting until it has a slot, or is
+        /// dropped (cancelled) while waiting.
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
         self.waiting.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting(&self.waiting);
         let slot = self.slots.acquire().await;
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        drop(waiting);
         let _slot =
             slot.map_err(|_| ToolError::transient("ServerUnavailable", "the MCP pool is closed"))?;
         let conn = self.connection().await?;
         match tokio::time::timeout(self.def.timeout, conn.call(tool, args)).await {
-            Ok(r) => r,
+            Ok(r) => {
+                conn.refresh_if_stale().await;
+                r
+            }
             // Dropping the call sent the server its cancel notification.
             Err(_) => Err(ToolError::transient(
                 "Timeout",

@@ -496,18 +496,35 @@ impl Connection {
         self.secrets.outcome(outcome)
     }
 
+    /// Fetches the listing again when the server said it changed: run
+    /// after a call's answer and before the call returns, so that the next
+    /// turn sees the new tools, under its own bound (the call's timeout
+    /// covers the call alone). A listing that fails keeps the old one and
+    /// is said once; the next change asks again.
+    pub async fn refresh_if_stale(&self) {
+        if !self.cell.is_stale() {
+            return;
+        }
+        match list(&self.server, self.service.peer(), self.within).await {
+            Ok(listed) => self.cell.replace(listed),
+            Err(e) => {
+                self.cell.keep_stale_listing();
+                use std::io::Write as _;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "warning: MCP server `{}` said its tools changed, but listing them again failed ({}: {}); its earlier listing stays",
+                    self.server,
+                    e.code,
+                    e.message
+                );
+            }
+        }
+    }
+
     async fn call_unredacted(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
         let mut params = CallToolRequestParams::new(tool.to_owned());
         params.arguments = args.as_object().cloned();
         let answer = self.service.peer().call_tool(params).await;
-        // The server said its list changed before it answered: the next
-        // turn must see the new listing, so it is fetched before this
-        // call returns.
-        if self.cell.is_stale()
-            && let Ok(listed) = list(&self.server, self.service.peer(), self.within).await
-        {
-            self.cell.replace(listed);
-        }
         match answer {
             Ok(result) => render_json(
                 &self.server,

@@ -223,6 +223,12 @@ impl ListingCell {
         self.1.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// A fresh listing could not be had: the current one stays, and
+    /// is no longer taken as stale.
+    pub fn keep_stale_listing(&self) {
+        self.1.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
     pub fn is_stale(&self) -> bool {
         self.1.load(std::sync::atomic::Ordering::SeqCst)
     }
