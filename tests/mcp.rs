@@ -561,8 +561,13 @@ fn a_streamable_http_server_is_reached_with_a_header_from_the_environment() {
 
 #[test]
 fn the_mcp_servers_block_refuses_secrets_typos_and_undeclared_servers() {
-    let cases: [(&str, &str, &str); 7] = [
+    let cases: [(&str, &str, &str); 8] = [
         ("  fs:\n    comand: node\n", "Validation/UnknownKey", ""),
+        (
+            "  fs:\n    command: node\n    writes: [\"~/.npm\", cache]\n",
+            "Validation/PipelineInvalid",
+            "`cache` is relative",
+        ),
         (
             "  fs:\n    command: node\n    env: { GITHUB_TOKEN: ghp_secret }\n",
             "Validation/PipelineInvalid",

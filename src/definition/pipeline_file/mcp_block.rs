@@ -232,11 +232,26 @@ n.pos,
     };
     let writes = match r.optional(node, "writes") {
         None => Vec::new(),
-        Some(n) => r
-            .string_list(n, &format!("{field}.writes"))?
-            .into_iter()
-            .map(|(w, _)| w)
-            .collect(),
+        Some(n) => {
+            let listed = r.string_list(n, &format!("{field}.writes"))?;
+            // A relative folder would be made relative to troupe's working
+            // folder but granted relative to the server's (the root).
+            if let Some((w, pos)) = listed
+                .iter()
+                .find(|(w, _)| !(w.starts_with('/') || w.starts_with("~/")))
+            {
+                r.shape(
+                    *pos,
+                    &format!("{field}.writes"),
+                    &format!(
+                        "`{w}` is relative: `writes` entries are absolute paths or start with `~/`"
+                    ),
+                    "the root is writable already; name folders outside it in full",
+                );
+                return None;
+            }
+            listed.into_iter().map(|(w, _)| w).collect()
+        }
     };
     let deny_network = match r.optional(node, "network") {
         None => false,
