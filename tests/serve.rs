@@ -712,3 +712,56 @@ fn a_server_of_curated_pipelines_refuses_other_pipelines_and_widening_options() 
     let log = server.log();
     assert_eq!(log.matches("ended ok").count(), 2, "{log}");
 }
+
+/// A run queued for a place under `--max-runs` holds no MCP server while
+/// it waits: its server, started at submission to check the run, stops,
+/// and starts again when the run gets its place.
+#[test]
+fn a_queued_run_holds_no_mcp_server_while_it_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let stats = dir.path().join("stats.jsonl");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/fault_server.py");
+    let p = dir.path().join("p");
+    std::fs::create_dir(&p).unwrap();
+    std::fs::write(
+        p.join("pipeline.yaml"),
+        format!(
+            "id: t\nentry: s\nmcpServers:\n  srv:\n    command: python3\n    args: [\"{}\", \"{}\"]\nstages:\n  s: {{ kind: tool, tool: srv__slow, args: {{ ms: 3000 }} }}\nnext:\n  s: end\n",
+            script.display(),
+            stats.display()
+        ),
+    )
+    .unwrap();
+    let _server = Server::start(dir.path(), &["--max-runs", "1"]);
+    let first = submit(dir.path(), &["p"]);
+    let second = submit(dir.path(), &["p"]);
+    let started = || -> Vec<i32> {
+        std::fs::read_to_string(&stats)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["event"] == "start")
+            .map(|e| i32::try_from(e["pid"].as_i64().unwrap()).unwrap())
+            .collect()
+    };
+    let gone = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+            s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    until(
+        "the queued run's server to stop while the first runs",
+        || {
+            let pids = started();
+            pids.len() == 2 && gone(pids[1]) && state_of(dir.path(), &first) == "running"
+        },
+    );
+    until("both runs to end", || {
+        state_of(dir.path(), &first) == "ok" && state_of(dir.path(), &second) == "ok"
+    });
+    assert_eq!(started().len(), 3, "the queued run's server started again");
+}

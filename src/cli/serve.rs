@@ -528,7 +528,14 @@ pub fn run(args: &ServeArgs) -> Exit {
 /// ended.
 async fn host_run(job: Job, limit: Arc<tokio::sync::Semaphore>) {
     let Job { prepared, control } = job;
-    let _place = limit.acquire_owned().await;
+    let _place = match Arc::clone(&limit).try_acquire_owned() {
+        Ok(place) => Ok(place),
+        Err(_) => {
+            // Queued: its MCP servers, started to check it, wait stopped.
+            prepared.park_servers();
+            limit.acquire_owned().await
+        }
+    };
     let id = prepared.run_id.clone();
     let armed = Arc::clone(&control);
     let driven = prepared

@@ -305,6 +305,17 @@ impl McpPool {
         }
     }
 
+    /// Ends every server's connection (a stdio server's process group
+    /// with it) while no call uses it; the next call starts it again.
+    /// Its listing stays.
+    pub fn park(&self) {
+        for server in self.servers.values() {
+            if let Ok(mut conn) = server.conn.try_lock() {
+                conn.take();
+            }
+        }
+    }
+
     /// Calls waiting for a free slot, over every server.
     pub fn waiting(&self) -> usize {
         self.servers

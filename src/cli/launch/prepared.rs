@@ -335,6 +335,15 @@ pub enum Concluded {
 }
 
 impl Prepared {
+    /// Stops the run's MCP server processes until its first call needs
+    /// them (each starts again then): a run queued for a place of
+    /// `troupe serve --max-runs` holds no idle servers while it waits.
+    pub fn park_servers(&self) {
+        if let Some(pool) = &self.settings.mcp {
+            pool.park();
+        }
+    }
+
     /// What a control server reaches of this run; a resumed run's knows
     /// the `seq` its log ended with before this session (after the repair).
     pub fn control(&self) -> crate::control::RunControl {
