@@ -8,6 +8,16 @@
 //! `allocator` → `definition` → `provider`, `tools` → `runtime` → `store`,
 //! `report`, `bench`, `distributed`, `control`, `telemetry` → `cli`.
 
+/// `eprintln!` that never panics: a line stderr cannot take (a reader
+/// that went away, a full disk) is lost, not the run. `eprintln!` panics
+/// on such a write, which in a helper thread lost a run's report.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod allocator;
 pub mod auditlog;
 pub mod bench;

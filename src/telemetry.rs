@@ -175,7 +175,7 @@ pub fn start_otlp(bus: &EventBus<Event>, run_id: &str, config: OtlpConfig) -> io
                     .ok()
                     .and_then(|e| e.clone())
                     .unwrap_or_else(|| "the collector did not answer in time".to_owned());
-                eprintln!(
+                say!(
                     "warning: OTLP export to {}: {} of {total} spans not delivered ({why})",
                     shown(&endpoint),
                     total - sent

@@ -305,3 +305,29 @@ fn a_reason_quoting_tool_output_is_exported_only_with_content() {
         );
     }
 }
+
+/// A stderr no one reads (a pipe whose reader went away) loses the
+/// export's warning, not the run: its report is whole and it exits 0.
+#[test]
+fn a_warning_to_a_stderr_no_one_reads_costs_nothing() {
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .arg("run")
+        .arg(common::project::bundled("fanout"))
+        .args(["--ctx", "width=3", "--json", "--headless"])
+        .args([
+            "--otlp",
+            &format!("http://127.0.0.1:{}", common::closed_port()),
+        ])
+        .current_dir(dir.path())
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .stderr(std::process::Stdio::from(writer))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "ok");
+}

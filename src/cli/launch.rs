@@ -172,13 +172,13 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             if stream_events {
                 match crate::runtime::audit::start_event_stream(bus, &run_id, std::io::stdout()) {
                     Ok(s) => sinks.push(s),
-                    Err(e) => eprintln!("warning: cannot stream events: {e}"),
+                    Err(e) => say!("warning: cannot stream events: {e}"),
                 }
             }
             if !stream_events && !json && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
                 match super::progress::start_progress(bus, settings.mcp.clone()) {
                     Ok(s) => sinks.push(s),
-                    Err(e) => eprintln!("warning: no progress display: {e}"),
+                    Err(e) => say!("warning: no progress display: {e}"),
                 }
             }
             sinks
@@ -192,7 +192,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
                 crate::control::Hosted::one(Arc::clone(&reach)),
             ) {
                 Ok(s) => server = Some(s),
-                Err(e) => eprintln!(
+                Err(e) => say!(
                     "warning: the run cannot be reached from other processes: {}: {e}",
                     control_socket.display()
                 ),
@@ -216,7 +216,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             last_seq,
         } => (report, stats, last_seq),
         Concluded::Aborted(e) => {
-            eprintln!("error: Session/RunAborted: {e}");
+            say!("error: Session/RunAborted: {e}");
             return Exit::RunFailed;
         }
         Concluded::Refused(refusal) => return refusal.print(json),
@@ -227,9 +227,10 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             return Exit::ReaderGone;
         }
-        eprintln!(
+        say!(
             "error: cannot write the report of run {}: {e} (the store has it: `troupe runs show {}`)",
-            report.run_id, report.run_id
+            report.run_id,
+            report.run_id
         );
         return Exit::RunFailed;
     }
@@ -328,7 +329,7 @@ pub fn make_provider(
                 Ok(p) => {
                     // Said once, when it happens; the audit log gets a
                     // `ProviderNotice` too.
-                    p.on_notice(|n| eprintln!("note: {}", n.message));
+                    p.on_notice(|n| say!("note: {}", n.message));
                     Ok((Arc::new(p.clone()), Some((p, skip_check))))
                 }
                 Err(e) => Err(Refusal::invalid(path, e)),

@@ -41,7 +41,7 @@ pub fn start_servers(
     }
     for def in &pipeline.mcp_servers {
         if let crate::definition::mcp::McpTransport::Stdio { sandbox: false, .. } = def.transport {
-            eprintln!(
+            say!(
                 "note: MCP server `{}` runs without the sandbox (`sandbox: false`): it may write anywhere troupe may",
                 def.name
             );
@@ -57,9 +57,10 @@ pub fn start_servers(
     };
     let pool = McpPool::start(&pipeline.mcp_servers, &start)?;
     for (server, tool, why) in pool.unusable_tools() {
-        eprintln!(
+        say!(
             "warning: MCP server `{server}`: tool `{tool}` is not offered ({}: {})",
-            why.code, why.message
+            why.code,
+            why.message
         );
     }
     for stage in &pipeline.stages {

@@ -123,7 +123,7 @@ pub fn templates_help() -> String {
 pub fn run(dir: &Path, from: &str) -> Exit {
     let Some(template) = TEMPLATES.iter().find(|t| t.name == from) else {
         let names: Vec<&str> = TEMPLATES.iter().map(|t| t.name).collect();
-        eprintln!(
+        say!(
             "error: Validation/InputInvalid: no template `{from}` (templates: {})",
             names.join(", ")
         );
@@ -132,7 +132,7 @@ pub fn run(dir: &Path, from: &str) -> Exit {
     match std::fs::read_dir(dir) {
         Ok(mut entries) => {
             if entries.next().is_some() {
-                eprintln!(
+                say!(
                     "error: Validation/InputInvalid: {} is not empty; `troupe new` writes only into a new or empty folder",
                     dir.display()
                 );
@@ -141,7 +141,7 @@ pub fn run(dir: &Path, from: &str) -> Exit {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if let Err(e) = std::fs::create_dir_all(dir) {
-                eprintln!(
+                say!(
                     "error: Validation/InputInvalid: cannot make {}: {e}",
                     dir.display()
                 );
@@ -149,7 +149,7 @@ pub fn run(dir: &Path, from: &str) -> Exit {
             }
         }
         Err(e) => {
-            eprintln!(
+            say!(
                 "error: Validation/InputInvalid: cannot read {}: {e}",
                 dir.display()
             );
@@ -167,7 +167,7 @@ pub fn run(dir: &Path, from: &str) -> Exit {
             _ => (*text).to_owned(),
         };
         if let Err(e) = std::fs::write(dir.join(name), text) {
-            eprintln!(
+            say!(
                 "error: Validation/InputInvalid: cannot write {}: {e}",
                 dir.join(name).display()
             );

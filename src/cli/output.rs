@@ -22,7 +22,7 @@ pub fn print_report(
 ) -> std::io::Result<()> {
     use std::io::Write;
     for w in &report.warnings {
-        eprintln!("warning: {w}");
+        say!("warning: {w}");
     }
     if json && !events {
         // Written straight to stdout as it is serialized: a wide run's
@@ -128,7 +128,7 @@ fn summary_line(report: Value, run: &RunReport, last_seq: u64) -> Value {
 /// server that cannot force a tool call is asked with `auto`.
 pub fn note_check(provider: &OpenAiProvider, report: &CheckReport) {
     if let Some(refused) = &report.forced_choice_refused {
-        eprintln!(
+        say!(
             "note: {} cannot force a tool call (tool_choice \"required\" was refused: {refused}); troupe asks with tool_choice \"auto\" and an instruction to call the completion tool",
             provider.config().base_url
         );
@@ -160,7 +160,7 @@ pub fn print_check_error(e: &CheckError, json: bool) {
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
-        eprintln!("error: {}: {}\n  hint: {}", e.code(), e.message, e.hint);
+        say!("error: {}: {}\n  hint: {}", e.code(), e.message, e.hint);
     }
 }
 
@@ -176,7 +176,7 @@ pub fn typed_failure(code: &str, message: &str, hint: &str, json: bool) -> super
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
-        eprintln!("error: {code}: {message}\n  hint: {hint}");
+        say!("error: {code}: {message}\n  hint: {hint}");
     }
     super::Exit::Invalid
 }

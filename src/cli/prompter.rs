@@ -217,7 +217,7 @@ impl Prompter for StdinPrompter {
             .unwrap_or_default();
         // The server's words, shown, not obeyed.
         let safe = |text: &str| super::output::terminal_safe(text).into_owned();
-        eprintln!(
+        say!(
             "\nMCP server `{}` asks: {}\n  (answer each field; `-` declines)",
             safe(&form.server),
             safe(&form.message)
@@ -253,7 +253,7 @@ impl Prompter for StdinPrompter {
                     return None;
                 }
                 if text.is_empty() && need.is_empty() {
-                    eprintln!("  {name} is required");
+                    say!("  {name} is required");
                     continue;
                 }
                 if text.is_empty() {
@@ -274,7 +274,7 @@ impl Prompter for StdinPrompter {
                         content.insert(name.clone(), v);
                         break;
                     }
-                    None => eprintln!("  not a {kind}; try again"),
+                    None => say!("  not a {kind}; try again"),
                 }
             }
         }
@@ -291,9 +291,10 @@ impl Prompter for StdinPrompter {
         {
             wanted.drop_it();
         }
-        eprintln!(
+        say!(
             "\n(no longer needed: the {} call of stage `{}` was decided or its stage ended; an answer will be ignored)",
-            view.tool, view.stage_id
+            view.tool,
+            view.stage_id
         );
     }
 }

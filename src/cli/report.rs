@@ -150,13 +150,13 @@ fn write_report(args: &ReportArgs) -> Result<Vec<Written>, ReportError> {
 /// not know where the pipeline is or it no longer loads.
 fn graph_of(dir: Option<&Path>) -> Option<String> {
     let Some(dir) = dir else {
-        eprintln!("note: --graph: the run store does not know this run's pipeline; no graph drawn");
+        say!("note: --graph: the run store does not know this run's pipeline; no graph drawn");
         return None;
     };
     match crate::definition::load_pipeline(dir) {
         Ok(p) => Some(crate::report::graph::pipeline_svg(&p)),
         Err(diags) => {
-            eprintln!(
+            say!(
                 "note: --graph: the pipeline at {} does not load ({} problems); no graph drawn",
                 dir.display(),
                 diags.0.len()
@@ -243,8 +243,8 @@ fn print_error(e: &ReportError, json: bool) {
         println!("{}", serde_json::json!({"ok": false, "errors": [err]}));
         return;
     }
-    eprintln!("error: {}: {e}", e.code());
+    say!("error: {}: {e}", e.code());
     if let Some(h) = e.hint() {
-        eprintln!("  hint: {h}");
+        say!("  hint: {h}");
     }
 }

@@ -167,7 +167,7 @@ fn prepare_stored(
     let (repaired, scanned) =
         repair(&audit, scanned, &exits, &run.id, &ts).map_err(StoreError::from)?;
     if repaired.torn_cut || repaired.exits_restored > 0 || repaired.cancels_added > 0 {
-        eprintln!(
+        say!(
             "note: repaired the audit log of run {}: {}{} StageExited restored from the store, {} execution(s) the stopped process left open recorded as cancelled",
             run.id,
             if repaired.torn_cut {
@@ -235,7 +235,7 @@ fn store_arrived(
         })
         .map_err(|e| io(format!("{}: {e}", crate::error::HasCode::code(&e))))?;
     if arrived.unreadable > 0 {
-        eprintln!(
+        say!(
             "warning: {} report(s) workers sent while the run had no coordinator could not be read; their siblings run again",
             arrived.unreadable
         );
@@ -261,7 +261,7 @@ fn store_arrived(
             );
         }
         writer.finish()?;
-        eprintln!(
+        say!(
             "note: {} result(s) workers reported while the run had no coordinator were stored",
             fresh.len()
         );

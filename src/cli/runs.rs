@@ -238,7 +238,7 @@ fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
     }
     for (run, counts) in &runs {
         if let Err(e) = counts {
-            eprintln!("warning: run {}: {}: {e}", run.id, e.code());
+            say!("warning: run {}: {}: {e}", run.id, e.code());
         }
     }
     if runs.is_empty() {
@@ -400,7 +400,7 @@ fn tail_into(
         // everything it wrote has been read.
         if !running {
             if !exited {
-                eprintln!(
+                say!(
                     "note: the run is not running and its log has no end: it was killed (`troupe resume {}` continues it)",
                     dir.file_name().unwrap_or_default().to_string_lossy()
                 );

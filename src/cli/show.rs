@@ -84,7 +84,7 @@ pub fn graph(path: &Path, mermaid: bool) -> Exit {
 fn print_json<T: serde::Serialize>(value: &T) {
     match serde_json::to_string_pretty(value) {
         Ok(s) => println!("{s}"),
-        Err(e) => eprintln!("error: cannot serialize: {e}"),
+        Err(e) => say!("error: cannot serialize: {e}"),
     }
 }
 

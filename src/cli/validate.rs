@@ -63,10 +63,10 @@ pub fn print_diagnostics(path: &Path, diags: &Diagnostics, json: bool) {
         return;
     }
     for d in &diags.0 {
-        eprintln!("error: {d}");
+        say!("error: {d}");
     }
     let n = diags.0.len();
-    eprintln!(
+    say!(
         "{}: {n} problem{} found",
         path.display(),
         if n == 1 { "" } else { "s" }

@@ -186,7 +186,7 @@ pub fn run(args: WorkerArgs) -> Exit {
             .connect(&format!("troupe worker {name}"))
             .await
             .map_err(|e| format!("{}: {e}", e.code()))?;
-        eprintln!("worker {name}: serving at {url}; Ctrl-C stops taking tasks");
+        say!("worker {name}: serving at {url}; Ctrl-C stops taking tasks");
         let _interrupts = Interrupts::watch(
             first.clone(),
             "draining: no new task, the siblings in flight finish",
@@ -200,14 +200,17 @@ pub fn run(args: WorkerArgs) -> Exit {
     });
     match served {
         Ok(summary) => {
-            eprintln!(
+            say!(
                 "worker: {} siblings finished, {} cancelled, {} not started, {} refused",
-                summary.finished, summary.cancelled, summary.not_started, summary.refused
+                summary.finished,
+                summary.cancelled,
+                summary.not_started,
+                summary.refused
             );
             Exit::Ok
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            say!("error: {e}");
             Exit::Invalid
         }
     }

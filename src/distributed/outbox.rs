@@ -357,7 +357,7 @@ fn framed_report(
         events.extend(read.into_iter().map(EventLine::Read));
         if let Some(why) = fault {
             events.push(EventLine::Read(None));
-            eprintln!(
+            say!(
                 "warning: the events worker {worker} relayed for {stage_execution_id} are damaged after the first {whole}, which the log keeps: {why}"
             );
         }

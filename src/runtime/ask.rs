@@ -221,13 +221,11 @@ impl Asker for RunAsker {
                                     by: "terminal".to_owned(),
                                 };
                                 if !reply_once(&slot, answer) {
-                                    eprintln!(
-                                        "  answered elsewhere first: this answer was not used"
-                                    );
+                                    say!("  answered elsewhere first: this answer was not used");
                                 }
                                 return;
                             }
-                            Err(errors) => eprintln!("  not accepted: {}", errors.join("; ")),
+                            Err(errors) => say!("  not accepted: {}", errors.join("; ")),
                         }
                     }
                 });

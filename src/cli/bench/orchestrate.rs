@@ -76,7 +76,7 @@ fn run_cell(kind: &str, args: &BenchArgs, m: &Matrix, workload: &Workload) -> Ex
                     cancelled: 0,
                 },
                 Err(e) => {
-                    eprintln!("error: Session/RunAborted: {e}");
+                    say!("error: Session/RunAborted: {e}");
                     return Exit::RunFailed;
                 }
             }
@@ -103,7 +103,7 @@ fn run_cell(kind: &str, args: &BenchArgs, m: &Matrix, workload: &Workload) -> Ex
                     cancelled: r.cancelled,
                 },
                 Err(e) => {
-                    eprintln!("error: Session/RunAborted: {e}");
+                    say!("error: Session/RunAborted: {e}");
                     return Exit::RunFailed;
                 }
             }
@@ -121,7 +121,7 @@ fn run_cell(kind: &str, args: &BenchArgs, m: &Matrix, workload: &Workload) -> Ex
             Exit::Ok
         }
         Err(e) => {
-            eprintln!("error: Session/RunAborted: cannot serialize the cell: {e}");
+            say!("error: Session/RunAborted: cannot serialize the cell: {e}");
             Exit::RunFailed
         }
     }
@@ -135,14 +135,14 @@ fn run_matrix(args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("error: Session/RunAborted: cannot find the troupe binary: {e}");
+            say!("error: Session/RunAborted: cannot find the troupe binary: {e}");
             return Exit::RunFailed;
         }
     };
     let runs = match tempfile::Builder::new().prefix("troupe-bench-").tempdir() {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("error: Session/RunAborted: cannot create a runs folder: {e}");
+            say!("error: Session/RunAborted: cannot create a runs folder: {e}");
             return Exit::RunFailed;
         }
     };
@@ -221,7 +221,7 @@ fn run_matrix(args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {
                         if let Some(pb) = &bar {
                             pb.abandon();
                         }
-                        eprintln!(
+                        say!(
                             "error: Session/RunAborted: width {width} cap {cap} latency {}: {kind} run: {e}",
                             show_latency(latency)
                         );
@@ -240,7 +240,7 @@ fn run_matrix(args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {
     }
     if args.keep_runs {
         let kept = runs.keep();
-        eprintln!("audit logs kept in {}", kept.display());
+        say!("audit logs kept in {}", kept.display());
     }
     let mut rows: Vec<Row> = results.iter().map(|r| Row::from_runs(r, m)).collect();
     with_speedups(&mut rows);
@@ -255,7 +255,7 @@ fn run_matrix(args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {
         });
         match serde_json::to_string_pretty(&value) {
             Ok(s) => println!("{s}"),
-            Err(e) => eprintln!("error: cannot serialize the results: {e}"),
+            Err(e) => say!("error: cannot serialize the results: {e}"),
         }
     } else {
         print!("{}", table(&workload.pipeline.id, m, &rows));
@@ -264,8 +264,8 @@ fn run_matrix(args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {
     // is a broken benchmark.
     if rows.iter().any(|r| !r.runtime_ok) {
         match &m.fail {
-            None => eprintln!("error: a runtime run did not end ok; see the table"),
-            Some(f) => eprintln!(
+            None => say!("error: a runtime run did not end ok; see the table"),
+            Some(f) => say!(
                 "error: a runtime run ended ok: `{f}` never failed (is its index below every --width?)"
             ),
         }

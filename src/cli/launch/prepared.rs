@@ -489,7 +489,7 @@ impl Prepared {
         if let Some(config) = otlp {
             match crate::telemetry::start_otlp(&spec.bus, spec.run_id.as_str(), config) {
                 Ok(sink) => all.push(sink),
-                Err(e) => eprintln!("warning: no OTLP export: {e}"),
+                Err(e) => say!("warning: no OTLP export: {e}"),
             }
         }
         all.extend(sinks(&spec.bus, &spec.settings));

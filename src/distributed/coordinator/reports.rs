@@ -67,7 +67,7 @@ impl Coordinator {
             match report {
                 Ok(report) => self.report(report, &ack),
                 // Not a report this troupe knows: nothing to do with it.
-                Err(e) => eprintln!(
+                Err(e) => say!(
                     "warning: run {}: a worker's report could not be read and was skipped: {e}",
                     self.spec.run_id
                 ),
