@@ -888,3 +888,21 @@ fn a_tool_troupe_cannot_offer_costs_only_itself() {
     let stats = std::fs::read_to_string(project.path().join(STATS)).unwrap_or_default();
     assert!(!stats.contains("\"call\""), "{stats}");
 }
+
+/// `validate --connect` keeps a server's stderr too: a server that dies at
+/// start is refused with the last lines it wrote.
+#[test]
+fn validate_connect_quotes_what_a_failing_server_wrote() {
+    let yaml = format!(
+        "id: t\nentry: s\nmcpServers:\n{}stages:\n  s: {{ kind: tool, tool: srv__echo, args: {{ text: hi }} }}\nnext:\n  s: end\n",
+        fault_block("srv", Path::new(STATS), &["exit-at-start"], "")
+    );
+    let project = project(&yaml, &[]);
+    let out = project.output(&["validate", "p", "--connect", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        said(&out).contains("exiting at start on purpose"),
+        "{}",
+        said(&out)
+    );
+}

@@ -24,7 +24,10 @@ pub fn run(path: &Path, stage: Option<&str>, json: bool, connect: Option<&Path>)
     if let (Some(root), Some(_)) = (connect, stage) {
         let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
         let shell = super::sandbox::shell_sandbox(false, &[], &root);
-        match super::mcp::start_servers(&pipeline, &root, shell.sandbox.clone(), None, false) {
+        // The servers' stderr, for the tail a start error quotes.
+        let logs = tempfile::tempdir().ok();
+        let log_dir = logs.as_ref().map(tempfile::TempDir::path);
+        match super::mcp::start_servers(&pipeline, &root, shell.sandbox.clone(), log_dir, false) {
             Ok(p) => pool = p,
             Err(e) => return super::mcp::mcp_failed(&e, json),
         }

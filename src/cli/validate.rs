@@ -15,7 +15,10 @@ pub fn run(path: &Path, json: bool, connect: Option<&Path>) -> Exit {
             if let Some(root) = connect {
                 let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
                 let shell = super::sandbox::shell_sandbox(false, &[], &root);
-                match super::mcp::start_servers(&p, &root, shell.sandbox.clone(), None, false) {
+                // The servers' stderr, for the tail a start error quotes.
+                let logs = tempfile::tempdir().ok();
+                let log_dir = logs.as_ref().map(tempfile::TempDir::path);
+                match super::mcp::start_servers(&p, &root, shell.sandbox.clone(), log_dir, false) {
                     Ok(Some(pool)) => {
                         for server in pool.servers() {
                             for tool in server.listing().tools() {

@@ -115,12 +115,15 @@ pub fn run(args: WorkerArgs) -> Exit {
             json,
         );
     }
+    // The servers' stderr: quoted in a start error, kept while the worker
+    // serves.
+    let server_logs = tempfile::tempdir().ok();
     if let Some((_, pipeline)) = with_servers.first() {
         match super::mcp::start_servers(
             pipeline,
             &settings.root,
             shell.sandbox.clone(),
-            None,
+            server_logs.as_ref().map(tempfile::TempDir::path),
             false,
         ) {
             Ok(pool) => settings.mcp = pool,
