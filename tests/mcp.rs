@@ -822,18 +822,31 @@ fn a_server_under_no_sandbox_gets_no_variable_it_did_not_name() {
     let key = "sk-troupe-test-key-0123456789";
     let yaml = format!(
         "id: t\nentry: s\nmcpServers:\n{}stages:\n  s: {{ kind: tool, tool: srv__env, args: {{ name: OPENAI_API_KEY }} }}\nnext:\n  s: end\n",
-        fault_block("srv", Path::new(STATS), &[], "")
+        fault_block(
+            "srv",
+            Path::new(STATS),
+            &[],
+            "    env: [TROUPE_TEST_NEVER_SET]\n"
+        )
     );
     let project = project(&yaml, &[]);
     let out = project
         .troupe()
         .args(["run", "p", "--json", "--headless", "--no-sandbox"])
         .env("OPENAI_API_KEY", key)
+        .env_remove("TROUPE_TEST_NEVER_SET")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["results"][0]["parsed"]["value"], "", "{v}");
+    // A name its env: lists that is not set is said, not passed over.
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("`TROUPE_TEST_NEVER_SET` (in its env:) is not set"),
+        "{}",
+        said(&out)
+    );
 }
 
 /// A listed tool troupe cannot offer (a schema that is not an object

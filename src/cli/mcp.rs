@@ -40,6 +40,14 @@ pub fn start_servers(
         })?;
     }
     for def in &pipeline.mcp_servers {
+        if let crate::definition::mcp::McpTransport::Stdio { env, .. } = &def.transport {
+            for name in env.iter().filter(|n| crate::environ::var(n).is_none()) {
+                say!(
+                    "warning: MCP server `{}`: `{name}` (in its env:) is not set in troupe's environment; the server starts without it",
+                    def.name
+                );
+            }
+        }
         if let crate::definition::mcp::McpTransport::Stdio { sandbox: false, .. } = def.transport {
             say!(
                 "note: MCP server `{}` runs without the sandbox (`sandbox: false`): it may write anywhere troupe may",
