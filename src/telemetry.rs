@@ -79,19 +79,27 @@ impl OtlpConfig {
                 None => return Ok(None),
             },
         };
-        let mut url = reqwest::Url::parse(raw.trim())
-            .map_err(|e| format!("the OTLP endpoint `{raw}` is not a URL: {e}"))?;
+        let mut url = reqwest::Url::parse(raw.trim()).map_err(|e| {
+            format!(
+                "the OTLP endpoint `{}` is not a URL: {e}",
+                raw.split_once('@').map_or(raw.as_str(), |(_, host)| host)
+            )
+        })?;
         if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
             return Err(format!(
-                "the OTLP endpoint `{raw}` is not an http(s) URL, e.g. http://127.0.0.1:4318"
+                "the OTLP endpoint `{}` is not an http(s) URL, e.g. http://127.0.0.1:4318",
+                shown(&url)
             ));
         }
         if !whole {
             let path = format!("{}/v1/traces", url.path().trim_end_matches('/'));
             url.set_path(&path);
         }
+        // A `--otlp` URL is troupe's own HTTP export whatever the
+        // variables say to other programs.
         let protocol = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"));
+            .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+            .filter(|_| flag.is_none());
         if let Some(p) = protocol
             && p.trim() != "http/protobuf"
         {

@@ -260,6 +260,12 @@ fn rm_and_gc_delete_rows_and_folders_but_never_a_held_run() {
         refusal(&project, &["runs", "rm", held, "--json"]),
         "Store/RunBusy"
     );
+    // One JSON document: the refusal, with nothing removed before it.
+    let out = project.output(&["runs", "rm", held, "--json"]);
+    let documents = serde_json::Deserializer::from_slice(&out.stdout)
+        .into_iter::<Value>()
+        .count();
+    assert_eq!(documents, 1, "{}", said(&out));
     let elsewhere = project.path().join("sub");
     std::fs::create_dir(&elsewhere).unwrap();
     let out = project

@@ -248,6 +248,23 @@ fn the_standard_variables_choose_the_endpoint() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", said(&out));
     assert!(said(&out).contains("http/protobuf"), "{}", said(&out));
+    // A --otlp flag is troupe's HTTP export whatever protocol the
+    // variables name for other programs.
+    let flagged = receiver(Collector::Accepts);
+    let out = with(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_troupe"));
+    let out = cmd
+        .arg("run")
+        .arg(common::project::bundled("fanout"))
+        .args(["--ctx", "width=2", "--headless"])
+        .args(["--otlp", &format!("http://{}", flagged.addr)])
+        .current_dir(dir.path())
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(!flagged.spans.lock().unwrap().is_empty());
     // The traces' own headers win over the shared ones.
     let out = with(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
@@ -330,4 +347,17 @@ fn a_warning_to_a_stderr_no_one_reads_costs_nothing() {
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["status"], "ok");
+    // With --events the summary goes to stderr: lost there, not the run.
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .arg("run")
+        .arg(common::project::bundled("fanout"))
+        .args(["--ctx", "width=3", "--headless", "--events", "-"])
+        .current_dir(dir.path())
+        .stderr(std::process::Stdio::from(writer))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"WorkflowExit\""));
 }

@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use super::Exit;
 use super::launch::{Concluded, Host, Launch, Refusal, prepare};
 use super::options::RunOptions;
-use super::signals::{FirstSignal, Interrupts};
+use super::signals::{CancelSignal, FirstSignal, Interrupts};
 use crate::definition::load_pipeline;
 use crate::definition::tool_catalog::BUILTIN_NAMES;
 use crate::runtime::summary::RunStatus;
@@ -263,7 +263,7 @@ pub fn run(args: &ChatArgs) -> Exit {
             role: "user".to_owned(),
             content: line.to_owned(),
         });
-        let turned = turn(
+        let (turned, signalled) = turn(
             &system, &dir, &pipeline, &args.opts, &host, &history, &mut idle,
         );
         idle.get_or_insert_with(idle_watch);
@@ -286,13 +286,15 @@ pub fn run(args: &ChatArgs) -> Exit {
                     super::output::terminal_safe(&message)
                 );
                 last = exit;
-                // SIGTERM and SIGHUP ask the chat to end (a `timeout`, a
-                // closed terminal): the turn is cancelled, and no later
-                // line is taken. Ctrl-C cancels the turn alone.
-                if matches!(exit.code(), 143 | 129) {
-                    break;
-                }
             }
+        }
+        // SIGTERM and SIGHUP ask the chat to end (a `timeout`, a closed
+        // terminal): the turn is cancelled, and no later line is taken,
+        // also when the signal came as the turn ended anyway. Ctrl-C
+        // cancels the turn alone.
+        if let Some(signal @ (CancelSignal::Terminate | CancelSignal::HangUp)) = signalled {
+            last = signal.exit();
+            break;
         }
     }
     last
@@ -318,7 +320,7 @@ fn turn(
     host: &Host,
     history: &[Said],
     idle: &mut Option<Interrupts>,
-) -> Result<String, (Exit, String)> {
+) -> (Result<String, (Exit, String)>, Option<CancelSignal>) {
     let refused = |r: &Refusal| {
         let v = r.to_json();
         (
@@ -347,7 +349,10 @@ fn turn(
         fields,
         resume: None,
     };
-    let prepared = prepare(launch, opts, host).map_err(|r| refused(&r))?;
+    let prepared = match prepare(launch, opts, host) {
+        Ok(prepared) => prepared,
+        Err(r) => return (Err(refused(&r)), None),
+    };
     let first = FirstSignal::default();
     let watched = first.clone();
     let driven = system.block_on(async {
@@ -371,7 +376,7 @@ fn turn(
         drop(interrupts);
         driven
     });
-    match driven.conclude() {
+    let turned = match driven.conclude() {
         Concluded::Report { report, .. } => match &report.status {
             RunStatus::Ok => Ok(report
                 .results
@@ -384,7 +389,8 @@ fn turn(
         },
         Concluded::Aborted(why) => Err((Exit::RunFailed, format!("Session/RunAborted: {why}"))),
         Concluded::Refused(r) => Err(refused(&r)),
-    }
+    };
+    (turned, first.get())
 }
 
 /// Where troupe keeps the chat pipeline: `chat/` beside the runs folder.

@@ -70,7 +70,9 @@ pub fn print_report(
     // Reasons and warnings quote what models, commands and servers said.
     let text = terminal_safe(&text);
     if events {
-        eprint!("{text}");
+        // The events are the output then; a summary stderr cannot take
+        // is lost, as a warning is (`say!`).
+        let _ = write!(std::io::stderr(), "{text}");
         return Ok(());
     }
     write!(out, "{text}")?;

@@ -431,7 +431,10 @@ fn remove(path: &Path, ids: &[String], json: bool) -> Result<Exit, StoreError> {
         match gone {
             Ok(id) => removed.push(id),
             Err(e) => {
-                report_removed(&removed, json);
+                // Said only when some went: --json prints one document.
+                if !removed.is_empty() {
+                    report_removed(&removed, json);
+                }
                 return Err(e);
             }
         }
@@ -503,7 +506,9 @@ fn gc(path: &Path, older_than: Duration, dry_run: bool, json: bool) -> Result<Ex
             continue;
         }
         if !dry_run && let Err(e) = delete(&store, &run) {
-            report_removed(&removed, json);
+            if !removed.is_empty() {
+                report_removed(&removed, json);
+            }
             return Err(e);
         }
         removed.push(run.id);

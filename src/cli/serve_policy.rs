@@ -135,7 +135,10 @@ impl Policy {
             };
             let why = if *sandbox {
                 writes.iter().find_map(|w| {
-                    let path = crate::tools::mcp::writes_path(w);
+                    let path = match crate::tools::mcp::writes_path(w) {
+                        Ok(path) => path,
+                        Err(why) => return Some(why),
+                    };
                     let path = std::fs::canonicalize(&path)
                         .or_else(|_| std::path::absolute(&path))
                         .unwrap_or(path);

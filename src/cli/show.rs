@@ -21,11 +21,11 @@ pub fn run(path: &Path, stage: Option<&str>, json: bool, connect: Option<&Path>)
         }
     };
     let mut pool = None;
+    // The servers' stderr, for the tail a start error quotes.
+    let logs = tempfile::tempdir().ok();
     if let (Some(root), Some(_)) = (connect, stage) {
         let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_owned());
         let shell = super::sandbox::shell_sandbox(false, &[], &root);
-        // The servers' stderr, for the tail a start error quotes.
-        let logs = tempfile::tempdir().ok();
         let log_dir = logs.as_ref().map(tempfile::TempDir::path);
         match super::mcp::start_servers(&pipeline, &root, shell.sandbox.clone(), log_dir, false) {
             Ok(p) => pool = p,

@@ -144,27 +144,47 @@ impl Elicitor for RunElicitor {
             self.answered(&request, "declined", "terminal", &unfit);
             return std::future::ready(ElicitAnswer::Decline).boxed();
         }
-        let bus = self.bus.clone();
-        let run_id = Arc::clone(&self.run_id);
+        /// Audits the terminal's answer, or, dropped before one (the call
+        /// or the server's question withdrawn), `outcome: withdrawn`.
+        struct Audit {
+            bus: EventBus<Event>,
+            run_id: Arc<str>,
+            server: String,
+            unfit: Vec<String>,
+            outcome: &'static str,
+        }
+        impl Drop for Audit {
+            fn drop(&mut self) {
+                let mut event =
+                    Event::new(EventName::InteractionAnswered, Arc::clone(&self.run_id))
+                        .with("kind", "elicitation")
+                        .with("mcpServer", self.server.as_str())
+                        .with("outcome", self.outcome)
+                        .with("by", "terminal");
+                if !self.unfit.is_empty() {
+                    event = event.with("unfit", self.unfit.join("; "));
+                }
+                self.bus.publish(event);
+            }
+        }
+        let mut audit = Audit {
+            bus: self.bus.clone(),
+            run_id: Arc::clone(&self.run_id),
+            server: request.server.clone(),
+            unfit,
+            outcome: "withdrawn",
+        };
         async move {
             // The call ended first (this future dropped): the terminal
             // stops reading for the form.
             let _unwanted = unwanted;
             let filled = rx.await.ok().flatten();
-            let outcome = if filled.is_some() {
+            audit.outcome = if filled.is_some() {
                 "accepted"
             } else {
                 "declined"
             };
-            let mut event = Event::new(EventName::InteractionAnswered, run_id)
-                .with("kind", "elicitation")
-                .with("mcpServer", request.server.as_str())
-                .with("outcome", outcome)
-                .with("by", "terminal");
-            if !unfit.is_empty() {
-                event = event.with("unfit", unfit.join("; "));
-            }
-            bus.publish(event);
+            drop(audit);
             filled.map_or(ElicitAnswer::Decline, ElicitAnswer::Accept)
         }
         .boxed()

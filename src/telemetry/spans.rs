@@ -141,12 +141,12 @@ impl SpanBook {
         }
     }
 
-    /// The span of execution `exec`, open or not (a late event of an
-    /// execution that ended hangs from where it would have).
+    /// The span of execution `exec`; a late event of an execution no
+    /// longer open hangs from the turn (or the run).
     fn execution_span(&self, exec: &str) -> Vec<u8> {
         self.open
             .get(exec)
-            .map_or_else(|| span_id(exec), |o| o.span.span_id.clone())
+            .map_or_else(|| self.turn_parent(), |o| o.span.span_id.clone())
     }
 
     fn run_span_id(&self) -> Vec<u8> {
@@ -382,12 +382,14 @@ impl SpanBook {
                     for (name, n) in usage(e) {
                         open.span.attributes.push(int(name, n));
                     }
+                    // A server's error may quote the request (prompts, tool
+                    // output): its code alone unless content is exported.
                     let error = (e.name == EventName::ProviderRequestFailed).then(|| {
-                        format!(
+                        self.reason(&format!(
                             "{}: {}",
                             field("code").as_str().unwrap_or("?"),
                             field("message").as_str().unwrap_or("")
-                        )
+                        ))
                     });
                     if let Some(message) = &error {
                         open.span

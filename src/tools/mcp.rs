@@ -193,9 +193,6 @@ impl McpPool {
         Some((Arc::clone(server), found))
     }
 
-    /// Checks `allowedTools` entries of MCP servers against the listings:
-    /// each must name a listed tool, or be a wildcard of a running server.
-    /// The error names the server and the closest names.
     /// Every listed tool troupe cannot offer, by server, with why.
     pub fn unusable_tools(&self) -> Vec<(String, String, McpError)> {
         self.servers
@@ -209,6 +206,9 @@ impl McpPool {
             .collect()
     }
 
+    /// Checks `allowedTools` entries of MCP servers against the listings:
+    /// each must name a listed tool, or be a wildcard of a running server.
+    /// The error names the server and the closest names.
     pub fn check_allowed(&self, stage: &str, entries: &[String]) -> Result<(), McpError> {
         for entry in entries {
             let Some((server, tool)) = split_tool_name(entry) else {

@@ -559,12 +559,17 @@ impl Connection {
 }
 
 /// The folder a server's `writes:` entry names: `~/` is the home folder.
-pub fn writes_path(entry: &str) -> std::path::PathBuf {
+pub fn writes_path(entry: &str) -> Result<std::path::PathBuf, String> {
     match entry.strip_prefix("~/") {
-        Some(rest) => {
-            std::path::Path::new(&crate::environ::var("HOME").unwrap_or_default()).join(rest)
-        }
-        None => std::path::PathBuf::from(entry),
+        Some(rest) => match crate::environ::var("HOME").map(std::path::PathBuf::from) {
+            Some(home) if home.is_absolute() => Ok(home.join(rest)),
+            // Joined to nothing it would be relative again: made here,
+            // granted elsewhere.
+            _ => Err(format!(
+                "`{entry}` names a folder under HOME, and HOME is not set to an absolute path"
+            )),
+        },
+        None => Ok(std::path::PathBuf::from(entry)),
     }
 }
 
@@ -574,7 +579,12 @@ fn writable(server: &str, writes: &[String]) -> Result<Vec<std::path::PathBuf>, 
     writes
         .iter()
         .map(|w| {
-            let path = writes_path(w);
+            let path = writes_path(w).map_err(|why| {
+                McpError::new(
+                    "WritesUnusable",
+                    format!("MCP server `{server}`: cannot use `{w}` as a writable folder: {why}"),
+                )
+            })?;
             std::fs::create_dir_all(&path).map_err(|e| {
                 McpError::new(
                     "WritesUnusable",
