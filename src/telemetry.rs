@@ -194,6 +194,16 @@ pub fn start_otlp(bus: &EventBus<Event>, run_id: &str, config: OtlpConfig) -> io
     Ok(Sink::from_thread(handle))
 }
 
+/// An endpoint as said on stderr: no user, password or query, which may
+/// hold a credential (`https://user:token@host/…`, `?api_key=…`).
+fn shown(endpoint: &reqwest::Url) -> String {
+    let mut url = endpoint.clone();
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.set_query(None);
+    url.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::percent_decoded;
@@ -209,14 +219,4 @@ mod tests {
         assert_eq!(percent_decoded("100%"), "100%");
         assert_eq!(percent_decoded("%zz%4"), "%zz%4");
     }
-}
-
-/// An endpoint as said on stderr: no user, password or query, which may
-/// hold a credential (`https://user:token@host/…`, `?api_key=…`).
-fn shown(endpoint: &reqwest::Url) -> String {
-    let mut url = endpoint.clone();
-    let _ = url.set_username("");
-    let _ = url.set_password(None);
-    url.set_query(None);
-    url.to_string()
 }

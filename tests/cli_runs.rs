@@ -359,7 +359,7 @@ fn follow_live(project: &Project, extra: &[&str]) {
     // The run's stream is read to its end meanwhile, so it never waits on
     // a full pipe.
     let run = std::thread::spawn(move || live.finish());
-    let followed = stdout(&project, &["runs", "tail", &run_id, "-n", "100000", "-f"]);
+    let followed = stdout(project, &["runs", "tail", &run_id, "-n", "100000", "-f"]);
     let finished = run.join().unwrap();
     assert_eq!(finished.code, Some(0), "{}", finished.stderr);
     assert_eq!(

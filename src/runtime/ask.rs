@@ -281,12 +281,15 @@ mod tests {
         }
     }
 
-    fn asked() -> (
+    /// The desk, the person, their go-ahead, and the step's wait.
+    type Asked = (
         Arc<QuestionDesk>,
         Arc<dyn Prompter>,
         mpsc::Sender<()>,
         BoxFuture<'static, Option<Answer>>,
-    ) {
+    );
+
+    fn asked() -> Asked {
         let (go, gate) = mpsc::channel();
         let person: Arc<dyn Prompter> = Arc::new(Person(Mutex::new(gate)));
         let desk = Arc::new(QuestionDesk::default());

@@ -243,7 +243,7 @@ n.pos,
                 r.shape(
                     *pos,
                     &format!("{field}.writes"),
-                    &format!(
+                    format!(
                         "`{w}` is relative: `writes` entries are absolute paths or start with `~/`"
                     ),
                     "the root is writable already; name folders outside it in full",
