@@ -41,7 +41,7 @@ use super::taking::{Delivered, Expected, Held, still_to_run};
 use super::wire::{CANCEL_ALL, Cancel, GroupContext, Report, Task, decode_tasks};
 use crate::definition::StageKind;
 use crate::runtime::cancel::CancelScope;
-use crate::runtime::context::StageContext;
+use crate::runtime::context::{SharedContext, StageContext};
 use crate::runtime::events::Event;
 use crate::runtime::ids::RunId;
 use crate::runtime::scheduler::{
@@ -470,15 +470,17 @@ impl WorkerHost {
         let id: Arc<str> = Arc::from(task.stage_execution_id.as_str());
         let stage_id: Arc<str> = Arc::from(task.stage_id.as_str());
         let context = Arc::new(StageContext {
-            fields: Arc::clone(&group.fields),
-            upstream: Arc::default(),
-            results: Arc::clone(&group.slot),
-            workflow_run_id: Arc::from(task.run_id.as_str()),
+            shared: Arc::new(SharedContext {
+                fields: Arc::clone(&group.fields),
+                upstream: Arc::default(),
+                results: Arc::clone(&group.slot),
+                workflow_run_id: Arc::from(task.run_id.as_str()),
+                stage_id: Arc::clone(&stage_id),
+                stage_name: name,
+            }),
             stage_execution_id: Arc::clone(&id),
             item: task.item.clone(),
             index: task.index,
-            stage_id: Arc::clone(&stage_id),
-            stage_name: name,
         });
         let exec = ExecKey {
             turn: task.turn,

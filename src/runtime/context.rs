@@ -13,9 +13,24 @@ use crate::definition::expr::{Expr, ExprError};
 use crate::definition::template::{Segment, lookup};
 use crate::provider::TemplateScope;
 
-/// Everything a stage execution can read through `ctx.*` and `stage.*`.
+/// Everything a stage execution can read through `ctx.*` and `stage.*`:
+/// its own ids and item, and (read through it, by `Deref`) what the
+/// executions of its stage in its turn share.
 #[derive(Debug, Clone)]
 pub struct StageContext {
+    pub shared: Arc<SharedContext>,
+    pub stage_execution_id: Arc<str>,
+    pub item: Option<Value>,
+    pub index: Option<usize>,
+}
+
+/// What every execution of one stage in one turn shares, behind one
+/// `Arc`: a reference count is a cache line, and each shared `Arc` a
+/// sibling's context cloned was written by the scheduler's thread at its
+/// start and by an arbiter at its end. Six such lines per sibling, each
+/// bouncing between cores, became one.
+#[derive(Debug)]
+pub struct SharedContext {
     /// Declared ctx fields with their run values (CLI `--ctx` and defaults).
     pub fields: Arc<Map<String, Value>>,
     /// Predecessor results: one for a sequential successor, one per sibling
@@ -24,11 +39,16 @@ pub struct StageContext {
     /// The state slot: the latest result of every finished stage.
     pub results: Arc<BTreeMap<String, Kept>>,
     pub workflow_run_id: Arc<str>,
-    pub stage_execution_id: Arc<str>,
-    pub item: Option<Value>,
-    pub index: Option<usize>,
     pub stage_id: Arc<str>,
     pub stage_name: Arc<str>,
+}
+
+impl std::ops::Deref for StageContext {
+    type Target = SharedContext;
+
+    fn deref(&self) -> &SharedContext {
+        &self.shared
+    }
 }
 
 impl StageContext {
@@ -220,15 +240,17 @@ mod tests {
         let packed = Kept::packed(Arc::clone(&prior), "plan".into(), "r/plan/1".into());
         assert!(matches!(packed, Kept::Packed(_)));
         StageContext {
-            fields: Arc::new(fields),
-            upstream: Arc::new(vec![packed]),
-            results: Arc::new(BTreeMap::from([("plan".to_owned(), Kept::Whole(prior))])),
-            workflow_run_id: "r".into(),
+            shared: Arc::new(SharedContext {
+                fields: Arc::new(fields),
+                upstream: Arc::new(vec![packed]),
+                results: Arc::new(BTreeMap::from([("plan".to_owned(), Kept::Whole(prior))])),
+                workflow_run_id: "r".into(),
+                stage_id: "worker".into(),
+                stage_name: "Worker".into(),
+            }),
             stage_execution_id: "r/worker#2/1".into(),
             item: Some(json!(7)),
             index: Some(2),
-            stage_id: "worker".into(),
-            stage_name: "Worker".into(),
         }
     }
 
@@ -282,10 +304,16 @@ mod tests {
         tool.output = Arc::new(json!({"raw": "text", "kept": [3]}));
         let tool = Arc::new(tool);
         let packed = Kept::packed(Arc::clone(&tool), "tool".into(), "r/tool/1".into());
-        c.upstream = Arc::new(vec![c.upstream[0].clone(), packed]);
         let mut results = (*c.results).clone();
         results.insert("tool".into(), Kept::Whole(tool));
-        c.results = Arc::new(results);
+        c.shared = Arc::new(SharedContext {
+            upstream: Arc::new(vec![c.upstream[0].clone(), packed]),
+            results: Arc::new(results),
+            fields: Arc::clone(&c.fields),
+            workflow_run_id: Arc::clone(&c.workflow_run_id),
+            stage_id: Arc::clone(&c.stage_id),
+            stage_name: Arc::clone(&c.stage_name),
+        });
         let reads = [
             "ctx.upstream[1].parsed.kept",
             "ctx.upstream[1].output.kept",

@@ -28,6 +28,6 @@ mod tool_step;
 mod whereabouts;
 
 pub use model_loop::COMPLETION_ACCEPTED;
-pub use run::{EventIds, StageKit, StageRun};
+pub use run::{EventIds, StageCommon, StageKit, StageRun};
 pub use settings::RunSettings;
 pub use whereabouts::Whereabouts;

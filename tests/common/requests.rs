@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::json;
 use troupe::definition::ToolSpec;
 use troupe::provider::{Message, ModelRequest};
-use troupe::runtime::context::StageContext;
+use troupe::runtime::context::{SharedContext, StageContext};
 
 /// `Echo` and the completion tool `done`.
 pub fn tools() -> Arc<Vec<ToolSpec>> {
@@ -31,15 +31,17 @@ pub fn request(messages: Vec<Message>) -> ModelRequest {
         completion_tool: "done".into(),
         completion_schema: Arc::new(json!({"type": "object"})),
         ctx: Arc::new(StageContext {
-            fields: Default::default(),
-            upstream: Default::default(),
-            results: Default::default(),
-            workflow_run_id: "r".into(),
+            shared: Arc::new(SharedContext {
+                fields: Default::default(),
+                upstream: Default::default(),
+                results: Default::default(),
+                workflow_run_id: "r".into(),
+                stage_id: "a".into(),
+                stage_name: "a".into(),
+            }),
             stage_execution_id: "r/a/1".into(),
             item: None,
             index: None,
-            stage_id: "a".into(),
-            stage_name: "a".into(),
         }),
         observer: None,
     }

@@ -21,13 +21,13 @@ use actix::prelude::*;
 
 use super::planner::Spawn;
 use super::protocol::ToScheduler;
+use crate::definition::Stage;
 use crate::definition::StageKind;
 use crate::definition::tool_manifest::stage_manifest_with;
 use crate::runtime::cancel::CancelScope;
 use crate::runtime::interaction::InteractionHub;
-use crate::runtime::stage::{EventIds, StageKit, StageRun};
+use crate::runtime::stage::{EventIds, StageCommon, StageKit, StageRun};
 use crate::runtime::stage_actor::{self, StageActor};
-use crate::tools::ToolSpec;
 
 /// Makes a run's executor once the scheduler can be addressed: the run's
 /// way to put its executions somewhere else than the local pool (workers
@@ -67,8 +67,9 @@ pub struct LocalExecutor {
     /// each sender its own parking slot), an `Arc` clone does not.
     hub: Option<Arc<Addr<InteractionHub>>>,
     scheduler: Arc<Recipient<ToScheduler>>,
-    /// Each LLM stage's manifest, with the MCP listings' generation it was built on.
-    manifests: super::FastMap<String, (u64, Arc<Vec<ToolSpec>>)>,
+    /// Each stage's common part (its manifest among it), with the MCP
+    /// listings' generation it was built on.
+    commons: super::FastMap<String, (u64, Arc<StageCommon>)>,
     /// The arbiters executions run on; empty runs them on the current one.
     arbiters: Vec<ArbiterHandle>,
     next: usize,
@@ -110,7 +111,7 @@ impl LocalExecutor {
             kit: Arc::new(kit),
             hub: hub.map(Arc::new),
             scheduler: Arc::new(scheduler),
-            manifests: super::FastMap::default(),
+            commons: super::FastMap::default(),
             relays: vec![None; arbiters.len()],
             relaying: true,
             packing: true,
@@ -170,13 +171,19 @@ impl LocalExecutor {
         &slot.as_ref().expect("set above").1
     }
 
-    fn tools(&mut self, spawn: &Spawn) -> Arc<Vec<ToolSpec>> {
+    /// The common part of `stage`'s executions: made once per stage (and
+    /// again when an MCP server's tool list changed), then shared.
+    fn common(&mut self, stage: &Arc<Stage>) -> Arc<StageCommon> {
         // A server that announced a changed tool list makes every manifest
         // built before stale: executions that start later see the new one.
         let generation = self.kit.settings.mcp.as_ref().map_or(0, |p| p.generation());
-        match (&spawn.stage.kind, self.manifests.get(&spawn.stage.id)) {
-            (StageKind::Llm(_), Some((built, tools))) if *built == generation => Arc::clone(tools),
-            (StageKind::Llm(def), _) => {
+        if let Some((built, common)) = self.commons.get(&stage.id)
+            && *built == generation
+        {
+            return Arc::clone(common);
+        }
+        let tools = match &stage.kind {
+            StageKind::Llm(def) => {
                 // A chat's mode shows every offered tool and decides each
                 // call itself.
                 let shown;
@@ -196,13 +203,19 @@ impl LocalExecutor {
                     .as_ref()
                     .map(|p| p.specs(&def.allowed_tools))
                     .unwrap_or_default();
-                let tools = Arc::new(stage_manifest_with(def, mcp));
-                self.manifests
-                    .insert(spawn.stage.id.clone(), (generation, Arc::clone(&tools)));
-                tools
+                Arc::new(stage_manifest_with(def, mcp))
             }
             _ => Arc::default(),
-        }
+        };
+        let common = Arc::new(StageCommon {
+            kit: Arc::clone(&self.kit),
+            stage: Arc::clone(stage),
+            hub: self.hub.clone(),
+            tools,
+        });
+        self.commons
+            .insert(stage.id.clone(), (generation, Arc::clone(&common)));
+        common
     }
 }
 
@@ -213,7 +226,7 @@ impl Executor for LocalExecutor {
         parent: &CancelScope,
         group: Option<CancelScope>,
     ) -> CancelScope {
-        let tools = self.tools(&spawn);
+        let common = self.common(&spawn.stage);
         // A sibling under a relay or straight under its group enrols in
         // its thread's roll: a relay's task records under the relay when
         // it forwards a cancel, a failed sibling under its own parent. (A
@@ -231,29 +244,28 @@ impl Executor for LocalExecutor {
             Some(at) if spawn.is_sibling() && self.relaying => self.relayed(at, parent).child(),
             _ => parent.child(),
         };
+        // The spawn's own handle on the stage goes here, on this thread:
+        // the execution reads it through its common part.
         let Spawn {
             exec,
-            stage,
+            stage: _,
             ctx,
             index,
             visit,
         } = spawn;
-        let (kit, hub, cancel) = (Arc::clone(&self.kit), self.hub.clone(), scope.clone());
+        let cancel = scope.clone();
         let scheduler = Arc::clone(&self.scheduler);
         let own = scope.clone();
         let packing = self.packing;
         // Made where it runs: its event ids are allocated on its arbiter.
         let make = move || {
             let run = StageRun {
-                kit,
-                stage,
+                common,
                 ids: EventIds::own(&ctx),
                 ctx,
                 index,
                 visit,
                 cancel,
-                hub,
-                tools,
                 deferred: Rc::default(),
             };
             let mut actor = StageActor::new(run, exec, scheduler, own, group);

@@ -36,7 +36,7 @@ use super::next::{NextDecision, next_of};
 use super::protocol::{ExecKey, Slot, StageOutcome, sibling_label};
 use crate::definition::{ParallelPlan, Pipeline, Siblings, Stage, StageKind};
 use crate::error::{HasCode, ValidationCode};
-use crate::runtime::context::StageContext;
+use crate::runtime::context::{SharedContext, StageContext};
 use crate::runtime::events::{Event, EventName};
 use crate::runtime::ids::{RunId, stage_execution_id};
 use crate::runtime::result::{Kept, StageResult, Usage, Verdict};
@@ -196,6 +196,10 @@ pub struct Planner {
     /// The fan-out core's commands of the event being handled: one
     /// buffer kept, not one allocated for each sibling's start and end.
     fan_out: Vec<FanOutCommand>,
+    /// The shared part of the last context made: the siblings of a
+    /// fan-out take it whole (one reference count each), not piece by
+    /// piece.
+    last_shared: Option<Arc<SharedContext>>,
 }
 
 type Out = Vec<PlanCommand>;
@@ -229,6 +233,7 @@ impl Planner {
             restore: Restore::default(),
             all_results: Vec::new(),
             fan_out: Vec::new(),
+            last_shared: None,
         }
     }
 
@@ -338,7 +343,7 @@ impl Planner {
     }
 
     fn context(
-        &self,
+        &mut self,
         stage: &str,
         index: Option<usize>,
         visit: u32,
@@ -346,18 +351,46 @@ impl Planner {
         slot: Arc<BTreeMap<String, Kept>>,
         item: Option<Value>,
     ) -> Arc<StageContext> {
+        let reused = self.last_shared.as_ref().filter(|s| {
+            &*s.stage_id == stage
+                && Arc::ptr_eq(&s.upstream, &upstream)
+                && Arc::ptr_eq(&s.results, &slot)
+        });
+        let shared = match reused {
+            Some(shared) => Arc::clone(shared),
+            None => {
+                // Kept for siblings alone (no upstream): a join's upstream,
+                // every sibling's result, goes when the join does.
+                let siblings = Arc::ptr_eq(&upstream, &self.no_upstream);
+                let shared = self.shared_context(stage, upstream, slot);
+                self.last_shared = siblings.then(|| Arc::clone(&shared));
+                shared
+            }
+        };
+        Arc::new(StageContext {
+            shared,
+            stage_execution_id: stage_execution_id(&self.run_id, stage, index, visit).into(),
+            item,
+            index,
+        })
+    }
+
+    /// A new shared part of a context of `stage`.
+    fn shared_context(
+        &self,
+        stage: &str,
+        upstream: Arc<Vec<Kept>>,
+        slot: Arc<BTreeMap<String, Kept>>,
+    ) -> Arc<SharedContext> {
         let (stage_id, name) = match self.stages.get(stage) {
             Some(shared) => (Arc::clone(&shared.id), Arc::clone(&shared.name)),
             None => (stage.into(), stage.into()),
         };
-        Arc::new(StageContext {
+        Arc::new(SharedContext {
             fields: Arc::clone(&self.fields),
             upstream,
             results: slot,
             workflow_run_id: self.run_id.shared(),
-            stage_execution_id: stage_execution_id(&self.run_id, stage, index, visit).into(),
-            item,
-            index,
             stage_id,
             stage_name: name,
         })

@@ -52,14 +52,28 @@ impl EventIds {
     }
 }
 
+/// What every execution of one stage shares (read through a
+/// [`StageRun`] by `Deref`), in one `Arc`: each clone of a shared `Arc` is
+/// a write to a cache line every arbiter and the scheduler's thread
+/// contend for, so an execution takes one, not four.
+#[derive(Debug)]
+pub struct StageCommon {
+    /// What every execution of the run shares.
+    pub kit: Arc<StageKit>,
+    pub stage: Arc<Stage>,
+    /// Where out-of-envelope calls are put to the interactors; `None`
+    /// denies them (headless).
+    pub hub: Option<Arc<Addr<InteractionHub>>>,
+    /// The stage's tool manifest (`allowedTools` plus the completion
+    /// channel); empty for deterministic steps.
+    pub tools: Arc<Vec<ToolSpec>>,
+}
+
 /// Everything one execution needs; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct StageRun {
-    /// What every execution of the run shares, in one `Arc`: each clone
-    /// of a shared `Arc` is a write to a cache line every arbiter and the
-    /// scheduler's thread contend for, so an execution takes one, not five.
-    pub kit: Arc<StageKit>,
-    pub stage: Arc<Stage>,
+    /// What the executions of its stage share (see [`StageCommon`]).
+    pub common: Arc<StageCommon>,
     pub ctx: Arc<StageContext>,
     /// The ids its events carry (see [`EventIds`]).
     pub ids: EventIds,
@@ -70,15 +84,16 @@ pub struct StageRun {
     /// its token: under a relay (`cancel.rs`) the token fires a moment
     /// after a group's cancel, the scope's marks at once.
     pub cancel: CancelScope,
-    /// Where out-of-envelope calls are put to the interactors; `None`
-    /// denies them (headless).
-    pub hub: Option<Arc<Addr<InteractionHub>>>,
-    /// The stage's tool manifest (`allowedTools` plus the completion
-    /// channel), built once per stage and shared by its executions; empty
-    /// for deterministic steps.
-    pub tools: Arc<Vec<ToolSpec>>,
     /// What it has emitted in the poll under way (see [`Deferred`]).
     pub deferred: Rc<Deferred>,
+}
+
+impl std::ops::Deref for StageRun {
+    type Target = StageCommon;
+
+    fn deref(&self) -> &StageCommon {
+        &self.common
+    }
 }
 
 /// The events an execution emits while its actor polls it, published

@@ -50,7 +50,12 @@ impl Planner {
         over: &crate::definition::expr::Expr,
         upstream: &Arc<Vec<Kept>>,
     ) -> Result<Vec<Value>, String> {
-        let sctx = self.context(stage, None, 0, Arc::clone(upstream), self.snapshot(), None);
+        let sctx = StageContext {
+            shared: self.shared_context(stage, Arc::clone(upstream), self.snapshot()),
+            stage_execution_id: stage_execution_id(&self.run_id, stage, None, 0).into(),
+            item: None,
+            index: None,
+        };
         match sctx.eval(over) {
             Ok(Value::Array(items)) => Ok(items),
             Ok(other) => Err(format!(
