@@ -17,6 +17,12 @@ impl Stop {
         Stop(Arc::new(AtomicBool::new(true)))
     }
 
+    /// A flag not raised, for tests of the blocking tools.
+    #[cfg(test)]
+    pub(crate) fn lowered() -> Stop {
+        Stop(Arc::new(AtomicBool::new(false)))
+    }
+
     /// `Err(ToolCancelled)` once the caller is gone; call it in every loop.
     pub fn check(&self) -> Result<(), ToolError> {
         if self.0.load(Ordering::Relaxed) {

@@ -35,10 +35,81 @@ pub struct WriteArgs {
     pub content: String,
 }
 
-/// Replaces `path`'s content with `bytes` atomically. `keep` are the
-/// permissions of the file being replaced; a new file gets 0o666 less the
-/// umask, as any created file.
+/// The directory `dir` (inside `root`, every symlink already resolved by
+/// [`resolve`]) opened by walking down from the root one name at a time,
+/// none of them a symlink (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), and
+/// made where missing when `create`. The descriptor pins the directory:
+/// a component swapped for a symlink after `resolve` checked the path (a
+/// shell racing the call) fails the walk, and the write cannot follow it
+/// out of the root. `None` where the kernel lacks `openat2` (before
+/// Linux 5.6): the path is used as resolved.
+fn pinned_dir(
+    root: &Path,
+    dir: &Path,
+    create: bool,
+    rel: &str,
+) -> Result<Option<std::os::fd::OwnedFd>, ToolError> {
+    use nix::errno::Errno;
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+    use nix::sys::stat::{Mode, mkdirat};
+    let moved = || {
+        ToolError::terminal(
+            "PathEscapes",
+            format!(
+                "{rel}: a folder on its path changed into a link while it was written; nothing was written"
+            ),
+        )
+    };
+    let inside = dir.strip_prefix(root).map_err(|_| moved())?;
+    let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+    let mut fd = open(root, flags, Mode::empty()).map_err(|e| ToolError::io(rel, &e.into()))?;
+    let how = || {
+        OpenHow::new()
+            .flags(flags | OFlag::O_NOFOLLOW)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS)
+    };
+    for name in inside.components() {
+        let std::path::Component::Normal(name) = name else {
+            return Err(moved());
+        };
+        let next = match openat2(&fd, name, how()) {
+            Err(Errno::ENOENT) if create => {
+                match mkdirat(&fd, name, Mode::from_bits_truncate(0o777)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(ToolError::io(rel, &e.into())),
+                }
+                openat2(&fd, name, how())
+            }
+            other => other,
+        };
+        fd = match next {
+            Ok(next) => next,
+            Err(Errno::ENOSYS) => return Ok(None),
+            Err(Errno::ELOOP | Errno::EXDEV | Errno::ENOTDIR) => return Err(moved()),
+            Err(e) => return Err(ToolError::io(rel, &e.into())),
+        };
+    }
+    Ok(Some(fd))
+}
+
+/// `path` reached through `dir`'s pinned descriptor: the kernel follows
+/// `/proc/self/fd/N` to the directory it holds, whatever its path now is.
+fn through(dir: Option<&std::os::fd::OwnedFd>, path: &Path) -> std::path::PathBuf {
+    use std::os::fd::AsRawFd;
+    match (dir, path.file_name()) {
+        (Some(fd), Some(name)) => {
+            Path::new(&format!("/proc/self/fd/{}", fd.as_raw_fd())).join(name)
+        }
+        _ => path.to_owned(),
+    }
+}
+
+/// Replaces `path`'s content with `bytes` atomically, in its directory as
+/// pinned from `root` ([`pinned_dir`]). `keep` are the permissions of the
+/// file being replaced; a new file gets 0o666 less the umask, as any
+/// created file.
 fn atomic_write(
+    root: &Path,
     path: &Path,
     rel: &str,
     bytes: &[u8],
@@ -46,14 +117,18 @@ fn atomic_write(
     stop: &Stop,
 ) -> Result<(), ToolError> {
     let io = |e: std::io::Error| ToolError::io(rel, &e);
-    let dir = path
+    let parent = path
         .parent()
         .ok_or_else(|| ToolError::terminal("NotAFile", format!("{rel} has no parent directory")))?;
+    let pinned = pinned_dir(root, parent, keep.is_none(), rel)?;
+    let target = through(pinned.as_ref(), path);
+    let dir = target.parent().unwrap_or(parent).to_owned();
+    let path = target.as_path();
     let mut tmp = tempfile::Builder::new()
         .prefix(TEMP_PREFIX)
         .suffix(".tmp")
         .permissions(Permissions::from_mode(0o666))
-        .tempfile_in(dir)
+        .tempfile_in(&dir)
         .map_err(io)?;
     tmp.write_all(bytes).map_err(io)?;
     if let Some(perms) = keep {
@@ -77,17 +152,12 @@ pub fn write(root: &Path, args: &WriteArgs, stop: &Stop) -> Result<String, ToolE
             ));
         }
         Ok(meta) => Some(meta.permissions()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // Inside the root: `resolve` checked the whole path.
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| ToolError::io(&rel, &e))?;
-            }
-            None
-        }
+        // Its missing folders are made as the write pins its directory.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(ToolError::io(&rel, &e)),
     };
     let created = keep.is_none();
-    atomic_write(&path, &rel, args.content.as_bytes(), keep, stop)?;
+    atomic_write(root, &path, &rel, args.content.as_bytes(), keep, stop)?;
     Ok(format!(
         "{} {rel} ({} bytes)",
         if created { "created" } else { "overwrote" },
@@ -164,6 +234,7 @@ pub fn edit(
         text.replacen(args.old_string.as_str(), &args.new_string, 1)
     };
     atomic_write(
+        root,
         &path,
         &rel,
         new_text.as_bytes(),
@@ -206,5 +277,44 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["f.txt"], "the temp files are removed");
+    }
+
+    /// A folder on the path swapped for a link to outside the root after
+    /// the path was checked (a shell racing the call): the write fails,
+    /// and nothing lands outside; a new file's missing folders are made.
+    #[test]
+    fn a_folder_swapped_for_a_link_after_the_check_takes_no_write_outside() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap().join("root");
+        let outside = root.parent().unwrap().join("outside");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        let checked = resolve(&root, "sub/f.txt").unwrap();
+        std::fs::remove_dir(root.join("sub")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("sub")).unwrap();
+        let go = Stop::lowered();
+        let written = atomic_write(&root, &checked, "sub/f.txt", b"x", None, &go);
+        let e = written.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ToolError::Terminal {
+                    code: "PathEscapes",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        // Through folders that are folders, a new file and its folders.
+        let w = WriteArgs {
+            path: "a/b/c.txt".to_owned(),
+            content: "new".to_owned(),
+        };
+        write(&root, &w, &go).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join("a/b/c.txt")).unwrap(),
+            "new"
+        );
     }
 }
