@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::blocking::Stop;
 use super::env::ToolLimits;
 use super::error::ToolError;
-use super::path::{relative, require_regular_file, resolve};
+use super::path::{escaped, open_file_beneath, relative, resolve};
 
 /// Prefix of the temp files, so a crash's leftovers are recognisable.
 pub const TEMP_PREFIX: &str = ".troupe-write-";
@@ -52,14 +52,7 @@ fn pinned_dir(
     use nix::errno::Errno;
     use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
     use nix::sys::stat::{Mode, mkdirat};
-    let moved = || {
-        ToolError::terminal(
-            "PathEscapes",
-            format!(
-                "{rel}: a folder on its path changed into a link while it was written; nothing was written"
-            ),
-        )
-    };
+    let moved = || escaped(rel);
     let inside = dir.strip_prefix(root).map_err(|_| moved())?;
     let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
     let mut fd = open(root, flags, Mode::empty()).map_err(|e| ToolError::io(rel, &e.into()))?;
@@ -183,17 +176,13 @@ pub fn edit(
     }
     let path = resolve(root, &args.path)?;
     let rel = relative(root, &path);
-    let meta = match std::fs::metadata(&path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ToolError::terminal(
-                "NotFound",
-                format!("{rel}: no such file; use Write to create it"),
-            ));
-        }
-        Err(e) => return Err(ToolError::io(&rel, &e)),
-    };
-    require_regular_file(&meta, &rel, "give a file path")?;
+    if std::fs::symlink_metadata(&path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        return Err(ToolError::terminal(
+            "NotFound",
+            format!("{rel}: no such file; use Write to create it"),
+        ));
+    }
+    let (mut file, meta) = open_file_beneath(root, &path, &rel, "give a file path")?;
     if meta.len() > limits.edit_file_bytes {
         return Err(ToolError::terminal(
             "FileTooLarge",
@@ -204,7 +193,8 @@ pub fn edit(
             ),
         ));
     }
-    let bytes = std::fs::read(&path).map_err(|e| ToolError::io(&rel, &e))?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|e| ToolError::io(&rel, &e))?;
     let text = String::from_utf8(bytes).map_err(|_| {
         ToolError::terminal(
             "BinaryFile",

@@ -116,6 +116,57 @@ pub fn relative(root: &Path, path: &Path) -> String {
     }
 }
 
+/// Opens `path` (inside `root`, resolved by [`resolve`]) for reading by
+/// walking down from the root with no link followed (`openat2` with
+/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), without waiting on a FIFO,
+/// and checks on the descriptor that it is a regular file. A folder
+/// swapped for a link since the check (a shell racing the call) is
+/// `PathEscapes`, not a read from outside the root. Where the kernel lacks
+/// `openat2` (before Linux 5.6) the path is opened as resolved.
+pub fn open_file_beneath(
+    root: &Path,
+    path: &Path,
+    rel: &str,
+    dir_hint: &str,
+) -> Result<(std::fs::File, std::fs::Metadata), ToolError> {
+    use nix::errno::Errno;
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+    use nix::sys::stat::Mode;
+    // Said before anything is opened: a device is never opened at all.
+    let meta = std::fs::metadata(path).map_err(|e| ToolError::io(rel, &e))?;
+    require_regular_file(&meta, rel, dir_hint)?;
+    let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW;
+    let inside = path.strip_prefix(root).map_err(|_| escaped(rel))?;
+    let root_fd = open(
+        root,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| ToolError::io(rel, &e.into()))?;
+    let how = OpenHow::new()
+        .flags(flags)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let file = match openat2(&root_fd, inside, how) {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(Errno::ENOSYS) => std::fs::File::open(path).map_err(|e| ToolError::io(rel, &e))?,
+        Err(Errno::ELOOP | Errno::EXDEV | Errno::ENOTDIR) => return Err(escaped(rel)),
+        Err(e) => return Err(ToolError::io(rel, &e.into())),
+    };
+    let meta = file.metadata().map_err(|e| ToolError::io(rel, &e))?;
+    require_regular_file(&meta, rel, dir_hint)?;
+    Ok((file, meta))
+}
+
+/// A path that changed into a link between its check and its use.
+pub fn escaped(rel: &str) -> ToolError {
+    ToolError::terminal(
+        "PathEscapes",
+        format!(
+            "{rel}: a folder on its path changed into a link after it was checked; nothing was read or written"
+        ),
+    )
+}
+
 /// A file a tool reads or rewrites must be a regular file: a directory gets
 /// `dir_hint`, and a FIFO or a device (which would block or never end) is
 /// refused too.
@@ -201,5 +252,37 @@ mod tests {
         assert_eq!(code(resolve(&root, "dangling")), "PathOutsideRoot");
         assert_eq!(code(resolve(&root, "loop")), "SymlinkLoop");
         assert_eq!(resolve(&root, "in/x").unwrap(), root.join("inner/x"));
+    }
+
+    /// A folder swapped for a link to outside after the path was checked:
+    /// the open fails rather than reading the file out there.
+    #[test]
+    fn a_read_after_a_swap_does_not_leave_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let root = base.join("root");
+        let outside = base.join("outside");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/f.txt"), "inside").unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("f.txt"), "secret").unwrap();
+        let checked = resolve(&root, "sub/f.txt").unwrap();
+        let (mut file, _) = open_file_beneath(&root, &checked, "sub/f.txt", "").unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut file, &mut text).unwrap();
+        assert_eq!(text, "inside");
+        std::fs::rename(root.join("sub"), base.join("moved")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("sub")).unwrap();
+        let e = open_file_beneath(&root, &checked, "sub/f.txt", "").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ToolError::Terminal {
+                    code: "PathEscapes",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
 }

@@ -3,7 +3,6 @@
 //! to read on when the output stops before the file does.
 
 use std::fmt::Write as _;
-use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 
@@ -13,7 +12,7 @@ use super::blocking::Stop;
 use super::env::ToolLimits;
 use super::error::ToolError;
 use super::lines::{looks_binary, read_line_capped, text_capped};
-use super::path::{relative, require_regular_file, resolve};
+use super::path::{open_file_beneath, relative, resolve};
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ReadArgs {
@@ -38,9 +37,7 @@ pub fn read(
 ) -> Result<String, ToolError> {
     let path = resolve(root, &args.path)?;
     let rel = relative(root, &path);
-    let meta = std::fs::metadata(&path).map_err(|e| ToolError::io(&rel, &e))?;
-    require_regular_file(&meta, &rel, "use Glob to list its files")?;
-    let file = File::open(&path).map_err(|e| ToolError::io(&rel, &e))?;
+    let (file, _) = open_file_beneath(root, &path, &rel, "use Glob to list its files")?;
     let mut reader = BufReader::with_capacity(64 * 1024, file);
     if looks_binary(&mut reader).map_err(|e| ToolError::io(&rel, &e))? {
         return Err(ToolError::terminal(
