@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::blocking::Stop;
 use super::env::ToolLimits;
 use super::error::ToolError;
-use super::path::{escaped, open_file_beneath, relative, resolve};
+use super::path::{dir_flags, escaped, open_file_beneath, pinning, relative, resolve, walk_error};
 
 /// Prefix of the temp files, so a crash's leftovers are recognisable.
 pub const TEMP_PREFIX: &str = ".troupe-write-";
@@ -44,26 +44,34 @@ pub struct WriteArgs {
 /// out of the root. `None` where the kernel lacks `openat2` (before
 /// Linux 5.6): the path is used as resolved.
 fn pinned_dir(
+    pin: bool,
     root: &Path,
     dir: &Path,
     create: bool,
     rel: &str,
 ) -> Result<Option<std::os::fd::OwnedFd>, ToolError> {
     use nix::errno::Errno;
-    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+    use nix::fcntl::{OpenHow, ResolveFlag, open, openat2};
     use nix::sys::stat::{Mode, mkdirat};
-    let moved = || escaped(rel);
-    let inside = dir.strip_prefix(root).map_err(|_| moved())?;
-    let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
-    let mut fd = open(root, flags, Mode::empty()).map_err(|e| ToolError::io(rel, &e.into()))?;
+    if !pin {
+        if create {
+            std::fs::create_dir_all(dir).map_err(|e| ToolError::io(rel, &e))?;
+        }
+        return Ok(None);
+    }
+    let inside = dir.strip_prefix(root).map_err(|_| escaped(rel))?;
+    let mut fd =
+        open(root, dir_flags(), Mode::empty()).map_err(|e| ToolError::io(rel, &e.into()))?;
     let how = || {
         OpenHow::new()
-            .flags(flags | OFlag::O_NOFOLLOW)
+            // No O_NOFOLLOW: with O_PATH it would open a link itself;
+            // RESOLVE_NO_SYMLINKS refuses one anywhere (ELOOP).
+            .flags(dir_flags())
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS)
     };
     for name in inside.components() {
         let std::path::Component::Normal(name) = name else {
-            return Err(moved());
+            return Err(escaped(rel));
         };
         let next = match openat2(&fd, name, how()) {
             Err(Errno::ENOENT) if create => {
@@ -75,12 +83,7 @@ fn pinned_dir(
             }
             other => other,
         };
-        fd = match next {
-            Ok(next) => next,
-            Err(Errno::ENOSYS) => return Ok(None),
-            Err(Errno::ELOOP | Errno::EXDEV | Errno::ENOTDIR) => return Err(moved()),
-            Err(e) => return Err(ToolError::io(rel, &e.into())),
-        };
+        fd = next.map_err(|e| walk_error(rel, e))?;
     }
     Ok(Some(fd))
 }
@@ -109,11 +112,24 @@ fn atomic_write(
     keep: Option<Permissions>,
     stop: &Stop,
 ) -> Result<(), ToolError> {
+    atomic_write_with(pinning(), root, path, rel, bytes, keep, stop)
+}
+
+/// [`atomic_write`], pinning its folder or not.
+fn atomic_write_with(
+    pin: bool,
+    root: &Path,
+    path: &Path,
+    rel: &str,
+    bytes: &[u8],
+    keep: Option<Permissions>,
+    stop: &Stop,
+) -> Result<(), ToolError> {
     let io = |e: std::io::Error| ToolError::io(rel, &e);
     let parent = path
         .parent()
         .ok_or_else(|| ToolError::terminal("NotAFile", format!("{rel} has no parent directory")))?;
-    let pinned = pinned_dir(root, parent, keep.is_none(), rel)?;
+    let pinned = pinned_dir(pin, root, parent, keep.is_none(), rel)?;
     let target = through(pinned.as_ref(), path);
     let dir = target.parent().unwrap_or(parent).to_owned();
     let path = target.as_path();
@@ -302,6 +318,11 @@ mod tests {
             content: "new".to_owned(),
         };
         write(&root, &w, &go).unwrap();
+        // Where the kernel cannot pin (no openat2, or a filter refusing
+        // it), the folders are made by path, as before.
+        let fallback = root.join("d/e/f.txt");
+        atomic_write_with(false, &root, &fallback, "d/e/f.txt", b"old way", None, &go).unwrap();
+        assert_eq!(std::fs::read_to_string(&fallback).unwrap(), "old way");
         assert_eq!(
             std::fs::read_to_string(root.join("a/b/c.txt")).unwrap(),
             "new"

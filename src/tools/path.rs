@@ -116,44 +116,93 @@ pub fn relative(root: &Path, path: &Path) -> String {
     }
 }
 
+/// Whether files are opened from the root by descriptor (`openat2`,
+/// Linux 5.6 and later, and `/proc/self/fd` to reach a pinned folder by):
+/// probed once. A seccomp filter that refuses `openat2` answers EPERM or
+/// ENOSYS; then, as without `/proc`, paths are used as resolved.
+pub fn pinning() -> bool {
+    static PINNING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PINNING.get_or_init(|| {
+        use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+        let dir = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let how = OpenHow::new()
+            .flags(dir)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let probe =
+            open("/", dir, nix::sys::stat::Mode::empty()).and_then(|root| openat2(&root, ".", how));
+        probe.is_ok() && Path::new("/proc/self/fd").is_dir()
+    })
+}
+
+/// The flags of a folder opened only to reach what is under it: no read
+/// permission needed, as a path walk needs none.
+pub fn dir_flags() -> nix::fcntl::OFlag {
+    use nix::fcntl::OFlag;
+    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC
+}
+
+/// An `openat2` error of a walk from the root, typed: a link where a
+/// folder was checked is `PathEscapes`, a file there `NotAFile`.
+pub fn walk_error(rel: &str, e: nix::errno::Errno) -> ToolError {
+    use nix::errno::Errno;
+    match e {
+        Errno::ELOOP | Errno::EXDEV => escaped(rel),
+        Errno::ENOTDIR => ToolError::terminal(
+            "NotAFile",
+            format!("{rel}: a part of its path is not a folder"),
+        ),
+        e => ToolError::io(rel, &e.into()),
+    }
+}
+
 /// Opens `path` (inside `root`, resolved by [`resolve`]) for reading by
 /// walking down from the root with no link followed (`openat2` with
 /// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), without waiting on a FIFO,
 /// and checks on the descriptor that it is a regular file. A folder
 /// swapped for a link since the check (a shell racing the call) is
-/// `PathEscapes`, not a read from outside the root. Where the kernel lacks
-/// `openat2` (before Linux 5.6) the path is opened as resolved.
+/// `PathEscapes`, not a read from outside the root. Without
+/// [`pinning`] the path is opened as resolved.
 pub fn open_file_beneath(
     root: &Path,
     path: &Path,
     rel: &str,
     dir_hint: &str,
 ) -> Result<(std::fs::File, std::fs::Metadata), ToolError> {
-    use nix::errno::Errno;
-    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+    open_file_beneath_with(pinning(), root, path, rel, dir_hint)
+}
+
+fn open_file_beneath_with(
+    pin: bool,
+    root: &Path,
+    path: &Path,
+    rel: &str,
+    dir_hint: &str,
+) -> Result<(std::fs::File, std::fs::Metadata), ToolError> {
+    use nix::fcntl::{FcntlArg, OFlag, OpenHow, ResolveFlag, fcntl, open, openat2};
     use nix::sys::stat::Mode;
     // Said before anything is opened: a device is never opened at all.
     let meta = std::fs::metadata(path).map_err(|e| ToolError::io(rel, &e))?;
     require_regular_file(&meta, rel, dir_hint)?;
-    let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW;
-    let inside = path.strip_prefix(root).map_err(|_| escaped(rel))?;
-    let root_fd = open(
-        root,
-        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| ToolError::io(rel, &e.into()))?;
-    let how = OpenHow::new()
-        .flags(flags)
-        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-    let file = match openat2(&root_fd, inside, how) {
-        Ok(fd) => std::fs::File::from(fd),
-        Err(Errno::ENOSYS) => std::fs::File::open(path).map_err(|e| ToolError::io(rel, &e))?,
-        Err(Errno::ELOOP | Errno::EXDEV | Errno::ENOTDIR) => return Err(escaped(rel)),
-        Err(e) => return Err(ToolError::io(rel, &e.into())),
+    let file = if pin {
+        let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW;
+        let inside = path.strip_prefix(root).map_err(|_| escaped(rel))?;
+        let root_fd =
+            open(root, dir_flags(), Mode::empty()).map_err(|e| ToolError::io(rel, &e.into()))?;
+        let how = OpenHow::new()
+            .flags(flags)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let fd = openat2(&root_fd, inside, how).map_err(|e| walk_error(rel, e))?;
+        std::fs::File::from(fd)
+    } else {
+        std::fs::File::open(path).map_err(|e| ToolError::io(rel, &e))?
     };
     let meta = file.metadata().map_err(|e| ToolError::io(rel, &e))?;
     require_regular_file(&meta, rel, dir_hint)?;
+    // A regular file: reads as if opened blocking (a FIFO was refused).
+    if pin {
+        fcntl(&file, FcntlArg::F_SETFL(OFlag::empty()))
+            .map_err(|e| ToolError::io(rel, &e.into()))?;
+    }
     Ok((file, meta))
 }
 
