@@ -38,6 +38,28 @@ fn chat(dir: &Path, args: &[&str], input: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// A chat whose model takes ten minutes a turn, given `lines` with its
+/// input kept open (the handle returned).
+fn slow_chat(
+    dir: &Path,
+    args: &[&str],
+    lines: &[u8],
+) -> (std::process::Child, std::process::ChildStdin) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .arg("chat")
+        .args(args)
+        .args(["--latency", "10m"])
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(lines).unwrap();
+    (child, stdin)
+}
+
 /// The chat turns in the store, newest first.
 fn turns(dir: &Path) -> Vec<Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
@@ -209,16 +231,7 @@ fn continue_after_the_process_was_killed_mid_turn() {
     let out = chat(dir.path(), &[], "first\n");
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     // A second turn that hangs on its model, killed with SIGKILL.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_troupe"))
-        .args(["chat", "--continue", "--latency", "10m"])
-        .current_dir(dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"second\n").unwrap();
+    let (mut child, stdin) = slow_chat(dir.path(), &["--continue"], b"second\n");
     let deadline = Instant::now() + Duration::from_secs(30);
     while turns(dir.path()).len() < 2 {
         assert!(Instant::now() < deadline, "the second turn never started");
@@ -405,16 +418,7 @@ fn continue_refuses_a_run_that_is_not_a_chat_turn() {
 #[test]
 fn sigterm_during_a_turn_ends_the_chat() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_troupe"))
-        .args(["chat", "--latency", "10m"])
-        .current_dir(dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"first\nsecond\n").unwrap();
+    let (mut child, stdin) = slow_chat(dir.path(), &[], b"first\nsecond\n");
     // The first turn waits on its model.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

@@ -212,6 +212,17 @@ mod tests {
         }
     }
 
+    /// The proposals waiting on `remote`, oldest first.
+    async fn waiting(remote: &Addr<RemoteInteractor>) -> Vec<String> {
+        remote
+            .send(ListPending)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.proposal_id)
+            .collect()
+    }
+
     fn prompt(id: InteractionId, text: &str, hub: &Addr<Hub>) -> Prompt {
         let args = json!({ "text": text });
         Prompt {
@@ -244,13 +255,7 @@ mod tests {
             .unwrap();
         assert_eq!(answered, Ok(()));
         remote.send(prompt(4, "same", &hub)).await.unwrap();
-        let pending: Vec<String> = remote
-            .send(ListPending)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|p| p.proposal_id)
-            .collect();
+        let pending = waiting(&remote).await;
         assert_eq!(pending, ["p3"]);
         let seen = hub.send(Seen).await.unwrap();
         let rule = "approve-same: Echo with arguments";
@@ -301,13 +306,7 @@ mod tests {
             .unwrap();
         assert_eq!(answered, Err(NotPending));
         remote.send(prompt(1, "same", &hub)).await.unwrap();
-        let pending: Vec<String> = remote
-            .send(ListPending)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|p| p.proposal_id)
-            .collect();
+        let pending = waiting(&remote).await;
         assert_eq!(pending, ["p1"], "a refused answer left a rule");
         assert_eq!(hub.send(Seen).await.unwrap().len(), 1);
     }
