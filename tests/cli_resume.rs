@@ -761,3 +761,68 @@ fn no_exit_is_streamed_before_the_store_has_it() {
     let log = assert_resumed_to_the_end(&project, &run_id, &resumed, &streamed);
     assert_each_sibling_exited(&log, |_| vec!["ok"]);
 }
+
+/// A run started with a relative pipeline folder resumes from another
+/// folder (its row holds both folders absolute); a run whose folder was
+/// moved away is refused rather than begun again with an empty log; an
+/// empty run id names no run.
+#[test]
+fn a_run_resumes_from_another_folder_and_not_without_its_own() {
+    let project = Project::new();
+    let pipeline = project.path().join("fanout");
+    std::fs::create_dir(&pipeline).unwrap();
+    for file in std::fs::read_dir(bundled("fanout")).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, pipeline.join(file.file_name().unwrap())).unwrap();
+    }
+    let args = [
+        "run",
+        "fanout",
+        "--ctx",
+        "width=4",
+        "--fail-sibling",
+        "worker#1",
+        "--headless",
+        "--json",
+    ];
+    let run_id = failed_run(&project, &args);
+    let elsewhere = project.path().join("sub");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let resumed = project
+        .troupe()
+        .current_dir(&elsewhere)
+        .args([
+            "resume",
+            &run_id,
+            "--store",
+            "../.troupe/troupe.db",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{}",
+        common::project::said(&resumed)
+    );
+    assert_eq!(project.listed(&run_id)["state"], "ok");
+
+    let moved = failed_run(&project, &args);
+    let folder = project.audit_path(&moved).parent().unwrap().to_owned();
+    std::fs::rename(&folder, project.path().join("moved-away")).unwrap();
+    let out = project.output(&["resume", &moved, "--json"]);
+    assert_eq!(refusal(&out), "Store/WriteFailed");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("folder is gone"),
+        "{}",
+        common::project::said(&out)
+    );
+    assert!(!folder.exists(), "the folder was not made again");
+    assert_eq!(project.listed(&moved)["sessions"], 1);
+
+    assert_eq!(
+        refusal(&project.output(&["resume", "", "--json"])),
+        "Store/RunNotFound"
+    );
+}

@@ -107,7 +107,22 @@ fn prepare_stored(
         return Err(StoreError::NothingToResume { id: run.id }.into());
     }
     let run_dir = PathBuf::from(&run.run_dir);
+    // A folder moved or deleted would be made again with an empty log,
+    // whose repair would number events from one again.
+    if !run_dir.is_dir() {
+        return Err(StoreError::Io {
+            path: run_dir,
+            detail: "the run's folder is gone (moved or deleted?); a resume needs its audit log, so nothing was resumed".to_owned(),
+        }
+        .into());
+    }
     let lock = RunLock::acquire(&run_dir, &run.id)?;
+    // Read again under the lock: the run's last process may have ended it
+    // ok meanwhile, or `runs rm` removed it.
+    let run = store.find_run(&run.id)?;
+    if run.status == "ok" {
+        return Err(StoreError::NothingToResume { id: run.id }.into());
+    }
     let dir = checked.unwrap_or_else(|| PathBuf::from(&run.pipeline_dir));
     let pipeline = match load_pipeline(&dir) {
         Ok(p) => Arc::new(p),
@@ -133,7 +148,16 @@ fn prepare_stored(
     }
     let fields: Map<String, Value> = match &run.ctx {
         Value::Object(m) => m.clone(),
-        _ => Map::new(),
+        _ => {
+            return Err(StoreError::Corrupt {
+                path: store_path.to_owned(),
+                detail: format!(
+                    "run `{}` has no readable ctx (its fields), so it cannot be resumed as it ran",
+                    run.id
+                ),
+            }
+            .into());
+        }
     };
     let arrived = if args.opts.nats.nats.is_some() {
         store_arrived(&args.opts.nats, &run.id, &store)?

@@ -20,7 +20,7 @@ use crate::definition::duration::parse_positive_duration;
 use crate::error::HasCode;
 use crate::runtime::events::rfc3339;
 use crate::store::lock::is_held;
-use crate::store::{Counts, RunRow, Store, StoreError, unix_ms};
+use crate::store::{Counts, RunLock, RunRow, Store, StoreError, unix_ms};
 
 /// Where the store is, for every `runs` command.
 #[derive(Debug, Clone, clap::Args)]
@@ -471,9 +471,16 @@ fn deletable(run: &RunRow) -> Result<&Path, StoreError> {
     Ok(dir)
 }
 
-/// Deletes a run that no process is running: its rows, then its folder.
+/// Deletes a run that no process is running: its rows, then its folder,
+/// holding the run's lock throughout, so that a `resume` cannot take the
+/// run between the check and the delete.
 fn delete(store: &Store, run: &RunRow) -> Result<(), StoreError> {
     let dir = deletable(run)?;
+    let _held = if dir.is_dir() {
+        Some(RunLock::acquire(dir, &run.id)?)
+    } else {
+        None
+    };
     store.delete_run(&run.id)?;
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),

@@ -142,14 +142,28 @@ impl Store {
 
     /// Marks a run `running` again for a new session (a resume).
     pub fn resume_run(&self, id: &str, digest: &str) -> Result<(), StoreError> {
-        self.conn
+        let changed = self
+            .conn
             .execute(
                 "UPDATE runs SET status = 'running', reason = NULL, ended_at = NULL, \
                  digest = ?2, sessions = sessions + 1 WHERE id = ?1",
                 params![id, digest],
             )
             .map_err(|e| self.err(&e))?;
-        Ok(())
+        self.changed_one(changed, id)
+    }
+
+    /// An update of run `id` that changed no row: the run is gone (a
+    /// `runs rm` meanwhile), said rather than taken as done.
+    fn changed_one(&self, changed: usize, id: &str) -> Result<(), StoreError> {
+        if changed == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::RunNotFound {
+                id: id.to_owned(),
+                path: self.path.clone(),
+            })
+        }
     }
 
     /// Records how a session of the run ended.
@@ -160,7 +174,8 @@ impl Store {
         reason: Option<&str>,
         summary: &Value,
     ) -> Result<(), StoreError> {
-        self.conn
+        let changed = self
+            .conn
             .execute(
                 "UPDATE runs SET status = ?2, reason = ?3, ended_at = ?4, summary = ?5 WHERE id = ?1",
                 params![
@@ -172,11 +187,18 @@ impl Store {
                 ],
             )
             .map_err(|e| self.err(&e))?;
-        Ok(())
+        self.changed_one(changed, id)
     }
 
     /// The run with this id, or with the one id that starts with it.
     pub fn find_run(&self, id: &str) -> Result<RunRow, StoreError> {
+        // An empty prefix would match every run.
+        if id.is_empty() {
+            return Err(StoreError::RunNotFound {
+                id: String::new(),
+                path: self.path.clone(),
+            });
+        }
         let exact = self
             .conn
             .query_row(

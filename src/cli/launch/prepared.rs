@@ -616,7 +616,12 @@ fn keep(
             store.begin_run(&RunRow {
                 id: spec.run_id.to_string(),
                 pipeline_id: pipeline.id.clone(),
-                pipeline_dir: pipeline.dir.display().to_string(),
+                // Absolute too: `resume` and a server load it from
+                // wherever they run.
+                pipeline_dir: std::path::absolute(&pipeline.dir)
+                    .unwrap_or_else(|_| pipeline.dir.clone())
+                    .display()
+                    .to_string(),
                 digest,
                 ctx: serde_json::Value::Object((*spec.fields).clone()),
                 cap: spec.cap as u64,
