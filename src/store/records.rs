@@ -533,7 +533,10 @@ impl Store {
             .folded(
                 run_id,
                 |r| !in_log(&format!("{run_id}/{}", r.exec)),
-                |r| matches!(r.end, End::Exited { .. }).then(|| exec_row(run_id, r)),
+                // Only an exit that stands (not `fail`): a failed one is
+                // run again, and its old exit must not close a newer
+                // entry the log has open.
+                |r| r.stays().then(|| exec_row(run_id, r)),
             )?
             .filter_map(|(_, row)| row)
             .collect();

@@ -91,6 +91,10 @@ fn note(scan: &mut LogScan, e: &Head) {
     let id = e.stage_execution_id.as_deref().unwrap_or_default();
     match e.event.as_deref().unwrap_or_default() {
         "StageEntered" => {
+            // An execution run again (a failed one, resumed) is exited
+            // only once its new entry is: its earlier exit no longer says
+            // how it ended.
+            scan.exited.remove(id);
             scan.open.insert(
                 id.to_owned(),
                 e.stage_id.as_deref().unwrap_or_default().to_owned(),
@@ -262,6 +266,40 @@ mod tests {
             id: id.to_owned(),
             lines: vec![record("StageEntered"), record("StageExited")],
         }
+    }
+
+    /// A failed execution run again: entered after its exit, it is open,
+    /// not exited, so a committed exit its new session's log lost is
+    /// restored rather than taken as there.
+    #[test]
+    fn an_execution_entered_again_after_its_exit_is_open() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("audit.jsonl");
+        let log = [
+            line(1, "StageEntered", "r/w#7/1"),
+            line(2, "StageExited", "r/w#7/1"),
+            line(3, "StageEntered", "r/w#7/1"),
+        ]
+        .concat();
+        std::fs::write(&path, log).expect("write");
+        let scan = scan(&path).expect("scan");
+        assert!(!scan.exited.contains("r/w#7/1"));
+        assert!(scan.open.contains_key("r/w#7/1"));
+        let (repaired, _) = repair(&path, scan, &[lost("r/w#7/1")], "r", "t").expect("repair");
+        assert_eq!(repaired.exits_restored, 1);
+        assert_eq!(repaired.cancels_added, 0);
+        let text = std::fs::read_to_string(&path).expect("read");
+        let events: Vec<&str> = text
+            .lines()
+            .map(|l| {
+                if l.contains("StageEntered") {
+                    "in"
+                } else {
+                    "out"
+                }
+            })
+            .collect();
+        assert_eq!(events, ["in", "out", "in", "out"], "{text}");
     }
 
     #[test]
