@@ -53,7 +53,10 @@ pub use decode::{AuditFault, LINES_AT_ONCE, LogDecoder, LogEnd};
 pub use error::AuditError;
 pub use export::{ExportError, OrderedReader, export_lines};
 pub use head::Head;
-pub use read::{DecodedReader, Follower, cut_to_whole, format_of, scan_end};
+pub use read::{
+    DecodedReader, Follower, cut_to_whole, format_of, saved_tail_path, scan_end,
+    undo_interrupted_cut,
+};
 pub use scan::scan_heads;
 pub use seek::segment_starts;
 pub use write::{

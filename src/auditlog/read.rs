@@ -312,6 +312,13 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
         })?;
         open = Some((tail, carries));
     }
+    // Kept aside first: a kill between the cut and the rewrite would
+    // otherwise lose the open segment's whole lines, which `tail` had
+    // already shown ([`undo_interrupted_cut`] puts them back).
+    let saved = match &open {
+        Some((tail, true)) => Some(save_tail(path, end.keep, tail)?),
+        _ => None,
+    };
     let mut file = OpenOptions::new().write(true).open(path).map_err(&io)?;
     file.set_len(end.keep).map_err(&io)?;
     file.seek(SeekFrom::End(0)).map_err(&io)?;
@@ -331,6 +338,72 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
         }
     }
     file.sync_data().map_err(&io)?;
+    if let Some(saved) = saved {
+        std::fs::remove_file(&saved).map_err(AuditError::io(&saved))?;
+    }
+    Ok(true)
+}
+
+/// Where a repair keeps the open segment it is rewriting, until the
+/// rewrite is durable.
+pub fn saved_tail_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".repair");
+    std::path::PathBuf::from(name)
+}
+
+/// Writes the open segment's bytes and where they began beside the log,
+/// durably, under their final name only once whole.
+pub(super) fn save_tail(
+    path: &Path,
+    keep: u64,
+    tail: &[u8],
+) -> Result<std::path::PathBuf, AuditError> {
+    let saved = saved_tail_path(path);
+    let mut partial = saved.as_os_str().to_owned();
+    partial.push(".part");
+    let partial = std::path::PathBuf::from(partial);
+    let io = AuditError::io(&partial);
+    let mut file = File::create(&partial).map_err(&io)?;
+    file.write_all(&keep.to_le_bytes()).map_err(&io)?;
+    file.write_all(tail).map_err(&io)?;
+    file.sync_all().map_err(&io)?;
+    std::fs::rename(&partial, &saved).map_err(&io)?;
+    if let Some(dir) = saved.parent().filter(|d| !d.as_os_str().is_empty()) {
+        File::open(dir).and_then(|d| d.sync_all()).map_err(&io)?;
+    }
+    Ok(saved)
+}
+
+/// Puts back the open segment a repair killed midway had set aside
+/// ([`cut_to_whole`]): the log is as the killed writer left it again, to
+/// be repaired anew. Returns whether there was one.
+pub fn undo_interrupted_cut(path: &Path) -> Result<bool, AuditError> {
+    let saved = saved_tail_path(path);
+    let mut partial = saved.as_os_str().to_owned();
+    partial.push(".part");
+    // Not whole when the kill came: the log was not touched yet.
+    let _ = std::fs::remove_file(std::path::PathBuf::from(partial));
+    let bytes = match std::fs::read(&saved) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(AuditError::io(&saved)(e)),
+    };
+    let Some((keep, tail)) = bytes.split_first_chunk::<8>() else {
+        return Err(AuditError::Corrupt {
+            path: saved,
+            offset: 0,
+            reason: "a repair's saved segment is too short to be one".to_owned(),
+        });
+    };
+    let keep = u64::from_le_bytes(*keep);
+    let io = AuditError::io(path);
+    let mut file = OpenOptions::new().write(true).open(path).map_err(&io)?;
+    file.set_len(keep).map_err(&io)?;
+    file.seek(SeekFrom::End(0)).map_err(&io)?;
+    file.write_all(tail).map_err(&io)?;
+    file.sync_data().map_err(&io)?;
+    std::fs::remove_file(&saved).map_err(AuditError::io(&saved))?;
     Ok(true)
 }
 

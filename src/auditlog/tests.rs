@@ -254,6 +254,41 @@ fn cut_to_whole_closes_a_killed_segment_with_every_whole_line_it_had() {
     }
 }
 
+/// A repair killed between cutting the open segment and writing its
+/// lines back: the segment it set aside is put back whole, and a repair
+/// run again gives every whole line, as one not interrupted does.
+#[test]
+fn a_repair_killed_midway_is_undone_and_done_again() {
+    for format in FORMATS {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join(FILE);
+        let (bytes, text, flushed) = written_in(format, 40, 10, false);
+        let cut = flushed[2].0 + (flushed[3].0 - flushed[2].0) / 2;
+        let killed = &bytes[..cut];
+        std::fs::write(&path, killed).expect("write");
+        let end = scan_end(&path, |_| Ok(())).expect("read");
+        // What the repair does before the kill: the segment set aside,
+        // the log cut, a part of the rewrite written.
+        let keep = usize::try_from(end.keep).expect("small");
+        super::read::save_tail(&path, end.keep, &killed[keep..]).expect("saved");
+        let mut half = killed[..keep].to_vec();
+        half.extend_from_slice(&[0x28, 0xb5, 0x2f]);
+        std::fs::write(&path, &half).expect("cut");
+        assert!(undo_interrupted_cut(&path).expect("undo"));
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            killed,
+            "format {format}"
+        );
+        assert!(!saved_tail_path(&path).exists());
+        assert!(!undo_interrupted_cut(&path).expect("nothing to undo"));
+        let end = scan_end(&path, |_| Ok(())).expect("read");
+        assert!(cut_to_whole(&path, end).expect("cut"));
+        assert!(!saved_tail_path(&path).exists(), "set aside until done");
+        assert_eq!(read_text(&path).expect("read"), text[..flushed[2].1]);
+    }
+}
+
 /// A log of formatter threads: each batch of records a closed segment
 /// of its own (`Frames`, `SegmentCompressor`), `batches` of them.
 pub(super) fn frames_log(batches: u64, per_batch: u64) -> (Vec<u8>, Vec<String>, Vec<usize>) {

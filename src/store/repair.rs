@@ -65,6 +65,9 @@ impl LogScan {
 /// Reads the log at `path` (compact or plain). Every whole line must be
 /// an event; a torn end is noted, not an error.
 pub fn scan(path: &Path) -> Result<LogScan, AuditError> {
+    // A repair killed midway set the open segment aside: put it back, and
+    // this resume repairs the log anew.
+    auditlog::undo_interrupted_cut(path)?;
     let mut scan = LogScan::default();
     let mut number = 0u64;
     // A log of records is read for these members without its lines
