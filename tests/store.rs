@@ -231,6 +231,15 @@ fn a_sqlite_file_of_another_program_is_refused_as_foreign_and_left_alone() {
             "other-meta.db",
             "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT); INSERT INTO meta VALUES ('app', 'other');",
         ),
+        // Nor one of other columns, or with a value that is not text.
+        (
+            "meta-columns.db",
+            "CREATE TABLE meta (name TEXT, data BLOB); INSERT INTO meta VALUES ('app', x'00');",
+        ),
+        (
+            "meta-blob.db",
+            "CREATE TABLE meta (key TEXT, value BLOB); INSERT INTO meta VALUES ('app', x'00');",
+        ),
     ] {
         let path = dir.path().join(name);
         Connection::open(&path)

@@ -175,10 +175,24 @@ fn version(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
             path: path.to_owned(),
         });
     }
+    // Another program's `meta` table, without troupe's columns (or with
+    // a value that is not text), is a foreign file too.
+    let foreign = || StoreError::Foreign {
+        path: path.to_owned(),
+    };
     let app: Option<String> = conn
         .query_row("SELECT value FROM meta WHERE key = 'app'", [], |r| r.get(0))
         .optional()
-        .map_err(err)?;
+        .map_err(|e| match &e {
+            rusqlite::Error::InvalidColumnType(..) => foreign(),
+            rusqlite::Error::SqliteFailure(_, Some(msg))
+            | rusqlite::Error::SqlInputError { msg, .. }
+                if msg.starts_with("no such column") =>
+            {
+                foreign()
+            }
+            _ => err(e),
+        })?;
     if app.as_deref() != Some("troupe") {
         return Err(StoreError::Foreign {
             path: path.to_owned(),
