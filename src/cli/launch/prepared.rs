@@ -641,7 +641,24 @@ fn keep(
             (store, lock)
         }
     };
-    let writer = StoreWriter::start(store.path())?;
+    let writer = match StoreWriter::start(store.path()) {
+        Ok(writer) => writer,
+        Err(e) => {
+            // Recorded (or resumed) as running, it never ran: said so,
+            // rather than left to read as a run killed mid-way.
+            let reason = format!(
+                "{}: the store's writer could not start: {e}",
+                crate::error::HasCode::code(&e)
+            );
+            let _ = store.end_run(
+                spec.run_id.as_str(),
+                "failed",
+                Some(&reason),
+                &serde_json::Value::Null,
+            );
+            return Err(e);
+        }
+    };
     let file = file_identity(store.path());
     Ok(Kept {
         store,
