@@ -469,6 +469,17 @@ fn failed_run(project: &Project, args: &[&str]) -> String {
     report["runId"].as_str().unwrap().to_owned()
 }
 
+/// A copy of `stages/fanout` in the project, as `fanout/`.
+fn copied_fanout(project: &Project) -> std::path::PathBuf {
+    let pipeline = project.path().join("fanout");
+    std::fs::create_dir(&pipeline).unwrap();
+    for file in std::fs::read_dir(bundled("fanout")).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, pipeline.join(file.file_name().unwrap())).unwrap();
+    }
+    pipeline
+}
+
 /// The `code` of a refusal printed with `--json`, exit 2.
 fn refusal(out: &std::process::Output) -> String {
     assert_eq!(out.status.code(), Some(2), "{}", common::project::said(out));
@@ -480,12 +491,7 @@ fn refusal(out: &std::process::Output) -> String {
 #[test]
 fn a_pipeline_changed_since_the_run_is_refused_unless_forced() {
     let project = Project::new();
-    let pipeline = project.path().join("fanout");
-    std::fs::create_dir(&pipeline).unwrap();
-    for file in std::fs::read_dir(bundled("fanout")).unwrap() {
-        let file = file.unwrap().path();
-        std::fs::copy(&file, pipeline.join(file.file_name().unwrap())).unwrap();
-    }
+    let pipeline = copied_fanout(&project);
     let pipeline = path(pipeline);
     let run_id = failed_run(
         &project,
@@ -769,12 +775,7 @@ fn no_exit_is_streamed_before_the_store_has_it() {
 #[test]
 fn a_run_resumes_from_another_folder_and_not_without_its_own() {
     let project = Project::new();
-    let pipeline = project.path().join("fanout");
-    std::fs::create_dir(&pipeline).unwrap();
-    for file in std::fs::read_dir(bundled("fanout")).unwrap() {
-        let file = file.unwrap().path();
-        std::fs::copy(&file, pipeline.join(file.file_name().unwrap())).unwrap();
-    }
+    copied_fanout(&project);
     let args = [
         "run",
         "fanout",
