@@ -237,6 +237,9 @@ pub struct Connection {
     secrets: Secrets,
     /// The stdio child's process group; killed when the connection goes.
     _group: Option<GroupKill>,
+    /// Held while the listing is fetched again: calls that find it stale
+    /// together list once, the others waiting for that one.
+    refreshing: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -466,6 +469,7 @@ impl Connection {
             within: start_timeout,
             secrets: Secrets::of(def),
             _group: group,
+            refreshing: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -502,6 +506,11 @@ impl Connection {
     /// covers the call alone). A listing that fails keeps the old one and
     /// is said once; the next change asks again.
     pub async fn refresh_if_stale(&self) {
+        if !self.cell.is_stale() {
+            return;
+        }
+        let _one = self.refreshing.lock().await;
+        // Another call listed while this one waited.
         if !self.cell.is_stale() {
             return;
         }
