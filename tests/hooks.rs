@@ -171,6 +171,18 @@ fn tool_call_post_hooks_rewrite_or_withhold_a_result_that_was_produced() {
         assert_eq!(runs[0]["outcome"], outcome, "{hook}");
         assert_eq!(runs[0]["tool"], "Echo");
     }
+    // A transform that drops the result it was to change withholds it,
+    // rather than letting the original through.
+    let f = fixture(
+        "Echo",
+        "  - { name: nulls, at: TOOL_CALL/post, kind: transform, command: \"sed 's/\\\"hello world\\\"/null/g'\" }\n",
+        "stages:\n  s:\n    - { tool: Echo, args: { text: hello world } }\n    - complete: { n: 1 }\n",
+        &[],
+    );
+    let out = run(f.path(), real());
+    let result = &out.tool_results()[0];
+    assert!(result.contains("ToolTerminal/HookFailed"), "{result}");
+    assert!(!result.contains("hello"), "the result leaked: {result}");
 }
 
 #[test]

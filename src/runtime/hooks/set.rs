@@ -96,7 +96,18 @@ impl HookSet {
         let mut transformed = false;
         for hook in wanted(HookKind::Transform) {
             match hook.call(slot, Arc::clone(&payload)).await {
-                Ok(HookReply::Replace(v)) => {
+                Ok(HookReply::Replace(mut v)) => {
+                    // What a payload is about is not a transform's to
+                    // change: the guards judge, and troupe runs, the call
+                    // named, whatever a transform wrote there.
+                    if let (Value::Object(new), Value::Object(old)) = (&mut v, &*payload) {
+                        for key in ["tool", "callId", "slot", "turn"] {
+                            match old.get(key) {
+                                Some(was) => new.insert(key.to_owned(), was.clone()),
+                                None => new.remove(key),
+                            };
+                        }
+                    }
                     log.push(HookRun {
                         hook: hook.name().to_owned(),
                         kind: HookKind::Transform,

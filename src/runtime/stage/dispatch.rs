@@ -81,9 +81,14 @@ impl StageRun {
         let fields =
             json!({"tool": call.name, "callId": call.id, "arguments": args, "result": result});
         match Box::pin(self.hook("TOOL_CALL/post", Some(&call.name), fields)).await {
+            // A transform that dropped or retyped the result withholds it,
+            // rather than letting the one it meant to change through.
             SlotOutcome::Proceed(payload) => match payload.get("result") {
                 Some(Value::String(r)) => r.clone(),
-                _ => result,
+                _ => tool_terminal(
+                    "HookFailed",
+                    "a transform hook at TOOL_CALL/post left no `result` text, so the result was withheld".to_owned(),
+                ),
             },
             // The call already ran: a post guard or failed transform
             // withholds its result from the model.

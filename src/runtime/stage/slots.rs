@@ -74,8 +74,27 @@ impl StageRun {
         // Boxed: only a slot with hooks gets here, and the hook machinery
         // inline made every slot's future (7+ awaits a turn) 664 bytes
         // to build and move; boxed, 88.
-        match Box::pin(self.hook(slot, None, fields())).await {
-            SlotOutcome::Proceed(v) => Ok(field.and_then(|f| v.get(f).cloned())),
+        let fields = fields();
+        let was_null = field.is_some_and(|f| fields.get(f).is_some_and(Value::is_null));
+        match Box::pin(self.hook(slot, None, fields)).await {
+            // The field a transform may change must come back as text (or
+            // as nothing, where it was nothing): a transform that dropped
+            // or retyped it fails closed rather than leaving it as it was.
+            SlotOutcome::Proceed(v) => match field.map(|f| (f, v.get(f))) {
+                None => Ok(None),
+                Some((_, Some(text @ Value::String(_)))) => Ok(Some(text.clone())),
+                Some((_, Some(Value::Null))) if was_null => Ok(None),
+                Some((f, got)) => Err((
+                    Code {
+                        class: ErrorClass::ExtensionHost,
+                        name: "HookFailed",
+                    },
+                    format!(
+                        "a transform hook at {slot} left `{f}` {}, not text",
+                        got.map_or("out", |v| crate::definition::expr::json_kind(v))
+                    ),
+                )),
+            },
             SlotOutcome::Denied { hook, reason } => Err((
                 Code {
                     class: ErrorClass::ExtensionHost,
