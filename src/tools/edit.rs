@@ -101,22 +101,10 @@ fn through(dir: Option<&std::os::fd::OwnedFd>, path: &Path) -> std::path::PathBu
 }
 
 /// Replaces `path`'s content with `bytes` atomically, in its directory as
-/// pinned from `root` ([`pinned_dir`]). `keep` are the permissions of the
-/// file being replaced; a new file gets 0o666 less the umask, as any
-/// created file.
+/// pinned from `root` ([`pinned_dir`]) when `pin` ([`pinning`]). `keep`
+/// are the permissions of the file being replaced; a new file gets 0o666
+/// less the umask, as any created file.
 fn atomic_write(
-    root: &Path,
-    path: &Path,
-    rel: &str,
-    bytes: &[u8],
-    keep: Option<Permissions>,
-    stop: &Stop,
-) -> Result<(), ToolError> {
-    atomic_write_with(pinning(), root, path, rel, bytes, keep, stop)
-}
-
-/// [`atomic_write`], pinning its folder or not.
-fn atomic_write_with(
     pin: bool,
     root: &Path,
     path: &Path,
@@ -166,7 +154,15 @@ pub fn write(root: &Path, args: &WriteArgs, stop: &Stop) -> Result<String, ToolE
         Err(e) => return Err(ToolError::io(&rel, &e)),
     };
     let created = keep.is_none();
-    atomic_write(root, &path, &rel, args.content.as_bytes(), keep, stop)?;
+    atomic_write(
+        pinning(),
+        root,
+        &path,
+        &rel,
+        args.content.as_bytes(),
+        keep,
+        stop,
+    )?;
     Ok(format!(
         "{} {rel} ({} bytes)",
         if created { "created" } else { "overwrote" },
@@ -240,6 +236,7 @@ pub fn edit(
         text.replacen(args.old_string.as_str(), &args.new_string, 1)
     };
     atomic_write(
+        pinning(),
         root,
         &path,
         &rel,
@@ -299,7 +296,7 @@ mod tests {
         std::fs::remove_dir(root.join("sub")).unwrap();
         std::os::unix::fs::symlink(&outside, root.join("sub")).unwrap();
         let go = Stop::lowered();
-        let written = atomic_write(&root, &checked, "sub/f.txt", b"x", None, &go);
+        let written = atomic_write(true, &root, &checked, "sub/f.txt", b"x", None, &go);
         let e = written.unwrap_err();
         assert!(
             matches!(
@@ -321,7 +318,7 @@ mod tests {
         // Where the kernel cannot pin (no openat2, or a filter refusing
         // it), the folders are made by path, as before.
         let fallback = root.join("d/e/f.txt");
-        atomic_write_with(false, &root, &fallback, "d/e/f.txt", b"old way", None, &go).unwrap();
+        atomic_write(false, &root, &fallback, "d/e/f.txt", b"old way", None, &go).unwrap();
         assert_eq!(std::fs::read_to_string(&fallback).unwrap(), "old way");
         assert_eq!(
             std::fs::read_to_string(root.join("a/b/c.txt")).unwrap(),
