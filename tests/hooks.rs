@@ -231,7 +231,7 @@ fn a_guard_at_send_request_stops_the_stage_with_a_code() {
 fn malformed_hooks_are_reported_with_their_place() {
     let f = fixture(
         "Echo",
-        "  - { at: TOOL_CALL/during, kind: guard, command: x }\n  - { at: RENDER/post, kind: nosy, command: x }\n  - { at: RENDER/post, kind: guard, command: \"\", timeout: soon }\n  - { kind: guard, command: x }\n",
+        "  - { at: TOOL_CALL/during, kind: guard, command: x }\n  - { at: RENDER/post, kind: nosy, command: x }\n  - { at: RENDER/post, kind: guard, command: \"\", timeout: soon }\n  - { kind: guard, command: x }\n  - { at: RENDER/post, kind: guard, command: x, tools: [Bash] }\n",
         "stages: {}\n",
         &[],
     );
@@ -249,6 +249,8 @@ fn malformed_hooks_are_reported_with_their_place() {
             ("hooks[2].command".to_owned(), 10),
             ("hooks[2].timeout".to_owned(), 10),
             ("hooks[3].at".to_owned(), 11),
+            // `tools` where no call is seen.
+            ("hooks[4].tools".to_owned(), 12),
         ]
     );
 }

@@ -131,6 +131,21 @@ fn read_hook_list(
         };
         let tools = match r.optional(item, "tools") {
             None => Some(Vec::new()),
+            // Only a TOOL_CALL hook is about a tool: elsewhere the list
+            // would be ignored, a filter that never filters.
+            Some(n) if at.as_deref().is_some_and(|a| !a.starts_with("TOOL_CALL/")) => {
+                r.report(
+                    code,
+                    n.pos,
+                    &format!("{field}.tools"),
+                    format!(
+                        "`tools` chooses the calls a TOOL_CALL hook sees; a hook at {} sees no call",
+                        at.as_deref().unwrap_or_default()
+                    ),
+                    "remove `tools`, or hook TOOL_CALL/pre or TOOL_CALL/post",
+                );
+                None
+            }
             Some(n) => r
                 .string_list(n, &format!("{field}.tools"))
                 .map(|l| l.into_iter().map(|(t, _)| t).collect()),
