@@ -325,3 +325,34 @@ fn a_transform_cannot_rewrite_a_call_past_a_guard() {
     assert_eq!(hooks, ["allow", "transformed", "deny"]);
     assert_eq!(out.count("ToolInvocationStarted"), 0);
 }
+
+/// A tool step's result passes TOOL_CALL/post as a model's call's does: a
+/// transform rewrites it, a guard withholds it (the step fails).
+#[test]
+fn tool_call_post_hooks_see_a_tool_steps_result() {
+    for (hook, verdict, seen) in [
+        (
+            "{ at: TOOL_CALL/post, kind: transform, command: \"sed s/hello/bye/g\" }",
+            "ok",
+            "bye world",
+        ),
+        (
+            "{ at: TOOL_CALL/post, kind: guard, command: \"echo '{\\\"decision\\\":\\\"deny\\\",\\\"reason\\\":\\\"secret\\\"}'\" }",
+            "fail",
+            "ExtensionHost/HookDenied",
+        ),
+    ] {
+        let yaml = format!(
+            "id: p\nentry: s\nstages:\n  s: {{ kind: tool, tool: Echo, args: {{ text: hello world }} }}\nnext:\n  s: end\nhooks:\n  - {hook}\n"
+        );
+        let f = Fixture::new(&yaml, &[]);
+        let out = run(f.path(), real());
+        let result = out.report.results.values().next().unwrap();
+        let json = serde_json::to_string(&result.to_json()).unwrap();
+        assert!(
+            json.contains(verdict) && json.contains(seen),
+            "{hook}: {json}"
+        );
+        assert!(!json.contains("hello"), "{hook}: the result leaked: {json}");
+    }
+}

@@ -67,12 +67,42 @@ impl StageRun {
         };
         let ev = |name: EventName| self.tool_event(name, &call);
         self.emit(ev(EventName::ToolInvocationStarted));
+        // Kept only when a post hook will want to see them.
+        let posted = self
+            .kit
+            .hooks
+            .has("TOOL_CALL/post", Some(tool))
+            .then(|| args.clone());
         let outcome = self.call_on_actor(&call.name, args).await;
         match outcome {
             ToolOutcome::Succeeded(out) => {
                 self.emit(ev(EventName::ToolInvocationSucceeded).with("bytes", out.text.len()));
-                let parsed = out.structured.unwrap_or_else(|| json!({"text": out.text}));
-                Ok((parsed, None))
+                let Some(args) = posted else {
+                    let parsed = out.structured.unwrap_or_else(|| json!({"text": out.text}));
+                    return Ok((parsed, None));
+                };
+                // TOOL_CALL/post sees a step's result as it sees a model's
+                // call's: a guard withholds it, a transform rewrites it
+                // (the step's result is then the rewritten text alone, not
+                // structured content the transform never saw).
+                let fields =
+                    json!({"tool": tool, "callId": "step", "arguments": args, "result": out.text});
+                match Box::pin(self.hook("TOOL_CALL/post", Some(tool), fields)).await {
+                    SlotOutcome::Proceed(payload) => match payload.get("result") {
+                        Some(Value::String(r)) if *r == out.text => {
+                            let parsed = out.structured.unwrap_or_else(|| json!({"text": out.text}));
+                            Ok((parsed, None))
+                        }
+                        Some(Value::String(r)) => Ok((json!({ "text": r }), None)),
+                        _ => Err("ExtensionHost/HookFailed: a transform hook at TOOL_CALL/post left no `result` text, so the step's result was withheld".to_owned()),
+                    },
+                    SlotOutcome::Denied { hook, reason } => Err(format!(
+                        "ExtensionHost/HookDenied: guard hook `{hook}` withheld the step's result: {reason}"
+                    )),
+                    SlotOutcome::Failed { hook, error } => Err(format!(
+                        "ExtensionHost/HookFailed: transform hook `{hook}` failed on the step's result: {error}"
+                    )),
+                }
             }
             ToolOutcome::Failed(err) => {
                 self.emit(
