@@ -88,6 +88,7 @@ impl CommandHook {
             let stdout = child.stdout.take();
             let stderr = child.stderr.take();
             let (mut out, mut err) = (Vec::new(), Vec::new());
+            let mut too_much = false;
             // Write, read and wait together: a hook that does not read its
             // input, or writes a lot, cannot deadlock us.
             let write = async {
@@ -98,7 +99,9 @@ impl CommandHook {
             };
             let status = {
                 let mut io = std::pin::pin!(async {
-                    tokio::join!(write, fill(stdout, &mut out), fill(stderr, &mut err));
+                    let ((), more_out, more_err) =
+                        tokio::join!(write, fill(stdout, &mut out), fill(stderr, &mut err));
+                    too_much = more_out || more_err;
                 });
                 let mut wait = std::pin::pin!(child.wait());
                 let mut io_done = false;
@@ -121,6 +124,15 @@ impl CommandHook {
                 hook: name.clone(),
                 message: e.to_string(),
             })?;
+            if too_much {
+                return Err(HookError::Failed {
+                    hook: name.clone(),
+                    message: format!(
+                        "it wrote more than {} MiB, the most troupe reads of a hook's output",
+                        MAX_OUTPUT >> 20
+                    ),
+                });
+            }
             Ok::<_, HookError>((status, out, err))
         };
         let (status, out, err) = match tokio::time::timeout(self.def.timeout, work).await {
@@ -181,11 +193,17 @@ impl CommandHook {
 }
 
 /// Reads a pipe to its end into `buf`, keeping at most [`MAX_OUTPUT`]
-/// bytes; what was read stays in `buf` if it is stopped first.
-async fn fill<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>, buf: &mut Vec<u8>) {
-    if let Some(p) = pipe {
-        let _ = p.take(MAX_OUTPUT as u64).read_to_end(buf).await;
-    }
+/// bytes and draining the rest (a hook that writes more is not killed by
+/// a closed pipe, which would read as a crash); what was read stays in
+/// `buf` if it is stopped first. Whether there was more.
+async fn fill<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>, buf: &mut Vec<u8>) -> bool {
+    let Some(mut p) = pipe else {
+        return false;
+    };
+    let _ = (&mut p).take(MAX_OUTPUT as u64).read_to_end(buf).await;
+    tokio::io::copy(&mut p, &mut tokio::io::sink())
+        .await
+        .is_ok_and(|more| more > 0)
 }
 
 /// How long a hook's pipes may stay open once its shell exited and its
@@ -238,6 +256,22 @@ mod tests {
             run(&g, json!({"arguments": {"command": "ls"}})).unwrap(),
             HookReply::Allow
         );
+    }
+
+    /// A hook that writes more than troupe reads is said to have, not
+    /// killed by its closed pipe and said to have crashed of a signal.
+    #[test]
+    fn output_past_the_limit_is_said_as_such() {
+        let big = hook(
+            HookKind::Transform,
+            "head -c 2000000 /dev/zero | tr '\\0' a",
+        );
+        match run(&big, json!({})) {
+            Err(HookError::Failed { message, .. }) => {
+                assert!(message.contains("more than 1 MiB"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
