@@ -30,6 +30,7 @@ use std::collections::HashSet;
 use serde_json::{Map, Value, json};
 use troupe_actors::{CancelReason, FanOut, FanOutCommand, FanOutEvent, GroupState, UnitOutcome};
 
+mod contexts;
 mod group;
 
 use super::next::{NextDecision, next_of};
@@ -335,65 +336,6 @@ impl Planner {
             ));
         }
         Ok(*n)
-    }
-
-    /// The state slot as it is now, shared by whoever reads it next.
-    fn snapshot(&self) -> Arc<BTreeMap<String, Kept>> {
-        Arc::new(self.results.clone())
-    }
-
-    fn context(
-        &mut self,
-        stage: &str,
-        index: Option<usize>,
-        visit: u32,
-        upstream: Arc<Vec<Kept>>,
-        slot: Arc<BTreeMap<String, Kept>>,
-        item: Option<Value>,
-    ) -> Arc<StageContext> {
-        let reused = self.last_shared.as_ref().filter(|s| {
-            &*s.stage_id == stage
-                && Arc::ptr_eq(&s.upstream, &upstream)
-                && Arc::ptr_eq(&s.results, &slot)
-        });
-        let shared = match reused {
-            Some(shared) => Arc::clone(shared),
-            None => {
-                // Kept for siblings alone (no upstream): a join's upstream,
-                // every sibling's result, goes when the join does.
-                let siblings = Arc::ptr_eq(&upstream, &self.no_upstream);
-                let shared = self.shared_context(stage, upstream, slot);
-                self.last_shared = siblings.then(|| Arc::clone(&shared));
-                shared
-            }
-        };
-        Arc::new(StageContext {
-            shared,
-            stage_execution_id: stage_execution_id(&self.run_id, stage, index, visit).into(),
-            item,
-            index,
-        })
-    }
-
-    /// A new shared part of a context of `stage`.
-    fn shared_context(
-        &self,
-        stage: &str,
-        upstream: Arc<Vec<Kept>>,
-        slot: Arc<BTreeMap<String, Kept>>,
-    ) -> Arc<SharedContext> {
-        let (stage_id, name) = match self.stages.get(stage) {
-            Some(shared) => (Arc::clone(&shared.id), Arc::clone(&shared.name)),
-            None => (stage.into(), stage.into()),
-        };
-        Arc::new(SharedContext {
-            fields: Arc::clone(&self.fields),
-            upstream,
-            results: slot,
-            workflow_run_id: self.run_id.shared(),
-            stage_id,
-            stage_name: name,
-        })
     }
 
     /// A spawn command (or, in a resumed run, the stored result of an
