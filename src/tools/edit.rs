@@ -41,8 +41,9 @@ pub struct WriteArgs {
 /// made where missing when `create`. The descriptor pins the directory:
 /// a component swapped for a symlink after `resolve` checked the path (a
 /// shell racing the call) fails the walk, and the write cannot follow it
-/// out of the root. `None` where the kernel lacks `openat2` (before
-/// Linux 5.6): the path is used as resolved.
+/// out of the root. Without `pin` ([`pinning`]: no `openat2`, or no
+/// `/proc`) the folders are made by path and `None` says the path is
+/// used as resolved.
 fn pinned_dir(
     pin: bool,
     root: &Path,
