@@ -90,6 +90,14 @@ fn runs_lists_shows_and_exports_a_run() {
     // Nothing yet.
     assert!(stdout(&project, &["runs"]).starts_with("no runs yet"));
     assert_eq!(project.json(&["runs", "--json"]), json!({"runs": []}));
+    // A store another process has created but not yet given its schema
+    // (SQLite makes the file first) is no store yet, not a broken one.
+    let db = project.path().join(".troupe/troupe.db");
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    std::fs::write(&db, b"").unwrap();
+    assert!(stdout(&project, &["runs"]).starts_with("no runs yet"));
+    assert_eq!(project.json(&["runs", "--json"]), json!({"runs": []}));
+    std::fs::remove_file(&db).unwrap();
 
     let report = project.fanout(4);
     let run_id = report["runId"].as_str().unwrap();

@@ -187,15 +187,18 @@ struct Listed<'a> {
 }
 
 fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
-    if !path.exists() && !json {
-        println!("no runs yet ({} does not exist)", path.display());
+    let Some(store) = Store::open_if_made(path)? else {
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json!({ "runs": [] })).unwrap_or_default()
+            );
+        } else {
+            println!("no runs yet ({} holds no store)", path.display());
+        }
         return Ok(Exit::Ok);
-    }
-    let runs = if path.exists() {
-        Store::open_read_only(path)?.list_runs(limit)?
-    } else {
-        Vec::new()
     };
+    let runs = store.list_runs(limit)?;
     if json {
         let listed: Vec<Listed<'_>> = runs
             .iter()

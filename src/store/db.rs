@@ -97,6 +97,14 @@ impl Store {
         Store::from(schema::open_read_only(path)?, path)
     }
 
+    /// Opens a store for reading only, or `None` when there is none yet
+    /// (no file, or one still being created by another process).
+    pub fn open_if_made(path: &Path) -> Result<Option<Store>, StoreError> {
+        schema::open_if_made(path)?
+            .map(|conn| Store::from(conn, path))
+            .transpose()
+    }
+
     fn from(conn: Connection, path: &Path) -> Result<Store, StoreError> {
         Ok(Store {
             tables: Tables::of(&conn, path)?,

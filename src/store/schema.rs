@@ -113,11 +113,19 @@ pub fn open_waiting(path: &Path, busy: Duration) -> Result<Connection, StoreErro
 
 /// Opens an existing store read-only (listing, showing, exporting).
 pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
+    open_if_made(path)?.ok_or_else(|| StoreError::Io {
+        path: path.to_owned(),
+        detail: "no store here yet (a `troupe run` creates it)".to_owned(),
+    })
+}
+
+/// [`open_read_only`], or `None` when there is no store yet: no file, or
+/// one whose first schema another process has not yet committed (SQLite
+/// creates the file before the schema's transaction ends, and a reader
+/// between the two sees an empty database, not a store without tables).
+pub fn open_if_made(path: &Path) -> Result<Option<Connection>, StoreError> {
     if !path.exists() {
-        return Err(StoreError::Io {
-            path: path.to_owned(),
-            detail: "no store here yet (a `troupe run` creates it)".to_owned(),
-        });
+        return Ok(None);
     }
     let conn = Connection::open_with_flags(
         path,
@@ -126,8 +134,7 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     .map_err(|e| StoreError::sqlite(path, &e))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| StoreError::sqlite(path, &e))?;
-    check_version(&conn, path)?;
-    Ok(conn)
+    Ok((check_version(&conn, path)? > 0).then_some(conn))
 }
 
 fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
