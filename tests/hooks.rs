@@ -95,6 +95,11 @@ fn acceptance_36_a_transform_rewrites_arguments_and_a_failing_observer_is_harmle
         "the observer's failure is not fatal"
     );
     assert_eq!(out.tool_results()[0], "HELLO world");
+    // The log says what ran: the proposed arguments, then the rewritten.
+    let proposed = out.named("ToolInvocationProposed");
+    assert_eq!(proposed[0]["arguments"], r#"{"text":"hello world"}"#);
+    let started = out.named("ToolInvocationStarted");
+    assert_eq!(started[0]["arguments"], r#"{"text":"HELLO world"}"#);
     let runs: Vec<(String, String)> = out
         .named("HookInvoked")
         .iter()
@@ -354,5 +359,73 @@ fn tool_call_post_hooks_see_a_tool_steps_result() {
             "{hook}: {json}"
         );
         assert!(!json.contains("hello"), "{hook}: the result leaked: {json}");
+    }
+}
+
+/// A person's grant is for the arguments they were shown: arguments a
+/// transform rewrote are put to them again (proposal `…r`), and run only
+/// when that is approved too.
+#[test]
+fn a_transform_cannot_rewrite_a_granted_call_into_one_not_granted() {
+    use std::sync::Arc;
+    use troupe::runtime::interaction::AnswerRules;
+    // (answers, whether the rewritten call ran)
+    for (rules, ran) in [
+        (
+            "answers:\n  - { tool: Echo, args: hello, answer: approve }\n  - { answer: deny }\n",
+            false,
+        ),
+        (
+            "answers:\n  - { tool: Echo, args: world, answer: approve }\n  - { answer: deny }\n",
+            true,
+        ),
+    ] {
+        let f = fixture(
+            "Read",
+            "  - { name: shout, at: TOOL_CALL/pre, kind: transform, command: \"sed s/hello/HELLO/\" }\n",
+            "stages:\n  s:\n    - { tool: Echo, args: { text: hello world } }\n    - complete: { n: 1 }\n",
+            &[],
+        );
+        let answers = AnswerRules::parse("a.yaml", rules).unwrap();
+        let out = run(
+            f.path(),
+            Opts {
+                interactors: vec![InteractorSpec::Scripted(Arc::new(answers))],
+                ..real()
+            },
+        );
+        assert_eq!(out.report.status, RunStatus::Ok);
+        let raised: Vec<String> = out
+            .named("InteractionRaised")
+            .iter()
+            .map(|e| e["proposalId"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(raised.len(), 2, "{raised:?}");
+        assert!(
+            raised[1].ends_with(&format!("{}r", raised[0].rsplit('#').next().unwrap())),
+            "{raised:?}"
+        );
+        let digests: Vec<Value> = out
+            .named("InteractionRaised")
+            .iter()
+            .map(|e| e["argsDigest"].clone())
+            .collect();
+        assert_ne!(
+            digests[0], digests[1],
+            "the person saw the rewritten arguments"
+        );
+        if ran {
+            assert_eq!(out.tool_results()[0], "HELLO world");
+            assert_eq!(out.count("StageGranted"), 2);
+            let started = out.named("ToolInvocationStarted");
+            assert_eq!(started[0]["arguments"], r#"{"text":"HELLO world"}"#);
+        } else {
+            assert_eq!(out.count("ToolInvocationStarted"), 0);
+            assert!(
+                out.tool_results()[0].contains("ToolTerminal/GrantDenied"),
+                "{}",
+                out.tool_results()[0]
+            );
+        }
     }
 }

@@ -423,10 +423,17 @@ impl SpanBook {
                     text("gen_ai.tool.call.id", call),
                     text("troupe.stage_execution_id", exec),
                 ];
-                if let Some(args) = self.proposed.remove(&key) {
+                // Arguments a transform rewrote are the ones that ran.
+                let proposed = self.proposed.remove(&key);
+                let rewritten = field("arguments");
+                let ran = match rewritten.as_str() {
+                    Some(args) if self.content => Some(args),
+                    _ => proposed.as_deref(),
+                };
+                if let Some(args) = ran {
                     open.span
                         .attributes
-                        .push(text("gen_ai.tool.call.arguments", &args));
+                        .push(text("gen_ai.tool.call.arguments", args));
                 }
                 self.open.insert(key, open);
             }

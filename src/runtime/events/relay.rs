@@ -90,7 +90,7 @@ pub fn relayed_lines_within(bytes: &[u8], within: usize) -> Option<Vec<String>> 
 /// An event with a key not here keeps all its fields as their JSON text
 /// ([`FieldValue::Relayed`]), as a line read back does: the same line is
 /// written either way.
-const KEYS: [&str; 64] = [
+const KEYS: [&str; 65] = [
     "answer",
     "argsDigest",
     "argsSummary",
@@ -137,6 +137,7 @@ const KEYS: [&str; 64] = [
     "resolutionPolicy",
     "retryAfterMs",
     "retrying",
+    "rewritten",
     "rule",
     "running",
     "slot",

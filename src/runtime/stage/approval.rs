@@ -2,6 +2,8 @@
 //! and the tool must exist; a call in `allowedTools` is approved, any
 //! other is put to the interactors, whose approval mints a one-shot grant
 //! that this call consumes; TOOL_CALL/pre guards then have the last word.
+//! Arguments a TOOL_CALL/pre transform rewrote are approved again by what
+//! approved the call (a grant was for other arguments: it asks again).
 //! A refused call's result is the typed error the model reads.
 
 use std::cell::RefCell;
@@ -21,6 +23,24 @@ use crate::runtime::hooks::{HookError, SlotOutcome};
 use crate::runtime::interaction::{GrantDecision, GrantRequest, Raise, args_digest, args_summary};
 use crate::tools::ModelError;
 
+/// An approved call: the arguments it runs with, and whether a
+/// TOOL_CALL/pre transform rewrote the proposed ones (the audit log then
+/// records the rewritten ones as the call starts).
+pub(super) struct Approved {
+    pub args: Value,
+    pub rewritten: bool,
+}
+
+/// What approved a call, which approves its rewritten arguments too.
+enum Basis {
+    /// `allowedTools`: the tool, whatever its arguments.
+    Tool,
+    /// The chat's mode, whose rules may read the arguments.
+    Mode,
+    /// A one-shot grant for arguments with this digest.
+    Grant(String),
+}
+
 impl StageRun {
     /// The authority stack for one proposed call: the arguments
     /// must be a JSON object and the tool must exist; a call in
@@ -33,10 +53,13 @@ impl StageRun {
         call: &ToolCall,
         index: usize,
         whereabouts: &Rc<RefCell<Whereabouts>>,
-    ) -> Result<Value, String> {
-        let args = self.authorize(def, call, index, whereabouts).await?;
+    ) -> Result<Approved, String> {
+        let (args, basis) = self.authorize(def, call, index, whereabouts).await?;
         if !self.kit.hooks.has("TOOL_CALL/pre", Some(&call.name)) {
-            return Ok(args);
+            return Ok(Approved {
+                args,
+                rewritten: false,
+            });
         }
         // Guard hooks run on every approved call and win in any mode;
         // transforms then may rewrite the arguments.
@@ -51,7 +74,19 @@ impl StageRun {
         };
         match Box::pin(self.hook("TOOL_CALL/pre", Some(&call.name), fields)).await {
             SlotOutcome::Proceed(payload) => match payload.get("arguments") {
-                Some(v @ Value::Object(_)) => Ok(v.clone()),
+                Some(v) if *v == args => Ok(Approved {
+                    args,
+                    rewritten: false,
+                }),
+                Some(v @ Value::Object(_)) => {
+                    let args = v.clone();
+                    self.reapprove(def, call, index, whereabouts, &args, basis)
+                        .await?;
+                    Ok(Approved {
+                        args,
+                        rewritten: true,
+                    })
+                }
                 _ => Err(hook_failed(
                     "a transform hook at TOOL_CALL/pre left no `arguments` object, so the call was not run".to_owned(),
                 )),
@@ -73,6 +108,53 @@ impl StageRun {
         }
     }
 
+    /// Approves arguments a transform rewrote by what approved the call:
+    /// `allowedTools` names the tool whatever its arguments; the chat's
+    /// mode decides again (a rule that no longer matches asks); a grant
+    /// was for the proposed arguments, so the person is asked about these.
+    async fn reapprove(
+        &self,
+        def: &StageDefinition,
+        call: &ToolCall,
+        index: usize,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
+        args: &Value,
+        basis: Basis,
+    ) -> Result<(), String> {
+        let proposal = || {
+            format!(
+                "{}#a{}t{}c{index}r",
+                self.ctx.stage_execution_id,
+                whereabouts.borrow().attempt,
+                whereabouts.borrow().turn
+            )
+        };
+        match basis {
+            Basis::Tool => Ok(()),
+            Basis::Grant(digest) if digest == args_digest(args) => Ok(()),
+            Basis::Grant(_) => self.grant(def, call, args, proposal(), whereabouts).await,
+            Basis::Mode => {
+                let Some(mode) = &self.kit.settings.tool_mode else {
+                    return Ok(());
+                };
+                match mode.decide(&call.name, args) {
+                    crate::runtime::tool_mode::Verdict::Run(rule) => {
+                        self.emit(
+                            self.tool_event(EventName::ToolCallApproved, call)
+                                .with_static("by", "mode")
+                                .with("rule", rule)
+                                .with_static("rewritten", "TOOL_CALL/pre"),
+                        );
+                        Ok(())
+                    }
+                    crate::runtime::tool_mode::Verdict::Ask => {
+                        self.grant(def, call, args, proposal(), whereabouts).await
+                    }
+                }
+            }
+        }
+    }
+
     /// The SM decision for one call: allowedTools, or a one-shot grant.
     async fn authorize(
         &self,
@@ -80,7 +162,7 @@ impl StageRun {
         call: &ToolCall,
         index: usize,
         whereabouts: &Rc<RefCell<Whereabouts>>,
-    ) -> Result<Value, String> {
+    ) -> Result<(Value, Basis), String> {
         self.emit(
             self.tool_event(EventName::ToolInvocationProposed, call)
                 .with("arguments", FieldValue::Text(Arc::clone(&call.arguments))),
@@ -148,32 +230,50 @@ impl StageRun {
                         .with_static("by", "mode")
                         .with("rule", rule),
                 );
-                return Ok(args);
+                return Ok((args, Basis::Mode));
             }
         } else if def.allowed_tools.iter().any(|t| allows(t, &call.name)) {
             self.emit(
                 self.tool_event(EventName::ToolCallApproved, call)
                     .with_static("by", "allowedTools"),
             );
-            return Ok(args);
+            return Ok((args, Basis::Tool));
         }
-        let (attempt, turn, ledger) = {
-            let mut p = whereabouts.borrow_mut();
-            (
-                p.attempt,
-                p.turn,
-                Rc::clone(p.grants.get_or_insert_default()),
+        let proposal = {
+            let p = whereabouts.borrow();
+            format!(
+                "{}#a{}t{}c{index}",
+                self.ctx.stage_execution_id, p.attempt, p.turn
             )
+        };
+        self.grant(def, call, &args, proposal, whereabouts).await?;
+        let digest = args_digest(&args);
+        Ok((args, Basis::Grant(digest)))
+    }
+
+    /// Puts `args` for `call` to the interactors as proposal `proposal_id`;
+    /// an approval mints the one-shot token this consumes.
+    async fn grant(
+        &self,
+        def: &StageDefinition,
+        call: &ToolCall,
+        args: &Value,
+        proposal_id: String,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
+    ) -> Result<(), String> {
+        let (attempt, ledger) = {
+            let mut p = whereabouts.borrow_mut();
+            (p.attempt, Rc::clone(p.grants.get_or_insert_default()))
         };
         let request = GrantRequest {
             workflow_run_id: self.ctx.workflow_run_id.to_string(),
             stage_execution_id: self.ctx.stage_execution_id.to_string(),
             stage_id: self.stage.id.clone(),
             attempt,
-            proposal_id: format!("{}#a{attempt}t{turn}c{index}", self.ctx.stage_execution_id),
+            proposal_id,
             tool: call.name.to_string(),
-            args_digest: args_digest(&args),
-            args_summary: args_summary(&args),
+            args_digest: args_digest(args),
+            args_summary: args_summary(args),
         };
         let decision = match &self.hub {
             Some(hub) => {
@@ -228,7 +328,7 @@ impl StageRun {
                                 .with("by", "grant")
                                 .with("proposalId", request.proposal_id.as_str()),
                         );
-                        Ok(args)
+                        Ok(())
                     }
                     Err(e) => Err(deny(e.to_string())),
                 }

@@ -11,7 +11,7 @@ use actix::Actor;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::approval::tool_terminal;
+use super::approval::{Approved, tool_terminal};
 use super::run::StageRun;
 use super::whereabouts::Whereabouts;
 use crate::definition::StageDefinition;
@@ -64,20 +64,21 @@ impl StageRun {
     }
 
     /// Runs an approved call; a refused one's result is already made.
-    async fn run_approved(&self, call: &ToolCall, approval: Result<Value, String>) -> String {
+    async fn run_approved(&self, call: &ToolCall, approval: Result<Approved, String>) -> String {
         match approval {
-            Ok(args) => self.execute_tool(call, args).await,
+            Ok(approved) => self.execute_tool(call, approved).await,
             Err(content) => content,
         }
     }
 
     /// Executes one approved call, then lets TOOL_CALL/post hooks see (and
     /// transforms rewrite) its result.
-    async fn execute_tool(&self, call: &ToolCall, args: Value) -> String {
+    async fn execute_tool(&self, call: &ToolCall, approved: Approved) -> String {
+        let Approved { args, rewritten } = approved;
         if !self.kit.hooks.has("TOOL_CALL/post", Some(&call.name)) {
-            return self.run_tool_actor(call, args).await;
+            return self.run_tool_actor(call, args, rewritten).await;
         }
-        let result = self.run_tool_actor(call, args.clone()).await;
+        let result = self.run_tool_actor(call, args.clone(), rewritten).await;
         let fields =
             json!({"tool": call.name, "callId": call.id, "arguments": args, "result": result});
         match Box::pin(self.hook("TOOL_CALL/post", Some(&call.name), fields)).await {
@@ -125,10 +126,17 @@ impl StageRun {
             }))
     }
 
-    /// Runs one approved call on its own tool-call actor.
-    async fn run_tool_actor(&self, call: &ToolCall, args: Value) -> String {
+    /// Runs one approved call on its own tool-call actor. Arguments a
+    /// transform rewrote are audited as the call starts: the proposed ones
+    /// are in `ToolInvocationProposed`, and the log says what ran.
+    async fn run_tool_actor(&self, call: &ToolCall, args: Value, rewritten: bool) -> String {
         let ev = |name: EventName| self.tool_event(name, call);
-        self.emit(ev(EventName::ToolInvocationStarted));
+        let started = ev(EventName::ToolInvocationStarted);
+        self.emit(if rewritten {
+            started.with("arguments", args.to_string())
+        } else {
+            started
+        });
         let outcome = self.call_on_actor(&call.name, args).await;
         match outcome {
             ToolOutcome::Succeeded(ToolOutput { text: out, .. }) => {

@@ -44,6 +44,7 @@ impl StageRun {
                 .with_static("by", "toolStep"),
         );
         let fields = json!({"tool": tool, "callId": "step", "arguments": args});
+        let proposed = args;
         let args = match Box::pin(self.hook("TOOL_CALL/pre", Some(tool), fields)).await {
             SlotOutcome::Proceed(payload) => match payload.get("arguments") {
                 Some(v @ Value::Object(_)) => v.clone(),
@@ -66,7 +67,12 @@ impl StageRun {
             }
         };
         let ev = |name: EventName| self.tool_event(name, &call);
-        self.emit(ev(EventName::ToolInvocationStarted));
+        let started = ev(EventName::ToolInvocationStarted);
+        self.emit(if args == proposed {
+            started
+        } else {
+            started.with("arguments", args.to_string())
+        });
         // Kept only when a post hook will want to see them.
         let posted = self
             .kit
