@@ -305,6 +305,53 @@ async fn every_failure_is_a_typed_error() {
             },
             "ProviderTransient/StreamIncomplete",
         ),
+        // Errors inside a 200: a gateway's error body, llama.cpp's
+        // `event: error` before `[DONE]`, an error chunk with a 4xx code.
+        (
+            Reply::Raw {
+                content_type: "application/json".into(),
+                body: r#"{"object":"chat.completion","choices":null,"error":{"message":"upstream failed","code":502}}"#.into(),
+            },
+            "ProviderTransient/ServerError",
+        ),
+        (
+            Reply::Raw {
+                content_type: "application/json".into(),
+                body: r#"{"error":{"message":"messages: bad role","code":400}}"#.into(),
+            },
+            "ExtensionHost/BadRequest",
+        ),
+        (
+            Reply::Raw {
+                content_type: "text/event-stream".into(),
+                body: "event: error\ndata: {\"code\":400,\"message\":\"the request exceeds the available context size\",\"type\":\"exceed_context_size_error\"}\n\ndata: [DONE]\n\n".into(),
+            },
+            "ExtensionHost/ContextLengthExceeded",
+        ),
+        (
+            Reply::Raw {
+                content_type: "text/event-stream".into(),
+                body: "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"cut\"}}]}\n\ndata: {\"error\":{\"message\":\"slow down\",\"code\":429}}\n\ndata: [DONE]\n\n".into(),
+            },
+            "ProviderTransient/RateLimited",
+        ),
+        (
+            Reply::status(
+                400,
+                r#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
+            ),
+            "ExtensionHost/ContextLengthExceeded",
+        ),
+        // A redirect is not followed: a POST would arrive as a GET with
+        // no body, and without its key on another host.
+        (
+            Reply::Status {
+                status: 301,
+                headers: vec![("location".into(), "https://elsewhere.example/v1/chat/completions".into())],
+                body: String::new(),
+            },
+            "ExtensionHost/Redirected",
+        ),
         (Reply::BreakMidStream, "ProviderTransient/ConnectionFailed"),
         (Reply::Hang, "ProviderTransient/Timeout"),
         (Reply::StreamThenHang, "ProviderTransient/Timeout"),
@@ -502,4 +549,19 @@ async fn a_server_that_rejects_a_forced_tool_choice_is_probed_again_with_auto() 
             .is_some_and(|r| r.contains("tool_choice must be")),
         "{report:?}"
     );
+}
+
+/// An event with empty data (a proxy's heartbeat) carries nothing: the
+/// stream around it is read as if it were not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_event_in_a_stream_is_skipped() {
+    let server = FakeOpenAi::start(|_| {
+        Reply::Raw {
+        content_type: "text/event-stream".into(),
+        body: "data:\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata:\n\ndata: [DONE]\n\n".into(),
+    }
+    });
+    let p = provider(&server, |_| {});
+    let reply = p.complete(hello()).await.unwrap();
+    assert_eq!(reply.text.as_deref(), Some("hi"));
 }

@@ -423,7 +423,7 @@ fn acceptance_20_check_gate_policies() {
 fn a_stage_timeout_fails_a_stage_that_takes_too_long() {
     let f = common::Fixture::linear(&[(
         "script.yaml",
-        "stages:\n  a:\n    - { text: thinking, latency: 1h }\n",
+        "stages:\n  a:\n    - { tool: Read, args: { path: nothing-here.txt } }\n    - { text: thinking, latency: 1h }\n",
     )]);
     let out = common::run::run(
         f.path(),
@@ -443,6 +443,9 @@ fn a_stage_timeout_fails_a_stage_that_takes_too_long() {
     assert!(out.elapsed >= std::time::Duration::from_secs(30));
     assert!(out.elapsed < std::time::Duration::from_secs(31));
     assert_eq!(out.count("StageExited"), 1);
+    // The request that came back before the limit is counted.
+    assert_eq!(out.report.usage.requests, 1, "{:?}", out.report.usage);
+    assert!(out.report.usage.prompt_tokens > 0);
 }
 
 #[test]

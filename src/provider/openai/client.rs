@@ -21,7 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use super::config::OpenAiConfig;
 use super::errors::{redact, status_error, transport_error};
-use super::sse::SseDecoder;
+use super::sse::{SseDecoder, SseEvent};
 use super::wire::{Assembly, request_body};
 use crate::definition::duration::format_duration;
 use crate::provider::{
@@ -163,6 +163,9 @@ impl OpenAiProvider {
     pub fn sharing(config: OpenAiConfig, slots: Arc<Semaphore>) -> Result<OpenAiProvider, String> {
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout.min(config.request_timeout))
+            // A followed redirect turns the POST into a body-less GET and,
+            // to another host or port, drops the key: say where it points.
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("troupe/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| format!("cannot start the HTTP client: {e}"))?;
@@ -474,7 +477,7 @@ impl Inner {
             // as a streamed reply, the end-of-stream check included.
             let mut sse = SseDecoder::new();
             let mut assembly = Assembly::new();
-            let events = sse.push(&body).map_err(|e| sse_error(&e.0))?;
+            let events = sse.push_events(&body).map_err(|e| sse_error(&e.0))?;
             let done = feed(&mut assembly, events, observer)?;
             return end_of_stream(sse, assembly, done, observer);
         }
@@ -508,7 +511,7 @@ impl Inner {
             if total > MAX_REPLY_BYTES {
                 return Err(too_large());
             }
-            let events = sse.push(&chunk).map_err(|e| sse_error(&e.0))?;
+            let events = sse.push_events(&chunk).map_err(|e| sse_error(&e.0))?;
             if !events.is_empty() {
                 deadline = tokio::time::Instant::now() + wait;
             }
@@ -522,17 +525,32 @@ impl Inner {
 }
 
 /// Applies decoded SSE events to the assembly; `true` once `[DONE]` came
-/// (events after it are ignored).
+/// (events after it are ignored). An `event: error` is the server's
+/// failure (llama.cpp's server sends one, then `[DONE]`); an event with
+/// empty data (a proxy's heartbeat) carries nothing.
 fn feed(
     assembly: &mut Assembly,
-    events: impl IntoIterator<Item = String>,
+    events: impl IntoIterator<Item = SseEvent>,
     observer: Option<&dyn RequestObserver>,
 ) -> Result<bool, ProviderError> {
-    for data in events {
-        if data.trim() == "[DONE]" {
+    for SseEvent { kind, data } in events {
+        let data = data.trim();
+        if kind.as_deref() == Some("error") {
+            let reported = serde_json::from_str::<serde_json::Value>(data)
+                .unwrap_or_else(|_| serde_json::Value::String(data.to_owned()));
+            let reported = match reported.get("error") {
+                Some(inner) if !inner.is_null() => inner.clone(),
+                _ => reported,
+            };
+            return Err(super::errors::reported_error(&reported));
+        }
+        if data == "[DONE]" {
             return Ok(true);
         }
-        assembly.apply_chunk(&data, observer)?;
+        if data.is_empty() {
+            continue;
+        }
+        assembly.apply_chunk(data, observer)?;
     }
     Ok(false)
 }

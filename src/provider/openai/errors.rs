@@ -11,6 +11,8 @@
 //! | 404 | `ExtensionHost/NotFound` with a hint about `--base-url` / `--model` |
 //! | 400 with `context_length_exceeded` | `ExtensionHost/ContextLengthExceeded` |
 //! | other 4xx | `ExtensionHost/BadRequest` with the server's message |
+//! | 3xx (never followed) | `ExtensionHost/Redirected`, naming the target |
+//! | an `error` inside a 200 | as its `code`'s status, else `ServerError` |
 //!
 //! Messages carry the server's own words (`{"error":{"message":…}}`), cut
 //! to a readable length, and never the API key (see `redact`).
@@ -130,8 +132,21 @@ pub fn status_error(
             "NotFound",
             format!("HTTP {status}{said} — check --base-url (it usually ends in /v1) and --model"),
         ),
+        300..=399 => {
+            let to = headers
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .map(shorten)
+                .unwrap_or_else(|| "somewhere it did not say".to_owned());
+            terminal(
+                "Redirected",
+                format!(
+                    "HTTP {status}: the server redirects to {to} — use that address as --base-url (a redirected request would lose its body and its key)"
+                ),
+            )
+        }
         400 | 413 | 422
-            if server.kind.as_deref() == Some("context_length_exceeded")
+            if is_context_overflow(server.kind.as_deref())
                 || status == StatusCode::PAYLOAD_TOO_LARGE =>
         {
             terminal(
@@ -140,6 +155,54 @@ pub fn status_error(
             )
         }
         _ => terminal("BadRequest", format!("HTTP {status}{said}")),
+    }
+}
+
+/// Whether an error's `code`/`type` says the transcript is too long:
+/// OpenAI's `context_length_exceeded`, llama.cpp's
+/// `exceed_context_size_error`.
+fn is_context_overflow(kind: Option<&str>) -> bool {
+    matches!(
+        kind,
+        Some("context_length_exceeded" | "exceed_context_size_error")
+    )
+}
+
+/// An error a server reported inside a successful reply: a top-level
+/// `error` in a completion or in a streamed chunk, or the data of a
+/// stream's `event: error` (llama.cpp's server). A `code` that is an HTTP
+/// status decides as that status would (a 4xx is the request's fault and
+/// is not retried); else it is a transient server error.
+pub fn reported_error(error: &Value) -> ProviderError {
+    let body = serde_json::json!({ "error": error }).to_string();
+    let server = server_error(body.as_bytes());
+    let message = format!(
+        "the server reported an error in its reply: {}",
+        server.message
+    );
+    let status = error
+        .get("code")
+        .and_then(Value::as_u64)
+        .and_then(|c| u16::try_from(c).ok())
+        .filter(|c| (400..=599).contains(c));
+    let terminal = |code| ProviderError::Terminal {
+        code,
+        message: message.clone(),
+    };
+    let transient = |code| ProviderError::Transient {
+        code,
+        message: message.clone(),
+        retry_after: None,
+    };
+    match (status, server.kind.as_deref()) {
+        (_, kind) if is_context_overflow(kind) => terminal("ContextLengthExceeded"),
+        (_, Some("insufficient_quota")) => terminal("QuotaExceeded"),
+        (Some(429), _) => transient("RateLimited"),
+        (Some(408), _) => transient("Timeout"),
+        (Some(401 | 403), _) => terminal("Unauthorized"),
+        (Some(404), _) => terminal("NotFound"),
+        (Some(400..=499), _) => terminal("BadRequest"),
+        _ => transient("ServerError"),
     }
 }
 

@@ -113,7 +113,7 @@ impl SseDecoder {
 
     /// The end of the stream: an event not closed by a blank line is still
     /// delivered (some servers end with `data: [DONE]` and no blank line).
-    pub fn finish(&mut self) -> Result<Option<String>, SseError> {
+    pub fn finish(&mut self) -> Result<Option<SseEvent>, SseError> {
         let mut events = Vec::new();
         if !self.pending.is_empty() {
             let rest = std::mem::take(&mut self.pending);
@@ -122,7 +122,7 @@ impl SseDecoder {
             self.line(line.trim_end_matches('\r'), &mut events)?;
         }
         self.line("", &mut events)?;
-        Ok(events.pop().map(|e| e.data))
+        Ok(events.pop())
     }
 
     fn line(&mut self, line: &str, events: &mut Vec<SseEvent>) -> Result<(), SseError> {
@@ -178,7 +178,7 @@ mod tests {
         for chunk in input.chunks(piece) {
             out.extend(d.push(chunk).unwrap());
         }
-        out.extend(d.finish().unwrap());
+        out.extend(d.finish().unwrap().map(|e| e.data));
         out
     }
 

@@ -223,7 +223,12 @@ impl Assembly {
 
     /// A plain completion body.
     pub fn from_completion(body: &[u8]) -> Result<Assembly, ProviderError> {
-        let completion: Completion = serde_json::from_slice(body).map_err(malformed)?;
+        let value: Value = serde_json::from_slice(body).map_err(malformed)?;
+        // Gateways answer some failures with a 200 whose body is an error.
+        if let Some(err) = value.get("error").filter(|e| !e.is_null()) {
+            return Err(super::errors::reported_error(err));
+        }
+        let completion: Completion = serde_json::from_value(value).map_err(malformed)?;
         let mut a = Assembly::new();
         if let Some(u) = completion.usage {
             a.set_usage(&u);
@@ -258,12 +263,7 @@ impl Assembly {
         let value: Value = serde_json::from_str(data).map_err(malformed)?;
         if let Some(err) = value.get("error").filter(|e| !e.is_null()) {
             // A failure reported inside the stream (e.g. overload mid-way).
-            let message = super::errors::server_error(err.to_string().as_bytes()).message;
-            return Err(ProviderError::Transient {
-                code: "ServerError",
-                message: format!("the server reported an error mid-stream: {message}"),
-                retry_after: None,
-            });
+            return Err(super::errors::reported_error(err));
         }
         let chunk: Chunk = serde_json::from_value(value).map_err(malformed)?;
         if let Some(u) = &chunk.usage {

@@ -66,7 +66,9 @@ impl StageRun {
                                     "Session/StageTimeout: the stage took longer than {limit:?} (--stage-timeout)"
                                 ),
                             );
+                            // What the attempts used was spent all the same.
                             ended.attempts = whereabouts.borrow().attempt;
+                            ended.usage = whereabouts.borrow().usage;
                             ended
                         }
                     }
