@@ -35,7 +35,7 @@ fn decode<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> Result<Vec<String>,
     for chunk in chunks {
         events.extend(d.push(chunk)?);
     }
-    events.extend(d.finish()?);
+    events.extend(d.finish()?.map(|e| e.data));
     Ok(events)
 }
 

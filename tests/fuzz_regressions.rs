@@ -74,7 +74,7 @@ fn decode_sse(chunks: &[&[u8]]) -> Result<Vec<String>, SseError> {
     for chunk in chunks {
         events.extend(d.push(chunk)?);
     }
-    events.extend(d.finish()?);
+    events.extend(d.finish()?.map(|e| e.data));
     Ok(events)
 }
 

@@ -19,7 +19,7 @@ fn decode<'a>(chunks: impl Iterator<Item = &'a [u8]>) -> Result<Vec<String>, Sse
     for chunk in chunks {
         events.extend(d.push(chunk)?);
     }
-    events.extend(d.finish()?);
+    events.extend(d.finish()?.map(|e| e.data));
     Ok(events)
 }
 
