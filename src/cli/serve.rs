@@ -358,6 +358,7 @@ pub fn run(args: &ServeArgs) -> Exit {
     let typed = |code: &str, message: String, hint: &str| {
         super::output::typed_failure(code, &message, hint, false)
     };
+    raise_open_files();
     let listens = match listeners(args) {
         Ok(l) => l,
         Err(why) => return typed("Control/BadListen", why, "see `troupe serve --help`"),
@@ -569,4 +570,17 @@ async fn host_run(job: Job, limit: Arc<tokio::sync::Semaphore>) {
     };
     control.end();
     say(&format!("run {id} ended {said}"));
+}
+
+/// A server's runs, their tools and MCP servers, and the API's clients all
+/// take file descriptors: the soft limit goes up to the hard one (at most
+/// 2^20), which a user may do, as many servers do at start.
+fn raise_open_files() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let wanted = hard.min(1 << 20);
+        if wanted > soft {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, wanted, hard);
+        }
+    }
 }

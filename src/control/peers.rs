@@ -10,74 +10,205 @@
 //! So a connection whose peer (`SO_PEERCRED`) descends from this process
 //! is answered `403 Control/InsideRun` and closed. troupe is the subreaper
 //! of what it starts (`process_group::adopt_orphans`), so a double fork or
-//! `setsid` does not take a process out of its descent.
+//! `setsid` does not take a process out of its descent. What cannot be
+//! traced is refused too (fails closed): a peer gone before it was traced
+//! (a command that connects, writes its request and exits), a chain of
+//! parents longer than any real one, a TCP socket no process holds any
+//! more, descendants past what is scanned.
 //!
 //! A TCP listener is guarded by its token, but a command may read the
 //! token's file as its user can; so a TCP connection made from this
 //! machine is traced too: its socket in `/proc/net/tcp{,6}`, and whether
 //! one of this process's descendants holds it.
 
-use std::path::Path;
-
 use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::tools::process_group::{ProcStat, children_of, proc_stat};
 
+/// Connections one listener holds open at once, at most: past them the
+/// next waits in the kernel's backlog until one closes, rather than each
+/// taking a file descriptor the runs this process hosts need.
+fn places() -> Arc<Semaphore> {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    let most = usize::try_from(soft / 4)
+        .unwrap_or(usize::MAX)
+        .clamp(16, 1024);
+    Arc::new(Semaphore::new(most))
+}
+
+/// An accepted connection, holding its listener's place until it closes.
+pub(super) struct Held<S> {
+    stream: S,
+    _place: OwnedSemaphorePermit,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Held<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Held<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
 /// A Unix listener that turns away this process's descendants.
-pub(super) struct Outsiders(pub(super) UnixListener);
+pub(super) struct Outsiders {
+    listener: UnixListener,
+    places: Arc<Semaphore>,
+}
+
+impl Outsiders {
+    pub(super) fn new(listener: UnixListener) -> Outsiders {
+        Outsiders {
+            listener,
+            places: places(),
+        }
+    }
+}
 
 impl axum::serve::Listener for Outsiders {
-    type Io = UnixStream;
+    type Io = Held<UnixStream>;
     type Addr = tokio::net::unix::SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
-            let (stream, addr) = axum::serve::Listener::accept(&mut self.0).await;
+            let place = wait_for_place(&self.places).await;
+            let (stream, addr) = axum::serve::Listener::accept(&mut self.listener).await;
             let inside = stream
                 .peer_cred()
                 .ok()
                 .and_then(|cred| cred.pid())
-                .is_some_and(|pid| descends_from(pid, me(), Path::new("/proc")));
+                .is_none_or(|pid| descends_from(pid, me(), Path::new("/proc")));
             if !inside {
+                let stream = Held {
+                    stream,
+                    _place: place,
+                };
                 return (stream, addr);
             }
-            tokio::spawn(refuse(stream));
+            tokio::spawn(refuse(Held {
+                stream,
+                _place: place,
+            }));
         }
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.0.local_addr()
+        self.listener.local_addr()
+    }
+}
+
+/// One of `places`; the semaphore is never closed.
+async fn wait_for_place(places: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+    match Arc::clone(places).acquire_owned().await {
+        Ok(place) => place,
+        Err(_) => std::future::pending().await,
     }
 }
 
 /// A TCP listener that turns away connections this process's descendants
 /// made.
-pub(super) struct TcpOutsiders(pub(super) TcpListener);
+pub(super) struct TcpOutsiders {
+    listener: TcpListener,
+    places: Arc<Semaphore>,
+}
+
+impl TcpOutsiders {
+    pub(super) fn new(listener: TcpListener) -> TcpOutsiders {
+        TcpOutsiders {
+            listener,
+            places: places(),
+        }
+    }
+}
 
 impl axum::serve::Listener for TcpOutsiders {
-    type Io = TcpStream;
+    type Io = Held<TcpStream>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
-            let (stream, addr) = axum::serve::Listener::accept(&mut self.0).await;
-            let inside = stream.local_addr().is_ok_and(|ours| {
-                let proc = Path::new("/proc");
-                socket_inode(addr, ours, proc)
-                    .is_some_and(|inode| held_by_descendant(inode, me(), proc))
-            });
+            let place = wait_for_place(&self.places).await;
+            let (stream, addr) = axum::serve::Listener::accept(&mut self.listener).await;
+            let inside = stream
+                .local_addr()
+                .is_ok_and(|ours| made_inside(addr, ours, me(), Path::new("/proc")));
             if !inside {
+                let stream = Held {
+                    stream,
+                    _place: place,
+                };
                 return (stream, addr);
             }
-            tokio::spawn(refuse(stream));
+            tokio::spawn(refuse(Held {
+                stream,
+                _place: place,
+            }));
         }
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.0.local_addr()
+        self.listener.local_addr()
+    }
+}
+
+/// Whether the TCP connection from `peer` to `ours` may have been made by
+/// a descendant of `ancestor`: a descendant holds its socket, or a local
+/// peer's socket cannot be traced to a holder (no process holds it any
+/// more: its request may still be on its way from one that exited), or
+/// there are more descendants than are scanned. A peer on another
+/// machine is not traced (its token decides), nor is anything when there
+/// is no procfs.
+fn made_inside(peer: SocketAddr, ours: SocketAddr, ancestor: i32, proc: &Path) -> bool {
+    if proc_stat(proc, ancestor).is_none() {
+        return false;
+    }
+    let ip = peer.ip().to_canonical();
+    let local = ip.is_loopback() || ip == ours.ip().to_canonical();
+    match socket_inode(peer, ours, proc) {
+        Some(0) => true,
+        Some(inode) => held_by_descendant(inode, ancestor, proc),
+        None => local,
     }
 }
 
@@ -123,10 +254,14 @@ fn me() -> i32 {
     i32::try_from(std::process::id()).unwrap_or(i32::MAX)
 }
 
-/// Whether a descendant of `ancestor` holds socket `inode` open.
+/// Whether a descendant of `ancestor` holds socket `inode` open, or there
+/// are too many descendants to tell.
 fn held_by_descendant(inode: u64, ancestor: i32, proc: &Path) -> bool {
     let wanted = format!("socket:[{inode}]");
-    descendants(ancestor, proc).into_iter().any(|pid| {
+    let Some(descendants) = descendants(ancestor, proc) else {
+        return true;
+    };
+    descendants.into_iter().any(|pid| {
         std::fs::read_dir(proc.join(pid.to_string()).join("fd")).is_ok_and(|fds| {
             fds.flatten().any(|fd| {
                 std::fs::read_link(fd.path()).is_ok_and(|to| to.as_os_str() == wanted.as_str())
@@ -135,21 +270,30 @@ fn held_by_descendant(inode: u64, ancestor: i32, proc: &Path) -> bool {
     })
 }
 
-/// Every descendant of `ancestor`, children of children included (at
-/// most a few thousand).
-fn descendants(ancestor: i32, proc: &Path) -> Vec<i32> {
-    let mut found = Vec::new();
+/// Every descendant of `ancestor`, children of children included; `None`
+/// past [`MOST_DESCENDANTS`] (a command could fork that many to hide the
+/// one that connects).
+fn descendants(ancestor: i32, proc: &Path) -> Option<Vec<i32>> {
+    let mut found = std::collections::HashSet::new();
     let mut next = vec![ancestor];
     while let Some(pid) = next.pop() {
         for child in children_of(proc, pid) {
-            if found.len() < 4096 && !found.contains(&child) {
-                found.push(child);
+            if found.insert(child) {
+                if found.len() > MOST_DESCENDANTS {
+                    return None;
+                }
                 next.push(child);
             }
         }
     }
-    found
+    Some(found.into_iter().collect())
 }
+
+/// Descendants scanned for a TCP socket's holder.
+const MOST_DESCENDANTS: usize = 16_384;
+
+/// Parents walked from a Unix peer: far past any real process tree.
+const MOST_PARENTS: usize = 256;
 
 /// What a refused peer reads before the connection closes: the API's
 /// error shape, so that a client says why.
@@ -178,25 +322,32 @@ async fn refuse(mut stream: impl AsyncRead + AsyncWrite + Unpin) {
     .await;
 }
 
-/// Whether process `pid` is a descendant of `ancestor` (not `ancestor`
-/// itself), by the parents `proc` (a procfs) records. A process that
-/// cannot be read (gone) is taken as not one.
+/// Whether process `pid` may be a descendant of `ancestor` (not
+/// `ancestor` itself), by the parents `proc` (a procfs) records. What
+/// cannot be told is taken as one: a process gone before it was traced
+/// (it may have connected, written its request and exited), one that
+/// cannot be read, a chain past [`MOST_PARENTS`] or a loop. Without a
+/// procfs (no entry for `ancestor`) nothing is traced.
 pub(super) fn descends_from(pid: i32, ancestor: i32, proc: &Path) -> bool {
+    if proc_stat(proc, ancestor).is_none() {
+        return false;
+    }
     let mut at = pid;
-    // Far past any real process tree; a loop in a damaged procfs ends.
-    for _ in 0..256 {
+    for _ in 0..MOST_PARENTS {
+        // Pid 0: a peer in a pid namespace this one cannot see, which no
+        // descendant is; 1 is init.
         if at <= 1 {
             return false;
         }
         let Some(ProcStat { parent, .. }) = proc_stat(proc, at) else {
-            return false;
+            return true;
         };
         if parent == ancestor {
             return true;
         }
         at = parent;
     }
-    false
+    true
 }
 
 #[cfg(test)]
@@ -273,22 +424,93 @@ mod tests {
         let _ = child.wait();
     }
 
-    #[test]
-    fn a_damaged_or_missing_procfs_is_no_descent() {
+    /// A connection past the listener's places waits, unaccepted, until
+    /// one closes.
+    #[tokio::test]
+    async fn a_listener_holds_at_most_its_places_open() {
         let dir = tempfile::tempdir().unwrap();
-        // 10 -> 11 -> 10: a loop, and 12 with garbage.
-        for (pid, stat) in [
-            (10, "10 (a) S 11 1 1"),
-            (11, "11 (b) S 10 1 1"),
-            (12, "12 (c) S x"),
-        ] {
+        let path = dir.path().join("s");
+        let mut outsiders = Outsiders {
+            listener: UnixListener::bind(&path).unwrap(),
+            places: Arc::new(Semaphore::new(1)),
+        };
+        let _a = UnixStream::connect(&path).await.unwrap();
+        let (first, _) = axum::serve::Listener::accept(&mut outsiders).await;
+        let _b = UnixStream::connect(&path).await.unwrap();
+        let mut second = Box::pin(axum::serve::Listener::accept(&mut outsiders));
+        assert!(futures::poll!(second.as_mut()).is_pending());
+        drop(first);
+        let (_second, _) = second.await;
+    }
+
+    /// Writes `<pid>/stat` files into a fake procfs.
+    fn fake_proc(stats: &[(i32, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (pid, stat) in stats {
             let d = dir.path().join(pid.to_string());
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("stat"), stat).unwrap();
         }
-        assert!(!descends_from(10, 99, dir.path()));
-        assert!(!descends_from(12, 99, dir.path()));
-        assert!(!descends_from(13, 99, dir.path()));
+        dir
+    }
+
+    /// What cannot be traced is refused: a loop, garbage, a peer gone
+    /// before it was traced, a chain deeper than any real one.
+    #[test]
+    fn what_cannot_be_traced_counts_as_a_descendant() {
+        // 99 is troupe; 10 -> 11 -> 10 a loop; 12 garbage; 20 -> 21 -> 1
+        // an outsider.
+        let dir = fake_proc(&[
+            (99, "99 (troupe) S 1 1 1"),
+            (10, "10 (a) S 11 1 1"),
+            (11, "11 (b) S 10 1 1"),
+            (12, "12 (c) S x"),
+            (20, "20 (sh) S 21 1 1"),
+            (21, "21 (login) S 1 1 1"),
+        ]);
+        assert!(descends_from(10, 99, dir.path()), "a loop");
+        assert!(descends_from(12, 99, dir.path()), "unreadable");
+        assert!(descends_from(13, 99, dir.path()), "gone");
+        assert!(!descends_from(20, 99, dir.path()), "an outsider");
+        assert!(!descends_from(0, 99, dir.path()), "another pid namespace");
         assert!(descends_from(10, 11, dir.path()));
+        // A chain of 300 parents, ending at init, is past what is walked.
+        let mut chain: Vec<(i32, String)> = (1000..1300)
+            .map(|pid| (pid, format!("{pid} (sh) S {} 1 1", pid + 1)))
+            .collect();
+        chain.push((1300, "1300 (sh) S 1 1 1".to_owned()));
+        chain.push((99, "99 (troupe) S 1 1 1".to_owned()));
+        let stats: Vec<(i32, &str)> = chain.iter().map(|(p, s)| (*p, s.as_str())).collect();
+        let deep = fake_proc(&stats);
+        assert!(descends_from(1000, 99, deep.path()), "too deep to tell");
+        assert!(!descends_from(1100, 99, deep.path()), "200 deep is traced");
+        // No procfs at all: nothing can be traced, nothing is refused.
+        let none = tempfile::tempdir().unwrap();
+        assert!(!descends_from(10, 99, none.path()));
+    }
+
+    /// A local TCP peer whose socket no process holds (it wrote its request
+    /// and exited) or that is not in the tables is refused; a remote one is
+    /// left to its token.
+    #[test]
+    fn an_untraceable_local_connection_is_refused() {
+        let dir = fake_proc(&[(99, "99 (troupe) S 1 1 1")]);
+        std::fs::create_dir_all(dir.path().join("net")).unwrap();
+        let ours: SocketAddr = "127.0.0.1:7700".parse().unwrap();
+        let orphan: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let table = format!(
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: {} {} 06 00000000:00000000 03:00000000 00000000     0        0 0 3 0000000000000000\n",
+            proc_addr(orphan),
+            proc_addr(ours)
+        );
+        std::fs::write(dir.path().join("net/tcp"), table).unwrap();
+        assert!(made_inside(orphan, ours, 99, dir.path()), "held by none");
+        let missing: SocketAddr = "127.0.0.1:40001".parse().unwrap();
+        assert!(
+            made_inside(missing, ours, 99, dir.path()),
+            "not in the tables"
+        );
+        let remote: SocketAddr = "192.0.2.7:40002".parse().unwrap();
+        assert!(!made_inside(remote, ours, 99, dir.path()));
     }
 }

@@ -98,6 +98,35 @@ fn claim_socket(socket: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Binds `socket` with mode 0600 from its first instant. A socket is made
+/// by `bind` with the mode the umask leaves (0775 under umask 002), and
+/// another user could connect before a `chmod`; so it is bound in a
+/// folder of mode 0700 beside it, made 0600 there, and renamed into place.
+fn bind_private(socket: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let parent = socket
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    // Short, so the path stays within a socket address's 108 bytes
+    // wherever the final one does.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let private = parent.join(format!(".s{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let bound = (|| {
+        let inside = private.join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&inside)?;
+        std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&inside, socket)?;
+        listener.set_nonblocking(true)?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_dir_all(&private);
+    bound
+}
+
 impl ControlServer {
     /// Serves one run's `hosted` on `socket` (mode 0600).
     pub fn start(socket: &Path, hosted: Arc<Hosted>) -> std::io::Result<ControlServer> {
@@ -134,19 +163,15 @@ impl ControlServer {
                     claim_socket(socket)?;
                     let listener = {
                         let _enter = rt.enter();
-                        tokio::net::UnixListener::bind(socket)?
+                        tokio::net::UnixListener::from_std(bind_private(socket)?)?
                     };
                     server.sockets.push(socket.clone());
-                    std::fs::set_permissions(
-                        socket,
-                        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-                    )?;
                     server.bound.push(listen.clone());
                     let app = app.clone();
                     // No process this troupe started may use it (see
                     // `peers`): the socket's mode lets its user in, and
                     // they run as that user.
-                    let listener = super::peers::Outsiders(listener);
+                    let listener = super::peers::Outsiders::new(listener);
                     server.served.push(rt.spawn(async move {
                         let _ = axum::serve(listener, app)
                             .with_graceful_shutdown(shutdown)
@@ -175,7 +200,7 @@ impl ControlServer {
                     ));
                     // The token's file is readable by what a run starts:
                     // connections they make are refused (see `peers`).
-                    let listener = super::peers::TcpOutsiders(listener);
+                    let listener = super::peers::TcpOutsiders::new(listener);
                     server.served.push(rt.spawn(async move {
                         let _ = axum::serve(listener, app)
                             .with_graceful_shutdown(shutdown)
