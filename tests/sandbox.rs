@@ -321,3 +321,37 @@ async fn a_cancelled_sandboxed_call_kills_its_child_and_grandchild() {
     gone.recv_timeout(Duration::from_secs(30))
         .expect("the call's processes still hold the FIFO");
 }
+
+/// A sandboxed shell leads a session of its own, with no controlling
+/// terminal: it cannot open the terminal of the person running troupe to
+/// type into it (`TIOCSTI`) or read what they type, and its process group
+/// is still the one a cancel kills (the test above).
+#[tokio::test]
+async fn a_sandboxed_shell_leads_its_own_session() {
+    let p = Project::new();
+    let Some(env) = confined(&p.root) else { return };
+    let args = json!({
+        "command": "read -r pid comm state ppid pgrp sid rest < /proc/$$/stat; echo \"$pid $pgrp $sid\"; (exec 3</dev/tty) 2>/dev/null && echo has-tty || echo no-tty"
+    });
+    let out = execute(&env, "Bash", &args, &CancellationToken::new())
+        .await
+        .unwrap();
+    let line = out.lines().nth(2).unwrap_or_default();
+    let ids: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(ids.len(), 3, "{out}");
+    assert!(
+        ids[0] == ids[1] && ids[1] == ids[2],
+        "pid, group, session: {out}"
+    );
+    let ours = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let our_session = ours
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .to_owned();
+    assert_ne!(ids[2], our_session, "{out}");
+    assert!(out.contains("no-tty"), "{out}");
+}

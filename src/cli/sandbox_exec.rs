@@ -1,5 +1,9 @@
 //! `troupe sandbox-exec` (hidden): confines its own writes with Landlock,
-//! then execs the given command, which inherits the confinement. `Bash`
+//! starts a session of its own, then execs the given command, which
+//! inherits both. The new session has no controlling terminal, so the
+//! command cannot open `/dev/tty` to type into the terminal of the person
+//! running troupe (`TIOCSTI`) or read what they type; its process group,
+//! whose id is this process's pid, is the one troupe kills. `Bash`
 //! starts every sandboxed shell through it, because the workspace denies
 //! the unsafe `pre_exec` that would do this between fork and exec. Fails
 //! closed: when the kernel enforces nothing, the command never runs.
@@ -31,6 +35,13 @@ pub fn run(args: SandboxExecArgs) -> Exit {
     let mut stderr = std::io::stderr();
     if let Err(e) = confine(&args.write, args.deny_network) {
         let _ = writeln!(stderr, "troupe sandbox-exec: {}: {e}", e.code());
+        return Exit::CannotExecute;
+    }
+    if let Err(e) = nix::unistd::setsid() {
+        let _ = writeln!(
+            stderr,
+            "troupe sandbox-exec: Sandbox/SessionFailed: cannot start a session of its own: {e}"
+        );
         return Exit::CannotExecute;
     }
     let Some((program, rest)) = args.command.split_first() else {

@@ -128,6 +128,7 @@ pub async fn bash(
     let timeout = args
         .timeout_ms
         .map_or(limits.bash_default_timeout, Duration::from_millis);
+    let own_session = sandbox.is_some_and(|s| s.starts_session());
     let mut command = match sandbox {
         Some(sandbox) => sandbox.command(shell(), &args.command, root, deny_network),
         None => {
@@ -142,12 +143,14 @@ pub async fn bash(
             command
         }
     };
+    if !own_session {
+        command.process_group(0);
+    }
     let mut child = command
         .current_dir(root)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| {

@@ -310,20 +310,22 @@ impl Connection {
                 // with or without the sandbox: a server says what it
                 // needs, and `--no-sandbox` (which hands shells every
                 // variable) lifts only its write confinement.
-                let mut cmd = match start.sandbox.as_deref() {
+                let (mut cmd, own_session) = match start.sandbox.as_deref() {
                     Some(sb) if *sandbox => {
                         let extra = writable(&def.name, writes)?;
-                        sb.program_command(command, args, env, &start.root, &extra, deny)
+                        let cmd = sb.program_command(command, args, env, &start.root, &extra, deny);
+                        (cmd, sb.starts_session())
                     }
                     _ => {
                         let mut c = tokio::process::Command::new(command);
                         c.args(args).env_clear().envs(crate::environ::scrubbed(env));
-                        c
+                        (c, false)
                     }
                 };
-                cmd.current_dir(&start.root)
-                    .process_group(0)
-                    .kill_on_drop(true);
+                if !own_session {
+                    cmd.process_group(0);
+                }
+                cmd.current_dir(&start.root).kill_on_drop(true);
                 let (stderr, log) = match &start.log_dir {
                     Some(dir) => {
                         let path = dir.join(format!("mcp-{}.log", def.name));

@@ -34,8 +34,17 @@ pub struct WriteConfinement {
 }
 
 impl ShellSandbox {
+    /// Whether its commands start a session of their own (`troupe
+    /// sandbox-exec` calls `setsid`): the caller must not put them in a
+    /// process group first, since a group leader cannot start a session,
+    /// and the session's id is its process group's, the child's pid.
+    pub fn starts_session(&self) -> bool {
+        self.writes.is_some()
+    }
+
     /// The command that runs `shell -c script` in `root` under this
-    /// sandbox (the caller adds stdio, the process group and the rest).
+    /// sandbox (the caller adds stdio, the process group — unless
+    /// [`ShellSandbox::starts_session`] — and the rest).
     pub fn command(
         &self,
         shell: &str,
