@@ -219,9 +219,9 @@ fn acceptance_33_a_late_answer_from_the_terminal_is_ignored_and_audited() {
     };
     use troupe_actors::{Delivery, EventBus};
 
-    /// Answers `approve` only when the test opens the gate.
+    /// Answers what the test sends through the gate, when it does.
     struct Gated {
-        gate: Mutex<std::sync::mpsc::Receiver<()>>,
+        gate: Mutex<std::sync::mpsc::Receiver<Answer>>,
         shown: Arc<Mutex<Vec<String>>>,
         asked: tokio::sync::mpsc::UnboundedSender<()>,
     }
@@ -232,12 +232,7 @@ fn acceptance_33_a_late_answer_from_the_terminal_is_ignored_and_audited() {
                 .unwrap()
                 .push(format!("ask {} waiting={}", view.stage_id, view.waiting));
             let _ = self.asked.send(());
-            self.gate
-                .lock()
-                .unwrap()
-                .recv()
-                .ok()
-                .map(|()| Answer::Approve)
+            self.gate.lock().unwrap().recv().ok()
         }
         fn withdrawn(&self, view: &PromptView) {
             self.shown
@@ -305,9 +300,11 @@ fn acceptance_33_a_late_answer_from_the_terminal_is_ignored_and_audited() {
             let first = rx1.await.unwrap();
             // ...and the person has been told so.
             asked_rx.recv().await.unwrap();
-            // The person answers the withdrawn prompt, then the next one.
-            open.send(()).unwrap();
-            open.send(()).unwrap();
+            // The person answers the withdrawn prompt (`a`: and every
+            // proposal like it — which it was not, so no rule is left and
+            // the next, alike, is asked), then the next one.
+            open.send(Answer::ApproveSame).unwrap();
+            open.send(Answer::Approve).unwrap();
             let second = rx2.await.unwrap();
             (first, second)
         }

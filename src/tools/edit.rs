@@ -206,8 +206,17 @@ pub fn edit(
             ),
         ));
     }
+    // Read no further than the limit: the file may grow after the check
+    // (another call of the same response writing it).
     let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|e| ToolError::io(&rel, &e))?;
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(&mut file, limits.edit_file_bytes.saturating_add(1)),
+        &mut bytes,
+    )
+    .map_err(|e| ToolError::io(&rel, &e))?;
+    if bytes.len() as u64 > limits.edit_file_bytes {
+        return Err(too_large(&rel, "grew", limits.edit_file_bytes));
+    }
     let text = String::from_utf8(bytes).map_err(|_| {
         ToolError::terminal(
             "BinaryFile",
@@ -231,6 +240,18 @@ pub fn edit(
             ),
         ));
     }
+    // The edited text is bound by the same limit, counted before it is
+    // made: a short `old_string` replaced everywhere by a long
+    // `new_string` would otherwise build gigabytes.
+    let grown = (text.len() as u64)
+        .saturating_sub((count as u64).saturating_mul(args.old_string.len() as u64))
+        .saturating_add(
+            (if args.replace_all { count } else { 1 } as u64)
+                .saturating_mul(args.new_string.len() as u64),
+        );
+    if grown > limits.edit_file_bytes {
+        return Err(too_large(&rel, "would grow", limits.edit_file_bytes));
+    }
     let new_text = if args.replace_all {
         text.replace(args.old_string.as_str(), &args.new_string)
     } else {
@@ -249,6 +270,14 @@ pub fn edit(
         "edited {rel}: replaced {count} occurrence{}",
         if count == 1 { "" } else { "s" }
     ))
+}
+
+/// `FileTooLarge`: the file `what` (grew, would grow) past Edit's limit.
+fn too_large(rel: &str, what: &str, limit: u64) -> ToolError {
+    ToolError::terminal(
+        "FileTooLarge",
+        format!("{rel} {what} over Edit's limit of {limit} bytes"),
+    )
 }
 
 #[cfg(test)]
@@ -281,6 +310,38 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["f.txt"], "the temp files are removed");
+    }
+
+    /// An edit whose result would pass the limit is refused before it is
+    /// built: a short `old_string` everywhere, a long `new_string`.
+    #[test]
+    fn an_edit_that_would_grow_past_the_limit_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::write(root.join("f.txt"), "a\n".repeat(100)).unwrap();
+        let limits = ToolLimits {
+            edit_file_bytes: 1000,
+            ..ToolLimits::default()
+        };
+        let edit_with = |new: &str, all: bool| {
+            let e = EditArgs {
+                path: "f.txt".to_owned(),
+                old_string: "\n".to_owned(),
+                new_string: new.to_owned(),
+                replace_all: all,
+            };
+            edit(&root, &limits, &e, &Stop::lowered())
+        };
+        use crate::error::HasCode;
+        let err = edit_with(&"x".repeat(10), true).unwrap_err();
+        assert_eq!(err.code().to_string(), "ToolTerminal/FileTooLarge");
+        assert_eq!(
+            std::fs::read_to_string(root.join("f.txt")).unwrap(),
+            "a\n".repeat(100)
+        );
+        // 100 × 2 bytes becoming 100 × 5: within the limit.
+        assert!(edit_with("\n--\n", true).is_ok());
+        assert_eq!(std::fs::metadata(root.join("f.txt")).unwrap().len(), 500);
     }
 
     /// A folder on the path swapped for a link to outside the root after

@@ -3,7 +3,6 @@
 //! with capped output and a note when results were left out. Walks check
 //! the stop flag on every entry, so a cancelled call stops promptly.
 
-use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 
@@ -16,7 +15,7 @@ use super::blocking::Stop;
 use super::env::ToolLimits;
 use super::error::ToolError;
 use super::lines::{looks_binary, read_line_capped, text_capped};
-use super::path::{relative, resolve};
+use super::path::{open_file_beneath, relative, resolve};
 
 /// Upper bound on `max_results`, whatever the call asks.
 const MAX_RESULTS: usize = 5000;
@@ -161,19 +160,21 @@ pub fn grep(
         if filter.as_ref().is_some_and(|f| !f.matches(rel_base)) {
             return Ok(true);
         }
-        let too_large = std::fs::metadata(file).map_or(true, |m| m.len() > limits.grep_file_bytes);
-        if too_large {
+        // Opened as Read opens a file: beneath the root, through no link,
+        // never a FIFO or device (a file swapped for one mid-walk is
+        // skipped, not followed or waited on).
+        let rel = relative(root, file);
+        let Ok((f, meta)) = open_file_beneath(root, file, &rel, "") else {
+            return Ok(true);
+        };
+        if meta.len() > limits.grep_file_bytes {
             skipped_large += 1;
             return Ok(true);
         }
-        let Ok(f) = File::open(file) else {
-            return Ok(true);
-        };
         let mut reader = BufReader::with_capacity(64 * 1024, f);
         if looks_binary(&mut reader).unwrap_or(true) {
             return Ok(true);
         }
-        let rel = relative(root, file);
         let mut line_no = 0u64;
         loop {
             if line_no.is_multiple_of(4096) {

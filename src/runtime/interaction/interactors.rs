@@ -183,6 +183,9 @@ impl Drop for Unwanted {
 pub struct TerminalInteractor {
     queue: VecDeque<Prompt>,
     showing: Option<Prompt>,
+    /// Whether the prompt showing was withdrawn: an answer to it is late,
+    /// and a remembering one leaves no rule (it answered nothing).
+    withdrawn: bool,
     prompter: Arc<dyn Prompter>,
     /// What the person's `approve-same`/`approve-prefix` answers left:
     /// matching prompts are answered here, without asking again.
@@ -202,6 +205,7 @@ impl TerminalInteractor {
         TerminalInteractor {
             queue: VecDeque::new(),
             showing: None,
+            withdrawn: false,
             prompter,
             remembered: Vec::new(),
         }
@@ -235,6 +239,7 @@ impl TerminalInteractor {
         };
         let view = Self::view(&prompt, self.queue.len());
         self.showing = Some(prompt);
+        self.withdrawn = false;
         let prompter = Arc::clone(&self.prompter);
         // A plain thread, not the runtime's blocking pool: a person may
         // never answer, and the run must be able to end (and the process
@@ -252,10 +257,13 @@ impl TerminalInteractor {
         ctx.spawn(asked.into_actor(self).map(|joined, act, ctx| {
             // A prompter that panicked (dropping the sender) gave no answer.
             let answer = joined.ok().flatten();
+            let withdrawn = std::mem::take(&mut act.withdrawn);
             if let Some(prompt) = act.showing.take() {
                 // A remembering answer leaves a rule, which then answers
-                // the prompts already queued that it matches.
+                // the prompts already queued that it matches; one given to
+                // a withdrawn prompt answered nothing and leaves none.
                 if let Some(rule) = answer
+                    .filter(|_| !withdrawn)
                     .and_then(|a| Remembered::from_answer(a, &prompt.request, &prompt.args_json))
                 {
                     act.remembered.push(rule);
@@ -311,6 +319,7 @@ impl Handler<Unprompt> for TerminalInteractor {
         if let Some(showing) = &self.showing
             && showing.id == msg.id
         {
+            self.withdrawn = true;
             self.prompter
                 .withdrawn(&Self::view(showing, self.queue.len()));
             return;
