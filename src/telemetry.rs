@@ -31,7 +31,7 @@ pub struct OtlpConfig {
 /// `text` with its `%XX` escapes decoded, as the OpenTelemetry spec
 /// writes `OTEL_EXPORTER_OTLP_HEADERS` (`Authorization=Basic%20…`); a `%`
 /// not followed by two hex digits stays as it is.
-fn percent_decoded(text: &str) -> String {
+pub(crate) fn percent_decoded(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -320,6 +320,15 @@ fn bad_calls_are_typed_errors() {
         "{}",
         said(&out)
     );
+    // A socket a killed process left behind refuses connections: the run
+    // is not served, and watching it still replays its log.
+    let stale = runs.join(&id).join("control.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let out = troupe(&["pending", &id, "--runs-dir", runs.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(said(&out).contains("stale"), "{}", said(&out));
+    let out = troupe(&["watch", &id, "--runs-dir", runs.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
 }
 
 #[test]

@@ -146,7 +146,15 @@ fn a_second_process_answers_and_a_wrong_answer_is_refused() {
         said(&out)
     );
     let out = troupe(&[
-        "answer", &id, &execution, "--field", "ok=true", "--field", "note=go", "--client", "bob",
+        "answer",
+        &id,
+        &execution,
+        "--field",
+        "ok=true",
+        "--field",
+        "note=go",
+        "--client",
+        "Bob Ødegård",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     let out = child.wait_with_output().unwrap();
@@ -164,5 +172,8 @@ fn a_second_process_answers_and_a_wrong_answer_is_refused() {
         .collect();
     assert_eq!(answered.len(), 1);
     assert_eq!(answered[0]["kind"], "question");
-    assert_eq!(answered[0]["by"], "api: bob");
+    assert_eq!(
+        answered[0]["by"], "api: Bob Ødegård",
+        "decoded as it was sent"
+    );
 }

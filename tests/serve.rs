@@ -765,3 +765,37 @@ fn a_queued_run_holds_no_mcp_server_while_it_waits() {
     });
     assert_eq!(started().len(), 3, "the queued run's server started again");
 }
+
+/// A run cancelled while it waits for a `--max-runs` place never starts:
+/// it stops waiting, writes no log and no store row, and ends `cancelled`.
+#[test]
+fn a_run_cancelled_while_queued_never_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--max-runs", "1"]);
+    let first = submit_fanout(dir.path(), &["--ctx", "width=100000", "--latency", "20ms"]);
+    let second = submit_fanout(dir.path(), &["--ctx", "width=4"]);
+    until("the first run to start", || {
+        audit(dir.path(), &first).len() > 20
+    });
+    let out = cli(dir.path(), &["cancel", &second]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    until("the queued run to end", || {
+        server
+            .log()
+            .contains(&format!("run {second} ended cancelled (before it started)"))
+    });
+    let watched = cli(dir.path(), &["watch", &second]);
+    assert_eq!(watched.status.code(), Some(130), "{}", said(&watched));
+    assert!(
+        !dir.path()
+            .join(".troupe/runs")
+            .join(&second)
+            .join(troupe::auditlog::FILE)
+            .exists(),
+        "no log"
+    );
+    assert_eq!(state_of(dir.path(), &second), "", "no store row");
+    assert_eq!(state_of(dir.path(), &first), "running", "the first runs on");
+    let out = cli(dir.path(), &["cancel", &first]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+}

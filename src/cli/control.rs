@@ -123,6 +123,8 @@ pub fn failed(e: &ControlError) -> Exit {
     let _ = writeln!(std::io::stderr(), "error: {}: {e}", e.code());
     match e.code {
         "Unreachable" | "NotServing" | "RunEnded" => Exit::RunFailed,
+        // Cancelled before it started: as a run cancelled while running.
+        "RunCancelled" => Exit::Interrupted,
         _ => Exit::Invalid,
     }
 }

@@ -529,15 +529,25 @@ pub fn run(args: &ServeArgs) -> Exit {
 /// ended.
 async fn host_run(job: Job, limit: Arc<tokio::sync::Semaphore>) {
     let Job { prepared, control } = job;
+    let id = prepared.run_id.clone();
     let _place = match Arc::clone(&limit).try_acquire_owned() {
-        Ok(place) => Ok(place),
+        Ok(place) => Some(place),
         Err(_) => {
             // Queued: its MCP servers, started to check it, wait stopped.
             prepared.park_servers();
-            limit.acquire_owned().await
+            tokio::select! {
+                place = Arc::clone(&limit).acquire_owned() => place.ok(),
+                () = control.cancel_requested() => None,
+            }
         }
     };
-    let id = prepared.run_id.clone();
+    // Cancelled while it waited (or before): it never starts.
+    if control.cancel_asked() {
+        drop(prepared);
+        control.withdraw();
+        say(&format!("run {id} ended cancelled (before it started)"));
+        return;
+    }
     let armed = Arc::clone(&control);
     let driven = prepared
         .drive(

@@ -42,13 +42,22 @@ impl HasCode for ControlError {
 pub fn find_socket(runs_dir: &Path, run: &str) -> Result<(String, PathBuf), ControlError> {
     let (id, dir) = find_run(runs_dir, run)?;
     let socket = dir.join(SOCKET_NAME);
-    if socket.exists() {
-        Ok((id, socket))
-    } else {
-        Err(ControlError::new(
+    if !socket.exists() {
+        return Err(ControlError::new(
             "NotServing",
             format!("run {id} is not running (no {SOCKET_NAME} in its folder)"),
-        ))
+        ));
+    }
+    // A socket left by a killed process refuses connections: the run is
+    // not served there (a server that resumed it may serve it instead).
+    match std::os::unix::net::UnixStream::connect(&socket) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(ControlError::new(
+            "NotServing",
+            format!(
+                "run {id} is not running here (its {SOCKET_NAME} is stale: the process that served it is gone)"
+            ),
+        )),
+        _ => Ok((id, socket)),
     }
 }
 
@@ -147,10 +156,18 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// connection and went silent is unreachable past it, not waited for.
 const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long a submission or a resume may wait for its answer: the server
+/// answers once the run is prepared, after its MCP servers started and
+/// listed their tools (each within its `startTimeout`, a minute by
+/// default, tried twice) and, for a resume, its log was repaired.
+const PREPARE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
 /// A client of one control server.
 #[derive(Debug, Clone)]
 pub struct ControlClient {
     http: reqwest::Client,
+    /// The same, waiting [`PREPARE_TIMEOUT`] for a reply: submissions.
+    patient: reqwest::Client,
     target: Target,
     base: String,
 }
@@ -173,43 +190,36 @@ impl ControlClient {
         read: std::time::Duration,
     ) -> Result<ControlClient, ControlError> {
         let failed = |e: reqwest::Error| ControlError::new("ClientFailed", e.to_string());
-        let (http, base) = match target {
-            Target::Unix(socket) => (
-                reqwest::Client::builder()
-                    .unix_socket(socket.clone())
-                    .connect_timeout(connect)
-                    .read_timeout(read)
-                    .build()
-                    .map_err(failed)?,
-                "http://troupe".to_owned(),
-            ),
-            Target::Http { base, token } => {
-                let mut headers = reqwest::header::HeaderMap::new();
-                if let Some(token) = token {
-                    let mut value =
-                        reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
-                            .map_err(|_| {
-                                ControlError::new(
-                                    "BadToken",
-                                    "the token cannot be sent as a header",
-                                )
-                            })?;
-                    value.set_sensitive(true);
-                    headers.insert(reqwest::header::AUTHORIZATION, value);
-                }
-                (
-                    reqwest::Client::builder()
-                        .default_headers(headers)
-                        .connect_timeout(connect)
-                        .read_timeout(read)
-                        .build()
-                        .map_err(failed)?,
-                    base.clone(),
-                )
-            }
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Target::Http {
+            token: Some(token), ..
+        } = target
+        {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| {
+                    ControlError::new("BadToken", "the token cannot be sent as a header")
+                })?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let build = |read: std::time::Duration| {
+            let builder = match target {
+                Target::Unix(socket) => reqwest::Client::builder().unix_socket(socket.clone()),
+                Target::Http { .. } => reqwest::Client::builder().default_headers(headers.clone()),
+            };
+            builder
+                .connect_timeout(connect)
+                .read_timeout(read)
+                .build()
+                .map_err(failed)
+        };
+        let base = match target {
+            Target::Unix(_) => "http://troupe".to_owned(),
+            Target::Http { base, .. } => base.clone(),
         };
         Ok(ControlClient {
-            http,
+            http: build(read)?,
+            patient: build(read.max(PREPARE_TIMEOUT))?,
             target: target.clone(),
             base,
         })
@@ -280,8 +290,16 @@ impl ControlClient {
     }
 
     async fn post(&self, path: &str, body: &Value) -> Result<Value, ControlError> {
-        let r = self
-            .http
+        self.post_with(&self.http, path, body).await
+    }
+
+    async fn post_with(
+        &self,
+        http: &reqwest::Client,
+        path: &str,
+        body: &Value,
+    ) -> Result<Value, ControlError> {
+        let r = http
             .post(self.url(path))
             .header("content-type", "application/json")
             .body(body.to_string())
@@ -312,7 +330,7 @@ impl ControlClient {
         client: &str,
     ) -> Result<String, ControlError> {
         let body = serde_json::json!({"args": args, "cwd": cwd, "client": client});
-        let v = self.post("/v1/runs", &body).await?;
+        let v = self.post_with(&self.patient, "/v1/runs", &body).await?;
         Ok(v["runId"].as_str().unwrap_or_default().to_owned())
     }
 
@@ -326,7 +344,11 @@ impl ControlClient {
     ) -> Result<String, ControlError> {
         let body = serde_json::json!({"args": args, "cwd": cwd, "client": client});
         let v = self
-            .post(&format!("/v1/runs/{}/resume", encode_segment(run)), &body)
+            .post_with(
+                &self.patient,
+                &format!("/v1/runs/{}/resume", encode_segment(run)),
+                &body,
+            )
             .await?;
         Ok(v["runId"].as_str().unwrap_or_default().to_owned())
     }
@@ -455,6 +477,9 @@ const MOST_EVENT_BYTES: usize = crate::auditlog::records::MAX_RECORD;
 /// `WorkflowExit` to come (refused after it was accepted, or lost).
 fn ended(data: &str) -> ControlError {
     let v: Value = serde_json::from_str(data.trim()).unwrap_or(Value::Null);
+    if let Some(message) = v["cancelled"]["message"].as_str() {
+        return ControlError::new("RunCancelled", message);
+    }
     let message = v["error"]["message"]
         .as_str()
         .unwrap_or("the run's session ended before its WorkflowExit");
@@ -517,6 +542,48 @@ mod tests {
         assert_eq!(e.code, "Unreachable", "{e}");
         let _ = held_tx.send(());
         holder.join().expect("holder");
+    }
+
+    /// A submission waits for a server still preparing the run past the
+    /// read timeout other calls give up at.
+    #[test]
+    fn a_submission_waits_past_the_read_timeout() {
+        use std::io::{Read, Write};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("slow.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().expect("accept");
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).expect("read");
+                request.extend_from_slice(&buf[..n]);
+            }
+            // Preparing: four read timeouts of silence, then the answer.
+            std::thread::sleep(std::time::Duration::from_millis(800));
+            let body = "{\"runId\":\"r1\"}";
+            let _ = write!(
+                conn,
+                "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        });
+        let client = ControlClient::waiting(
+            &Target::Unix(socket),
+            std::time::Duration::from_secs(5),
+            std::time::Duration::from_millis(200),
+        )
+        .expect("client");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let id = rt
+            .block_on(client.submit(&[], Path::new("/"), "t"))
+            .expect("the submission waited for its answer");
+        assert_eq!(id, "r1");
+        server.join().expect("server");
     }
 
     #[test]

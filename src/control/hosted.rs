@@ -28,6 +28,10 @@ pub struct RunControl {
     canceller: OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// A cancel asked for before the run started: done when it starts.
     cancel_asked: AtomicBool,
+    /// Woken when a cancel is asked for (a queued run stops waiting).
+    cancel_wake: tokio::sync::Notify,
+    /// Cancelled while queued: it never started.
+    withdrawn: AtomicBool,
     /// Waiting for a place under `--max-runs`.
     queued: AtomicBool,
     /// Its session is over (a server may resume it).
@@ -68,6 +72,8 @@ impl RunControl {
             questions,
             canceller: OnceLock::new(),
             cancel_asked: AtomicBool::new(false),
+            cancel_wake: tokio::sync::Notify::new(),
+            withdrawn: AtomicBool::new(false),
             queued: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             base_seq: 0,
@@ -118,9 +124,33 @@ impl RunControl {
     /// Cancels the run strictly (or, not yet started, as soon as it does).
     pub fn cancel(&self) {
         self.cancel_asked.store(true, Ordering::SeqCst);
+        self.cancel_wake.notify_waiters();
         if let Some(cancel) = self.canceller.get() {
             cancel();
         }
+    }
+
+    /// Resolves once a cancel is asked for.
+    pub async fn cancel_requested(&self) {
+        loop {
+            let woken = self.cancel_wake.notified();
+            if self.cancel_asked() {
+                return;
+            }
+            woken.await;
+        }
+    }
+
+    /// Whether it was cancelled while queued and never started.
+    pub fn withdrawn(&self) -> bool {
+        self.withdrawn.load(Ordering::SeqCst)
+    }
+
+    /// Cancelled while queued: the run ends without ever starting (no
+    /// provider check, no store row, no log); its status is `cancelled`.
+    pub fn withdraw(&self) {
+        self.withdrawn.store(true, Ordering::SeqCst);
+        self.end();
     }
 
     /// Whether a cancel was asked for.
@@ -174,6 +204,8 @@ impl RunControl {
         if !self.has_written(view) {
             let before = if self.refusal.get().is_some() {
                 "refused"
+            } else if self.withdrawn.load(Ordering::SeqCst) {
+                "cancelled"
             } else {
                 "starting"
             };
@@ -222,7 +254,11 @@ impl RunControl {
                 .reason
                 .clone()
                 .filter(|_| self.has_written(&view))
-                .or_else(|| self.refusal().map(str::to_owned)),
+                .or_else(|| self.refusal().map(str::to_owned))
+                .or_else(|| {
+                    self.withdrawn()
+                        .then(|| "cancelled while it waited for a place, before it started".to_owned())
+                }),
             "lastSeq": view.last_seq,
             "executions": view.totals(),
             "pending": pending,
@@ -275,6 +311,9 @@ pub struct Hosted {
     /// A server's dashboard: its sessions' gate and the TCP address it
     /// is served on (set once the listener is bound).
     dashboard: OnceLock<(Arc<super::auth::Auth>, std::net::SocketAddr)>,
+    /// What the runs let go had counted (`/metrics`' counters must never
+    /// go down), and those not yet added to it.
+    pub(super) retired: Mutex<super::metrics::Retired>,
 }
 
 /// A submission being admitted: while it lives the server does not drain
@@ -310,6 +349,7 @@ impl Hosted {
             closed: AtomicBool::new(false),
             admitting: std::sync::atomic::AtomicUsize::new(0),
             dashboard: OnceLock::new(),
+            retired: Mutex::default(),
         }
     }
 
@@ -342,8 +382,11 @@ impl Hosted {
             .map(|(id, _)| id.clone())
             .collect();
         // Ids are UUIDv7: in the order the runs were started.
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
         for id in ended.iter().take(ended.len().saturating_sub(KEEP_ENDED)) {
-            runs.remove(id);
+            if let Some(run) = runs.remove(id) {
+                retired.leaving.push(run);
+            }
         }
     }
 

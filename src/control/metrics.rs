@@ -10,8 +10,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::hosted::Hosted;
-use super::logview::{Executions, Requests};
+use super::hosted::{Hosted, RunControl};
+use super::logview::{Executions, LogView, Requests};
 
 /// A label value with `\`, `"` and newlines escaped.
 fn label(value: &str) -> String {
@@ -32,6 +32,45 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(Stri
             let _ = writeln!(out, "{name}{{{labels}}} {value}");
         }
     }
+}
+
+/// The counters of the runs a server has let go (past its
+/// `KEEP_ENDED`): what they counted stays in the `_total` series, which
+/// Prometheus reads as a reset if they go down.
+#[derive(Debug, Default)]
+pub(super) struct Retired {
+    models: BTreeMap<String, Requests>,
+    cost: BTreeMap<String, f64>,
+    tools: BTreeMap<(String, &'static str), u64>,
+    events: u64,
+    /// Let go, not yet counted here (their views are read on a scrape).
+    pub(super) leaving: Vec<Arc<RunControl>>,
+}
+
+impl Retired {
+    /// Adds what `view`'s run counted.
+    fn count(&mut self, view: &LogView) {
+        add_requests(
+            self.models.entry(view.model.clone()).or_default(),
+            &view.requests,
+        );
+        if let Some(price) = view.price {
+            *self.cost.entry(view.model.clone()).or_default() +=
+                price.cost(view.requests.input_tokens, view.requests.output_tokens);
+        }
+        for (key, n) in &view.tools {
+            *self.tools.entry(key.clone()).or_default() += n;
+        }
+        self.events += view.last_seq;
+    }
+}
+
+fn add_requests(to: &mut Requests, r: &Requests) {
+    to.completed += r.completed;
+    to.failed += r.failed;
+    to.retries += r.retries;
+    to.input_tokens += r.input_tokens;
+    to.output_tokens += r.output_tokens;
 }
 
 /// Everything summed over the runs.
@@ -66,6 +105,34 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
     ] {
         t.runs.insert(status.to_owned(), 0);
     }
+    let leaving = std::mem::take(
+        &mut hosted
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .leaving,
+    );
+    for run in leaving {
+        let view = run.view().await;
+        hosted
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .count(&view);
+    }
+    {
+        let retired = hosted.retired.lock().unwrap_or_else(|p| p.into_inner());
+        for (model, r) in &retired.models {
+            add_requests(t.models.entry(model.clone()).or_default(), r);
+        }
+        for (model, usd) in &retired.cost {
+            *t.cost.entry(model.clone()).or_default() += usd;
+        }
+        for (key, n) in &retired.tools {
+            *t.tools.entry(key.clone()).or_default() += n;
+        }
+        t.events += retired.events;
+    }
     for run in hosted.all() {
         let view = run.view().await;
         *t.runs.entry(run.status(&view)).or_default() += 1;
@@ -76,12 +143,10 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
             s.failed += e.failed;
             s.cancelled += e.cancelled;
         }
-        let m = t.models.entry(view.model.clone()).or_default();
-        m.completed += view.requests.completed;
-        m.failed += view.requests.failed;
-        m.retries += view.requests.retries;
-        m.input_tokens += view.requests.input_tokens;
-        m.output_tokens += view.requests.output_tokens;
+        add_requests(
+            t.models.entry(view.model.clone()).or_default(),
+            &view.requests,
+        );
         if let Some(price) = view.price {
             *t.cost.entry(view.model.clone()).or_default() +=
                 price.cost(view.requests.input_tokens, view.requests.output_tokens);
@@ -258,4 +323,66 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         out,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::control::hosted::KEEP_ENDED;
+
+    async fn scrape(hosted: &Arc<Hosted>) -> String {
+        let response = metrics(State(Arc::clone(hosted))).await;
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    fn sample(text: &str, name: &str) -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap()
+    }
+
+    /// A run let go past `KEEP_ENDED` keeps what it counted in the
+    /// `_total` series: a counter that went down would read as a reset.
+    #[tokio::test]
+    async fn counters_keep_what_the_runs_let_go_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join(crate::auditlog::FILE);
+        let mut writer =
+            crate::auditlog::Compressed::create(std::fs::File::create(&log).unwrap()).unwrap();
+        writer
+            .write_lines(b"{\"seq\":1,\"ts\":\"2026-11-28T10:00:00Z\",\"event\":\"WorkflowStarted\",\"workflowRunId\":\"r\"}\n{\"seq\":2,\"ts\":\"2026-11-28T10:00:01Z\",\"event\":\"WorkflowExit\",\"workflowRunId\":\"r\",\"status\":\"ok\"}\n")
+            .unwrap();
+        writer.finish().unwrap();
+        let hosted = Arc::new(Hosted::new(None));
+        let run = |i: usize| {
+            let run = Arc::new(RunControl::new(
+                &format!("run-{i:06}"),
+                "p",
+                &log,
+                None,
+                None,
+            ));
+            run.end();
+            run
+        };
+        for i in 0..KEEP_ENDED {
+            hosted.add(run(i));
+        }
+        let before = sample(&scrape(&hosted).await, "troupe_audit_events_total");
+        assert_eq!(before, 2 * KEEP_ENDED as u64);
+        hosted.add(run(KEEP_ENDED));
+        assert_eq!(hosted.ids().len(), KEEP_ENDED, "the oldest was let go");
+        let after = sample(&scrape(&hosted).await, "troupe_audit_events_total");
+        assert_eq!(after, before + 2);
+        // Counted once, not again on the next scrape.
+        assert_eq!(
+            sample(&scrape(&hosted).await, "troupe_audit_events_total"),
+            after
+        );
+    }
 }

@@ -586,12 +586,17 @@ async fn answer_question(
             "the body must be the answer, a JSON object",
         );
     };
+    // The name as the client wrote it (`troupe answer --client "Jane Doe"`
+    // sends `Jane%20Doe`): decoded, then at most 64 characters and none a
+    // control character, else `api`.
     let client = query
         .as_deref()
         .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("client=")))
-        .filter(|c| !c.is_empty() && c.len() <= 64)
-        .unwrap_or("api")
-        .to_owned();
+        .map(|c| crate::telemetry::percent_decoded(&c.replace('+', " ")))
+        .filter(|c| {
+            !c.trim().is_empty() && c.chars().count() <= 64 && !c.chars().any(char::is_control)
+        })
+        .unwrap_or_else(|| "api".to_owned());
     match desk.answer(&execution, content, &client) {
         Ok(()) => ok_json(&json!({"ok": true, "stageExecutionId": execution})),
         Err(Refused::NotAsked) => error(

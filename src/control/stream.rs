@@ -141,7 +141,13 @@ pub fn follow(
             }
             if !grew && ended {
                 t.done = true;
-                let said = t.control.refusal().map_or_else(
+                let said = if t.control.withdrawn() {
+                    let cancelled = serde_json::json!({"cancelled": {
+                        "message": "the run was cancelled while it waited for a place, before it started",
+                    }});
+                    format!("event: end\ndata: {cancelled}\n\n")
+                } else {
+                    t.control.refusal().map_or_else(
                         || "event: end\ndata: {}\n\n".to_owned(),
                         |why| {
                             let error = serde_json::json!({"error": {
@@ -150,7 +156,8 @@ pub fn follow(
                             }});
                             format!("event: end\ndata: {error}\n\n")
                         },
-                    );
+                    )
+                };
                 return Some((Ok(Bytes::from(said)), t));
             }
             if !grew {
