@@ -313,7 +313,38 @@ pub struct Hosted {
     dashboard: OnceLock<(Arc<super::auth::Auth>, std::net::SocketAddr)>,
     /// What the runs let go had counted (`/metrics`' counters must never
     /// go down), and those not yet added to it.
-    pub(super) retired: Mutex<super::metrics::Retired>,
+    pub(super) retired: Mutex<Retired>,
+}
+
+/// The counters of the runs a server has let go (past its
+/// `KEEP_ENDED`): what they counted stays in the `_total` series, which
+/// Prometheus reads as a reset if they go down.
+#[derive(Debug, Default)]
+pub struct Retired {
+    pub(super) models: BTreeMap<String, super::logview::Requests>,
+    pub(super) cost: BTreeMap<String, f64>,
+    pub(super) tools: BTreeMap<(String, &'static str), u64>,
+    pub(super) events: u64,
+    /// Let go, not yet counted here (their views are read on a scrape).
+    pub(super) leaving: Vec<Arc<RunControl>>,
+}
+
+impl Retired {
+    /// Adds what `view`'s run counted.
+    pub(super) fn count(&mut self, view: &LogView) {
+        self.models
+            .entry(view.model.clone())
+            .or_default()
+            .add(&view.requests);
+        if let Some(price) = view.price {
+            *self.cost.entry(view.model.clone()).or_default() +=
+                price.cost(view.requests.input_tokens, view.requests.output_tokens);
+        }
+        for (key, n) in &view.tools {
+            *self.tools.entry(key.clone()).or_default() += n;
+        }
+        self.events += view.last_seq;
+    }
 }
 
 /// A submission being admitted: while it lives the server does not drain

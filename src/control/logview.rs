@@ -43,6 +43,17 @@ pub struct Requests {
     pub output_tokens: u64,
 }
 
+impl Requests {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &Requests) {
+        self.completed += other.completed;
+        self.failed += other.failed;
+        self.retries += other.retries;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+}
+
 /// The log as far as it was read.
 #[derive(Debug, Clone, Default)]
 pub struct LogView {

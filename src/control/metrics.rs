@@ -10,8 +10,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::hosted::{Hosted, RunControl};
-use super::logview::{Executions, LogView, Requests};
+use super::hosted::Hosted;
+use super::logview::{Executions, Requests};
 
 /// A label value with `\`, `"` and newlines escaped.
 fn label(value: &str) -> String {
@@ -32,45 +32,6 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(Stri
             let _ = writeln!(out, "{name}{{{labels}}} {value}");
         }
     }
-}
-
-/// The counters of the runs a server has let go (past its
-/// `KEEP_ENDED`): what they counted stays in the `_total` series, which
-/// Prometheus reads as a reset if they go down.
-#[derive(Debug, Default)]
-pub(super) struct Retired {
-    models: BTreeMap<String, Requests>,
-    cost: BTreeMap<String, f64>,
-    tools: BTreeMap<(String, &'static str), u64>,
-    events: u64,
-    /// Let go, not yet counted here (their views are read on a scrape).
-    pub(super) leaving: Vec<Arc<RunControl>>,
-}
-
-impl Retired {
-    /// Adds what `view`'s run counted.
-    fn count(&mut self, view: &LogView) {
-        add_requests(
-            self.models.entry(view.model.clone()).or_default(),
-            &view.requests,
-        );
-        if let Some(price) = view.price {
-            *self.cost.entry(view.model.clone()).or_default() +=
-                price.cost(view.requests.input_tokens, view.requests.output_tokens);
-        }
-        for (key, n) in &view.tools {
-            *self.tools.entry(key.clone()).or_default() += n;
-        }
-        self.events += view.last_seq;
-    }
-}
-
-fn add_requests(to: &mut Requests, r: &Requests) {
-    to.completed += r.completed;
-    to.failed += r.failed;
-    to.retries += r.retries;
-    to.input_tokens += r.input_tokens;
-    to.output_tokens += r.output_tokens;
 }
 
 /// Everything summed over the runs.
@@ -123,7 +84,7 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
     {
         let retired = hosted.retired.lock().unwrap_or_else(|p| p.into_inner());
         for (model, r) in &retired.models {
-            add_requests(t.models.entry(model.clone()).or_default(), r);
+            t.models.entry(model.clone()).or_default().add(r);
         }
         for (model, usd) in &retired.cost {
             *t.cost.entry(model.clone()).or_default() += usd;
@@ -143,10 +104,10 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
             s.failed += e.failed;
             s.cancelled += e.cancelled;
         }
-        add_requests(
-            t.models.entry(view.model.clone()).or_default(),
-            &view.requests,
-        );
+        t.models
+            .entry(view.model.clone())
+            .or_default()
+            .add(&view.requests);
         if let Some(price) = view.price {
             *t.cost.entry(view.model.clone()).or_default() +=
                 price.cost(view.requests.input_tokens, view.requests.output_tokens);
@@ -330,7 +291,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::control::hosted::KEEP_ENDED;
+    use crate::control::hosted::{KEEP_ENDED, RunControl};
 
     async fn scrape(hosted: &Arc<Hosted>) -> String {
         let response = metrics(State(Arc::clone(hosted))).await;
