@@ -28,6 +28,8 @@ pub struct Head<'a> {
     pub stage_execution_id: Option<Cow<'a, str>>,
     pub stage_id: Option<Cow<'a, str>>,
     pub turn_id: Option<Cow<'a, str>>,
+    /// `status` (a `WorkflowExit`'s) or `verdict` (a `StageExited`'s): no
+    /// event has both, and of the two given the last counts.
     pub status: Option<Cow<'a, str>>,
 }
 
@@ -124,7 +126,7 @@ impl Visitor<'_> for KeyVisitor {
             "stageExecutionId" => Key::StageExecutionId,
             "stageId" => Key::StageId,
             "turnId" => Key::TurnId,
-            "status" => Key::Status,
+            "status" | "verdict" => Key::Status,
             _ => Key::Other,
         })
     }

@@ -105,7 +105,15 @@ fn note(scan: &mut LogScan, e: &Head) {
         }
         "StageExited" => {
             scan.open.remove(id);
-            scan.exited.insert(id.to_owned());
+            // A failed exit does not stand: resumed, the execution runs
+            // again, and the store may hold a newer result whose exit this
+            // log lost (the process killed before its audit writer caught
+            // up with its store writer); the repair restores that one.
+            if e.status.as_deref() == Some("fail") {
+                scan.exited.remove(id);
+            } else {
+                scan.exited.insert(id.to_owned());
+            }
         }
         "StageCancelled" => {
             scan.open.remove(id);
@@ -303,6 +311,34 @@ mod tests {
             })
             .collect();
         assert_eq!(events, ["in", "out", "in", "out"], "{text}");
+    }
+
+    /// A failed exit does not stand: the execution, resumed and run again
+    /// to ok, whose new lines the killed process never wrote, gets its
+    /// stored ok exit back rather than keeping `fail` as its last word.
+    #[test]
+    fn a_failed_exit_does_not_hide_a_newer_stored_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("audit.jsonl");
+        let failed = line(2, "StageExited", "r/w#7/1").replace("}\n", ",\"verdict\":\"fail\"}\n");
+        let ok = line(4, "StageExited", "r/w#8/1").replace("}\n", ",\"verdict\":\"ok\"}\n");
+        let log = [
+            line(1, "StageEntered", "r/w#7/1"),
+            failed,
+            line(3, "StageEntered", "r/w#8/1"),
+            ok,
+        ]
+        .concat();
+        std::fs::write(&path, log).expect("write");
+        let scan = scan(&path).expect("scan");
+        assert!(!scan.exited.contains("r/w#7/1"), "a failed exit");
+        assert!(scan.exited.contains("r/w#8/1"), "an ok exit stands");
+        assert!(scan.open.is_empty());
+        let (repaired, _) =
+            repair(&path, scan, &[lost("r/w#7/1"), lost("r/w#8/1")], "r", "t").expect("repair");
+        assert_eq!(repaired.exits_restored, 1, "#7's, not #8's again");
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text.lines().count(), 6, "{text}");
     }
 
     #[test]

@@ -67,7 +67,9 @@ pub(super) fn slot_number(key: &str) -> u8 {
         "stageExecutionId" => 2,
         "stageId" => 3,
         "turnId" => 4,
-        "status" => 5,
+        // A `WorkflowExit`'s status, a `StageExited`'s verdict (see
+        // `Head::status`).
+        "status" | "verdict" => 5,
         _ => NO_SLOT,
     }
 }
