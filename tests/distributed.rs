@@ -762,3 +762,56 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
         assert_eq!(buckets.loads(), 9, "let go while idle, read again");
     });
 }
+
+/// A fan-out cancelled by fail-fast leaves its group's cancelled mark on
+/// the server: `troupe resume` clears it, and the workers take the
+/// resumed group's siblings (same turn as the cancelled one) as new, so
+/// the run finishes. (A worker that heard the cancel and stays up
+/// discounts it the same way: `worker::tests`.)
+#[test]
+fn a_fan_out_cancelled_by_fail_fast_runs_again_on_resume() {
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let fixture = pipeline("true", None);
+    let project = Project::new();
+    let failing = Worker::start(
+        fixture.path(),
+        &server.url(),
+        "w1",
+        project.root(),
+        &["--max-siblings", "2", "--fail-sibling", "worker#3"],
+    );
+
+    let out = project
+        .run(fixture.path(), &server.url())
+        .args(["--ctx", "width=8", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let run_id = summary(&out)["runId"].as_str().unwrap().to_owned();
+    drop(failing);
+    let _fresh = Worker::start(
+        fixture.path(),
+        &server.url(),
+        "w3",
+        project.root(),
+        &["--max-siblings", "2"],
+    );
+    let out = troupe()
+        .args([
+            "resume",
+            &run_id,
+            "--nats",
+            &server.url(),
+            "--json",
+            "--runs-dir",
+        ])
+        .arg(project.runs())
+        .arg("--root")
+        .arg(project.root())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let s = summary(&out);
+    assert_eq!(s["status"], "ok", "{s}");
+}

@@ -189,7 +189,10 @@ pub fn run(args: WorkerArgs) -> Exit {
             .connect(&format!("troupe worker {name}"))
             .await
             .map_err(|e| format!("{}: {e}", e.code()))?;
-        say!("worker {name}: serving at {url}; Ctrl-C stops taking tasks");
+        say!(
+            "worker {name}: serving at {}; Ctrl-C stops taking tasks",
+            crate::distributed::nats::shown_url(&url)
+        );
         let _interrupts = Interrupts::watch(
             first.clone(),
             "draining: no new task, the siblings in flight finish",

@@ -203,6 +203,12 @@ pub async fn take_arrived(nats: &Nats, run_id: &str) -> Result<Arrived, super::N
             .filter(super::wire::run_tasks_subject(run_id))
             .await;
     }
+    // The new session's groups have the old one's turns: a cancelled mark
+    // left from it would have every worker skip their siblings. The bucket
+    // may not exist (no group was ever cancelled): nothing to clear.
+    if nats.cancelled().await.is_ok() {
+        nats.clear_cancelled(run_id).await?;
+    }
     Ok(Arrived {
         results,
         unreadable,

@@ -265,6 +265,10 @@ pub struct Offer {
     pub lease: Arc<Lease>,
     /// Its slot among the worker's `max_siblings`.
     pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// When its group's cancelled mark was asked for and found absent: a
+    /// cancel this worker heard before then is an earlier session's (a
+    /// resume clears the marks), not this group's.
+    pub checked: Option<std::time::Instant>,
 }
 
 /// Decides, for tasks taken together (a group's of one fetch, or those
@@ -324,13 +328,14 @@ pub async fn accept_all(
             .or_insert(&offer.task);
     }
     let per_group = groups.into_values().map(|task| async move {
+        let asked = std::time::Instant::now();
         let mark = buckets
             .cancelled
             .get(cancelled_key(&task.run_id, task.turn))
             .await;
         let found = match mark {
             Ok(Some(_)) => Found::Cancelled,
-            Ok(None) => Found::Clear(buckets.context(task).await),
+            Ok(None) => Found::Clear(buckets.context(task).await, asked),
             Err(_) => Found::Unknown,
         };
         ((task.run_id.clone(), task.turn), found)
@@ -345,11 +350,12 @@ pub async fn accept_all(
     for mut offer in accepted {
         let key = (offer.task.run_id.clone(), offer.task.turn);
         match found.get(&key) {
-            Some(Found::Clear(Ok(context))) => {
+            Some(Found::Clear(Ok(context), asked)) => {
                 offer.context = Some(Arc::clone(context));
+                offer.checked = Some(*asked);
                 intakes.push(Intake::Start(Box::new(offer)));
             }
-            Some(Found::Clear(Err(message))) => {
+            Some(Found::Clear(Err(message), _)) => {
                 let message = message.clone();
                 refusals.push((offer, "Distributed/GroupContextMissing", message));
             }
@@ -395,8 +401,9 @@ pub async fn accept_all(
 
 /// What a group's reads found.
 enum Found {
-    /// Not cancelled: its context, or why it cannot be read.
-    Clear(Result<Arc<GroupContext>, String>),
+    /// Not cancelled when asked at that instant: its context, or why it
+    /// cannot be read.
+    Clear(Result<Arc<GroupContext>, String>, std::time::Instant),
     Cancelled,
     /// The mark could not be read.
     Unknown,

@@ -215,13 +215,13 @@ impl NatsArgs {
                 };
                 return Err(NatsError {
                     code,
-                    message: format!("cannot connect to {url}: {text}"),
+                    message: format!("cannot connect to {}: {text}", shown_url(url)),
                 });
             }
             Err(_) => {
                 return Err(NatsError {
                     code: "Unreachable",
-                    message: format!("no NATS server answered at {url} within 15s"),
+                    message: format!("no NATS server answered at {} within 15s", shown_url(url)),
                 });
             }
         };
@@ -280,6 +280,26 @@ async fn purge(stream: &stream::Stream, subject: String, what: &str) -> Result<(
         .map(|_| ())
         .map_err(|e| js_error(what, e))
 }
+
+/// `url` as it may be shown (errors, the store, a worker's banner): a
+/// user, password or token in it (`nats://user:pass@host`,
+/// `nats://TOKEN@host`) replaced by `***`.
+pub fn shown_url(url: &str) -> String {
+    url.split(',')
+        .map(|one| match one.rsplit_once('@') {
+            Some((before, host)) => match before.split_once("://") {
+                Some((scheme, _)) => format!("{scheme}://***@{host}"),
+                None => format!("***@{host}"),
+            },
+            None => one.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Reports a run's consumer may hand out unacknowledged (each message a
+/// batch of one or more siblings' reports).
+const MOST_UNACKED_REPORTS: i64 = 1 << 20;
 
 /// How long the server keeps what a run that did not end ok left for
 /// `troupe resume`: its reports, group contexts, cancelled marks and its
@@ -455,6 +475,11 @@ impl Nats {
                     // does not keep its consumer on the server for good.
                     inactive_threshold: KEPT_FOR,
                     num_replicas: 0,
+                    // A resume reads every report before it acknowledges
+                    // one (they are acknowledged once stored): past the
+                    // server's default of 1 000 unacknowledged it would
+                    // read no more, and run the rest's siblings again.
+                    max_ack_pending: MOST_UNACKED_REPORTS,
                     ..Default::default()
                 },
             )
@@ -534,6 +559,19 @@ impl Nats {
             Err(e) => note(Err(e)),
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Removes run `run_id`'s cancelled marks: a resumed session's groups
+    /// have the turns its earlier session's had, and must not find their
+    /// marks.
+    pub async fn clear_cancelled(&self, run_id: &str) -> Result<(), NatsError> {
+        let what = "the run's cancelled marks";
+        let kv = self
+            .js
+            .get_stream(format!("KV_{CANCELLED_BUCKET}"))
+            .await
+            .map_err(|e| js_error(what, e))?;
+        purge(&kv, format!("$KV.{CANCELLED_BUCKET}.{run_id}.>"), what).await
     }
 
     /// The bucket of cancelled groups (created when absent).
@@ -726,5 +764,25 @@ mod tests {
         // Ten waits (0.25 + 0.5 + 1 + 2 + six of 4 s = 27.75 s) between
         // eleven tries; the next wait would pass the 30 s.
         assert_eq!(tries.get(), 11);
+    }
+}
+
+#[cfg(test)]
+mod shown_url_tests {
+    use super::shown_url;
+
+    #[test]
+    fn credentials_in_a_url_are_not_shown() {
+        assert_eq!(shown_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(
+            shown_url("nats://alice:s3cret@host:4222"),
+            "nats://***@host:4222"
+        );
+        assert_eq!(shown_url("nats://TOKEN@host"), "nats://***@host");
+        assert_eq!(
+            shown_url("nats://a:b@h1:4222,nats://h2:4222"),
+            "nats://***@h1:4222,nats://h2:4222"
+        );
+        assert_eq!(shown_url("u:p@host"), "***@host");
     }
 }

@@ -401,6 +401,7 @@ impl Past {
                     context: None,
                     lease: Arc::clone(&lease),
                     permit: Some(permit),
+                    checked: None,
                 })
                 .collect();
             started.push(tokio::task::spawn_local(accept(offers)));
@@ -450,6 +451,7 @@ pub fn offers(
             context: None,
             lease: Arc::clone(&lease),
             permit: permits.pop(),
+            checked: None,
         })
         .collect();
     if past.is_empty() {

@@ -372,16 +372,27 @@ impl Actor for WorkerHost {
     }
 }
 
+/// Whether a cancel heard `at` counts for a task whose group's mark was
+/// found absent at `checked`: only if it came after (the coordinator sets
+/// the mark before it broadcasts the cancel, so one heard before a clear
+/// read was an earlier session's). Without a read, it counts.
+fn heard_since(at: Instant, checked: Option<Instant>) -> bool {
+    checked.is_none_or(|checked| at >= checked)
+}
+
 /// What a report holds besides its result and its events, at most: the
 /// kind, the ids, the worker's name, the counts, a framed batch's
 /// lengths.
 const REPORT_BESIDE_RESULT: usize = 4096;
 
 impl WorkerHost {
-    /// Whether the task's group had its cancel broadcast here lately.
-    fn group_cancelled(&self, task: &Task) -> Option<String> {
+    /// Whether the task's group had its cancel broadcast here lately,
+    /// after `checked` (when its mark was found absent): one heard before
+    /// was an earlier session's, whose marks a resume cleared.
+    fn group_cancelled(&self, task: &Task, checked: Option<Instant>) -> Option<String> {
         self.cancelled_groups
             .get(&(task.run_id.clone(), task.turn))
+            .filter(|(at, _)| heard_since(*at, checked))
             .map(|(_, reason)| reason.clone())
     }
 
@@ -440,7 +451,7 @@ impl WorkerHost {
             context: group,
             lease,
             permit,
-            ..
+            checked,
         } = offer;
         // Not startable (intake checks each before it offers one): the
         // message goes back to the queue once its other tasks are done.
@@ -496,7 +507,7 @@ impl WorkerHost {
             visit: task.visit,
         };
         let scope = CancelScope::root();
-        if let Some(reason) = self.group_cancelled(&task) {
+        if let Some(reason) = self.group_cancelled(&task, checked) {
             // Starts as cancelled: reported as not started.
             scope.cancel(reason.as_str());
         }
@@ -700,5 +711,23 @@ impl Handler<Summary> for WorkerHost {
 
     fn handle(&mut self, _msg: Summary, _ctx: &mut Context<Self>) -> Self::Result {
         MessageResult(Arc::clone(&self.summary))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cancel heard before the group's mark was read absent is an
+    /// earlier session's (its marks cleared by a resume); one heard after
+    /// is this group's; with no read, every cancel heard counts.
+    #[test]
+    fn a_cancel_heard_before_a_clear_read_is_an_earlier_sessions() {
+        let heard = Instant::now();
+        let read = heard + Duration::from_millis(5);
+        assert!(!heard_since(heard, Some(read)));
+        assert!(heard_since(read, Some(read)));
+        assert!(heard_since(read + Duration::from_millis(1), Some(read)));
+        assert!(heard_since(heard, None));
     }
 }
