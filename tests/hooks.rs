@@ -290,10 +290,7 @@ fn a_hooks_tools_are_checked_and_match_as_allowed_tools_do() {
         env: Vec::new(),
     };
     use troupe::runtime::hooks::Hook;
-    let hook = troupe::runtime::hooks::CommandHook {
-        def,
-        dir: std::path::PathBuf::from("."),
-    };
+    let hook = troupe::runtime::hooks::CommandHook::new(def, std::path::PathBuf::from("."));
     assert!(hook.wants_tool("fs__read_file"));
     assert!(hook.wants_tool("Bash"));
     assert!(!hook.wants_tool("Read"));
@@ -428,4 +425,38 @@ fn a_transform_cannot_rewrite_a_granted_call_into_one_not_granted() {
             );
         }
     }
+}
+
+/// The pipeline folder is the root here, so a tool call can rewrite the
+/// guard's script: the guard then fails closed (its file changed since
+/// the run loaded it) rather than running what the call wrote.
+#[test]
+fn a_guard_whose_script_a_tool_call_rewrote_fails_closed() {
+    let f = fixture(
+        "Bash",
+        "  - { name: no-rm, at: TOOL_CALL/pre, kind: guard, command: sh no-rm.sh, tools: [Bash] }\n",
+        "stages:\n  s:\n    - { tool: Bash, args: { command: \"echo 'exit 0' > no-rm.sh\" } }\n    - { tool: Bash, args: { command: \"rm victim.txt\" } }\n    - complete: { n: 1 }\n",
+        &[("no-rm.sh", NO_RM), ("victim.txt", "precious")],
+    );
+    let out = run(
+        f.path(),
+        Opts {
+            root: Some(f.path().to_owned()),
+            ..real()
+        },
+    );
+    assert_eq!(out.report.status, RunStatus::Ok);
+    assert!(f.file("victim.txt").exists(), "the rm never ran");
+    let results = out.tool_results();
+    assert!(
+        results[1].contains("HookFailed") || results[1].contains("HookDenied"),
+        "{}",
+        results[1]
+    );
+    assert!(
+        results[1].contains("changed since the run started"),
+        "{}",
+        results[1]
+    );
+    assert_eq!(out.count("ToolInvocationStarted"), 1);
 }

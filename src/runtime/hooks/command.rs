@@ -1,9 +1,12 @@
 //! A hook command declared in `pipeline.yaml`: `sh -c` in the pipeline
 //! folder, the payload as JSON on stdin, the answer as JSON on stdout,
 //! within its timeout. A crash, a hang or garbage is a typed error, never
-//! a hung run.
+//! a hung run. The files of the pipeline folder its command names are
+//! pinned when the run loads it: the folder is often inside the root the
+//! run's tools write, and a hook whose script a tool call rewrote fails
+//! closed instead of running what the model wrote.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 
@@ -24,6 +27,56 @@ const MAX_OUTPUT: usize = 1 << 20;
 pub struct CommandHook {
     pub def: HookDef,
     pub dir: PathBuf,
+    /// The pipeline folder's files its command names, as loaded.
+    pinned: Arc<[Pinned]>,
+}
+
+/// A file of the pipeline folder a hook's command names (`sh no-rm.sh`,
+/// `./hooks/check`), and its SHA-256 when the run loaded the hook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pinned {
+    path: PathBuf,
+    /// As the command names it.
+    named: String,
+    digest: Vec<u8>,
+}
+
+/// Files past this size are not pinned (a hook's script is small).
+const PIN_MOST: u64 = 4 << 20;
+
+fn sha256(bytes: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).to_vec()
+}
+
+/// The files beneath `dir` that `command`'s words name, read now.
+fn pin_named_files(command: &str, dir: &Path) -> Vec<Pinned> {
+    let Ok(folder) = dir.canonicalize() else {
+        return Vec::new();
+    };
+    let mut pinned: Vec<Pinned> = Vec::new();
+    let words = command.split(|c: char| c.is_whitespace() || ";&|()<>`".contains(c));
+    for word in words {
+        let word = word.trim_matches(|c| c == '\'' || c == '"');
+        if word.is_empty() || word.starts_with('-') || word.contains(['$', '=', '*', '?']) {
+            continue;
+        }
+        let Ok(path) = dir.join(word).canonicalize() else {
+            continue;
+        };
+        if !path.starts_with(&folder) || pinned.iter().any(|p| p.path == path) {
+            continue;
+        }
+        let small_file = std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() <= PIN_MOST);
+        if let Some(bytes) = small_file.then(|| std::fs::read(&path).ok()).flatten() {
+            pinned.push(Pinned {
+                path,
+                named: word.to_owned(),
+                digest: sha256(&bytes),
+            });
+        }
+    }
+    pinned
 }
 
 impl Hook for CommandHook {
@@ -55,8 +108,31 @@ impl Hook for CommandHook {
 }
 
 impl CommandHook {
+    /// The hook `def`, run in `dir` (the pipeline folder); the files of
+    /// `dir` its command names are pinned as they are now.
+    pub fn new(def: HookDef, dir: PathBuf) -> CommandHook {
+        let pinned = pin_named_files(&def.command, &dir).into();
+        CommandHook { def, dir, pinned }
+    }
+
+    /// The first pinned file that is no longer as it was loaded.
+    fn changed(&self) -> Option<&str> {
+        self.pinned
+            .iter()
+            .find(|p| std::fs::read(&p.path).map_or(true, |bytes| sha256(&bytes) != p.digest))
+            .map(|p| p.named.as_str())
+    }
+
     async fn run(&self, payload: &Value) -> Result<HookReply, HookError> {
         let name = self.def.name.clone();
+        if let Some(file) = self.changed() {
+            return Err(HookError::Failed {
+                hook: name,
+                message: format!(
+                    "its file {file} changed since the run started (a tool call may have written it), so it was not run; start the run again to use the new one"
+                ),
+            });
+        }
         let work = async {
             let mut child = tokio::process::Command::new("sh")
                 .arg("-c")
@@ -218,8 +294,8 @@ mod tests {
     use std::time::Duration;
 
     fn hook(kind: HookKind, command: &str) -> CommandHook {
-        CommandHook {
-            def: HookDef {
+        CommandHook::new(
+            HookDef {
                 name: command.chars().take(20).collect(),
                 at: "TOOL_CALL/pre".into(),
                 kind,
@@ -228,8 +304,8 @@ mod tests {
                 tools: vec![],
                 env: vec![],
             },
-            dir: std::env::temp_dir(),
-        }
+            std::env::temp_dir(),
+        )
     }
 
     fn run(h: &CommandHook, payload: Value) -> Result<HookReply, HookError> {

@@ -47,10 +47,7 @@ impl HookSet {
         for def in defs {
             set.add(
                 &def.at,
-                Arc::new(CommandHook {
-                    def: def.clone(),
-                    dir: dir.to_owned(),
-                }),
+                Arc::new(CommandHook::new(def.clone(), dir.to_owned())),
             );
         }
         set
