@@ -210,6 +210,24 @@ fn acceptance_09_unknown_frontmatter_keys_are_ignored() {
     assert_eq!(p.stages.len(), 2);
 }
 
+/// A completion schema that leaves out `type` describes an object all the
+/// same (a payload is a tool call's arguments): it is sent with `type:
+/// object`, which OpenAI requires of a tool's parameters.
+#[test]
+fn a_completion_schema_without_a_type_is_sent_as_an_object() {
+    let f = Fixture::linear(&[(
+        "a.md",
+        &stage_md("a", "", "Task: {{ctx.task}}")
+            .replace("completionSchema:\n  type: object\n", "completionSchema:\n"),
+    )]);
+    let p = load_pipeline(f.path()).expect("loads");
+    let Some(troupe::definition::StageKind::Llm(def)) = p.stage("a").map(|s| &s.kind) else {
+        panic!("an LLM stage");
+    };
+    assert_eq!(def.completion_schema.document()["type"], "object");
+    assert!(def.completion_schema.document()["properties"].is_object());
+}
+
 #[test]
 fn stage_id_mismatch() {
     let f = Fixture::linear(&[("b.md", &stage_md("bee", "", "x"))]);

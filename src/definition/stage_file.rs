@@ -333,7 +333,16 @@ fn compile_schema(
         );
         return None;
     }
-    let document = node.to_json();
+    let mut document = node.to_json();
+    // Sent as a tool's parameters, which OpenAI refuses without `type:
+    // object` at the top; a payload is an object anyway, so a schema that
+    // leaves the type out means the same with it.
+    if tool_args
+        && let serde_json::Value::Object(map) = &mut document
+        && !map.contains_key("type")
+    {
+        map.insert("type".to_owned(), "object".into());
+    }
     if tool_args
         && let Some(kind) = document.get("type")
         && kind != "object"

@@ -118,13 +118,24 @@ fn check_tools(tools: Option<&Value>) -> Result<BTreeSet<String>, Violation> {
                 ),
             ));
         }
-        if let Some(p) = t["function"].get("parameters")
-            && !p.is_object()
-        {
-            return Err(Violation::new(
-                format!("{param}.function.parameters"),
-                "parameters must be a JSON Schema object",
-            ));
+        if let Some(p) = t["function"].get("parameters") {
+            if !p.is_object() {
+                return Err(Violation::new(
+                    format!("{param}.function.parameters"),
+                    "parameters must be a JSON Schema object",
+                ));
+            }
+            // OpenAI: `Invalid schema for function '…': schema must be a
+            // JSON Schema of 'type: "object"', got 'type: "None"'.`
+            if p["type"] != "object" {
+                return Err(Violation::new(
+                    format!("{param}.function.parameters"),
+                    format!(
+                        "Invalid schema for function '{name}': schema must be a JSON Schema of 'type: \"object\"', got 'type: \"{}\"'.",
+                        p["type"].as_str().unwrap_or("None")
+                    ),
+                ));
+            }
         }
         if !names.insert(name.to_owned()) {
             return Err(Violation::new(
