@@ -138,7 +138,10 @@ impl Read for DecodedReader {
 
 /// Follows a log as it grows: each call reads what was appended since the
 /// last one (the file is opened anew each time, so a follower holds no
-/// descriptor between polls).
+/// descriptor between polls). A log a resume's repair rewrote under it
+/// (cut back to its last whole segment, the open one written again) is
+/// read again from where the follower began, leaving out the lines it
+/// already gave (by their `seq`).
 #[derive(Debug)]
 pub struct Follower {
     path: PathBuf,
@@ -146,7 +149,24 @@ pub struct Follower {
     /// Bytes read from the file that the decoder has not taken in yet
     /// (it stopped at its bound).
     unread: Vec<u8>,
+    /// Where it began: 0, or a segment's start.
+    start: u64,
+    /// The `seq` of the last line it gave.
+    last_seq: u64,
+    /// Lines up to this `seq` were given before a restart: left out.
+    skip_through: u64,
+    /// The `last_seq` it last restarted at (a log damaged there for good
+    /// is an error, not a loop).
+    restarted_at: Option<u64>,
+    /// The first bytes of the open segment (or torn line) it is reading,
+    /// and where they begin: a repair cuts that segment and writes its
+    /// whole lines again, which shows there even when the file has grown
+    /// past where the follower was by its next look.
+    probe: Option<(u64, Vec<u8>)>,
 }
+
+/// Bytes of an open segment's start a follower compares.
+const PROBE: u64 = 64;
 
 impl Follower {
     pub fn new(path: &Path) -> Follower {
@@ -154,6 +174,11 @@ impl Follower {
             path: path.to_owned(),
             decoder: LogDecoder::for_path(path),
             unread: Vec::new(),
+            start: 0,
+            last_seq: 0,
+            skip_through: 0,
+            restarted_at: None,
+            probe: None,
         }
     }
 
@@ -166,6 +191,11 @@ impl Follower {
             path: path.to_owned(),
             decoder: LogDecoder::segments_at(at, format, Hand::Lines).map_err(|f| f.at(path))?,
             unread: Vec::new(),
+            start: at,
+            last_seq: 0,
+            skip_through: 0,
+            restarted_at: None,
+            probe: None,
         })
     }
 
@@ -176,6 +206,92 @@ impl Follower {
     /// the file, 0 that nothing was appended (or the file is not there
     /// yet).
     pub fn read_more(&mut self, max: usize, lines: &mut Vec<u8>) -> Result<usize, AuditError> {
+        let from = lines.len();
+        let shrunk = std::fs::metadata(&self.path).is_ok_and(|m| m.len() < self.decoder.end().fed);
+        let rewritten = self
+            .probe
+            .as_ref()
+            .is_some_and(|(at, seen)| self.bytes_at(*at, seen.len() as u64).as_ref() != Some(seen));
+        let read = if shrunk || rewritten {
+            Err(AuditError::Corrupt {
+                path: self.path.clone(),
+                offset: self.decoder.end().fed,
+                reason: "the log was cut back under its reader".to_owned(),
+            })
+        } else {
+            self.read_on(max, lines)
+        };
+        let read = match read {
+            Err(AuditError::Corrupt { .. }) if self.restarted_at != Some(self.last_seq) => {
+                lines.truncate(from);
+                self.restart()?;
+                self.read_on(max, lines)
+            }
+            other => other,
+        }?;
+        self.given(from, lines);
+        let end = self.decoder.end();
+        self.probe = end.unfinished().then(|| {
+            let at = end.keep;
+            match self.probe.take() {
+                Some((seen_at, seen)) if seen_at == at && seen.len() as u64 == PROBE => (at, seen),
+                _ => (
+                    at,
+                    self.bytes_at(at, PROBE.min(end.fed - at))
+                        .unwrap_or_default(),
+                ),
+            }
+        });
+        Ok(read)
+    }
+
+    /// Up to `len` bytes of the file at `at` (fewer at its end).
+    fn bytes_at(&self, at: u64, len: u64) -> Option<Vec<u8>> {
+        let mut file = File::open(&self.path).ok()?;
+        file.seek(SeekFrom::Start(at)).ok()?;
+        let mut bytes = Vec::new();
+        file.take(len).read_to_end(&mut bytes).ok()?;
+        Some(bytes)
+    }
+
+    /// Starts again from where it began, leaving out what it gave.
+    fn restart(&mut self) -> Result<(), AuditError> {
+        let mut again = if self.start == 0 {
+            Follower::new(&self.path)
+        } else {
+            Follower::at_segment(&self.path, self.start)?
+        };
+        again.start = self.start;
+        again.last_seq = self.last_seq;
+        again.skip_through = self.last_seq;
+        again.restarted_at = Some(self.last_seq);
+        *self = again;
+        Ok(())
+    }
+
+    /// Leaves out the lines from `from` on that were given before a
+    /// restart, and notes the last `seq` given.
+    fn given(&mut self, from: usize, lines: &mut Vec<u8>) {
+        if self.skip_through > 0 {
+            let fresh: Vec<u8> = lines[from..]
+                .split_inclusive(|b| *b == b'\n')
+                .filter(|line| seq_of(line).is_none_or(|seq| seq > self.skip_through))
+                .flatten()
+                .copied()
+                .collect();
+            lines.truncate(from);
+            lines.extend_from_slice(&fresh);
+        }
+        let last = lines[from..].split(|b| *b == b'\n').rev().find_map(seq_of);
+        if let Some(seq) = last {
+            self.last_seq = seq;
+            if seq > self.skip_through {
+                self.skip_through = 0;
+            }
+        }
+    }
+
+    fn read_on(&mut self, max: usize, lines: &mut Vec<u8>) -> Result<usize, AuditError> {
         let waiting = !self.unread.is_empty() || self.decoder.more();
         let mut read = max;
         if !waiting {
@@ -201,6 +317,14 @@ impl Follower {
         }
         Ok(read)
     }
+}
+
+/// The `seq` a line begins with (`{"seq":N,`, as troupe writes every
+/// line).
+fn seq_of(line: &[u8]) -> Option<u64> {
+    let rest = line.strip_prefix(b"{\"seq\":")?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
 }
 
 /// Reads the whole log at `path` for its end, passing its whole lines to
