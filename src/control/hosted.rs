@@ -316,20 +316,17 @@ pub struct Hosted {
     pub(super) retired: Mutex<Retired>,
 }
 
-/// The counters of the runs a server has let go (past its
-/// `KEEP_ENDED`): what they counted stays in the `_total` series, which
-/// Prometheus reads as a reset if they go down.
-#[derive(Debug, Default)]
-pub struct Retired {
+/// What runs counted toward `/metrics`' `_total` series: requests and
+/// tokens by model, cost, tool calls, audit events.
+#[derive(Debug, Clone, Default)]
+pub struct Counted {
     pub(super) models: BTreeMap<String, super::logview::Requests>,
     pub(super) cost: BTreeMap<String, f64>,
     pub(super) tools: BTreeMap<(String, &'static str), u64>,
     pub(super) events: u64,
-    /// Let go, not yet counted here (their views are read on a scrape).
-    pub(super) leaving: Vec<Arc<RunControl>>,
 }
 
-impl Retired {
+impl Counted {
     /// Adds what `view`'s run counted.
     pub(super) fn count(&mut self, view: &LogView) {
         self.models
@@ -345,6 +342,16 @@ impl Retired {
         }
         self.events += view.last_seq;
     }
+}
+
+/// The runs a server has let go (past its `KEEP_ENDED`): what they
+/// counted stays in the `_total` series, which Prometheus reads as a
+/// reset if they go down.
+#[derive(Debug, Default)]
+pub struct Retired {
+    pub(super) counted: Counted,
+    /// Let go, not yet counted (their views are read on a scrape).
+    pub(super) leaving: Vec<Arc<RunControl>>,
 }
 
 /// A submission being admitted: while it lives the server does not drain

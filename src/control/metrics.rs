@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::hosted::Hosted;
+use super::hosted::{Counted, Hosted};
 use super::logview::{Executions, Requests};
 
 /// A label value with `\`, `"` and newlines escaped.
@@ -39,16 +39,13 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(Stri
 struct Totals {
     runs: BTreeMap<String, u64>,
     stages: BTreeMap<String, Executions>,
-    models: BTreeMap<String, Requests>,
-    tools: BTreeMap<(String, &'static str), u64>,
+    /// The `_total` series: of the runs let go, then of those hosted.
+    counted: Counted,
     pending: u64,
     questions: u64,
-    events: u64,
     waiting: BTreeMap<String, u64>,
     /// The longest a running run's log has gone without an event.
     idle: f64,
-    /// US dollars by model, of the runs that know their model's price.
-    cost: BTreeMap<String, f64>,
     /// Records waiting for the runs' store writers.
     store_queued: u64,
 }
@@ -79,21 +76,15 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
             .retired
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .counted
             .count(&view);
     }
-    {
-        let retired = hosted.retired.lock().unwrap_or_else(|p| p.into_inner());
-        for (model, r) in &retired.models {
-            t.models.entry(model.clone()).or_default().add(r);
-        }
-        for (model, usd) in &retired.cost {
-            *t.cost.entry(model.clone()).or_default() += usd;
-        }
-        for (key, n) in &retired.tools {
-            *t.tools.entry(key.clone()).or_default() += n;
-        }
-        t.events += retired.events;
-    }
+    t.counted = hosted
+        .retired
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .counted
+        .clone();
     for run in hosted.all() {
         let view = run.view().await;
         *t.runs.entry(run.status(&view)).or_default() += 1;
@@ -104,22 +95,11 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
             s.failed += e.failed;
             s.cancelled += e.cancelled;
         }
-        t.models
-            .entry(view.model.clone())
-            .or_default()
-            .add(&view.requests);
-        if let Some(price) = view.price {
-            *t.cost.entry(view.model.clone()).or_default() +=
-                price.cost(view.requests.input_tokens, view.requests.output_tokens);
-        }
-        for (key, n) in &view.tools {
-            *t.tools.entry(key.clone()).or_default() += n;
-        }
+        t.counted.count(&view);
         t.store_queued += run.store_queued() as u64;
         let (pending, questions) = run.waiting().await;
         t.pending += pending as u64;
         t.questions += questions as u64;
-        t.events += view.last_seq;
         for (stage, n) in view.waiting() {
             *t.waiting.entry(stage).or_default() += n;
         }
@@ -178,7 +158,8 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         &waiting,
     );
     let by_model = |f: fn(&Requests) -> u64| -> Vec<(String, u64)> {
-        t.models
+        t.counted
+            .models
             .iter()
             .filter(|(m, _)| !m.is_empty())
             .map(|(m, r)| (format!("model=\"{}\"", label(m)), f(r)))
@@ -206,7 +187,7 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         &by_model(|r| r.retries),
     );
     let mut tokens = Vec::new();
-    for (m, r) in t.models.iter().filter(|(m, _)| !m.is_empty()) {
+    for (m, r) in t.counted.models.iter().filter(|(m, _)| !m.is_empty()) {
         let m = label(m);
         tokens.push((format!("model=\"{m}\",kind=\"input\""), r.input_tokens));
         tokens.push((format!("model=\"{m}\",kind=\"output\""), r.output_tokens));
@@ -222,7 +203,7 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         out,
         "# HELP troupe_model_cost_usd_total US dollars spent, by model, priced by each run's --price or provider.prices (runs without a price are not counted).\n# TYPE troupe_model_cost_usd_total counter"
     );
-    for (m, usd) in t.cost.iter().filter(|(m, _)| !m.is_empty()) {
+    for (m, usd) in t.counted.cost.iter().filter(|(m, _)| !m.is_empty()) {
         let _ = writeln!(
             out,
             "troupe_model_cost_usd_total{{model=\"{}\"}} {usd:.9}",
@@ -230,6 +211,7 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         );
     }
     let tools: Vec<(String, u64)> = t
+        .counted
         .tools
         .iter()
         .map(|((tool, outcome), n)| {
@@ -261,7 +243,7 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
         "troupe_audit_events_total",
         "counter",
         "Events the runs' audit logs hold.",
-        &[(String::new(), t.events)],
+        &[(String::new(), t.counted.events)],
     );
     family(
         &mut out,
