@@ -252,6 +252,17 @@ fn a_failed_sibling_cancels_the_siblings_in_flight_on_every_worker() {
     }
 }
 
+/// `troupe resume RUN --nats URL --json` in `project`.
+fn resume(project: &Project, run_id: &str, url: &str) -> std::process::Output {
+    troupe()
+        .args(["resume", run_id, "--nats", url, "--json", "--runs-dir"])
+        .arg(project.runs())
+        .arg("--root")
+        .arg(project.root())
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn a_killed_coordinator_resumes_without_running_a_finished_sibling_again() {
     let Some(bin) = nats_server() else { return };
@@ -313,20 +324,7 @@ fn a_killed_coordinator_resumes_without_running_a_finished_sibling_again() {
         w.tasks.wait_for(held, "reporting a held sibling");
         w.tasks.wait_for(held, "reporting the other held sibling");
     }
-    let out = troupe()
-        .args([
-            "resume",
-            &run_id,
-            "--nats",
-            &server.url(),
-            "--json",
-            "--runs-dir",
-        ])
-        .arg(project.runs())
-        .arg("--root")
-        .arg(project.root())
-        .output()
-        .unwrap();
+    let out = resume(&project, &run_id, &server.url());
     assert!(out.status.success(), "{out:?}");
     let s = summary(&out);
     assert_eq!(s["status"], "ok");
@@ -797,20 +795,7 @@ fn a_fan_out_cancelled_by_fail_fast_runs_again_on_resume() {
         project.root(),
         &["--max-siblings", "2"],
     );
-    let out = troupe()
-        .args([
-            "resume",
-            &run_id,
-            "--nats",
-            &server.url(),
-            "--json",
-            "--runs-dir",
-        ])
-        .arg(project.runs())
-        .arg("--root")
-        .arg(project.root())
-        .output()
-        .unwrap();
+    let out = resume(&project, &run_id, &server.url());
     assert!(out.status.success(), "{out:?}");
     let s = summary(&out);
     assert_eq!(s["status"], "ok", "{s}");

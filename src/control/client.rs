@@ -506,6 +506,22 @@ mod tests {
     /// unreachable once the read timeout has passed, not waited on for
     /// ever (without it the call would still be waiting when the test's
     /// own bound runs out).
+    /// A client of `socket` that gives up on silence after 200 ms, and a
+    /// runtime to drive it.
+    fn impatient(socket: PathBuf) -> (ControlClient, tokio::runtime::Runtime) {
+        let client = ControlClient::waiting(
+            &Target::Unix(socket),
+            std::time::Duration::from_secs(5),
+            std::time::Duration::from_millis(200),
+        )
+        .expect("client");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        (client, rt)
+    }
+
     #[test]
     fn a_silent_server_is_unreachable_after_the_read_timeout() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -519,16 +535,7 @@ mod tests {
             let _ = held_rx.recv();
             drop(conn);
         });
-        let client = ControlClient::waiting(
-            &Target::Unix(socket),
-            std::time::Duration::from_secs(5),
-            std::time::Duration::from_millis(200),
-        )
-        .expect("client");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let (client, rt) = impatient(socket);
         let e = rt
             .block_on(async {
                 tokio::time::timeout(
@@ -569,16 +576,7 @@ mod tests {
                 body.len()
             );
         });
-        let client = ControlClient::waiting(
-            &Target::Unix(socket),
-            std::time::Duration::from_secs(5),
-            std::time::Duration::from_millis(200),
-        )
-        .expect("client");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let (client, rt) = impatient(socket);
         let id = rt
             .block_on(client.submit(&[], Path::new("/"), "t"))
             .expect("the submission waited for its answer");
