@@ -198,3 +198,54 @@ fn a_run_whose_reports_can_no_longer_be_read_ends_instead_of_waiting() {
     );
     assert!(project.started().len() <= 2, "{:?}", project.started());
 }
+
+/// A group's cancel is broadcast once; a worker that missed it (it was
+/// reconnecting) still finds the group's cancelled mark, which it reads
+/// again while siblings of the group run there: they are cancelled, and
+/// the run ends rather than waiting on them. (Here the mark is put with
+/// no broadcast at all.)
+#[test]
+fn a_worker_that_missed_a_cancel_finds_the_groups_mark() {
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let fixture = pipeline("while [ ! -e go ]; do sleep 0.02; done", None);
+    let project = Project::new();
+    let _worker = Worker::start(
+        fixture.path(),
+        &server.url(),
+        "w",
+        project.root(),
+        &["--max-siblings", "2"],
+    );
+    let coordinator = Background::start(project.run(fixture.path(), &server.url()).args([
+        "--ctx",
+        "width=4",
+        "--parallel-cap",
+        "2",
+        "--json",
+    ]));
+    // Two in flight on the worker, held there until `go` (never made).
+    project.wait_started(2);
+    let run_id = std::fs::read_dir(project.runs())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|name| !name.starts_with('.'))
+        .unwrap();
+    let url = server.url();
+    actix::System::new().block_on(async move {
+        let nats = nats_args(&url).connect("fault test").await.unwrap();
+        let marks = nats.cancelled().await.unwrap();
+        // The fan-out's turn is one of the first few.
+        for turn in 0..5 {
+            let key = troupe::distributed::wire::cancelled_key(&run_id, turn);
+            marks
+                .put(key, "cancelled by the test".into())
+                .await
+                .unwrap();
+        }
+    });
+    let (status, out) = coordinator.finish();
+    assert_ne!(status.code(), Some(0), "{out}");
+    assert_eq!(project.started().len(), 2, "{:?}", project.started());
+}

@@ -405,9 +405,12 @@ impl Coordinator {
     }
 
     /// Siblings that will not be heard from, as cancelled: nothing of what
-    /// they spent is known here.
-    fn report_lost(&self, lost: Vec<ExecKey>) {
+    /// they spent is known here. Resolved: a report that comes after all
+    /// (a worker that missed the cancel ran it to the end) is a second
+    /// word on an execution that already ended, and is not taken.
+    fn report_lost(&mut self, lost: Vec<ExecKey>) {
         for exec in lost {
+            self.resolved.insert(exec.id.to_string());
             self.scheduler.do_send(ToScheduler::Report {
                 exec,
                 outcome: StageOutcome::Cancelled {

@@ -369,6 +369,45 @@ impl Actor for WorkerHost {
             host.buckets.forget_idle(now);
             host.forget_idle_executors(now);
         });
+        ctx.run_interval(MARK_CHECK, |host, ctx| host.check_marks(ctx));
+    }
+}
+
+/// How often a worker reads the cancelled marks of the groups it has
+/// siblings of in flight: a cancel is broadcast once, and a worker that
+/// was reconnecting then would otherwise run them to their end.
+const MARK_CHECK: Duration = Duration::from_secs(5);
+
+impl WorkerHost {
+    /// Reads the cancelled mark of each group with a sibling in flight
+    /// here and not yet cancelled; a mark found cancels them as the
+    /// broadcast would have.
+    fn check_marks(&mut self, ctx: &mut Context<Self>) {
+        let mut groups: Vec<(String, u64)> = self
+            .in_flight
+            .values()
+            .map(|f| (f.task.run_id.clone(), f.task.turn))
+            .filter(|key| !self.cancelled_groups.contains_key(key))
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        if groups.is_empty() {
+            return;
+        }
+        let buckets = Arc::clone(&self.buckets);
+        let host = ctx.address();
+        actix::spawn(async move {
+            for (run_id, turn) in groups {
+                let key = super::wire::cancelled_key(&run_id, turn);
+                if let Ok(Some(reason)) = buckets.cancelled.get(key).await {
+                    host.do_send(CancelGroup(Cancel {
+                        run_id,
+                        turn,
+                        reason: String::from_utf8_lossy(&reason).into_owned(),
+                    }));
+                }
+            }
+        });
     }
 }
 
