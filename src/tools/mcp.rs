@@ -110,6 +110,10 @@ pub struct Server {
     waiting: AtomicUsize,
     /// Restarts that failed in a row: the next one waits longer.
     failed_restarts: AtomicUsize,
+    /// When the last restart failed, and why: a call that waited for it
+    /// fails with it rather than trying its own (calls queued behind one
+    /// server's restart would each wait a whole restart in turn).
+    last_failure: std::sync::Mutex<Option<(tokio::time::Instant, String)>>,
     handle: tokio::runtime::Handle,
 }
 
@@ -146,6 +150,7 @@ impl McpPool {
                                 slots: tokio::sync::Semaphore::new(def.max_inflight),
                                 waiting: AtomicUsize::new(0),
                                 failed_restarts: AtomicUsize::new(0),
+                                last_failure: std::sync::Mutex::new(None),
                                 handle: handle.clone(),
                             });
                             let conn = Connection::open(
@@ -364,11 +369,20 @@ impl Server {
     }
 
     async fn connection(&self) -> Result<Arc<Connection>, ToolError> {
+        let asked = tokio::time::Instant::now();
         let mut conn = self.conn.lock().await;
         if let Some(c) = conn.as_ref()
             && c.is_alive()
         {
             return Ok(Arc::clone(c));
+        }
+        let failed_meanwhile = self
+            .last_failure
+            .lock()
+            .ok()
+            .and_then(|f| f.as_ref().filter(|(at, _)| *at >= asked).map(|(_, e)| e.clone()));
+        if let Some(why) = failed_meanwhile {
+            return Err(ToolError::transient("ServerUnavailable", why));
         }
         // Gone: start it again, waiting longer the more restarts failed
         // in a row.
@@ -394,13 +408,14 @@ impl Server {
             Err(e) => {
                 self.failed_restarts.fetch_add(1, Ordering::Relaxed);
                 *conn = None;
-                Err(ToolError::transient(
-                    "ServerUnavailable",
-                    format!(
-                        "MCP server `{}` is down and did not restart: {e}",
-                        self.def.name
-                    ),
-                ))
+                let why = format!(
+                    "MCP server `{}` is down and did not restart: {e}",
+                    self.def.name
+                );
+                if let Ok(mut last) = self.last_failure.lock() {
+                    *last = Some((tokio::time::Instant::now(), why.clone()));
+                }
+                Err(ToolError::transient("ServerUnavailable", why))
             }
         }
     }

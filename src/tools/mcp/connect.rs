@@ -37,6 +37,9 @@ struct Handler {
     within: Duration,
     info: ClientConfig,
     elicitor: Arc<super::elicit::ElicitorSlot>,
+    /// Its question's text is recorded (`InteractionRaised`): what the
+    /// server was given stays out of it.
+    secrets: Secrets,
 }
 
 impl ClientHandler for Handler {
@@ -53,6 +56,7 @@ impl ClientHandler for Handler {
         use rmcp::model::{ElicitResult, ElicitationAction};
         let slot = Arc::clone(&self.elicitor);
         let server = self.server.clone();
+        let secrets = self.secrets.clone();
         // Cancelled when the server withdraws its question
         // (`notifications/cancelled`, as when the call that asked was
         // cancelled) or the connection ends: the form leaves the terminal.
@@ -68,7 +72,7 @@ impl ClientHandler for Handler {
                         let schema = serde_json::to_value(&requested_schema).unwrap_or(Value::Null);
                         let asked = elicitor.elicit(ElicitRequest {
                             server,
-                            message,
+                            message: secrets.text(message),
                             schema,
                         });
                         tokio::select! {
@@ -284,6 +288,7 @@ impl Connection {
             ),
             elicitor: Arc::clone(&start.elicitor),
             within: start_timeout,
+            secrets: Secrets::of(def),
         };
         let (service, group, log) = match &def.transport {
             McpTransport::Stdio {
@@ -406,8 +411,19 @@ impl Connection {
                 }
                 let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
                     .custom_headers(headers);
-                let transport =
-                    StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+                // Not following redirects: reqwest drops only its own
+                // credential headers on a redirect to another host, and
+                // `headersFromEnv` values would go there.
+                let client = reqwest::Client::builder()
+                    .redirect(reqwest::redirect::Policy::none())
+                    .build()
+                    .map_err(|e| {
+                        McpError::new(
+                            "InitializeFailed",
+                            format!("cannot start the HTTP client for `{}`: {e}", def.name),
+                        )
+                    })?;
+                let transport = StreamableHttpClientTransport::with_client(client, config);
                 let watched = Watched {
                     inner: transport,
                     cell: Arc::clone(&cell),

@@ -39,6 +39,17 @@ impl Secrets {
 
     fn from_values(values: impl Iterator<Item = String>) -> Secrets {
         let mut values: Vec<String> = values.filter(|v| v.len() >= SHORTEST).collect();
+        // As a JSON string writes it too (a `"` or `\` escaped): a result
+        // with only structured content is read as its JSON text.
+        let escaped: Vec<String> = values
+            .iter()
+            .filter_map(|v| {
+                let json = serde_json::to_string(v).ok()?;
+                let inner = json.get(1..json.len() - 1)?.to_owned();
+                (inner != *v).then_some(inner)
+            })
+            .collect();
+        values.extend(escaped);
         // The longest first: one value that holds another is replaced whole.
         values.sort_by_key(|v| std::cmp::Reverse(v.len()));
         Secrets(values.into())
@@ -139,5 +150,16 @@ mod tests {
             "stderr: ghp_0123456789abcdef",
         ));
         assert_eq!(start.message, "stderr: [redacted]");
+    }
+
+    /// A value with a `"` or `\\` in it is also found as JSON writes it
+    /// (structured content read as its JSON text).
+    #[test]
+    fn a_value_is_found_as_json_escapes_it_too() {
+        let secret = r#"pa"ss\word-1234"#;
+        let secrets = Secrets::from_values([secret.to_owned()].into_iter());
+        let as_json = serde_json::to_string(&json!({"echo": secret})).unwrap();
+        assert_eq!(secrets.text(as_json), r#"{"echo":"[redacted]"}"#);
+        assert_eq!(secrets.text(format!("raw {secret}")), "raw [redacted]");
     }
 }
