@@ -204,6 +204,12 @@ fn runs_lists_shows_and_exports_a_run() {
         &["runs", "export", run_id, "--output", file.to_str().unwrap()],
     );
     assert_eq!(std::fs::read_to_string(file).unwrap(), log);
+    // A repair that did not finish set the last segment aside: said.
+    let aside = troupe::auditlog::saved_tail_path(&audit);
+    std::fs::write(&aside, b"x").unwrap();
+    let out = project.output(&["runs", "export", run_id]);
+    assert!(said(&out).contains("set aside"), "{}", said(&out));
+    std::fs::remove_file(&aside).unwrap();
 
     assert_eq!(
         refusal(&project, &["runs", "show", "no-such-run", "--json"]),

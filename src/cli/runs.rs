@@ -250,8 +250,22 @@ fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
     Ok(Exit::Ok)
 }
 
+/// Says so when a repair that did not finish (killed, or the disk full)
+/// set the log's last segment aside: its events are not in the log until
+/// a resume puts them back.
+fn warn_set_aside(log: &Path) {
+    let saved = auditlog::saved_tail_path(log);
+    if saved.exists() {
+        say!(
+            "warning: the log's last segment is set aside in {} by a repair that did not finish; its events are not in this output until `troupe resume` puts them back",
+            saved.display()
+        );
+    }
+}
+
 fn export(dir: &Path, output: Option<&Path>) -> Result<Exit, StoreError> {
     let log = auditlog::in_dir(dir);
+    warn_set_aside(&log);
     // The log first: a run without one leaves no empty --output behind.
     std::fs::File::open(&log).map_err(|source| auditlog::AuditError::Io {
         path: log.clone(),
@@ -343,6 +357,7 @@ fn tail_into(
     gone: &std::cell::Cell<bool>,
 ) -> Result<Exit, StoreError> {
     let log = auditlog::in_dir(dir);
+    warn_set_aside(&log);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let io = |e: std::io::Error| {
         gone.set(e.kind() == std::io::ErrorKind::BrokenPipe);

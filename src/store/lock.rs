@@ -13,6 +13,10 @@ use super::error::StoreError;
 /// The lock file's name in a run's folder.
 pub const LOCK_FILE: &str = "run.lock";
 
+/// Tries past the first before a held lock is `Store/RunBusy`, 10 ms
+/// apart: longer than any [`is_held`] check holds it.
+const PROBE_TRIES: u32 = 5;
+
 /// A held run lock; released when dropped (or when the process ends).
 #[derive(Debug)]
 pub struct RunLock {
@@ -36,12 +40,23 @@ impl RunLock {
             .write(true)
             .open(&path)
             .map_err(io)?;
-        match file.try_lock() {
-            Ok(()) => Ok(RunLock { _file: file, path }),
-            Err(TryLockError::WouldBlock) => Err(StoreError::RunBusy {
-                id: run_id.to_owned(),
-            }),
-            Err(TryLockError::Error(e)) => Err(io(e)),
+        // A few tries: `is_held` (every `troupe runs` listing) takes the
+        // lock for an instant to test it, which is not a run holding it.
+        let mut tries = 0;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(RunLock { _file: file, path }),
+                Err(TryLockError::WouldBlock) if tries < PROBE_TRIES => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(TryLockError::WouldBlock) => {
+                    return Err(StoreError::RunBusy {
+                        id: run_id.to_owned(),
+                    });
+                }
+                Err(TryLockError::Error(e)) => return Err(io(e)),
+            }
         }
     }
 
