@@ -591,3 +591,32 @@ proptest! {
         }
     }
 }
+
+/// A static group's siblings each take their own stage's visit: a stage
+/// entered once before the group and once after it gets three distinct
+/// execution ids, not the group's shared one twice.
+#[test]
+fn static_siblings_number_their_own_visits() {
+    let yaml = "id: visits\nentry: b\nstages:\n  a: a.md\n  b: b.md\n  c: c.md\n  j: j.md\nnext:\n  b: c\n  c: { parallel: [a, b], join: j }\n  j: a\n";
+    let script = "stages:\n  a:\n    - complete: { v: a }\n  b:\n    - complete: { v: b }\n  c:\n    - complete: { v: c }\n  j:\n    - complete: { v: j }\n";
+    let files: Vec<(String, String)> = ["a", "b", "c", "j"]
+        .iter()
+        .map(|s| (format!("{s}.md"), llm(s, "", "x")))
+        .collect();
+    let mut all: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    all.push(("script.yaml", script));
+    let out = run(Fixture::new(yaml, &all).path(), Opts::default());
+    assert_eq!(out.report.status, RunStatus::Ok);
+    let mut ids: Vec<String> = out
+        .named("StageEntered")
+        .iter()
+        .map(|e| e["stageExecutionId"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 6, "{ids:?}");
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 6, "an id given twice: {ids:?}");
+}

@@ -16,7 +16,12 @@ pub(super) struct Group {
     /// The state slot every sibling sees: taken once when the group starts,
     /// so siblings neither copy it nor see each other's results.
     pub(super) slot: Arc<BTreeMap<String, Kept>>,
+    /// A `map` group's visit, shared by its siblings (one stage).
     pub(super) visit: u32,
+    /// A static group's siblings' visits, each its own stage's (one
+    /// visit for all would give a sibling the id a later visit of its
+    /// stage gets); empty for a `map` group.
+    pub(super) visits: Vec<u32>,
     /// Each sibling's result as it was handed over: packed (see [`Kept`])
     /// by a local execution, by the coordinator's decoder for a worker's,
     /// as stored on a resume; whole only when nested too deep to pack.
@@ -29,6 +34,11 @@ pub(super) struct Group {
 }
 
 impl Group {
+    /// The visit of sibling `unit`'s stage.
+    pub(super) fn visit_of(&self, unit: usize) -> u32 {
+        self.visits.get(unit).copied().unwrap_or(self.visit)
+    }
+
     pub(super) fn sibling_stage(&self, unit: usize) -> &str {
         match &self.plan.siblings {
             Siblings::Static(ids) => ids.get(unit).map_or("", String::as_str),
@@ -75,7 +85,7 @@ impl Planner {
         upstream: Arc<Vec<Kept>>,
         out: &mut Out,
     ) {
-        let (total, items, visit) = match &plan.siblings {
+        let (total, items, visit, visits) = match &plan.siblings {
             Siblings::Map { stage, over } => {
                 let items = match self.map_items(stage, over, &upstream) {
                     Ok(items) => items,
@@ -85,17 +95,17 @@ impl Planner {
                     Ok(v) => v,
                     Err(reason) => return self.finish(RunStatus::Failed { reason }, out),
                 };
-                (items.len(), Some(Arc::new(items)), visit)
+                (items.len(), Some(Arc::new(items)), visit, Vec::new())
             }
             Siblings::Static(ids) => {
-                let mut visit = 1;
+                let mut visits = Vec::with_capacity(ids.len());
                 for id in ids {
                     match self.visit(id) {
-                        Ok(v) => visit = visit.max(v),
+                        Ok(v) => visits.push(v),
                         Err(reason) => return self.finish(RunStatus::Failed { reason }, out),
                     }
                 }
-                (ids.len(), None, visit)
+                (ids.len(), None, 1, visits)
             }
         };
         let turn_id = self.next_turn_id();
@@ -122,9 +132,9 @@ impl Planner {
         let mut results = vec![None; total];
         if !self.restore.results.is_empty() {
             for (unit, slot) in results.iter_mut().enumerate() {
-                let (stage, index) = match &plan.siblings {
-                    Siblings::Static(ids) => (ids[unit].as_str(), None),
-                    Siblings::Map { stage, .. } => (stage.as_str(), Some(unit)),
+                let (stage, index, visit) = match &plan.siblings {
+                    Siblings::Static(ids) => (ids[unit].as_str(), None, visits[unit]),
+                    Siblings::Map { stage, .. } => (stage.as_str(), Some(unit), visit),
                 };
                 let id = stage_execution_id(&self.run_id, stage, index, visit);
                 if let Some(result) = self.restored(&id) {
@@ -152,6 +162,7 @@ impl Planner {
             upstream_for_join: Arc::new(Vec::new()),
             slot,
             visit,
+            visits,
             results,
             joining: false,
             failures: Vec::new(),
@@ -199,7 +210,7 @@ impl Planner {
             Some(items) => (Some(unit), items.get(unit).cloned()),
             None => (None, None),
         };
-        let visit = g.visit;
+        let visit = g.visit_of(unit);
         let slot = Arc::clone(&g.slot);
         let no_upstream = Arc::clone(&self.no_upstream);
         let ctx = self.context(&stage, index, visit, no_upstream, slot, item);
