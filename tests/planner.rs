@@ -332,6 +332,21 @@ fn the_first_failure_cancels_running_siblings_and_nothing_starts_after_it() {
     );
 }
 
+/// A sibling that fails after the run was cancelled (Ctrl-C here; a
+/// budget or --max-run-time alike) does not turn the cancel into a
+/// sibling failure: the run ends as the cancel says.
+#[test]
+fn a_failure_after_the_run_was_cancelled_is_not_what_the_run_ends_with() {
+    let (_f, mut d) = two_running_one_spawned();
+    let cmds = d.step(PlanEvent::CancelRun);
+    assert_eq!(cancels(&cmds), [Exec::Unit(0), Exec::Unit(1), Exec::Unit(2)]);
+    d.exit(Some(0), "worker", Verdict::Fail, json!({}));
+    d.cancelled(Some(1), "worker");
+    let cmds = d.report(Some(2), StageOutcome::CancelledBeforeStart);
+    assert!(!emitted(&cmds).contains(&"ParallelSiblingFailure".to_owned()));
+    assert_eq!(d.status(), Some(&RunStatus::Cancelled));
+}
+
 /// A limit decides the group between a sibling's spawn and its start
 /// request (which the scheduler feeds right after the spawn): the core
 /// withdraws it, and it then reports it never started, or that it was

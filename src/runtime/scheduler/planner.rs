@@ -625,6 +625,10 @@ impl Planner {
                         match verdict {
                             Verdict::Ok => UnitOutcome::Ok,
                             Verdict::Skipped => UnitOutcome::Skipped,
+                            // A failure after the run was cancelled (Ctrl-C,
+                            // a budget, --max-run-time) is one of the group's
+                            // ends, not what the run ends with: the cancel is.
+                            Verdict::Fail if self.cancelled.is_some() => UnitOutcome::Failed,
                             Verdict::Fail => {
                                 g.failures.push((seq, unit));
                                 UnitOutcome::Failed
