@@ -339,7 +339,10 @@ fn the_first_failure_cancels_running_siblings_and_nothing_starts_after_it() {
 fn a_failure_after_the_run_was_cancelled_is_not_what_the_run_ends_with() {
     let (_f, mut d) = two_running_one_spawned();
     let cmds = d.step(PlanEvent::CancelRun);
-    assert_eq!(cancels(&cmds), [Exec::Unit(0), Exec::Unit(1), Exec::Unit(2)]);
+    assert_eq!(
+        cancels(&cmds),
+        [Exec::Unit(0), Exec::Unit(1), Exec::Unit(2)]
+    );
     d.exit(Some(0), "worker", Verdict::Fail, json!({}));
     d.cancelled(Some(1), "worker");
     let cmds = d.report(Some(2), StageOutcome::CancelledBeforeStart);

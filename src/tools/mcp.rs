@@ -376,11 +376,11 @@ impl Server {
         {
             return Ok(Arc::clone(c));
         }
-        let failed_meanwhile = self
-            .last_failure
-            .lock()
-            .ok()
-            .and_then(|f| f.as_ref().filter(|(at, _)| *at >= asked).map(|(_, e)| e.clone()));
+        let failed_meanwhile = self.last_failure.lock().ok().and_then(|f| {
+            f.as_ref()
+                .filter(|(at, _)| *at >= asked)
+                .map(|(_, e)| e.clone())
+        });
         if let Some(why) = failed_meanwhile {
             return Err(ToolError::transient("ServerUnavailable", why));
         }
