@@ -408,6 +408,35 @@ fn cancel_run_reaches_the_sequential_stage_then_ends_cancelled() {
     assert!(d.exit(None, "plan", Verdict::Ok, items(1)).is_empty());
 }
 
+/// A scheduler that stops after the run was decided but before its report
+/// went out (it was waiting for the hub to settle) still reports, with
+/// the decision; one that stops before fails the run.
+#[test]
+fn an_abandoned_run_reports_what_was_decided_or_fails() {
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 3);
+    d.step(PlanEvent::Start);
+    d.step(PlanEvent::CancelRun);
+    d.cancelled(None, "plan");
+    assert_eq!(d.status(), Some(&RunStatus::Cancelled));
+    let mut out = Vec::new();
+    d.planner.abandon("stopped".to_owned(), &mut out);
+    let report = out.iter().find_map(|c| match c {
+        PlanCommand::Finish(report) => Some(report),
+        _ => None,
+    });
+    assert_eq!(report.map(|r| &r.status), Some(&RunStatus::Cancelled));
+
+    let (_f, p) = map_pipeline(None);
+    let mut d = Driver::new(p, 3);
+    d.step(PlanEvent::Start);
+    let mut out = Vec::new();
+    d.planner.abandon("stopped".to_owned(), &mut out);
+    assert!(out.iter().any(
+        |c| matches!(c, PlanCommand::Finish(r) if matches!(&r.status, RunStatus::Failed { reason } if reason == "stopped"))
+    ));
+}
+
 #[test]
 fn cancel_run_during_the_join_cancels_the_join() {
     let (_f, p) = map_pipeline(None);

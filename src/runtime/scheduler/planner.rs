@@ -303,11 +303,14 @@ impl Planner {
         }
     }
 
-    /// Ends a run that was not decided (its scheduler stopped
-    /// unexpectedly) as failed; does nothing once the run was decided.
+    /// Ends a run whose scheduler stopped unexpectedly: one not decided
+    /// as failed; one decided whose report had not gone out yet (it
+    /// stopped while the hub settled) with that decision and what the
+    /// planner still holds, so the session never waits for a report.
     pub fn abandon(&mut self, reason: String, out: &mut Out) {
-        if self.status.is_none() {
-            self.finish(RunStatus::Failed { reason }, out);
+        match self.status.clone() {
+            None => self.finish(RunStatus::Failed { reason }, out),
+            Some(status) => out.push(PlanCommand::Finish(Box::new(self.report(status)))),
         }
     }
 
@@ -746,7 +749,12 @@ impl Planner {
         }
         out.push(PlanCommand::Emit(ev));
         self.status = Some(status.clone());
-        out.push(PlanCommand::Finish(Box::new(RunReport {
+        out.push(PlanCommand::Finish(Box::new(self.report(status))));
+    }
+
+    /// The run's report, taking what the planner holds for it.
+    fn report(&mut self, status: RunStatus) -> RunReport {
+        RunReport {
             run_id: self.run_id.to_string(),
             pipeline: self.pipeline.id.clone(),
             status,
@@ -759,6 +767,6 @@ impl Planner {
             warnings: Vec::new(),
             results: std::mem::take(&mut self.results),
             all_results: std::mem::take(&mut self.all_results),
-        })));
+        }
     }
 }
