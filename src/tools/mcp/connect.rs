@@ -101,15 +101,30 @@ impl ClientHandler for Handler {
     ) -> impl Future<Output = ()> + Send + '_ {
         // Listed on a task of its own: this handler runs inside the
         // connection's loop, which must go on to read the answer.
+        // One listing at a time: notifications that come meanwhile are
+        // listed for once it is done, in one more listing.
         let peer = context.peer.clone();
         let cell = Arc::clone(&self.cell);
         let server = self.server.clone();
         let within = self.within;
-        tokio::spawn(async move {
-            if let Ok(listed) = list(&server, &peer, within).await {
-                cell.replace(listed);
-            }
-        });
+        if cell.claim() {
+            tokio::spawn(async move {
+                loop {
+                    while cell.is_stale() {
+                        let ticket = cell.ticket();
+                        match list(&server, &peer, within).await {
+                            Ok(listed) => cell.replace(listed, ticket),
+                            Err(_) => cell.keep_stale_listing(ticket),
+                        }
+                    }
+                    cell.release();
+                    // One that came as this let go is this one's to list.
+                    if !(cell.is_stale() && cell.claim()) {
+                        break;
+                    }
+                }
+            });
+        }
         std::future::ready(())
     }
 }
@@ -457,8 +472,9 @@ impl Connection {
             }
             Ok(Ok(service)) => service,
         };
+        let ticket = cell.ticket();
         let listed = list(&def.name, service.peer(), start_timeout).await?;
-        cell.replace(listed);
+        cell.replace(listed, ticket);
         // A server must speak a version of the protocol troupe knows.
         let version = service
             .peer_info()
@@ -532,10 +548,11 @@ impl Connection {
         if !self.cell.is_stale() {
             return;
         }
+        let ticket = self.cell.ticket();
         match list(&self.server, self.service.peer(), self.within).await {
-            Ok(listed) => self.cell.replace(listed),
+            Ok(listed) => self.cell.replace(listed, ticket),
             Err(e) => {
-                self.cell.keep_stale_listing();
+                self.cell.keep_stale_listing(ticket);
                 use std::io::Write as _;
                 let _ = writeln!(
                     std::io::stderr(),

@@ -4,6 +4,7 @@
 //! object is a typed error at discovery, not a surprise at the first call.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
@@ -204,43 +205,122 @@ impl Listing {
 }
 
 /// The latest listing of a server, shared by its connection (which
-/// refreshes it) and the calls (which read it).
+/// refreshes it) and the calls (which read it). Each `tools/list_changed`
+/// the server sends is a ticket; a listing is asked for under the ticket
+/// current when it starts, and installed only if no listing asked for
+/// later is already in: two listings that overlap (a call's refresh, the
+/// notification's own) cannot put the older list back.
 #[derive(Debug, Default)]
-pub struct ListingCell(RwLock<Arc<Listing>>, std::sync::atomic::AtomicBool);
+pub struct ListingCell {
+    /// The listing, and the ticket it was asked for under.
+    current: RwLock<(Arc<Listing>, u64)>,
+    /// Notifications so far.
+    asked: AtomicU64,
+    /// A listing for a notification is under way (they coalesce: a
+    /// server that sends thousands gets a few listings, not thousands).
+    listing: AtomicBool,
+}
 
 impl ListingCell {
     pub fn get(&self) -> Arc<Listing> {
-        Arc::clone(
-            &self
-                .0
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        Arc::clone(&self.read().0)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, (Arc<Listing>, u64)> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The server said its list changed; a fresh listing is on its way.
     pub fn mark_stale(&self) {
-        self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.asked.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// A fresh listing could not be had: the current one stays, and
-    /// is no longer taken as stale.
-    pub fn keep_stale_listing(&self) {
-        self.1.store(false, std::sync::atomic::Ordering::SeqCst);
+    /// The ticket a listing starting now is asked for under.
+    pub fn ticket(&self) -> u64 {
+        self.asked.load(Ordering::SeqCst)
     }
 
-    pub fn is_stale(&self) -> bool {
-        self.1.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Replaces the listing with `listed`, one generation on.
-    pub fn replace(&self, listed: Listed) {
-        self.1.store(false, std::sync::atomic::Ordering::SeqCst);
+    /// A fresh listing (asked for under `ticket`) could not be had: the
+    /// current one stays, and is no longer taken as stale up to it.
+    pub fn keep_stale_listing(&self, ticket: u64) {
         let mut cell = self
-            .0
+            .current
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let generation = cell.generation + 1;
-        *cell = Arc::new(Listing::new(listed, generation));
+        cell.1 = cell.1.max(ticket);
+    }
+
+    /// Whether the server said its list changed since the listing in.
+    pub fn is_stale(&self) -> bool {
+        self.read().1 < self.ticket()
+    }
+
+    /// Claims the listing for notifications; `false` when one is under
+    /// way already (it lists again for what came meanwhile).
+    pub fn claim(&self) -> bool {
+        !self.listing.swap(true, Ordering::SeqCst)
+    }
+
+    /// Lets the claim go.
+    pub fn release(&self) {
+        self.listing.store(false, Ordering::SeqCst);
+    }
+
+    /// Installs `listed`, asked for under `ticket`, one generation on;
+    /// not if a listing asked for later is already in.
+    pub fn replace(&self, listed: Listed, ticket: u64) {
+        let mut cell = self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if ticket < cell.1 {
+            return;
+        }
+        let generation = cell.0.generation + 1;
+        *cell = (Arc::new(Listing::new(listed, generation)), ticket);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn one(name: &str) -> Listed {
+        Listed::from_entries(
+            "s",
+            &[json!({"name": name, "inputSchema": {"type": "object"}})],
+        )
+    }
+
+    /// Two listings that overlap: the one asked for after the later
+    /// notification stays in, whichever finishes last.
+    #[test]
+    fn an_older_listing_finishing_last_does_not_put_its_list_back() {
+        let cell = ListingCell::default();
+        cell.replace(one("first"), cell.ticket());
+        assert!(!cell.is_stale());
+        cell.mark_stale();
+        let older = cell.ticket();
+        cell.mark_stale();
+        let newer = cell.ticket();
+        assert!(cell.is_stale());
+        cell.replace(one("newer"), newer);
+        assert!(!cell.is_stale());
+        cell.replace(one("older"), older);
+        assert_eq!(cell.get().len(), 1);
+        assert!(cell.get().get("newer").is_some(), "{:?}", cell.get());
+        // A failed listing leaves the list and is not stale up to it.
+        cell.mark_stale();
+        let failed = cell.ticket();
+        cell.keep_stale_listing(failed);
+        assert!(!cell.is_stale());
+        // One claim at a time.
+        assert!(cell.claim());
+        assert!(!cell.claim());
+        cell.release();
+        assert!(cell.claim());
     }
 }
