@@ -211,8 +211,17 @@ impl RunControl {
             };
             return before.to_owned();
         }
-        view.status.clone().unwrap_or_else(|| "running".to_owned())
+        match &view.status {
+            Some(status) => status.clone(),
+            // Its session is over and wrote no `WorkflowExit` (its
+            // recording failed): not running, whatever the log says.
+            None if self.has_ended() => "failed".to_owned(),
+            None => "running".to_owned(),
+        }
     }
+
+    /// Why a run whose session ended without a `WorkflowExit` is failed.
+    const LOST: &'static str = "Session/RunLost: the run's session ended without its WorkflowExit (its recording failed; see the server's log)";
 
     /// Whether this session has written to the log `view` read.
     fn has_written(&self, view: &LogView) -> bool {
@@ -255,6 +264,10 @@ impl RunControl {
                 .clone()
                 .filter(|_| self.has_written(&view))
                 .or_else(|| self.refusal().map(str::to_owned))
+                .or_else(|| {
+                    (self.has_ended() && self.has_written(&view) && view.status.is_none())
+                        .then(|| Self::LOST.to_owned())
+                })
                 .or_else(|| {
                     self.withdrawn()
                         .then(|| "cancelled while it waited for a place, before it started".to_owned())
@@ -524,6 +537,26 @@ mod tests {
         let more = format!("{old}{}", line(3, "WorkflowResumed", ""));
         std::fs::write(&path, more).expect("write");
         assert_eq!(resumed.status(&resumed.view().await), "running");
+    }
+
+    /// A run whose session ended without writing its `WorkflowExit` is
+    /// failed, with a reason, not running for good.
+    #[actix::test]
+    async fn a_run_whose_session_ended_without_its_exit_is_failed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join(crate::auditlog::PLAIN_FILE);
+        std::fs::write(&path, line(1, "WorkflowStarted", "")).expect("write");
+        let run = Arc::new(RunControl::new("r", "p", &path, None, None));
+        assert_eq!(run.status(&run.view().await), "running");
+        run.end();
+        let described = run.describe().await;
+        assert_eq!(described["status"], "failed");
+        assert!(
+            described["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("Session/RunLost")),
+            "{described}"
+        );
     }
 
     #[test]
