@@ -448,6 +448,45 @@ fn a_stage_timeout_fails_a_stage_that_takes_too_long() {
     assert!(out.report.usage.prompt_tokens > 0);
 }
 
+/// A tool call still running when `--stage-timeout` fires is killed and
+/// ends in the log (`ToolInvocationCancelled`), as under a cancel.
+#[test]
+fn a_stage_timeout_ends_the_tool_call_in_flight() {
+    let a = common::stage_md("a", "", "Task: {{ctx.task}}")
+        .replace("allowedTools: [Read]", "allowedTools: [Bash]");
+    let f = common::Fixture::linear(&[
+        ("a.md", &a),
+        (
+            "script.yaml",
+            "stages:\n  a:\n    - { tool: Bash, args: { command: \"sleep 600\" } }\n",
+        ),
+    ]);
+    let out = common::run::run(
+        f.path(),
+        common::run::Opts {
+            fields: vec![("task", serde_json::json!("t"))],
+            stage_timeout: Some(std::time::Duration::from_secs(30)),
+            root: Some(f.path().to_owned()),
+            ..common::run::Opts::default()
+        },
+    );
+    assert!(
+        matches!(
+            out.report.status,
+            troupe::runtime::summary::RunStatus::Failed { .. }
+        ),
+        "{:?} {:?} {:?}",
+        out.report.status,
+        out.tool_results(),
+        out.events
+            .iter()
+            .map(|e| e["event"].as_str().unwrap_or("").to_owned())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(out.count("ToolInvocationStarted"), 1);
+    assert_eq!(out.count("ToolInvocationCancelled"), 1);
+}
+
 #[test]
 fn gates_and_asserts_on_deterministic_steps_are_evaluated() {
     let yaml = "id: steps\nentry: talk\nctx:\n  open: { default: false }\nstages:\n  talk: talk.md\n  extract: { kind: extract_json, from: \"ctx.upstream[0].parsed.text\" }\n  report: { kind: print, content: \"score {{ctx.upstream[0].parsed.score}}\" }\nnext:\n  talk: extract\n  extract: report\nassert:\n  extract: [\"parsed.score > 5\"]\ngates:\n  report: { when: \"ctx.open\", otherwise: block }\n";

@@ -58,8 +58,17 @@ impl StageRun {
                         Ok(ended) => ended,
                         Err(_) => {
                             // Whatever was in flight is dropped; its tools are
-                            // cancelled (child processes killed).
+                            // cancelled (child processes killed), and said so,
+                            // as a cancel says it: every started call ends.
                             self.cancel.stop();
+                            let calls = std::mem::take(&mut whereabouts.borrow_mut().tool_calls);
+                            for (id, name) in calls {
+                                self.emit(
+                                    self.event(EventName::ToolInvocationCancelled)
+                                        .tool(name)
+                                        .with("callId", id),
+                                );
+                            }
                             let mut ended = Conclusion::early(
                                 Verdict::Fail,
                                 format!(
