@@ -822,3 +822,39 @@ fn a_restored_run_skips_finished_executions_and_runs_the_rest() {
         "plan order"
     );
 }
+
+/// A loop resumed after many turns replays its stored results one after
+/// another, not each inside the last: twenty thousand of them would
+/// overflow a thread's stack if nested.
+#[test]
+fn a_loop_resumed_after_many_turns_replays_without_nesting() {
+    use troupe::runtime::scheduler::Restore;
+    let (_f, p) = loop_pipeline(1_000_000);
+    let run = RunId::new();
+    let mut d = Driver::new(Arc::clone(&p), 2);
+    d.planner = Planner::new(p, run.clone(), Arc::new(serde_json::Map::new()), 2);
+    let mut restore = Restore::default();
+    let turns = 10_000;
+    for visit in 1..=turns {
+        for stage in ["a", "b"] {
+            let id = format!("{run}/{stage}/{visit}");
+            let r = Arc::new(StageResult::ok(stage, &id, json!({"summary": "s"})));
+            let kept = Kept::packed(Arc::clone(&r), stage.into(), id.as_str().into());
+            Arc::make_mut(&mut restore.results).insert(id.as_str().into(), kept);
+        }
+    }
+    for turn in 1..=2 * turns {
+        restore.turns_started.insert(format!("{run}/turn/{turn}"));
+        restore.turns_ended.insert(format!("{run}/turn/{turn}"));
+    }
+    d.planner.restore(restore);
+    let cmds = d.step(PlanEvent::Start);
+    let spawned = spawned(&cmds);
+    assert_eq!(spawned.len(), 1, "{spawned:?}");
+    assert_eq!(spawned[0].1, "a");
+    let next = cmds.iter().find_map(|c| match c {
+        PlanCommand::Spawn(s) => Some(s.exec.id.to_string()),
+        _ => None,
+    });
+    assert_eq!(next, Some(format!("{run}/a/{}", turns + 1)));
+}

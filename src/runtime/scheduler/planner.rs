@@ -201,6 +201,11 @@ pub struct Planner {
     /// fan-out take it whole (one reference count each), not piece by
     /// piece.
     last_shared: Option<Arc<SharedContext>>,
+    /// A resumed run's stored results met as the walk reaches their
+    /// stages, reported one after another rather than each inside the
+    /// last (a loop resumed after thousands of turns would nest as deep).
+    replay: std::collections::VecDeque<(ExecKey, StageOutcome)>,
+    replaying: bool,
 }
 
 type Out = Vec<PlanCommand>;
@@ -235,6 +240,8 @@ impl Planner {
             all_results: Vec::new(),
             fan_out: Vec::new(),
             last_shared: None,
+            replay: std::collections::VecDeque::new(),
+            replaying: false,
         }
     }
 
@@ -371,7 +378,16 @@ impl Planner {
         if let Some(result) = self.restored(&exec.id) {
             // Finished before the run was interrupted: its Exit is in the
             // store (and the log); the walk goes on from it.
-            return self.reported(exec, StageOutcome::Exited { result, seq: 0 }, out);
+            self.replay
+                .push_back((exec, StageOutcome::Exited { result, seq: 0 }));
+            if !self.replaying {
+                self.replaying = true;
+                while let Some((exec, outcome)) = self.replay.pop_front() {
+                    self.reported(exec, outcome, out);
+                }
+                self.replaying = false;
+            }
+            return;
         }
         out.push(PlanCommand::Spawn(Box::new(Spawn {
             exec,
