@@ -761,11 +761,10 @@ fn a_groups_context_is_read_once_by_the_tasks_that_ask_for_it_at_once() {
     });
 }
 
-/// A fan-out cancelled by fail-fast leaves its group's cancelled mark on
-/// the server: `troupe resume` clears it, and the workers take the
-/// resumed group's siblings (same turn as the cancelled one) as new, so
-/// the run finishes. (A worker that heard the cancel and stays up
-/// discounts it the same way: `worker::tests`.)
+/// Fail-fast leaves the group's cancelled mark on the server; `troupe
+/// resume` clears it, so the resumed group (same turn) runs and the run
+/// finishes. (A worker that heard the cancel discounts it too:
+/// `worker::tests`.)
 #[test]
 fn a_fan_out_cancelled_by_fail_fast_runs_again_on_resume() {
     let Some(bin) = nats_server() else { return };
@@ -779,7 +778,6 @@ fn a_fan_out_cancelled_by_fail_fast_runs_again_on_resume() {
         project.root(),
         &["--max-siblings", "2", "--fail-sibling", "worker#3"],
     );
-
     let out = project
         .run(fixture.path(), &server.url())
         .args(["--ctx", "width=8", "--json"])
@@ -797,6 +795,5 @@ fn a_fan_out_cancelled_by_fail_fast_runs_again_on_resume() {
     );
     let out = resume(&project, &run_id, &server.url());
     assert!(out.status.success(), "{out:?}");
-    let s = summary(&out);
-    assert_eq!(s["status"], "ok", "{s}");
+    assert_eq!(summary(&out)["status"], "ok");
 }

@@ -786,14 +786,8 @@ fn a_run_cancelled_while_queued_never_starts() {
     });
     let watched = cli(dir.path(), &["watch", &second]);
     assert_eq!(watched.status.code(), Some(130), "{}", said(&watched));
-    assert!(
-        !dir.path()
-            .join(".troupe/runs")
-            .join(&second)
-            .join(troupe::auditlog::FILE)
-            .exists(),
-        "no log"
-    );
+    let folder = dir.path().join(".troupe/runs").join(&second);
+    assert!(!troupe::auditlog::in_dir(&folder).exists(), "no log");
     assert_eq!(state_of(dir.path(), &second), "", "no store row");
     assert_eq!(state_of(dir.path(), &first), "running", "the first runs on");
     let out = cli(dir.path(), &["cancel", &first]);
