@@ -155,23 +155,8 @@ fn a_cluster_that_loses_a_server_mid_fan_out_finishes_the_run() {
 #[test]
 fn a_run_whose_reports_can_no_longer_be_read_ends_instead_of_waiting() {
     let Some(bin) = nats_server() else { return };
-    let server = Server::start(&bin);
-    let fixture = pipeline("while [ ! -e go ]; do sleep 0.02; done", None);
-    let project = Project::new();
-    let _worker = Worker::start(
-        fixture.path(),
-        &server.url(),
-        "w",
-        project.root(),
-        &["--max-siblings", "2"],
-    );
-    let coordinator = Background::start(project.run(fixture.path(), &server.url()).args([
-        "--ctx",
-        "width=8",
-        "--parallel-cap",
-        "2",
-        "--json",
-    ]));
+    let held = Held::start(&bin, 8);
+    let (server, project, coordinator) = (&held.server, &held.project, held.coordinator);
     // Two in flight on the worker, held there until `go`.
     project.wait_started(2);
     let url = server.url();
@@ -207,23 +192,8 @@ fn a_run_whose_reports_can_no_longer_be_read_ends_instead_of_waiting() {
 #[test]
 fn a_worker_that_missed_a_cancel_finds_the_groups_mark() {
     let Some(bin) = nats_server() else { return };
-    let server = Server::start(&bin);
-    let fixture = pipeline("while [ ! -e go ]; do sleep 0.02; done", None);
-    let project = Project::new();
-    let _worker = Worker::start(
-        fixture.path(),
-        &server.url(),
-        "w",
-        project.root(),
-        &["--max-siblings", "2"],
-    );
-    let coordinator = Background::start(project.run(fixture.path(), &server.url()).args([
-        "--ctx",
-        "width=4",
-        "--parallel-cap",
-        "2",
-        "--json",
-    ]));
+    let held = Held::start(&bin, 4);
+    let (server, project, coordinator) = (&held.server, &held.project, held.coordinator);
     // Two in flight on the worker, held there until `go` (never made).
     project.wait_started(2);
     let run_id = std::fs::read_dir(project.runs())
@@ -248,4 +218,44 @@ fn a_worker_that_missed_a_cancel_finds_the_groups_mark() {
     let (status, out) = coordinator.finish();
     assert_ne!(status.code(), Some(0), "{out}");
     assert_eq!(project.started().len(), 2, "{:?}", project.started());
+}
+
+/// A fan-out `width` wide whose siblings wait for `go` (never made unless
+/// the test makes it), cap 2, on one worker with two slots.
+struct Held {
+    server: Server,
+    project: Project,
+    _fixture: common::Fixture,
+    _worker: Worker,
+    coordinator: Background,
+}
+
+impl Held {
+    fn start(bin: &std::path::Path, width: usize) -> Held {
+        let server = Server::start(bin);
+        let fixture = pipeline("while [ ! -e go ]; do sleep 0.02; done", None);
+        let project = Project::new();
+        let worker = Worker::start(
+            fixture.path(),
+            &server.url(),
+            "w",
+            project.root(),
+            &["--max-siblings", "2"],
+        );
+        let width = format!("width={width}");
+        let coordinator = Background::start(project.run(fixture.path(), &server.url()).args([
+            "--ctx",
+            &width,
+            "--parallel-cap",
+            "2",
+            "--json",
+        ]));
+        Held {
+            server,
+            project,
+            _fixture: fixture,
+            _worker: worker,
+            coordinator,
+        }
+    }
 }

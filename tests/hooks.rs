@@ -35,6 +35,14 @@ fn real() -> Opts {
     }
 }
 
+/// [`real`], with the pipeline folder as the tools' root.
+fn rooted(f: &Fixture) -> Opts {
+    Opts {
+        root: Some(f.path().to_owned()),
+        ..real()
+    }
+}
+
 const NO_RM: &str = "#!/bin/sh\nif grep -q '\"rm '; then echo '{\"decision\":\"deny\",\"reason\":\"rm is not allowed here\"}'; else echo '{\"decision\":\"allow\"}'; fi\n";
 
 #[test]
@@ -307,13 +315,7 @@ fn a_transform_cannot_rewrite_a_call_past_a_guard() {
         "stages:\n  s:\n    - { tool: Bash, args: { command: \"echo safe\" } }\n    - complete: { n: 1 }\n",
         &[("no-rm.sh", NO_RM), ("victim.txt", "precious")],
     );
-    let out = run(
-        f.path(),
-        Opts {
-            root: Some(f.path().to_owned()),
-            ..real()
-        },
-    );
+    let out = run(f.path(), rooted(&f));
     assert_eq!(out.report.status, RunStatus::Ok);
     assert!(f.file("victim.txt").exists(), "the rewritten rm never ran");
     let denied = out.named("ToolCallDenied");
@@ -438,13 +440,7 @@ fn a_guard_whose_script_a_tool_call_rewrote_fails_closed() {
         "stages:\n  s:\n    - { tool: Bash, args: { command: \"echo 'exit 0' > no-rm.sh\" } }\n    - { tool: Bash, args: { command: \"rm victim.txt\" } }\n    - complete: { n: 1 }\n",
         &[("no-rm.sh", NO_RM), ("victim.txt", "precious")],
     );
-    let out = run(
-        f.path(),
-        Opts {
-            root: Some(f.path().to_owned()),
-            ..real()
-        },
-    );
+    let out = run(f.path(), rooted(&f));
     assert_eq!(out.report.status, RunStatus::Ok);
     assert!(f.file("victim.txt").exists(), "the rm never ran");
     let results = out.tool_results();

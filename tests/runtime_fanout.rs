@@ -130,11 +130,9 @@ fn acceptance_21_sequential_chain_turns_and_upstream() {
     assert!(b_prompt.contains("prior=from-a"), "{b_prompt}");
 }
 
-#[test]
-fn acceptance_22_static_fan_out_is_one_compound_turn_join_sees_plan_order() {
-    let yaml = "id: fan\nentry: a\nstages:\n  a: a.md\n  x: x.md\n  y: y.md\n  z: z.md\n  j: j.md\nnext:\n  a: { parallel: [z, x, y], join: j }\n";
-    let script = "stages:\n  x:\n    - { complete: { v: x }, latency: 30ms }\n  y:\n    - { complete: { v: y }, latency: 10ms }\n  z:\n    - { complete: { v: z }, latency: 20ms }\n  j:\n    - complete: { seen: \"{{ctx.upstream}}\" }\n";
-    let files: Vec<(String, String)> = ["a", "x", "y", "z", "j"]
+/// `yaml` with an LLM stage file for each of `stages` and `script`.
+fn llm_pipeline(yaml: &str, stages: &[&str], script: &str) -> Fixture {
+    let files: Vec<(String, String)> = stages
         .iter()
         .map(|s| (format!("{s}.md"), llm(s, "", "x")))
         .collect();
@@ -143,7 +141,17 @@ fn acceptance_22_static_fan_out_is_one_compound_turn_join_sees_plan_order() {
         .map(|(a, b)| (a.as_str(), b.as_str()))
         .collect();
     all.push(("script.yaml", script));
-    let out = run(Fixture::new(yaml, &all).path(), Opts::default());
+    Fixture::new(yaml, &all)
+}
+
+#[test]
+fn acceptance_22_static_fan_out_is_one_compound_turn_join_sees_plan_order() {
+    let yaml = "id: fan\nentry: a\nstages:\n  a: a.md\n  x: x.md\n  y: y.md\n  z: z.md\n  j: j.md\nnext:\n  a: { parallel: [z, x, y], join: j }\n";
+    let script = "stages:\n  x:\n    - { complete: { v: x }, latency: 30ms }\n  y:\n    - { complete: { v: y }, latency: 10ms }\n  z:\n    - { complete: { v: z }, latency: 20ms }\n  j:\n    - complete: { seen: \"{{ctx.upstream}}\" }\n";
+    let out = run(
+        llm_pipeline(yaml, &["a", "x", "y", "z", "j"], script).path(),
+        Opts::default(),
+    );
     assert_eq!(out.report.status, RunStatus::Ok);
     assert_eq!(
         out.count("SessionTurnStart"),
@@ -599,16 +607,10 @@ proptest! {
 fn static_siblings_number_their_own_visits() {
     let yaml = "id: visits\nentry: b\nstages:\n  a: a.md\n  b: b.md\n  c: c.md\n  j: j.md\nnext:\n  b: c\n  c: { parallel: [a, b], join: j }\n  j: a\n";
     let script = "stages:\n  a:\n    - complete: { v: a }\n  b:\n    - complete: { v: b }\n  c:\n    - complete: { v: c }\n  j:\n    - complete: { v: j }\n";
-    let files: Vec<(String, String)> = ["a", "b", "c", "j"]
-        .iter()
-        .map(|s| (format!("{s}.md"), llm(s, "", "x")))
-        .collect();
-    let mut all: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(a, b)| (a.as_str(), b.as_str()))
-        .collect();
-    all.push(("script.yaml", script));
-    let out = run(Fixture::new(yaml, &all).path(), Opts::default());
+    let out = run(
+        llm_pipeline(yaml, &["a", "b", "c", "j"], script).path(),
+        Opts::default(),
+    );
     assert_eq!(out.report.status, RunStatus::Ok);
     let mut ids: Vec<String> = out
         .named("StageEntered")
