@@ -10,6 +10,11 @@ use crate::tools::ToolError;
 /// Bytes of a result the model gets at most; the rest is cut with a note.
 pub const MAX_RESULT_BYTES: usize = 256 * 1024;
 
+/// Bytes of structured content kept (a tool step's `parsed`, which the
+/// store keeps and later prompts may quote) at most; larger is left out
+/// with a note, the text (itself capped) kept.
+pub const MAX_STRUCTURED_BYTES: usize = 1024 * 1024;
+
 /// What a call gave: the text for the model and the structured result (a
 /// tool step's `parsed`).
 #[derive(Debug, Clone, PartialEq)]
@@ -29,7 +34,7 @@ pub fn render_json(server: &str, tool: &str, result: &Value) -> Result<ToolOutpu
     {
         parts.push(block_text(block));
     }
-    let structured = result.get("structuredContent").cloned();
+    let mut structured = result.get("structuredContent").cloned();
     let mut text = if parts.is_empty() {
         structured
             .as_ref()
@@ -38,12 +43,20 @@ pub fn render_json(server: &str, tool: &str, result: &Value) -> Result<ToolOutpu
     } else {
         parts.join("\n")
     };
+
     if text.len() > MAX_RESULT_BYTES {
         let cut = char_floor(&text, MAX_RESULT_BYTES);
         let more = text.len() - cut;
         text.truncate(cut);
         text.push_str(&format!(
             "\n[… {more} more bytes cut: the result was over {MAX_RESULT_BYTES} bytes]"
+        ));
+    }
+    let structured_bytes = structured.as_ref().map_or(0, |v| v.to_string().len());
+    if structured_bytes > MAX_STRUCTURED_BYTES {
+        structured = None;
+        text.push_str(&format!(
+            "\n[structured content of {structured_bytes} bytes left out: over {MAX_STRUCTURED_BYTES} bytes]"
         ));
     }
     if result.get("isError").and_then(Value::as_bool) == Some(true) {
@@ -124,6 +137,19 @@ mod tests {
         assert_eq!(
             ok.text,
             "hello\n[image: image/png, 3 bytes, not shown]\n[resource: file:///a, text/plain, 3 bytes, not shown]"
+        );
+        let big = "x".repeat(MAX_STRUCTURED_BYTES);
+        let left_out = render_json(
+            "s",
+            "t",
+            &json!({"content": [{"type": "text", "text": "ok"}], "structuredContent": {"a": big}}),
+        )
+        .unwrap();
+        assert_eq!(left_out.structured, None);
+        assert!(
+            left_out.text.starts_with("ok\n[structured content of"),
+            "{}",
+            &left_out.text[..80]
         );
         let structured = render_json(
             "s",
