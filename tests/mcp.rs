@@ -710,6 +710,73 @@ fn an_elicitation_goes_to_the_answers_file_and_is_declined_when_headless() {
     }
 }
 
+/// A form whose call ended (here its timeout) is withdrawn at once, even
+/// though the server never withdraws its question: no one is left asked
+/// about a call that no longer waits for the answer. (The elicitor is
+/// one that never answers, as a person who walked away.)
+#[test]
+fn a_form_is_withdrawn_when_the_call_that_asked_ends() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use troupe::tools::mcp::{
+        ElicitAnswer, ElicitRequest, Elicitor, ElicitorSlot, McpPool, McpStart,
+    };
+
+    /// Never answers; says when its form is let go.
+    #[derive(Debug)]
+    struct Never(Arc<AtomicBool>);
+    struct LetGo(Arc<AtomicBool>);
+    impl Drop for LetGo {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    impl Elicitor for Never {
+        fn elicit(&self, _: ElicitRequest) -> futures::future::BoxFuture<'static, ElicitAnswer> {
+            let let_go = LetGo(Arc::clone(&self.0));
+            Box::pin(async move {
+                let _let_go = let_go;
+                std::future::pending::<ElicitAnswer>().await
+            })
+        }
+    }
+    let yaml = format!(
+        "id: t\nentry: ask\nmcpServers:\n{}stages:\n  ask: {{ kind: tool, tool: srv__elicit }}\nnext:\n  ask: end\n",
+        fault_block("srv", Path::new(STATS), &[], "    timeout: 1s\n")
+    );
+    let project = project(&yaml, &[]);
+    let pipeline = troupe::definition::load_pipeline(&project.path().join("p")).unwrap();
+    let let_go = Arc::new(AtomicBool::new(false));
+    let elicitor = Arc::new(ElicitorSlot::default());
+    elicitor.set(Arc::new(Never(Arc::clone(&let_go))));
+    let start = McpStart {
+        root: project.path().to_owned(),
+        sandbox: None,
+        log_dir: None,
+        start_timeout: std::time::Duration::from_secs(30),
+        deny_network: false,
+        elicitor,
+    };
+    let pool = McpPool::start(&pipeline.mcp_servers, &start).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let called = rt.block_on(pool.call(
+        "srv__elicit",
+        &serde_json::json!({}),
+        &tokio_util::sync::CancellationToken::new(),
+    ));
+    assert!(called.is_err(), "{called:?}");
+    // Let go while the connection lives on (before the pool is dropped).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !let_go.load(Ordering::SeqCst) {
+        assert!(std::time::Instant::now() < deadline, "the form still waits");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(pool);
+}
+
 #[test]
 fn no_server_process_outlives_troupe_killed_with_sigkill() {
     // A stage hangs inside the server; troupe is killed with SIGKILL; the

@@ -40,6 +40,10 @@ struct Handler {
     /// Its question's text is recorded (`InteractionRaised`): what the
     /// server was given stays out of it.
     secrets: Secrets,
+    /// Calls in flight on the connection: a form asked while none is
+    /// (the call that asked timed out, was cancelled or failed) is
+    /// withdrawn, whether or not the server withdraws it.
+    calls: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 impl ClientHandler for Handler {
@@ -61,6 +65,7 @@ impl ClientHandler for Handler {
         // (`notifications/cancelled`, as when the call that asked was
         // cancelled) or the connection ends: the form leaves the terminal.
         let withdrawn = context.ct.clone();
+        let mut calls = self.calls.subscribe();
         async move {
             let answer = match request {
                 rmcp::model::ElicitRequestParams::FormElicitationParams {
@@ -78,6 +83,7 @@ impl ClientHandler for Handler {
                         tokio::select! {
                             answer = asked => answer,
                             () = withdrawn.cancelled() => ElicitAnswer::Cancel,
+                            _ = calls.wait_for(|n| *n == 0) => ElicitAnswer::Cancel,
                         }
                     }
                     None => ElicitAnswer::Decline,
@@ -259,6 +265,8 @@ pub struct Connection {
     /// Held while the listing is fetched again: calls that find it stale
     /// together list once, the others waiting for that one.
     refreshing: tokio::sync::Mutex<()>,
+    /// Calls in flight (the handler's forms wait on it).
+    calls: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -294,6 +302,7 @@ impl Connection {
             rmcp::model::ElicitationCapability::new()
                 .with_form(rmcp::model::FormElicitationCapability::default()),
         );
+        let calls = Arc::new(tokio::sync::watch::Sender::new(0usize));
         let handler = Handler {
             server: def.name.clone(),
             cell: Arc::clone(&cell),
@@ -304,6 +313,7 @@ impl Connection {
             elicitor: Arc::clone(&start.elicitor),
             within: start_timeout,
             secrets: Secrets::of(def),
+            calls: Arc::clone(&calls),
         };
         let (service, group, log) = match &def.transport {
             McpTransport::Stdio {
@@ -504,6 +514,7 @@ impl Connection {
             secrets: Secrets::of(def),
             _group: group,
             refreshing: tokio::sync::Mutex::new(()),
+            calls,
         }))
     }
 
@@ -530,6 +541,15 @@ impl Connection {
     /// One `tools/call`. Dropping the future cancels the request on the
     /// server (`notifications/cancelled`).
     pub async fn call(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
+        /// Counts a call in flight until it ends or is dropped.
+        struct InFlight<'a>(&'a tokio::sync::watch::Sender<usize>);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.send_modify(|n| *n = n.saturating_sub(1));
+            }
+        }
+        self.calls.send_modify(|n| *n += 1);
+        let _in_flight = InFlight(&self.calls);
         let outcome = self.call_unredacted(tool, args).await;
         self.secrets.outcome(outcome)
     }
