@@ -23,6 +23,14 @@ pub struct McpTool {
     validator: jsonschema::Validator,
 }
 
+/// Bytes of a tool's description a model is sent, at most (every request
+/// that offers the tool carries it); longer is cut.
+const MOST_DESCRIPTION: usize = 4096;
+
+/// Bytes of a tool's inputSchema (as JSON), at most; a larger one makes
+/// the tool unusable (left out with a warning, as a bad schema is).
+const MOST_SCHEMA: usize = 64 * 1024;
+
 impl McpTool {
     /// Reads one entry of `tools/list` (its JSON).
     pub fn from_listed(server: &str, tool: &Value) -> Result<McpTool, McpError> {
@@ -47,6 +55,16 @@ impl McpTool {
             })?
             .to_owned();
         let schema = tool.get("inputSchema").cloned().unwrap_or(Value::Null);
+        // Sent with every request that offers the tool.
+        let schema_bytes = schema.to_string().len();
+        if schema_bytes > MOST_SCHEMA {
+            return Err(McpError::new(
+                "InvalidSchema",
+                format!(
+                    "MCP server `{server}` lists tool `{name}` whose inputSchema takes {schema_bytes} bytes, over the {MOST_SCHEMA} troupe sends a model"
+                ),
+            ));
+        }
         if schema.get("type").and_then(Value::as_str) != Some("object") {
             return Err(McpError::new(
                 "InvalidSchema",
@@ -63,11 +81,15 @@ impl McpTool {
                 ),
             )
         })?;
-        let description = tool
+        let mut description = tool
             .get("description")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
+        if description.len() > MOST_DESCRIPTION {
+            description.truncate(super::result::char_floor(&description, MOST_DESCRIPTION));
+            description.push_str(" […]");
+        }
         Ok(McpTool {
             name,
             description,
@@ -293,6 +315,33 @@ mod tests {
             "s",
             &[json!({"name": name, "inputSchema": {"type": "object"}})],
         )
+    }
+
+    /// A long description is cut; a schema too large to send with every
+    /// request makes its tool unusable, not the server.
+    #[test]
+    fn long_descriptions_are_cut_and_huge_schemas_refused() {
+        let long = "é".repeat(MOST_DESCRIPTION);
+        let tool = McpTool::from_listed(
+            "s",
+            &json!({"name": "t", "description": long, "inputSchema": {"type": "object"}}),
+        )
+        .unwrap();
+        assert!(tool.description.len() <= MOST_DESCRIPTION + 8);
+        assert!(tool.description.ends_with(" […]"));
+        let wide: serde_json::Map<String, Value> = (0..MOST_SCHEMA / 16)
+            .map(|i| (format!("property_{i:06}"), json!({"type": "string"})))
+            .collect();
+        let listed = Listed::from_entries(
+            "s",
+            &[
+                json!({"name": "huge", "inputSchema": {"type": "object", "properties": wide}}),
+                json!({"name": "fine", "inputSchema": {"type": "object"}}),
+            ],
+        );
+        assert_eq!(listed.tools.len(), 1);
+        assert_eq!(listed.unusable.len(), 1);
+        assert_eq!(listed.unusable[0].1.code, "InvalidSchema");
     }
 
     /// Two listings that overlap: the one asked for after the later
