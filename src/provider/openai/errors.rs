@@ -273,13 +273,33 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-/// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the HTTP date format
-/// servers must send.
+/// An HTTP date, in any of the three forms HTTP has had.
 pub fn parse_http_date(text: &str) -> Option<SystemTime> {
-    let mut parts = text.split_whitespace();
-    let _weekday = parts.next()?.strip_suffix(',')?;
-    let day: u32 = parts.next()?.parse().ok()?;
-    let month = match parts.next()? {
+    // IMF-fixdate `Sun, 06 Nov 1994 08:49:37 GMT`, RFC 850 `Sunday,
+    // 06-Nov-94 08:49:37 GMT`, asctime `Sun Nov  6 08:49:37 1994`: a
+    // recipient must read all three (RFC 9110, 5.6.7).
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    let (day, month, year, time) = match parts.as_slice() {
+        [weekday, day, month, year, time, "GMT"] if weekday.ends_with(',') => {
+            (*day, *month, year.parse::<i64>().ok()?, *time)
+        }
+        [weekday, date, time, "GMT"] if weekday.ends_with(',') => {
+            let mut dmy = date.split('-');
+            let (day, month, yy) = (dmy.next()?, dmy.next()?, dmy.next()?);
+            if dmy.next().is_some() || yy.len() != 2 {
+                return None;
+            }
+            // Two digits: the century that puts it nearest now (RFC 9110
+            // says within fifty years of now; no date this far out is).
+            let yy: i64 = yy.parse().ok()?;
+            let year = if yy < 70 { 2000 + yy } else { 1900 + yy };
+            (day, month, year, *time)
+        }
+        [_weekday, month, day, time, year] => (*day, *month, year.parse::<i64>().ok()?, *time),
+        _ => return None,
+    };
+    let day: u32 = day.parse().ok()?;
+    let month = match month {
         "Jan" => 1,
         "Feb" => 2,
         "Mar" => 3,
@@ -294,12 +314,11 @@ pub fn parse_http_date(text: &str) -> Option<SystemTime> {
         "Dec" => 12,
         _ => return None,
     };
-    let year: i64 = parts.next()?.parse().ok()?;
-    let mut hms = parts.next()?.split(':');
+    let mut hms = time.split(':');
     let h: u64 = hms.next()?.parse().ok()?;
     let m: u64 = hms.next()?.parse().ok()?;
     let s: u64 = hms.next()?.parse().ok()?;
-    if parts.next()? != "GMT" || parts.next().is_some() || hms.next().is_some() {
+    if hms.next().is_some() {
         return None;
     }
     if !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 || !(1970..=9999).contains(&year) {
@@ -434,6 +453,21 @@ mod tests {
             leap.duration_since(UNIX_EPOCH).unwrap().as_secs(),
             951_782_400
         );
+        // The obsolete forms a recipient must read too (RFC 9110, 5.6.7).
+        assert_eq!(parse_http_date("Sunday, 06-Nov-94 08:49:37 GMT"), Some(t));
+        assert_eq!(parse_http_date("Sun Nov  6 08:49:37 1994"), Some(t));
+        assert_eq!(
+            parse_http_date("Tuesday, 29-Feb-00 00:00:00 GMT"),
+            Some(leap)
+        );
+        for bad in [
+            "Sun, 06 Nov 1994 08:49:37 UTC",
+            "Sunday, 06-Nov-1994 08:49:37 GMT",
+            "Sun Nov 6 08:49 1994",
+            "06 Nov 1994",
+        ] {
+            assert_eq!(parse_http_date(bad), None, "{bad}");
+        }
     }
 
     #[test]
