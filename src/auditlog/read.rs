@@ -207,27 +207,33 @@ impl Follower {
     /// yet).
     pub fn read_more(&mut self, max: usize, lines: &mut Vec<u8>) -> Result<usize, AuditError> {
         let from = lines.len();
-        let shrunk = std::fs::metadata(&self.path).is_ok_and(|m| m.len() < self.decoder.end().fed);
-        let rewritten = self
-            .probe
-            .as_ref()
-            .is_some_and(|(at, seen)| self.bytes_at(*at, seen.len() as u64).as_ref() != Some(seen));
-        let read = if shrunk || rewritten {
-            Err(AuditError::Corrupt {
-                path: self.path.clone(),
-                offset: self.decoder.end().fed,
-                reason: "the log was cut back under its reader".to_owned(),
-            })
-        } else {
-            self.read_on(max, lines)
+        // Opened once a poll: the probe and the read share it.
+        let file = match File::open(&self.path) {
+            Ok(f) => Some(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(AuditError::io(&self.path)(e)),
         };
-        let read = match read {
-            Err(AuditError::Corrupt { .. }) if self.restarted_at != Some(self.last_seq) => {
-                lines.truncate(from);
-                self.restart()?;
-                self.read_on(max, lines)
+        // A file cut back below the probe reads fewer bytes there: one
+        // check covers a cut and a rewrite.
+        let rewritten = self.probe.as_ref().is_some_and(|(at, seen)| {
+            file.as_ref()
+                .and_then(|f| bytes_at(f, *at, seen.len() as u64))
+                .as_ref()
+                != Some(seen)
+        });
+        let read = if rewritten && self.restarted_at != Some(self.last_seq) {
+            lines.truncate(from);
+            self.restart()?;
+            self.read_on(max, lines, file.as_ref())
+        } else {
+            match self.read_on(max, lines, file.as_ref()) {
+                Err(AuditError::Corrupt { .. }) if self.restarted_at != Some(self.last_seq) => {
+                    lines.truncate(from);
+                    self.restart()?;
+                    self.read_on(max, lines, file.as_ref())
+                }
+                other => other,
             }
-            other => other,
         }?;
         self.given(from, lines);
         let end = self.decoder.end();
@@ -237,21 +243,13 @@ impl Follower {
                 Some((seen_at, seen)) if seen_at == at && seen.len() as u64 == PROBE => (at, seen),
                 _ => (
                     at,
-                    self.bytes_at(at, PROBE.min(end.fed - at))
+                    file.as_ref()
+                        .and_then(|f| bytes_at(f, at, PROBE.min(end.fed - at)))
                         .unwrap_or_default(),
                 ),
             }
         });
         Ok(read)
-    }
-
-    /// Up to `len` bytes of the file at `at` (fewer at its end).
-    fn bytes_at(&self, at: u64, len: u64) -> Option<Vec<u8>> {
-        let mut file = File::open(&self.path).ok()?;
-        file.seek(SeekFrom::Start(at)).ok()?;
-        let mut bytes = Vec::new();
-        file.take(len).read_to_end(&mut bytes).ok()?;
-        Some(bytes)
     }
 
     /// Starts again from where it began, leaving out what it gave.
@@ -291,14 +289,17 @@ impl Follower {
         }
     }
 
-    fn read_on(&mut self, max: usize, lines: &mut Vec<u8>) -> Result<usize, AuditError> {
+    fn read_on(
+        &mut self,
+        max: usize,
+        lines: &mut Vec<u8>,
+        file: Option<&File>,
+    ) -> Result<usize, AuditError> {
         let waiting = !self.unread.is_empty() || self.decoder.more();
         let mut read = max;
         if !waiting {
-            let mut file = match File::open(&self.path) {
-                Ok(f) => f,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-                Err(e) => return Err(AuditError::io(&self.path)(e)),
+            let Some(mut file) = file else {
+                return Ok(0);
             };
             file.seek(SeekFrom::Start(self.decoder.end().fed))
                 .map_err(AuditError::io(&self.path))?;
@@ -317,6 +318,14 @@ impl Follower {
         }
         Ok(read)
     }
+}
+
+/// Up to `len` bytes of `file` at `at` (fewer at its end).
+fn bytes_at(mut file: &File, at: u64, len: u64) -> Option<Vec<u8>> {
+    file.seek(SeekFrom::Start(at)).ok()?;
+    let mut bytes = Vec::new();
+    file.take(len).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
 }
 
 /// The `seq` a line begins with (`{"seq":N,`, as troupe writes every
