@@ -83,23 +83,23 @@ fn an_elicitation_goes_to_the_answers_file_and_is_declined_when_headless() {
 #[test]
 fn a_form_is_withdrawn_when_the_call_that_asked_ends() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc::{Sender, channel};
     use troupe::tools::mcp::{
         ElicitAnswer, ElicitRequest, Elicitor, ElicitorSlot, McpPool, McpStart,
     };
 
     /// Never answers; says when its form is let go.
     #[derive(Debug)]
-    struct Never(Arc<AtomicBool>);
-    struct LetGo(Arc<AtomicBool>);
+    struct Never(Sender<()>);
+    struct LetGo(Sender<()>);
     impl Drop for LetGo {
         fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
+            let _ = self.0.send(());
         }
     }
     impl Elicitor for Never {
         fn elicit(&self, _: ElicitRequest) -> futures::future::BoxFuture<'static, ElicitAnswer> {
-            let let_go = LetGo(Arc::clone(&self.0));
+            let let_go = LetGo(self.0.clone());
             Box::pin(async move {
                 let _let_go = let_go;
                 std::future::pending::<ElicitAnswer>().await
@@ -112,9 +112,9 @@ fn a_form_is_withdrawn_when_the_call_that_asked_ends() {
     );
     let project = project(&yaml, &[]);
     let pipeline = troupe::definition::load_pipeline(&project.path().join("p")).unwrap();
-    let let_go = Arc::new(AtomicBool::new(false));
+    let (tell, let_go) = channel();
     let elicitor = Arc::new(ElicitorSlot::default());
-    elicitor.set(Arc::new(Never(Arc::clone(&let_go))));
+    elicitor.set(Arc::new(Never(tell)));
     let start = McpStart {
         root: project.path().to_owned(),
         sandbox: None,
@@ -135,11 +135,9 @@ fn a_form_is_withdrawn_when_the_call_that_asked_ends() {
     ));
     assert!(called.is_err(), "{called:?}");
     // Let go while the connection lives on (before the pool is dropped).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !let_go.load(Ordering::SeqCst) {
-        assert!(std::time::Instant::now() < deadline, "the form still waits");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let_go
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the form still waits");
     drop(pool);
 }
 
