@@ -207,11 +207,17 @@ impl Follower {
     /// yet).
     pub fn read_more(&mut self, max: usize, lines: &mut Vec<u8>) -> Result<usize, AuditError> {
         let from = lines.len();
-        // Opened once a poll: the probe and the read share it.
-        let file = match File::open(&self.path) {
-            Ok(f) => Some(f),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(AuditError::io(&self.path)(e)),
+        // Opened once a poll, shared by the probe and the read; not when
+        // neither needs it (the decoder still holds bytes, no probe).
+        let waiting = !self.unread.is_empty() || self.decoder.more();
+        let mut file = if self.probe.is_some() || !waiting {
+            match File::open(&self.path) {
+                Ok(f) => Some(f),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(AuditError::io(&self.path)(e)),
+            }
+        } else {
+            None
         };
         // A file cut back below the probe reads fewer bytes there: one
         // check covers a cut and a rewrite.
@@ -221,19 +227,27 @@ impl Follower {
                 .as_ref()
                 != Some(seen)
         });
-        let read = if rewritten && self.restarted_at != Some(self.last_seq) {
-            lines.truncate(from);
-            self.restart()?;
-            self.read_on(max, lines, file.as_ref())
+        let first = if rewritten {
+            Err(AuditError::Corrupt {
+                path: self.path.clone(),
+                offset: self.decoder.end().fed,
+                reason: "the log was cut back or written again under its reader".to_owned(),
+            })
         } else {
-            match self.read_on(max, lines, file.as_ref()) {
-                Err(AuditError::Corrupt { .. }) if self.restarted_at != Some(self.last_seq) => {
-                    lines.truncate(from);
-                    self.restart()?;
-                    self.read_on(max, lines, file.as_ref())
+            self.read_on(max, lines, file.as_ref())
+        };
+        // Read again from where it began, once at a given `seq`: a log
+        // damaged there for good is the error it is.
+        let read = match first {
+            Err(AuditError::Corrupt { .. }) if self.restarted_at != Some(self.last_seq) => {
+                lines.truncate(from);
+                self.restart()?;
+                if file.is_none() {
+                    file = File::open(&self.path).ok();
                 }
-                other => other,
+                self.read_on(max, lines, file.as_ref())
             }
+            other => other,
         }?;
         self.given(from, lines);
         let end = self.decoder.end();
@@ -273,14 +287,19 @@ impl Follower {
         if self.skip_through > 0 {
             let fresh: Vec<u8> = lines[from..]
                 .split_inclusive(|b| *b == b'\n')
-                .filter(|line| seq_of(line).is_none_or(|seq| seq > self.skip_through))
+                .filter(|line| {
+                    super::records::leading_seq(line).is_none_or(|seq| seq > self.skip_through)
+                })
                 .flatten()
                 .copied()
                 .collect();
             lines.truncate(from);
             lines.extend_from_slice(&fresh);
         }
-        let last = lines[from..].split(|b| *b == b'\n').rev().find_map(seq_of);
+        let last = lines[from..]
+            .split(|b| *b == b'\n')
+            .rev()
+            .find_map(super::records::leading_seq);
         if let Some(seq) = last {
             self.last_seq = seq;
             if seq > self.skip_through {
@@ -326,14 +345,6 @@ fn bytes_at(mut file: &File, at: u64, len: u64) -> Option<Vec<u8>> {
     let mut bytes = Vec::new();
     file.take(len).read_to_end(&mut bytes).ok()?;
     Some(bytes)
-}
-
-/// The `seq` a line begins with (`{"seq":N,`, as troupe writes every
-/// line).
-fn seq_of(line: &[u8]) -> Option<u64> {
-    let rest = line.strip_prefix(b"{\"seq\":")?;
-    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
 }
 
 /// Reads the whole log at `path` for its end, passing its whole lines to

@@ -114,7 +114,7 @@ pub fn first_seq(batch: &[u8]) -> Option<u64> {
 }
 
 /// The `seq` a JSON line begins with (`{"seq":N`).
-fn leading_seq(line: &[u8]) -> Option<u64> {
+pub(crate) fn leading_seq(line: &[u8]) -> Option<u64> {
     line.strip_prefix(b"{\"seq\":").and_then(|rest| {
         let end = rest.iter().position(|b| !b.is_ascii_digit())?;
         std::str::from_utf8(&rest[..end]).ok()?.parse().ok()

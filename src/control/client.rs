@@ -502,10 +502,6 @@ mod tests {
         Ok(lines)
     }
 
-    /// A server that accepted the connection and then sent nothing is
-    /// unreachable once the read timeout has passed, not waited on for
-    /// ever (without it the call would still be waiting when the test's
-    /// own bound runs out).
     /// A client of `socket` that gives up on silence after 200 ms, and a
     /// runtime to drive it.
     fn impatient(socket: PathBuf) -> (ControlClient, tokio::runtime::Runtime) {
@@ -522,6 +518,10 @@ mod tests {
         (client, rt)
     }
 
+    /// A server that accepted the connection and then sent nothing is
+    /// unreachable once the read timeout has passed, not waited on for
+    /// ever (without it the call would still be waiting when the test's
+    /// own bound runs out).
     #[test]
     fn a_silent_server_is_unreachable_after_the_read_timeout() {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -2,9 +2,10 @@
 //! (`\n`, `\r\n` or `\r`), `data:` lines are collected, and a blank line
 //! ends an event. Chunks may split lines, events and UTF-8 characters
 //! anywhere. Comments (`: ping`) and fields other than `data` and `event`
-//! (`id:`) are ignored. The OpenAI stream carries everything in `data`
-//! ([`SseDecoder::push`]); the control API's names its last event `end`
-//! ([`SseDecoder::push_events`]).
+//! (`id:`) are ignored. Both readers take whole events
+//! ([`SseDecoder::push_events`]): the OpenAI stream's `event: error` (a
+//! llama.cpp server's failure), the control API's last event, `end`.
+//! [`SseDecoder::push`] gives the data alone.
 
 /// A line, or an event's data, larger than this is refused (a server
 /// streaming garbage without line breaks must not exhaust memory).
