@@ -184,14 +184,17 @@ impl RunControl {
     /// written now.
     pub async fn view(self: &Arc<Self>) -> LogView {
         let this = Arc::clone(self);
-        tokio::task::spawn_blocking(move || {
-            let mut log = this.log.lock().unwrap_or_else(PoisonError::into_inner);
-            let (follower, view) = &mut *log;
-            view.read_on(follower);
-            view.clone()
-        })
-        .await
-        .unwrap_or_default()
+        tokio::task::spawn_blocking(move || this.view_now())
+            .await
+            .unwrap_or_default()
+    }
+
+    /// [`RunControl::view`], read on this thread (it blocks on the file).
+    fn view_now(&self) -> LogView {
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        let (follower, view) = &mut *log;
+        view.read_on(follower);
+        view.clone()
     }
 
     /// `queued`, `starting`, `running`, or how its last session ended.
@@ -326,7 +329,7 @@ pub struct Hosted {
     dashboard: OnceLock<(Arc<super::auth::Auth>, std::net::SocketAddr)>,
     /// What the runs let go had counted (`/metrics`' counters must never
     /// go down), and those not yet added to it.
-    pub(super) retired: Mutex<Retired>,
+    pub(super) retired: Arc<Mutex<Retired>>,
 }
 
 /// What runs counted toward `/metrics`' `_total` series: requests and
@@ -363,7 +366,7 @@ impl Counted {
 #[derive(Debug, Default)]
 pub struct Retired {
     pub(super) counted: Counted,
-    /// Let go, not yet counted (their views are read on a scrape).
+    /// Let go, being counted (a scrape counts these itself meanwhile).
     pub(super) leaving: Vec<Arc<RunControl>>,
 }
 
@@ -400,7 +403,7 @@ impl Hosted {
             closed: AtomicBool::new(false),
             admitting: std::sync::atomic::AtomicUsize::new(0),
             dashboard: OnceLock::new(),
-            retired: Mutex::default(),
+            retired: Arc::default(),
         }
     }
 
@@ -433,11 +436,35 @@ impl Hosted {
             .map(|(id, _)| id.clone())
             .collect();
         // Ids are UUIDv7: in the order the runs were started.
-        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
-        for id in ended.iter().take(ended.len().saturating_sub(KEEP_ENDED)) {
-            if let Some(run) = runs.remove(id) {
-                retired.leaving.push(run);
+        let gone: Vec<Arc<RunControl>> = ended
+            .iter()
+            .take(ended.len().saturating_sub(KEEP_ENDED))
+            .filter_map(|id| runs.remove(id))
+            .collect();
+        drop(runs);
+        if gone.is_empty() {
+            return;
+        }
+        // Counted now, off the caller's thread where there is a runtime
+        // (the rest of each log is read); a scrape meanwhile counts the
+        // ones still `leaving` itself.
+        let retired = Arc::clone(&self.retired);
+        retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .leaving
+            .extend(gone.iter().cloned());
+        let count = move || {
+            for run in gone {
+                let view = run.view_now();
+                let mut r = retired.lock().unwrap_or_else(PoisonError::into_inner);
+                r.counted.count(&view);
+                r.leaving.retain(|l| !Arc::ptr_eq(l, &run));
             }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(count)),
+            Err(_) => count(),
         }
     }
 

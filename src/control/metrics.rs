@@ -63,28 +63,16 @@ pub async fn metrics(State(hosted): State<Arc<Hosted>>) -> Response {
     ] {
         t.runs.insert(status.to_owned(), 0);
     }
-    let leaving = std::mem::take(
-        &mut hosted
-            .retired
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .leaving,
-    );
+    // What the runs let go counted, and those still being counted: one
+    // look, so that none is counted twice or missed.
+    let leaving = {
+        let retired = hosted.retired.lock().unwrap_or_else(|p| p.into_inner());
+        t.counted = retired.counted.clone();
+        retired.leaving.clone()
+    };
     for run in leaving {
-        let view = run.view().await;
-        hosted
-            .retired
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .counted
-            .count(&view);
+        t.counted.count(&run.view().await);
     }
-    t.counted = hosted
-        .retired
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .counted
-        .clone();
     for run in hosted.all() {
         let view = run.view().await;
         *t.runs.entry(run.status(&view)).or_default() += 1;
