@@ -28,6 +28,10 @@ pub struct Scheduler {
     hub: Option<Addr<InteractionHub>>,
     /// The run's end is waiting for the hub to settle.
     settling: bool,
+    /// The run's end (its `WorkflowExit`, its report) held while the hub
+    /// settles: carried out then, or by `Drop` if the scheduler is
+    /// stopped first.
+    held_end: Option<Vec<PlanCommand>>,
     /// The arbiters executions run on (`RunSettings::threads` > 1).
     arbiters: Vec<ArbiterHandle>,
     /// The scopes of the live executions, by turn and slot.
@@ -79,6 +83,7 @@ impl Scheduler {
             executor: None,
             hub,
             settling: false,
+            held_end: None,
             arbiters,
             live: super::FastMap::default(),
             group: None,
@@ -158,15 +163,19 @@ impl Scheduler {
                         && !self.settling =>
                 {
                     self.settling = true;
-                    let rest: Vec<PlanCommand> = std::iter::once(PlanCommand::Emit(event))
-                        .chain(commands.by_ref())
-                        .collect();
+                    self.held_end = Some(
+                        std::iter::once(PlanCommand::Emit(event))
+                            .chain(commands.by_ref())
+                            .collect(),
+                    );
                     if let Some(hub) = &self.hub {
                         ctx.wait(
                             hub.send(crate::runtime::interaction::Settle)
                                 .into_actor(self)
-                                .map(move |_, act, ctx| {
-                                    act.carry_out(rest, ctx);
+                                .map(|_, act, ctx| {
+                                    if let Some(rest) = act.held_end.take() {
+                                        act.carry_out(rest, ctx);
+                                    }
                                 }),
                         );
                     }
@@ -276,17 +285,25 @@ impl Scheduler {
 
 impl Drop for Scheduler {
     /// A scheduler dropped before it reported (a panic in a handler) still
-    /// ends the run as failed, so the session and the CLI never hang.
+    /// ends the run, so the session and the CLI never hang: with the end
+    /// it held while the hub settled (its `WorkflowExit` and whole report),
+    /// else as failed.
     fn drop(&mut self) {
         if self.finished {
             return;
         }
         self.spec.cancel.stop();
-        let mut out = Vec::new();
-        self.planner.abandon(
-            "ExtensionHost/ActorPanicked: the scheduler stopped unexpectedly".to_owned(),
-            &mut out,
-        );
+        let out = match self.held_end.take() {
+            Some(held) => held,
+            None => {
+                let mut out = Vec::new();
+                self.planner.abandon(
+                    "ExtensionHost/ActorPanicked: the scheduler stopped unexpectedly".to_owned(),
+                    &mut out,
+                );
+                out
+            }
+        };
         for command in out {
             match command {
                 PlanCommand::Emit(event) => {
@@ -294,6 +311,7 @@ impl Drop for Scheduler {
                 }
                 PlanCommand::Finish(mut report) => {
                     report.wall = self.started_at.elapsed();
+                    report.budget = self.spec.settings.budget.as_ref().map(|b| b.report());
                     self.owner.do_send(RunFinished(*report));
                 }
                 _ => {}

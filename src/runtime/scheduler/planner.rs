@@ -311,9 +311,10 @@ impl Planner {
     }
 
     /// Ends a run whose scheduler stopped unexpectedly: one not decided
-    /// as failed; one decided whose report had not gone out yet (it
-    /// stopped while the hub settled) with that decision and what the
-    /// planner still holds, so the session never waits for a report.
+    /// as failed; one decided whose report the scheduler lost before
+    /// carrying it out (a panic in between) with that decision and what
+    /// the planner still holds, so the session never waits for a report.
+    /// (An end held while the hub settles is the scheduler's to send.)
     pub fn abandon(&mut self, reason: String, out: &mut Out) {
         match self.status.clone() {
             None => self.finish(RunStatus::Failed { reason }, out),
