@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod client;
+mod connections;
 pub mod dashboard;
 pub mod hosted;
 pub mod logview;

@@ -442,6 +442,31 @@ mod control_requests {
         }
     }
 
+    /// A body that never finishes is refused as `Control/RequestTimeout`
+    /// after its 30 s, and the connection is closed after the answer
+    /// (paused time: the deadline passes at once).
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_never_finishes_is_refused_in_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let never = futures::stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
+        let request = Request::builder()
+            .method("POST")
+            .uri("/v1/runs/r/cancel")
+            .body(Body::from_stream(never))
+            .unwrap();
+        let response = router(hosting_r(dir.path()))
+            .oneshot(request)
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 408);
+        assert_eq!(response.headers()["connection"], "close");
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["error"]["code"], "Control/RequestTimeout", "{v}");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
         #[test]

@@ -42,6 +42,12 @@ pub const SOCKET_NAME: &str = "control.sock";
 /// Bodies larger than this are refused (`Control/BodyTooLarge`).
 const MAX_BODY: usize = 64 * 1024;
 
+/// How long a request's body may take to arrive once its head has
+/// (`Control/RequestTimeout`): the head's own deadline is
+/// `connections::HEAD_TIMEOUT`, and a body sent a byte a minute would
+/// otherwise hold the connection as long as its sender liked.
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Where a server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Listen {
@@ -154,10 +160,7 @@ impl ControlServer {
             rt: None,
         };
         for listen in listens {
-            let mut stopped = stopped.clone();
-            let shutdown = async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
+            let stopped = stopped.clone();
             match listen {
                 Listen::Unix(socket) => {
                     claim_socket(socket)?;
@@ -172,11 +175,12 @@ impl ControlServer {
                     // `peers`): the socket's mode lets its user in, and
                     // they run as that user.
                     let listener = super::peers::Outsiders::new(listener);
-                    server.served.push(rt.spawn(async move {
-                        let _ = axum::serve(listener, app)
-                            .with_graceful_shutdown(shutdown)
-                            .await;
-                    }));
+                    server.served.push(rt.spawn(super::connections::serve(
+                        listener,
+                        app,
+                        stopped,
+                        super::connections::HEAD_TIMEOUT,
+                    )));
                 }
                 Listen::Tcp(addr) => {
                     let Some(auth) = auth.clone() else {
@@ -201,11 +205,12 @@ impl ControlServer {
                     // The token's file is readable by what a run starts:
                     // connections they make are refused (see `peers`).
                     let listener = super::peers::TcpOutsiders::new(listener);
-                    server.served.push(rt.spawn(async move {
-                        let _ = axum::serve(listener, app)
-                            .with_graceful_shutdown(shutdown)
-                            .await;
-                    }));
+                    server.served.push(rt.spawn(super::connections::serve(
+                        listener,
+                        app,
+                        stopped,
+                        super::connections::HEAD_TIMEOUT,
+                    )));
                 }
             }
         }
@@ -282,27 +287,36 @@ pub fn router(hosted: Arc<Hosted>) -> Router {
 /// under a client about to reuse it: the client's next request, whatever
 /// it was, was reset. A body over the bound is `Control/BodyTooLarge` on
 /// every route, and the connection is closed after it, since the rest of
-/// the body was not read.
+/// the body was not read; so is a body not whole within [`BODY_TIMEOUT`]
+/// (`Control/RequestTimeout`).
 async fn whole_body(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let (parts, body) = request.into_parts();
-    match axum::body::to_bytes(body, MAX_BODY).await {
-        Ok(bytes) => {
+    let mut refused = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY))
+        .await
+    {
+        Ok(Ok(bytes)) => {
             let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
-            next.run(request).await
+            return next.run(request).await;
         }
-        Err(_) => {
-            let mut refused = error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "Control/BodyTooLarge",
-                format!("bodies are at most {MAX_BODY} bytes"),
-            );
-            refused.headers_mut().insert(
-                header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
-            refused
-        }
-    }
+        Ok(Err(_)) => error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Control/BodyTooLarge",
+            format!("bodies are at most {MAX_BODY} bytes"),
+        ),
+        Err(_) => error(
+            StatusCode::REQUEST_TIMEOUT,
+            "Control/RequestTimeout",
+            format!(
+                "the request's body did not arrive within {} s",
+                BODY_TIMEOUT.as_secs()
+            ),
+        ),
+    };
+    refused.headers_mut().insert(
+        header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    refused
 }
 
 /// The router's own refusals (a path that does not decode, a method a
