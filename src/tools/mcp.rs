@@ -16,6 +16,7 @@ mod elicit;
 mod listing;
 mod result;
 mod secrets;
+mod stderr_log;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

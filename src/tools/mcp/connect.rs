@@ -1,6 +1,6 @@
 //! One connection to one server: a stdio child (in a process group of its
 //! own, under the shell sandbox unless its block says otherwise, stderr to
-//! `mcp-<name>.log`) or a Streamable HTTP session; `initialize`, then the
+//! `mcp-<name>.log`, see `stderr_log`) or a Streamable HTTP session; `initialize`, then the
 //! whole tool listing (every page). The connection kills the child's group
 //! when dropped, and the reaper does after `kill -9`.
 
@@ -359,17 +359,8 @@ impl Connection {
                 let (stderr, log) = match &start.log_dir {
                     Some(dir) => {
                         let path = dir.join(format!("mcp-{}.log", def.name));
-                        // Neither followed (a link there) nor waited on
-                        // (a FIFO there would hold the start).
-                        use std::os::unix::fs::OpenOptionsExt;
-                        let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
-                        match std::fs::OpenOptions::new()
-                            .create(true)
-                            .append(true)
-                            .custom_flags(flags.bits())
-                            .open(&path)
-                        {
-                            Ok(f) => (Stdio::from(f), Some(path)),
+                        match super::stderr_log::open(&path) {
+                            Ok(f) => (Stdio::piped(), Some((path, f))),
                             Err(e) => {
                                 use std::io::Write as _;
                                 let _ = writeln!(
@@ -384,7 +375,7 @@ impl Connection {
                     }
                     None => (Stdio::null(), None),
                 };
-                let (child, _) = TokioChildProcess::builder(cmd)
+                let (child, piped) = TokioChildProcess::builder(cmd)
                     .stderr(stderr)
                     .spawn()
                     .map_err(|e| {
@@ -393,6 +384,19 @@ impl Connection {
                             format!("cannot start MCP server `{}` (`{command}`): {e}", def.name),
                         )
                     })?;
+                // Read to its end: the task ends when the server's group
+                // (which the connection kills) lets go of the pipe.
+                let log = log.map(|(path, file)| {
+                    let keeper = piped.map(|piped| {
+                        tokio::spawn(super::stderr_log::keep(
+                            piped,
+                            path.clone(),
+                            file,
+                            super::stderr_log::LOG_CAP,
+                        ))
+                    });
+                    (path, keeper)
+                });
                 let group = GroupKill::lasting(child.id());
                 let watched = Watched {
                     inner: child,
@@ -457,7 +461,6 @@ impl Connection {
                 (served, None, None)
             }
         };
-        let tail = || log.as_deref().map(log_tail).unwrap_or_default();
         let service = match service {
             Err(_) => {
                 return Err(McpError::new(
@@ -466,7 +469,7 @@ impl Connection {
                         "MCP server `{}` did not answer `initialize` within {}{}",
                         def.name,
                         crate::definition::duration::format_duration(start_timeout),
-                        tail()
+                        last_words(group, log).await
                     ),
                 ));
             }
@@ -476,7 +479,7 @@ impl Connection {
                     format!(
                         "MCP server `{}` did not initialize: {e}{}",
                         def.name,
-                        tail()
+                        last_words(group, log).await
                     ),
                 ));
             }
@@ -658,6 +661,23 @@ fn writable(server: &str, writes: &[String]) -> Result<Vec<std::path::PathBuf>, 
             Ok(path)
         })
         .collect()
+}
+
+/// What a stdio server that failed to start wrote last, for its error:
+/// its group killed first, then what it wrote let into the log (at most a
+/// second), then the log's tail.
+async fn last_words(
+    group: Option<GroupKill>,
+    log: Option<(std::path::PathBuf, Option<tokio::task::JoinHandle<()>>)>,
+) -> String {
+    drop(group);
+    let Some((path, keeper)) = log else {
+        return String::new();
+    };
+    if let Some(keeper) = keeper {
+        let _ = tokio::time::timeout(Duration::from_secs(1), keeper).await;
+    }
+    log_tail(&path)
 }
 
 /// The last lines a stdio server wrote to its log, for an error message.

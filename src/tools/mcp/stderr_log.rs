@@ -1,0 +1,137 @@
+//! A stdio server's stderr, kept in `mcp-<name>.log` within bounds.
+//!
+//! The server used to write its stderr straight into the log file, and a
+//! server that logs every request (or loops printing one error) filled
+//! the disk under the run folder. Its stderr is a pipe now, read here:
+//! once the file would pass [`LOG_CAP`] it is renamed `mcp-<name>.log.1`
+//! (replacing an older one) and a new log begins, so what is kept is the
+//! server's last one to two caps of output, and the tail an error quotes
+//! is its latest lines. The pipe is read to its end whatever happens to
+//! the file, so that a server is never blocked on a full pipe.
+
+use std::path::{Path, PathBuf};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// A log's size, at most, before it is set aside for a new one.
+pub(super) const LOG_CAP: u64 = 8 * 1024 * 1024;
+
+/// Opens (creating) the log at `path` for appending, neither following a
+/// link there nor waiting on a FIFO there (which would hold the start).
+pub(super) fn open(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(flags.bits())
+        .open(path)
+}
+
+/// Where a log is set aside when it is full.
+fn set_aside(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+/// Copies `from` (a server's stderr) into the log at `path`, already open
+/// as `file`, keeping each file under `cap` bytes; returns at the end of
+/// `from`. A log that cannot be written any more (its folder removed, the
+/// disk full) is given up and the rest of `from` read and dropped.
+pub(super) async fn keep(
+    mut from: impl AsyncRead + Unpin,
+    path: PathBuf,
+    file: std::fs::File,
+    cap: u64,
+) {
+    let mut written = file.metadata().map_or(0, |m| m.len());
+    let mut file = Some(tokio::fs::File::from_std(file));
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let Some(to) = file.as_mut() else {
+            continue;
+        };
+        if written > 0 && written + n as u64 > cap {
+            let _ = to.flush().await;
+            file = match tokio::fs::rename(&path, set_aside(&path)).await {
+                Ok(()) => open(&path).ok().map(tokio::fs::File::from_std),
+                Err(_) => None,
+            };
+            written = 0;
+        }
+        let Some(to) = file.as_mut() else {
+            continue;
+        };
+        // A chunk larger than the cap (only with a tiny cap) keeps its
+        // latest bytes.
+        let kept = n.min(usize::try_from(cap).unwrap_or(usize::MAX));
+        match to.write_all(&buf[n - kept..n]).await {
+            Ok(()) => written += kept as u64,
+            Err(_) => file = None,
+        }
+    }
+    if let Some(mut to) = file {
+        let _ = to.flush().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server's output past the cap starts a new log; the older one is
+    /// set aside, one older than that dropped; no file passes the cap.
+    #[tokio::test]
+    async fn a_log_past_its_cap_is_set_aside_and_begun_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcp-s.log");
+        std::fs::write(&path, b"from the last start\n").unwrap();
+        // A pipe that holds one line: each read is one line.
+        let (mut server, stderr) = tokio::io::duplex(8);
+        let keeper = tokio::spawn(keep(stderr, path.clone(), open(&path).unwrap(), 100));
+        for i in 0..30 {
+            server
+                .write_all(format!("line {i:02}\n").as_bytes())
+                .await
+                .unwrap();
+        }
+        drop(server);
+        keeper.await.unwrap();
+        let now = std::fs::read_to_string(&path).unwrap();
+        let older = std::fs::read_to_string(set_aside(&path)).unwrap();
+        assert!(now.len() <= 100 && older.len() <= 100, "{now:?} {older:?}");
+        assert!(now.ends_with("line 29\n"), "{now:?}");
+        assert!(!now.contains("from the last start"));
+        assert!(!older.contains("from the last start"));
+        // Together they hold the latest lines, in order, none lost
+        // between them.
+        let both = format!("{older}{now}");
+        let numbers: Vec<u32> = both
+            .lines()
+            .map(|l| l.trim_start_matches("line ").parse().unwrap())
+            .collect();
+        assert_eq!(numbers, (numbers[0]..30).collect::<Vec<_>>(), "{both}");
+    }
+
+    /// A log that cannot be written still has its pipe read to the end.
+    #[tokio::test]
+    async fn a_log_that_cannot_be_written_still_drains_the_pipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcp-s.log");
+        let file = open(&path).unwrap();
+        drop(dir);
+        let (mut server, stderr) = tokio::io::duplex(64);
+        let keeper = tokio::spawn(keep(stderr, path, file, 10));
+        // Far more than the pipe holds: the keeper must read it all.
+        for _ in 0..100 {
+            server.write_all(&[b'x'; 64]).await.unwrap();
+        }
+        drop(server);
+        keeper.await.unwrap();
+    }
+}
