@@ -164,7 +164,6 @@ impl CommandHook {
             let stdout = child.stdout.take();
             let stderr = child.stderr.take();
             let (mut out, mut err) = (Vec::new(), Vec::new());
-            let mut too_much = false;
             // Write, read and wait together: a hook that does not read its
             // input, or writes a lot, cannot deadlock us.
             let write = async {
@@ -172,19 +171,29 @@ impl CommandHook {
                     // A hook may ignore its input and exit: a broken pipe is fine.
                     let _ = s.write_all(&input).await;
                 }
+                Ok(())
             };
             let status = {
+                // Ends early, `true`, once either pipe passes the bound.
                 let mut io = std::pin::pin!(async {
-                    let ((), more_out, more_err) =
-                        tokio::join!(write, fill(stdout, &mut out), fill(stderr, &mut err));
-                    too_much = more_out || more_err;
+                    tokio::try_join!(write, fill(stdout, &mut out), fill(stderr, &mut err)).is_err()
                 });
                 let mut wait = std::pin::pin!(child.wait());
                 let mut io_done = false;
+                let mut too_much = false;
                 let status = loop {
                     tokio::select! {
-                        status = &mut wait => break status,
-                        () = &mut io, if !io_done => io_done = true,
+                        status = &mut wait => break Some(status),
+                        more = &mut io, if !io_done => {
+                            io_done = true;
+                            too_much = more;
+                            // Its answer is refused whatever else it
+                            // writes: it is stopped now, not drained to
+                            // its end or its timeout.
+                            if too_much {
+                                break None;
+                            }
+                        }
                     }
                 };
                 // What it left in the background (`notify &`) dies with
@@ -192,15 +201,12 @@ impl CommandHook {
                 // than when the background job ends (or the timeout).
                 group.kill();
                 if !io_done {
-                    let _ = tokio::time::timeout(PIPE_GRACE, io).await;
+                    too_much = tokio::time::timeout(PIPE_GRACE, io).await.unwrap_or(false);
                 }
-                status
+                // `None` when it wrote too much.
+                status.filter(|_| !too_much)
             };
-            let status = status.map_err(|e| HookError::Failed {
-                hook: name.clone(),
-                message: e.to_string(),
-            })?;
-            if too_much {
+            let Some(status) = status else {
                 return Err(HookError::Failed {
                     hook: name.clone(),
                     message: format!(
@@ -208,7 +214,11 @@ impl CommandHook {
                         MAX_OUTPUT >> 20
                     ),
                 });
-            }
+            };
+            let status = status.map_err(|e| HookError::Failed {
+                hook: name.clone(),
+                message: e.to_string(),
+            })?;
             Ok::<_, HookError>((status, out, err))
         };
         let (status, out, err) = match tokio::time::timeout(self.def.timeout, work).await {
@@ -268,18 +278,27 @@ impl CommandHook {
     }
 }
 
-/// Reads a pipe to its end into `buf`, keeping at most [`MAX_OUTPUT`]
-/// bytes and draining the rest (a hook that writes more is not killed by
-/// a closed pipe, which would read as a crash); what was read stays in
-/// `buf` if it is stopped first. Whether there was more.
-async fn fill<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>, buf: &mut Vec<u8>) -> bool {
-    let Some(mut p) = pipe else {
-        return false;
+/// A hook wrote more than [`MAX_OUTPUT`] to one of its pipes.
+struct TooMuch;
+
+/// Reads a pipe to its end into `buf`, at most [`MAX_OUTPUT`] bytes; what
+/// was read stays in `buf` if it is stopped first. `TooMuch` as soon as
+/// there is more: the hook is then stopped and said to have written too
+/// much (before the pipe closes under it, so that it is not said to have
+/// crashed of a signal, and rather than drained until its timeout).
+async fn fill<R: tokio::io::AsyncRead + Unpin>(
+    pipe: Option<R>,
+    buf: &mut Vec<u8>,
+) -> Result<(), TooMuch> {
+    let Some(p) = pipe else {
+        return Ok(());
     };
-    let _ = (&mut p).take(MAX_OUTPUT as u64).read_to_end(buf).await;
-    tokio::io::copy(&mut p, &mut tokio::io::sink())
-        .await
-        .is_ok_and(|more| more > 0)
+    let _ = p.take(MAX_OUTPUT as u64 + 1).read_to_end(buf).await;
+    if buf.len() > MAX_OUTPUT {
+        buf.truncate(MAX_OUTPUT);
+        return Err(TooMuch);
+    }
+    Ok(())
 }
 
 /// How long a hook's pipes may stay open once its shell exited and its
@@ -347,6 +366,23 @@ mod tests {
                 assert!(message.contains("more than 1 MiB"), "{message}");
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    /// A hook that writes without end is stopped once past the bound, on
+    /// either pipe, not read until its timeout (an hour here: the test
+    /// would hang, not pass, if it were).
+    #[test]
+    fn endless_output_is_stopped_at_the_bound() {
+        for command in ["yes", "yes >&2"] {
+            let mut endless = hook(HookKind::Guard, command);
+            endless.def.timeout = Duration::from_secs(3600);
+            match run(&endless, json!({})) {
+                Err(HookError::Failed { message, .. }) => {
+                    assert!(message.contains("more than 1 MiB"), "{command}: {message}");
+                }
+                other => panic!("{command}: {other:?}"),
+            }
         }
     }
 
