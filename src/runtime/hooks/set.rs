@@ -98,7 +98,7 @@ impl HookSet {
                     // change: the guards judge, and troupe runs, the call
                     // named, whatever a transform wrote there.
                     if let (Value::Object(new), Value::Object(old)) = (&mut v, &*payload) {
-                        for key in ["tool", "callId", "slot", "turn"] {
+                        for key in ABOUT {
                             match old.get(key) {
                                 Some(was) => new.insert(key.to_owned(), was.clone()),
                                 None => new.remove(key),
@@ -151,6 +151,21 @@ impl HookSet {
         SlotOutcome::Proceed(Arc::unwrap_or_clone(payload))
     }
 }
+
+/// The fields of a payload that say what it is about: whose call, in which
+/// stage, execution and run. A guard may judge by them (`rm` only in the
+/// stage `admin`), so a transform's rewrite of them is undone before the
+/// guards decide again: they are restored as troupe wrote them (or
+/// removed, where it wrote none).
+const ABOUT: [&str; 7] = [
+    "tool",
+    "callId",
+    "slot",
+    "turn",
+    "workflowRunId",
+    "stageId",
+    "stageExecutionId",
+];
 
 /// Runs `guards` on `payload` in order, each one's run into `log`: the
 /// first deny (or failure, which denies) as the slot's outcome.
