@@ -231,6 +231,38 @@ fn allowlist_runs_what_a_rule_matches_and_asks_about_the_rest() {
     );
 }
 
+/// A line that is not UTF-8 (a Latin-1 paste) is a message with its bad
+/// bytes replaced, not the end of the chat: the line after it is read.
+#[test]
+fn a_line_that_is_not_utf8_does_not_end_the_chat() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["chat", "--mode", "yolo"])
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"caf\xe9 au lait\nthird\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let latest = &turns(dir.path())[0];
+    let history: Vec<&str> = latest["ctx"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(history, ["caf\u{fffd} au lait", "third"], "{}", said(&out));
+}
+
 #[test]
 fn a_failed_turn_keeps_the_conversation_and_ended_input_ends_the_chat() {
     let dir = tempfile::tempdir().unwrap();

@@ -248,6 +248,7 @@ pub fn run(args: &ChatArgs) -> Exit {
                     std::io::stderr(),
                     "error: Validation/InputInvalid: stdin: {e}"
                 );
+                last = Exit::Invalid;
                 break;
             }
         };

@@ -121,12 +121,25 @@ pub fn read_line(wanted: impl Fn() -> bool) -> Option<Line> {
 
 /// [`read_line`], taking only a line typed at `since` or later when given.
 fn read_line_since(wanted: impl Fn() -> bool, since: Option<Instant>) -> Option<Line> {
+    stdin_lines().read_since(wanted, since)
+}
+
+/// The terminal's lines, their reader started on first use.
+fn stdin_lines() -> &'static Input {
     static STDIN: OnceLock<Input> = OnceLock::new();
-    STDIN
-        .get_or_init(|| {
-            Input::start(|line| std::io::BufRead::read_line(&mut std::io::stdin().lock(), line))
+    // Bytes that are not UTF-8 (a Latin-1 paste, a terminal set to
+    // another encoding) are replaced, not the end of input: a line that
+    // failed to decode used to end the chat there, and every line after it
+    // went unread.
+    STDIN.get_or_init(|| {
+        Input::start(|line| {
+            let mut bytes = Vec::new();
+            let read =
+                std::io::BufRead::read_until(&mut std::io::stdin().lock(), b'\n', &mut bytes)?;
+            line.push_str(&String::from_utf8_lossy(&bytes));
+            Ok(read)
         })
-        .read_since(wanted, since)
+    })
 }
 
 /// One question on the terminal at a time: an approval and a server's form
@@ -134,10 +147,30 @@ fn read_line_since(wanted: impl Fn() -> bool, since: Option<Instant>) -> Option<
 static TERMINAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Prompts on stderr and reads `y`/`n` from stdin.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StdinPrompter {
     /// The prompt being shown: withdrawn, it stops reading.
     showing: Mutex<Option<Wanted>>,
+}
+
+impl StdinPrompter {
+    /// A prompter for this process's terminal. The terminal's reader
+    /// starts now, before any prompt: a line is stamped when it is read,
+    /// and one typed ahead (before troupe asked anything) and read only
+    /// once the first prompt was shown would pass as typed after it, and
+    /// answer it.
+    pub fn new() -> StdinPrompter {
+        let _ = stdin_lines();
+        StdinPrompter {
+            showing: Mutex::new(None),
+        }
+    }
+}
+
+impl Default for StdinPrompter {
+    fn default() -> StdinPrompter {
+        StdinPrompter::new()
+    }
 }
 
 impl Prompter for StdinPrompter {
@@ -218,10 +251,15 @@ impl Prompter for StdinPrompter {
         // The server's words, shown, not obeyed.
         let safe = |text: &str| super::output::terminal_safe(text).into_owned();
         say!(
-            "\nMCP server `{}` asks: {}\n  (answer each field; `-` declines)",
-            safe(&form.server),
+            "\n{} asks: {}\n  (answer each field; `-` declines)",
+            safe(&form.asker),
             safe(&form.message)
         );
+        // Only lines typed after the form was shown answer it: not one
+        // typed for an approval withdrawn meanwhile, which the person
+        // meant for that call (a `y` would answer a yes-or-no field they
+        // never saw).
+        let shown_at = Instant::now();
         let mut content = serde_json::Map::new();
         let empty = serde_json::Map::new();
         let fields = form.schema["properties"].as_object().unwrap_or(&empty);
@@ -245,7 +283,7 @@ impl Prompter for StdinPrompter {
                     );
                     let _ = err.flush();
                 }
-                let Some(Ok(line)) = read_line(|| form.wanted.still()) else {
+                let Some(Ok(line)) = read_line_since(|| form.wanted.still(), Some(shown_at)) else {
                     return None;
                 };
                 let text = line.trim();

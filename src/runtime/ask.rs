@@ -198,7 +198,7 @@ impl Asker for RunAsker {
             let wanted = Wanted::default();
             unwanted = Some(wanted.until_dropped());
             let form = FormView {
-                server: format!("stage {}", question.stage_id),
+                asker: format!("stage `{}`", question.stage_id),
                 message: question.prompt.clone(),
                 schema: question.fields.document().clone(),
                 wanted,

@@ -110,7 +110,7 @@ impl Elicitor for RunElicitor {
         let wanted = Wanted::default();
         let unwanted = wanted.until_dropped();
         let form = FormView {
-            server: request.server.clone(),
+            asker: format!("MCP server `{}`", request.server),
             message: request.message.clone(),
             schema: request.schema.clone(),
             wanted,

@@ -135,7 +135,8 @@ pub trait Prompter: Send + Sync + 'static {
 /// A form a server asks the person to fill.
 #[derive(Debug, Clone)]
 pub struct FormView {
-    pub server: String,
+    /// Who asks, as a person reads it: "MCP server `fs`", "stage `confirm`".
+    pub asker: String,
     pub message: String,
     /// An object schema of primitive properties.
     pub schema: serde_json::Value,
