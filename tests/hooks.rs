@@ -391,6 +391,30 @@ fn tool_call_post_hooks_see_a_tool_steps_result() {
     }
 }
 
+/// A tool step whose TOOL_CALL/pre transform fails (or leaves no
+/// arguments) ends its proposed call in the log, as a model's call's does:
+/// `ToolInvocationFailed` with the hook's code, and the step fails.
+#[test]
+fn a_tool_step_stopped_by_its_pre_transform_ends_its_call() {
+    for command in ["exit 3", "echo '{\\\"arguments\\\": 1}'"] {
+        let yaml = format!(
+            "id: p\nentry: s\nstages:\n  s: {{ kind: tool, tool: Echo, args: {{ text: hello }} }}\nnext:\n  s: end\nhooks:\n  - {{ at: TOOL_CALL/pre, kind: transform, command: \"{command}\" }}\n"
+        );
+        let f = Fixture::new(&yaml, &[]);
+        let out = run(f.path(), real());
+        assert!(
+            matches!(out.report.status, RunStatus::Failed { .. }),
+            "{command}: {:?}",
+            out.report.status
+        );
+        let failed = out.named("ToolInvocationFailed");
+        assert_eq!(failed.len(), 1, "{command}: {failed:?}");
+        assert_eq!(failed[0]["callId"], "step", "{command}");
+        assert_eq!(failed[0]["code"], "ExtensionHost/HookFailed", "{command}");
+        assert_eq!(out.count("ToolInvocationStarted"), 0, "{command}");
+    }
+}
+
 /// A person's grant is for the arguments they were shown: arguments a
 /// transform rewrote are put to them again (proposal `…r`), and run only
 /// when that is approved too.

@@ -42,6 +42,17 @@ enum Basis {
 }
 
 impl StageRun {
+    /// A call its TOOL_CALL/pre transform stopped (it failed, or left no
+    /// arguments): the call's end in the log, as a failure, since it was
+    /// proposed and approved and will not run.
+    pub(super) fn pre_hook_failed(&self, call: &ToolCall, message: &str) {
+        self.emit(
+            self.tool_event(EventName::ToolInvocationFailed, call)
+                .with("code", HookError::CODE)
+                .with("message", message),
+        );
+    }
+
     /// The authority stack for one proposed call: the arguments
     /// must be a JSON object and the tool must exist; a call in
     /// `allowedTools` is approved; any other raises a `grantStageTool`
@@ -65,11 +76,7 @@ impl StageRun {
         // transforms then may rewrite the arguments.
         let fields = json!({"tool": call.name, "callId": call.id, "arguments": args});
         let hook_failed = |message: String| {
-            self.emit(
-                self.tool_event(EventName::ToolInvocationFailed, call)
-                    .with("code", HookError::CODE)
-                    .with("message", message.as_str()),
-            );
+            self.pre_hook_failed(call, &message);
             tool_terminal("HookFailed", message)
         };
         match Box::pin(self.hook("TOOL_CALL/pre", Some(&call.name), fields)).await {

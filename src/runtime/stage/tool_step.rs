@@ -15,7 +15,7 @@ use crate::definition::template::{Template, json_text};
 use crate::error::{HasCode, ValidationCode};
 use crate::provider::ToolCall;
 use crate::runtime::events::{EventName, FieldValue};
-use crate::runtime::hooks::SlotOutcome;
+use crate::runtime::hooks::{HookError, SlotOutcome};
 use crate::runtime::tool_call::ToolOutcome;
 
 impl StageRun {
@@ -45,10 +45,18 @@ impl StageRun {
         );
         let fields = json!({"tool": tool, "callId": "step", "arguments": args});
         let proposed = args;
+        let hook_failed = |message: String| {
+            self.pre_hook_failed(&call, &message);
+            format!("{}: {message}", HookError::CODE)
+        };
         let args = match Box::pin(self.hook("TOOL_CALL/pre", Some(tool), fields)).await {
             SlotOutcome::Proceed(payload) => match payload.get("arguments") {
                 Some(v @ Value::Object(_)) => v.clone(),
-                _ => return Err("ExtensionHost/HookFailed: a transform hook at TOOL_CALL/pre left no `arguments` object".to_owned()),
+                _ => {
+                    return Err(hook_failed(
+                        "a transform hook at TOOL_CALL/pre left no `arguments` object".to_owned(),
+                    ));
+                }
             },
             SlotOutcome::Denied { hook, reason } => {
                 self.emit(
@@ -61,9 +69,9 @@ impl StageRun {
                 ));
             }
             SlotOutcome::Failed { hook, error } => {
-                return Err(format!(
-                    "ExtensionHost/HookFailed: transform hook `{hook}` failed: {error}"
-                ));
+                return Err(hook_failed(format!(
+                    "transform hook `{hook}` failed: {error}"
+                )));
             }
         };
         let ev = |name: EventName| self.tool_event(name, &call);
