@@ -273,6 +273,49 @@ fn nothing_to_write_and_an_unwritable_file_exit_2() {
     assert!(text(&out.stderr).contains("Store/WriteFailed: cannot write"));
 }
 
+/// A report or an export pointed into the run's own folder (its log, by
+/// name or through a link) is refused and the log left whole: it used to
+/// be truncated (export) or replaced by the report, exit 0.
+#[test]
+fn an_output_inside_the_run_folder_is_refused_and_the_log_kept() {
+    let runs = tempfile::tempdir().unwrap();
+    let (id, run) = run_fanout(runs.path(), &["--ctx", "width=3"]);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let log = runs.path().join(&id).join(troupe::auditlog::FILE);
+    let before = std::fs::read(&log).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let link = elsewhere.path().join("looks-harmless.html");
+    std::os::unix::fs::symlink(&log, &link).unwrap();
+    for target in [&log, &link, &runs.path().join(&id).join("new.svg")] {
+        for flag in ["--svg", "--html"] {
+            let out = report(runs.path(), &[&id, flag, target.to_str().unwrap()]);
+            assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+            assert!(
+                text(&out.stderr).contains("Store/OutputInRunFolder"),
+                "{}",
+                text(&out.stderr)
+            );
+        }
+        let out = troupe()
+            .args(["runs", "export", &id, "--output"])
+            .arg(target)
+            .arg("--runs-dir")
+            .arg(runs.path())
+            .arg("--store")
+            .arg(runs.path().join("troupe.db"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("Store/OutputInRunFolder"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    assert_eq!(std::fs::read(&log).unwrap(), before, "the log is untouched");
+    assert!(!runs.path().join(&id).join("new.svg").exists());
+}
+
 #[test]
 fn help_teaches_with_examples() {
     let out = troupe().args(["report", "--help"]).output().unwrap();

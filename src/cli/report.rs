@@ -121,6 +121,9 @@ fn write_report(args: &ReportArgs) -> Result<Vec<Written>, ReportError> {
         return Err(ReportError::NothingToWrite);
     }
     let (runs_dir, run_id, pipeline_dir) = locate(args)?;
+    for output in [&args.svg, &args.html].into_iter().flatten() {
+        crate::store::error::refuse_output_in_run_folder(output, &runs_dir.join(&run_id))?;
+    }
     let timeline = load_run(&runs_dir, &run_id)?;
     let opts = SvgOptions {
         width: args.width,

@@ -266,6 +266,9 @@ fn warn_set_aside(log: &Path) {
 fn export(dir: &Path, output: Option<&Path>) -> Result<Exit, StoreError> {
     let log = auditlog::in_dir(dir);
     warn_set_aside(&log);
+    if let Some(output) = output {
+        crate::store::error::refuse_output_in_run_folder(output, dir)?;
+    }
     // The log first: a run without one leaves no empty --output behind.
     std::fs::File::open(&log).map_err(|source| auditlog::AuditError::Io {
         path: log.clone(),

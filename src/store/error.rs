@@ -60,6 +60,13 @@ pub enum StoreError {
         path: PathBuf,
         why: String,
     },
+    /// An output (`runs export --output`, a report's file) would be
+    /// written inside the run's own folder, over its log or beside it.
+    #[error("will not write {path}: it is inside the folder of the run being read ({dir})")]
+    OutputInRunFolder { path: PathBuf, dir: PathBuf },
+    /// There is no store at the path (nothing has run here yet).
+    #[error("no store at {path} yet (a `troupe run` creates it)")]
+    NoStore { path: PathBuf },
     /// Any other failure to read or write one of the files troupe keeps
     /// (the store, a run's log, a report's output).
     #[error("cannot use {path}: {detail}")]
@@ -92,6 +99,8 @@ impl StoreError {
                 "`troupe runs show` shows its results; start a new run with `troupe run`".to_owned()
             }
             StoreError::Io { .. } => "check the path and its permissions".to_owned(),
+            StoreError::OutputInRunFolder { .. } => "write it outside the run's folder: that folder is troupe's, and its log is what is being read".to_owned(),
+            StoreError::NoStore { .. } => "run from the project's folder, or point --store (or --runs-dir) at its store".to_owned(),
             StoreError::NotARunFolder { .. } => "delete the folder by hand if it is the run's; nothing was deleted".to_owned(),
             StoreError::AuditCorrupt { .. } => "the log's lines before the damage are intact: `troupe runs export <run>` prints them (a torn end, from a killed process, is not damage: resume repairs it)".to_owned(),
         }
@@ -129,6 +138,8 @@ impl HasCode for StoreError {
             StoreError::PipelineChanged { .. } => "PipelineChanged",
             StoreError::NothingToResume { .. } => "NothingToResume",
             StoreError::Io { .. } => "WriteFailed",
+            StoreError::OutputInRunFolder { .. } => "OutputInRunFolder",
+            StoreError::NoStore { .. } => "NoStore",
             StoreError::NotARunFolder { .. } => "NotARunFolder",
             StoreError::AuditCorrupt { .. } => "AuditCorrupt",
         };
@@ -150,5 +161,34 @@ impl From<crate::auditlog::AuditError> for StoreError {
                 detail: other.to_string(),
             },
         }
+    }
+}
+
+/// Refuses an output path inside the run folder `dir`: a report or an
+/// export written there would replace the log being read (truncated
+/// before it was read, or renamed over it), or sit among troupe's files.
+/// A link is judged by where it leads; a path that does not exist yet by
+/// its folder.
+pub fn refuse_output_in_run_folder(output: &Path, dir: &Path) -> Result<(), StoreError> {
+    let Ok(dir) = std::fs::canonicalize(dir) else {
+        return Ok(());
+    };
+    let resolved = std::fs::canonicalize(output).ok().or_else(|| {
+        let parent = match output.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        Some(
+            std::fs::canonicalize(parent)
+                .ok()?
+                .join(output.file_name()?),
+        )
+    });
+    match resolved {
+        Some(at) if at.starts_with(&dir) => Err(StoreError::OutputInRunFolder {
+            path: output.to_owned(),
+            dir,
+        }),
+        _ => Ok(()),
     }
 }

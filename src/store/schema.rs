@@ -113,9 +113,8 @@ pub fn open_waiting(path: &Path, busy: Duration) -> Result<Connection, StoreErro
 
 /// Opens an existing store read-only (listing, showing, exporting).
 pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
-    open_if_made(path)?.ok_or_else(|| StoreError::Io {
+    open_if_made(path)?.ok_or_else(|| StoreError::NoStore {
         path: path.to_owned(),
-        detail: "no store here yet (a `troupe run` creates it)".to_owned(),
     })
 }
 
