@@ -210,3 +210,42 @@ fn a_watch_whose_stdout_cannot_be_written_stops_and_says_so() {
         );
     }
 }
+
+/// Every command that prints to stdout ends as a command whose output
+/// cannot be written ends (the error said, or 141), never with the
+/// panic `println!` makes (101): the store's listings, a run shown, the
+/// cleanup's plan, a report's "wrote" line.
+#[test]
+fn listings_and_reports_whose_stdout_cannot_be_written_exit_so() {
+    let runs = tempfile::tempdir().unwrap();
+    let report = troupe(
+        &["run", &stages("fanout"), "--ctx", "width=3", "--json"],
+        runs.path(),
+    );
+    assert_eq!(report.status.code(), Some(0), "{}", text(&report));
+    let report: Value = serde_json::from_slice(&report.stdout).unwrap();
+    let id = report["runId"].as_str().unwrap();
+    let svg = runs.path().join("r.svg");
+    let svg = svg.to_str().unwrap();
+    for args in [
+        vec!["runs"],
+        vec!["runs", "--json"],
+        vec!["runs", "show", id],
+        vec!["runs", "show", id, "--json"],
+        vec!["runs", "gc", "--older-than", "7d", "--dry-run", "--json"],
+        vec!["report", id, "--svg", svg],
+        vec!["report", id, "--svg", svg, "--json"],
+    ] {
+        let [full, gone] = unwritable(&args, runs.path());
+        let said = String::from_utf8_lossy(&full.stderr);
+        // 2 where the command's own store error says it (`runs show`).
+        assert!(
+            matches!(full.status.code(), Some(1 | 2)),
+            "{args:?}: {:?} {said}",
+            full.status
+        );
+        assert!(said.contains("Store/WriteFailed"), "{args:?}: {said}");
+        assert!(!said.contains("panicked"), "{args:?}: {said}");
+        assert_eq!(gone.status.code(), Some(141), "{args:?}: {}", text(&gone));
+    }
+}

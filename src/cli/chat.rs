@@ -270,7 +270,7 @@ pub fn run(args: &ChatArgs) -> Exit {
         idle.get_or_insert_with(idle_watch);
         match turned {
             Ok(reply) => {
-                println!("{}", super::output::terminal_safe(&reply));
+                tell!("{}", super::output::terminal_safe(&reply));
                 let _ = std::io::stdout().flush();
                 history.push(Said {
                     role: "assistant".to_owned(),

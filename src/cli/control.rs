@@ -54,7 +54,7 @@ pub fn dashboard(args: &DashboardArgs) -> Exit {
     let link = ControlClient::to(&target).and_then(|c| block_on(c.dashboard_login()));
     match link {
         Ok(url) => {
-            println!("{url}");
+            tell!("{url}");
             Exit::Ok
         }
         Err(e) => failed(&e),
@@ -455,7 +455,7 @@ pub fn answer_question(args: &QuestionArgs) -> Exit {
     };
     match block_on(client.answer_question(&id, &args.execution, &content, &args.client)) {
         Ok(_) => {
-            println!("answered {}", args.execution);
+            tell!("answered {}", args.execution);
             Exit::Ok
         }
         Err(e) => failed(&e),
@@ -474,7 +474,7 @@ pub fn pending(at: &RunRef, json: bool) -> Exit {
     };
     if !json {
         for q in &questions {
-            println!(
+            tell!(
                 "question {}  {}\n  fields: {}",
                 q["stageExecutionId"].as_str().unwrap_or("?"),
                 q["prompt"].as_str().unwrap_or(""),
@@ -485,9 +485,9 @@ pub fn pending(at: &RunRef, json: bool) -> Exit {
     match block_on(client.pending(&id)) {
         Ok(list) => {
             if json {
-                println!("{}", Value::Array(list));
+                tell!("{}", Value::Array(list));
             } else if list.is_empty() && questions.is_empty() {
-                println!("no approval or question is waiting for an answer through the API");
+                tell!("no approval or question is waiting for an answer through the API");
             } else {
                 for p in list {
                     let line = format!(
@@ -497,13 +497,13 @@ pub fn pending(at: &RunRef, json: bool) -> Exit {
                         p["tool"].as_str().unwrap_or("?"),
                         p["argsSummary"].as_str().unwrap_or("")
                     );
-                    println!("{}", super::output::terminal_safe(&line));
+                    tell!("{}", super::output::terminal_safe(&line));
                     // A shortened summary: the whole arguments, so what is
                     // approved is what was seen.
                     if p["argsSummary"].as_str().is_some_and(|s| s.ends_with('…'))
                         && let Some(args) = p["args"].as_str()
                     {
-                        println!(
+                        tell!(
                             "    whole arguments: {}",
                             super::output::terminal_safe(args)
                         );
@@ -537,7 +537,7 @@ pub fn answer(args: &AnswerArgs, approve: bool) -> Exit {
     };
     match block_on(client.answer(&id, &args.proposal, answer, &args.client)) {
         Ok(_) => {
-            println!("{answer}: {}", args.proposal);
+            tell!("{answer}: {}", args.proposal);
             Exit::Ok
         }
         Err(e) => failed(&e),
@@ -552,7 +552,7 @@ pub fn cancel(at: &RunRef) -> Exit {
     };
     match block_on(client.cancel(&id)) {
         Ok(_) => {
-            println!("cancelling {id}");
+            tell!("cancelling {id}");
             Exit::Ok
         }
         Err(e) => failed(&e),

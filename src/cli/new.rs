@@ -174,13 +174,13 @@ pub fn run(dir: &Path, from: &str) -> Exit {
             return Exit::Invalid;
         }
     }
-    println!(
+    tell!(
         "wrote {} ({}): {} files",
         dir.display(),
         template.name,
         template.files.len()
     );
-    println!(
+    tell!(
         "next: troupe validate {0} && troupe show {0} --mermaid && troupe run {0}{1}",
         dir.display(),
         required_ctx(dir)

@@ -160,7 +160,7 @@ pub fn print_check_error(e: &CheckError, json: bool) {
             "message": e.message,
             "hint": e.hint,
         });
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        tell!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         say!("error: {}: {}\n  hint: {}", e.code(), e.message, e.hint);
     }
@@ -176,7 +176,7 @@ pub fn typed_failure(code: &str, message: &str, hint: &str, json: bool) -> super
             "message": message,
             "hint": hint,
         });
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        tell!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         say!("error: {code}: {message}\n  hint: {hint}");
     }

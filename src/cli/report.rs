@@ -222,11 +222,11 @@ fn print_written(args: &ReportArgs, written: &[Written]) {
             .map(|w| serde_json::json!({"format": w.format, "path": w.path, "bytes": w.bytes}))
             .collect();
         let out = serde_json::json!({"ok": true, "runId": args.run_id, "written": files});
-        println!("{out}");
+        tell!("{out}");
         return;
     }
     for w in written {
-        println!(
+        tell!(
             "wrote {} ({}, {:.1} KiB)",
             w.path.display(),
             w.format,
@@ -243,7 +243,7 @@ fn print_error(e: &ReportError, json: bool) {
         if let Some(h) = e.hint() {
             err["hint"] = serde_json::Value::from(h);
         }
-        println!("{}", serde_json::json!({"ok": false, "errors": [err]}));
+        tell!("{}", serde_json::json!({"ok": false, "errors": [err]}));
         return;
     }
     say!("error: {}: {e}", e.code());

@@ -189,12 +189,12 @@ struct Listed<'a> {
 fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
     let Some(store) = Store::open_if_made(path)? else {
         if json {
-            println!(
+            tell!(
                 "{}",
                 serde_json::to_string_pretty(&json!({ "runs": [] })).unwrap_or_default()
             );
         } else {
-            println!("no runs yet ({} holds no store)", path.display());
+            tell!("no runs yet ({} holds no store)", path.display());
         }
         return Ok(Exit::Ok);
     };
@@ -212,22 +212,29 @@ fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
                     .map(|e| json!({ "code": e.code().to_string(), "message": e.to_string() })),
             })
             .collect();
-        println!(
+        tell!(
             "{}",
             serde_json::to_string_pretty(&json!({ "runs": listed })).unwrap_or_default()
         );
         return Ok(Exit::Ok);
     }
-    println!(
+    tell!(
         "{:<36}  {:<16} {:<11} {:<19} {:>9}  {:>7} {:>6} {:>9}",
-        "run", "pipeline", "status", "started (UTC)", "duration", "ok", "failed", "cancelled"
+        "run",
+        "pipeline",
+        "status",
+        "started (UTC)",
+        "duration",
+        "ok",
+        "failed",
+        "cancelled"
     );
     for (run, counts) in &runs {
         let [ok, failed, cancelled] = match counts {
             Ok(c) => [c.ok + c.skipped, c.failed, c.cancelled].map(|n| n.to_string()),
             Err(_) => ["?", "?", "?"].map(str::to_owned),
         };
-        println!(
+        tell!(
             "{:<36}  {:<16} {:<11} {:<19} {:>9}  {:>7} {:>6} {:>9}",
             run.id,
             run.pipeline_id,
@@ -245,7 +252,7 @@ fn list(path: &Path, limit: usize, json: bool) -> Result<Exit, StoreError> {
         }
     }
     if runs.is_empty() {
-        println!("(no runs in {})", path.display());
+        tell!("(no runs in {})", path.display());
     }
     Ok(Exit::Ok)
 }
@@ -515,10 +522,10 @@ fn delete(store: &Store, run: &RunRow) -> Result<(), StoreError> {
 
 fn report_removed(removed: &[String], json: bool) {
     if json {
-        println!("{}", json!({ "removed": removed }));
+        tell!("{}", json!({ "removed": removed }));
     } else {
         for id in removed {
-            println!("removed {id}");
+            tell!("removed {id}");
         }
     }
 }
@@ -543,10 +550,10 @@ fn gc(path: &Path, older_than: Duration, dry_run: bool, json: bool) -> Result<Ex
     }
     if dry_run {
         if json {
-            println!("{}", json!({ "wouldRemove": removed }));
+            tell!("{}", json!({ "wouldRemove": removed }));
         } else {
             for id in &removed {
-                println!("would remove {id}");
+                tell!("would remove {id}");
             }
         }
     } else {

@@ -458,11 +458,11 @@ pub fn run(args: &ServeArgs) -> Exit {
         }
     };
     for bound in &control.bound {
-        println!("listening on {bound}");
+        tell!("listening on {bound}");
         if let (Listen::Tcp(addr), Some(auth)) = (bound, &auth)
             && let Some(login) = auth.login_path()
         {
-            println!("dashboard: http://{addr}{login}");
+            tell!("dashboard: http://{addr}{login}");
         }
     }
     let _ = std::io::stdout().flush();

@@ -41,7 +41,7 @@ pub fn run(path: &Path, stage: Option<&str>, json: bool, connect: Option<&Path>)
     };
     match stage {
         None if json => print_json(&pipeline),
-        None => print!("{}", graph_text(&pipeline)),
+        None => tell!(@raw "{}", graph_text(&pipeline)),
         Some(id) => {
             let Some(stage) = pipeline.stage(id) else {
                 let ids: Vec<&str> = pipeline.stages.iter().map(|s| s.id.as_str()).collect();
@@ -59,7 +59,7 @@ pub fn run(path: &Path, stage: Option<&str>, json: bool, connect: Option<&Path>)
             if json {
                 print_json(&stage_json(stage, &manifest));
             } else {
-                print!("{}", stage_text(stage, &manifest));
+                tell!(@raw "{}", stage_text(stage, &manifest));
             }
         }
     }
@@ -71,9 +71,9 @@ pub fn graph(path: &Path, mermaid: bool) -> Exit {
     match load_pipeline(path) {
         Ok(p) => {
             if mermaid {
-                print!("{}", crate::definition::graph::mermaid(&p));
+                tell!(@raw "{}", crate::definition::graph::mermaid(&p));
             } else {
-                print!("{}", crate::definition::graph::dot(&p));
+                tell!(@raw "{}", crate::definition::graph::dot(&p));
             }
             Exit::Ok
         }
@@ -86,7 +86,7 @@ pub fn graph(path: &Path, mermaid: bool) -> Exit {
 
 fn print_json<T: serde::Serialize>(value: &T) {
     match serde_json::to_string_pretty(value) {
-        Ok(s) => println!("{s}"),
+        Ok(s) => tell!("{s}"),
         Err(e) => say!("error: cannot serialize: {e}"),
     }
 }

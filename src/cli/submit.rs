@@ -110,7 +110,7 @@ pub fn run(mut args: SubmitArgs) -> Exit {
         Ok(id) => id,
         Err(e) => return failed(&e),
     };
-    println!("{id}");
+    tell!("{id}");
     let _ = std::io::stdout().flush();
     if args.watch {
         return follow(&client, &id, false, 0);
@@ -129,7 +129,7 @@ pub fn resume_remote(target: &Target, run: &str) -> Exit {
     let cwd = std::env::current_dir().unwrap_or_default();
     match block_on(client.resume(run, &args, &cwd, "cli")) {
         Ok(id) => {
-            println!("{id}");
+            tell!("{id}");
             let _ = writeln!(
                 std::io::stderr(),
                 "resumed in the server at {target}: `troupe watch {id}` follows it"

@@ -41,12 +41,12 @@ pub fn run(path: &Path, json: bool, connect: Option<&Path>) -> Exit {
                 if connect.is_some() {
                     out["mcpTools"] = serde_json::Value::Array(tools);
                 }
-                println!("{out}");
+                tell!("{out}");
             } else {
-                println!("ok: {} ({} stages)", p.id, p.stages.len());
+                tell!("ok: {} ({} stages)", p.id, p.stages.len());
                 for (name, description) in &tools {
                     let first = description.lines().next().unwrap_or_default();
-                    println!("  {name}  {first}");
+                    tell!("  {name}  {first}");
                 }
             }
             Exit::Ok
@@ -62,7 +62,7 @@ pub fn run(path: &Path, json: bool, connect: Option<&Path>) -> Exit {
 pub fn print_diagnostics(path: &Path, diags: &Diagnostics, json: bool) {
     if json {
         let out = serde_json::json!({"ok": false, "errors": diags.0});
-        println!("{out}");
+        tell!("{out}");
         return;
     }
     for d in &diags.0 {

@@ -83,7 +83,10 @@ pub fn log_task(enabled: bool, worker: &str, run_id: &str, report: &Report, repo
         Report::Refused { code, .. } => line["code"] = Value::from(code.as_str()),
         _ => {}
     }
-    println!("{line}");
+    // A line for whoever watches the worker: one its stdout cannot take
+    // is lost, not the worker.
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 /// A group's context, read once however many tasks ask for it at once:

@@ -117,7 +117,7 @@ fn run_cell(kind: &str, args: &BenchArgs, m: &Matrix, workload: &Workload) -> Ex
     };
     match serde_json::to_string(&out) {
         Ok(line) => {
-            println!("{line}");
+            tell!("{line}");
             Exit::Ok
         }
         Err(e) => {
@@ -254,11 +254,11 @@ fn run_matrix(args: &BenchArgs, m: &Matrix, workload: &Workload) -> Exit {
             "cells": rows,
         });
         match serde_json::to_string_pretty(&value) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => tell!("{s}"),
             Err(e) => say!("error: cannot serialize the results: {e}"),
         }
     } else {
-        print!("{}", table(&workload.pipeline.id, m, &rows));
+        tell!(@raw "{}", table(&workload.pipeline.id, m, &rows));
     }
     // A run that failed without --fail-sibling, or did not fail with it,
     // is a broken benchmark.
