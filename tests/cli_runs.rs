@@ -320,6 +320,20 @@ fn rm_and_gc_delete_rows_and_folders_but_never_a_held_run() {
         "Store/NotARunFolder"
     );
     assert!(elsewhere.is_dir());
+    // Nor does a resume follow it, writing its log and lock there.
+    let before: Vec<_> = std::fs::read_dir(project.path().join("sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        refusal(&project, &["resume", held, "--json"]),
+        "Store/NotARunFolder"
+    );
+    let after: Vec<_> = std::fs::read_dir(project.path().join("sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(before, after, "nothing written into the folder");
     set(&project, held, &format!("run_dir = '{folder}'"));
     stdout(&project, &["runs", "rm", held]);
     assert!(!exists(held));

@@ -107,6 +107,17 @@ fn prepare_stored(
         return Err(StoreError::NothingToResume { id: run.id }.into());
     }
     let run_dir = PathBuf::from(&run.run_dir);
+    // A row that names another folder (damaged, or edited by hand) is not
+    // followed: the resume would write its events into another run's log,
+    // or its log and lock into any folder at all.
+    if run_dir.file_name() != Some(std::ffi::OsStr::new(&run.id)) {
+        return Err(StoreError::NotARunFolder {
+            id: run.id.clone(),
+            path: run_dir,
+            why: "a run's folder is named by its id, and the store names another (a damaged or edited row)".to_owned(),
+        }
+        .into());
+    }
     // A folder moved or deleted would be made again with an empty log,
     // whose repair would number events from one again.
     if !run_dir.is_dir() {

@@ -52,9 +52,9 @@ pub enum StoreError {
     /// troupe, or damaged (`detail` names the file and the byte).
     #[error("{detail}")]
     AuditCorrupt { detail: String },
-    /// The run's row names a folder troupe will not delete: not one named
-    /// by the run's id, or one it cannot tell is not live.
-    #[error("will not delete {path} for run `{id}`: {why}")]
+    /// The run's row names a folder troupe will not delete or resume into:
+    /// not one named by the run's id, or one it cannot tell is not live.
+    #[error("will not use {path} as run `{id}`'s folder: {why}")]
     NotARunFolder {
         id: String,
         path: PathBuf,
@@ -101,7 +101,7 @@ impl StoreError {
             StoreError::Io { .. } => "check the path and its permissions".to_owned(),
             StoreError::OutputInRunFolder { .. } => "write it outside the run's folder: that folder is troupe's, and its log is what is being read".to_owned(),
             StoreError::NoStore { .. } => "run from the project's folder, or point --store (or --runs-dir) at its store".to_owned(),
-            StoreError::NotARunFolder { .. } => "delete the folder by hand if it is the run's; nothing was deleted".to_owned(),
+            StoreError::NotARunFolder { .. } => "nothing was deleted or written; delete the folder by hand if it is the run's".to_owned(),
             StoreError::AuditCorrupt { .. } => "the log's lines before the damage are intact: `troupe runs export <run>` prints them (a torn end, from a killed process, is not damage: resume repairs it)".to_owned(),
         }
     }
