@@ -54,7 +54,7 @@ pub use error::AuditError;
 pub use export::{ExportError, OrderedReader, export_lines};
 pub use head::Head;
 pub use read::{
-    DecodedReader, Follower, cut_to_whole, format_of, saved_tail_path, scan_end,
+    DecodedReader, Follower, cut_to_whole, format_of, open_log, saved_tail_path, scan_end,
     undo_interrupted_cut,
 };
 pub use scan::scan_heads;

@@ -498,6 +498,19 @@ fn a_foreign_newer_or_damaged_compact_log_is_a_typed_error() {
         assert!(report.contains("Store/AuditCorrupt"), "{report}");
         assert!(!svg.exists(), "nothing drawn");
     }
+    // A FIFO in the log's place is refused, not waited on for a writer
+    // that never comes (every reader hung there).
+    std::fs::remove_file(&audit).unwrap();
+    nix::unistd::mkfifo(&audit, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let svg = project.path().join("run.svg");
+    for args in [
+        vec!["runs", "export", id],
+        vec!["runs", "tail", id],
+        vec!["report", id, "--svg", svg.to_str().unwrap()],
+    ] {
+        let text = said_of(&args);
+        assert!(text.contains("not a regular file"), "{args:?}: {text}");
+    }
 }
 
 /// A failure's reason may quote a tool's output (a `Bash` timeout quotes

@@ -7,7 +7,6 @@
 //! byte, however many threads made it.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
@@ -204,7 +203,7 @@ pub struct OrderedReader {
 impl OrderedReader {
     /// Starts decoding the log at `path` (compact or plain).
     pub fn open(path: &Path, threads: usize) -> Result<OrderedReader, AuditError> {
-        File::open(path).map_err(AuditError::io(path))?;
+        super::read::open_log(path, false).map_err(AuditError::io(path))?;
         let (to, chunks) = bounded(2);
         let thread = std::thread::Builder::new()
             .name("troupe-log-reader".into())
@@ -384,7 +383,7 @@ fn decode(
     lines: &mut Vec<u8>,
     hand_over: &mut dyn FnMut(&mut Vec<u8>) -> bool,
 ) -> Result<LogEnd, AuditError> {
-    let mut file = File::open(path).map_err(AuditError::io(path))?;
+    let mut file = super::read::open_log(path, false).map_err(AuditError::io(path))?;
     file.seek(SeekFrom::Start(from))
         .map_err(AuditError::io(path))?;
     let mut decoder = LogDecoder::segments_at(from, format, hand).map_err(|f| f.at(path))?;

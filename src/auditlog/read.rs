@@ -14,11 +14,38 @@ use super::head::Head;
 use super::records::{Entries, HeadEntry};
 use super::write::{Compressed, FORMAT};
 
+/// Opens the log at `path` to read it (and, with `write`, to repair it):
+/// only a regular file. Open does not wait (`O_NONBLOCK`) on a FIFO put in
+/// the log's place, which would hold a reader until some writer came; it
+/// and anything else that is not a file (a device, a folder) is refused
+/// as the I/O error it is.
+pub fn open_log(path: &Path, write: bool) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, a device or a folder is in the log's place)",
+        ));
+    }
+    // Reads of a regular file never wait anyway; cleared all the same.
+    nix::fcntl::fcntl(
+        &file,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()),
+    )
+    .map_err(io::Error::from)?;
+    Ok(file)
+}
+
 /// The format of the compact log at `path`, from its header (and nothing
 /// after it: a damaged first segment does not keep a reader from the
 /// later ones).
 pub fn format_of(path: &Path) -> Result<u32, AuditError> {
-    let mut file = File::open(path).map_err(AuditError::io(path))?;
+    let mut file = open_log(path, false).map_err(AuditError::io(path))?;
     let mut head = vec![0u8; 8];
     let cut_short = |offset: usize| AuditError::Corrupt {
         path: path.to_owned(),
@@ -65,7 +92,7 @@ impl DecodedReader {
     }
 
     fn with(path: &Path, decoder: LogDecoder) -> Result<DecodedReader, AuditError> {
-        let file = File::open(path).map_err(AuditError::io(path))?;
+        let file = open_log(path, false).map_err(AuditError::io(path))?;
         Ok(DecodedReader {
             path: path.to_owned(),
             file,
@@ -211,7 +238,7 @@ impl Follower {
         // neither needs it (the decoder still holds bytes, no probe).
         let waiting = !self.unread.is_empty() || self.decoder.more();
         let mut file = if self.probe.is_some() || !waiting {
-            match File::open(&self.path) {
+            match open_log(&self.path, false) {
                 Ok(f) => Some(f),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
                 Err(e) => return Err(AuditError::io(&self.path)(e)),
@@ -243,7 +270,7 @@ impl Follower {
                 lines.truncate(from);
                 self.restart()?;
                 if file.is_none() {
-                    file = File::open(&self.path).ok();
+                    file = open_log(&self.path, false).ok();
                 }
                 self.read_on(max, lines, file.as_ref())
             }
@@ -443,7 +470,7 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
     let mut open = None;
     if !super::is_plain(path) && end.keep > 0 {
         format = format_of(path)?;
-        let mut file = File::open(path).map_err(&io)?;
+        let mut file = open_log(path, false).map_err(&io)?;
         file.seek(SeekFrom::Start(end.keep)).map_err(&io)?;
         let mut tail = Vec::new();
         file.read_to_end(&mut tail).map_err(&io)?;
@@ -463,7 +490,7 @@ pub fn cut_to_whole(path: &Path, end: LogEnd) -> Result<bool, AuditError> {
         Some((tail, true)) => Some(save_tail(path, end.keep, tail)?),
         _ => None,
     };
-    let mut file = OpenOptions::new().write(true).open(path).map_err(&io)?;
+    let mut file = open_log(path, true).map_err(&io)?;
     file.set_len(end.keep).map_err(&io)?;
     file.seek(SeekFrom::End(0)).map_err(&io)?;
     if !super::is_plain(path) {
@@ -542,7 +569,7 @@ pub fn undo_interrupted_cut(path: &Path) -> Result<bool, AuditError> {
     };
     let keep = u64::from_le_bytes(*keep);
     let io = AuditError::io(path);
-    let mut file = OpenOptions::new().write(true).open(path).map_err(&io)?;
+    let mut file = open_log(path, true).map_err(&io)?;
     file.set_len(keep).map_err(&io)?;
     file.seek(SeekFrom::End(0)).map_err(&io)?;
     file.write_all(tail).map_err(&io)?;

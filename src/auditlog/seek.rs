@@ -24,7 +24,7 @@ use super::error::AuditError;
 /// newer format is an error.
 pub fn segment_starts(path: &Path) -> Result<Vec<u64>, AuditError> {
     let io = AuditError::io(path);
-    let mut file = BufReader::new(File::open(path).map_err(&io)?);
+    let mut file = BufReader::new(super::read::open_log(path, false).map_err(&io)?);
     // The header frame: its magic, its length, its text.
     let mut head = [0u8; 8];
     if read_full(&mut file, &mut head).map_err(&io)? < 8 {

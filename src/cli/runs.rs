@@ -277,7 +277,7 @@ fn export(dir: &Path, output: Option<&Path>) -> Result<Exit, StoreError> {
         crate::store::error::refuse_output_in_run_folder(output, dir)?;
     }
     // The log first: a run without one leaves no empty --output behind.
-    std::fs::File::open(&log).map_err(|source| auditlog::AuditError::Io {
+    auditlog::open_log(&log, false).map_err(|source| auditlog::AuditError::Io {
         path: log.clone(),
         source,
     })?;
