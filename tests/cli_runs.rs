@@ -537,3 +537,23 @@ fn runs_show_prints_no_control_sequence_a_tool_printed() {
         "{shown:?}"
     );
 }
+
+/// Cleaning up where nothing ever ran makes no store: `rm` says the run
+/// is not found, `gc` that nothing is old enough, and no `.troupe` is left.
+#[test]
+fn rm_and_gc_where_nothing_ran_make_no_store() {
+    let project = Project::new();
+    assert_eq!(
+        refusal(&project, &["runs", "rm", "abc", "--json"]),
+        "Store/RunNotFound"
+    );
+    assert_eq!(
+        project.json(&["runs", "gc", "--older-than", "7d", "--dry-run", "--json"]),
+        json!({"wouldRemove": []})
+    );
+    assert_eq!(
+        project.json(&["runs", "gc", "--older-than", "7d", "--json"]),
+        json!({"removed": []})
+    );
+    assert!(!project.path().join(".troupe").exists());
+}

@@ -449,6 +449,13 @@ fn is_exit(line: &[u8]) -> bool {
 }
 
 fn remove(path: &Path, ids: &[String], json: bool) -> Result<Exit, StoreError> {
+    // Cleaning up makes no store where there is none.
+    if crate::store::schema::open_if_made(path)?.is_none() {
+        return Err(StoreError::RunNotFound {
+            id: ids.first().cloned().unwrap_or_default(),
+            path: path.to_owned(),
+        });
+    }
     let store = Store::open(path)?;
     let mut removed = Vec::new();
     for id in ids {
@@ -531,22 +538,25 @@ fn report_removed(removed: &[String], json: bool) {
 }
 
 fn gc(path: &Path, older_than: Duration, dry_run: bool, json: bool) -> Result<Exit, StoreError> {
-    let store = Store::open(path)?;
     let cutoff =
         unix_ms(SystemTime::now()) - i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
     let mut removed = Vec::new();
-    for run in store.runs_started_before(cutoff)? {
-        // Running, or not a folder troupe may delete: left alone.
-        if deletable(&run).is_err() {
-            continue;
-        }
-        if !dry_run && let Err(e) = delete(&store, &run) {
-            if !removed.is_empty() {
-                report_removed(&removed, json);
+    // Cleaning up makes no store where there is none: nothing to delete.
+    if crate::store::schema::open_if_made(path)?.is_some() {
+        let store = Store::open(path)?;
+        for run in store.runs_started_before(cutoff)? {
+            // Running, or not a folder troupe may delete: left alone.
+            if deletable(&run).is_err() {
+                continue;
             }
-            return Err(e);
+            if !dry_run && let Err(e) = delete(&store, &run) {
+                if !removed.is_empty() {
+                    report_removed(&removed, json);
+                }
+                return Err(e);
+            }
+            removed.push(run.id);
         }
-        removed.push(run.id);
     }
     if dry_run {
         if json {

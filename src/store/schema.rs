@@ -212,12 +212,20 @@ fn version(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
         )
         .optional()
         .map_err(err)?;
-    version
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| StoreError::Corrupt {
+    // Tables and troupe's mark with a version below 1 is no store troupe
+    // made: read as 0 it passed for one with no schema yet (its runs
+    // hidden, then a migration failing on tables already there).
+    match version.map(|v| v.parse::<i64>()) {
+        Some(Ok(v)) if v >= 1 => Ok(v),
+        Some(_) => Err(StoreError::Corrupt {
+            path: path.to_owned(),
+            detail: "its schema version is not a number of 1 or more".to_owned(),
+        }),
+        None => Err(StoreError::Corrupt {
             path: path.to_owned(),
             detail: "its schema version is missing".to_owned(),
-        })
+        }),
+    }
 }
 
 fn check_version(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
