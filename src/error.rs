@@ -96,6 +96,19 @@ impl Serialize for Code {
     }
 }
 
+/// `code: message`, the code said once: a message that already starts
+/// with it (a diagnostic's, another layer's error) is left as it is.
+pub fn with_code(code: &str, message: &str) -> String {
+    if message
+        .strip_prefix(code)
+        .is_some_and(|rest| rest.starts_with(':'))
+    {
+        message.to_owned()
+    } else {
+        format!("{code}: {message}")
+    }
+}
+
 /// Anything that carries a stable code.
 pub trait HasCode {
     fn code(&self) -> Code;

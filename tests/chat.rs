@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "common/fake_openai.rs"]
+mod fake_openai;
 
 use common::project::said;
 
@@ -515,4 +517,51 @@ fn sigterm_during_a_turn_ends_the_chat() {
     assert_eq!(status.code(), Some(143));
     assert_eq!(turns(dir.path()).len(), 1, "a second turn started");
     drop(stdin);
+}
+
+/// `--max-tokens` bounds the conversation, not each turn: each turn's
+/// meter starts at what the turns before it used; a turn over it fails,
+/// and the next line is refused before it runs, ending the chat (exit 2).
+#[test]
+fn the_budget_bounds_the_conversation_not_each_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = chat(
+        dir.path(),
+        &["--mode", "yolo", "--max-tokens", "250"],
+        "one\ntwo\nthree\nfour\nfive\n",
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        said(&out).contains("in this chat's earlier turns"),
+        "{}",
+        said(&out)
+    );
+    let turns = turns(dir.path());
+    let statuses: Vec<&str> = turns
+        .iter()
+        .map(|t| t["status"].as_str().unwrap())
+        .collect();
+    // Newest first: the third went over (104 + 116 + 129 tokens), the
+    // fourth was never run.
+    assert_eq!(statuses, ["failed", "ok", "ok"], "{}", said(&out));
+}
+
+/// The provider's capability check runs once a chat, not once a line:
+/// later turns ask the model it settled.
+#[test]
+fn the_provider_is_checked_once_a_chat() {
+    let server = fake_openai::FakeOpenAi::start(|_| {
+        fake_openai::Reply::call("reply", serde_json::json!({"message": "hi"}))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let out = chat(
+        dir.path(),
+        &["--mode", "yolo", "--base-url", &server.base_url()],
+        "one\ntwo\nthree\n",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let received = server.received();
+    let probes = received.iter().filter(|r| r.is_probe()).count();
+    assert_eq!(probes, 1, "{received:?}");
+    assert_eq!(server.chats().len(), 3);
 }

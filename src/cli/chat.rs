@@ -20,6 +20,7 @@ use super::options::RunOptions;
 use super::signals::{CancelSignal, FirstSignal, Interrupts};
 use crate::definition::load_pipeline;
 use crate::definition::tool_catalog::BUILTIN_NAMES;
+use crate::provider::Usage;
 use crate::runtime::summary::RunStatus;
 use crate::runtime::tool_mode::{AllowRule, Mode, ToolMode};
 use crate::store::Store;
@@ -213,11 +214,14 @@ pub fn run(args: &ChatArgs) -> Exit {
             Err(e) => return crate::cli::mcp::mcp_refusal(&e).print(false),
         }
     };
-    let host = Host {
+    let mut host = Host {
         tool_mode: Some(Arc::clone(&tool_mode)),
         mcp,
         ..Host::default()
     };
+    // The turns' options: after the first turn's capability check, the
+    // model it settled is asked again without checking again.
+    let mut opts = args.opts.clone();
     let interactive = std::io::stdin().is_terminal();
     let _ = writeln!(
         std::io::stderr(),
@@ -260,14 +264,45 @@ pub fn run(args: &ChatArgs) -> Exit {
         if line == "/exit" {
             break;
         }
+        // The budget is the conversation's: a turn over what the turns
+        // before it used is refused, and the chat ends (exit 2).
+        if let Some(over) = opts.limits.already_over_from(
+            &pipeline,
+            opts.provider.model.as_deref(),
+            host.spent_before,
+            " in this chat's earlier turns",
+        ) {
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: {}: {}\n  hint: the budget counts every turn of this chat; `troupe chat --continue` goes on with the conversation and counts anew",
+                crate::error::HasCode::code(&over),
+                over.message
+            );
+            last = Exit::Invalid;
+            break;
+        }
         history.push(Said {
             role: "user".to_owned(),
             content: line.to_owned(),
         });
-        let (turned, signalled) = turn(
-            &system, &dir, &pipeline, &args.opts, &host, &history, &mut idle,
-        );
+        let Turned {
+            reply: turned,
+            signal: signalled,
+            usage,
+            model,
+            refused,
+        } = turn(&system, &dir, &pipeline, &opts, &host, &history, &mut idle);
         idle.get_or_insert_with(idle_watch);
+        host.spent_before.add(usage);
+        if let Some(model) = model
+            && opts.provider.model.is_none()
+        {
+            opts.provider.model = Some(model);
+        }
+        // Checked once: the next turns ask the model it settled.
+        if !refused {
+            opts.provider.skip_check = true;
+        }
         match turned {
             Ok(reply) => {
                 tell!("{}", super::output::terminal_safe(&reply));
@@ -287,6 +322,12 @@ pub fn run(args: &ChatArgs) -> Exit {
                     super::output::terminal_safe(&message)
                 );
                 last = exit;
+                // A turn refused before it ran (its options, its provider's
+                // check) would be refused again for every line: the chat
+                // ends there.
+                if refused {
+                    break;
+                }
             }
         }
         // SIGTERM and SIGHUP ask the chat to end (a `timeout`, a closed
@@ -311,8 +352,22 @@ fn idle_watch() -> Interrupts {
     })
 }
 
+/// How a turn went.
+struct Turned {
+    /// The reply, or the exit and the typed error.
+    reply: Result<String, (Exit, String)>,
+    /// The signal that cancelled it, if one did.
+    signal: Option<CancelSignal>,
+    /// What its model requests used (counted against the chat's budget).
+    usage: Usage,
+    /// The model its provider asked, when the provider is one that asks.
+    model: Option<String>,
+    /// Refused before anything ran.
+    refused: bool,
+}
+
 /// One turn: a run of the chat pipeline with the conversation in its
-/// ctx; the reply, or the exit and the typed error.
+/// ctx.
 fn turn(
     system: &actix::SystemRunner,
     dir: &Path,
@@ -321,17 +376,13 @@ fn turn(
     host: &Host,
     history: &[Said],
     idle: &mut Option<Interrupts>,
-) -> (Result<String, (Exit, String)>, Option<CancelSignal>) {
-    let refused = |r: &Refusal| {
-        let v = r.to_json();
-        (
-            Exit::Invalid,
-            format!(
-                "{}: {}",
-                v["error"]["code"].as_str().unwrap_or("?"),
-                v["error"]["message"].as_str().unwrap_or("")
-            ),
-        )
+) -> Turned {
+    let refusal = |r: &Refusal| Turned {
+        reply: Err((Exit::Invalid, r.said())),
+        signal: None,
+        usage: Usage::default(),
+        model: None,
+        refused: true,
     };
     let mut fields = Map::new();
     fields.insert("history".to_owned(), history_json(history));
@@ -352,7 +403,7 @@ fn turn(
     };
     let prepared = match prepare(launch, opts, host) {
         Ok(prepared) => prepared,
-        Err(r) => return (Err(refused(&r)), None),
+        Err(r) => return refusal(&r),
     };
     let first = FirstSignal::default();
     let watched = first.clone();
@@ -377,21 +428,34 @@ fn turn(
         drop(interrupts);
         driven
     });
-    let turned = match driven.conclude() {
-        Concluded::Report { report, .. } => match &report.status {
-            RunStatus::Ok => Ok(report
-                .results
-                .values()
-                .find(|r| r.stage_id() == CHAT)
-                .and_then(|r| r.parsed()["message"].as_str().map(str::to_owned))
-                .unwrap_or_default()),
-            RunStatus::Failed { reason } => Err((Exit::RunFailed, reason.clone())),
-            RunStatus::Cancelled => Err((first.exit(), "the turn was cancelled".to_owned())),
-        },
-        Concluded::Aborted(why) => Err((Exit::RunFailed, format!("Session/RunAborted: {why}"))),
-        Concluded::Refused(r) => Err(refused(&r)),
+    let model = driven.model();
+    let (reply, usage) = match driven.conclude() {
+        Concluded::Report { report, .. } => {
+            let reply = match &report.status {
+                RunStatus::Ok => Ok(report
+                    .results
+                    .values()
+                    .find(|r| r.stage_id() == CHAT)
+                    .and_then(|r| r.parsed()["message"].as_str().map(str::to_owned))
+                    .unwrap_or_default()),
+                RunStatus::Failed { reason } => Err((Exit::RunFailed, reason.clone())),
+                RunStatus::Cancelled => Err((first.exit(), "the turn was cancelled".to_owned())),
+            };
+            (reply, report.usage)
+        }
+        Concluded::Aborted(why) => (
+            Err((Exit::RunFailed, format!("Session/RunAborted: {why}"))),
+            Usage::default(),
+        ),
+        Concluded::Refused(r) => return refusal(&r),
     };
-    (turned, first.get())
+    Turned {
+        reply,
+        signal: first.get(),
+        usage,
+        model,
+        refused: false,
+    }
 }
 
 /// Where troupe keeps the chat pipeline: `chat/` beside the runs folder.

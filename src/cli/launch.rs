@@ -75,6 +75,11 @@ pub struct Host {
     /// stage's allowedTools is denied, unless an operator's `--answers`
     /// file approves it); human steps' questions still are.
     pub untrusted_clients: bool,
+    /// What earlier runs sharing this run's budget used: a chat's earlier
+    /// turns, each a run of its own. Its `--max-tokens` and `--max-cost`
+    /// bound the conversation, counted as a resumed run's earlier sessions
+    /// are.
+    pub spent_before: crate::provider::Usage,
 }
 
 /// One request limiter per OpenAI-compatible endpoint, shared by the runs

@@ -91,9 +91,20 @@ impl LimitArgs {
         model: Option<&str>,
         spent: Usage,
     ) -> Option<BudgetExceeded> {
+        self.already_over_from(pipeline, model, spent, " in its earlier sessions")
+    }
+
+    /// [`LimitArgs::already_over`], saying where `spent` was spent.
+    pub fn already_over_from(
+        &self,
+        pipeline: &Pipeline,
+        model: Option<&str>,
+        spent: Usage,
+        when: &str,
+    ) -> Option<BudgetExceeded> {
         let (max_tokens, max_cost, price) = self.limits(pipeline, model);
         Budget::new(max_tokens, price.and(max_cost), price)
-            .carry_over(spent)
+            .carry_over_from(spent, when)
             .err()
     }
 }

@@ -72,6 +72,15 @@ impl Refusal {
         }
     }
 
+    /// `code: message` on one line, the code once: a single diagnostic's
+    /// message already starts with it.
+    pub fn said(&self) -> String {
+        let v = self.to_json();
+        let code = v["error"]["code"].as_str().unwrap_or("?");
+        let message = v["error"]["message"].as_str().unwrap_or("");
+        crate::error::with_code(code, message)
+    }
+
     /// The control API's error body: `{"error": {"code", "message",
     /// "hint"?, "diagnostics"?}}`.
     pub fn to_json(&self) -> Value {

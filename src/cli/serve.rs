@@ -435,6 +435,7 @@ pub fn run(args: &ServeArgs) -> Exit {
                 tool_mode: None,
                 mcp: None,
                 untrusted_clients: policy.is_curated(),
+                spent_before: crate::provider::Usage::default(),
             },
             policy,
         });

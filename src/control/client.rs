@@ -272,7 +272,7 @@ impl ControlClient {
                 // (`Validation/…`, `Store/…`, `Provider/…`).
                 return Err(ControlError {
                     code: "Refused",
-                    message: format!("{code}: {message}"),
+                    message: crate::error::with_code(code, message),
                 });
             }
         };

@@ -110,10 +110,16 @@ impl Budget {
     /// that is already over a limit: nothing should start, and the run
     /// stays resumable with a larger budget.
     pub fn carry_over(&self, earlier: Usage) -> Result<(), BudgetExceeded> {
+        self.carry_over_from(earlier, " in its earlier sessions")
+    }
+
+    /// [`Budget::carry_over`], saying where `earlier` was spent (`when`
+    /// follows the amount in a refusal's message).
+    pub fn carry_over_from(&self, earlier: Usage, when: &str) -> Result<(), BudgetExceeded> {
         let mut spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
         let mut total = *spent;
         total.add(earlier);
-        if let Some(over) = self.over(total, " in its earlier sessions") {
+        if let Some(over) = self.over(total, when) {
             return Err(over);
         }
         *spent = total;

@@ -18,6 +18,7 @@ use crate::cli::output::{note_check, stored_summary};
 use crate::cli::sandbox::shell_sandbox;
 use crate::definition::{Backoff, Pipeline};
 use crate::error::HasCode;
+use crate::provider::Usage;
 use crate::provider::openai::{CheckError, OpenAiProvider, ProviderStats};
 use crate::runtime::ask::QuestionDesk;
 use crate::runtime::audit::{Sink, continue_audit_log, formatters_here, start_audit_log};
@@ -53,6 +54,9 @@ pub struct Prepared {
     store: Option<Store>,
     keeping: bool,
     resume: Option<Resumed>,
+    /// What the run's budget counts as spent before it starts: a resumed
+    /// run's earlier sessions, a chat's earlier turns.
+    earlier: Usage,
     nats: crate::distributed::NatsArgs,
     /// The shells' sandbox and private temp folder: kept until the run
     /// is recorded as ended.
@@ -122,14 +126,18 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
     // MCP servers start or its provider is asked anything: the token
     // limit, and the cost limit when the model and its price are known
     // yet (the rest once the capability check has picked the model).
+    let mut earlier = host.spent_before;
     if let Some(resume) = &resume {
+        earlier.add(resume.spent);
+    }
+    if resume.is_some() || earlier != Usage::default() {
         let model = match &openai {
             Some((provider, _)) => provider.model().map(str::to_owned),
             None => Some("scripted".to_owned()),
         };
         if let Some(over) = opts
             .limits
-            .already_over(&pipeline, model.as_deref(), resume.spent)
+            .already_over(&pipeline, model.as_deref(), earlier)
         {
             return Err(Refusal::typed(&over, over.to_string(), OVER_BUDGET_HINT));
         }
@@ -266,6 +274,7 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
         store,
         keeping: !opts.no_store,
         resume,
+        earlier,
         nats: opts.nats.clone(),
         shell,
         otlp,
@@ -380,6 +389,7 @@ impl Prepared {
             store,
             keeping,
             resume,
+            earlier,
             nats,
             shell,
             otlp,
@@ -421,10 +431,11 @@ impl Prepared {
         // A budget bounds the whole run: a resumed one's meter starts at
         // what its earlier sessions' stored executions used (those
         // cancelled or in flight when it stopped included, as far as the
-        // store has them). Nothing is stored or started yet, so a run
-        // already over it stays resumable.
-        if let (Some(budget), Some(resume)) = (&settings.budget, &resume)
-            && let Err(over) = budget.carry_over(resume.spent)
+        // store has them), a chat turn's at what the turns before it
+        // used. Nothing is stored or started yet, so a run already over
+        // it stays resumable.
+        if let Some(budget) = &settings.budget
+            && let Err(over) = budget.carry_over(earlier)
         {
             driven.outcome = Outcome::Budget(over);
             return driven;
@@ -521,6 +532,14 @@ impl Prepared {
 }
 
 impl Driven {
+    /// The model an OpenAI-compatible provider asked (the one its
+    /// capability check picked, when none was given), once it is known.
+    pub fn model(&self) -> Option<String> {
+        self.openai
+            .as_ref()
+            .and_then(|p| p.model().map(str::to_owned))
+    }
+
     /// Records how the run ended in the store (the writer drained first).
     pub fn conclude(self) -> Concluded {
         let Driven {
