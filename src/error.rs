@@ -109,6 +109,21 @@ pub fn with_code(code: &str, message: &str) -> String {
     }
 }
 
+/// A URL as given (parsed or not), as an error may quote it: without
+/// what could be a secret in it (a user and password before `@`, a query,
+/// a fragment).
+pub fn url_shown(raw: &str) -> String {
+    let raw = raw.trim();
+    let raw = raw.split(['?', '#']).next().unwrap_or(raw);
+    let (scheme, rest) = raw.split_once("://").unwrap_or(("", raw));
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    if scheme.is_empty() {
+        rest.to_owned()
+    } else {
+        format!("{scheme}://{rest}")
+    }
+}
+
 /// Anything that carries a stable code.
 pub trait HasCode {
     fn code(&self) -> Code;

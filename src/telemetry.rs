@@ -68,26 +68,28 @@ impl OtlpConfig {
         {
             return Ok(None);
         }
-        let (raw, whole) = match (flag, var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
+        // Errors name where the endpoint came from.
+        let (raw, whole, from) = match (flag, var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
             (Some(f), _) => (
                 f.to_owned(),
                 f.trim_end_matches('/').ends_with("/v1/traces"),
+                "--otlp",
             ),
-            (None, Some(t)) => (t, true),
+            (None, Some(t)) => (t, true, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
             (None, None) => match var("OTEL_EXPORTER_OTLP_ENDPOINT") {
-                Some(base) => (base, false),
+                Some(base) => (base, false, "OTEL_EXPORTER_OTLP_ENDPOINT"),
                 None => return Ok(None),
             },
         };
         let mut url = reqwest::Url::parse(raw.trim()).map_err(|e| {
             format!(
-                "the OTLP endpoint `{}` is not a URL: {e}",
-                raw.split_once('@').map_or(raw.as_str(), |(_, host)| host)
+                "{from}: the OTLP endpoint `{}` is not a URL: {e}",
+                crate::error::url_shown(&raw)
             )
         })?;
         if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
             return Err(format!(
-                "the OTLP endpoint `{}` is not an http(s) URL, e.g. http://127.0.0.1:4318",
+                "{from}: the OTLP endpoint `{}` is not an http(s) URL, e.g. http://127.0.0.1:4318",
                 shown(&url)
             ));
         }
@@ -104,7 +106,7 @@ impl OtlpConfig {
             && p.trim() != "http/protobuf"
         {
             return Err(format!(
-                "OTEL_EXPORTER_OTLP_PROTOCOL asks for `{}`; troupe exports OTLP over HTTP with protobuf only: set it to http/protobuf (and the endpoint to the collector's HTTP port, 4318), or unset it",
+                "OTEL_EXPORTER_OTLP_PROTOCOL: it asks for `{}`; troupe exports OTLP over HTTP with protobuf only: set it to http/protobuf (and the endpoint to the collector's HTTP port, 4318), or unset it",
                 p.trim()
             ));
         }
@@ -120,6 +122,17 @@ impl OtlpConfig {
                 .filter_map(|kv| kv.split_once('='))
                 .map(|(k, v)| (percent_decoded(k.trim()), percent_decoded(v.trim())))
             {
+                // Checked here, not at the first post: a header that
+                // cannot be sent would lose every span, said only at the
+                // run's end. The value is never quoted (an API key).
+                if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
+                    return Err(format!("{name}: `{k}` is not a header name"));
+                }
+                if reqwest::header::HeaderValue::from_str(&v).is_err() {
+                    return Err(format!(
+                        "{name}: the value of header `{k}` holds characters a header cannot carry (a control character or a line break)"
+                    ));
+                }
                 headers.retain(|(old, _)| !old.eq_ignore_ascii_case(&k));
                 headers.push((k, v));
             }

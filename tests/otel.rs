@@ -159,6 +159,29 @@ fn a_failed_sibling_and_the_cancelled_ones_are_marked() {
     assert_eq!(root.status.as_ref().unwrap().code, 2);
 }
 
+/// A collector that answers 503 (restarting, shedding load) gets the
+/// batch again after the wait it asks for, and every span arrives; spans
+/// a collector takes the post of but refuses (`partial_success`) are
+/// counted as not delivered, with its reason.
+#[test]
+fn a_busy_collector_gets_the_batch_again_and_partial_refusals_are_counted() {
+    let busy = receiver(Collector::Busy(2));
+    let (out, _dir) = run(&["--otlp", &format!("http://{}", busy.addr)]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(!said(&out).contains("not delivered"), "{}", said(&out));
+    let spans = busy.spans.lock().unwrap();
+    assert!(spans.iter().any(|s| s.name == "run fanout"), "{spans:?}");
+    drop(spans);
+    let partial = receiver(Collector::RefusesOneSpanEach);
+    let (out, _dir) = run(&["--otlp", &format!("http://{}", partial.addr)]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(
+        said(&out).contains("spans not delivered") && said(&out).contains("one span too many"),
+        "{}",
+        said(&out)
+    );
+}
+
 #[test]
 fn a_collector_that_refuses_hangs_or_is_absent_costs_a_warning_not_the_run() {
     let closed = {
@@ -277,6 +300,41 @@ fn the_standard_variables_choose_the_endpoint() {
         !probes.is_empty() && probes.iter().all(|p| p == "traces"),
         "{probes:?}"
     );
+    // A header that could not be sent is refused before anything runs,
+    // naming the variable and never quoting the value; so is an endpoint
+    // that is not a URL, quoted without its query or user.
+    for (var, value, says) in [
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "bad name=x",
+            "`bad name` is not a header name",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "api-key=SECRET%0Aevil",
+            "cannot carry",
+        ),
+    ] {
+        let out = with(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), (var, value)]);
+        assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+        assert!(
+            said(&out).contains(var) && said(&out).contains(says),
+            "{}",
+            said(&out)
+        );
+        assert!(!said(&out).contains("SECRET"), "{}", said(&out));
+    }
+    let out = with(&[(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "http://me:PASSWORD@collector:99999/v1?api_key=SECRETQ",
+    )]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        said(&out).contains("OTEL_EXPORTER_OTLP_ENDPOINT: the OTLP endpoint `http://collector:99999/v1` is not a URL"),
+        "{}",
+        said(&out)
+    );
+    assert!(!said(&out).contains("SECRETQ") && !said(&out).contains("PASSWORD"));
 }
 
 /// A failure's reason may quote a tool's output (here a `Bash` timeout's):

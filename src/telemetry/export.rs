@@ -10,7 +10,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Sender, TrySendError, bounded};
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
@@ -34,6 +36,105 @@ pub struct Counts {
     /// (it drops what is queued and ends after the post in flight, which
     /// its own timeout bounds), so no exporter outlives its run by more.
     pub abandoned: std::sync::atomic::AtomicBool,
+}
+
+/// Posts of one batch, at most: the OTLP/HTTP spec asks a client to
+/// retry what a collector answers 429, 502, 503 or 504 (and a connection
+/// that failed), with exponential backoff honouring `Retry-After`.
+const ATTEMPTS: u32 = 4;
+/// The first wait before posting a batch again; doubled each time.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// The longest wait between two posts of a batch.
+const MOST_BACKOFF: Duration = Duration::from_secs(8);
+
+/// How one post of a batch went.
+enum Posted {
+    /// Taken; `rejected` of its spans were refused (`partial_success`),
+    /// `why` says why.
+    Sent { rejected: u64, why: String },
+    /// Worth posting again (after `after`, when the collector said).
+    Again {
+        why: String,
+        after: Option<Duration>,
+    },
+    /// Refused for good.
+    Failed(String),
+}
+
+/// Posts `body` once.
+async fn post(client: &reqwest::Client, config: &OtlpConfig, body: Vec<u8>) -> Posted {
+    let mut request = client
+        .post(config.endpoint.clone())
+        .header("content-type", "application/x-protobuf")
+        .body(body);
+    for (k, v) in &config.headers {
+        request = request.header(k.as_str(), v.as_str());
+    }
+    let response = match request.send().await {
+        Ok(r) => r,
+        // Refused, reset, timed out: the collector may be restarting.
+        Err(e) => {
+            return Posted::Again {
+                why: e.without_url().to_string(),
+                after: None,
+            };
+        }
+    };
+    let status = response.status();
+    if status.is_success() {
+        // A 200 may still refuse some of the spans, said in its body.
+        let body = response.bytes().await.unwrap_or_default();
+        let partial = ExportTraceServiceResponse::decode(body.as_ref())
+            .ok()
+            .and_then(|r| r.partial_success);
+        return match partial {
+            Some(p) if p.rejected_spans > 0 => Posted::Sent {
+                rejected: u64::try_from(p.rejected_spans).unwrap_or(0),
+                why: format!(
+                    "the collector refused {} spans: {}",
+                    p.rejected_spans,
+                    p.error_message.chars().take(200).collect::<String>()
+                ),
+            },
+            _ => Posted::Sent {
+                rejected: 0,
+                why: String::new(),
+            },
+        };
+    }
+    let why = format!("the collector answered {status}");
+    if matches!(status.as_u16(), 429 | 502 | 503 | 504) {
+        let after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        return Posted::Again { why, after };
+    }
+    Posted::Failed(why)
+}
+
+/// The wait before post `attempt + 1`: what the collector asked for, else
+/// doubling from [`FIRST_BACKOFF`]; never past [`MOST_BACKOFF`].
+fn backoff(attempt: u32, asked: Option<Duration>) -> Duration {
+    asked
+        .unwrap_or_else(|| FIRST_BACKOFF * 2u32.saturating_pow(attempt - 1))
+        .min(MOST_BACKOFF)
+}
+
+/// Waits `how_long`, looking every 50 ms whether the run gave up on the
+/// exporter; whether it may post again.
+async fn wait(how_long: Duration, counts: &Counts) -> bool {
+    let until = tokio::time::Instant::now() + how_long;
+    while tokio::time::Instant::now() < until {
+        if counts.abandoned.load(Ordering::Relaxed) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50).min(until - tokio::time::Instant::now()))
+            .await;
+    }
+    !counts.abandoned.load(Ordering::Relaxed)
 }
 
 /// The exporter's thread and its queue.
@@ -119,29 +220,28 @@ impl Exporter {
                         continue;
                     }
                     let body = encode(batch, &config.service);
-                    let mut request = client
-                        .post(config.endpoint.clone())
-                        .header("content-type", "application/x-protobuf")
-                        .body(body);
-                    for (k, v) in &config.headers {
-                        request = request.header(k.as_str(), v.as_str());
-                    }
-                    let posted = rt.block_on(async {
-                        let r = request
-                            .send()
-                            .await
-                            .map_err(|e| e.without_url().to_string())?;
-                        if r.status().is_success() {
-                            Ok(())
-                        } else {
-                            Err(format!("the collector answered {}", r.status()))
+                    let mut attempt = 1;
+                    loop {
+                        match rt.block_on(post(&client, &config, body.clone())) {
+                            Posted::Sent { rejected, why } => {
+                                let rejected = rejected.min(n as u64);
+                                seen.sent.fetch_add(n as u64 - rejected, Ordering::Relaxed);
+                                if rejected > 0 {
+                                    failed(usize::try_from(rejected).unwrap_or(n), why);
+                                }
+                            }
+                            Posted::Again { why, after } => {
+                                if attempt < ATTEMPTS
+                                    && rt.block_on(wait(backoff(attempt, after), &seen))
+                                {
+                                    attempt += 1;
+                                    continue;
+                                }
+                                failed(n, why);
+                            }
+                            Posted::Failed(why) => failed(n, why),
                         }
-                    });
-                    match posted {
-                        Ok(()) => {
-                            seen.sent.fetch_add(n as u64, Ordering::Relaxed);
-                        }
-                        Err(why) => failed(n, why),
+                        break;
                     }
                 }
             })?;

@@ -99,6 +99,10 @@ pub struct SpanBook {
     sessions: u32,
     turns: Vec<(Arc<str>, Open)>,
     open: HashMap<String, Open>,
+    /// The keys in `open` of each execution's model requests and tool
+    /// calls (some may have ended since): those still open when the
+    /// execution ends were dropped with it, and end with it.
+    children: HashMap<String, Vec<String>>,
     /// A call's arguments, from its proposal, until it starts (content on).
     proposed: HashMap<String, String>,
     last: SystemTime,
@@ -115,6 +119,7 @@ impl SpanBook {
             sessions: 0,
             turns: Vec::new(),
             open: HashMap::new(),
+            children: HashMap::new(),
             proposed: HashMap::new(),
             last: SystemTime::UNIX_EPOCH,
         }
@@ -313,6 +318,17 @@ impl SpanBook {
                 }
             }
             EventName::StageExited | EventName::StageCancelled => {
+                // A request or call still open was dropped with its
+                // execution (a cancel, the stage's timeout): it ends here,
+                // not in error at the run's end.
+                for key in self.children.remove(exec).unwrap_or_default() {
+                    if let Some(mut open) = self.open.remove(&key) {
+                        open.span
+                            .attributes
+                            .push(text("troupe.outcome", "cancelled"));
+                        SpanBook::end(open, e.ts, None, done);
+                    }
+                }
                 if let Some(mut open) = self.open.remove(exec) {
                     let cancelled = e.name == EventName::StageCancelled;
                     let verdict = if cancelled {
@@ -336,7 +352,8 @@ impl SpanBook {
                     for (name, n) in usage(e) {
                         open.span.attributes.push(int(name, n));
                     }
-                    let error = (!cancelled && verdict != "ok")
+                    // Skipped (a gate's `skip`) is no error either.
+                    let error = (!cancelled && verdict != "ok" && verdict != "skipped")
                         .then(|| reason.unwrap_or_else(|| "failed".into()));
                     SpanBook::end(open, e.ts, error, done);
                 }
@@ -374,6 +391,10 @@ impl SpanBook {
                         .attributes
                         .push(text("gen_ai.request.model", &model));
                 }
+                self.children
+                    .entry(exec.to_owned())
+                    .or_default()
+                    .push(key.clone());
                 self.open.insert(key, open);
             }
             EventName::ProviderRequestCompleted | EventName::ProviderRequestFailed => {
@@ -435,6 +456,10 @@ impl SpanBook {
                         .attributes
                         .push(text("gen_ai.tool.call.arguments", args));
                 }
+                self.children
+                    .entry(exec.to_owned())
+                    .or_default()
+                    .push(key.clone());
                 self.open.insert(key, open);
             }
             EventName::ToolInvocationSucceeded
@@ -582,5 +607,63 @@ mod tests {
             .rfind(|s| s.name == "execute_tool Echo")
             .unwrap();
         assert_eq!(last_call.parent_span_id, stages[1].span_id);
+    }
+
+    /// A request and a call dropped with their execution (cancelled) end
+    /// with it, not in error at the run's end; a skipped stage is no
+    /// error.
+    #[test]
+    fn what_an_execution_drops_ends_with_it_and_skipped_is_no_error() {
+        let run = "01a22167-3058-7161-8dfe-293276497364";
+        let exec = format!("{run}/w#0/1");
+        let mut book = SpanBook::new(run, false);
+        let mut done = Vec::new();
+        let mut seq = 0;
+        let mut take = |book: &mut SpanBook, e: Event, done: &mut Vec<Span>| {
+            seq += 1;
+            book.take(seq, &e, done);
+        };
+        take(
+            &mut book,
+            Event::new(EventName::WorkflowStarted, run).with("pipeline", "p"),
+            &mut done,
+        );
+        let at = |name| Event::new(name, run).stage("w", exec.as_str());
+        take(&mut book, at(EventName::StageEntered), &mut done);
+        take(
+            &mut book,
+            at(EventName::ProviderRequestStarted)
+                .with("turn", 1)
+                .with("try", 1),
+            &mut done,
+        );
+        take(
+            &mut book,
+            at(EventName::ToolInvocationStarted)
+                .tool("Echo")
+                .with("callId", "c"),
+            &mut done,
+        );
+        take(&mut book, at(EventName::StageCancelled), &mut done);
+        let skipped = format!("{run}/s/1");
+        let at = |name| Event::new(name, run).stage("s", skipped.as_str());
+        take(&mut book, at(EventName::StageEntered), &mut done);
+        take(
+            &mut book,
+            at(EventName::StageExited)
+                .with("verdict", "skipped")
+                .with("reason", "gate"),
+            &mut done,
+        );
+        // Ended before the run's end, none in error.
+        let names: Vec<&str> = done.iter().map(|s| s.name.as_str()).collect();
+        assert!(
+            names.contains(&"chat") && names.contains(&"execute_tool Echo"),
+            "{names:?}"
+        );
+        for span in &done {
+            let code = span.status.as_ref().map_or(0, |s| s.code);
+            assert_eq!(code, 0, "{} is in error: {span:#?}", span.name);
+        }
     }
 }

@@ -18,6 +18,12 @@ pub enum Collector {
     Accepts,
     Refuses,
     Hangs,
+    /// Answers its first N posts 503 with `Retry-After: 0`, as a
+    /// collector restarting or shedding load does, then accepts.
+    Busy(usize),
+    /// Accepts every post, but says in `partial_success` that it refused
+    /// one span of each.
+    RefusesOneSpanEach,
 }
 
 /// An OTLP/HTTP receiver on a port of its own; the spans it accepted.
@@ -48,28 +54,37 @@ pub fn receiver(mode: Collector) -> Receiver {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap().to_string();
+    let posts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let app = axum::Router::new().route(
         "/v1/traces",
         axum::routing::post(move |headers: HeaderMap, body: Bytes| {
             let (kept, named) = (Arc::clone(&kept), Arc::clone(&named));
+            let post = posts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             if let Some(probe) = headers.get("x-probe").and_then(|v| v.to_str().ok()) {
                 probed.lock().unwrap().push(probe.to_owned());
             }
             async move {
                 match mode {
-                    Collector::Refuses => return (StatusCode::INTERNAL_SERVER_ERROR, Vec::new()),
+                    Collector::Refuses => {
+                        return (StatusCode::INTERNAL_SERVER_ERROR, HeaderMap::new(), Vec::new());
+                    }
+                    Collector::Busy(n) if post < n => {
+                        let mut busy = HeaderMap::new();
+                        busy.insert("retry-after", "0".parse().unwrap());
+                        return (StatusCode::SERVICE_UNAVAILABLE, busy, Vec::new());
+                    }
                     Collector::Hangs => {
                         tokio::time::sleep(Duration::from_secs(3600)).await;
                     }
-                    Collector::Accepts => {}
+                    Collector::Accepts | Collector::Busy(_) | Collector::RefusesOneSpanEach => {}
                 }
                 if headers.get("content-type").map(|v| v.as_bytes())
                     != Some(b"application/x-protobuf")
                 {
-                    return (StatusCode::UNSUPPORTED_MEDIA_TYPE, Vec::new());
+                    return (StatusCode::UNSUPPORTED_MEDIA_TYPE, HeaderMap::new(), Vec::new());
                 }
                 let Ok(request) = ExportTraceServiceRequest::decode(body) else {
-                    return (StatusCode::BAD_REQUEST, Vec::new());
+                    return (StatusCode::BAD_REQUEST, HeaderMap::new(), Vec::new());
                 };
                 for rs in request.resource_spans {
                     for attr in rs.resource.map(|r| r.attributes).unwrap_or_default() {
@@ -84,10 +99,16 @@ pub fn receiver(mode: Collector) -> Receiver {
                         kept.lock().unwrap().extend(ss.spans);
                     }
                 }
-                (
-                    StatusCode::OK,
-                    ExportTraceServiceResponse::default().encode_to_vec(),
-                )
+                let mut answer = ExportTraceServiceResponse::default();
+                if mode == Collector::RefusesOneSpanEach {
+                    answer.partial_success = Some(
+                        opentelemetry_proto::tonic::collector::trace::v1::ExportTracePartialSuccess {
+                            rejected_spans: 1,
+                            error_message: "one span too many".to_owned(),
+                        },
+                    );
+                }
+                (StatusCode::OK, HeaderMap::new(), answer.encode_to_vec())
             }
         }),
     );

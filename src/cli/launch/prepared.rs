@@ -108,7 +108,7 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
         ));
     }
     let otlp = crate::telemetry::OtlpConfig::resolve(opts.otlp.as_deref(), opts.otlp_content)
-        .map_err(|why| Refusal::invalid(&path, format!("--otlp: {why}")))?;
+        .map_err(|why| Refusal::invalid(&path, why))?;
     let mut settings = provider_settings(&opts.provider);
     let knobs = ScriptedKnobs {
         script: opts.script.as_deref(),

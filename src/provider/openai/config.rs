@@ -101,11 +101,13 @@ impl OpenAiConfig {
 /// An `http(s)://` URL with no credentials, query or fragment; a trailing
 /// slash is dropped.
 pub fn parse_base_url(text: &str) -> Result<Url, String> {
+    // Quoted without what may be a secret in it (a key in the query).
+    let shown = crate::error::url_shown(text);
     let url = Url::parse(text.trim())
-        .map_err(|e| format!("`{text}` is not a URL ({e}); e.g. http://127.0.0.1:8080/v1"))?;
+        .map_err(|e| format!("`{shown}` is not a URL ({e}); e.g. http://127.0.0.1:8080/v1"))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!(
-            "`{text}`: the base URL must start with http:// or https://"
+            "`{shown}`: the base URL must start with http:// or https://"
         ));
     }
     if !url.username().is_empty() || url.password().is_some() {
@@ -116,7 +118,7 @@ pub fn parse_base_url(text: &str) -> Result<Url, String> {
     }
     if url.query().is_some() || url.fragment().is_some() {
         return Err(format!(
-            "`{text}`: the base URL must not have a query or fragment"
+            "`{shown}`: the base URL must not have a query or fragment (put a key in an environment variable: --api-key-env)"
         ));
     }
     Ok(url)
