@@ -539,3 +539,91 @@ fn gates_and_asserts_on_deterministic_steps_are_evaluated() {
         "score 9"
     );
 }
+
+/// An asker no one answers for.
+#[derive(Debug)]
+struct NoOne;
+
+impl troupe::runtime::ask::Asker for NoOne {
+    fn ask(
+        &self,
+        _: troupe::runtime::ask::Question,
+    ) -> futures::future::BoxFuture<'static, Option<troupe::runtime::ask::Answer>> {
+        Box::pin(futures::future::pending())
+    }
+}
+
+/// What a cancelled step had open ends before its `StageCancelled`: a
+/// human step's question is withdrawn (`InteractionAnswered`), as an
+/// approval is; a tool step's call is cancelled (`ToolInvocationCancelled`),
+/// as a model's call is.
+#[test]
+fn a_cancelled_step_ends_what_it_had_open() {
+    let human = Fixture::new(
+        "id: p\nentry: ask\nstages:\n  ask:\n    kind: human\n    prompt: \"Ship?\"\n    fields: { type: object, required: [ok], properties: { ok: { type: boolean } } }\nnext:\n  ask: end\n",
+        &[],
+    );
+    let out = run(
+        human.path(),
+        Opts {
+            asker: Some(std::sync::Arc::new(NoOne)),
+            cancel_after: Some(Duration::from_secs(1)),
+            ..Opts::default()
+        },
+    );
+    assert_eq!(out.report.status, RunStatus::Cancelled);
+    let names: Vec<&str> = out
+        .events
+        .iter()
+        .filter(|e| e["stageId"] == "ask")
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    let raised = names
+        .iter()
+        .position(|n| *n == "InteractionRaised")
+        .unwrap();
+    assert_eq!(
+        &names[raised..],
+        ["InteractionRaised", "InteractionAnswered", "StageCancelled"],
+        "{names:?}"
+    );
+    let answered = out.named("InteractionAnswered");
+    assert_eq!(answered[0]["outcome"], "withdrawn");
+    assert_eq!(answered[0]["kind"], "question");
+
+    let tool = Fixture::new(
+        "id: p\nentry: t\nstages:\n  t: { kind: tool, tool: Bash, args: { command: \"sleep 600\" } }\nnext:\n  t: end\n",
+        &[],
+    );
+    let out = run(
+        tool.path(),
+        Opts {
+            cancel_after: Some(Duration::from_millis(500)),
+            root: Some(tool.path().to_owned()),
+            real_time: true,
+            ..Opts::default()
+        },
+    );
+    assert_eq!(out.report.status, RunStatus::Cancelled);
+    // Every call started has its end, before the execution's.
+    let names: Vec<&str> = out
+        .events
+        .iter()
+        .filter(|e| e["stageId"] == "t")
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    let started = names
+        .iter()
+        .filter(|n| **n == "ToolInvocationStarted")
+        .count();
+    let ended = names
+        .iter()
+        .filter(|n| {
+            n.starts_with("ToolInvocation")
+                && !n.ends_with("Started")
+                && **n != "ToolInvocationProposed"
+        })
+        .count();
+    assert_eq!(started, ended, "{names:?}");
+    assert_eq!(names.last(), Some(&"StageCancelled"), "{names:?}");
+}

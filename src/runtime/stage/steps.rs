@@ -86,14 +86,17 @@ impl StageRun {
                     None => Err(format!("switch: no case for `{key}` and no default")),
                 }
             }),
-            StageKind::Tool { tool, args } => self.run_tool_step(tool, args).await,
+            StageKind::Tool { tool, args } => self.run_tool_step(tool, args, whereabouts).await,
             StageKind::Transform { set } => self.run_transform(set),
             StageKind::Human {
                 prompt,
                 fields,
                 timeout,
                 otherwise,
-            } => match self.run_human_step(prompt, fields, *timeout).await {
+            } => match self
+                .run_human_step(prompt, fields, *timeout, whereabouts)
+                .await
+            {
                 Ok(answer) => Ok((answer, None)),
                 Err(reason) if *otherwise == crate::definition::HumanOtherwise::Skip => {
                     skipped = Some(reason.clone());

@@ -5,11 +5,14 @@
 //! tool-call actor, its audit events, the `TOOL_CALL/pre` guards, strict
 //! cancellation; no approval is asked (the pipeline's author chose it).
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
 use super::run::StageRun;
+use super::whereabouts::Whereabouts;
 use crate::definition::expr::Expr;
 use crate::definition::template::{Template, json_text};
 use crate::error::{HasCode, ValidationCode};
@@ -24,6 +27,7 @@ impl StageRun {
         &self,
         tool: &str,
         args: &Value,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
     ) -> Result<(Value, Option<Value>), String> {
         let ctx = &self.ctx;
         let args = render_args(args, &|t: &Template| {
@@ -87,7 +91,11 @@ impl StageRun {
             .hooks
             .has("TOOL_CALL/post", Some(tool))
             .then(|| args.clone());
+        // In flight: a cancel records it cancelled (`ToolInvocationCancelled`
+        // before `StageCancelled`), as a model's call is.
+        whereabouts.borrow_mut().tool_calls = vec![(Arc::clone(&call.id), Arc::clone(&call.name))];
         let outcome = self.call_on_actor(&call.name, args).await;
+        whereabouts.borrow_mut().tool_calls.clear();
         match outcome {
             ToolOutcome::Succeeded(out) => {
                 self.emit(ev(EventName::ToolInvocationSucceeded).with("bytes", out.text.len()));
@@ -189,6 +197,7 @@ impl StageRun {
         prompt: &Template,
         fields: &crate::definition::schema::Schema,
         timeout: Option<std::time::Duration>,
+        whereabouts: &Rc<RefCell<Whereabouts>>,
     ) -> Result<Value, String> {
         use crate::runtime::ask::Question;
         let text = prompt
@@ -199,7 +208,11 @@ impl StageRun {
                 .with("kind", "question")
                 .with("prompt", text.as_str()),
         );
+        // Open until answered here; a cancel meanwhile records it
+        // withdrawn (see `Whereabouts::question`).
+        whereabouts.borrow_mut().question = true;
         let unanswered = |outcome: &'static str, why: String| {
+            whereabouts.borrow_mut().question = false;
             self.emit(
                 self.event(EventName::InteractionAnswered)
                     .with("kind", "question")
@@ -238,6 +251,7 @@ impl StageRun {
         };
         match answer {
             Some(answer) => {
+                whereabouts.borrow_mut().question = false;
                 self.emit(
                     self.event(EventName::InteractionAnswered)
                         .with("kind", "question")

@@ -23,6 +23,9 @@ pub struct Whereabouts {
     /// Whether this execution ever put a call to the interactors, so a
     /// cancelled one that never did has no prompts to withdraw.
     pub raised: bool,
+    /// A human step's question is open: a cancelled execution records it
+    /// withdrawn (`InteractionAnswered`), as its approvals are.
+    pub question: bool,
     /// What its model requests used so far (a cancelled execution reports
     /// it, so the run's totals include it).
     pub usage: Usage,

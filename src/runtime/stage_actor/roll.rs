@@ -141,6 +141,13 @@ impl Note {
                     .with("callId", Arc::clone(id)),
             );
         }
+        if whereabouts.question {
+            self.bus.publish(
+                self.event(EventName::InteractionAnswered)
+                    .with_static("kind", "question")
+                    .with_static("outcome", "withdrawn"),
+            );
+        }
         self.bus.publish(
             self.event(EventName::StageCancelled)
                 .with("reason", reason)
