@@ -178,6 +178,16 @@ fn a_report_that_cannot_be_written_is_said_and_exits_so() {
     let said = String::from_utf8_lossy(&gone.stderr);
     assert_eq!(gone.status.code(), Some(141), "{said}");
     assert!(!said.contains("panicked"), "{said}");
+    // So does an event stream (`--events -`) stdout stopped taking.
+    for extra in [&[][..], &["--json"][..]] {
+        let mut args = vec!["run", &fanout, "--ctx", "width=100", "--events", "-"];
+        args.extend_from_slice(extra);
+        let [full, gone] = unwritable(&args, runs.path());
+        let said = String::from_utf8_lossy(&full.stderr);
+        assert_eq!(full.status.code(), Some(1), "{extra:?}: {said}");
+        assert!(said.contains("cannot write"), "{said}");
+        assert_eq!(gone.status.code(), Some(141), "{extra:?}: {}", text(&gone));
+    }
 }
 
 /// `troupe watch` of a run whose stdout cannot be written stops and says

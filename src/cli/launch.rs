@@ -161,6 +161,8 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         Err(refusal) => return refusal.print(json),
     };
     let stream_events = opts.events.is_some();
+    // The first write the event stream could not make, if any.
+    let stream_failed = Arc::new(std::sync::OnceLock::new());
     let first_signal = FirstSignal::default();
     let watched = first_signal.clone();
     // The run's control socket, kept past the actor system so that event
@@ -175,7 +177,11 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         let sinks = |bus: &troupe_actors::EventBus<_>, settings: &RunSettings| {
             let mut sinks = Vec::new();
             if stream_events {
-                match crate::runtime::audit::start_event_stream(bus, &run_id, std::io::stdout()) {
+                let out = Noting {
+                    inner: std::io::stdout(),
+                    failed: Arc::clone(&stream_failed),
+                };
+                match crate::runtime::audit::start_event_stream(bus, &run_id, out) {
                     Ok(s) => sinks.push(s),
                     Err(e) => say!("warning: cannot stream events: {e}"),
                 }
@@ -226,7 +232,13 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         }
         Concluded::Refused(refusal) => return refusal.print(json),
     };
-    if let Err(e) = print_report(&report, stats.as_ref(), json, stream_events, last_seq) {
+    // An event stream stdout stopped taking is a command whose output was
+    // not delivered, as a report is (the run itself is in the store).
+    let streamed = match stream_failed.get() {
+        Some((kind, e)) => Err(std::io::Error::new(*kind, e.clone())),
+        None => print_report(&report, stats.as_ref(), json, stream_events, last_seq),
+    };
+    if let Err(e) = streamed {
         // The run is in the store (`troupe runs show`) whatever became of
         // its report; the exit says the report was not delivered.
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -243,6 +255,38 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         RunStatus::Ok => Exit::Ok,
         RunStatus::Failed { .. } => Exit::RunFailed,
         RunStatus::Cancelled => first_signal.exit(),
+    }
+}
+
+/// A writer that keeps the first error it met (its kind and words).
+struct Noting<W> {
+    inner: W,
+    failed: Arc<std::sync::OnceLock<(std::io::ErrorKind, String)>>,
+}
+
+impl<W: std::io::Write> Noting<W> {
+    fn note<T>(&self, done: std::io::Result<T>) -> std::io::Result<T> {
+        if let Err(e) = &done {
+            let _ = self.failed.set((e.kind(), e.to_string()));
+        }
+        done
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for Noting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let done = self.inner.write(buf);
+        self.note(done)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let done = self.inner.write_all(buf);
+        self.note(done)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let done = self.inner.flush();
+        self.note(done)
     }
 }
 
