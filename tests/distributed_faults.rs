@@ -259,3 +259,58 @@ impl Held {
         }
     }
 }
+
+/// A worker whose NATS server is gone for good gives up after
+/// `--nats-lost-after` and exits 2 (`Distributed/Unreachable`), instead
+/// of reconnecting for ever while serving nothing.
+#[test]
+fn a_worker_that_lost_its_server_exits_2() {
+    let Some(bin) = nats_server() else { return };
+    let server = Server::start(&bin);
+    let fixture = pipeline("true", None);
+    let project = Project::new();
+    let mut worker = Worker::start(
+        fixture.path(),
+        &server.url(),
+        "alone",
+        project.root(),
+        &["--nats-lost-after", "2s"],
+    );
+    // Serving (a run's siblings went through it), then the server goes.
+    let (status, out) = Background::start(
+        project
+            .run(fixture.path(), &server.url())
+            .args(["--ctx", "width=2", "--json"]),
+    )
+    .finish();
+    assert_eq!(status.code(), Some(0), "{out}");
+    drop(server);
+    let status = worker.process.wait();
+    assert_eq!(status.code(), Some(2), "{}", worker.stderr.so_far());
+    let said = worker.stderr.wait_for(
+        |l| l.contains("Distributed/Unreachable"),
+        "saying why it exits",
+    );
+    assert!(said.contains("lost the NATS server"), "{said}");
+}
+
+/// `troupe worker --json` prints a start-up failure to reach NATS as the
+/// JSON error every other start-up error is, on stdout.
+#[test]
+fn a_worker_that_cannot_reach_nats_says_so_in_json() {
+    let fixture = pipeline("true", None);
+    let project = Project::new();
+    let url = format!("nats://127.0.0.1:{}", free_port());
+    let out = troupe()
+        .arg("worker")
+        .arg(fixture.path())
+        .args(["--nats", &url, "--json", "--root"])
+        .arg(project.root())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stdout));
+    });
+    assert_eq!(v["code"], "Distributed/Unreachable", "{v}");
+}

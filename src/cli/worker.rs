@@ -69,6 +69,12 @@ pub struct WorkerArgs {
     /// `refused`, printed once the report is in JetStream (`reported`).
     #[arg(long)]
     pub task_log: bool,
+    /// How long the NATS server may stay unreachable while the worker
+    /// serves (it reconnects meanwhile) before it gives up: it then exits
+    /// 2 (`Distributed/Unreachable`), and its siblings in flight are
+    /// handed on by their leases.
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
+    pub nats_lost_after: Duration,
     #[command(flatten)]
     pub nats: NatsArgs,
     #[command(flatten)]
@@ -172,6 +178,7 @@ pub fn run(args: WorkerArgs) -> Exit {
         settings: Arc::clone(&settings),
         max_siblings: args.max_siblings as usize,
         task_log: args.task_log,
+        lost_after: args.nats_lost_after,
     };
     let first = FirstSignal::default();
     let (drain_tx, drain) = tokio::sync::watch::channel(false);
@@ -215,9 +222,15 @@ pub fn run(args: WorkerArgs) -> Exit {
             );
             Exit::Ok
         }
+        // With --json, on stdout as every other start-up error is.
         Err(e) => {
-            say!("error: {e}");
-            Exit::Invalid
+            let (code, message) = e.split_once(": ").unwrap_or(("Distributed/Worker", &e));
+            super::output::typed_failure(
+                code,
+                message,
+                "see docs/distributed.md; `troupe worker --help` lists the NATS options",
+                json,
+            )
         }
     }
 }

@@ -40,6 +40,9 @@ pub struct WorkerConfig {
     pub max_siblings: usize,
     /// Print a JSON line on stdout for every task settled (`--task-log`).
     pub task_log: bool,
+    /// How long the NATS server may stay unreachable before the worker
+    /// gives up and exits (`--nats-lost-after`).
+    pub lost_after: Duration,
 }
 
 /// How long a worker remembers a cancelled group.

@@ -146,146 +146,182 @@ pub async fn serve(
         drain: drain.clone(),
     };
     let mut expected = Expected::default();
-    loop {
-        if *drain.borrow() {
-            break;
-        }
-        // Tasks held for a slot take the next ones first.
-        tokio::select! {
-            () = held.none() => {}
-            _ = drain.changed() => continue,
-        }
-        let first = tokio::select! {
-            permit = Arc::clone(&slots).acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            _ = drain.changed() => continue,
-        };
-        let mut permits = vec![first];
-        while permits.len() < config.max_siblings.max(1) {
-            match Arc::clone(&slots).try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
+    let serving = async {
+        loop {
+            if *drain.borrow() {
+                break;
             }
-        }
-        // As many messages as the free slots would take (`Expected`);
-        // what a message brings past them is held or put back (`offers`).
-        let wanted = expected.messages(permits.len());
-        let batch = consumer
-            .fetch()
-            .max_messages(wanted)
-            .expires(Duration::from_millis(500))
-            .messages()
-            .await;
-        let mut batch = match batch {
-            Ok(b) => b,
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
+            // Tasks held for a slot take the next ones first.
+            tokio::select! {
+                () = held.none() => {}
+                _ = drain.changed() => continue,
             }
-        };
-        // The fetch's messages first: the last one's count of what the
-        // queue still holds says whether the cluster is busy.
-        let mut fetched = Vec::new();
-        while let Some(msg) = batch.next().await {
-            let Ok(msg) = msg else { continue };
-            let Some(reply) = msg.reply.clone() else {
-                continue;
+            let first = tokio::select! {
+                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+                _ = drain.changed() => continue,
             };
-            let Ok(info) = msg
-                .info()
-                .map(|i| (i.delivered, i.stream_sequence, i.pending))
-            else {
-                // Its delivery cannot be told (no JetStream reply subject):
-                // never deliver it again.
-                let _ = nats.client.publish(reply, "+TERM".into()).await;
-                continue;
-            };
-            match decode_tasks(&msg.payload) {
-                Ok(tasks) => fetched.push((tasks, reply, info)),
-                // Not tasks: never deliver it again.
-                Err(_) => drop(nats.client.publish(reply, "+TERM".into()).await),
+            let mut permits = vec![first];
+            while permits.len() < config.max_siblings.max(1) {
+                match Arc::clone(&slots).try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
             }
-        }
-        let busy = fetched
-            .last()
-            .is_some_and(|(_, _, (_, _, pending))| *pending > 0);
-        let largest = fetched.iter().map(|(tasks, _, _)| tasks.len()).max();
-        let mut offers_of_fetch = Vec::with_capacity(permits.len());
-        for (tasks, reply, (delivered, sequence, _)) in fetched {
-            let delivered = delivered.max(1) as u64;
-            let message = Delivered {
-                tasks,
-                reply,
-                delivered,
-                sequence,
-                busy,
+            // As many messages as the free slots would take (`Expected`);
+            // what a message brings past them is held or put back (`offers`).
+            let wanted = expected.messages(permits.len());
+            let batch = consumer
+                .fetch()
+                .max_messages(wanted)
+                .expires(Duration::from_millis(500))
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(b) => b,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
             };
-            if delivered > 1 {
-                // Delivered again (a worker was lost): first what earlier
-                // deliveries put back on the queue or reported is left
-                // out, off this loop; the slots it may need go with it.
-                let n = message.tasks.len().min(permits.len());
-                let mut mine: Vec<_> = permits.drain(..n).collect();
+            // The fetch's messages first: the last one's count of what the
+            // queue still holds says whether the cluster is busy.
+            let mut fetched = Vec::new();
+            while let Some(msg) = batch.next().await {
+                let Ok(msg) = msg else { continue };
+                let Some(reply) = msg.reply.clone() else {
+                    continue;
+                };
+                let Ok(info) = msg
+                    .info()
+                    .map(|i| (i.delivered, i.stream_sequence, i.pending))
+                else {
+                    // Its delivery cannot be told (no JetStream reply subject):
+                    // never deliver it again.
+                    let _ = nats.client.publish(reply, "+TERM".into()).await;
+                    continue;
+                };
+                match decode_tasks(&msg.payload) {
+                    Ok(tasks) => fetched.push((tasks, reply, info)),
+                    // Not tasks: never deliver it again.
+                    Err(_) => drop(nats.client.publish(reply, "+TERM".into()).await),
+                }
+            }
+            let busy = fetched
+                .last()
+                .is_some_and(|(_, _, (_, _, pending))| *pending > 0);
+            let largest = fetched.iter().map(|(tasks, _, _)| tasks.len()).max();
+            let mut offers_of_fetch = Vec::with_capacity(permits.len());
+            for (tasks, reply, (delivered, sequence, _)) in fetched {
+                let delivered = delivered.max(1) as u64;
+                let message = Delivered {
+                    tasks,
+                    reply,
+                    delivered,
+                    sequence,
+                    busy,
+                };
+                if delivered > 1 {
+                    // Delivered again (a worker was lost): first what earlier
+                    // deliveries put back on the queue or reported is left
+                    // out, off this loop; the slots it may need go with it.
+                    let n = message.tasks.len().min(permits.len());
+                    let mut mine: Vec<_> = permits.drain(..n).collect();
+                    let taker = taker.clone();
+                    accepting.spawn_local(async move {
+                        let groups = &taker.buckets.groups;
+                        let tasks = still_to_run(groups, message.tasks, sequence, delivered).await;
+                        if tasks.is_empty() {
+                            let reply = message.reply;
+                            let _ = taker.nats.client.publish(reply, "+ACK".into()).await;
+                            return;
+                        }
+                        let message = Delivered { tasks, ..message };
+                        let (offers, past) = taker.offers(message, &mut mine);
+                        drop(mine);
+                        taker.take(offers, past).await;
+                    });
+                    continue;
+                }
+                let (taken, past) = taker.offers(message, &mut permits);
+                offers_of_fetch.extend(taken);
+                if let Some(past) = past {
+                    accepting.spawn_local(taker.clone().take(Vec::new(), Some(past)));
+                }
+            }
+            expected.saw(largest.unwrap_or(0));
+            // Slots the fetch did not fill are free again.
+            drop(permits);
+            // Accepting takes round trips to the server (the reports, the
+            // cancelled marks): they are made for a group's tasks of the fetch
+            // together, and off this loop, which goes on fetching. One call
+            // per group: a group whose context is slow to read (its read is
+            // retried for seconds) holds only its own tasks.
+            let mut by_group: HashMap<(String, u64), Vec<Offer>> = HashMap::new();
+            for offer in offers_of_fetch {
+                let key = (offer.task.run_id.clone(), offer.task.turn);
+                by_group.entry(key).or_default().push(offer);
+            }
+            for offers in by_group.into_values() {
                 let taker = taker.clone();
-                accepting.spawn_local(async move {
-                    let groups = &taker.buckets.groups;
-                    let tasks = still_to_run(groups, message.tasks, sequence, delivered).await;
-                    if tasks.is_empty() {
-                        let reply = message.reply;
-                        let _ = taker.nats.client.publish(reply, "+ACK".into()).await;
-                        return;
-                    }
-                    let message = Delivered { tasks, ..message };
-                    let (offers, past) = taker.offers(message, &mut mine);
-                    drop(mine);
-                    taker.take(offers, past).await;
-                });
-                continue;
+                accepting.spawn_local(async move { taker.accept(offers).await });
             }
-            let (taken, past) = taker.offers(message, &mut permits);
-            offers_of_fetch.extend(taken);
-            if let Some(past) = past {
-                accepting.spawn_local(taker.clone().take(Vec::new(), Some(past)));
+            while accepting.try_join_next().is_some() {}
+        }
+        // Tasks being accepted are started (or handed back) before the drain
+        // counts what is in flight.
+        while accepting.join_next().await.is_some() {}
+        // Drain: the siblings in flight finish (or the lease hands them on).
+        while *idle.borrow() > 0 {
+            if idle.changed().await.is_err() {
+                break;
             }
         }
-        expected.saw(largest.unwrap_or(0));
-        // Slots the fetch did not fill are free again.
-        drop(permits);
-        // Accepting takes round trips to the server (the reports, the
-        // cancelled marks): they are made for a group's tasks of the fetch
-        // together, and off this loop, which goes on fetching. One call
-        // per group: a group whose context is slow to read (its read is
-        // retried for seconds) holds only its own tasks.
-        let mut by_group: HashMap<(String, u64), Vec<Offer>> = HashMap::new();
-        for offer in offers_of_fetch {
-            let key = (offer.task.run_id.clone(), offer.task.turn);
-            by_group.entry(key).or_default().push(offer);
-        }
-        for offers in by_group.into_values() {
-            let taker = taker.clone();
-            accepting.spawn_local(async move { taker.accept(offers).await });
-        }
-        while accepting.try_join_next().is_some() {}
-    }
-    // Tasks being accepted are started (or handed back) before the drain
-    // counts what is in flight.
-    while accepting.join_next().await.is_some() {}
-    // Drain: the siblings in flight finish (or the lease hands them on).
-    while *idle.borrow() > 0 {
-        if idle.changed().await.is_err() {
-            break;
-        }
-    }
+    };
+    // The client reconnects for as long as it takes, and the worker would
+    // wait with it for ever, serving nothing (its slots held by siblings
+    // whose reports cannot go out): past `lost_after` it gives up.
+    let lost = tokio::select! {
+        () = serving => false,
+        () = lost_server(&nats.client, config.lost_after) => true,
+    };
     for arbiter in arbiters {
         arbiter.stop();
+    }
+    if lost {
+        return Err(NatsError {
+            code: "Unreachable",
+            message: format!(
+                "lost the NATS server for {} (--nats-lost-after); the siblings in flight here are handed on by their leases",
+                crate::definition::duration::format_duration(config.lost_after)
+            ),
+        });
     }
     // The last reports' and tasks' acknowledgements out before the
     // connection's thread can stop.
     nats.flush().await;
     let summary = summary.lock().map(|s| *s).unwrap_or_default();
     Ok(summary)
+}
+
+/// Returns once the connection to the NATS server has been down for
+/// `after` without a break (looked at four times a second).
+async fn lost_server(client: &async_nats::Client, after: Duration) {
+    let mut since: Option<tokio::time::Instant> = None;
+    loop {
+        if client.connection_state() == async_nats::connection::State::Connected {
+            since = None;
+        } else if since
+            .get_or_insert_with(tokio::time::Instant::now)
+            .elapsed()
+            >= after
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Takes one from the count of tasks in flight when dropped. Reports end
