@@ -570,3 +570,28 @@ fn a_process_the_run_started_is_refused_by_its_control_socket() {
     assert!(told.contains("stdout:\nHTTP/1.1 403 Forbidden"), "{told}");
     assert!(told.contains("Control/InsideRun"), "{told}");
 }
+
+/// `--store`, `--no-store` and `--runs-dir` are the server's: a submission
+/// that names one is refused before anything looks for a server (a
+/// `--runs-dir` used to send that search to another folder, and the
+/// refusal said no server ran).
+#[test]
+fn a_submission_naming_the_servers_own_flags_is_refused_here() {
+    let dir = tempfile::tempdir().unwrap();
+    for flag in [
+        vec!["--runs-dir", "x"],
+        vec!["--runs-dir=x"],
+        vec!["--store", "s.db"],
+        vec!["--no-store"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
+            .args(["submit", "p"])
+            .args(&flag)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag:?}: {said}");
+        assert!(said.contains("Control/BadArgs"), "{flag:?}: {said}");
+    }
+}

@@ -88,6 +88,21 @@ pub fn run(mut args: SubmitArgs) -> Exit {
             return Exit::Invalid;
         }
     };
+    // The server's own: refused here, before they send the search for its
+    // socket elsewhere (a `--runs-dir` named a folder no server answers in).
+    let servers = ["--store", "--no-store", "--runs-dir"];
+    if let Some(flag) = args.args.iter().find(|a| {
+        servers
+            .iter()
+            .any(|f| a.as_str() == *f || a.starts_with(&format!("{f}=")))
+    }) {
+        let flag = flag.split('=').next().unwrap_or(flag);
+        let _ = writeln!(
+            std::io::stderr(),
+            "error: Control/BadArgs: {flag} is the server's: --store, --no-store and --runs-dir are set where `troupe serve` runs (see `troupe serve --help`)\n  hint: submit without it; the server of this project is found from here, or named with --server"
+        );
+        return Exit::Invalid;
+    }
     let runs_dir = parsed.run.opts.runs_dir.clone();
     let target = match super::reach::server_for(args.server.as_deref(), &runs_dir) {
         Ok(Some(t)) => t,

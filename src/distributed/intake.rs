@@ -59,6 +59,24 @@ pub const FORGET_AFTER: Duration = Duration::from_secs(600);
 /// later.
 pub const KEPT_IDLE: Duration = Duration::from_secs(30);
 
+/// Returns once the connection to the NATS server has been down for
+/// `after` without a break (looked at four times a second).
+pub(super) async fn lost_server(client: &async_nats::Client, after: Duration) {
+    let mut since: Option<tokio::time::Instant> = None;
+    loop {
+        if client.connection_state() == async_nats::connection::State::Connected {
+            since = None;
+        } else if since
+            .get_or_insert_with(tokio::time::Instant::now)
+            .elapsed()
+            >= after
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// The `--task-log` line of a settled task: what was reported and
 /// whether the coordinator has it (`reported: false` — NATS would not
 /// take the report — leaves the task to another delivery).

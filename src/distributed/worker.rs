@@ -285,7 +285,7 @@ pub async fn serve(
     // whose reports cannot go out): past `lost_after` it gives up.
     let lost = tokio::select! {
         () = serving => false,
-        () = lost_server(&nats.client, config.lost_after) => true,
+        () = super::intake::lost_server(&nats.client, config.lost_after) => true,
     };
     for arbiter in arbiters {
         arbiter.stop();
@@ -304,24 +304,6 @@ pub async fn serve(
     nats.flush().await;
     let summary = summary.lock().map(|s| *s).unwrap_or_default();
     Ok(summary)
-}
-
-/// Returns once the connection to the NATS server has been down for
-/// `after` without a break (looked at four times a second).
-async fn lost_server(client: &async_nats::Client, after: Duration) {
-    let mut since: Option<tokio::time::Instant> = None;
-    loop {
-        if client.connection_state() == async_nats::connection::State::Connected {
-            since = None;
-        } else if since
-            .get_or_insert_with(tokio::time::Instant::now)
-            .elapsed()
-            >= after
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Takes one from the count of tasks in flight when dropped. Reports end
