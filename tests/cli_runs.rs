@@ -557,3 +557,26 @@ fn rm_and_gc_where_nothing_ran_make_no_store() {
     );
     assert!(!project.path().join(".troupe").exists());
 }
+
+/// `runs show --stage` of a stage the run does not have says so (exit 2,
+/// with the stages it has), rather than an empty table.
+#[test]
+fn runs_show_of_a_stage_the_run_lacks_is_refused() {
+    let project = Project::new();
+    let done = project.fanout(3);
+    let id = done["runId"].as_str().unwrap();
+    assert_eq!(
+        refusal(
+            &project,
+            &["runs", "show", id, "--stage", "nosuch", "--json"]
+        ),
+        "Validation/UnknownStage"
+    );
+    let out = project.output(&["runs", "show", id, "--stage", "nosuch"]);
+    assert!(
+        said(&out).contains("plan, worker, reduce"),
+        "{}",
+        said(&out)
+    );
+    stdout(&project, &["runs", "show", id, "--stage", "worker"]);
+}

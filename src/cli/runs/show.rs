@@ -106,6 +106,30 @@ pub(super) fn show(
             }
         },
     };
+    // A stage the run does not have shows nothing: said, with the ones it
+    // has, when they can be told (its summary, else its pipeline's files).
+    if let Some(wanted) = stage_id {
+        let known = known_stages(&run);
+        if !known.is_empty() && !known.iter().any(|k| k == wanted) {
+            let v = serde_json::json!({
+                "status": "error",
+                "code": crate::error::HasCode::code(&crate::error::ValidationCode::UnknownStage).to_string(),
+                "message": format!("run `{}` has no stage `{wanted}`", run.id),
+                "hint": format!("its stages: {}", known.join(", ")),
+            });
+            if json {
+                tell!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                say!(
+                    "error: {}: {}\n  hint: {}",
+                    v["code"].as_str().unwrap_or_default(),
+                    v["message"].as_str().unwrap_or_default(),
+                    v["hint"].as_str().unwrap_or_default()
+                );
+            }
+            return Ok(Exit::Invalid);
+        }
+    }
     let standing = store.standing(&run.id, stage_id, index)?;
     let shown = Shown {
         store: &store,
@@ -419,4 +443,23 @@ fn label(r: &Stored<'_>) -> String {
         let _ = write!(l, "@{}", r.visit);
     }
     l
+}
+
+/// The stage ids of `run`: its summary's and those of the pipeline its
+/// row names (as its files are now); none when neither can be read.
+fn known_stages(run: &crate::store::RunRow) -> Vec<String> {
+    let mut known: Vec<String> = run
+        .summary
+        .as_ref()
+        .and_then(|s| s["stages"].as_object())
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    if let Ok(p) = crate::definition::load_pipeline(Path::new(&run.pipeline_dir)) {
+        for stage in &p.stages {
+            if !known.contains(&stage.id) {
+                known.push(stage.id.clone());
+            }
+        }
+    }
+    known
 }
