@@ -538,8 +538,9 @@ fn runs_show_prints_no_control_sequence_a_tool_printed() {
     );
 }
 
-/// Cleaning up where nothing ever ran makes no store: `rm` says the run
-/// is not found, `gc` that nothing is old enough, and no `.troupe` is left.
+/// Cleaning up, resuming or continuing a chat where nothing ever ran
+/// makes no store: the run is not found, `gc` finds nothing old enough,
+/// and no `.troupe` is left.
 #[test]
 fn rm_and_gc_where_nothing_ran_make_no_store() {
     let project = Project::new();
@@ -555,6 +556,14 @@ fn rm_and_gc_where_nothing_ran_make_no_store() {
         project.json(&["runs", "gc", "--older-than", "7d", "--json"]),
         json!({"removed": []})
     );
+    // Nor does a resume or a chat with nothing to continue.
+    assert_eq!(
+        refusal(&project, &["resume", "abc", "--json"]),
+        "Store/RunNotFound"
+    );
+    let out = project.output(&["chat", "--continue"]);
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(said(&out).contains("Store/RunNotFound"), "{}", said(&out));
     assert!(!project.path().join(".troupe").exists());
 }
 

@@ -153,6 +153,15 @@ pub fn run(args: &ChatArgs) -> Exit {
     if let Some(block) = &mcp_block {
         offered.extend(mcp_servers(block).into_iter().map(|s| format!("{s}__*")));
     }
+    // The conversation to go on with first: a --continue with nothing to
+    // continue writes nothing.
+    let mut history = match &args.continue_from {
+        Some(run) => match continued(&args.opts.store_path(), run) {
+            Ok(h) => h,
+            Err((code, message)) => return fail(&code, &message),
+        },
+        None => Vec::new(),
+    };
     let dir = chat_dir(&args.opts.runs_dir);
     let blocks: Vec<&str> = [mcp_block.as_deref(), hooks_block.as_deref()]
         .into_iter()
@@ -172,13 +181,6 @@ pub fn run(args: &ChatArgs) -> Exit {
             }
             .print(false);
         }
-    };
-    let mut history = match &args.continue_from {
-        Some(run) => match continued(&args.opts.store_path(), run) {
-            Ok(h) => h,
-            Err((code, message)) => return fail(&code, &message),
-        },
-        None => Vec::new(),
     };
     let tool_mode = Arc::new(ToolMode {
         mode,
@@ -548,7 +550,16 @@ next:
 fn continued(store_path: &Path, run: &str) -> Result<Vec<Said>, (String, String)> {
     let store_failed =
         |e: crate::store::StoreError| (crate::error::HasCode::code(&e).to_string(), e.to_string());
-    let store = Store::open(store_path).map_err(store_failed)?;
+    // Read only: a chat that has nothing to continue makes no store.
+    let store = match crate::store::schema::open_if_made(store_path).map_err(store_failed)? {
+        Some(_) => Store::open_read_only(store_path).map_err(store_failed)?,
+        None => {
+            return Err((
+                "Store/RunNotFound".to_owned(),
+                format!("no chat in {} to continue", store_path.display()),
+            ));
+        }
+    };
     let row = if run.is_empty() {
         store
             .runs(usize::MAX)

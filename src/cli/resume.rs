@@ -101,6 +101,14 @@ fn prepare_stored(
     store_path: &Path,
     checked: Option<PathBuf>,
 ) -> Result<Launch, Stopped> {
+    // Nothing to resume where no store is: none is made.
+    if crate::store::schema::open_if_made(store_path)?.is_none() {
+        return Err(StoreError::RunNotFound {
+            id: args.run_id.clone(),
+            path: store_path.to_owned(),
+        }
+        .into());
+    }
     let store = Store::open(store_path)?;
     let run = store.find_run(&args.run_id)?;
     if run.status == "ok" {
