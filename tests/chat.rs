@@ -377,6 +377,17 @@ fn yolo_refuses_a_tool_that_is_not_offered() {
     assert!(events(&log, "ToolInvocationSucceeded").is_empty());
     let failed = events(&log, "ToolInvocationFailed");
     assert_eq!(failed[0]["code"], "ToolTerminal/NotOffered");
+    // A name the chat could never offer is refused before the first line.
+    for bad in ["Nope", "read", "fs__read_file"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = chat(dir.path(), &["--tool", bad], "hello\n");
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", said(&out));
+        assert!(
+            said(&out).contains("Validation/UnknownTool"),
+            "{}",
+            said(&out)
+        );
+    }
 }
 
 /// The MCP servers of `--mcp` start once for the whole chat, not once a

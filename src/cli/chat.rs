@@ -145,6 +145,32 @@ pub fn run(args: &ChatArgs) -> Exit {
         },
         None => None,
     };
+    // A tool the chat cannot offer is refused now, not every call to it
+    // later (`NotOffered`): a built-in by its exact name, or one of an
+    // `--mcp` server's (`server__tool`, `server__*`).
+    let servers = mcp_block.as_deref().map(mcp_servers).unwrap_or_default();
+    for tool in &args.tools {
+        let of_a_server = tool
+            .split_once("__")
+            .is_some_and(|(server, name)| !name.is_empty() && servers.iter().any(|s| s == server));
+        if !crate::definition::tool_catalog::is_builtin(tool) && !of_a_server {
+            return fail(
+                "Validation/UnknownTool",
+                &format!(
+                    "--tool {tool}: no such tool; the built-ins are {}{}",
+                    BUILTIN_NAMES.join(", "),
+                    if servers.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            ", and --mcp's servers' tools as SERVER__TOOL or SERVER__* ({})",
+                            servers.join(", ")
+                        )
+                    }
+                ),
+            );
+        }
+    }
     let mut offered: Vec<String> = if args.tools.is_empty() {
         BUILTIN_NAMES.iter().map(|s| (*s).to_owned()).collect()
     } else {
