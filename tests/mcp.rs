@@ -280,9 +280,15 @@ fn servers_that_cannot_start_answer_or_list_are_typed_errors_with_exit_2() {
     // Not installed at all.
     let yaml = "id: t\nentry: s\nmcpServers:\n  srv:\n    command: troupe-no-such-server\nstages:\n  s: s.md\nnext:\n  s: end\n";
     let project = project(yaml, &[("s.md", &stage("s", "srv__echo", ""))]);
-    let (out, summary, _) = run(&project, &["--no-sandbox"]);
-    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
-    assert_eq!(summary["code"], "Mcp/ServerNotFound", "{summary}");
+    for flags in [&["--no-sandbox"][..], &[][..]] {
+        // Sandboxed too: not the sandbox's own start failing.
+        let (out, summary, _) = run(&project, flags);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {}", said(&out));
+        assert_eq!(
+            summary["code"], "Mcp/ServerNotFound",
+            "{flags:?}: {summary}"
+        );
+    }
     // Never answers `initialize`.
     let yaml = format!(
         "id: t\nentry: s\nmcpServers:\n{}stages:\n  s: s.md\nnext:\n  s: end\n",

@@ -336,6 +336,18 @@ impl Connection {
                         ),
                     ));
                 }
+                // A command that is not there is said as such, sandboxed
+                // or not: under the sandbox it would otherwise be the
+                // sandbox's own start that failed (`InitializeFailed`).
+                if !findable(command, &start.root) {
+                    return Err(McpError::new(
+                        "ServerNotFound",
+                        format!(
+                            "cannot start MCP server `{}` (`{command}`): no such program (not on PATH)",
+                            def.name
+                        ),
+                    ));
+                }
                 // The scrubbed environment and the server's `env:` names,
                 // with or without the sandbox: a server says what it
                 // needs, and `--no-sandbox` (which hands shells every
@@ -661,6 +673,26 @@ fn writable(server: &str, writes: &[String]) -> Result<Vec<std::path::PathBuf>, 
             Ok(path)
         })
         .collect()
+}
+
+/// Whether `command` names a file that can be run: a path (relative to
+/// `root`, where the server starts), or a name found on `PATH`. Without a
+/// `PATH` the start itself decides.
+fn findable(command: &str, root: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if command.contains('/') {
+        return runnable(&root.join(command));
+    }
+    match crate::environ::var("PATH") {
+        Some(path) => path
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .any(|d| runnable(&std::path::Path::new(d).join(command))),
+        None => true,
+    }
 }
 
 /// What a stdio server that failed to start wrote last, for its error:
