@@ -103,6 +103,8 @@ fn bad_flags_are_typed_input_errors() {
         ("--fail-sibling", "#3"),
         ("--fail-sibling", "nosuchstage#3"),
         ("--fail-sibling", "worker"),
+        // Past the default width (1 000): it would never fail.
+        ("--fail-sibling", "worker#5000"),
     ] {
         let out = troupe()
             .args(["bench", &fanout(), flag, value])

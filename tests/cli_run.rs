@@ -258,6 +258,26 @@ fn invalid_input_exits_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("declares no ctx field `nope`"));
+    // A sibling past the width fails nothing: the run ends ok and says so.
+    let out = troupe()
+        .args([
+            "run",
+            &stages("fanout"),
+            "--ctx",
+            "width=3",
+            "--fail-sibling",
+            "worker#7",
+        ])
+        .args(["--runs-dir"])
+        .arg(tempfile::tempdir().unwrap().path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--fail-sibling worker#7: the run ended ok"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = troupe()
         .args(["run", &stages("fanout"), "--fail-sibling", "ghost#1"])
         .output()

@@ -326,7 +326,7 @@ impl Shown {
             }
             let _ = writeln!(
                 std::io::stderr(),
-                "error: cannot write what the run said: {e}"
+                "error: Store/WriteFailed: cannot write what the run said to stdout: {e}"
             );
             return Exit::RunFailed;
         }

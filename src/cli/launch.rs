@@ -251,6 +251,15 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
         );
         return Exit::RunFailed;
     }
+    // A failure asked for that never came: a selector past the fan-out's
+    // width, or a stage that did not run (said, as `bench` refuses it).
+    if report.status == RunStatus::Ok {
+        for f in &opts.fail_sibling {
+            say!(
+                "warning: --fail-sibling {f}: the run ended ok, so it failed nothing (no execution matched it, or its failure was retried or skipped)"
+            );
+        }
+    }
     match report.status {
         RunStatus::Ok => Exit::Ok,
         RunStatus::Failed { .. } => Exit::RunFailed,

@@ -41,7 +41,8 @@ pub struct BenchArgs {
     pub repeat: String,
     /// Make one sibling fail, e.g. worker#17, and report how long
     /// cancelling the siblings in flight takes. The index must be below
-    /// every --width, or the run never fails and the bench says so.
+    /// every --width (refused otherwise: that width's runs would never
+    /// fail).
     #[arg(long, value_name = "STAGE#INDEX")]
     pub fail_sibling: Option<String>,
     /// Print the results as JSON on stdout.
@@ -120,6 +121,16 @@ pub(super) fn parse_matrix(args: &BenchArgs) -> Result<Matrix, String> {
     if let Some(f) = fail.as_ref().filter(|f| f.index.is_none()) {
         return Err(format!(
             "--fail-sibling `{f}` must name one sibling, as STAGE#N (e.g. worker#17)"
+        ));
+    }
+    // Every cell's run must fail: a sibling past a width would not, said
+    // now rather than after the whole matrix ran.
+    if let Some((f, index)) = fail.as_ref().and_then(|f| Some((f, f.index?)))
+        && let Some(&narrowest) = widths.iter().min()
+        && index >= narrowest
+    {
+        return Err(format!(
+            "--fail-sibling `{f}`: sibling {index} is past --width {narrowest} (siblings are numbered from 0), whose runs would never fail"
         ));
     }
     Ok(Matrix {
