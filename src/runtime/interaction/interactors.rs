@@ -255,42 +255,69 @@ impl TerminalInteractor {
             self.showing = None;
             return;
         }
-        ctx.spawn(asked.into_actor(self).map(|joined, act, ctx| {
-            // A prompter that panicked (dropping the sender) gave no answer.
-            let answer = joined.ok().flatten();
-            let withdrawn = std::mem::take(&mut act.withdrawn);
-            if let Some(prompt) = act.showing.take() {
-                // A remembering answer leaves a rule, which then answers
-                // the prompts already queued that it matches; one given to
-                // a withdrawn prompt answered nothing and leaves none.
-                if let Some(rule) = answer
-                    .filter(|_| !withdrawn)
-                    .and_then(|a| Remembered::from_answer(a, &prompt.request, &prompt.args_json))
-                {
-                    act.remembered.push(rule);
-                    let queued = std::mem::take(&mut act.queue);
-                    act.queue = queued.into_iter().filter_map(|p| act.by_rule(p)).collect();
-                }
-                match answer {
-                    // A withdrawn prompt's answer goes out too: the hub
-                    // audits it as late.
-                    Some(answer) => prompt.hub.do_send(Answered {
-                        id: prompt.id,
-                        responder: prompt.responder,
-                        answer,
-                        rule: None,
-                    }),
-                    // The person's input went away (end of input): no
-                    // answer will ever come, and the hub must not wait
-                    // for one.
-                    None => prompt.release.do_send(Released {
-                        id: prompt.id,
-                        responder: prompt.responder,
-                    }),
-                }
-            }
-            act.show_next(ctx);
-        }));
+        ctx.spawn(
+            asked
+                .into_actor(self)
+                .then(|joined, act, _ctx| {
+                    // A prompter that panicked (dropping the sender) gave
+                    // no answer.
+                    let answer = joined.ok().flatten();
+                    let withdrawn = std::mem::take(&mut act.withdrawn);
+                    let kept: std::pin::Pin<Box<dyn Future<Output = Option<Remembered>>>> =
+                        match (act.showing.take(), answer) {
+                            // The answer goes to the hub (a withdrawn
+                            // prompt's too: the hub audits it as late). A
+                            // remembering one leaves its rule only once the
+                            // hub says it decided the prompt: one decided
+                            // elsewhere first (a timeout, another
+                            // interactor, the step's end, whose withdrawal
+                            // may not have reached this actor yet) answered
+                            // nothing and must approve nothing later.
+                            (Some(prompt), Some(answer)) => {
+                                let rule = Remembered::from_answer(
+                                    answer,
+                                    &prompt.request,
+                                    &prompt.args_json,
+                                )
+                                .filter(|_| !withdrawn);
+                                let decided = prompt.hub.send(Answered {
+                                    id: prompt.id,
+                                    responder: prompt.responder,
+                                    answer,
+                                    rule: None,
+                                });
+                                Box::pin(async move {
+                                    match decided.await {
+                                        Ok(true) => rule,
+                                        _ => None,
+                                    }
+                                })
+                            }
+                            // The person's input went away (end of input):
+                            // no answer will ever come, and the hub must
+                            // not wait for one.
+                            (Some(prompt), None) => {
+                                prompt.release.do_send(Released {
+                                    id: prompt.id,
+                                    responder: prompt.responder,
+                                });
+                                Box::pin(std::future::ready(None))
+                            }
+                            (None, _) => Box::pin(std::future::ready(None)),
+                        };
+                    kept.into_actor(act)
+                })
+                .map(|rule, act, ctx| {
+                    // The rule then answers the prompts already queued
+                    // that it matches.
+                    if let Some(rule) = rule {
+                        act.remembered.push(rule);
+                        let queued = std::mem::take(&mut act.queue);
+                        act.queue = queued.into_iter().filter_map(|p| act.by_rule(p)).collect();
+                    }
+                    act.show_next(ctx);
+                }),
+        );
     }
 }
 
