@@ -86,6 +86,29 @@ fn new_refuses_a_folder_with_files_and_an_unknown_template() {
     assert!(!base.path().join("fresh").exists());
 }
 
+/// A folder name that is not kebab-case gives its kebab-case as the id,
+/// said; the printed next step quotes a path a shell would split.
+#[test]
+fn a_folder_name_that_is_not_kebab_case_is_made_one_and_said() {
+    let base = tempfile::tempdir().unwrap();
+    for (name, id) in [("Bad Name", "bad-name"), ("My_Pipe", "my-pipe")] {
+        let out = troupe(&["new", name], base.path());
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", said(&out));
+        assert!(
+            said(&out).contains(&format!("the pipeline's id is `{id}`")),
+            "{}",
+            said(&out)
+        );
+        let yaml = std::fs::read_to_string(base.path().join(name).join("pipeline.yaml")).unwrap();
+        assert!(yaml.contains(&format!("id: {id}\n")), "{yaml}");
+        let out = troupe(&["validate", name], base.path());
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", said(&out));
+    }
+    let out = troupe(&["new", "two words"], base.path());
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert!(printed.contains("troupe validate 'two words'"), "{printed}");
+}
+
 #[test]
 fn the_graph_exports_draw_every_stage_and_edge() {
     let root = common::project::bundled("code-review");

@@ -154,7 +154,7 @@ pub enum Command {
         root: PathBuf,
     },
     /// Start a pipeline of your own: write a template into a new or empty
-    /// folder (its name becomes the pipeline's id).
+    /// folder (its name, in kebab-case, becomes the pipeline's id).
     #[command(after_help = super::new::templates_help())]
     New {
         /// The folder to write (made if missing; must be empty).

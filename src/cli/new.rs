@@ -156,11 +156,22 @@ pub fn run(dir: &Path, from: &str) -> Exit {
             return Exit::Invalid;
         }
     }
-    // The folder's name becomes the pipeline's id when it is kebab-case.
-    let id = dir
+    // The folder's name becomes the pipeline's id, in kebab-case (said
+    // when that is not the name as given).
+    let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
-        .filter(|n| crate::definition::fields::is_kebab(n));
+        .unwrap_or_default();
+    let id = Some(kebab(&name)).filter(|k| crate::definition::fields::is_kebab(k));
+    match &id {
+        Some(id) if *id != name => {
+            say!("note: the pipeline's id is `{id}`, its folder's name in kebab-case")
+        }
+        None => say!(
+            "note: `{name}` has no letters or digits to make an id of; the pipeline keeps the template's (edit `id:` in pipeline.yaml)"
+        ),
+        Some(_) => {}
+    }
     for (name, text) in template.files {
         let text = match (&id, *name) {
             (Some(id), "pipeline.yaml") => rename_id(text, id),
@@ -182,7 +193,7 @@ pub fn run(dir: &Path, from: &str) -> Exit {
     );
     tell!(
         "next: troupe validate {0} && troupe show {0} --mermaid && troupe run {0}{1}",
-        dir.display(),
+        shell_word(&dir.display().to_string()),
         required_ctx(dir)
     );
     Exit::Ok
@@ -207,6 +218,34 @@ fn required_ctx(dir: &Path) -> String {
             }
         })
         .collect()
+}
+
+/// `name` in kebab-case: lower-case letters and digits, every other run
+/// of characters one `-` (`My_Pipe` → `my-pipe`); empty when it has no
+/// letter or digit; at most 64 characters.
+fn kebab(name: &str) -> String {
+    let mut out = String::new();
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() {
+            out.push(c.to_ascii_lowercase());
+        } else if !out.is_empty() && !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    // An id is at most 64 characters.
+    out.truncate(64);
+    out.trim_end_matches('-').to_owned()
+}
+
+/// `word` as a shell reads it back as one word: as it is when it holds
+/// nothing a shell treats specially, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:@%,=".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }
 
 /// `text` with its top-level `id:` line set to `id`.
