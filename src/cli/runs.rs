@@ -48,8 +48,8 @@ pub struct RunsArgs {
     #[command(subcommand)]
     pub command: Option<RunsCommand>,
     /// Most runs listed, newest first.
-    #[arg(long, default_value_t = 50)]
-    pub limit: usize,
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -71,7 +71,9 @@ pub enum RunsCommand {
     /// the log on disk is compressed binary records, this is its text,
     /// byte for byte what an uncompressed log would hold.
     Export {
+        /// The run's id (or the start of it).
         run_id: String,
+        /// Write the lines into FILE instead (not inside the run's folder).
         #[arg(long, short, value_name = "FILE")]
         output: Option<PathBuf>,
     },
@@ -79,6 +81,7 @@ pub enum RunsCommand {
     /// --follow, keep printing them as the run writes them, until it ends.
     /// Works on the log itself: no `troupe serve` and no socket needed.
     Tail {
+        /// The run's id (or the start of it).
         run_id: String,
         /// How many of the last events to print first.
         #[arg(long, short = 'n', default_value_t = 10, value_name = "N")]
@@ -89,6 +92,7 @@ pub enum RunsCommand {
     },
     /// Delete runs: their rows in the store and their folders.
     Rm {
+        /// The runs' ids (or the start of each).
         #[arg(required = true)]
         run_ids: Vec<String>,
     },
@@ -117,14 +121,21 @@ fn parse_age(s: &str) -> Result<Duration, String> {
         }
         return Ok(Duration::from_secs(n.saturating_mul(86_400)));
     }
-    parse_positive_duration(s)
+    // An age may be in days too, which the durations elsewhere are not.
+    parse_positive_duration(s).map_err(|e| {
+        if e.contains("needs a unit") {
+            format!("`{s}` needs a unit: d, h, m, s or ms (e.g. 7d)")
+        } else {
+            e
+        }
+    })
 }
 
 pub fn run(args: RunsArgs) -> Exit {
     let json = args.store.json;
     let path = store_path(args.store.store.as_deref(), &args.store.runs_dir);
     let done = match args.command {
-        None => list(&path, args.limit, json),
+        None => list(&path, args.limit as usize, json),
         Some(RunsCommand::Show { run_id, stage }) => {
             show::show(&path, &run_id, stage.as_deref(), json)
         }

@@ -236,13 +236,22 @@ impl Store {
                 id: id.to_owned(),
                 path: self.path.clone(),
             }),
-            _ => Err(StoreError::AmbiguousRun {
+            // Six are read: five are named, and a sixth says there are
+            // more.
+            n => Err(StoreError::AmbiguousRun {
                 prefix: id.to_owned(),
-                matches: matches
-                    .iter()
-                    .map(|r| r.id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                matches: {
+                    let mut named = matches
+                        .iter()
+                        .take(5)
+                        .map(|r| r.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    if n > 5 {
+                        named.push_str(", and more");
+                    }
+                    named
+                },
             }),
         }
     }
