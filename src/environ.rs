@@ -12,6 +12,38 @@ use std::sync::OnceLock;
 
 static SEALED: OnceLock<Vec<(OsString, OsString)>> = OnceLock::new();
 
+/// Marks every descriptor troupe was started with, past stdin, stdout and
+/// stderr, close-on-exec: called first thing in `main`, while the process
+/// has one thread. A descriptor the caller left open (`7>>file`, a
+/// harness's pipe, a socket) would otherwise pass to every shell, hook and
+/// MCP server troupe starts, and Landlock does not check a file already
+/// open: a sandboxed shell wrote outside its root through one. Everything
+/// troupe opens itself is close-on-exec already (Rust's default); what it
+/// hands a child on purpose (the seal's pipe) it makes inheritable then.
+#[allow(unsafe_code)]
+pub fn close_inherited_on_exec() {
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+    let Ok(open) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let numbers: Vec<i32> = open
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&n| n > 2)
+        .collect();
+    for n in numbers {
+        // SAFETY: `n` was listed as open a moment ago, this process has
+        // one thread, and the descriptor is only looked at and flagged
+        // here, never closed; the listing's own descriptor, closed since,
+        // fails `F_GETFD` and is passed over.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(n) };
+        if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFD) {
+            let flags = FdFlag::from_bits_truncate(flags) | FdFlag::FD_CLOEXEC;
+            let _ = fcntl(fd, FcntlArg::F_SETFD(flags));
+        }
+    }
+}
+
 /// Variables a process troupe starts may see as troupe has them: what a
 /// shell and common tools need to run, nothing that usually holds a secret.
 /// `LC_*` means every variable whose name starts with `LC_`.

@@ -9,7 +9,9 @@ use clap::Parser;
 static GLOBAL: troupe::allocator::Mimalloc = troupe::allocator::Mimalloc;
 
 fn main() -> std::process::ExitCode {
-    // First of all: hide the environment's secrets from what troupe starts.
+    // First of all: nothing troupe was handed open passes to what it
+    // starts, and the environment's secrets are hidden from it.
+    troupe::environ::close_inherited_on_exec();
     let args = troupe::cli::seal::seal();
     let cli = troupe::cli::Cli::parse_from(args);
     troupe::cli::run(cli).into()

@@ -111,6 +111,43 @@ impl Project {
     }
 }
 
+/// A descriptor troupe was started with (`7>>file`) does not pass to the
+/// shells it starts: Landlock does not check a file already open, and a
+/// sandboxed shell wrote outside its root through one. With and without
+/// the sandbox, the shell finds no descriptor 7.
+#[test]
+fn a_descriptor_troupe_inherited_does_not_reach_a_shell() {
+    let p = Project::new();
+    let victim = p.outside.join("victim");
+    std::fs::write(&victim, "").unwrap();
+    let fixture = pipeline(
+        "if echo ESCAPED >&7; then echo wrote > fd.txt; else echo none > fd.txt; fi
+",
+    );
+    for flags in ["", "--no-sandbox"] {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "exec \"$0\" run \"$1\" --root \"$2\" --runs-dir \"$3\" --json --headless {flags} 7>>\"$4\""
+            ))
+            .arg(env!("CARGO_BIN_EXE_troupe"))
+            .arg(fixture.path())
+            .arg(&p.root)
+            .arg(p.runs.join("runs"))
+            .arg(&victim)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{flags}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(p.read("fd.txt").trim(), "none", "{flags}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "", "{flags}");
+    }
+}
+
 #[test]
 fn bash_cannot_read_the_api_key_and_pass_env_passes_a_name() {
     let pipeline = pipeline(
