@@ -32,10 +32,10 @@ struct Input {
 }
 
 impl Input {
-    /// Lines `next` reads (into the buffer it is given; 0 at the end), on
-    /// a thread of their own.
+    /// Lines `next` reads (into the buffer it is given, with when it was
+    /// read; `None` at the end), on a thread of their own.
     fn start(
-        mut next: impl FnMut(&mut String) -> std::io::Result<usize> + Send + 'static,
+        mut next: impl FnMut(&mut String) -> std::io::Result<Option<Instant>> + Send + 'static,
     ) -> Input {
         let (tx, lines) = crossbeam_channel::unbounded();
         let _ = std::thread::Builder::new()
@@ -44,9 +44,9 @@ impl Input {
                 loop {
                     let mut line = String::new();
                     match next(&mut line) {
-                        Ok(0) => return,
-                        Ok(_) => {
-                            if tx.send((Instant::now(), Ok(line))).is_err() {
+                        Ok(None) => return,
+                        Ok(Some(at)) => {
+                            if tx.send((at, Ok(line))).is_err() {
                                 return;
                             }
                         }
@@ -132,14 +132,94 @@ fn stdin_lines() -> &'static Input {
     // failed to decode used to end the chat there, and every line after it
     // went unread.
     STDIN.get_or_init(|| {
-        Input::start(|line| {
-            let mut bytes = Vec::new();
-            let read =
-                std::io::BufRead::read_until(&mut std::io::stdin().lock(), b'\n', &mut bytes)?;
-            line.push_str(&String::from_utf8_lossy(&bytes));
-            Ok(read)
-        })
+        let mut reader = StdinReader::default();
+        Input::start(move |line| reader.next_line(line))
     })
+}
+
+/// Held by the reader while it takes what has arrived and stamps it, and
+/// by a prompt while it sets the moment it was shown ([`shown_now`]): a
+/// line is stamped before that moment or after it, never read before and
+/// stamped after (a reader slowed between its read and its stamp made a
+/// `y` typed ahead of the prompt pass as typed after it, and approve).
+static GATE: Mutex<()> = Mutex::new(());
+
+/// The moment a prompt or form is shown, for [`Input::read_since`]: what
+/// the terminal holds typed and not yet read is dropped, as typed before
+/// it (`tcflush`), and everything read so far is stamped before it.
+fn shown_now() -> Instant {
+    let _gate = GATE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let stdin = std::io::stdin();
+    if std::io::IsTerminal::is_terminal(&stdin) {
+        let _ = nix::sys::termios::tcflush(&stdin, nix::sys::termios::FlushArg::TCIFLUSH);
+    }
+    Instant::now()
+}
+
+/// Reads stdin's lines by hand: `poll` for input, then, under [`GATE`],
+/// read what arrived and stamp it. Bytes that are not UTF-8 (a Latin-1
+/// paste, a terminal set to another encoding) are replaced, not the end
+/// of input: a line that failed to decode used to end the chat there.
+#[derive(Default)]
+struct StdinReader {
+    /// Bytes read and not yet a whole line.
+    carry: Vec<u8>,
+    /// When the last bytes were read.
+    at: Option<Instant>,
+    ended: bool,
+}
+
+impl StdinReader {
+    fn next_line(&mut self, line: &mut String) -> std::io::Result<Option<Instant>> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd;
+        let stdin = std::io::stdin();
+        let mut buf = [0u8; 8192];
+        loop {
+            let at = self.at.unwrap_or_else(Instant::now);
+            if let Some(end) = self.carry.iter().position(|b| *b == b'\n') {
+                let rest = self.carry.split_off(end + 1);
+                let whole = std::mem::replace(&mut self.carry, rest);
+                line.push_str(&String::from_utf8_lossy(&whole));
+                return Ok(Some(at));
+            }
+            if self.ended {
+                if self.carry.is_empty() {
+                    return Ok(None);
+                }
+                line.push_str(&String::from_utf8_lossy(&std::mem::take(&mut self.carry)));
+                return Ok(Some(at));
+            }
+            let readable = |timeout: PollTimeout| {
+                let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+                match poll(&mut fds, timeout) {
+                    Ok(n) => Ok(n > 0),
+                    Err(nix::errno::Errno::EINTR) => Ok(false),
+                    Err(e) => Err(std::io::Error::from(e)),
+                }
+            };
+            if !readable(PollTimeout::NONE)? {
+                continue;
+            }
+            let _gate = GATE
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Looked at again under the gate: a prompt may have dropped
+            // what was there meanwhile, and a read now would wait.
+            if !readable(PollTimeout::ZERO)? {
+                continue;
+            }
+            match nix::unistd::read(&stdin, &mut buf) {
+                Ok(0) => self.ended = true,
+                Ok(n) => self.carry.extend_from_slice(&buf[..n]),
+                Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => {}
+                Err(e) => return Err(std::io::Error::from(e)),
+            }
+            self.at = Some(Instant::now());
+        }
+    }
 }
 
 /// One question on the terminal at a time: an approval and a server's form
@@ -223,7 +303,7 @@ impl Prompter for StdinPrompter {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wanted.clone());
         // Only a line typed after this prompt was shown answers it.
-        let shown_at = Instant::now();
+        let shown_at = shown_now();
         let line = read_line_since(|| wanted.still(), Some(shown_at));
         match line {
             None | Some(Err(_)) => None,
@@ -259,7 +339,7 @@ impl Prompter for StdinPrompter {
         // typed for an approval withdrawn meanwhile, which the person
         // meant for that call (a `y` would answer a yes-or-no field they
         // never saw).
-        let shown_at = Instant::now();
+        let shown_at = shown_now();
         let mut content = serde_json::Map::new();
         let empty = serde_json::Map::new();
         let fields = form.schema["properties"].as_object().unwrap_or(&empty);
@@ -359,9 +439,9 @@ mod tests {
             match lines.pop_front() {
                 Some(line) => {
                     buf.push_str(&line);
-                    Ok(line.len())
+                    Ok(Some(Instant::now()))
                 }
-                None => Ok(0),
+                None => Ok(None),
             }
         });
         (input, handed)
