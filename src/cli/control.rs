@@ -361,11 +361,21 @@ fn summary_line(v: &Value) -> Option<String> {
                 .unwrap_or_default()
         )),
         "StageCancelled" => Some(format!("{exec}: cancelled")),
-        "InteractionRaised" => Some(format!(
-            "{exec}: approval {} for {} waiting",
-            v["proposalId"].as_str().unwrap_or("?"),
-            v["tool"].as_str().unwrap_or("?")
-        )),
+        "InteractionRaised" => Some(match v["kind"].as_str() {
+            Some("question") => format!(
+                "{exec}: question waiting: {}",
+                v["prompt"].as_str().unwrap_or("")
+            ),
+            Some("elicitation") => format!(
+                "{exec}: MCP server {} asks a form",
+                v["mcpServer"].as_str().unwrap_or("?")
+            ),
+            _ => format!(
+                "{exec}: approval {} for {} waiting",
+                v["proposalId"].as_str().unwrap_or("?"),
+                v["tool"].as_str().unwrap_or("?")
+            ),
+        }),
         "WorkflowExit" => Some(format!(
             "run {}{}",
             v["status"].as_str().unwrap_or("?"),
@@ -474,12 +484,15 @@ pub fn pending(at: &RunRef, json: bool) -> Exit {
     };
     if !json {
         for q in &questions {
-            tell!(
+            // The prompt is templated from ctx (any client's) or a
+            // model's words: shown, not obeyed.
+            let shown = format!(
                 "question {}  {}\n  fields: {}",
                 q["stageExecutionId"].as_str().unwrap_or("?"),
                 q["prompt"].as_str().unwrap_or(""),
                 q["fields"]
             );
+            tell!("{}", super::output::terminal_safe(&shown));
         }
     }
     match block_on(client.pending(&id)) {
@@ -556,5 +569,35 @@ pub fn cancel(at: &RunRef) -> Exit {
             Exit::Ok
         }
         Err(e) => failed(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// `watch` says what waits: a question, a server's form, an approval.
+    #[test]
+    fn a_raised_interaction_is_named_by_its_kind() {
+        let raised = |extra: Value| {
+            let mut v = json!({"event": "InteractionRaised", "stageExecutionId": "r/s/1"});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            summary_line(&v).unwrap_or_default()
+        };
+        assert_eq!(
+            raised(json!({"kind": "question", "prompt": "Ship?"})),
+            "r/s/1: question waiting: Ship?"
+        );
+        assert_eq!(
+            raised(json!({"kind": "elicitation", "mcpServer": "fs"})),
+            "r/s/1: MCP server fs asks a form"
+        );
+        assert_eq!(
+            raised(json!({"kind": "grantStageTool", "proposalId": "p1", "tool": "Bash"})),
+            "r/s/1: approval p1 for Bash waiting"
+        );
     }
 }
