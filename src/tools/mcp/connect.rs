@@ -405,6 +405,7 @@ impl Connection {
                             path.clone(),
                             file,
                             super::stderr_log::LOG_CAP,
+                            Secrets::of(def),
                         ))
                     });
                     (path, keeper)

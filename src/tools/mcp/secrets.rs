@@ -37,7 +37,7 @@ impl Secrets {
         Secrets::from_values(names.into_iter().filter_map(crate::environ::var))
     }
 
-    fn from_values(values: impl Iterator<Item = String>) -> Secrets {
+    pub(super) fn from_values(values: impl Iterator<Item = String>) -> Secrets {
         let mut values: Vec<String> = values.filter(|v| v.len() >= SHORTEST).collect();
         // As a JSON string writes it too (a `"` or `\` escaped): a result
         // with only structured content is read as its JSON text.

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+use super::secrets::Secrets;
+
 /// A log's size, at most, before it is set aside for a new one.
 pub(super) const LOG_CAP: u64 = 8 * 1024 * 1024;
 
@@ -35,48 +37,95 @@ fn set_aside(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// A line past this many bytes is written in pieces of it.
+const LONGEST_LINE: usize = 64 * 1024;
+
 /// Copies `from` (a server's stderr) into the log at `path`, already open
-/// as `file`, keeping each file under `cap` bytes; returns at the end of
-/// `from`. A log that cannot be written any more (its folder removed, the
-/// disk full) is given up and the rest of `from` read and dropped.
+/// as `file`, a line at a time with the server's secret values replaced
+/// (`[redacted]`: the log is in the run folder, often inside the root,
+/// where a `Read` would hand it to the model), keeping each file under
+/// `cap` bytes; returns at the end of `from`. A log that cannot be
+/// written any more (its folder removed, the disk full) is given up and
+/// the rest of `from` read and dropped.
 pub(super) async fn keep(
     mut from: impl AsyncRead + Unpin,
     path: PathBuf,
     file: std::fs::File,
     cap: u64,
+    secrets: Secrets,
 ) {
-    let mut written = file.metadata().map_or(0, |m| m.len());
-    let mut file = Some(tokio::fs::File::from_std(file));
+    let mut log = Log {
+        written: file.metadata().map_or(0, |m| m.len()),
+        file: Some(tokio::fs::File::from_std(file)),
+        path,
+        cap,
+    };
+    let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let Some(to) = file.as_mut() else {
-            continue;
-        };
-        if written > 0 && written + n as u64 > cap {
-            let _ = to.flush().await;
-            file = match tokio::fs::rename(&path, set_aside(&path)).await {
-                Ok(()) => open(&path).ok().map(tokio::fs::File::from_std),
-                Err(_) => None,
-            };
-            written = 0;
-        }
-        let Some(to) = file.as_mut() else {
-            continue;
-        };
-        // A chunk larger than the cap (only with a tiny cap) keeps its
-        // latest bytes.
-        let kept = n.min(usize::try_from(cap).unwrap_or(usize::MAX));
-        match to.write_all(&buf[n - kept..n]).await {
-            Ok(()) => written += kept as u64,
-            Err(_) => file = None,
+        pending.extend_from_slice(&buf[..n]);
+        while let Some(end) = pending
+            .iter()
+            .position(|b| *b == b'\n')
+            .map(|i| i + 1)
+            .or_else(|| (pending.len() >= LONGEST_LINE).then_some(LONGEST_LINE))
+        {
+            let rest = pending.split_off(end);
+            let line = std::mem::replace(&mut pending, rest);
+            log.write(&secrets.text(String::from_utf8_lossy(&line).into_owned()))
+                .await;
         }
     }
-    if let Some(mut to) = file {
+    if !pending.is_empty() {
+        log.write(&secrets.text(String::from_utf8_lossy(&pending).into_owned()))
+            .await;
+    }
+    if let Some(mut to) = log.file {
         let _ = to.flush().await;
+    }
+}
+
+/// The log being written.
+struct Log {
+    file: Option<tokio::fs::File>,
+    path: PathBuf,
+    written: u64,
+    cap: u64,
+}
+
+impl Log {
+    /// Appends `text`, first setting the log aside for a new one when it
+    /// would pass the cap; a piece larger than the cap (only with a tiny
+    /// cap) keeps its latest bytes.
+    async fn write(&mut self, text: &str) {
+        let bytes = text.as_bytes();
+        if self.file.is_none() {
+            return;
+        }
+        if self.written > 0 && self.written + bytes.len() as u64 > self.cap {
+            if let Some(to) = self.file.as_mut() {
+                let _ = to.flush().await;
+            }
+            self.file = match tokio::fs::rename(&self.path, set_aside(&self.path)).await {
+                Ok(()) => open(&self.path).ok().map(tokio::fs::File::from_std),
+                Err(_) => None,
+            };
+            self.written = 0;
+        }
+        let Some(to) = self.file.as_mut() else {
+            return;
+        };
+        let kept = bytes
+            .len()
+            .min(usize::try_from(self.cap).unwrap_or(usize::MAX));
+        match to.write_all(&bytes[bytes.len() - kept..]).await {
+            Ok(()) => self.written += kept as u64,
+            Err(_) => self.file = None,
+        }
     }
 }
 
@@ -93,7 +142,13 @@ mod tests {
         std::fs::write(&path, b"from the last start\n").unwrap();
         // A pipe that holds one line: each read is one line.
         let (mut server, stderr) = tokio::io::duplex(8);
-        let keeper = tokio::spawn(keep(stderr, path.clone(), open(&path).unwrap(), 100));
+        let keeper = tokio::spawn(keep(
+            stderr,
+            path.clone(),
+            open(&path).unwrap(),
+            100,
+            Secrets::default(),
+        ));
         for i in 0..30 {
             server
                 .write_all(format!("line {i:02}\n").as_bytes())
@@ -118,6 +173,34 @@ mod tests {
         assert_eq!(numbers, (numbers[0]..30).collect::<Vec<_>>(), "{both}");
     }
 
+    /// The server's secret values never reach the log, wherever a read
+    /// cuts its output (here a byte at a time).
+    #[tokio::test]
+    async fn a_secret_the_server_prints_is_redacted_in_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcp-s.log");
+        let (mut server, stderr) = tokio::io::duplex(1);
+        let secrets = Secrets::from_values(["ghp_TOPSECRET42".to_owned()].into_iter());
+        let keeper = tokio::spawn(keep(
+            stderr,
+            path.clone(),
+            open(&path).unwrap(),
+            1 << 20,
+            secrets,
+        ));
+        server
+            .write_all(b"debug: token ghp_TOPSECRET42 loaded\nno newline ghp_TOPSECRET42")
+            .await
+            .unwrap();
+        drop(server);
+        keeper.await.unwrap();
+        let log = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            log, "debug: token [redacted] loaded\nno newline [redacted]",
+            "{log}"
+        );
+    }
+
     /// A log that cannot be written still has its pipe read to the end.
     #[tokio::test]
     async fn a_log_that_cannot_be_written_still_drains_the_pipe() {
@@ -126,7 +209,7 @@ mod tests {
         let file = open(&path).unwrap();
         drop(dir);
         let (mut server, stderr) = tokio::io::duplex(64);
-        let keeper = tokio::spawn(keep(stderr, path, file, 10));
+        let keeper = tokio::spawn(keep(stderr, path, file, 10, Secrets::default()));
         // Far more than the pipe holds: the keeper must read it all.
         for _ in 0..100 {
             server.write_all(&[b'x'; 64]).await.unwrap();
