@@ -595,3 +595,61 @@ fn a_submission_naming_the_servers_own_flags_is_refused_here() {
         assert!(said.contains("Control/BadArgs"), "{flag:?}: {said}");
     }
 }
+
+/// A shell another troupe started (a plain `troupe run`, not one the
+/// server hosts) is refused by `troupe serve` too, on its socket and its
+/// TCP listener: it would start a run of its choosing, unsandboxed and
+/// with the server's key. Its shell connects to both and says what it got.
+#[test]
+fn a_process_another_troupe_started_is_refused_by_serve() {
+    use common::serve::Server;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--listen", "tcp:127.0.0.1:0"]);
+    let addr = server.tcp();
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let socket = dir.path().join(".troupe/troupe.sock");
+    std::fs::write(
+        dir.path().join("probe.py"),
+        [
+            "import socket",
+            "token = open('.troupe/token').read().strip()",
+            "for how in ('unix', 'tcp'):",
+            "    if how == 'unix':",
+            "        s = socket.socket(socket.AF_UNIX)",
+            &format!("        s.connect({:?})", socket.to_str().unwrap()),
+            "    else:",
+            &format!("        s = socket.create_connection(('{host}', {port}))"),
+            "    s.sendall(('GET /v1/runs HTTP/1.1\\r\\nHost: t\\r\\nConnection: close\\r\\n'",
+            "               'Authorization: Bearer ' + token + '\\r\\n\\r\\n').encode())",
+            "    got = s.recv(4096).decode()",
+            "    print(how, 'refused' if 'Control/InsideRun' in got else 'LET IN: ' + got[:40])",
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let pipeline = dir.path().join("probe");
+    std::fs::create_dir(&pipeline).unwrap();
+    std::fs::write(
+        pipeline.join("pipeline.yaml"),
+        "id: probe\nentry: s\nstages:\n  s: { kind: tool, tool: Bash, args: { command: \"python3 probe.py\" } }\nnext:\n  s: end\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["run", "probe", "--json", "--headless", "--no-store"])
+        .args(["--root", dir.path().to_str().unwrap()])
+        .args([
+            "--runs-dir",
+            dir.path().join("other-runs").to_str().unwrap(),
+        ])
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("unix refused") && text.contains("tcp refused"),
+        "{text}{}",
+        said(&out)
+    );
+    drop(server);
+}

@@ -7,19 +7,22 @@
 //! to a Unix socket. Through the control API such a process could approve
 //! its own pending calls, or submit a run with `--no-sandbox` or a base URL
 //! of its choosing to `troupe serve`, which would send the API key there.
-//! So a connection whose peer (`SO_PEERCRED`) descends from this process
-//! is answered `403 Control/InsideRun` and closed. troupe is the subreaper
-//! of what it starts (`process_group::adopt_orphans`), so a double fork or
-//! `setsid` does not take a process out of its descent. What cannot be
-//! traced is refused too (fails closed): a peer gone before it was traced
-//! (a command that connects, writes its request and exits), a chain of
-//! parents longer than any real one, a TCP socket no process holds any
-//! more, descendants past what is scanned.
+//! So a connection whose peer (`SO_PEERCRED`) descends from this process,
+//! or from any other troupe process (another run's shell must not drive
+//! `troupe serve` either: it would start a run of its choosing, unsandboxed
+//! and with the server's key), is answered `403 Control/InsideRun` and
+//! closed. troupe is the subreaper of what it starts
+//! (`process_group::adopt_orphans`), so a double fork or `setsid` does not
+//! take a process out of its descent. What cannot be traced is refused too
+//! (fails closed): a peer gone before it was traced (a command that
+//! connects, writes its request and exits), a chain of parents longer than
+//! any real one, a local TCP socket no process can be found holding (gone,
+//! or passed between processes as the trace looked, or another user's).
 //!
 //! A TCP listener is guarded by its token, but a command may read the
 //! token's file as its user can; so a TCP connection made from this
 //! machine is traced too: its socket in `/proc/net/tcp{,6}`, and whether
-//! one of this process's descendants holds it.
+//! a process troupe started holds it (or none can be found holding it).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -31,7 +34,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::tools::process_group::{ProcStat, children_of, proc_stat};
+use crate::tools::process_group::{ProcStat, proc_stat};
 
 /// Connections one listener holds open at once, at most: past them the
 /// next waits in the kernel's backlog until one closes, rather than each
@@ -193,12 +196,12 @@ impl axum::serve::Listener for TcpOutsiders {
 }
 
 /// Whether the TCP connection from `peer` to `ours` may have been made by
-/// a descendant of `ancestor`: a descendant holds its socket, or a local
-/// peer's socket cannot be traced to a holder (no process holds it any
-/// more: its request may still be on its way from one that exited), or
-/// there are more descendants than are scanned. A peer on another
-/// machine is not traced (its token decides), nor is anything when there
-/// is no procfs.
+/// a process troupe started: one of them holds its socket, or a local
+/// peer's socket cannot be traced to a holder (no process holds it: its
+/// request may still be on its way from one that exited, or it is in
+/// flight between two processes, passed as a descriptor while the trace
+/// looked). A peer on another machine is not traced (its token decides),
+/// nor is anything when there is no procfs.
 fn made_inside(peer: SocketAddr, ours: SocketAddr, ancestor: i32, proc: &Path) -> bool {
     if proc_stat(proc, ancestor).is_none() {
         return false;
@@ -207,9 +210,35 @@ fn made_inside(peer: SocketAddr, ours: SocketAddr, ancestor: i32, proc: &Path) -
     let local = ip.is_loopback() || ip == ours.ip().to_canonical();
     match socket_inode(peer, ours, proc) {
         Some(0) => true,
-        Some(inode) => held_by_descendant(inode, ancestor, proc),
+        Some(inode) => {
+            let holders = holders(inode, proc);
+            holders.is_empty()
+                || holders
+                    .iter()
+                    .any(|&pid| descends_from(pid, ancestor, proc))
+        }
         None => local,
     }
+}
+
+/// The processes that hold socket `inode` open, of those whose
+/// descriptors can be read (this user's).
+fn holders(inode: u64, proc: &Path) -> Vec<i32> {
+    let wanted = format!("socket:[{inode}]");
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_dir(proc.join(pid.to_string()).join("fd")).is_ok_and(|fds| {
+                fds.flatten().any(|fd| {
+                    std::fs::read_link(fd.path()).is_ok_and(|to| to.as_os_str() == wanted.as_str())
+                })
+            })
+        })
+        .collect()
 }
 
 /// The inode of this machine's TCP socket at `peer` connected to `ours`
@@ -254,44 +283,6 @@ fn me() -> i32 {
     i32::try_from(std::process::id()).unwrap_or(i32::MAX)
 }
 
-/// Whether a descendant of `ancestor` holds socket `inode` open, or there
-/// are too many descendants to tell.
-fn held_by_descendant(inode: u64, ancestor: i32, proc: &Path) -> bool {
-    let wanted = format!("socket:[{inode}]");
-    let Some(descendants) = descendants(ancestor, proc) else {
-        return true;
-    };
-    descendants.into_iter().any(|pid| {
-        std::fs::read_dir(proc.join(pid.to_string()).join("fd")).is_ok_and(|fds| {
-            fds.flatten().any(|fd| {
-                std::fs::read_link(fd.path()).is_ok_and(|to| to.as_os_str() == wanted.as_str())
-            })
-        })
-    })
-}
-
-/// Every descendant of `ancestor`, children of children included; `None`
-/// past [`MOST_DESCENDANTS`] (a command could fork that many to hide the
-/// one that connects).
-fn descendants(ancestor: i32, proc: &Path) -> Option<Vec<i32>> {
-    let mut found = std::collections::HashSet::new();
-    let mut next = vec![ancestor];
-    while let Some(pid) = next.pop() {
-        for child in children_of(proc, pid) {
-            if found.insert(child) {
-                if found.len() > MOST_DESCENDANTS {
-                    return None;
-                }
-                next.push(child);
-            }
-        }
-    }
-    Some(found.into_iter().collect())
-}
-
-/// Descendants scanned for a TCP socket's holder.
-const MOST_DESCENDANTS: usize = 16_384;
-
 /// Parents walked from a Unix peer: far past any real process tree.
 const MOST_PARENTS: usize = 256;
 
@@ -322,12 +313,13 @@ async fn refuse(mut stream: impl AsyncRead + AsyncWrite + Unpin) {
     .await;
 }
 
-/// Whether process `pid` may be a descendant of `ancestor` (not
-/// `ancestor` itself), by the parents `proc` (a procfs) records. What
-/// cannot be told is taken as one: a process gone before it was traced
-/// (it may have connected, written its request and exited), one that
-/// cannot be read, a chain past [`MOST_PARENTS`] or a loop. Without a
-/// procfs (no entry for `ancestor`) nothing is traced.
+/// Whether process `pid` may have been started by troupe: a descendant
+/// of `ancestor` (not `ancestor` itself), or of any other troupe process
+/// (another run's shell, hook or MCP server), by the parents `proc` (a
+/// procfs) records. What cannot be told is taken as one: a process gone
+/// before it was traced (it may have connected, written its request and
+/// exited), one that cannot be read, a chain past [`MOST_PARENTS`] or a
+/// loop. Without a procfs (no entry for `ancestor`) nothing is traced.
 pub(super) fn descends_from(pid: i32, ancestor: i32, proc: &Path) -> bool {
     if proc_stat(proc, ancestor).is_none() {
         return false;
@@ -342,12 +334,38 @@ pub(super) fn descends_from(pid: i32, ancestor: i32, proc: &Path) -> bool {
         let Some(ProcStat { parent, .. }) = proc_stat(proc, at) else {
             return true;
         };
-        if parent == ancestor {
+        if parent == ancestor || (parent > 1 && is_troupe(parent, proc)) {
             return true;
         }
         at = parent;
     }
     true
+}
+
+/// Whether process `pid` runs a troupe binary: its executable is named
+/// `troupe…`, or is the very file this process runs. (A sealed troupe
+/// re-executes itself through `/proc/self/exe`, so its command name says
+/// `exe`; the link to its executable does not.) Another user's process,
+/// whose link cannot be read, is not taken for one.
+fn is_troupe(pid: i32, proc: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(exe) = std::fs::read_link(proc.join(pid.to_string()).join("exe")) else {
+        return false;
+    };
+    let named = exe
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("troupe"));
+    let mine = || {
+        let (Ok(theirs), Ok(ours)) = (
+            std::fs::metadata(proc.join(pid.to_string()).join("exe")),
+            std::fs::metadata("/proc/self/exe"),
+        ) else {
+            return false;
+        };
+        theirs.dev() == ours.dev() && theirs.ino() == ours.ino()
+    };
+    named || mine()
 }
 
 #[cfg(test)]
@@ -406,7 +424,8 @@ mod tests {
         let _mine = std::net::TcpStream::connect(ours).unwrap();
         let (_accepted, peer) = listener.accept().unwrap();
         let inode = socket_inode(peer, ours, proc).expect("found in /proc/net/tcp");
-        assert!(!held_by_descendant(inode, me(), proc));
+        assert_eq!(holders(inode, proc), [me()]);
+        assert!(!made_inside(peer, ours, me(), proc));
         // Made by a child, which holds it open.
         let (mut child, _) = first_line(std::process::Command::new("python3").arg("-c").arg(
             format!(
@@ -416,7 +435,10 @@ mod tests {
         ));
         let (_theirs, peer) = listener.accept().unwrap();
         let inode = socket_inode(peer, ours, proc).expect("found in /proc/net/tcp");
-        assert!(held_by_descendant(inode, me(), proc));
+        let holders = holders(inode, proc);
+        assert_eq!(holders.len(), 1);
+        assert!(descends_from(holders[0], me(), proc));
+        assert!(made_inside(peer, ours, me(), proc));
         // A peer that is not on this machine's tables: none.
         let elsewhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(socket_inode(elsewhere, ours, proc), None);
@@ -487,6 +509,30 @@ mod tests {
         // No procfs at all: nothing can be traced, nothing is refused.
         let none = tempfile::tempdir().unwrap();
         assert!(!descends_from(10, 99, none.path()));
+    }
+
+    /// A process another troupe started (another run's shell, under
+    /// `troupe serve`) is refused as this one's own are; one whose
+    /// ancestors run no troupe is not.
+    #[test]
+    fn a_process_any_troupe_started_counts_as_inside() {
+        // 99 is this troupe; 31 another (`/opt/bin/troupe`), 30 its shell;
+        // 33 a login shell, 32 its child.
+        let dir = fake_proc(&[
+            (99, "99 (troupe) S 1 1 1"),
+            (30, "30 (bash) S 31 1 1"),
+            (31, "31 (exe) S 1 1 1"),
+            (32, "32 (curl) S 33 1 1"),
+            (33, "33 (bash) S 1 1 1"),
+        ]);
+        std::os::unix::fs::symlink("/opt/bin/troupe", dir.path().join("31/exe")).unwrap();
+        std::os::unix::fs::symlink("/usr/bin/bash", dir.path().join("33/exe")).unwrap();
+        assert!(descends_from(30, 99, dir.path()), "another troupe's shell");
+        assert!(!descends_from(32, 99, dir.path()), "a login shell's child");
+        assert!(
+            !descends_from(31, 99, dir.path()),
+            "a troupe itself (a CLI client)"
+        );
     }
 
     /// A local TCP peer whose socket no process holds (it wrote its request
