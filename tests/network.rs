@@ -221,3 +221,59 @@ fn network_deny_holds_for_an_ordinary_user_too() {
         );
     }
 }
+
+/// What Landlock's network rules do not see is refused under `network:
+/// deny` too: multipath TCP (which falls back to plain TCP on the wire,
+/// and reached a listener through the rules), SCTP, raw and packet
+/// sockets fail with EACCES; TCP sockets are still made (their connects
+/// are what Landlock refuses), and UDP and Unix sockets as documented.
+#[test]
+fn sockets_the_rules_do_not_see_are_refused_under_network_deny() {
+    if !network_rules() {
+        eprintln!("skipped: no Landlock network rules here");
+        return;
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let probe = format!(
+        r#"
+import errno, socket
+def make(*args):
+    try:
+        socket.socket(*args).close()
+        return "made"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+print(make(socket.AF_INET, socket.SOCK_STREAM, 262))
+print(make(socket.AF_INET6, socket.SOCK_STREAM, 262))
+print(make(socket.AF_INET, socket.SOCK_SEQPACKET, 0))
+print(make(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+print(make(17, socket.SOCK_RAW, 0))
+print(make(socket.AF_INET, socket.SOCK_STREAM, 0))
+print(make(socket.AF_INET, socket.SOCK_DGRAM, 0))
+print(make(socket.AF_UNIX, socket.SOCK_STREAM, 0))
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=5)
+    print("connected")
+except OSError as e:
+    print(errno.errorcode.get(e.errno, str(e.errno)))
+"#
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["sandbox-exec", "--write"])
+        .arg(tmp.path())
+        .args(["--deny-network", "--", "python3", "-c", &probe])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let got: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        got,
+        [
+            "EACCES", "EACCES", "EACCES", "EACCES", "EACCES", "made", "made", "made", "EACCES"
+        ],
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -4,6 +4,8 @@
 
 pub mod env;
 pub mod policy;
+#[cfg(target_os = "linux")]
+mod sockets;
 pub mod writes;
 
 pub use env::{ENV_ALLOWLIST, check_env_name, scrubbed_env};

@@ -131,6 +131,10 @@ pub fn confine(folders: &[impl AsRef<Path>], deny_network: bool) -> Result<Confi
             "`network: deny` needs Landlock's network rules (ABI 4), this kernel has ABI {abi}"
         )));
     }
+    // The sockets those rules do not see (MPTCP, SCTP, raw, packet).
+    if deny_network {
+        super::sockets::deny_unconfined_sockets().map_err(SandboxError::Unavailable)?;
+    }
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok(Confined {
             abi,
