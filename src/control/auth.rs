@@ -1,12 +1,18 @@
 //! Who may use a server's TCP listener: a bearer token (`.troupe/token`,
-//! mode 0600, made on first start), or for the dashboard a session cookie
-//! got through a one-time login link. A state-changing request carried by
-//! the cookie must also say `X-Troupe-Csrf: 1` and come from the server's
-//! own origin, which a cross-site form or script cannot arrange. A session
-//! unused for [`SESSION_IDLE`] is over (the cookie says so too), and
-//! `troupe dashboard` asks the server for a new login link, which voids
-//! the last one. The Unix socket needs none of this: its mode (0600) is
-//! the check.
+//! mode 0600, made on first start), or for the dashboard a session got
+//! through a one-time login link. The session is not a cookie: a browser
+//! sends a cookie of `127.0.0.1` to every port of it, so any other local
+//! web server the browser visited got the session, and with it the API
+//! (found by review). The login page puts the session in the page's
+//! `localStorage`, which is its origin's alone (the port included), and
+//! the dashboard sends it as the `X-Troupe-Session` header, which no other
+//! site's page can send here either. A state-changing request carried by
+//! it must also say `X-Troupe-Csrf: 1` and, when it says its `Origin`,
+//! come from the server's own. A session unused for [`SESSION_IDLE`] is
+//! over, and `troupe dashboard` asks the server for a new login link,
+//! which voids the last one. The dashboard's page itself (`GET /`) holds
+//! nothing secret and is served to anyone who reaches the listener. The
+//! Unix socket needs none of this: its mode (0600) is the check.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -21,8 +27,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::reply::error;
 
-/// The cookie the dashboard's session rides on.
-const COOKIE: &str = "troupe_session";
+/// The header the dashboard's session rides on.
+const SESSION_HEADER: &str = "x-troupe-session";
 
 /// How long a dashboard session lasts unused.
 pub const SESSION_IDLE: Duration = Duration::from_secs(12 * 60 * 60);
@@ -126,13 +132,13 @@ impl Auth {
         Ok(path)
     }
 
-    /// Whether the request's cookie names a session used within
+    /// Whether the request's session header names a session used within
     /// [`SESSION_IDLE`] (now used again); sessions past it are let go.
     fn session_ok(&self, headers: &HeaderMap) -> bool {
-        let Some(id) = cookie(headers, COOKIE) else {
+        let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
             return false;
         };
-        self.session_at(id, Instant::now())
+        self.session_at(id.trim(), Instant::now())
     }
 
     fn session_at(&self, id: &str, now: Instant) -> bool {
@@ -147,7 +153,8 @@ impl Auth {
         }
     }
 
-    /// Trades the login link's secret for a session cookie, once.
+    /// Trades the login link's secret for a session, once: a page that
+    /// keeps it in its origin's `localStorage` and goes to the dashboard.
     fn login(&self, query: Option<&str>) -> Response {
         let given = query
             .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("once=")))
@@ -173,18 +180,22 @@ impl Auth {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(session.clone(), Instant::now());
+        // The session is hex (`random_hex`): nothing in it needs escaping.
+        let page = format!(
+            "<!doctype html><meta charset=\"utf-8\"><title>troupe</title><script>localStorage.setItem(\"troupe_session\", \"{session}\"); location.replace(\"/\");</script>"
+        );
         (
-            StatusCode::SEE_OTHER,
+            StatusCode::OK,
             [
-                (header::LOCATION, "/".to_owned()),
+                (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+                (header::CACHE_CONTROL, "no-store"),
+                (header::REFERRER_POLICY, "no-referrer"),
                 (
-                    header::SET_COOKIE,
-                    format!(
-                        "{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-                        SESSION_IDLE.as_secs()
-                    ),
+                    header::CONTENT_SECURITY_POLICY,
+                    "default-src 'none'; script-src 'unsafe-inline'",
                 ),
             ],
+            page,
         )
             .into_response()
     }
@@ -196,6 +207,11 @@ impl Auth {
 pub async fn gate(State(auth): State<Arc<Auth>>, request: Request, next: Next) -> Response {
     if request.uri().path() == "/login" {
         return auth.login(request.uri().query());
+    }
+    // The dashboard's page: no data, its script asks for that with the
+    // session.
+    if request.uri().path() == "/" && matches!(*request.method(), Method::GET | Method::HEAD) {
+        return next.run(request).await;
     }
     let headers = request.headers();
     if auth.bearer_ok(headers) {
@@ -218,7 +234,7 @@ pub async fn gate(State(auth): State<Arc<Auth>>, request: Request, next: Next) -
         return error(
             StatusCode::FORBIDDEN,
             "Control/CrossSite",
-            "a state-changing request with the dashboard's cookie must send `X-Troupe-Csrf: 1` from the dashboard's own origin",
+            "a state-changing request with the dashboard's session must send `X-Troupe-Csrf: 1` from the dashboard's own origin",
         );
     }
     next.run(request).await
@@ -235,19 +251,6 @@ fn same_origin(headers: &HeaderMap) -> bool {
         Some(origin) => host.is_some_and(|h| origin == format!("http://{h}")),
     };
     flagged && origin_ok
-}
-
-/// The value of cookie `name`.
-fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .find_map(|kv| {
-            let (k, v) = kv.trim().split_once('=')?;
-            (k == name).then_some(v)
-        })
 }
 
 /// Compares secrets in time that does not depend on where they differ.
@@ -318,11 +321,11 @@ mod tests {
         let refused = auth.login(Some(&format!("once={}", once(&first).expect("once"))));
         assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
         let taken = auth.login(Some(&format!("once={}", once(&fresh).expect("once"))));
-        assert_eq!(taken.status(), StatusCode::SEE_OTHER);
-        let cookie = taken.headers()[header::SET_COOKIE]
-            .to_str()
-            .expect("cookie");
-        assert!(cookie.ends_with("Max-Age=43200"), "{cookie}");
+        assert_eq!(taken.status(), StatusCode::OK);
+        assert!(
+            taken.headers().get(header::SET_COOKIE).is_none(),
+            "no cookie"
+        );
     }
 
     #[test]
