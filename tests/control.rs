@@ -653,3 +653,25 @@ fn a_process_another_troupe_started_is_refused_by_serve() {
     );
     drop(server);
 }
+
+/// A TCP port another program holds is `Control/CannotListen`, not
+/// `AlreadyServing`, which says this project's server holds its socket.
+#[test]
+fn serve_on_a_tcp_port_in_use_cannot_listen() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let busy = common::serve::cli(
+        dir.path(),
+        &[
+            "serve",
+            "--listen",
+            &format!("tcp:{}", taken.local_addr().unwrap()),
+        ],
+    );
+    assert_eq!(busy.status.code(), Some(2), "{}", said(&busy));
+    assert!(
+        said(&busy).contains("Control/CannotListen"),
+        "{}",
+        said(&busy)
+    );
+}

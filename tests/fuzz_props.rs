@@ -513,6 +513,9 @@ mod control_requests {
                 let v: Value = serde_json::from_slice(&bytes).unwrap();
                 let code = v["error"]["code"].as_str().unwrap_or_default();
                 prop_assert!(code.starts_with("Control/"), "{} {}: {}", method, path, v);
+                // And says why: no refusal has an empty message.
+                let message = v["error"]["message"].as_str().unwrap_or_default();
+                prop_assert!(!message.trim().is_empty(), "{} {}: {}", method, path, v);
             }
         }
     }

@@ -191,7 +191,12 @@ impl ControlServer {
                     };
                     let listener = {
                         let _enter = rt.enter();
-                        let std = std::net::TcpListener::bind(addr)?;
+                        // Not `AddrInUse`, which says another server of
+                        // this project holds its socket: a TCP port in use
+                        // is any program's (`Control/CannotListen`).
+                        let std = std::net::TcpListener::bind(addr).map_err(|e| {
+                            std::io::Error::other(format!("cannot listen on tcp:{addr}: {e}"))
+                        })?;
                         std.set_nonblocking(true)?;
                         tokio::net::TcpListener::from_std(std)?
                     };
@@ -334,7 +339,15 @@ async fn typed_rejections(response: Response) -> Response {
     let body = axum::body::to_bytes(response.into_body(), 4096)
         .await
         .unwrap_or_default();
-    let message = String::from_utf8_lossy(&body).into_owned();
+    let mut message = String::from_utf8_lossy(&body).into_owned();
+    if message.trim().is_empty() {
+        message = match status {
+            StatusCode::METHOD_NOT_ALLOWED => {
+                "this endpoint does not take that method (see docs/control-api.md)".to_owned()
+            }
+            _ => status.canonical_reason().unwrap_or("refused").to_owned(),
+        };
+    }
     let code = match status {
         StatusCode::METHOD_NOT_ALLOWED => "Control/MethodNotAllowed",
         StatusCode::PAYLOAD_TOO_LARGE => "Control/BodyTooLarge",
@@ -412,9 +425,14 @@ fn submission(body: &Bytes) -> Result<Submission, Box<Response>> {
 }
 
 /// A client's name as the audit log records it.
+/// The name a client gave itself: at most 64 characters and none a
+/// control character (it is audited and shown), else `api`; the same rule
+/// as a question's answerer.
 fn client_name(given: Option<&str>) -> String {
     given
-        .filter(|c| !c.is_empty() && c.len() <= 64)
+        .filter(|c| {
+            !c.trim().is_empty() && c.chars().count() <= 64 && !c.chars().any(char::is_control)
+        })
         .unwrap_or("api")
         .to_owned()
 }
