@@ -675,3 +675,37 @@ fn serve_on_a_tcp_port_in_use_cannot_listen() {
         said(&busy)
     );
 }
+
+/// A run still queued when `troupe serve` is stopped (SIGTERM) is
+/// recorded cancelled and can be resumed, as the runs that were running
+/// are: the server accepted it, and must not just drop it.
+#[test]
+fn a_run_queued_at_shutdown_is_recorded_and_resumable() {
+    use common::serve::{Server, runs, submit, until};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--max-runs", "1"]);
+    let fanout = common::serve::fanout();
+    let fanout = fanout.to_str().unwrap();
+    let running = submit(
+        dir.path(),
+        &[fanout, "--ctx", "width=4", "--latency", "10m"],
+    );
+    let queued = submit(dir.path(), &[fanout, "--ctx", "width=4"]);
+    until("the first run to be running", || {
+        runs(dir.path())
+            .iter()
+            .any(|r| r["id"] == running.trim() && r["state"] == "running")
+    });
+    server.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(server.wait(), Some(143));
+    let listed = runs(dir.path());
+    for id in [running.trim(), queued.trim()] {
+        let run = listed.iter().find(|r| r["id"] == id);
+        assert!(
+            run.is_some_and(|r| r["state"] == "cancelled"),
+            "{id}: {listed:?}"
+        );
+    }
+    let out = common::serve::cli(dir.path(), &["resume", queued.trim(), "--local"]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+}

@@ -481,6 +481,10 @@ pub fn run(args: &ServeArgs) -> Exit {
     });
     let system = actix::System::new();
     let watched = Arc::clone(&hosted);
+    // Set before the runs are cancelled at shutdown: a queued run the
+    // server cancels is recorded (started and cancelled at once, so that
+    // `troupe resume` finds it), where one a client cancels never starts.
+    let shutting = Arc::new(std::sync::atomic::AtomicBool::new(false));
     system.block_on(async move {
         let mut running = tokio::task::JoinSet::new();
         loop {
@@ -488,7 +492,7 @@ pub fn run(args: &ServeArgs) -> Exit {
                 job = queue.recv() => match job {
                     Some(job) => {
                         let limit = Arc::clone(&limit);
-                        running.spawn_local(host_run(job, limit));
+                        running.spawn_local(host_run(job, limit, Arc::clone(&shutting)));
                     }
                     None => break,
                 },
@@ -504,6 +508,7 @@ pub fn run(args: &ServeArgs) -> Exit {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         if !drain {
+            shutting.store(true, std::sync::atomic::Ordering::SeqCst);
             for run in watched.all() {
                 run.cancel();
             }
@@ -513,7 +518,7 @@ pub fn run(args: &ServeArgs) -> Exit {
             if !drain {
                 job.control.cancel();
             }
-            running.spawn_local(host_run(job, Arc::clone(&limit)));
+            running.spawn_local(host_run(job, Arc::clone(&limit), Arc::clone(&shutting)));
         }
         while running.join_next().await.is_some() {}
     });
@@ -527,12 +532,19 @@ pub fn run(args: &ServeArgs) -> Exit {
 }
 
 /// Runs one hosted run once `--max-runs` lets it, records it, says how it
-/// ended.
-async fn host_run(job: Job, limit: Arc<tokio::sync::Semaphore>) {
+/// ended. Once `shutting` is set, a run still queued starts at once,
+/// cancelled, so that it is recorded and resumable.
+async fn host_run(
+    job: Job,
+    limit: Arc<tokio::sync::Semaphore>,
+    shutting: Arc<std::sync::atomic::AtomicBool>,
+) {
     let Job { prepared, control } = job;
     let id = prepared.run_id.clone();
+    let shut = || shutting.load(std::sync::atomic::Ordering::SeqCst);
     let _place = match Arc::clone(&limit).try_acquire_owned() {
         Ok(place) => Some(place),
+        Err(_) if shut() => None,
         Err(_) => {
             // Queued: its MCP servers, started to check it, wait stopped.
             prepared.park_servers();
@@ -542,8 +554,9 @@ async fn host_run(job: Job, limit: Arc<tokio::sync::Semaphore>) {
             }
         }
     };
-    // Cancelled while it waited (or before): it never starts.
-    if control.cancel_asked() {
+    // Cancelled by its client while it waited (or before): it never
+    // starts. Cancelled by the server's shutdown: it starts cancelled.
+    if control.cancel_asked() && !shut() {
         drop(prepared);
         control.withdraw();
         say(&format!("run {id} ended cancelled (before it started)"));
