@@ -345,13 +345,17 @@ pub struct Counted {
 impl Counted {
     /// Adds what `view`'s run counted.
     pub(super) fn count(&mut self, view: &LogView) {
-        self.models
-            .entry(view.model.clone())
-            .or_default()
-            .add(&view.requests);
-        if let Some(price) = view.price {
-            *self.cost.entry(view.model.clone()).or_default() +=
-                price.cost(view.requests.input_tokens, view.requests.output_tokens);
+        // By the model asked when each request was made, at the price in
+        // force then: a resume that changes either leaves what came before
+        // counted as it was.
+        for (model, spent) in &view.by_model {
+            self.models
+                .entry(model.clone())
+                .or_default()
+                .add(&spent.requests);
+            if let Some(cost) = spent.cost {
+                *self.cost.entry(model.clone()).or_default() += cost;
+            }
         }
         for (key, n) in &view.tools {
             *self.tools.entry(key.clone()).or_default() += n;

@@ -32,6 +32,14 @@ impl Executions {
     }
 }
 
+/// What one model's requests came to.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Spent {
+    pub requests: Requests,
+    /// In US dollars; `None` while no price was in force for any of them.
+    pub cost: Option<f64>,
+}
+
 /// Model requests of one model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Requests {
@@ -70,6 +78,11 @@ pub struct LogView {
     pub price: Option<crate::definition::Price>,
     pub stages: BTreeMap<String, Executions>,
     pub requests: Requests,
+    /// The same requests by the model asked when each was made, with what
+    /// they cost at the price in force then: a resume that changes the
+    /// model or the price leaves what came before as it was counted (a
+    /// `_total` series must never go down).
+    pub by_model: BTreeMap<String, Spent>,
     /// Tool calls by (tool, outcome).
     pub tools: BTreeMap<(String, &'static str), u64>,
     /// Open parallel turns: turn id → (stage, width, the stage's entries
@@ -121,6 +134,11 @@ impl LogView {
     fn stage(&mut self, line: &str) -> &mut Executions {
         let stage = text(line, "stageId").unwrap_or("?").to_owned();
         self.stages.entry(stage).or_default()
+    }
+
+    /// What the model asked now has spent.
+    fn spent(&mut self) -> &mut Spent {
+        self.by_model.entry(self.model.clone()).or_default()
     }
 
     fn take(&mut self, line: &str) {
@@ -178,13 +196,29 @@ impl LogView {
             "StageCancelled" => self.stage(line).cancelled += 1,
             "ProviderRequestStarted" if number(line, "try").is_some_and(|t| t > 1) => {
                 self.requests.retries += 1;
+                self.spent().requests.retries += 1;
             }
             "ProviderRequestCompleted" => {
+                let (input, output) = (
+                    number(line, "promptTokens").unwrap_or(0),
+                    number(line, "completionTokens").unwrap_or(0),
+                );
                 self.requests.completed += 1;
-                self.requests.input_tokens += number(line, "promptTokens").unwrap_or(0);
-                self.requests.output_tokens += number(line, "completionTokens").unwrap_or(0);
+                self.requests.input_tokens += input;
+                self.requests.output_tokens += output;
+                let price = self.price;
+                let spent = self.spent();
+                spent.requests.completed += 1;
+                spent.requests.input_tokens += input;
+                spent.requests.output_tokens += output;
+                if let Some(price) = price {
+                    *spent.cost.get_or_insert(0.0) += price.cost(input, output);
+                }
             }
-            "ProviderRequestFailed" => self.requests.failed += 1,
+            "ProviderRequestFailed" => {
+                self.requests.failed += 1;
+                self.spent().requests.failed += 1;
+            }
             "ToolInvocationSucceeded" => self.tool(line, "ok"),
             "ToolInvocationFailed" => self.tool(line, "failed"),
             "ToolInvocationCancelled" => self.tool(line, "cancelled"),
@@ -250,6 +284,28 @@ mod tests {
         assert_eq!(view.requests.completed, 1);
         assert_eq!(view.requests.output_tokens, 41);
         assert_eq!(view.last_seq, 7);
+    }
+
+    /// A resume at another price (or model) counts what comes after it at
+    /// that one; what came before stays as it was counted.
+    #[test]
+    fn each_request_is_counted_at_the_model_and_price_it_was_made_at() {
+        let mut view = LogView::default();
+        for line in [
+            r#"{"seq":1,"ts":"t","event":"WorkflowStarted","provider":{"name":"scripted","model":"m1"},"limits":{"price":{"input":1000.0,"output":1000.0}}}"#,
+            r#"{"seq":2,"ts":"t","event":"ProviderRequestCompleted","usage":{"promptTokens":100,"completionTokens":100}}"#,
+            r#"{"seq":3,"ts":"t","event":"WorkflowExit","status":"cancelled"}"#,
+            r#"{"seq":4,"ts":"t","event":"WorkflowResumed","provider":{"name":"scripted","model":"m2"},"limits":{"price":{"input":1.0,"output":1.0}}}"#,
+            r#"{"seq":5,"ts":"t","event":"ProviderRequestCompleted","usage":{"promptTokens":100,"completionTokens":100}}"#,
+        ] {
+            view.take(line);
+        }
+        let m1 = view.by_model["m1"];
+        let m2 = view.by_model["m2"];
+        assert_eq!((m1.requests.completed, m2.requests.completed), (1, 1));
+        assert!((m1.cost.unwrap() - 0.2).abs() < 1e-9, "{m1:?}");
+        assert!((m2.cost.unwrap() - 0.0002).abs() < 1e-9, "{m2:?}");
+        assert_eq!(view.requests.completed, 2);
     }
 
     #[test]
