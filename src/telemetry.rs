@@ -148,6 +148,9 @@ impl OtlpConfig {
 
 /// Spans are posted in batches of this many, or sooner (`LINGER`).
 const BATCH: usize = 512;
+/// Or of about this many bytes (looked at every 32 spans): under the
+/// 4 MiB a collector takes in one post by default.
+const BATCH_BYTES: usize = 2 << 20;
 const LINGER: Duration = Duration::from_millis(500);
 /// How long the end of a run waits for the last batches.
 const GRACE: Duration = Duration::from_secs(2);
@@ -162,6 +165,7 @@ pub fn start_otlp(bus: &EventBus<Event>, run_id: &str, config: OtlpConfig) -> io
         .name("troupe-otlp-spans".into())
         .spawn(move || {
             let mut batch = Vec::new();
+            let mut weighed = 0usize;
             let mut since = Instant::now();
             let mut total = 0u64;
             loop {
@@ -177,7 +181,17 @@ pub fn start_otlp(bus: &EventBus<Event>, run_id: &str, config: OtlpConfig) -> io
                     Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
                 }
-                if batch.len() >= BATCH || (!batch.is_empty() && since.elapsed() >= LINGER) {
+                // A batch also goes out once its spans hold about
+                // `BATCH_BYTES` (each attribute value is capped): a
+                // collector refuses a post past its body limit whole.
+                // Weighed every 32 spans.
+                let heavy = batch.len() >= weighed + 32 && {
+                    weighed = batch.len();
+                    batch.iter().map(prost::Message::encoded_len).sum::<usize>() >= BATCH_BYTES
+                };
+                if batch.len() >= BATCH || heavy || (!batch.is_empty() && since.elapsed() >= LINGER)
+                {
+                    weighed = 0;
                     total += batch.len() as u64;
                     exporter.send(std::mem::take(&mut batch));
                     since = Instant::now();

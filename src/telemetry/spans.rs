@@ -53,7 +53,34 @@ fn kv(key: &str, value: any_value::Value) -> KeyValue {
 }
 
 fn text(key: &str, value: &str) -> KeyValue {
-    kv(key, any_value::Value::StringValue(value.to_owned()))
+    kv(key, any_value::Value::StringValue(capped(value).to_owned()))
+}
+
+/// The longest attribute value exported, in bytes: a `Write` call's
+/// arguments (with `--otlp-content`) may be megabytes, and a collector
+/// refuses a post past its body limit whole, spans and all. The SDKs'
+/// `OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT` sets it (in characters there; here
+/// bytes, cut at a character's edge).
+fn value_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        crate::environ::var("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(16 * 1024)
+    })
+}
+
+/// `value` cut to [`value_limit`] bytes, at a character's edge.
+fn capped(value: &str) -> &str {
+    let limit = value_limit();
+    if value.len() <= limit {
+        return value;
+    }
+    let mut end = limit;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    &value[..end]
 }
 
 fn int(key: &str, value: i64) -> KeyValue {
@@ -607,6 +634,16 @@ mod tests {
             .rfind(|s| s.name == "execute_tool Echo")
             .unwrap();
         assert_eq!(last_call.parent_span_id, stages[1].span_id);
+    }
+
+    /// An attribute value past the limit is cut at a character's edge.
+    #[test]
+    fn a_long_value_is_cut_at_a_characters_edge() {
+        let long = "é".repeat(20_000);
+        let cut = capped(&long);
+        assert!(cut.len() <= value_limit() && cut.len() >= value_limit() - 1);
+        assert!(cut.chars().all(|c| c == 'é'));
+        assert_eq!(capped("short"), "short");
     }
 
     /// A request and a call dropped with their execution (cancelled) end
