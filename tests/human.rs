@@ -84,6 +84,31 @@ fn an_answers_rule_answers_and_no_one_means_skip_or_fail() {
     let (out, summary) = run(&p, dir.path(), &["--answers", answers.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     assert_eq!(result(&summary, "ask")["verdict"], "skipped");
+    // ... and says so.
+    assert!(
+        said(&out).contains("answers rule") && said(&out).contains("does not fit"),
+        "{}",
+        said(&out)
+    );
+    // A rule's `delay` holds its answer, as it holds an approval: past
+    // the step's timeout, the step times out instead.
+    std::fs::write(
+        &answers,
+        "answers:
+  - { human: ask, answer: approve, delay: 5s, content: { ok: true } }
+",
+    )
+    .unwrap();
+    let p = pipeline(
+        "    timeout: 300ms
+",
+    );
+    let (out, summary) = run(&p, dir.path(), &["--answers", answers.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(
+        summary.to_string().contains("no answer within 300ms"),
+        "{summary}"
+    );
 }
 
 #[test]

@@ -173,15 +173,31 @@ impl RunAsker {
 impl Asker for RunAsker {
     fn ask(&self, question: Question) -> BoxFuture<'static, Option<Answer>> {
         for rules in &self.rules {
-            if let Some((content, rule)) = rules.human_answer_for(&question.stage_id)
-                && question.fields.check(&content).is_ok()
-            {
-                return std::future::ready(Some(Answer {
-                    content,
-                    by: format!("answers:{}", rule),
-                }))
-                .boxed();
+            let Some((content, rule, delay)) = rules.human_answer_for(&question.stage_id) else {
+                continue;
+            };
+            // A rule whose content the step's fields refuse answers
+            // nothing: said, and the question goes to the others.
+            if let Err(errors) = question.fields.check(&content) {
+                say!(
+                    "warning: answers rule {rule} for stage `{}`: its content does not fit the step's fields ({}); the question goes to whoever else can answer",
+                    question.stage_id,
+                    errors.join("; ")
+                );
+                continue;
             }
+            let answer = Answer {
+                content,
+                by: format!("answers:{}", rule),
+            };
+            // After the rule's `delay`, as its approvals are.
+            return async move {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                Some(answer)
+            }
+            .boxed();
         }
         let (reply, answered) = tokio::sync::oneshot::channel();
         let slot: ReplySlot = Arc::new(Mutex::new(Some(reply)));

@@ -169,12 +169,12 @@ impl AnswerRules {
 }
 
 impl AnswerRules {
-    /// The content of the first `human` rule for stage `stage`, and the
-    /// rule's name.
+    /// The content of the first `human` rule for stage `stage`, the
+    /// rule's name, and its delay.
     pub fn human_answer_for(
         &self,
         stage: &str,
-    ) -> Option<(serde_json::Value, std::sync::Arc<str>)> {
+    ) -> Option<(serde_json::Value, std::sync::Arc<str>, Duration)> {
         let r = self
             .rules
             .iter()
@@ -182,7 +182,7 @@ impl AnswerRules {
         // `deny` or `none` leaves the question to someone else.
         match r.answer? {
             Answer::Approve | Answer::ApproveSame | Answer::ApprovePrefix => {
-                Some((r.content.clone()?, std::sync::Arc::clone(&r.name)))
+                Some((r.content.clone()?, std::sync::Arc::clone(&r.name), r.delay))
             }
             Answer::Deny | Answer::Defer => None,
         }
