@@ -92,7 +92,21 @@ impl HookSet {
         }
         let mut transformed = false;
         for hook in wanted(HookKind::Transform) {
-            match hook.call(slot, Arc::clone(&payload)).await {
+            // A transform answers with a payload, or leaves it: a deny (a
+            // Rust hook of the wrong kind) is no answer of its, and fails
+            // as garbage does, stopping what it transformed.
+            let reply = hook
+                .call(slot, Arc::clone(&payload))
+                .await
+                .and_then(|reply| match reply {
+                    HookReply::Deny { .. } => Err(HookError::Garbage {
+                        hook: hook.name().to_owned(),
+                        expected: "a rewritten payload, or nothing (it is a transform)",
+                        found: "a deny".to_owned(),
+                    }),
+                    reply => Ok(reply),
+                });
+            match reply {
                 Ok(HookReply::Replace(mut v)) => {
                     // What a payload is about is not a transform's to
                     // change: the guards judge, and troupe runs, the call
@@ -176,7 +190,20 @@ async fn guard<'h>(
     log: &mut Vec<HookRun>,
 ) -> Option<SlotOutcome> {
     for hook in guards {
-        let (outcome, denied, error) = match hook.call(slot, Arc::clone(payload)).await {
+        // A guard allows or denies: a rewritten payload (a Rust hook of
+        // the wrong kind) is no answer of its, and denies as garbage does.
+        let reply = hook
+            .call(slot, Arc::clone(payload))
+            .await
+            .and_then(|reply| match reply {
+                HookReply::Replace(_) => Err(HookError::Garbage {
+                    hook: hook.name().to_owned(),
+                    expected: "allow or deny (it is a guard)",
+                    found: "a rewritten payload".to_owned(),
+                }),
+                reply => Ok(reply),
+            });
+        let (outcome, denied, error) = match reply {
             Ok(HookReply::Deny { reason }) => ("deny", Some(reason), None),
             Ok(_) => ("allow", None, None),
             Err(e) => (
@@ -199,4 +226,68 @@ async fn guard<'h>(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+    use futures::future::BoxFuture;
+
+    /// A Rust hook of `kind` that always answers `reply`.
+    #[derive(Debug)]
+    struct Says(HookKind, HookReply);
+
+    impl Hook for Says {
+        fn name(&self) -> &str {
+            "says"
+        }
+        fn kind(&self) -> HookKind {
+            self.0
+        }
+        fn call(&self, _: &str, _: Arc<Value>) -> BoxFuture<'static, Result<HookReply, HookError>> {
+            std::future::ready(Ok(self.1.clone())).boxed()
+        }
+    }
+
+    /// A guard that answers with a payload denies (fails closed); a
+    /// transform that answers with a deny fails: neither is taken for an
+    /// allow or a no-change.
+    #[tokio::test]
+    async fn a_reply_of_the_wrong_kind_is_garbage() {
+        let slot = "TOOL_CALL/pre";
+        let mut guard = HookSet::default();
+        guard.add(
+            slot,
+            Arc::new(Says(HookKind::Guard, HookReply::Replace(Value::Null))),
+        );
+        let mut log = Vec::new();
+        let outcome = guard.run(slot, None, serde_json::json!({}), &mut log).await;
+        assert!(matches!(outcome, SlotOutcome::Denied { .. }), "{outcome:?}");
+        assert_eq!(log[0].outcome, "failed");
+        let mut transform = HookSet::default();
+        transform.add(
+            slot,
+            Arc::new(Says(
+                HookKind::Transform,
+                HookReply::Deny {
+                    reason: "no".to_owned(),
+                },
+            )),
+        );
+        let mut log = Vec::new();
+        let outcome = transform
+            .run(slot, None, serde_json::json!({}), &mut log)
+            .await;
+        assert!(
+            matches!(
+                outcome,
+                SlotOutcome::Failed {
+                    error: HookError::Garbage { .. },
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+    }
 }
