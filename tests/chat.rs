@@ -21,7 +21,7 @@ use serde_json::Value;
 /// A turn that asks for one `Bash` call, then replies.
 const SCRIPT: &str = "stages:\n  chat:\n    - tool: Bash\n      args: { command: \"echo from-the-chat\" }\n    - complete: { message: \"done: {{ctx.last}}\" }\n";
 
-fn chat(dir: &Path, args: &[&str], input: &str) -> Output {
+fn chat(dir: &Path, args: &[&str], input: impl AsRef<[u8]>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_troupe"))
         .arg("chat")
         .args(args)
@@ -35,7 +35,7 @@ fn chat(dir: &Path, args: &[&str], input: &str) -> Output {
         .stdin
         .take()
         .unwrap()
-        .write_all(input.as_bytes())
+        .write_all(input.as_ref())
         .unwrap();
     child.wait_with_output().unwrap()
 }
@@ -238,21 +238,7 @@ fn allowlist_runs_what_a_rule_matches_and_asks_about_the_rest() {
 #[test]
 fn a_line_that_is_not_utf8_does_not_end_the_chat() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_troupe"))
-        .args(["chat", "--mode", "yolo"])
-        .current_dir(dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"caf\xe9 au lait\nthird\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = chat(dir.path(), &["--mode", "yolo"], b"caf\xe9 au lait\nthird\n");
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     let latest = &turns(dir.path())[0];
     let history: Vec<&str> = latest["ctx"]["history"]

@@ -608,9 +608,9 @@ fn a_process_another_troupe_started_is_refused_by_serve() {
     let addr = server.tcp();
     let (host, port) = addr.rsplit_once(':').unwrap();
     let socket = dir.path().join(".troupe/troupe.sock");
-    std::fs::write(
-        dir.path().join("probe.py"),
-        [
+    common::serve::probe(
+        dir.path(),
+        &[
             "import socket",
             "token = open('.troupe/token').read().strip()",
             "for how in ('unix', 'tcp'):",
@@ -623,17 +623,8 @@ fn a_process_another_troupe_started_is_refused_by_serve() {
             "               'Authorization: Bearer ' + token + '\\r\\n\\r\\n').encode())",
             "    got = s.recv(4096).decode()",
             "    print(how, 'refused' if 'Control/InsideRun' in got else 'LET IN: ' + got[:40])",
-        ]
-        .join("\n"),
-    )
-    .unwrap();
-    let pipeline = dir.path().join("probe");
-    std::fs::create_dir(&pipeline).unwrap();
-    std::fs::write(
-        pipeline.join("pipeline.yaml"),
-        "id: probe\nentry: s\nstages:\n  s: { kind: tool, tool: Bash, args: { command: \"python3 probe.py\" } }\nnext:\n  s: end\n",
-    )
-    .unwrap();
+        ],
+    );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_troupe"))
         .args(["run", "probe", "--json", "--headless", "--no-store"])
         .args(["--root", dir.path().to_str().unwrap()])

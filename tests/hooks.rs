@@ -317,17 +317,26 @@ fn a_transform_cannot_rewrite_a_call_past_a_guard() {
     );
     let out = run(f.path(), rooted(&f));
     assert_eq!(out.report.status, RunStatus::Ok);
-    assert!(f.file("victim.txt").exists(), "the rewritten rm never ran");
+    denied_after_the_rewrite(&out, &f, "no-rm");
+    assert_eq!(out.count("ToolInvocationStarted"), 0);
+}
+
+/// The guard `guard` allowed the call, a transform rewrote it, and the
+/// guard's second look denied it: the victim file is still there.
+fn denied_after_the_rewrite(out: &common::run::Outcome, f: &Fixture, guard: &str) {
+    assert!(
+        f.file("victim.txt").exists(),
+        "the rewritten call never ran"
+    );
     let denied = out.named("ToolCallDenied");
     assert_eq!(denied.len(), 1, "{denied:?}");
-    assert_eq!(denied[0]["by"], "hook:no-rm");
+    assert_eq!(denied[0]["by"], format!("hook:{guard}"));
     let hooks: Vec<&str> = out
         .named("HookInvoked")
         .iter()
         .map(|e| e["outcome"].as_str().unwrap())
         .collect();
     assert_eq!(hooks, ["allow", "transformed", "deny"]);
-    assert_eq!(out.count("ToolInvocationStarted"), 0);
 }
 
 /// Nor by rewriting whose call it is: the ids a guard may judge by (the
@@ -348,16 +357,7 @@ fn a_transform_cannot_forge_the_ids_a_guard_judges() {
         ],
     );
     let out = run(f.path(), rooted(&f));
-    assert!(f.file("victim.txt").exists(), "the forged call never ran");
-    let denied = out.named("ToolCallDenied");
-    assert_eq!(denied.len(), 1, "{denied:?}");
-    assert_eq!(denied[0]["by"], "hook:admin-only");
-    let hooks: Vec<&str> = out
-        .named("HookInvoked")
-        .iter()
-        .map(|e| e["outcome"].as_str().unwrap())
-        .collect();
-    assert_eq!(hooks, ["allow", "transformed", "deny"]);
+    denied_after_the_rewrite(&out, &f, "admin-only");
 }
 
 /// A tool step's result passes TOOL_CALL/post as a model's call's does: a

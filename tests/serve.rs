@@ -486,26 +486,17 @@ fn a_process_a_hosted_run_started_is_refused_by_the_tcp_listener() {
     let server = Server::start(dir.path(), &["--listen", "tcp:127.0.0.1:0"]);
     let addr = server.tcp();
     let (host, port) = addr.rsplit_once(':').unwrap();
-    std::fs::write(
-        dir.path().join("probe.py"),
-        [
+    common::serve::probe(
+        dir.path(),
+        &[
             "import socket",
             "token = open('.troupe/token').read().strip()",
             &format!("s = socket.create_connection(('{host}', {port}))"),
             "s.sendall(('GET /v1/runs HTTP/1.1\\r\\nHost: t\\r\\nConnection: close\\r\\n'",
             "           'Authorization: Bearer ' + token + '\\r\\n\\r\\n').encode())",
             "print(s.recv(4096).decode())",
-        ]
-        .join("\n"),
-    )
-    .unwrap();
-    let pipeline = dir.path().join("probe");
-    std::fs::create_dir(&pipeline).unwrap();
-    std::fs::write(
-        pipeline.join("pipeline.yaml"),
-        "id: probe\nentry: s\nstages:\n  s: { kind: tool, tool: Bash, args: { command: \"python3 probe.py\" } }\nnext:\n  s: end\n",
-    )
-    .unwrap();
+        ],
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_troupe"))
         .args(["submit", "probe", "--server", &format!("http://{addr}")])
         .args(["--root", dir.path().to_str().unwrap()])

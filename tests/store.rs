@@ -271,21 +271,27 @@ fn a_sqlite_file_of_another_program_is_refused_as_foreign_and_left_alone() {
 /// A store whose version reads 0, below or not a number, with its tables
 /// there, is damaged: not taken for one with no schema yet (which hid its
 /// runs, and failed its migration with SQLite's words).
+/// A store with one run whose `schema_version` is then set to `version`.
+fn store_at_version(version: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let (dir, path) = store_path();
+    Store::open(&path)
+        .unwrap()
+        .begin_run(&run_row("r", 1))
+        .unwrap();
+    Connection::open(&path)
+        .unwrap()
+        .execute(
+            "UPDATE meta SET value = ?1 WHERE key = 'schema_version'",
+            [version],
+        )
+        .unwrap();
+    (dir, path)
+}
+
 #[test]
 fn a_store_whose_version_is_below_one_is_corrupt() {
     for bad in ["0", "-1", "x"] {
-        let (_dir, path) = store_path();
-        Store::open(&path)
-            .unwrap()
-            .begin_run(&run_row("r", 1))
-            .unwrap();
-        Connection::open(&path)
-            .unwrap()
-            .execute(
-                "UPDATE meta SET value = ?1 WHERE key = 'schema_version'",
-                [bad],
-            )
-            .unwrap();
+        let (_dir, path) = store_at_version(bad);
         for e in [
             Store::open(&path).unwrap_err(),
             Store::open_read_only(&path).unwrap_err(),
@@ -297,18 +303,7 @@ fn a_store_whose_version_is_below_one_is_corrupt() {
 
 #[test]
 fn a_store_of_a_newer_schema_is_refused() {
-    let (_dir, path) = store_path();
-    Store::open(&path)
-        .unwrap()
-        .begin_run(&run_row("r", 1))
-        .unwrap();
-    Connection::open(&path)
-        .unwrap()
-        .execute(
-            "UPDATE meta SET value = '99' WHERE key = 'schema_version'",
-            [],
-        )
-        .unwrap();
+    let (_dir, path) = store_at_version("99");
     for e in [
         Store::open(&path).unwrap_err(),
         Store::open_read_only(&path).unwrap_err(),

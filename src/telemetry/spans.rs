@@ -646,6 +646,16 @@ mod tests {
         assert_eq!(capped("short"), "short");
     }
 
+    /// The spans `events` make, taken in order from `seq` 1.
+    fn spans_of(run: &str, events: Vec<Event>) -> Vec<Span> {
+        let mut book = SpanBook::new(run, false);
+        let mut done = Vec::new();
+        for (seq, e) in (1..).zip(&events) {
+            book.take(seq, e, &mut done);
+        }
+        done
+    }
+
     /// A request and a call dropped with their execution (cancelled) end
     /// with it, not in error at the run's end; a skipped stage is no
     /// error.
@@ -653,44 +663,25 @@ mod tests {
     fn what_an_execution_drops_ends_with_it_and_skipped_is_no_error() {
         let run = "01a22167-3058-7161-8dfe-293276497364";
         let exec = format!("{run}/w#0/1");
-        let mut book = SpanBook::new(run, false);
-        let mut done = Vec::new();
-        let mut seq = 0;
-        let mut take = |book: &mut SpanBook, e: Event, done: &mut Vec<Span>| {
-            seq += 1;
-            book.take(seq, &e, done);
-        };
-        take(
-            &mut book,
-            Event::new(EventName::WorkflowStarted, run).with("pipeline", "p"),
-            &mut done,
-        );
-        let at = |name| Event::new(name, run).stage("w", exec.as_str());
-        take(&mut book, at(EventName::StageEntered), &mut done);
-        take(
-            &mut book,
-            at(EventName::ProviderRequestStarted)
-                .with("turn", 1)
-                .with("try", 1),
-            &mut done,
-        );
-        take(
-            &mut book,
-            at(EventName::ToolInvocationStarted)
-                .tool("Echo")
-                .with("callId", "c"),
-            &mut done,
-        );
-        take(&mut book, at(EventName::StageCancelled), &mut done);
         let skipped = format!("{run}/s/1");
-        let at = |name| Event::new(name, run).stage("s", skipped.as_str());
-        take(&mut book, at(EventName::StageEntered), &mut done);
-        take(
-            &mut book,
-            at(EventName::StageExited)
-                .with("verdict", "skipped")
-                .with("reason", "gate"),
-            &mut done,
+        let at = |name, stage: &str, id: &str| Event::new(name, run).stage(stage, id);
+        let done = spans_of(
+            run,
+            vec![
+                Event::new(EventName::WorkflowStarted, run).with("pipeline", "p"),
+                at(EventName::StageEntered, "w", &exec),
+                at(EventName::ProviderRequestStarted, "w", &exec)
+                    .with("turn", 1)
+                    .with("try", 1),
+                at(EventName::ToolInvocationStarted, "w", &exec)
+                    .tool("Echo")
+                    .with("callId", "c"),
+                at(EventName::StageCancelled, "w", &exec),
+                at(EventName::StageEntered, "s", &skipped),
+                at(EventName::StageExited, "s", &skipped)
+                    .with("verdict", "skipped")
+                    .with("reason", "gate"),
+            ],
         );
         // Ended before the run's end, none in error.
         let names: Vec<&str> = done.iter().map(|s| s.name.as_str()).collect();

@@ -226,3 +226,18 @@ pub fn post(addr: &str, path: &str, headers: &str, body: &str) -> (u16, String, 
         ),
     )
 }
+
+/// Writes `probe.py` (the lines of `script`) in `dir`, and a pipeline
+/// `dir/probe` whose one step runs it with `Bash`: a run's own process,
+/// for the tests of what such a process may reach.
+pub fn probe(dir: &Path, script: &[&str]) -> PathBuf {
+    std::fs::write(dir.join("probe.py"), script.join("\n")).unwrap();
+    let pipeline = dir.join("probe");
+    std::fs::create_dir(&pipeline).unwrap();
+    std::fs::write(
+        pipeline.join("pipeline.yaml"),
+        "id: probe\nentry: s\nstages:\n  s: { kind: tool, tool: Bash, args: { command: \"python3 probe.py\" } }\nnext:\n  s: end\n",
+    )
+    .unwrap();
+    pipeline
+}
