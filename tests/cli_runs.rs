@@ -589,3 +589,49 @@ fn runs_show_of_a_stage_the_run_lacks_is_refused() {
     );
     stdout(&project, &["runs", "show", id, "--stage", "worker"]);
 }
+
+/// A store in a folder this user cannot write (another user's project, a
+/// read-only mount) is still listed and shown: SQLite's WAL mode wants a
+/// `-shm` file even to read, so it is read as a file no one writes. Run as
+/// `nobody` (through `setpriv`) where this test runs as root.
+#[test]
+fn a_store_this_user_cannot_write_is_still_read() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let setpriv = std::path::Path::new("/usr/bin/setpriv");
+    // `/proc/self` belongs to this process's user.
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    if !root || !setpriv.exists() {
+        eprintln!("note: skipped: needs root and setpriv to read as another user");
+        return;
+    }
+    let project = Project::new();
+    let done = project.fanout(3);
+    let id = done["runId"].as_str().unwrap();
+    std::fs::set_permissions(project.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let status = std::process::Command::new("chmod")
+        .args(["-R", "a-w,a+rX"])
+        .arg(project.path().join(".troupe"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let as_nobody = |args: &[&str]| {
+        std::process::Command::new(setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_troupe"))
+            .args(args)
+            .current_dir(project.path())
+            .output()
+            .unwrap()
+    };
+    let listed = as_nobody(&["runs", "--json"]);
+    if String::from_utf8_lossy(&listed.stderr).contains("Permission denied")
+        && listed.stdout.is_empty()
+    {
+        eprintln!("note: skipped: nobody cannot reach the binary here");
+        return;
+    }
+    assert_eq!(listed.status.code(), Some(0), "{}", said(&listed));
+    assert!(String::from_utf8_lossy(&listed.stdout).contains(id));
+    let shown = as_nobody(&["runs", "show", id, "--json"]);
+    assert_eq!(shown.status.code(), Some(0), "{}", said(&shown));
+}

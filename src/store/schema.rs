@@ -133,7 +133,48 @@ pub fn open_if_made(path: &Path) -> Result<Option<Connection>, StoreError> {
     .map_err(|e| StoreError::sqlite(path, &e))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| StoreError::sqlite(path, &e))?;
+    // A store in a folder this user cannot write (another user's project,
+    // a read-only mount): SQLite's WAL mode wants its `-shm` file even to
+    // read, and refuses. Read as a file no one writes (`immutable`): no
+    // other process can be writing where this one cannot.
+    let conn = match conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(())) {
+        Err(e)
+            if matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen)
+            ) =>
+        {
+            drop(conn);
+            let immutable = Connection::open_with_flags(
+                format!("file:{}?immutable=1", uri_path(path)),
+                OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                    | OpenFlags::SQLITE_OPEN_URI,
+            )
+            .map_err(|e| StoreError::sqlite(path, &e))?;
+            immutable
+                .busy_timeout(BUSY_TIMEOUT)
+                .map_err(|e| StoreError::sqlite(path, &e))?;
+            immutable
+        }
+        _ => conn,
+    };
     Ok((check_version(&conn, path)? > 0).then_some(conn))
+}
+
+/// `path` as a `file:` URI's path: `%`, `?` and `#` (and anything not
+/// printable ASCII) percent-encoded.
+fn uri_path(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::new();
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_graphic() && !matches!(b, b'%' | b'?' | b'#') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 fn configure(conn: &Connection, path: &Path) -> Result<(), StoreError> {
