@@ -135,8 +135,10 @@ pub fn open_if_made(path: &Path) -> Result<Option<Connection>, StoreError> {
         .map_err(|e| StoreError::sqlite(path, &e))?;
     // A store in a folder this user cannot write (another user's project,
     // a read-only mount): SQLite's WAL mode wants its `-shm` file even to
-    // read, and refuses. Read as a file no one writes (`immutable`): no
-    // other process can be writing where this one cannot.
+    // read, and refuses. Read as a file no one writes (`immutable`): on a
+    // read-only mount that is so; in another user's live project a read
+    // may miss (or, rarely, see half of) a commit made meanwhile, which a
+    // listing can bear and a refusal could not.
     let conn = match conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(())) {
         Err(e)
             if matches!(
