@@ -562,3 +562,20 @@ fn the_provider_is_checked_once_a_chat() {
     assert_eq!(probes, 1, "{received:?}");
     assert_eq!(server.chats().len(), 3);
 }
+
+/// `/clear` starts the conversation again: the next turn's history holds
+/// only what came after it.
+#[test]
+fn clear_starts_the_conversation_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = chat(dir.path(), &["--mode", "yolo"], "one\n/clear\ntwo\n");
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let latest = &turns(dir.path())[0];
+    let history: Vec<&str> = latest["ctx"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(history, ["two"], "{}", said(&out));
+}

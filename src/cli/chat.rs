@@ -257,7 +257,7 @@ pub fn run(args: &ChatArgs) -> Exit {
         mode.as_str(),
         tool_mode.offered.join(", "),
         if interactive {
-            "; Ctrl-D or /exit ends, Ctrl-C cancels a turn"
+            "; Ctrl-D or /exit ends, /clear starts the conversation again, Ctrl-C cancels a turn"
         } else {
             ""
         }
@@ -291,6 +291,14 @@ pub fn run(args: &ChatArgs) -> Exit {
         }
         if line == "/exit" {
             break;
+        }
+        // The conversation starts again (the budget goes on counting): a
+        // long one is sent whole every turn, and past the model's context
+        // every turn would fail.
+        if line == "/clear" {
+            history.clear();
+            let _ = writeln!(std::io::stderr(), "(the conversation starts again)");
+            continue;
         }
         // The budget is the conversation's: a turn over what the turns
         // before it used is refused, and the chat ends (exit 2).
