@@ -343,10 +343,11 @@ pub(super) fn descends_from(pid: i32, ancestor: i32, proc: &Path) -> bool {
 }
 
 /// Whether process `pid` runs a troupe binary: its executable is named
-/// `troupe…`, or is the very file this process runs. (A sealed troupe
-/// re-executes itself through `/proc/self/exe`, so its command name says
-/// `exe`; the link to its executable does not.) Another user's process,
-/// whose link cannot be read, is not taken for one.
+/// `troupe` (a binary replaced since reads `troupe (deleted)`), or is the
+/// very file this process runs. (A sealed troupe re-executes itself
+/// through `/proc/self/exe`, so its command name says `exe`; the link to
+/// its executable does not.) A user's own `troupe-deploy` script is not
+/// taken for one, nor another user's process, whose link cannot be read.
 fn is_troupe(pid: i32, proc: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(exe) = std::fs::read_link(proc.join(pid.to_string()).join("exe")) else {
@@ -355,7 +356,7 @@ fn is_troupe(pid: i32, proc: &Path) -> bool {
     let named = exe
         .file_name()
         .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("troupe"));
+        .is_some_and(|n| n.trim_end_matches(" (deleted)") == "troupe");
     let mine = || {
         let (Ok(theirs), Ok(ours)) = (
             std::fs::metadata(proc.join(pid.to_string()).join("exe")),
@@ -527,6 +528,17 @@ mod tests {
         ]);
         std::os::unix::fs::symlink("/opt/bin/troupe", dir.path().join("31/exe")).unwrap();
         std::os::unix::fs::symlink("/usr/bin/bash", dir.path().join("33/exe")).unwrap();
+        // A script of the user's named like troupe is not troupe.
+        std::fs::create_dir_all(dir.path().join("34")).unwrap();
+        std::fs::write(dir.path().join("34/stat"), "34 (troupe-deploy) S 1 1 1").unwrap();
+        std::fs::create_dir_all(dir.path().join("35")).unwrap();
+        std::fs::write(dir.path().join("35/stat"), "35 (curl) S 34 1 1").unwrap();
+        std::os::unix::fs::symlink("/home/me/bin/troupe-deploy", dir.path().join("34/exe"))
+            .unwrap();
+        assert!(
+            !descends_from(35, 99, dir.path()),
+            "a troupe-deploy script's child"
+        );
         assert!(descends_from(30, 99, dir.path()), "another troupe's shell");
         assert!(!descends_from(32, 99, dir.path()), "a login shell's child");
         assert!(
