@@ -688,3 +688,17 @@ fn a_fan_out_takes_its_own_cap_on_static_and_map_plans() {
     let d = single(&f, V::InvalidParallelPlan, "pipeline.yaml", 7);
     assert!(d.message.contains("cap is given twice"), "{d:#?}");
 }
+
+/// One bad part of a fan-out's `next` entry does not hide another: a
+/// `over:` that is not CEL and a `join:` that names no stage are both
+/// said at once.
+#[test]
+fn a_bad_over_does_not_hide_a_dangling_join() {
+    let f = Fixture::new(
+        "id: p\nentry: a\nstages:\n  a: { kind: print, content: x }\n  b: { kind: print, content: y }\nnext:\n  a: { parallel: { map: b, over: \"ctx.items.map(\" }, join: nosuch }\n  b: end\n",
+        &[],
+    );
+    let codes: Vec<V> = errors(&f).into_iter().map(|d| d.code).collect();
+    assert!(codes.contains(&V::ExpressionInvalid), "{codes:?}");
+    assert!(codes.contains(&V::StageJoinDangling), "{codes:?}");
+}

@@ -573,9 +573,14 @@ fn read_parallel(
                     None
                 }
             };
-            let stage = stage?;
+            let (Some(stage), Some(over)) = (stage.clone(), over) else {
+                // The entry's join is checked all the same: one bad part
+                // of an entry must not hide another until it is fixed.
+                let _ = read_join(node, field, stage.into_iter().collect(), r, doc);
+                return None;
+            };
             doc.map_targets.push(stage.clone());
-            Siblings::Map { stage, over: over? }
+            Siblings::Map { stage, over }
         }
         other => {
             r.report(
@@ -591,25 +596,35 @@ fn read_parallel(
             return None;
         }
     };
-    let join = match node.get("join").filter(|n| n.value != Value::Null) {
-        Some(n) => {
-            let id = r.string(n, &format!("{field}.join"))?;
-            let sibling_ids = siblings.stages().to_vec();
-            doc.joins.push(JoinRef {
-                join: id.clone(),
-                pos: n.pos,
-                siblings: sibling_ids,
-                field: format!("{field}.join"),
-            });
-            Some(id)
-        }
-        None => None,
-    };
+    let join = read_join(node, field, siblings.stages().to_vec(), r, doc)?;
     Some(ParallelPlan {
         siblings,
         join,
         cap,
     })
+}
+
+/// A parallel entry's `join:`, recorded for the check that it names a
+/// stage (and not one of `siblings`): `Some(None)` without one, `None`
+/// when it is not a string (said).
+fn read_join(
+    node: &Node,
+    field: &str,
+    siblings: Vec<String>,
+    r: &mut FieldReader<'_>,
+    doc: &mut PipelineDoc,
+) -> Option<Option<String>> {
+    let Some(n) = node.get("join").filter(|n| n.value != Value::Null) else {
+        return Some(None);
+    };
+    let id = r.string(n, &format!("{field}.join"))?;
+    doc.joins.push(JoinRef {
+        join: id.clone(),
+        pos: n.pos,
+        siblings,
+        field: format!("{field}.join"),
+    });
+    Some(Some(id))
 }
 
 /// A fan-out's own `cap:` (at least 1), if given.
