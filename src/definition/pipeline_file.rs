@@ -573,13 +573,17 @@ fn read_parallel(
                     None
                 }
             };
+            // A map target by intent, whatever its `over` came to (its
+            // `ctx.item` is not then refused as well).
+            if let Some(stage) = &stage {
+                doc.map_targets.push(stage.clone());
+            }
             let (Some(stage), Some(over)) = (stage.clone(), over) else {
                 // The entry's join is checked all the same: one bad part
                 // of an entry must not hide another until it is fixed.
                 let _ = read_join(node, field, stage.into_iter().collect(), r, doc);
                 return None;
             };
-            doc.map_targets.push(stage.clone());
             Siblings::Map { stage, over }
         }
         other => {
