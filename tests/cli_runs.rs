@@ -635,3 +635,30 @@ fn a_store_this_user_cannot_write_is_still_read() {
     let shown = as_nobody(&["runs", "show", id, "--json"]);
     assert_eq!(shown.status.code(), Some(0), "{}", said(&shown));
 }
+
+/// A run the store keeps whose audit log was deleted: export, tail (with
+/// or without `--follow`) and report say the log is gone
+/// (`Store/LogMissing`), not that the run ended empty, was killed, or
+/// was never there.
+#[test]
+fn a_run_whose_log_is_gone_says_so() {
+    let project = Project::new();
+    let done = project.fanout(3);
+    let id = done["runId"].as_str().unwrap();
+    std::fs::remove_file(project.audit_path(id)).unwrap();
+    let svg = project.path().join("r.svg");
+    for args in [
+        vec!["runs", "export", id],
+        vec!["runs", "tail", id],
+        vec!["runs", "tail", id, "--follow"],
+        vec!["report", id, "--svg", svg.to_str().unwrap()],
+    ] {
+        let out = project.output(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", said(&out));
+        assert!(
+            said(&out).contains("Store/LogMissing"),
+            "{args:?}: {}",
+            said(&out)
+        );
+    }
+}

@@ -121,6 +121,12 @@ fn write_report(args: &ReportArgs) -> Result<Vec<Written>, ReportError> {
         return Err(ReportError::NothingToWrite);
     }
     let (runs_dir, run_id, pipeline_dir) = locate(args)?;
+    // A run the store knows whose folder is there but whose log is not:
+    // gone, which is not a run that was never there.
+    let log = crate::auditlog::in_dir(&runs_dir.join(&run_id));
+    if runs_dir.join(&run_id).is_dir() && !log.exists() {
+        return Err(crate::store::StoreError::LogMissing { path: log }.into());
+    }
     for output in [&args.svg, &args.html].into_iter().flatten() {
         crate::store::error::refuse_output_in_run_folder(output, &runs_dir.join(&run_id))?;
     }

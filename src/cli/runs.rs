@@ -288,9 +288,16 @@ fn export(dir: &Path, output: Option<&Path>) -> Result<Exit, StoreError> {
         crate::store::error::refuse_output_in_run_folder(output, dir)?;
     }
     // The log first: a run without one leaves no empty --output behind.
-    auditlog::open_log(&log, false).map_err(|source| auditlog::AuditError::Io {
-        path: log.clone(),
-        source,
+    auditlog::open_log(&log, false).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            StoreError::LogMissing { path: log.clone() }
+        } else {
+            auditlog::AuditError::Io {
+                path: log.clone(),
+                source,
+            }
+            .into()
+        }
     })?;
     let mut sink: Box<dyn Write> = match output {
         Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(
@@ -379,6 +386,12 @@ fn tail_into(
 ) -> Result<Exit, StoreError> {
     let log = auditlog::in_dir(dir);
     warn_set_aside(&log);
+    // No log, and no process that could yet write one (a run starting,
+    // which `--follow` waits for): it is gone, not empty.
+    let may_come = follow && is_held(dir);
+    if !log.exists() && !may_come {
+        return Err(StoreError::LogMissing { path: log });
+    }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let io = |e: std::io::Error| {
         gone.set(e.kind() == std::io::ErrorKind::BrokenPipe);

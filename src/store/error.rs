@@ -64,6 +64,10 @@ pub enum StoreError {
     /// written inside the run's own folder, over its log or beside it.
     #[error("will not write {path}: it is inside the folder of the run being read ({dir})")]
     OutputInRunFolder { path: PathBuf, dir: PathBuf },
+    /// The run's folder is where the store says, its audit log is not
+    /// (moved or deleted).
+    #[error("the audit log {path} is gone (moved or deleted?)")]
+    LogMissing { path: PathBuf },
     /// There is no store at the path (nothing has run here yet).
     #[error("no store at {path} yet (a `troupe run` creates it)")]
     NoStore { path: PathBuf },
@@ -101,6 +105,7 @@ impl StoreError {
             StoreError::Io { .. } => "check the path and its permissions".to_owned(),
             StoreError::OutputInRunFolder { .. } => "write it outside the run's folder: that folder is troupe's, and its log is what is being read".to_owned(),
             StoreError::NoStore { .. } => "run from the project's folder, or point --store (or --runs-dir) at its store".to_owned(),
+            StoreError::LogMissing { .. } => "the run's results are still in the store: `troupe runs show <run>` prints them".to_owned(),
             StoreError::NotARunFolder { .. } => "nothing was deleted or written; delete the folder by hand if it is the run's".to_owned(),
             StoreError::AuditCorrupt { .. } => "the log's lines before the damage are intact: `troupe runs export <run>` prints them (a torn end, from a killed process, is not damage: resume repairs it)".to_owned(),
         }
@@ -140,6 +145,7 @@ impl HasCode for StoreError {
             StoreError::Io { .. } => "WriteFailed",
             StoreError::OutputInRunFolder { .. } => "OutputInRunFolder",
             StoreError::NoStore { .. } => "NoStore",
+            StoreError::LogMissing { .. } => "LogMissing",
             StoreError::NotARunFolder { .. } => "NotARunFolder",
             StoreError::AuditCorrupt { .. } => "AuditCorrupt",
         };
