@@ -13,8 +13,9 @@ use std::sync::OnceLock;
 static SEALED: OnceLock<Vec<(OsString, OsString)>> = OnceLock::new();
 
 /// Marks every descriptor troupe was started with, past stdin, stdout and
-/// stderr, close-on-exec: called first thing in `main`, while the process
-/// has one thread. A descriptor the caller left open (`7>>file`, a
+/// stderr, close-on-exec: called in `main` right after the seal (whose
+/// re-exec must carry them: a path such as `/dev/fd/63` names one), while
+/// the process has one thread. A descriptor the caller left open (`7>>file`, a
 /// harness's pipe, a socket) would otherwise pass to every shell, hook and
 /// MCP server troupe starts, and Landlock does not check a file already
 /// open: a sandboxed shell wrote outside its root through one. Everything

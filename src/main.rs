@@ -9,10 +9,12 @@ use clap::Parser;
 static GLOBAL: troupe::allocator::Mimalloc = troupe::allocator::Mimalloc;
 
 fn main() -> std::process::ExitCode {
-    // First of all: nothing troupe was handed open passes to what it
-    // starts, and the environment's secrets are hidden from it.
-    troupe::environ::close_inherited_on_exec();
+    // First of all: the environment's secrets are hidden from what troupe
+    // starts, and (in the final image, so that a descriptor given as a
+    // path, `--mcp <(…)` or `/dev/fd/3`, survives the seal's re-exec)
+    // nothing troupe was handed open passes to it.
     let args = troupe::cli::seal::seal();
+    troupe::environ::close_inherited_on_exec();
     let cli = troupe::cli::Cli::parse_from(args);
     troupe::cli::run(cli).into()
 }

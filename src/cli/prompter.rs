@@ -234,13 +234,13 @@ pub struct StdinPrompter {
 }
 
 impl StdinPrompter {
-    /// A prompter for this process's terminal. The terminal's reader
-    /// starts now, before any prompt: a line is stamped when it is read,
-    /// and one typed ahead (before troupe asked anything) and read only
-    /// once the first prompt was shown would pass as typed after it, and
-    /// answer it.
+    /// A prompter for this process's terminal. The terminal's reader starts
+    /// with the first prompt, not before: a reader running all along would
+    /// take the lines typed for the shell during the run, and stop a run in
+    /// the background (`SIGTTIN`). A line typed ahead of a prompt is
+    /// dropped when it is shown ([`shown_now`]), so starting late lets none
+    /// pass as typed after it.
     pub fn new() -> StdinPrompter {
-        let _ = stdin_lines();
         StdinPrompter {
             showing: Mutex::new(None),
         }
@@ -259,6 +259,10 @@ impl Prompter for StdinPrompter {
         let _turn = TERMINAL
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Only a line typed after this prompt was shown answers it. Marked
+        // before it is printed: a person who answers as soon as it shows
+        // must not have the answer taken for typed ahead (and dropped).
+        let shown_at = shown_now();
         let queued = if view.waiting > 0 {
             format!(" ({} more waiting)", view.waiting)
         } else {
@@ -302,8 +306,6 @@ impl Prompter for StdinPrompter {
             .showing
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wanted.clone());
-        // Only a line typed after this prompt was shown answers it.
-        let shown_at = shown_now();
         let line = read_line_since(|| wanted.still(), Some(shown_at));
         match line {
             None | Some(Err(_)) => None,
@@ -328,6 +330,11 @@ impl Prompter for StdinPrompter {
             .as_array()
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
+        // Only lines typed after the form was shown answer it: not one
+        // typed for an approval withdrawn meanwhile, which the person
+        // meant for that call (a `y` would answer a yes-or-no field they
+        // never saw). Marked before it is printed, as a prompt is.
+        let shown_at = shown_now();
         // The server's words, shown, not obeyed.
         let safe = |text: &str| super::output::terminal_safe(text).into_owned();
         say!(
@@ -335,11 +342,6 @@ impl Prompter for StdinPrompter {
             safe(&form.asker),
             safe(&form.message)
         );
-        // Only lines typed after the form was shown answer it: not one
-        // typed for an approval withdrawn meanwhile, which the person
-        // meant for that call (a `y` would answer a yes-or-no field they
-        // never saw).
-        let shown_at = shown_now();
         let mut content = serde_json::Map::new();
         let empty = serde_json::Map::new();
         let fields = form.schema["properties"].as_object().unwrap_or(&empty);

@@ -539,7 +539,10 @@ async fn host_run(
     limit: Arc<tokio::sync::Semaphore>,
     shutting: Arc<std::sync::atomic::AtomicBool>,
 ) {
-    let Job { prepared, control } = job;
+    let Job {
+        mut prepared,
+        control,
+    } = job;
     let id = prepared.run_id.clone();
     let shut = || shutting.load(std::sync::atomic::Ordering::SeqCst);
     let _place = match Arc::clone(&limit).try_acquire_owned() {
@@ -555,7 +558,11 @@ async fn host_run(
         }
     };
     // Cancelled by its client while it waited (or before): it never
-    // starts. Cancelled by the server's shutdown: it starts cancelled.
+    // starts. Cancelled by the server's shutdown: it starts cancelled,
+    // without asking its provider anything.
+    if shut() && control.cancel_asked() {
+        prepared.skip_check();
+    }
     if control.cancel_asked() && !shut() {
         drop(prepared);
         control.withdraw();

@@ -16,13 +16,15 @@
 //! take a process out of its descent. What cannot be traced is refused too
 //! (fails closed): a peer gone before it was traced (a command that
 //! connects, writes its request and exits), a chain of parents longer than
-//! any real one, a local TCP socket no process can be found holding (gone,
-//! or passed between processes as the trace looked, or another user's).
+//! any real one, a local TCP socket that is gone. A local TCP socket whose
+//! holder cannot be found (a non-dumpable troupe client's, whose
+//! descriptors its user cannot read) is let in: a socket passed between
+//! processes as the trace looks is not seen (SECURITY.md says so).
 //!
 //! A TCP listener is guarded by its token, but a command may read the
 //! token's file as its user can; so a TCP connection made from this
 //! machine is traced too: its socket in `/proc/net/tcp{,6}`, and whether
-//! a process troupe started holds it (or none can be found holding it).
+//! a process troupe started holds it.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -197,11 +199,9 @@ impl axum::serve::Listener for TcpOutsiders {
 
 /// Whether the TCP connection from `peer` to `ours` may have been made by
 /// a process troupe started: one of them holds its socket, or a local
-/// peer's socket cannot be traced to a holder (no process holds it: its
-/// request may still be on its way from one that exited, or it is in
-/// flight between two processes, passed as a descriptor while the trace
-/// looked). A peer on another machine is not traced (its token decides),
-/// nor is anything when there is no procfs.
+/// peer's socket is gone from the tables (inode 0) or not in them. A
+/// peer on another machine is not traced (its token decides), nor is
+/// anything when there is no procfs.
 fn made_inside(peer: SocketAddr, ours: SocketAddr, ancestor: i32, proc: &Path) -> bool {
     if proc_stat(proc, ancestor).is_none() {
         return false;
@@ -210,13 +210,14 @@ fn made_inside(peer: SocketAddr, ours: SocketAddr, ancestor: i32, proc: &Path) -
     let local = ip.is_loopback() || ip == ours.ip().to_canonical();
     match socket_inode(peer, ours, proc) {
         Some(0) => true,
-        Some(inode) => {
-            let holders = holders(inode, proc);
-            holders.is_empty()
-                || holders
-                    .iter()
-                    .any(|&pid| descends_from(pid, ancestor, proc))
-        }
+        // A socket no process can be found holding is let in: a holder
+        // this user cannot read (a troupe client, which makes itself
+        // non-dumpable; an ssh tunnel) is the common case, and refusing it
+        // refused the user's own `troupe submit`. A socket passed between
+        // processes as the trace looks goes unseen that way (SECURITY.md).
+        Some(inode) => holders(inode, proc)
+            .iter()
+            .any(|&pid| descends_from(pid, ancestor, proc)),
         None => local,
     }
 }
@@ -351,7 +352,17 @@ pub(super) fn descends_from(pid: i32, ancestor: i32, proc: &Path) -> bool {
 fn is_troupe(pid: i32, proc: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(exe) = std::fs::read_link(proc.join(pid.to_string()).join("exe")) else {
-        return false;
+        // A troupe makes itself non-dumpable, and its `exe` link cannot be
+        // read then, even by its user: its command line can.
+        return std::fs::read(proc.join(pid.to_string()).join("cmdline")).is_ok_and(|line| {
+            let mut args = line.split(|b| *b == 0);
+            let first = args.next().unwrap_or_default();
+            let named = first.rsplit(|b| *b == b'/').next() == Some(b"troupe".as_slice());
+            let sealed = args
+                .next()
+                .is_some_and(|a| a.starts_with(b"--sealed-env-fd="));
+            named || sealed
+        });
     };
     let named = exe
         .file_name()

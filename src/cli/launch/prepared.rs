@@ -344,6 +344,14 @@ pub enum Concluded {
 }
 
 impl Prepared {
+    /// Runs without the provider's capability check (a billed request):
+    /// for a run started only to be recorded cancelled.
+    pub fn skip_check(&mut self) {
+        if let Some((_, skip)) = &mut self.openai {
+            *skip = true;
+        }
+    }
+
     /// Stops the run's MCP server processes until its first call needs
     /// them (each starts again then): a run queued for a place of
     /// `troupe serve --max-runs` holds no idle servers while it waits.

@@ -11,10 +11,11 @@
 //! not at all; every other family (Unix sockets, netlink) as before. A
 //! refused socket fails with `EACCES`, as Landlock's refusals do.
 //!
-//! The filter is a small classic-BPF program written here, for x86-64 and
-//! aarch64; on another architecture, or for a program of the machine's
-//! compat ABI (i386 on x86-64), `socket` and `socketcall` are refused
-//! whole.
+//! io_uring, which makes sockets without a `socket()` call, is refused
+//! whole (`ENOSYS`). The filter is a small classic-BPF program written
+//! here, for x86-64 and aarch64; on another architecture, or for a program
+//! of the machine's compat ABI (i386 on x86-64), `socket` and `socketcall`
+//! are refused whole.
 
 #![allow(unsafe_code)]
 
@@ -44,6 +45,16 @@ const fn arg(i: u32) -> u32 {
 
 const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
 const EACCES: u32 = libc::SECCOMP_RET_ERRNO | libc::EACCES as u32;
+/// io_uring makes sockets (`IORING_OP_SOCKET`) where seccomp never sees a
+/// `socket()`: a denied shell opened an MPTCP one that way (found by
+/// review). It gets no io_uring at all, as if the kernel had none, which
+/// runtimes that use it (libuv) take as the cue to fall back.
+const ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+/// `io_uring_setup`, `io_uring_enter`, `io_uring_register`: the same
+/// numbers on every architecture (and compat ABI) troupe filters.
+const IO_URING_SETUP: u32 = 425;
+const IO_URING_ENTER: u32 = 426;
+const IO_URING_REGISTER: u32 = 427;
 
 #[cfg(target_arch = "x86_64")]
 mod native {
@@ -76,6 +87,12 @@ fn program() -> Vec<Op> {
         Label("native"),
         Load(NR),
         And(!native::X32),
+        JumpIf(IO_URING_SETUP, "no-uring", "not-setup"),
+        Label("not-setup"),
+        JumpIf(IO_URING_ENTER, "no-uring", "not-enter"),
+        Label("not-enter"),
+        JumpIf(IO_URING_REGISTER, "no-uring", "not-register"),
+        Label("not-register"),
         JumpIf(socket, "socket", "allow"),
         Label("socket"),
         Load(arg(0)),
@@ -102,6 +119,8 @@ fn program() -> Vec<Op> {
         JumpIf(libc::IPPROTO_UDP as u32, "allow", "deny"),
         Label("compat"),
         Load(NR),
+        JumpIf(IO_URING_SETUP, "no-uring", "compat-not-setup"),
+        Label("compat-not-setup"),
         JumpIf(compat_a, "deny", "compat-b"),
         Label("compat-b"),
         JumpIf(compat_b, "deny", "allow"),
@@ -109,6 +128,8 @@ fn program() -> Vec<Op> {
         Return(ALLOW),
         Label("deny"),
         Return(EACCES),
+        Label("no-uring"),
+        Return(ENOSYS),
     ]
 }
 
