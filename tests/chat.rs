@@ -79,6 +79,18 @@ fn turns(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The contents of a turn's conversation (its ctx `history`), of one
+/// role's messages when `role` is given.
+fn messages<'a>(turn: &'a Value, role: Option<&str>) -> Vec<&'a str> {
+    turn["ctx"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| role.is_none_or(|r| m["role"] == r))
+        .map(|m| m["content"].as_str().unwrap())
+        .collect()
+}
+
 fn audit(dir: &Path, run: &str) -> Vec<Value> {
     troupe::auditlog::read_text(
         &dir.join(".troupe/runs")
@@ -241,14 +253,12 @@ fn a_line_that_is_not_utf8_does_not_end_the_chat() {
     let out = chat(dir.path(), &["--mode", "yolo"], b"caf\xe9 au lait\nthird\n");
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     let latest = &turns(dir.path())[0];
-    let history: Vec<&str> = latest["ctx"]["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "user")
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
-    assert_eq!(history, ["caf\u{fffd} au lait", "third"], "{}", said(&out));
+    assert_eq!(
+        messages(latest, Some("user")),
+        ["caf\u{fffd} au lait", "third"],
+        "{}",
+        said(&out)
+    );
 }
 
 #[test]
@@ -266,13 +276,7 @@ fn a_failed_turn_keeps_the_conversation_and_ended_input_ends_the_chat() {
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     assert!(said(&out).contains("has no reply"), "{}", said(&out));
     let latest = &turns(dir.path())[0];
-    let history: Vec<&str> = latest["ctx"]["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
-    assert_eq!(history, ["first", "second", "third"]);
+    assert_eq!(messages(latest, None), ["first", "second", "third"]);
 }
 
 #[test]
@@ -571,11 +575,5 @@ fn clear_starts_the_conversation_again() {
     let out = chat(dir.path(), &["--mode", "yolo"], "one\n/clear\ntwo\n");
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     let latest = &turns(dir.path())[0];
-    let history: Vec<&str> = latest["ctx"]["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
-    assert_eq!(history, ["two"], "{}", said(&out));
+    assert_eq!(messages(latest, None), ["two"], "{}", said(&out));
 }

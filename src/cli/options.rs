@@ -136,6 +136,38 @@ pub struct RunFolder {
     pub pipeline: Option<PathBuf>,
 }
 
+/// Refuses an output path inside the run folder `dir`: a report or an
+/// export written there would replace the log being read (truncated
+/// before it was read, or renamed over it), or sit among troupe's files.
+/// A link is judged by where it leads; a path that does not exist yet by
+/// its folder.
+pub fn refuse_output_in_run_folder(
+    output: &Path,
+    dir: &Path,
+) -> Result<(), crate::store::StoreError> {
+    let Ok(dir) = std::fs::canonicalize(dir) else {
+        return Ok(());
+    };
+    let resolved = std::fs::canonicalize(output).ok().or_else(|| {
+        let parent = match output.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        Some(
+            std::fs::canonicalize(parent)
+                .ok()?
+                .join(output.file_name()?),
+        )
+    });
+    match resolved {
+        Some(at) if at.starts_with(&dir) => Err(crate::store::StoreError::OutputInRunFolder {
+            path: output.to_owned(),
+            dir,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Where run `id` is: where the run store at `store` says (it takes an id
 /// prefix), or, for a run kept with `--no-store` or a store that lacks
 /// it, the folder of that exact name in `runs_dir` when it holds an audit

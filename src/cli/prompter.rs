@@ -226,31 +226,16 @@ impl StdinReader {
 /// may be asked from two threads, and must not read the same lines.
 static TERMINAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Prompts on stderr and reads `y`/`n` from stdin.
-#[derive(Debug)]
+/// Prompts on stderr and reads `y`/`n` from stdin. The terminal's reader
+/// starts with the first prompt, not with the prompter: a reader running
+/// all along would take the lines typed for the shell during the run, and
+/// stop a run in the background (`SIGTTIN`). A line typed ahead of a
+/// prompt is dropped when it is shown ([`shown_now`]), so starting late
+/// lets none pass as typed after it.
+#[derive(Debug, Default)]
 pub struct StdinPrompter {
     /// The prompt being shown: withdrawn, it stops reading.
     showing: Mutex<Option<Wanted>>,
-}
-
-impl StdinPrompter {
-    /// A prompter for this process's terminal. The terminal's reader starts
-    /// with the first prompt, not before: a reader running all along would
-    /// take the lines typed for the shell during the run, and stop a run in
-    /// the background (`SIGTTIN`). A line typed ahead of a prompt is
-    /// dropped when it is shown ([`shown_now`]), so starting late lets none
-    /// pass as typed after it.
-    pub fn new() -> StdinPrompter {
-        StdinPrompter {
-            showing: Mutex::new(None),
-        }
-    }
-}
-
-impl Default for StdinPrompter {
-    fn default() -> StdinPrompter {
-        StdinPrompter::new()
-    }
 }
 
 impl Prompter for StdinPrompter {

@@ -128,7 +128,7 @@ fn write_report(args: &ReportArgs) -> Result<Vec<Written>, ReportError> {
         return Err(crate::store::StoreError::LogMissing { path: log }.into());
     }
     for output in [&args.svg, &args.html].into_iter().flatten() {
-        crate::store::error::refuse_output_in_run_folder(output, &runs_dir.join(&run_id))?;
+        super::options::refuse_output_in_run_folder(output, &runs_dir.join(&run_id))?;
     }
     let timeline = load_run(&runs_dir, &run_id)?;
     let opts = SvgOptions {

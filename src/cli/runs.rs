@@ -285,7 +285,7 @@ fn export(dir: &Path, output: Option<&Path>) -> Result<Exit, StoreError> {
     let log = auditlog::in_dir(dir);
     warn_set_aside(&log);
     if let Some(output) = output {
-        crate::store::error::refuse_output_in_run_folder(output, dir)?;
+        super::options::refuse_output_in_run_folder(output, dir)?;
     }
     // The log first: a run without one leaves no empty --output behind.
     auditlog::open_log(&log, false).map_err(|source| {

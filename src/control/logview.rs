@@ -77,11 +77,10 @@ pub struct LogView {
     /// (`--price`, `provider.prices`).
     pub price: Option<crate::definition::Price>,
     pub stages: BTreeMap<String, Executions>,
-    pub requests: Requests,
-    /// The same requests by the model asked when each was made, with what
-    /// they cost at the price in force then: a resume that changes the
-    /// model or the price leaves what came before as it was counted (a
-    /// `_total` series must never go down).
+    /// The run's model requests by the model asked when each was made,
+    /// with what they cost at the price in force then: a resume that
+    /// changes the model or the price leaves what came before as it was
+    /// counted (a `_total` series must never go down).
     pub by_model: BTreeMap<String, Spent>,
     /// Tool calls by (tool, outcome).
     pub tools: BTreeMap<(String, &'static str), u64>,
@@ -134,6 +133,16 @@ impl LogView {
     fn stage(&mut self, line: &str) -> &mut Executions {
         let stage = text(line, "stageId").unwrap_or("?").to_owned();
         self.stages.entry(stage).or_default()
+    }
+
+    /// The run's model requests, every model's together.
+    #[cfg(test)]
+    fn requests(&self) -> Requests {
+        let mut all = Requests::default();
+        for spent in self.by_model.values() {
+            all.add(&spent.requests);
+        }
+        all
     }
 
     /// What the model asked now has spent.
@@ -195,7 +204,6 @@ impl LogView {
             }
             "StageCancelled" => self.stage(line).cancelled += 1,
             "ProviderRequestStarted" if number(line, "try").is_some_and(|t| t > 1) => {
-                self.requests.retries += 1;
                 self.spent().requests.retries += 1;
             }
             "ProviderRequestCompleted" => {
@@ -203,9 +211,6 @@ impl LogView {
                     number(line, "promptTokens").unwrap_or(0),
                     number(line, "completionTokens").unwrap_or(0),
                 );
-                self.requests.completed += 1;
-                self.requests.input_tokens += input;
-                self.requests.output_tokens += output;
                 let price = self.price;
                 let spent = self.spent();
                 spent.requests.completed += 1;
@@ -215,10 +220,7 @@ impl LogView {
                     *spent.cost.get_or_insert(0.0) += price.cost(input, output);
                 }
             }
-            "ProviderRequestFailed" => {
-                self.requests.failed += 1;
-                self.spent().requests.failed += 1;
-            }
+            "ProviderRequestFailed" => self.spent().requests.failed += 1,
             "ToolInvocationSucceeded" => self.tool(line, "ok"),
             "ToolInvocationFailed" => self.tool(line, "failed"),
             "ToolInvocationCancelled" => self.tool(line, "cancelled"),
@@ -281,8 +283,8 @@ mod tests {
         assert_eq!(number(line, "nope"), None);
         let mut view = LogView::default();
         view.take(line);
-        assert_eq!(view.requests.completed, 1);
-        assert_eq!(view.requests.output_tokens, 41);
+        assert_eq!(view.requests().completed, 1);
+        assert_eq!(view.requests().output_tokens, 41);
         assert_eq!(view.last_seq, 7);
     }
 
@@ -305,7 +307,7 @@ mod tests {
         assert_eq!((m1.requests.completed, m2.requests.completed), (1, 1));
         assert!((m1.cost.unwrap() - 0.2).abs() < 1e-9, "{m1:?}");
         assert!((m2.cost.unwrap() - 0.0002).abs() < 1e-9, "{m2:?}");
-        assert_eq!(view.requests.completed, 2);
+        assert_eq!(view.requests().completed, 2);
     }
 
     #[test]

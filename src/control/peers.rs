@@ -175,9 +175,16 @@ impl axum::serve::Listener for TcpOutsiders {
         loop {
             let place = wait_for_place(&self.places).await;
             let (stream, addr) = axum::serve::Listener::accept(&mut self.listener).await;
-            let inside = stream
-                .local_addr()
-                .is_ok_and(|ours| made_inside(addr, ours, me(), Path::new("/proc")));
+            // The trace reads every process's descriptors: off the
+            // accepting task, which the listener's other clients wait on.
+            let inside = match stream.local_addr() {
+                Ok(ours) => tokio::task::spawn_blocking(move || {
+                    made_inside(addr, ours, me(), Path::new("/proc"))
+                })
+                .await
+                .unwrap_or(true),
+                Err(_) => false,
+            };
             if !inside {
                 let stream = Held {
                     stream,

@@ -163,7 +163,7 @@ pub fn prepare(launch: Launch, opts: &RunOptions, host: &Host) -> Result<Prepare
     let questions = remote.then(|| Arc::new(QuestionDesk::default()));
     if !host.server && !opts.headless && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         interactors.push(InteractorSpec::Terminal(Arc::new(
-            crate::cli::prompter::StdinPrompter::new(),
+            crate::cli::prompter::StdinPrompter::default(),
         )));
     }
     // An answers file answers what its rules match; the rest it leaves to
