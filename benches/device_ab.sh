@@ -29,6 +29,11 @@ for b in "$@"; do
 done
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
+# Each file starts empty: a second call into the same folder (a warm
+# machine keeps its /tmp) must not carry the first one's lines.
+for f in ab_threads.json ab_failfast.json ab_residence.txt ab.err steps.txt; do
+    : >"$out/$f"
+done
 scale=${SCALE:-1}
 w100k=$((100000 / scale)) w50k=$((50000 / scale)) w10k=$((10000 / scale))
 runs=$(mktemp -d)
