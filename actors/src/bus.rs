@@ -453,6 +453,12 @@ impl<E: BusEvent> EventBus<E> {
         self.shared.observers.store(0, Ordering::Relaxed);
     }
 
+    /// Whether `self` and `other` are handles on the same bus.
+    #[must_use]
+    pub fn same(&self, other: &EventBus<E>) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Whether any live subscriber receives observer events. Publishers of
     /// observer events (progress, phase markers) check this first and skip
     /// building events no one would see. A subscriber that was dropped counts

@@ -118,6 +118,15 @@ impl Note {
     /// in flight) once, with the phase, attempt and turn it was in; nothing
     /// for an execution that exits.
     pub(super) fn record_cancelled(&self) {
+        let mut events = Vec::new();
+        self.cancelled_events(&mut events);
+        self.bus.publish_all(&mut events);
+    }
+
+    /// What [`Note::record_cancelled`] publishes, pushed onto `events` for
+    /// the caller to publish (before anything else is published on this
+    /// thread); marks the cancellation recorded.
+    fn cancelled_events(&self, events: &mut Vec<Event>) {
         if self.end.get() != End::Open {
             return;
         }
@@ -135,20 +144,20 @@ impl Note {
             None => FieldValue::Static(TURN_CANCELLED),
         };
         for (id, name) in &whereabouts.tool_calls {
-            self.bus.publish(
+            events.push(
                 self.event(EventName::ToolInvocationCancelled)
                     .tool(Arc::clone(name))
                     .with("callId", Arc::clone(id)),
             );
         }
         if whereabouts.question {
-            self.bus.publish(
+            events.push(
                 self.event(EventName::InteractionAnswered)
                     .with_static("kind", "question")
                     .with_static("outcome", "withdrawn"),
             );
         }
-        self.bus.publish(
+        events.push(
             self.event(EventName::StageCancelled)
                 .with("reason", reason)
                 .with_static("phase", whereabouts.phase)
@@ -216,12 +225,38 @@ pub fn record_under(scope: &ScopeKey) {
     let Some(roll) = take(scope) else {
         return;
     };
+    // Published a batch at a time: one at a time, each publish handed the
+    // audit log a parcel of one event (and as often as not woke its
+    // thread), and with one thread 10 000 cancellations took 14 ms on 16
+    // cores (BENCHMARKS.md, "Every core, twenty-ninth round").
+    let mut events = Vec::with_capacity(RECORD_BATCH);
+    let mut on: Option<EventBus<Event>> = None;
     for note in roll.notes.iter().filter_map(Weak::upgrade) {
-        if note.scope.is_cancelled() {
-            note.record_cancelled();
+        if !note.scope.is_cancelled() {
+            continue;
+        }
+        // Every execution of a run publishes on its one bus; a roll that
+        // held two would publish each one's batch on its own.
+        if let Some(bus) = on.as_ref().filter(|bus| !bus.same(&note.bus)) {
+            bus.publish_all(&mut events);
+        }
+        if !on.as_ref().is_some_and(|bus| bus.same(&note.bus)) {
+            on = Some(note.bus.clone());
+        }
+        note.cancelled_events(&mut events);
+        if events.len() >= RECORD_BATCH
+            && let Some(bus) = &on
+        {
+            bus.publish_all(&mut events);
         }
     }
+    if let Some(bus) = &on {
+        bus.publish_all(&mut events);
+    }
 }
+
+/// Events a roll publishes together: a parcel's worth for the audit log.
+const RECORD_BATCH: usize = 256;
 
 /// Forgets the executions enrolled under a scope that has gone.
 pub fn forget(key: &ScopeKey) {
@@ -293,6 +328,50 @@ mod tests {
         assert!(
             cancelled_ids(&rx).is_empty(),
             "a forgotten roll records nothing"
+        );
+    }
+
+    #[test]
+    fn a_roll_records_in_batches_in_its_order_each_on_its_own_bus() {
+        let (bus, other_bus) = (EventBus::new(), EventBus::new());
+        let (rx, other_rx) = (
+            bus.subscribe_audit("test", 1 << 12),
+            other_bus.subscribe_audit("test", 1 << 12),
+        );
+        let group = CancelScope::root();
+        // More than a batch, with an execution of another bus among them
+        // (a roll holds one run's, but nothing here assumes it).
+        let width = 2 * RECORD_BATCH + 7;
+        let notes: Vec<_> = (0..width)
+            .map(|n| {
+                let on = if n == RECORD_BATCH / 2 {
+                    &other_bus
+                } else {
+                    &bus
+                };
+                note(on, group.child(), n)
+            })
+            .collect();
+        for n in &notes {
+            enrol(n);
+        }
+        notes[3].exiting();
+        group.cancel("sibling failed");
+        record_under(&group.key());
+        let expected: Vec<String> = (0..width)
+            .filter(|n| *n != 3 && *n != RECORD_BATCH / 2)
+            .map(|n| format!("run/w#{n}/1"))
+            .collect();
+        assert_eq!(cancelled_ids(&rx), expected);
+        assert_eq!(
+            cancelled_ids(&other_rx),
+            [format!("run/w#{}/1", RECORD_BATCH / 2)]
+        );
+        assert!(
+            notes
+                .iter()
+                .enumerate()
+                .all(|(n, note)| note.cancel_recorded() == (n != 3))
         );
     }
 
