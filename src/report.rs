@@ -23,7 +23,7 @@ pub use html::render_html;
 pub use layout::{Bin, Row, RowBudget, rows};
 pub use store::{audit_path, load_run};
 pub use summary::{StageSummary, stage_summaries};
-pub use svg::{SvgOptions, render_svg};
+pub use svg::{SvgOptions, render_svg, svg_style_source};
 pub use timeline::{
     ApprovalWait, Execution, Group, Item, Micros, Outcome, Retry, Role, RunInfo, RunStatus,
     Timeline,

@@ -184,6 +184,18 @@ impl Driver {
         v["value"].as_str().unwrap_or_default().to_owned()
     }
 
+    /// What `script` returns, run in the page (WebDriver's own way in,
+    /// which the page's policy does not govern).
+    fn eval(&self, script: &str) -> Value {
+        self.session_call(
+            "POST",
+            "/execute/sync",
+            Some(json!({"script": script, "args": []})),
+        )
+        .unwrap()["value"]
+            .take()
+    }
+
     /// The text of what `css` matches now ("" when nothing does).
     fn text_of(&self, css: &str) -> String {
         self.find(css).map(|e| self.text(&e)).unwrap_or_default()
@@ -305,6 +317,34 @@ fn the_dashboard_shows_counts_moving_and_takes_an_approval_and_an_answer() {
     });
     assert!(later > first);
     until("the timeline", || browser.find("#timeline svg"));
+    // The page's policy: its own style and the timeline's apply, and
+    // markup that would run script inline does not run it (the session is
+    // in this origin's localStorage).
+    assert_eq!(
+        browser.eval("return getComputedStyle(document.body).fontSize"),
+        "14px",
+        "dashboard.css applies"
+    );
+    assert_eq!(
+        browser.eval(
+            "const s = getComputedStyle(document.querySelector('#timeline svg text.sub')); return s.fontSize + ' ' + s.fill"
+        ),
+        "11px rgb(84, 110, 122)",
+        "the timeline's <style> applies (allowed by its hash)"
+    );
+    browser.eval(
+        "document.body.insertAdjacentHTML('beforeend', '<img src=\"data:,\" onerror=\"window.ran = 1\" onload=\"window.ran = 1\">'); return null",
+    );
+    until("the injected image to load or fail", || {
+        Some(()).filter(|()| {
+            browser.eval("return document.querySelector('img[onerror]').complete") == true
+        })
+    });
+    assert_eq!(
+        browser.eval("return window.ran === undefined"),
+        true,
+        "an inline handler ran under the dashboard's policy"
+    );
     assert_eq!(browser.text_of("#run-status"), "running");
     browser.click(&browser.wait_for("#cancel"));
     let mut seen = String::new();

@@ -303,6 +303,14 @@ fn the_tcp_listener_wants_the_token_and_guards_the_dashboard_session() {
         &format!("Authorization: Bearer {token}\r\n"),
     );
     assert_eq!(status, 200, "{body}");
+    let (status, head, _) = get(&addr, "/", "");
+    let policy =
+        (head.contains("script-src 'self';") && !head.contains("unsafe-inline")).then_some(status);
+    assert_eq!(
+        policy,
+        Some(200),
+        "the page, with no inline script allowed: {head}"
+    );
 
     // The login link works once, and gives a session: a page that keeps it
     // in its origin's localStorage (no cookie, which a browser would send
@@ -316,7 +324,7 @@ fn the_tcp_listener_wants_the_token_and_guards_the_dashboard_session() {
     let (status, head, page) = get(&addr, path, "");
     assert_eq!(status, 200, "{head}");
     assert!(!head.to_ascii_lowercase().contains("set-cookie"), "{head}");
-    let kept = page.split("setItem(\"troupe_session\", \"").nth(1).unwrap();
+    let kept = page.split("\"troupe-session\" content=\"").nth(1).unwrap();
     let session = format!("X-Troupe-Session: {}", &kept[..kept.find('"').unwrap()]);
     let (again, _, _) = get(&addr, path, "");
     assert_eq!(again, 401, "the link works once");

@@ -181,8 +181,10 @@ impl Auth {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(session.clone(), Instant::now());
         // The session is hex (`random_hex`): nothing in it needs escaping.
+        // The page's script is a file of its own (`/login.js`): the policy
+        // allows no inline script.
         let page = format!(
-            "<!doctype html><meta charset=\"utf-8\"><title>troupe</title><script>localStorage.setItem(\"troupe_session\", \"{session}\"); location.replace(\"/\");</script>"
+            "<!doctype html><meta charset=\"utf-8\"><title>troupe</title><meta name=\"troupe-session\" content=\"{session}\"><script src=\"/login.js\"></script>"
         );
         (
             StatusCode::OK,
@@ -192,7 +194,7 @@ impl Auth {
                 (header::REFERRER_POLICY, "no-referrer"),
                 (
                     header::CONTENT_SECURITY_POLICY,
-                    "default-src 'none'; script-src 'unsafe-inline'",
+                    super::dashboard::LOGIN_POLICY,
                 ),
             ],
             page,
@@ -208,9 +210,11 @@ pub async fn gate(State(auth): State<Arc<Auth>>, request: Request, next: Next) -
     if request.uri().path() == "/login" {
         return auth.login(request.uri().query());
     }
-    // The dashboard's page: no data, its script asks for that with the
-    // session.
-    if request.uri().path() == "/" && matches!(*request.method(), Method::GET | Method::HEAD) {
+    // The dashboard's page and its files: no data, its script asks for
+    // that with the session.
+    if super::dashboard::FILES.contains(&request.uri().path())
+        && matches!(*request.method(), Method::GET | Method::HEAD)
+    {
         return next.run(request).await;
     }
     let headers = request.headers();

@@ -263,6 +263,9 @@ impl Drop for ControlServer {
 pub fn router(hosted: Arc<Hosted>) -> Router {
     Router::new()
         .route("/", get(super::dashboard::page))
+        .route("/dashboard.js", get(super::dashboard::script))
+        .route("/dashboard.css", get(super::dashboard::style))
+        .route("/login.js", get(super::dashboard::login_script))
         .route("/metrics", get(super::metrics::metrics))
         .route("/v1/runs", get(list_runs).post(submit))
         .route("/v1/runs/{id}", get(describe))

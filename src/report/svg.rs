@@ -57,6 +57,34 @@ const STYLE: &str = "text{font:11px sans-serif;fill:#263238}\
 .running{fill:#90caf9;stroke:#1e88e5}\
 .cap{stroke:#c62828;stroke-dasharray:5 3}.captext{fill:#c62828}";
 
+/// The timeline's `<style>` as a content security policy names it
+/// (`sha256-` and the base64 of its digest): the dashboard draws the
+/// timeline inline under a policy that allows no other inline style.
+pub fn svg_style_source() -> String {
+    use sha2::Digest;
+    format!("sha256-{}", base64(&sha2::Sha256::digest(STYLE.as_bytes())))
+}
+
+/// Standard base64, padded (RFC 4648 §4), as a policy's hash is written.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// The timeline as an SVG document.
 pub fn render_svg(t: &Timeline, opts: &SvgOptions) -> String {
     let rows = rows(t, opts.rows);
@@ -580,4 +608,47 @@ fn strip(out: &mut String, t: &Timeline, s: &Scale, c: &Concurrency, top: f64) {
         );
     }
     out.push_str("</g>\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_is_rfc_4648s() {
+        // RFC 4648 §10's vectors.
+        for (text, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(text.as_bytes()), encoded, "{text:?}");
+        }
+        assert_eq!(base64(&[0xfb, 0xff, 0xbf]), "+/+/");
+    }
+
+    #[test]
+    fn the_style_source_is_the_digest_of_what_the_svg_holds() {
+        use sha2::Digest;
+        let log = include_str!("../../tests/fixtures/report/runs/run-1/audit.jsonl");
+        let timeline = Timeline::from_audit(log.as_bytes()).expect("the fixture reads");
+        let svg = render_svg(&timeline, &SvgOptions::default());
+        let inline = svg
+            .split("<style>")
+            .nth(1)
+            .and_then(|rest| rest.split("</style>").next())
+            .expect("a <style> element");
+        assert_eq!(inline, STYLE);
+        // The empty string's SHA-256, as browsers name it in their
+        // console when a policy refuses an empty <style>.
+        assert_eq!(
+            base64(&sha2::Sha256::digest(b"")),
+            "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="
+        );
+        assert!(svg_style_source().starts_with("sha256-"));
+    }
 }
