@@ -50,6 +50,14 @@ impl ScopeKey {
         self.0.strong_count() > 0
     }
 
+    /// Stops the scope ([`CancelScope::stop`]) if it still exists: a
+    /// scope nobody holds any more has nothing left to stop.
+    pub fn stop(&self) {
+        if let Some(node) = self.0.upgrade() {
+            CancelScope(node).stop();
+        }
+    }
+
     /// Whether the scope exists and is cancelled.
     pub fn is_cancelled(&self) -> bool {
         self.0

@@ -15,7 +15,7 @@ use super::executor::{Executor, LocalExecutor};
 use super::planner::{PlanCommand, PlanEvent, Planner};
 use super::protocol::{ExecKey, RunFinished, Slot, ToScheduler, sibling_failed_reason};
 use crate::error::HasCode;
-use crate::runtime::cancel::{CancelScope, TURN_CANCELLED};
+use crate::runtime::cancel::{CancelScope, ScopeKey, TURN_CANCELLED};
 use crate::runtime::interaction::InteractionHub;
 use crate::runtime::spec::RunSpec;
 
@@ -35,7 +35,7 @@ pub struct Scheduler {
     /// The arbiters executions run on (`RunSettings::threads` > 1).
     arbiters: Vec<ArbiterHandle>,
     /// The scopes of the live executions, by turn and slot.
-    live: super::FastMap<(u64, Slot), CancelScope>,
+    live: super::FastMap<(u64, Slot), Live>,
     /// The current parallel group's scope, by session turn.
     group: Option<(u64, CancelScope)>,
     finished: bool,
@@ -50,6 +50,27 @@ pub struct Scheduler {
     /// Handling a [`ToScheduler::Batch`]: what its letters start is
     /// started once all of them are handled, not after each.
     batching: bool,
+}
+
+/// How the scheduler reaches a live execution's scope to stop it alone.
+enum Live {
+    /// The execution holds its scope while it can run: the scheduler keeps
+    /// only its key. A sibling's scope is then dropped on its arbiter, and
+    /// with it the scope's place in the cancellation tree, which the
+    /// scheduler's thread had to take apart (locking the parent's node,
+    /// which other threads had just written) for every sibling.
+    Held(ScopeKey),
+    /// The scheduler keeps the scope (an executor that may drop its own).
+    Kept(CancelScope),
+}
+
+impl Live {
+    fn stop(&self) {
+        match self {
+            Live::Held(key) => key.stop(),
+            Live::Kept(scope) => scope.stop(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -139,7 +160,12 @@ impl Scheduler {
                         asked.push(spawn.exec.clone());
                     }
                     let scope = executor.start(*spawn, &parent, group);
-                    self.live.insert(key, scope);
+                    let live = if executor.executions_hold_their_scopes() {
+                        Live::Held(scope.key())
+                    } else {
+                        Live::Kept(scope)
+                    };
+                    self.live.insert(key, live);
                 }
                 PlanCommand::Grant { unit } => granted.push(unit),
                 // A started execution stops when its scope is cancelled;

@@ -57,6 +57,14 @@ pub trait Executor: std::fmt::Debug {
 
     /// Starts every execution held since [`Executor::hold`].
     fn flush(&mut self) {}
+
+    /// Whether every execution this executor starts holds its own scope
+    /// for as long as it can still run (so the scheduler need only keep a
+    /// [`ScopeKey`](crate::runtime::cancel::ScopeKey) to stop it). An
+    /// executor that does not say so has the scheduler keep the scope.
+    fn executions_hold_their_scopes(&self) -> bool {
+        false
+    }
 }
 
 /// The local pool: each execution is a [`StageActor`], started on one of
@@ -301,6 +309,12 @@ impl Executor for LocalExecutor {
 
     fn hold(&mut self) {
         self.holding = !self.arbiters.is_empty();
+    }
+
+    /// The start (held, or on its way to its arbiter) and then the stage
+    /// actor hold each execution's scope until it ends.
+    fn executions_hold_their_scopes(&self) -> bool {
+        true
     }
 
     fn flush(&mut self) {

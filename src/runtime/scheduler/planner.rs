@@ -189,6 +189,9 @@ pub struct Planner {
     stages: super::FastMap<String, Shared>,
     /// The upstream of a sibling: none, shared.
     no_upstream: Arc<Vec<Kept>>,
+    /// The name of the sibling being spawned, kept between spawns: a copy
+    /// made for each was an allocation per sibling on this thread.
+    spawning: String,
     /// What a resumed run already has.
     restore: Restore,
     /// Every result of the run, in the order the executions ended
@@ -236,6 +239,7 @@ impl Planner {
             observed: true,
             stages,
             no_upstream: Arc::default(),
+            spawning: String::new(),
             restore: Restore::default(),
             all_results: Vec::new(),
             fan_out: Vec::new(),

@@ -205,7 +205,9 @@ impl Planner {
         let Current::Group(g) = &self.current else {
             return;
         };
-        let stage = g.sibling_stage(unit).to_owned();
+        let mut stage = std::mem::take(&mut self.spawning);
+        stage.clear();
+        stage.push_str(g.sibling_stage(unit));
         let (index, item) = match &g.items {
             Some(items) => (Some(unit), items.get(unit).cloned()),
             None => (None, None),
@@ -215,6 +217,7 @@ impl Planner {
         let no_upstream = Arc::clone(&self.no_upstream);
         let ctx = self.context(&stage, index, visit, no_upstream, slot, item);
         self.spawn(Slot::Unit(unit), &stage, ctx, index, visit, out);
+        self.spawning = stage;
     }
 
     /// The group failed: the scheduler cancels its scope (siblings the
