@@ -565,3 +565,105 @@ async fn an_empty_event_in_a_stream_is_skipped() {
     let reply = p.complete(hello()).await.unwrap();
     assert_eq!(reply.text.as_deref(), Some("hi"));
 }
+
+/// A try the server billed is charged: a reply with no choices, an error
+/// inside a stream after its usage, a stream cut by a reset. A stream the
+/// model finished is taken even when the connection drops before
+/// `[DONE]`, and counts the server got wrong do not cost the turn.
+#[tokio::test]
+async fn failed_tries_keep_their_usage_and_finished_streams_are_taken() {
+    use troupe::provider::Usage;
+    let usage = |prompt, completion| Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        requests: 1,
+    };
+    let call = r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"Echo","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#;
+    let usage_chunk = r#"{"choices":[],"usage":{"prompt_tokens":300,"completion_tokens":30}}"#;
+    let plain = |body: &str| Reply::Raw {
+        content_type: "application/json".into(),
+        body: body.into(),
+    };
+    /// The usage taken, or the failure's code and the usage it carries.
+    type Expected = Result<Usage, (&'static str, Option<Usage>)>;
+    let cases: Vec<(Reply, Expected)> = vec![
+        (
+            Reply::EventsThenBreak(vec![call.into(), usage_chunk.into()]),
+            Ok(usage(300, 30)),
+        ),
+        (
+            Reply::EventsThenBreak(vec![call.into()]),
+            Ok(Usage {
+                requests: 1,
+                ..Usage::default()
+            }),
+        ),
+        (
+            Reply::EventsThenBreak(vec![usage_chunk.into()]),
+            Err(("ProviderTransient/ConnectionFailed", Some(usage(300, 30)))),
+        ),
+        (
+            Reply::Events(vec![
+                usage_chunk.into(),
+                r#"{"error":{"message":"overloaded","code":503}}"#.into(),
+            ]),
+            Err(("ProviderTransient/ServerError", Some(usage(300, 30)))),
+        ),
+        (
+            plain(r#"{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":1000}}"#),
+            Err(("ProviderTransient/EmptyChoices", Some(usage(1000, 1000)))),
+        ),
+        (
+            plain(
+                r#"{"error":{"message":"busy","code":503},"usage":{"prompt_tokens":7,"completion_tokens":0}}"#,
+            ),
+            Err(("ProviderTransient/ServerError", Some(usage(7, 0)))),
+        ),
+        (
+            plain(r#"{"choices":[]}"#),
+            Err(("ProviderTransient/EmptyChoices", None)),
+        ),
+    ];
+    for (reply, expected) in cases {
+        let described = format!("{reply:?}");
+        let server = FakeOpenAi::start(move |_| reply.clone());
+        let p = provider(&server, |_| {});
+        let got = p.complete(hello()).await;
+        match (&got, expected) {
+            (Ok(response), Ok(usage)) => assert_eq!(response.usage, usage, "{described}"),
+            (Err(e), Err((code, usage))) => {
+                assert_eq!(e.code().to_string(), code, "{described}");
+                assert_eq!(e.usage(), usage, "{described}");
+            }
+            _ => panic!("{described}: {}", self::code(&got)),
+        }
+        assert_eq!(server.chats().len(), 1, "one request: {described}");
+    }
+    // Counts a server got wrong read as the nearest count.
+    for (counts, expected) in [
+        (
+            r#""prompt_tokens":-5,"completion_tokens":12.0"#,
+            usage(0, 12),
+        ),
+        (
+            r#""prompt_tokens":"12","completion_tokens":2.6"#,
+            usage(12, 3),
+        ),
+        (
+            r#""prompt_tokens":18446744073709551616,"completion_tokens":null"#,
+            usage(u64::MAX, 0),
+        ),
+        (
+            r#""prompt_tokens":{"cached":1},"completion_tokens":[1]"#,
+            usage(0, 0),
+        ),
+    ] {
+        let body = format!(
+            r#"{{"choices":[{{"index":0,"message":{{"role":"assistant","content":"hi"}},"finish_reason":"stop"}}],"usage":{{{counts}}}}}"#
+        );
+        let server = FakeOpenAi::start(move |_| plain(&body));
+        let p = provider(&server, |_| {});
+        let got = p.complete(hello()).await;
+        assert_eq!(got.map(|r| r.usage).ok(), Some(expected), "{counts}");
+    }
+}

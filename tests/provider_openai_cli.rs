@@ -503,3 +503,91 @@ fn the_pipeline_provider_block_is_read_and_flags_win() {
     }
     assert!(stdout.contains("Validation/PipelineInvalid"), "{stdout}");
 }
+
+/// What the server bills is what the run counts: a failed try's tokens
+/// go to the budget (here tripping it on the first try), a try the
+/// stage's timeout cuts off counts as a request and its end is recorded,
+/// and a server that reports no usage is named once.
+#[test]
+fn failed_and_cut_off_tries_count_and_unreported_usage_is_said() {
+    let billed_empty = || Reply::Raw {
+        content_type: "application/json".into(),
+        body: r#"{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":1000}}"#.into(),
+    };
+    let server = FakeOpenAi::start(move |r| match r.completion_tool().as_str() {
+        "submit_items" => billed_empty(),
+        _ => pipeline_responder(r),
+    });
+    let runs = tempfile::tempdir().unwrap();
+    let out = run_cli(
+        &server,
+        runs.path(),
+        &stages("fanout"),
+        &["--ctx", "width=1", "--max-tokens", "500", "--json"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["usage"]["promptTokens"], 1000, "{report}");
+    assert!(
+        report["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("Budget/TokensExceeded")),
+        "{report}"
+    );
+    let tries = audit(runs.path())
+        .iter()
+        .filter(|e| e["event"] == "ProviderRequestStarted")
+        .count();
+    assert_eq!(tries, 1, "no try after the one that spent the budget");
+
+    // The worker's request hangs past --stage-timeout; its replies carry
+    // no usage (the plan's either: the responder drops it).
+    let server = FakeOpenAi::start(|r| {
+        if r.is_probe() {
+            return pipeline_responder(r);
+        }
+        if r.completion_tool() == "submit_item" {
+            return Reply::Hang;
+        }
+        match pipeline_responder(r) {
+            reply @ (Reply::Calls(_) | Reply::Text(_)) => {
+                let mut body = fake_openai::completion(&reply, "m", (0, 0));
+                body.as_object_mut().unwrap().remove("usage");
+                Reply::Raw {
+                    content_type: "application/json".into(),
+                    body: body.to_string(),
+                }
+            }
+            other => other,
+        }
+    });
+    let runs = tempfile::tempdir().unwrap();
+    let out = run_cli(
+        &server,
+        runs.path(),
+        &stages("fanout"),
+        &["--ctx", "width=1", "--stage-timeout", "1s", "--json"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let events = audit(runs.path());
+    let of = |name: &str, stage: &str| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e["event"] == name && e["stageId"] == stage)
+            .cloned()
+            .collect()
+    };
+    let failed = of("ProviderRequestFailed", "worker");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["code"], "Session/StageTimeout");
+    let exited = of("StageExited", "worker");
+    assert_eq!(exited[0]["usage"]["requests"], 1, "{exited:?}");
+    let notices = of("ProviderNotice", "plan");
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0]["code"], "UsageUnreported");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("reports no token usage"),
+        "{}",
+        text(&out)
+    );
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::definition::duration::parse_positive_duration;
 use crate::definition::{Pipeline, Price};
 use crate::provider::Usage;
-use crate::runtime::limits::{Budget, BudgetExceeded};
+use crate::runtime::limits::{Budget, BudgetExceeded, SetBy};
 
 /// `troupe run`'s limits.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -77,7 +77,21 @@ impl LimitArgs {
         if max_tokens.is_none() && max_cost.is_none() && price.is_none() {
             return Ok(None);
         }
-        Ok(Some(Arc::new(Budget::new(max_tokens, max_cost, price))))
+        let set_by = SetBy {
+            tokens: if self.max_tokens.is_some() {
+                "--max-tokens"
+            } else {
+                "the pipeline's provider.maxTokens"
+            },
+            cost: if self.max_cost.is_some() {
+                "--max-cost"
+            } else {
+                "the pipeline's provider.maxCost"
+            },
+        };
+        Ok(Some(Arc::new(
+            Budget::new(max_tokens, max_cost, price).set_by(set_by),
+        )))
     }
 
     /// Why a resumed run whose earlier sessions used `spent` is already

@@ -118,11 +118,7 @@ impl ScriptedProvider {
                     position + 1
                 );
                 let err = if f.transient {
-                    ProviderError::Transient {
-                        code: "ScriptedTransient",
-                        message,
-                        retry_after: None,
-                    }
+                    ProviderError::transient("ScriptedTransient", message)
                 } else {
                     ProviderError::Terminal {
                         code: "ScriptedFailure",

@@ -53,12 +53,44 @@ pub struct BudgetReport {
     pub exceeded: Option<String>,
 }
 
+/// Where a budget's limits were set: a flag or a pipeline's key.
+#[derive(Debug, Clone, Copy)]
+pub struct SetBy {
+    pub tokens: &'static str,
+    pub cost: &'static str,
+}
+
+impl Default for SetBy {
+    fn default() -> SetBy {
+        SetBy {
+            tokens: "--max-tokens",
+            cost: "--max-cost",
+        }
+    }
+}
+
+/// An amount of US dollars as the summary and messages show it: cents
+/// from a dollar up, and below that as many places as it takes (up to
+/// six), so that a limit of $0.001 does not read as $0.00.
+pub fn dollars(amount: f64) -> String {
+    if amount.abs() >= 1.0 || amount == 0.0 {
+        return format!("{amount:.2}");
+    }
+    let mut text = format!("{amount:.6}");
+    while text.ends_with('0') && text.len() > text.find('.').map_or(0, |dot| dot + 3) {
+        text.pop();
+    }
+    text
+}
+
 /// The run's token and cost meter. Shared by every execution of a run.
 #[derive(Debug)]
 pub struct Budget {
     max_tokens: Option<u64>,
     max_cost: Option<f64>,
     price: Option<Price>,
+    /// Where each limit was set, as its message names it.
+    set_by: SetBy,
     spent: Mutex<Usage>,
     exceeded: watch::Sender<Option<BudgetExceeded>>,
 }
@@ -71,6 +103,7 @@ impl Budget {
             max_tokens,
             max_cost,
             price,
+            set_by: SetBy::default(),
             spent: Mutex::new(Usage::default()),
             exceeded: watch::Sender::new(None),
         }
@@ -126,6 +159,14 @@ impl Budget {
         Ok(())
     }
 
+    /// Names where the limits were set (the flags, or the pipeline's
+    /// `provider:` block), for the message of the one that trips.
+    #[must_use]
+    pub fn set_by(mut self, set_by: SetBy) -> Budget {
+        self.set_by = set_by;
+        self
+    }
+
     /// The limit `total` is over, if any; `when` follows the amount in
     /// the message.
     fn over(&self, total: Usage, when: &str) -> Option<BudgetExceeded> {
@@ -134,13 +175,17 @@ impl Budget {
             (Some(max), _, _) if tokens > max => Some(BudgetExceeded {
                 code: "TokensExceeded",
                 message: format!(
-                    "the run used {tokens} tokens{when}, over its budget of {max} (--max-tokens)"
+                    "the run used {tokens} tokens{when}, over its budget of {max} ({})",
+                    self.set_by.tokens
                 ),
             }),
             (_, Some(cost), Some(max)) if cost > max => Some(BudgetExceeded {
                 code: "CostExceeded",
                 message: format!(
-                    "the run spent ${cost:.4}{when}, over its budget of ${max:.2} (--max-cost)"
+                    "the run spent ${}{when}, over its budget of ${} ({})",
+                    dollars(cost),
+                    dollars(max),
+                    self.set_by.cost
                 ),
             }),
             _ => None,
@@ -199,6 +244,48 @@ fn unreachable_exceeded() -> BudgetExceeded {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn dollars_show_cents_and_below_a_dollar_what_it_takes() {
+        for (amount, shown) in [
+            (0.0, "0.00"),
+            (12.345, "12.35"),
+            (1.0, "1.00"),
+            (0.5, "0.50"),
+            (0.001, "0.001"),
+            (0.0015, "0.0015"),
+            (0.123_456_7, "0.123457"),
+            (0.000_000_1, "0.00"),
+        ] {
+            assert_eq!(dollars(amount), shown, "{amount}");
+        }
+        let budget = Budget::new(
+            None,
+            Some(0.001),
+            Some(Price {
+                input: 1000.0,
+                output: 1000.0,
+            }),
+        )
+        .set_by(SetBy {
+            tokens: "--max-tokens",
+            cost: "the pipeline's provider.maxCost",
+        });
+        let over = budget
+            .over(
+                Usage {
+                    prompt_tokens: 2,
+                    completion_tokens: 0,
+                    requests: 1,
+                },
+                "",
+            )
+            .expect("over");
+        assert_eq!(
+            over.message,
+            "the run spent $0.002, over its budget of $0.001 (the pipeline's provider.maxCost)"
+        );
+    }
     use super::*;
 
     fn usage(p: u64, c: u64) -> Usage {

@@ -199,8 +199,12 @@ fn budget_line(b: &super::limits::BudgetReport) -> String {
         None => parts.push(format!("{} tokens", b.spent_tokens)),
     }
     match (b.spent_cost, b.max_cost) {
-        (Some(spent), Some(max)) => parts.push(format!("${spent:.4} of ${max:.2}")),
-        (Some(spent), None) => parts.push(format!("${spent:.4}")),
+        (Some(spent), Some(max)) => parts.push(format!(
+            "${} of ${}",
+            super::limits::dollars(spent),
+            super::limits::dollars(max)
+        )),
+        (Some(spent), None) => parts.push(format!("${}", super::limits::dollars(spent))),
         _ => {}
     }
     let mut line = format!("budget: {}", parts.join(", "));

@@ -94,6 +94,9 @@ pub enum Reply {
     StreamThenHang,
     /// Streams the opening of a reply, then breaks the connection.
     BreakMidStream,
+    /// 200 `text/event-stream` with these events' data, then breaks the
+    /// connection where `[DONE]` would come.
+    EventsThenBreak(Vec<String>),
     /// Waits until at least `n` requests are in flight (or until
     /// `release_after` waiting requests have arrived), then answers.
     WaitInFlight(usize, Box<Reply>),
@@ -545,6 +548,13 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         Reply::StreamThenHang => {
             let frames = stream_frames(&Reply::Text("thinking".into()), &model, None, 4, false);
             sse_response(frames.into_iter().take(2).collect(), flight, Tail::Hang)
+        }
+        Reply::EventsThenBreak(events) => {
+            let frames = events
+                .into_iter()
+                .map(|e| Bytes::from(format!("data: {e}\n\n")))
+                .collect();
+            sse_response(frames, flight, Tail::Break)
         }
         Reply::BreakMidStream => {
             let frames = stream_frames(&Reply::Text("thinking".into()), &model, None, 4, false);

@@ -79,6 +79,9 @@ struct Streaming {
     /// Notices not yet handed to a stage (set with `pending`).
     notices: std::sync::Mutex<Vec<ProviderNotice>>,
     pending: std::sync::atomic::AtomicBool,
+    /// A reply came with no token usage (Ollama's OpenAI endpoint, some
+    /// proxies): said once.
+    unreported: std::sync::atomic::AtomicBool,
 }
 
 /// Incomplete streams from one endpoint before troupe stops streaming to it.
@@ -139,14 +142,13 @@ impl Drop for Waiting<'_> {
 }
 
 fn timed_out(after: Duration, waiting_for: &str) -> ProviderError {
-    ProviderError::Transient {
-        code: "Timeout",
-        message: format!(
+    ProviderError::transient(
+        "Timeout",
+        format!(
             "no data from the server for {} while waiting for {waiting_for} (--request-timeout)",
             format_duration(after)
         ),
-        retry_after: None,
-    }
+    )
 }
 
 impl OpenAiProvider {
@@ -299,6 +301,12 @@ impl Inner {
         {
             self.stream_ended_early();
         }
+        if let Ok(response) = &reply
+            && response.usage.prompt_tokens == 0
+            && response.usage.completion_tokens == 0
+        {
+            self.usage_unreported();
+        }
         reply
     }
 
@@ -316,13 +324,32 @@ impl Inner {
         {
             return;
         }
-        let notice = ProviderNotice {
+        self.raise(ProviderNotice {
             code: "StreamingDisabled",
             message: format!(
                 "{} ended {n} streamed replies before `[DONE]` or a finish reason; troupe asks it for plain (non-streamed) replies for the rest of this run (--no-stream does so from the start)",
                 self.config.base_url
             ),
-        };
+        });
+    }
+
+    /// A reply said nothing of the tokens it used: once a run, a notice
+    /// that its counts (and a token or cost budget) cannot see them.
+    fn usage_unreported(&self) {
+        if self.streaming.unreported.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.raise(ProviderNotice {
+            code: "UsageUnreported",
+            message: format!(
+                "{} reports no token usage in its replies: the run's token counts and cost stay at 0 for them, and --max-tokens / --max-cost cannot limit them",
+                self.config.base_url
+            ),
+        });
+    }
+
+    /// Hands a notice to the hook now and to the next stage that asks.
+    fn raise(&self, notice: ProviderNotice) {
         if let Some(hook) = self.on_notice.get() {
             (hook.0)(&notice);
         }
@@ -499,25 +526,44 @@ impl Inner {
         let mut total = 0usize;
         let mut done = false;
         let mut deadline = tokio::time::Instant::now() + wait;
+        // A try that fails part-way is billed for the usage the server
+        // already reported in it.
         loop {
             let next = tokio::time::timeout_at(deadline, bytes.next())
                 .await
-                .map_err(|_| timed_out(wait, "the next event of the stream"))?;
+                .map_err(|_| {
+                    timed_out(wait, "the next event of the stream").billed(assembly.usage())
+                })?;
             let Some(chunk) = next else {
                 break;
             };
-            let chunk = chunk.map_err(|e| transport_error(&e))?;
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                // The model said it was done (and the usage that follows
+                // its finish reason may have come too): the connection
+                // dropped where `[DONE]` would have come, as a stream that
+                // ends cleanly without it, which is taken. Asking again
+                // would be billed again for the same turn.
+                Err(_) if assembly.finished() => break,
+                Err(e) => return Err(transport_error(&e).billed(assembly.usage())),
+            };
             total += chunk.len();
             if total > MAX_REPLY_BYTES {
                 return Err(too_large());
             }
-            let events = sse.push_events(&chunk).map_err(|e| sse_error(&e.0))?;
+            let events = sse
+                .push_events(&chunk)
+                .map_err(|e| sse_error(&e.0).billed(assembly.usage()))?;
             if !events.is_empty() {
                 deadline = tokio::time::Instant::now() + wait;
             }
-            if feed(&mut assembly, events, observer)? {
-                done = true;
-                break;
+            match feed(&mut assembly, events, observer) {
+                Ok(true) => {
+                    done = true;
+                    break;
+                }
+                Ok(false) => {}
+                Err(e) => return Err(e.billed(assembly.usage())),
             }
         }
         end_of_stream(sse, assembly, done, observer)
@@ -568,11 +614,11 @@ fn end_of_stream(
         done = feed(&mut assembly, last, observer)?;
     }
     if !done && !assembly.finished() {
-        return Err(ProviderError::Transient {
-            code: "StreamIncomplete",
-            message: "the stream ended before `[DONE]` or a finish_reason".to_owned(),
-            retry_after: None,
-        });
+        return Err(ProviderError::transient(
+            "StreamIncomplete",
+            "the stream ended before `[DONE]` or a finish_reason",
+        )
+        .billed(assembly.usage()));
     }
     assembly.into_response()
 }
@@ -588,9 +634,8 @@ fn too_large() -> ProviderError {
 }
 
 fn sse_error(message: &str) -> ProviderError {
-    ProviderError::Transient {
-        code: "MalformedResponse",
-        message: format!("the server's event stream is malformed: {message}"),
-        retry_after: None,
-    }
+    ProviderError::transient(
+        "MalformedResponse",
+        format!("the server's event stream is malformed: {message}"),
+    )
 }

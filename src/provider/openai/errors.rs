@@ -108,6 +108,7 @@ pub fn status_error(
         code,
         message: format!("HTTP {status} {what}{said}"),
         retry_after,
+        usage: None,
     };
     let terminal = |code, message: String| ProviderError::Terminal { code, message };
     match status.as_u16() {
@@ -189,11 +190,7 @@ pub fn reported_error(error: &Value) -> ProviderError {
         code,
         message: message.clone(),
     };
-    let transient = |code| ProviderError::Transient {
-        code,
-        message: message.clone(),
-        retry_after: None,
-    };
+    let transient = |code| ProviderError::transient(code, message.clone());
     match (status, server.kind.as_deref()) {
         (_, kind) if is_context_overflow(kind) => terminal("ContextLengthExceeded"),
         (_, Some("insufficient_quota")) => terminal("QuotaExceeded"),
@@ -234,11 +231,7 @@ pub fn transport_error(err: &reqwest::Error) -> ProviderError {
     } else {
         "ConnectionFailed"
     };
-    ProviderError::Transient {
-        code,
-        message,
-        retry_after: None,
-    }
+    ProviderError::transient(code, message)
 }
 
 /// `retry-after-ms` (milliseconds, sent by some gateways) or `Retry-After`
@@ -379,10 +372,12 @@ pub fn redact(err: ProviderError, secret: Option<&str>) -> ProviderError {
             code,
             message,
             retry_after,
+            usage,
         } => ProviderError::Transient {
             code,
             message: clean(message),
             retry_after,
+            usage,
         },
         ProviderError::Terminal { code, message } => ProviderError::Terminal {
             code,

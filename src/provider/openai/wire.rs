@@ -96,17 +96,69 @@ pub fn tool(t: &ToolSpec) -> Value {
     })
 }
 
-/// The `usage` object.
-#[derive(Debug, Deserialize)]
+/// The `usage` object. Read leniently: a server that gets its counts
+/// wrong (`-5`, `12.0`, `"12"`, a number past `u64`) must not cost the
+/// model's turn, which the server has billed already. A count that is no
+/// number at all reads as 0, a negative one as 0, a fractional one
+/// rounded, one too large as the largest.
+#[derive(Debug, Default, Deserialize)]
 struct WireUsage {
+    #[serde(default, deserialize_with = "count")]
     prompt_tokens: Option<u64>,
+    #[serde(default, deserialize_with = "count")]
     completion_tokens: Option<u64>,
+}
+
+fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Ok(count_of(&Value::deserialize(d)?))
+}
+
+fn count_of(v: &Value) -> Option<u64> {
+    let n = match v {
+        Value::Number(n) => n,
+        Value::String(s) => {
+            return s
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .and_then(|f| count_of(&f.into()));
+        }
+        _ => return None,
+    };
+    if let Some(u) = n.as_u64() {
+        return Some(u);
+    }
+    // Negative, fractional, or past u64 (serde_json reads those as f64;
+    // `as` saturates at both ends).
+    n.as_f64()
+        .filter(|f| f.is_finite())
+        .map(|f| f.max(0.0).round() as u64)
+}
+
+/// `usage` as an object, or none when it is anything else.
+fn usage_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<WireUsage>, D::Error> {
+    Ok(Option::<Value>::deserialize(d)?.and_then(|v| WireUsage::deserialize(v).ok()))
+}
+
+/// The usage a reply reports, read as [`WireUsage`] reads it.
+fn reported_usage(value: &Value) -> Option<Usage> {
+    let wire = WireUsage::deserialize(value.get("usage")?).ok()?;
+    Some(usage_from(&wire))
+}
+
+fn usage_from(u: &WireUsage) -> Usage {
+    Usage {
+        prompt_tokens: u.prompt_tokens.unwrap_or(0),
+        completion_tokens: u.completion_tokens.unwrap_or(0),
+        requests: 1,
+    }
 }
 
 /// A plain (non-streamed) completion.
 #[derive(Debug, Deserialize)]
 struct Completion {
     choices: Option<Vec<Choice>>,
+    #[serde(default, deserialize_with = "usage_of")]
     usage: Option<WireUsage>,
 }
 
@@ -143,6 +195,7 @@ struct WireFunction {
 #[derive(Debug, Deserialize)]
 struct Chunk {
     choices: Option<Vec<ChunkChoice>>,
+    #[serde(default, deserialize_with = "usage_of")]
     usage: Option<WireUsage>,
 }
 
@@ -181,11 +234,10 @@ pub struct Assembly {
 }
 
 fn malformed(what: impl std::fmt::Display) -> ProviderError {
-    ProviderError::Transient {
-        code: "MalformedResponse",
-        message: format!("the server's reply is not an OpenAI chat completion: {what}"),
-        retry_after: None,
-    }
+    ProviderError::transient(
+        "MalformedResponse",
+        format!("the server's reply is not an OpenAI chat completion: {what}"),
+    )
 }
 
 /// Text of a `content` value: a string, or an array of `{type: text, text}`
@@ -224,11 +276,13 @@ impl Assembly {
     /// A plain completion body.
     pub fn from_completion(body: &[u8]) -> Result<Assembly, ProviderError> {
         let value: Value = serde_json::from_slice(body).map_err(malformed)?;
+        let usage = reported_usage(&value);
         // Gateways answer some failures with a 200 whose body is an error.
         if let Some(err) = value.get("error").filter(|e| !e.is_null()) {
-            return Err(super::errors::reported_error(err));
+            return Err(super::errors::reported_error(err).billed(usage));
         }
-        let completion: Completion = serde_json::from_value(value).map_err(malformed)?;
+        let completion: Completion =
+            serde_json::from_value(value).map_err(|e| malformed(e).billed(usage))?;
         let mut a = Assembly::new();
         if let Some(u) = completion.usage {
             a.set_usage(&u);
@@ -261,9 +315,12 @@ impl Assembly {
         observer: Option<&dyn RequestObserver>,
     ) -> Result<(), ProviderError> {
         let value: Value = serde_json::from_str(data).map_err(malformed)?;
+        if let Some(usage) = reported_usage(&value) {
+            self.usage = Some(usage);
+        }
         if let Some(err) = value.get("error").filter(|e| !e.is_null()) {
             // A failure reported inside the stream (e.g. overload mid-way).
-            return Err(super::errors::reported_error(err));
+            return Err(super::errors::reported_error(err).billed(self.usage));
         }
         let chunk: Chunk = serde_json::from_value(value).map_err(malformed)?;
         if let Some(u) = &chunk.usage {
@@ -350,11 +407,12 @@ impl Assembly {
     }
 
     fn set_usage(&mut self, u: &WireUsage) {
-        self.usage = Some(Usage {
-            prompt_tokens: u.prompt_tokens.unwrap_or(0),
-            completion_tokens: u.completion_tokens.unwrap_or(0),
-            requests: 1,
-        });
+        self.usage = Some(usage_from(u));
+    }
+
+    /// The usage reported so far, if any.
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
     }
 
     /// Whether the model said it was done (a `finish_reason` arrived).
@@ -367,11 +425,11 @@ impl Assembly {
     /// parameters).
     pub fn into_response(self) -> Result<ModelResponse, ProviderError> {
         if !self.saw_choice {
-            return Err(ProviderError::Transient {
-                code: "EmptyChoices",
-                message: "the server's reply has no choices".to_owned(),
-                retry_after: None,
-            });
+            return Err(ProviderError::transient(
+                "EmptyChoices",
+                "the server's reply has no choices",
+            )
+            .billed(self.usage));
         }
         // Each call's result names it by id, so ids must be unique within
         // the turn: a missing id, or one a server repeats (some local

@@ -61,6 +61,19 @@ impl StageRun {
                             // cancelled (child processes killed), and said so,
                             // as a cancel says it: every started call ends.
                             self.cancel.stop();
+                            let requesting = whereabouts.borrow_mut().requesting.take();
+                            if let Some(turn) = requesting {
+                                self.emit(
+                                    self.event(EventName::ProviderRequestFailed)
+                                        .with("turn", turn)
+                                        .with_static("code", "Session/StageTimeout")
+                                        .with_static(
+                                            "message",
+                                            "the stage's time ran out while the model was answering",
+                                        )
+                                        .with("retrying", false),
+                                );
+                            }
                             let calls = std::mem::take(&mut whereabouts.borrow_mut().tool_calls);
                             for (id, name) in calls {
                                 self.emit(

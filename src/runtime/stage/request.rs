@@ -47,7 +47,13 @@ impl StageRun {
             if request.observer.is_some() || self.kit.settings.budget.is_some() {
                 self.flush();
             }
+            {
+                let mut w = whereabouts.borrow_mut();
+                w.usage.requests = w.usage.requests.saturating_add(1);
+                w.requesting = Some(turn);
+            }
             let outcome = self.kit.provider.complete(request.clone()).await;
+            whereabouts.borrow_mut().requesting = None;
             for notice in self.kit.provider.take_notices() {
                 self.emit(
                     self.event(EventName::ProviderNotice)
@@ -56,15 +62,21 @@ impl StageRun {
                         .with("message", notice.message),
                 );
             }
+            // A failed try is one request, and what the server said it
+            // used before it failed (it bills that).
             let spent = match &outcome {
                 Ok(response) => response.usage,
-                Err(_) => Usage {
+                Err(err) => Usage {
                     requests: 1,
-                    ..Usage::default()
+                    ..err.usage().unwrap_or_default()
                 },
             };
             usage.add(spent);
-            whereabouts.borrow_mut().usage.add(spent);
+            // Its request was counted as it was sent.
+            whereabouts.borrow_mut().usage.add(Usage {
+                requests: 0,
+                ..spent
+            });
             if let Some(budget) = &self.kit.settings.budget {
                 // Tripped, the meter wakes the scheduler, which records
                 // the run's cancellation on its thread: after this try.

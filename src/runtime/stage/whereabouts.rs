@@ -27,6 +27,10 @@ pub struct Whereabouts {
     /// withdrawn (`InteractionAnswered`), as its approvals are.
     pub question: bool,
     /// What its model requests used so far (a cancelled execution reports
-    /// it, so the run's totals include it).
+    /// it, so the run's totals include it). A try counts as a request as
+    /// it is sent, so one cut off by a cancel or the stage's timeout does.
     pub usage: Usage,
+    /// The turn of the model request in flight, if one is: a stage timed
+    /// out meanwhile records that try's end (`ProviderRequestFailed`).
+    pub requesting: Option<u32>,
 }
