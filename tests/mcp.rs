@@ -483,10 +483,14 @@ fn fail_fast_cancels_the_calls_in_flight_on_the_server() {
     let (out, summary, audit) = run(&project, &["--parallel-cap", "10"]);
     assert_eq!(out.status.code(), Some(1), "{}", said(&out));
     assert_eq!(summary["status"], "failed");
-    assert_eq!(
-        events(&audit, "ToolInvocationCancelled").len(),
-        9,
-        "{audit:#?}"
+    let cancelled = events(&audit, "ToolInvocationCancelled");
+    assert_eq!(cancelled.len(), 9, "{audit:#?}");
+    // Named as every event of an MCP call is (recorded by the roll here).
+    assert!(
+        cancelled
+            .iter()
+            .all(|e| e["mcpServer"] == "srv" && e["mcpTool"] == "hang"),
+        "{cancelled:#?}"
     );
     // The cancel notifications reach the server before troupe stops it;
     // the stats file is written as they arrive.

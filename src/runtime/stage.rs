@@ -28,6 +28,7 @@ mod tool_step;
 mod whereabouts;
 
 pub use model_loop::COMPLETION_ACCEPTED;
+pub(crate) use run::tool_named;
 pub use run::{EventIds, StageCommon, StageKit, StageRun};
 pub use settings::RunSettings;
 pub use whereabouts::Whereabouts;

@@ -77,9 +77,11 @@ impl StageRun {
                             let calls = std::mem::take(&mut whereabouts.borrow_mut().tool_calls);
                             for (id, name) in calls {
                                 self.emit(
-                                    self.event(EventName::ToolInvocationCancelled)
-                                        .tool(name)
-                                        .with("callId", id),
+                                    super::run::tool_named(
+                                        self.event(EventName::ToolInvocationCancelled),
+                                        &name,
+                                    )
+                                    .with("callId", id),
                                 );
                             }
                             let mut ended = Conclusion::early(

@@ -207,14 +207,16 @@ impl StageRun {
     }
 
     pub(super) fn tool_event(&self, name: EventName, call: &ToolCall) -> Event {
-        let event = self
-            .event(name)
-            .tool(Arc::clone(&call.name))
-            .with("callId", Arc::clone(&call.id));
-        // An MCP tool names its server and its own name for the tool.
-        match crate::definition::mcp::split_tool_name(&call.name) {
-            Some((server, tool)) => event.with("mcpServer", server).with("mcpTool", tool),
-            None => event,
-        }
+        tool_named(self.event(name), &call.name).with("callId", Arc::clone(&call.id))
+    }
+}
+
+/// `event` about the tool `name`: an MCP tool's also names its server and
+/// the server's own name for the tool, as every event of a call does.
+pub(crate) fn tool_named(event: Event, name: &Arc<str>) -> Event {
+    let event = event.tool(Arc::clone(name));
+    match crate::definition::mcp::split_tool_name(name) {
+        Some((server, tool)) => event.with("mcpServer", server).with("mcpTool", tool),
+        None => event,
     }
 }

@@ -145,9 +145,11 @@ impl Note {
         };
         for (id, name) in &whereabouts.tool_calls {
             events.push(
-                self.event(EventName::ToolInvocationCancelled)
-                    .tool(Arc::clone(name))
-                    .with("callId", Arc::clone(id)),
+                crate::runtime::stage::tool_named(
+                    self.event(EventName::ToolInvocationCancelled),
+                    name,
+                )
+                .with("callId", Arc::clone(id)),
             );
         }
         if whereabouts.question {

@@ -21,7 +21,7 @@ use rmcp::{ClientHandler, ServiceExt};
 use serde_json::Value;
 
 use super::listing::{Listed, ListingCell};
-use super::result::{ToolOutput, render_json};
+use super::result::{ToolOutput, render_redacted};
 use super::secrets::Secrets;
 use super::{McpError, McpStart};
 use crate::definition::mcp::{McpServerDef, McpTransport};
@@ -228,19 +228,29 @@ impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleC
     fn receive(
         &mut self,
     ) -> impl Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send {
+        use rmcp::model::ServerNotification as N;
         let cell = Arc::clone(&self.cell);
-        let next = self.inner.receive();
         async move {
-            let message = next.await;
-            if let Some(rmcp::model::JsonRpcMessage::Notification(n)) = &message
-                && matches!(
-                    n.notification,
-                    rmcp::model::ServerNotification::ToolListChangedNotification(_)
-                )
-            {
-                cell.mark_stale();
+            loop {
+                let message = self.inner.receive().await;
+                let Some(rmcp::model::JsonRpcMessage::Notification(n)) = &message else {
+                    return message;
+                };
+                match n.notification {
+                    N::ToolListChangedNotification(_) => cell.mark_stale(),
+                    // Nothing of troupe's reads these, and the SDK starts
+                    // a task for each notification it is handed: a server
+                    // that sends them by the hundred thousand (a chatty
+                    // log) held hundreds of megabytes. Read and dropped.
+                    N::LoggingMessageNotification(_)
+                    | N::ProgressNotification(_)
+                    | N::ResourceUpdatedNotification(_)
+                    | N::ResourceListChangedNotification(_)
+                    | N::PromptListChangedNotification(_) => continue,
+                    _ => {}
+                }
+                return message;
             }
-            message
         }
     }
 
@@ -606,10 +616,11 @@ impl Connection {
         params.arguments = args.as_object().cloned();
         let answer = self.service.peer().call_tool(params).await;
         match answer {
-            Ok(result) => render_json(
+            Ok(result) => render_redacted(
                 &self.server,
                 tool,
                 &serde_json::to_value(&result).unwrap_or(Value::Null),
+                &|text| self.secrets.text(text),
             ),
             Err(rmcp::ServiceError::McpError(e)) => Err(ToolError::terminal(
                 "McpError",

@@ -24,7 +24,20 @@ pub struct ToolOutput {
 }
 
 /// Renders a result (its JSON, the wire form), or the tool's own error.
+#[cfg(test)]
 pub fn render_json(server: &str, tool: &str, result: &Value) -> Result<ToolOutput, ToolError> {
+    render_redacted(server, tool, result, &|text| text)
+}
+
+/// [`render_json`], with `redact` applied to the text before it is cut
+/// to its bound: a secret across the cut would otherwise leave its first
+/// part behind, where no redaction after the cut can recognise it.
+pub fn render_redacted(
+    server: &str,
+    tool: &str,
+    result: &Value,
+    redact: &dyn Fn(String) -> String,
+) -> Result<ToolOutput, ToolError> {
     let mut parts: Vec<String> = Vec::new();
     for block in result
         .get("content")
@@ -35,7 +48,7 @@ pub fn render_json(server: &str, tool: &str, result: &Value) -> Result<ToolOutpu
         parts.push(block_text(block));
     }
     let mut structured = result.get("structuredContent").cloned();
-    let mut text = if parts.is_empty() {
+    let text = if parts.is_empty() {
         structured
             .as_ref()
             .map(Value::to_string)
@@ -43,6 +56,7 @@ pub fn render_json(server: &str, tool: &str, result: &Value) -> Result<ToolOutpu
     } else {
         parts.join("\n")
     };
+    let mut text = redact(text);
 
     if text.len() > MAX_RESULT_BYTES {
         let cut = char_floor(&text, MAX_RESULT_BYTES);
@@ -121,6 +135,24 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_secret_across_the_cut_of_a_long_result_is_redacted_whole() {
+        let secret = "ghp_TOPSECRET42";
+        let text = format!("{}{secret}", "x".repeat(MAX_RESULT_BYTES - 4));
+        let out = render_redacted(
+            "s",
+            "t",
+            &json!({"content": [{"type": "text", "text": text}]}),
+            &|t| t.replace(secret, "[redacted]"),
+        )
+        .unwrap();
+        assert!(
+            !out.text.contains("ghp_"),
+            "the secret's first part is left"
+        );
+        assert!(out.text.ends_with("bytes]"), "still cut to its bound");
+    }
 
     #[test]
     fn text_images_and_resources_are_shown_or_named_and_is_error_fails() {

@@ -55,6 +55,13 @@ impl Secrets {
         Secrets(values.into())
     }
 
+    /// The length of the longest value, 0 with none: a text cut into
+    /// pieces keeps this much less one of each piece's end for the next,
+    /// so that no value is split between two pieces and missed in both.
+    pub(super) fn longest(&self) -> usize {
+        self.0.first().map_or(0, String::len)
+    }
+
     /// `text` with every value replaced.
     pub(super) fn text(&self, text: String) -> String {
         self.0.iter().fold(text, |text, secret| {

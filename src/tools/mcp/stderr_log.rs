@@ -62,6 +62,9 @@ pub(super) async fn keep(
     };
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
+    // A line cut for its length leaves its last bytes for the next piece,
+    // as many as a secret could straddle the cut with.
+    let held = secrets.longest().saturating_sub(1).min(LONGEST_LINE / 2);
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -72,7 +75,7 @@ pub(super) async fn keep(
             .iter()
             .position(|b| *b == b'\n')
             .map(|i| i + 1)
-            .or_else(|| (pending.len() >= LONGEST_LINE).then_some(LONGEST_LINE))
+            .or_else(|| (pending.len() >= LONGEST_LINE).then_some(LONGEST_LINE - held))
         {
             let rest = pending.split_off(end);
             let line = std::mem::replace(&mut pending, rest);
@@ -199,6 +202,39 @@ mod tests {
             log, "debug: token [redacted] loaded\nno newline [redacted]",
             "{log}"
         );
+    }
+
+    /// A line too long to keep whole is cut into pieces, and a secret
+    /// across a cut is still found: the piece before it keeps its tail for
+    /// the next.
+    #[tokio::test]
+    async fn a_secret_across_the_cut_of_a_long_line_is_redacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcp-s.log");
+        let (mut server, stderr) = tokio::io::duplex(64 * 1024);
+        let secret = "ghp_TOPSECRET42";
+        let secrets = Secrets::from_values([secret.to_owned()].into_iter());
+        let keeper = tokio::spawn(keep(
+            stderr,
+            path.clone(),
+            open(&path).unwrap(),
+            1 << 22,
+            secrets,
+        ));
+        // The value begins a few bytes before the first cut, and again
+        // across the second; no newline anywhere.
+        for start in [LONGEST_LINE - 5, 2 * LONGEST_LINE - 9] {
+            let line = format!("{}{secret}{}", "A".repeat(start), "B".repeat(20));
+            server.write_all(line.as_bytes()).await.unwrap();
+        }
+        drop(server);
+        keeper.await.unwrap();
+        let log = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            !log.contains("TOPSECRET"),
+            "a part of the secret is in the log"
+        );
+        assert_eq!(log.matches("[redacted]").count(), 2);
     }
 
     /// A log that cannot be written still has its pipe read to the end.
