@@ -781,5 +781,7 @@ fn validate_connect_quotes_what_a_failing_server_wrote() {
     );
 }
 
+#[path = "mcp/faults.rs"]
+mod faults;
 #[path = "mcp/secrets_and_forms.rs"]
 mod secrets_and_forms;

@@ -21,6 +21,10 @@ use crate::runtime::events::{EventName, FieldValue};
 use crate::runtime::hooks::{HookError, SlotOutcome};
 use crate::runtime::tool_call::ToolOutcome;
 
+/// A step's call whose server exited is made again this many times.
+const STEP_RESTARTS: usize = 1;
+const SERVER_EXITED: &str = "ToolTransient/ServerExited";
+
 impl StageRun {
     /// Runs a `tool` step; `Err` is the step's failure reason.
     pub(super) async fn run_tool_step(
@@ -94,7 +98,27 @@ impl StageRun {
         // In flight: a cancel records it cancelled (`ToolInvocationCancelled`
         // before `StageCancelled`), as a model's call is.
         whereabouts.borrow_mut().tool_calls = vec![(Arc::clone(&call.id), Arc::clone(&call.name))];
-        let outcome = self.call_on_actor(&call.name, args).await;
+        // A server that exited under the call is started again by the
+        // next one: the step asks once more (a model would be told and
+        // call again; a step has no model to).
+        let mut outcome = self.call_on_actor(&call.name, args.clone()).await;
+        for _ in 0..STEP_RESTARTS {
+            let ToolOutcome::Failed(err) = &outcome else {
+                break;
+            };
+            if err.code().to_string() != SERVER_EXITED {
+                break;
+            }
+            self.emit(
+                ev(EventName::ToolInvocationFailed)
+                    .with("code", SERVER_EXITED)
+                    .with("message", err.to_string())
+                    .with("retrying", true),
+            );
+            self.emit(ev(EventName::ToolInvocationStarted));
+            outcome = self.call_on_actor(&call.name, args.clone()).await;
+        }
+        drop(args);
         whereabouts.borrow_mut().tool_calls.clear();
         match outcome {
             ToolOutcome::Succeeded(out) => {

@@ -1,0 +1,30 @@
+//! A server's faults as a tool step meets them: a step has no model to
+//! call again, so it asks once more itself when the server exited.
+
+use super::*;
+
+#[test]
+fn a_tool_step_whose_server_exits_asks_the_restarted_server_once_more() {
+    let yaml = format!(
+        "id: t\nentry: s\nmcpServers:\n{}stages:\n  s: {{ kind: tool, tool: srv__crash }}\nnext:\n  s: end\n",
+        fault_block("srv", Path::new(STATS), &[], "")
+    );
+    let project = project(&yaml, &[]);
+    let (out, _, audit) = run(&project, &[]);
+    // The fault server's `crash` exits on every call: both tries fail.
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    let failed = events(&audit, "ToolInvocationFailed");
+    assert_eq!(failed.len(), 2, "{audit:#?}");
+    assert!(
+        failed
+            .iter()
+            .all(|e| e["code"] == "ToolTransient/ServerExited"),
+        "{failed:#?}"
+    );
+    assert_eq!(failed[0]["retrying"], true);
+    assert_eq!(failed[1].get("retrying"), None);
+    assert_eq!(events(&audit, "ToolInvocationStarted").len(), 2);
+    let seen = server_saw(&project.path().join(STATS));
+    assert_eq!(count(&seen, "crash"), 2, "asked twice: {seen:?}");
+    assert_eq!(count(&seen, "start"), 2, "started again once: {seen:?}");
+}
