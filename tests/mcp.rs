@@ -729,12 +729,13 @@ fn a_tool_troupe_cannot_offer_costs_only_itself() {
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     assert_eq!(summary["status"], "ok", "{summary}");
     let err = String::from_utf8_lossy(&out.stderr);
-    for tool in ["broken", "has.dot"] {
+    for tool in ["broken", "has.dot", "noschema", "strschema"] {
         assert!(
             err.contains(&format!("tool `{tool}` is not offered")),
             "{err}"
         );
     }
+    assert!(!err.contains("tool `badhint` is not offered"), "{err}");
     // A stage that allows one of them is refused, naming why.
     for (tool, code) in [
         ("broken", "Mcp/InvalidSchema"),

@@ -14,6 +14,7 @@
 mod connect;
 mod elicit;
 mod listing;
+mod raw;
 mod result;
 mod secrets;
 mod stderr_log;

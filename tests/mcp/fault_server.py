@@ -76,6 +76,7 @@ def tools():
         tool("wait_for", {"n": {"type": "integer", "minimum": 1}}, ["n"]),
         tool("connect", {"port": {"type": "integer"}}, ["port"]),
         tool("elicit"),
+        tool("mixed"),
     ]
     if changed:
         listed.append(tool("extra"))
@@ -83,6 +84,14 @@ def tools():
         listed.append({"name": "broken", "inputSchema": {"type": "string"}})
         # A name MCP allows but no model's function names do.
         listed.append(tool("has.dot"))
+        # Entries the SDK's own types refuse (which refused the whole
+        # listing with them): no schema, a schema that is no object, a
+        # hint that is no boolean (this one is offered all the same).
+        listed.append({"name": "noschema", "description": "no inputSchema"})
+        listed.append({"name": "strschema", "inputSchema": "string"})
+        badhint = tool("badhint")
+        badhint["annotations"] = {"readOnlyHint": "yes"}
+        listed.append(badhint)
     return listed
 
 
@@ -119,6 +128,9 @@ def call(req_id, name, args):
         os._exit(3)
     elif name == "fail":
         result = text("the tool failed on purpose", is_error=True)
+    elif name == "mixed":
+        # A content block of a kind newer than the client knows.
+        result = {"content": [{"type": "text", "text": "known"}, {"type": "hologram", "data": "x"}]}
     elif name == "big":
         result = text("x" * args["bytes"])
     elif name == "changed":

@@ -28,3 +28,18 @@ fn a_tool_step_whose_server_exits_asks_the_restarted_server_once_more() {
     assert_eq!(count(&seen, "crash"), 2, "asked twice: {seen:?}");
     assert_eq!(count(&seen, "start"), 2, "started again once: {seen:?}");
 }
+
+/// A result with a content block of a kind the client does not know is
+/// shown with that block named, not refused whole.
+#[test]
+fn an_unknown_kind_of_content_is_named_and_the_rest_shown() {
+    let yaml = format!(
+        "id: t\nentry: s\nmcpServers:\n{}stages:\n  s: {{ kind: tool, tool: srv__mixed }}\nnext:\n  s: end\n",
+        fault_block("srv", Path::new(STATS), &[], "")
+    );
+    let project = project(&yaml, &[]);
+    let (out, summary, _) = run(&project, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let text = parsed(&summary, "s")["text"].as_str().unwrap().to_owned();
+    assert_eq!(text, "known\n[hologram content, not shown]");
+}

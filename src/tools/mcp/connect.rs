@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rmcp::model::{CallToolRequestParams, ClientConfig, Implementation};
+use rmcp::model::{ClientConfig, Implementation};
 use rmcp::service::{NotificationContext, RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::transport::streamable_http_client::{
@@ -167,22 +167,33 @@ async fn list_pages(server: &str, peer: &rmcp::Peer<RoleClient>) -> Result<Liste
             format!("MCP server `{server}` did not list its tools: {why}"),
         )
     };
-    let mut tools = Vec::new();
+    let mut tools: Vec<Value> = Vec::new();
     let mut cursors = std::collections::HashSet::new();
-    let mut cursor = None;
+    let mut cursor: Option<String> = None;
     for _ in 0..MOST_PAGES {
-        let params =
-            cursor.map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
-        let page = peer
-            .list_tools(params)
+        let params = cursor.map(|c| serde_json::json!({ "cursor": c }));
+        let page = super::raw::request(peer, "tools/list", params)
             .await
             .map_err(|e| failed(e.to_string()))?;
-        tools.extend(page.tools);
+        // Each entry as the server wrote it: one the SDK's types would
+        // refuse (a schema that is no object, a hint that is no boolean)
+        // is left out by `Listed` alone, not the whole listing with it.
+        let Some(entries) = page.get("tools").and_then(Value::as_array) else {
+            return Err(failed("its answer has no `tools` list".to_owned()));
+        };
+        tools.extend(entries.iter().cloned());
         if tools.len() > MOST_TOOLS {
             return Err(failed(format!("it listed more than {MOST_TOOLS} tools")));
         }
-        match page.next_cursor {
-            None => return described(server, &tools),
+        let next = match page.get("nextCursor") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(c)) => Some(c.clone()),
+            Some(other) => {
+                return Err(failed(format!("its `nextCursor` is no string: {other}")));
+            }
+        };
+        match next {
+            None => return Ok(Listed::from_entries(server, &tools)),
             Some(next) if !cursors.insert(next.clone()) => {
                 return Err(failed(format!(
                     "its listing came back to a page it gave before (cursor `{next}`)"
@@ -194,14 +205,6 @@ async fn list_pages(server: &str, peer: &rmcp::Peer<RoleClient>) -> Result<Liste
     Err(failed(format!(
         "its listing went on past {MOST_PAGES} pages"
     )))
-}
-
-fn described(server: &str, tools: &[rmcp::model::Tool]) -> Result<Listed, McpError> {
-    let entries: Vec<Value> = tools
-        .iter()
-        .map(|t| serde_json::to_value(t).unwrap_or(Value::Null))
-        .collect();
-    Ok(Listed::from_entries(server, &entries))
 }
 
 /// A transport that marks the listing stale the moment a
@@ -612,16 +615,11 @@ impl Connection {
     }
 
     async fn call_unredacted(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
-        let mut params = CallToolRequestParams::new(tool.to_owned());
-        params.arguments = args.as_object().cloned();
-        let answer = self.service.peer().call_tool(params).await;
+        let answer = super::raw::call(self.service.peer(), tool, args).await;
         match answer {
-            Ok(result) => render_redacted(
-                &self.server,
-                tool,
-                &serde_json::to_value(&result).unwrap_or(Value::Null),
-                &|text| self.secrets.text(text),
-            ),
+            Ok(result) => {
+                render_redacted(&self.server, tool, &result, &|text| self.secrets.text(text))
+            }
             Err(rmcp::ServiceError::McpError(e)) => Err(ToolError::terminal(
                 "McpError",
                 format!(
