@@ -426,3 +426,78 @@ fn an_execution_run_again_after_a_resume_is_drawn_from_its_last_entry_with_its_l
     assert_eq!(e.outcome, Outcome::Ok, "the end that counted");
     assert_eq!((e.entered, e.ended), (600_000, Some(900_000)));
 }
+
+/// A run cancelled in a fan-out ends the turn in the log; its resume goes
+/// on in that turn without starting it again. The siblings and the join
+/// of the resumed session are the group's, not rows of their own.
+#[test]
+fn a_fan_out_cancelled_and_resumed_is_one_group_with_every_sibling() {
+    let mut log = String::new();
+    let mut seq = 0;
+    let mut push = |ms: u32, event: &str, extra: &str| {
+        seq += 1;
+        log += &format!(
+            "{{\"seq\":{seq},\"ts\":\"2026-11-23T10:00:00.{ms:03}Z\",\"event\":\"{event}\",\"workflowRunId\":\"r\"{extra}}}\n"
+        );
+    };
+    let sibling = |i: u32| {
+        format!(",\"stageExecutionId\":\"r/worker#{i}/1\",\"stageId\":\"worker\",\"index\":{i}")
+    };
+    push(
+        0,
+        "WorkflowStarted",
+        ",\"pipeline\":\"p\",\"entry\":\"plan\",\"parallelCap\":2",
+    );
+    push(
+        1,
+        "SessionTurnStart",
+        ",\"turnId\":\"r/turn/1\",\"stages\":[\"worker[4]\"],\"execution\":\"parallel\",\"width\":4,\"cap\":2,\"join\":\"reduce\"",
+    );
+    push(2, "StageEntered", &sibling(0));
+    push(3, "StageEntered", &sibling(1));
+    push(
+        4,
+        "StageExited",
+        &format!("{},\"verdict\":\"ok\"", sibling(0)),
+    );
+    push(5, "StageCancelled", &sibling(1));
+    push(6, "SessionTurnEnd", ",\"turnId\":\"r/turn/1\"");
+    push(7, "WorkflowExit", ",\"status\":\"cancelled\"");
+    push(100, "WorkflowResumed", "");
+    for (i, ms) in [(1, 110), (2, 120), (3, 130)] {
+        push(ms, "StageEntered", &sibling(i));
+        push(
+            ms + 5,
+            "StageExited",
+            &format!("{},\"verdict\":\"ok\"", sibling(i)),
+        );
+    }
+    push(
+        200,
+        "StageEntered",
+        ",\"stageExecutionId\":\"r/reduce/1\",\"stageId\":\"reduce\"",
+    );
+    push(
+        210,
+        "StageExited",
+        ",\"stageExecutionId\":\"r/reduce/1\",\"stageId\":\"reduce\",\"verdict\":\"ok\"",
+    );
+    push(220, "WorkflowExit", ",\"status\":\"ok\"");
+    let t = timeline(&log);
+    assert_eq!(t.groups.len(), 1);
+    let g = &t.groups[0];
+    assert_eq!(g.siblings.len(), 4, "every sibling is the group's");
+    assert!(
+        g.siblings
+            .iter()
+            .all(|&s| t.executions[s as usize].outcome == Outcome::Ok)
+    );
+    assert!(!g.label().contains("never started"), "{}", g.label());
+    let reduce = t
+        .executions
+        .iter()
+        .find(|e| t.stage_name(e.stage) == "reduce")
+        .unwrap();
+    assert_eq!(reduce.role, Role::Join);
+    assert!(g.ended.is_none_or(|end| end >= 135_000), "{:?}", g.ended);
+}

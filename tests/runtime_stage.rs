@@ -443,8 +443,10 @@ fn a_stage_timeout_fails_a_stage_that_takes_too_long() {
     assert!(out.elapsed >= std::time::Duration::from_secs(30));
     assert!(out.elapsed < std::time::Duration::from_secs(31));
     assert_eq!(out.count("StageExited"), 1);
-    // The request that came back before the limit is counted.
-    assert_eq!(out.report.usage.requests, 1, "{:?}", out.report.usage);
+    // The request that came back before the limit is counted, and so is
+    // the one the limit cut off, whose end the log records.
+    assert_eq!(out.report.usage.requests, 2, "{:?}", out.report.usage);
+    assert_eq!(out.count("ProviderRequestFailed"), 1);
     assert!(out.report.usage.prompt_tokens > 0);
 }
 

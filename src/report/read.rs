@@ -244,8 +244,9 @@ impl<'de: 'a, 'a> Visitor<'de> for TextListVisitor<'a> {
 
 /// The events `Builder::apply` reads fields of (its match arms); every
 /// other one counts only for its time.
-const READ_EVENTS: [&str; 13] = [
+const READ_EVENTS: [&str; 14] = [
     "WorkflowStarted",
+    "WorkflowResumed",
     "WorkflowExit",
     "SessionTurnStart",
     "SessionTurnEnd",
@@ -284,6 +285,10 @@ struct Builder {
     /// The group whose turn is open: executions entered now may be its
     /// siblings.
     open_group: Option<GroupRef>,
+    /// The group the latest `SessionTurnEnd` closed, while no turn has
+    /// started since: a run cancelled in that turn ends it in the log, and
+    /// its resume goes on in the same turn without starting it again.
+    ended_last: Option<GroupRef>,
     group_by_turn: HashMap<String, GroupRef>,
     executions: Vec<Execution>,
     /// By `stageExecutionId` without the run id prefix.
@@ -377,6 +382,14 @@ impl Builder {
                     if self.open_group == Some(g) {
                         self.open_group = None;
                     }
+                    self.ended_last = Some(g);
+                }
+            }
+            // The turn the run was cancelled in goes on: its executions
+            // after the resume are its own (its siblings, its join).
+            "WorkflowResumed" => {
+                if self.open_group.is_none() {
+                    self.open_group = self.ended_last.take();
                 }
             }
             "ParallelSiblingFailure" => {
@@ -456,6 +469,7 @@ impl Builder {
 
     fn turn_start(&mut self, line: &Line<'_>, t: Micros) {
         self.open_group = None;
+        self.ended_last = None;
         if text(&line.execution) != Some("parallel") {
             return;
         }
@@ -535,6 +549,14 @@ impl Builder {
             group.siblings.push(exec);
             Some((g, index))
         });
+        // An execution of a group that ended in an earlier session (see
+        // `ended_last`): the group has not ended after all.
+        if let Some(group) = self
+            .open_group
+            .and_then(|g| self.groups.get_mut(g as usize))
+        {
+            group.ended = None;
+        }
         let role = match (sibling, self.open_group) {
             (Some(_), _) => Role::Sibling,
             (None, Some(_)) => Role::Join,
