@@ -18,6 +18,7 @@ mod raw;
 mod result;
 mod secrets;
 mod stderr_log;
+mod stdio;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

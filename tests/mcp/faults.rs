@@ -43,3 +43,26 @@ fn an_unknown_kind_of_content_is_named_and_the_rest_shown() {
     let text = parsed(&summary, "s")["text"].as_str().unwrap().to_owned();
     assert_eq!(text, "known\n[hologram content, not shown]");
 }
+
+/// A result sent as one message over 16 MiB (more than troupe reads)
+/// fails the call at once, naming why, instead of waiting for the call's
+/// timeout; the server starts again for the next call.
+#[test]
+fn a_message_too_long_to_read_fails_the_call_at_once_and_says_why() {
+    let yaml = format!(
+        "id: t\nentry: big\nmcpServers:\n{}stages:\n  big: {{ kind: tool, tool: srv__big, args: {{ bytes: 17000000 }} }}\nnext:\n  big: end\n",
+        fault_block("srv", Path::new(STATS), &[], "    timeout: 30s\n")
+    );
+    let project = project(&yaml, &[]);
+    let (out, _, audit) = run(&project, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    let failed = events(&audit, "ToolInvocationFailed");
+    assert_eq!(failed.len(), 1, "{failed:#?}");
+    assert_eq!(failed[0]["code"], "ToolTerminal/ResultTooLarge");
+    assert!(
+        failed[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("over 16 MiB")),
+        "{failed:#?}"
+    );
+}

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use rmcp::model::{ClientConfig, Implementation};
 use rmcp::service::{NotificationContext, RoleClient, RunningService};
-use rmcp::transport::TokioChildProcess;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
 };
@@ -280,6 +279,9 @@ pub struct Connection {
     refreshing: tokio::sync::Mutex<()>,
     /// Calls in flight (the handler's forms wait on it).
     calls: Arc<tokio::sync::watch::Sender<usize>>,
+    /// The server sent a message too long to read, and the connection
+    /// ended there.
+    oversized: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -328,6 +330,9 @@ impl Connection {
             secrets: Secrets::of(def),
             calls: Arc::clone(&calls),
         };
+        // Set by a stdio server's transport when it meets a message too
+        // long to read (`stdio.rs`).
+        let oversized = Arc::new(AtomicBool::new(false));
         let (service, group, log) = match &def.transport {
             McpTransport::Stdio {
                 command,
@@ -400,15 +405,17 @@ impl Connection {
                     }
                     None => (Stdio::null(), None),
                 };
-                let (child, piped) = TokioChildProcess::builder(cmd)
-                    .stderr(stderr)
-                    .spawn()
-                    .map_err(|e| {
-                        McpError::new(
-                            "ServerNotFound",
-                            format!("cannot start MCP server `{}` (`{command}`): {e}", def.name),
-                        )
-                    })?;
+                let (child, piped) = super::stdio::StdioServer::spawn(
+                    cmd,
+                    stderr,
+                    Arc::clone(&oversized),
+                )
+                .map_err(|e| {
+                    McpError::new(
+                        "ServerNotFound",
+                        format!("cannot start MCP server `{}` (`{command}`): {e}", def.name),
+                    )
+                })?;
                 // Read to its end: the task ends when the server's group
                 // (which the connection kills) lets go of the pipe.
                 let log = log.map(|(path, file)| {
@@ -544,6 +551,7 @@ impl Connection {
             _group: group,
             refreshing: tokio::sync::Mutex::new(()),
             calls,
+            oversized,
         }))
     }
 
@@ -631,6 +639,15 @@ impl Connection {
                 e @ (rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)),
             ) => {
                 self.dead.store(true, Ordering::Relaxed);
+                if self.oversized.load(Ordering::Relaxed) {
+                    return Err(ToolError::terminal(
+                        "ResultTooLarge",
+                        format!(
+                            "MCP server `{}` answered `{tool}` with a message over 16 MiB, more than troupe reads (results are cut to 256 KiB anyway); the connection was closed, and the server starts again at the next call",
+                            self.server
+                        ),
+                    ));
+                }
                 Err(ToolError::transient(
                     "ServerExited",
                     format!(
