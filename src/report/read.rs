@@ -387,10 +387,8 @@ impl Builder {
             }
             // The turn the run was cancelled in goes on: its executions
             // after the resume are its own (its siblings, its join).
-            "WorkflowResumed" => {
-                if self.open_group.is_none() {
-                    self.open_group = self.ended_last.take();
-                }
+            "WorkflowResumed" if self.open_group.is_none() => {
+                self.open_group = self.ended_last.take();
             }
             "ParallelSiblingFailure" => {
                 let turn = text(&line.compound_turn_id).or(text(&line.turn_id));

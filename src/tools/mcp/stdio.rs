@@ -84,17 +84,15 @@ impl Transport<RoleClient> for StdioServer {
     /// Closes its stdin (the MCP way to ask a stdio server to exit), waits
     /// a moment for it to, then kills it. (Its process group is killed
     /// with the connection in any case.)
-    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        async move {
-            self.transport.close().await?;
-            if tokio::time::timeout(EXIT_GRACE, self.child.wait())
-                .await
-                .is_err()
-            {
-                self.child.kill().await?;
-            }
-            Ok(())
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.transport.close().await?;
+        if tokio::time::timeout(EXIT_GRACE, self.child.wait())
+            .await
+            .is_err()
+        {
+            self.child.kill().await?;
         }
+        Ok(())
     }
 }
 
