@@ -19,7 +19,7 @@ use super::options::RunOptions;
 use super::output::print_report;
 use super::provider::{ProviderArgs, ProviderSetup};
 pub use super::refusal::Refusal;
-use super::signals::{FirstSignal, Interrupts};
+use super::signals::EarlyInterrupts;
 use crate::definition::{Backoff, Pipeline};
 use crate::provider::Provider;
 use crate::provider::openai::OpenAiProvider;
@@ -154,8 +154,11 @@ pub fn threads_for(cores: usize) -> usize {
 
 /// Runs `launch` with `opts` in this process, on an actor system of its
 /// own; the process exit code.
-pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
+pub fn execute(launch: Launch, opts: &RunOptions, signals: Option<EarlyInterrupts>) -> Exit {
     let json = opts.json;
+    // Watched from before the run's folder and store row are made: see
+    // `EarlyInterrupts` (a resume installs it before its repair).
+    let signals = signals.unwrap_or_else(|| EarlyInterrupts::install("cancelling the run"));
     let prepared = match prepare(launch, opts, &Host::default()) {
         Ok(p) => p,
         Err(refusal) => return refusal.print(json),
@@ -163,8 +166,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
     let stream_events = opts.events.is_some();
     // The first write the event stream could not make, if any.
     let stream_failed = Arc::new(std::sync::OnceLock::new());
-    let first_signal = FirstSignal::default();
-    let watched = first_signal.clone();
+    let first_signal = signals.first();
     // The run's control socket, kept past the actor system so that event
     // streams can read the log's end before it goes.
     let control_socket = prepared.run_dir.join(crate::control::SOCKET_NAME);
@@ -194,7 +196,6 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
             }
             sinks
         };
-        let mut interrupts = None;
         let started = |session: actix::Addr<crate::runtime::session::Session>| {
             let for_signals = session.clone();
             reach.arm(move || cancel(&session));
@@ -208,13 +209,7 @@ pub fn execute(launch: Launch, opts: &RunOptions) -> Exit {
                     control_socket.display()
                 ),
             }
-            interrupts = Some(Interrupts::watch(
-                watched,
-                "cancelling the run",
-                move || {
-                    cancel(&for_signals);
-                },
-            ));
+            signals.arm(move || cancel(&for_signals));
         };
         prepared.drive(sinks, started).await
     });

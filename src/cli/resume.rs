@@ -60,8 +60,11 @@ pub fn run(args: ResumeArgs) -> Exit {
             Err(e) => return super::control::failed(&e),
         }
     }
+    // A signal during the repair below cancels the resumed run as it
+    // starts, rather than ending the process half-way.
+    let signals = super::signals::EarlyInterrupts::install("cancelling the run");
     match prepare(&args, &args.opts.store_path()) {
-        Ok(launch) => execute(launch, &args.opts),
+        Ok(launch) => execute(launch, &args.opts, Some(signals)),
         Err(refusal) => refusal.print(json),
     }
 }

@@ -58,5 +58,6 @@ pub fn run(args: RunArgs) -> Exit {
             resume: None,
         },
         &args.opts,
+        None,
     )
 }

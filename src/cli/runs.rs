@@ -178,8 +178,22 @@ fn when(ms: i64) -> String {
     s.get(..19).map_or(s.clone(), |d| d.replacen('T', " ", 1))
 }
 
+/// How long the run ran: until its end, or for one still running until
+/// now. An interrupted run (its process gone without an end) ran until
+/// its log was last written, not until now.
 fn duration(run: &RunRow) -> String {
-    let end = run.ended_at.unwrap_or_else(|| unix_ms(SystemTime::now()));
+    let end = run.ended_at.unwrap_or_else(|| {
+        let now = unix_ms(SystemTime::now());
+        if status_of(run) != "interrupted" {
+            return now;
+        }
+        let log = Path::new(&run.run_dir).join(crate::auditlog::FILE);
+        std::fs::metadata(&log)
+            .or_else(|_| std::fs::metadata(&run.run_dir))
+            .and_then(|m| m.modified())
+            .map_or(run.started_at, unix_ms)
+            .min(now)
+    });
     crate::runtime::summary::human_duration(Duration::from_millis(
         u64::try_from((end - run.started_at).max(0)).unwrap_or(0),
     ))

@@ -155,6 +155,71 @@ impl Interrupts {
     }
 }
 
+/// The watcher installed before a run is prepared (its folder and store
+/// row made, a resume's log repaired), so that a signal then is not lost
+/// to its default action, which left a run folder holding only its lock
+/// and no record. A signal before the run starts cancels it as soon as it
+/// starts ([`EarlyInterrupts::arm`]): the run is recorded, and ends
+/// cancelled at once.
+pub struct EarlyInterrupts {
+    first: FirstSignal,
+    slot: Arc<std::sync::Mutex<Early>>,
+    _watch: Interrupts,
+}
+
+impl std::fmt::Debug for EarlyInterrupts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EarlyInterrupts")
+            .field("first", &self.first)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Early {
+    Waiting,
+    Requested,
+    Armed(Box<dyn FnOnce() + Send>),
+}
+
+impl EarlyInterrupts {
+    /// Installs the watcher; `doing` says what the first signal does.
+    pub fn install(doing: &'static str) -> EarlyInterrupts {
+        let first = FirstSignal::default();
+        let slot = Arc::new(std::sync::Mutex::new(Early::Waiting));
+        let on_first = Arc::clone(&slot);
+        let watch = Interrupts::watch(first.clone(), doing, move || {
+            let mut slot = on_first.lock().unwrap_or_else(|e| e.into_inner());
+            if let Early::Armed(cancel) = std::mem::replace(&mut *slot, Early::Requested) {
+                drop(slot);
+                cancel();
+            }
+        });
+        EarlyInterrupts {
+            first,
+            slot,
+            _watch: watch,
+        }
+    }
+
+    /// Which signal came first, if one did.
+    pub fn first(&self) -> FirstSignal {
+        self.first.clone()
+    }
+
+    /// What the first signal does once the run has started: now, if one
+    /// came before.
+    pub fn arm(&self, cancel: impl FnOnce() + Send + 'static) {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        match *slot {
+            Early::Requested => {
+                drop(slot);
+                cancel();
+            }
+            _ => *slot = Early::Armed(Box::new(cancel)),
+        }
+    }
+}
+
 impl Drop for Interrupts {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {

@@ -186,6 +186,8 @@ def main():
         sys.exit(1)
     if "slow-start" in MODES:
         time.sleep(30)
+    if "brief-start" in MODES:
+        time.sleep(2)
     initialized = False
     initialize_seen = False
     for line in sys.stdin:

@@ -66,3 +66,37 @@ fn a_message_too_long_to_read_fails_the_call_at_once_and_says_why() {
         "{failed:#?}"
     );
 }
+
+/// A signal while the run is being prepared (here, while its MCP server
+/// starts) is not lost to its default action, which left a run folder and
+/// no record: the run starts, is cancelled at once, and says so.
+#[test]
+fn a_signal_while_the_run_is_prepared_cancels_it_as_it_starts() {
+    let yaml = format!(
+        "id: t\nentry: s\nmcpServers:\n{}stages:\n  s: {{ kind: tool, tool: srv__echo, args: {{ text: hi }} }}\nnext:\n  s: end\n",
+        fault_block("srv", Path::new(STATS), &["brief-start"], "")
+    );
+    let project = project(&yaml, &[]);
+    let run = project.spawn(&["run", "p", "--events", "-", "--headless"]);
+    let stats = project.path().join(STATS);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while count(&server_saw(&stats), "start") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    run.signal(nix::sys::signal::Signal::SIGINT);
+    let done = run.finish();
+    assert_eq!(done.code, Some(130), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("cancelling the run"),
+        "{}",
+        done.stderr
+    );
+    let last = done.events.last().expect("events");
+    assert_eq!(last["event"], "WorkflowExit", "{last}");
+    assert_eq!(last["status"], "cancelled", "{last}");
+    assert_eq!(count(&server_saw(&stats), "call"), 0, "nothing ran");
+}
