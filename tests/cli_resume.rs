@@ -551,104 +551,6 @@ fn an_unknown_run_and_a_run_that_ended_ok_are_refused() {
     assert_eq!(project.listed(run_id)["sessions"], 1);
 }
 
-/// Prompt and completion tokens of every execution the store keeps for
-/// `run_id`.
-fn stored_tokens(project: &Project, run_id: &str) -> u64 {
-    let shown = project.json(&["runs", "show", run_id, "--json"]);
-    shown["executions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            e["usage"]["promptTokens"].as_u64().unwrap()
-                + e["usage"]["completionTokens"].as_u64().unwrap()
-        })
-        .sum()
-}
-
-#[test]
-fn a_resumed_runs_budget_counts_what_its_earlier_sessions_used() {
-    let project = Project::new();
-    let (fanout, script) = (path(bundled("fanout")), script());
-    let run_id = &failed_run(
-        &project,
-        &run_args(
-            &fanout,
-            &script,
-            &[
-                "--parallel-cap",
-                "8",
-                "--fail-sibling",
-                "worker#17",
-                "--json",
-            ],
-        ),
-    );
-    let earlier = stored_tokens(&project, run_id);
-    assert!(earlier > 0, "the scripted provider counts tokens");
-    let log = std::fs::read(project.audit_path(run_id)).unwrap();
-
-    // Already over: refused before anything runs or is recorded.
-    let under = (earlier - 1).to_string();
-    let out = project.output(&[
-        "resume",
-        run_id,
-        "--script",
-        &script,
-        "--max-tokens",
-        &under,
-        "--json",
-    ]);
-    assert_eq!(refusal(&out), "Budget/TokensExceeded");
-    let said: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let message = said["message"].as_str().unwrap();
-    assert!(
-        message.contains(&format!("{earlier} tokens in its earlier sessions")),
-        "{message}"
-    );
-    // Before the provider is asked anything: an endpoint nothing answers
-    // on would otherwise fail the capability check first.
-    let nowhere = format!("http://127.0.0.1:{}/v1", common::closed_port());
-    let out = project.output(&[
-        "resume",
-        run_id,
-        "--base-url",
-        &nowhere,
-        "--model",
-        "m",
-        "--max-tokens",
-        &under,
-        "--json",
-    ]);
-    assert_eq!(refusal(&out), "Budget/TokensExceeded");
-    assert_eq!(std::fs::read(project.audit_path(run_id)).unwrap(), log);
-    assert_eq!(project.listed(run_id)["sessions"], 1);
-    assert_eq!(project.listed(run_id)["state"], "failed");
-
-    // Room for the rest: the meter starts at the earlier sessions' use.
-    let max = "100000000";
-    let resumed = project.json(&[
-        "resume",
-        run_id,
-        "--script",
-        &script,
-        "--max-tokens",
-        max,
-        "--json",
-    ]);
-    assert_eq!(resumed["status"], "ok", "{}", resumed["reason"]);
-    let spent = resumed["budget"]["spentTokens"].as_u64().unwrap();
-    // Every stored try counts, the cancelled ones and the failed one run
-    // again too (when they had used any), which the results the run shows
-    // at its end do not hold; without the earlier sessions the meter
-    // would read less than those results.
-    let shown = stored_tokens(&project, run_id);
-    assert!(
-        spent >= shown && spent - shown < earlier,
-        "{spent} spent, {shown} shown, {earlier} earlier"
-    );
-}
-
 #[test]
 fn two_processes_never_run_one_run_at_once() {
     let project = Project::new();
@@ -827,3 +729,6 @@ fn a_run_resumes_from_another_folder_and_not_without_its_own() {
         "Store/RunNotFound"
     );
 }
+
+#[path = "cli_resume/budget_and_lost.rs"]
+mod budget_and_lost;

@@ -199,7 +199,21 @@ fn prepare_stored(
     // the log with the events the worker recorded, not a bare recovery.
     // Both read the run's exited rows: a log that has every one (a run
     // stopped cleanly, the usual case) needs no second pass.
-    let mut exits = if results.keys().all(|id| scanned.exited.contains(&**id)) {
+    let logged = results
+        .keys()
+        .filter(|id| scanned.exited.contains(&***id))
+        .count();
+    // Exits the log has and the store lost (a damaged `-wal` file, a disk
+    // that dropped a commit): those executions run again, and their side
+    // effects with them. Said, not silently repeated.
+    let lost = scanned.exited.len().saturating_sub(logged);
+    if lost > 0 {
+        say!(
+            "warning: Store/LostCommits: {lost} execution(s) whose StageExited (ok) is in the audit log of run {} are not in the store (their commits were lost): they run again",
+            run.id
+        );
+    }
+    let mut exits = if logged == results.len() {
         Vec::new()
     } else {
         store.exit_events(&run.id, |id| scanned.exited.contains(id))?
