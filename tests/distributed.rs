@@ -44,12 +44,15 @@ mod common;
 #[allow(dead_code)]
 #[path = "distributed/harness.rs"]
 mod harness;
+#[path = "distributed/resume.rs"]
+mod resume;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use harness::*;
+use resume::resume;
 use serde_json::Value;
 
 #[test]
@@ -252,17 +255,6 @@ fn a_failed_sibling_cancels_the_siblings_in_flight_on_every_worker() {
     }
 }
 
-/// `troupe resume RUN --nats URL --json` in `project`.
-fn resume(project: &Project, run_id: &str, url: &str) -> std::process::Output {
-    troupe()
-        .args(["resume", run_id, "--nats", url, "--json", "--runs-dir"])
-        .arg(project.runs())
-        .arg("--root")
-        .arg(project.root())
-        .output()
-        .unwrap()
-}
-
 #[test]
 fn a_killed_coordinator_resumes_without_running_a_finished_sibling_again() {
     let Some(bin) = nats_server() else { return };
@@ -324,7 +316,14 @@ fn a_killed_coordinator_resumes_without_running_a_finished_sibling_again() {
         w.tasks.wait_for(held, "reporting a held sibling");
         w.tasks.wait_for(held, "reporting the other held sibling");
     }
-    let out = resume(&project, &run_id, &server.url());
+    // Without --nats it is refused: it would run here what workers finished.
+    let here = resume(&project, &run_id, None);
+    let said = String::from_utf8_lossy(&here.stdout);
+    assert!(
+        here.status.code() == Some(2) && said.contains("DistributedRun"),
+        "{here:?}"
+    );
+    let out = resume(&project, &run_id, Some(&server.url()));
     assert!(out.status.success(), "{out:?}");
     let s = summary(&out);
     assert_eq!(s["status"], "ok");
@@ -793,7 +792,7 @@ fn a_fan_out_cancelled_by_fail_fast_runs_again_on_resume() {
         project.root(),
         &["--max-siblings", "2"],
     );
-    let out = resume(&project, &run_id, &server.url());
+    let out = resume(&project, &run_id, Some(&server.url()));
     assert!(out.status.success(), "{out:?}");
     assert_eq!(summary(&out)["status"], "ok");
 }

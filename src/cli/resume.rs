@@ -129,6 +129,17 @@ fn prepare_stored(
         }
         .into());
     }
+    // Its siblings went to workers over NATS: not run here by mistake.
+    if args.opts.nats.nats.is_none()
+        && !args.force
+        && let Ok(server) = std::fs::read_to_string(run_dir.join(crate::distributed::RUN_MARK))
+    {
+        return Err(StoreError::DistributedRun {
+            id: run.id.clone(),
+            server: crate::cli::output::terminal_safe(server.trim()).into_owned(),
+        }
+        .into());
+    }
     // A folder moved or deleted would be made again with an empty log,
     // whose repair would number events from one again.
     if !run_dir.is_dir() {

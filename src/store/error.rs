@@ -45,6 +45,12 @@ pub enum StoreError {
         was: String,
         now: String,
     },
+    /// The run's siblings went to NATS workers, and a resume without
+    /// `--nats` would run them here.
+    #[error(
+        "run `{id}` was distributed over NATS ({server}): resumed without --nats, it would run here what its workers may have finished, and leave the results they reported meanwhile on the server"
+    )]
+    DistributedRun { id: String, server: String },
     /// The run has nothing left to do.
     #[error("run `{id}` already ended ok; there is nothing to resume")]
     NothingToResume { id: String },
@@ -102,6 +108,9 @@ impl StoreError {
             StoreError::NothingToResume { .. } => {
                 "`troupe runs show` shows its results; start a new run with `troupe run`".to_owned()
             }
+            StoreError::DistributedRun { server, .. } => format!(
+                "resume it with --nats {server}, or pass --force to run what is left here"
+            ),
             StoreError::Io { .. } => "check the path and its permissions".to_owned(),
             StoreError::OutputInRunFolder { .. } => "write it outside the run's folder: that folder is troupe's, and its log is what is being read".to_owned(),
             StoreError::NoStore { .. } => "run from the project's folder, or point --store (or --runs-dir) at its store".to_owned(),
@@ -142,6 +151,7 @@ impl HasCode for StoreError {
             StoreError::RunBusy { .. } => "RunBusy",
             StoreError::PipelineChanged { .. } => "PipelineChanged",
             StoreError::NothingToResume { .. } => "NothingToResume",
+            StoreError::DistributedRun { .. } => "DistributedRun",
             StoreError::Io { .. } => "WriteFailed",
             StoreError::OutputInRunFolder { .. } => "OutputInRunFolder",
             StoreError::NoStore { .. } => "NoStore",

@@ -474,11 +474,11 @@ impl Prepared {
         if let Some(kept) = &driven.kept {
             let _ = store_probe.set(kept.writer.ledger());
         }
-        // Across machines: fan-out siblings go to the workers' queue.
-        let mut on_server = None;
+        let mut on_server = None; // across machines: siblings go to the workers' queue
         if nats.nats.is_some() {
             match remote_siblings(&nats, &spec, &pipeline, &settings).await {
                 Ok(remote) => {
+                    crate::distributed::mark_run(&audit_path, nats.nats.as_deref());
                     on_server = Some(remote.nats.clone());
                     spec.executor = Some(Arc::new(remote));
                 }
