@@ -700,3 +700,21 @@ fn a_run_queued_at_shutdown_is_recorded_and_resumable() {
     let out = common::serve::cli(dir.path(), &["resume", queued.trim(), "--local"]);
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
 }
+
+/// A watcher whose run is killed under it (`kill -9`) says so, and how
+/// to go on, not that the run cannot be reached.
+#[test]
+fn a_watcher_of_a_run_killed_under_it_says_it_was_killed() {
+    let mut run = Run::start(&["--remote"]);
+    run.wait_pending();
+    let (watcher, _) = watching(&run, &[]);
+    run.child.kill().unwrap();
+    let _ = run.child.wait();
+    let out = watcher.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    let text = said(&out);
+    assert!(
+        text.contains("Control/RunKilled") && text.contains("troupe resume"),
+        "{text}"
+    );
+}

@@ -183,12 +183,59 @@ pub fn watch(args: &WatchArgs) -> Exit {
         Err(e) if e.code == "NotServing" => return watch_log(args),
         Err(e) => return failed(&e),
     };
-    follow(&client, &id, args.events.is_some(), args.from)
+    let exit = follow_quietly(&client, &id, args.events.is_some(), args.from);
+    match exit {
+        Ok(exit) => exit,
+        // The stream broke off: a run whose process is gone was killed,
+        // which is what to say (and how to go on), not that it is
+        // unreachable.
+        Err(why) => match crate::control::find_run(&args.at.runs_dir, &id) {
+            Ok((_, dir)) if !crate::store::lock::is_held(&dir) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "error: Control/RunKilled: run {id} was killed before its end (`troupe resume {id}` continues it)"
+                );
+                Exit::RunFailed
+            }
+            _ => why.report(),
+        },
+    }
+}
+
+/// Why a stream was given up.
+enum BrokenOff {
+    Failed(ControlError),
+    Ended,
+}
+
+impl BrokenOff {
+    fn report(self) -> Exit {
+        match self {
+            BrokenOff::Failed(e) => failed(&e),
+            BrokenOff::Ended => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "error: Control/Unreachable: the run's stream ended before its WorkflowExit"
+                );
+                Exit::RunFailed
+            }
+        }
+    }
 }
 
 /// Shows run `id`'s events from `from` on as they come; exits as the run
 /// did.
 pub fn follow(client: &ControlClient, id: &str, raw: bool, from: u64) -> Exit {
+    follow_quietly(client, id, raw, from).unwrap_or_else(BrokenOff::report)
+}
+
+/// [`follow`], with a stream that broke off handed back unsaid.
+fn follow_quietly(
+    client: &ControlClient,
+    id: &str,
+    raw: bool,
+    from: u64,
+) -> Result<Exit, BrokenOff> {
     // Written in batches, flushed when a batch is through: a line-buffered
     // stdout would cost a write per event.
     let show = std::cell::RefCell::new(Shown::new(raw));
@@ -200,9 +247,9 @@ pub fn follow(client: &ControlClient, id: &str, raw: bool, from: u64) -> Exit {
     ));
     let show = show.into_inner();
     if let Err(e) = result {
-        return failed(&e);
+        return Err(BrokenOff::Failed(e));
     }
-    show.exit("error: Control/Unreachable: the run's stream ended before its WorkflowExit")
+    show.ended().ok_or(BrokenOff::Ended)
 }
 
 /// `watch` of a run that is not running: its audit log, as the stream
@@ -318,26 +365,31 @@ impl Shown {
     /// The exit the run had: 0 ok, 130 cancelled, 1 failed or no end (said
     /// on stderr with `no_end`); 141 when the reader went away, 1 when
     /// stdout could not be written otherwise.
-    fn exit(mut self, no_end: &str) -> Exit {
+    fn exit(self, no_end: &str) -> Exit {
+        self.ended().unwrap_or_else(|| {
+            let _ = writeln!(std::io::stderr(), "{no_end}");
+            Exit::RunFailed
+        })
+    }
+
+    /// The exit of what was shown, `None` when it came to no end.
+    fn ended(mut self) -> Option<Exit> {
         self.flush();
         if let Some(e) = self.unwritten.take() {
             if e.kind() == std::io::ErrorKind::BrokenPipe {
-                return Exit::ReaderGone;
+                return Some(Exit::ReaderGone);
             }
             let _ = writeln!(
                 std::io::stderr(),
                 "error: Store/WriteFailed: cannot write what the run said to stdout: {e}"
             );
-            return Exit::RunFailed;
+            return Some(Exit::RunFailed);
         }
         match self.status.as_deref() {
-            Some("ok") => Exit::Ok,
-            Some("cancelled") => Exit::Interrupted,
-            Some(_) => Exit::RunFailed,
-            None => {
-                let _ = writeln!(std::io::stderr(), "{no_end}");
-                Exit::RunFailed
-            }
+            Some("ok") => Some(Exit::Ok),
+            Some("cancelled") => Some(Exit::Interrupted),
+            Some(_) => Some(Exit::RunFailed),
+            None => None,
         }
     }
 }

@@ -83,9 +83,24 @@ pub fn prepare_from(
     checked: Option<PathBuf>,
 ) -> Result<Launch, Refusal> {
     prepare_stored(args, store_path, checked).map_err(|e| match e {
-        Stopped::Store(e) => store_refusal(&e),
+        Stopped::Store(e) => store_refusal(&kept_without_store(e, args)),
         Stopped::Refused(r) => r,
     })
+}
+
+/// A run the store does not know whose folder is there, with its log:
+/// one kept with `--no-store`, said as such.
+fn kept_without_store(e: StoreError, args: &ResumeArgs) -> StoreError {
+    let dir = args.opts.runs_dir.join(&args.run_id);
+    match e {
+        StoreError::RunNotFound { .. } if crate::auditlog::in_dir(&dir).is_file() => {
+            StoreError::KeptWithoutStore {
+                id: args.run_id.clone(),
+                dir,
+            }
+        }
+        e => e,
+    }
 }
 
 enum Stopped {

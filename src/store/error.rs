@@ -51,6 +51,12 @@ pub enum StoreError {
         "run `{id}` was distributed over NATS ({server}): resumed without --nats, it would run here what its workers may have finished, and leave the results they reported meanwhile on the server"
     )]
     DistributedRun { id: String, server: String },
+    /// The run was kept without a store (`--no-store`): its folder has
+    /// its log, and a run is resumed from the store.
+    #[error(
+        "run `{id}` was kept without a store (--no-store): its folder {dir} has its log, but a run is resumed from the store"
+    )]
+    KeptWithoutStore { id: String, dir: PathBuf },
     /// The run has nothing left to do.
     #[error("run `{id}` already ended ok; there is nothing to resume")]
     NothingToResume { id: String },
@@ -108,6 +114,7 @@ impl StoreError {
             StoreError::NothingToResume { .. } => {
                 "`troupe runs show` shows its results; start a new run with `troupe run`".to_owned()
             }
+            StoreError::KeptWithoutStore { .. } => "`troupe runs export <run>` and `troupe report <run>` still read its log; `troupe run` starts it again".to_owned(),
             StoreError::DistributedRun { server, .. } => format!(
                 "resume it with --nats {server}, or pass --force to run what is left here"
             ),
@@ -116,7 +123,7 @@ impl StoreError {
             StoreError::NoStore { .. } => "run from the project's folder, or point --store (or --runs-dir) at its store".to_owned(),
             StoreError::LogMissing { .. } => "the run's results are still in the store: `troupe runs show <run>` prints them".to_owned(),
             StoreError::NotARunFolder { .. } => "nothing was deleted or written; delete the folder by hand if it is the run's".to_owned(),
-            StoreError::AuditCorrupt { .. } => "the log's lines before the damage are intact: `troupe runs export <run>` prints them (a torn end, from a killed process, is not damage: resume repairs it)".to_owned(),
+            StoreError::AuditCorrupt { .. } => "the log's lines before the damage are intact: `troupe runs export <run>` prints them (a torn end, from a killed process, is not damage: resume repairs it); to resume anyway, keep that export and move the log aside: the resumed run's log begins again from what the store holds".to_owned(),
         }
     }
 
@@ -152,6 +159,7 @@ impl HasCode for StoreError {
             StoreError::PipelineChanged { .. } => "PipelineChanged",
             StoreError::NothingToResume { .. } => "NothingToResume",
             StoreError::DistributedRun { .. } => "DistributedRun",
+            StoreError::KeptWithoutStore { .. } => "KeptWithoutStore",
             StoreError::Io { .. } => "WriteFailed",
             StoreError::OutputInRunFolder { .. } => "OutputInRunFolder",
             StoreError::NoStore { .. } => "NoStore",

@@ -2,6 +2,7 @@
 //! budget, and the exits the store lost.
 
 use super::*;
+use crate::common::project::said;
 
 /// Prompt and completion tokens of every execution the store keeps for
 /// `run_id`.
@@ -133,4 +134,22 @@ fn exits_the_store_lost_are_said_before_they_run_again() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{said}"));
     assert!(lost > 0 && lost <= before_kill.len(), "{said}");
+}
+
+/// A run kept without a store is not resumable, and the refusal says that
+/// rather than that there is no such run.
+#[test]
+fn a_run_kept_without_a_store_is_refused_as_such() {
+    let project = Project::new();
+    let fanout = path(bundled("fanout"));
+    let script = script();
+    let ran = project.output(&run_args(&fanout, &script, &["--no-store", "--json"]));
+    assert_eq!(ran.status.code(), Some(0), "{}", said(&ran));
+    let summary: Value = serde_json::from_slice(&ran.stdout).unwrap();
+    let run_id = summary["runId"].as_str().unwrap();
+    let refused = project.output(&["resume", run_id]);
+    assert_eq!(refused.status.code(), Some(2), "{}", said(&refused));
+    let text = said(&refused);
+    assert!(text.contains("Store/KeptWithoutStore"), "{text}");
+    assert!(text.contains("--no-store"), "{text}");
 }
