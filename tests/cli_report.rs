@@ -187,6 +187,10 @@ fn an_unknown_run_exits_2_with_run_not_found() {
     assert_eq!(out.status.code(), Some(2));
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["errors"][0]["code"], "Store/RunNotFound");
+    assert_eq!(
+        (&json["status"], &json["code"]),
+        (&"error".into(), &"Store/RunNotFound".into())
+    );
 }
 
 #[test]

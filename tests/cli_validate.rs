@@ -68,6 +68,10 @@ fn validate_json_lists_codes_and_locations() {
     assert_eq!(v["ok"], false);
     let errors = v["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 3);
+    // The shape of every `--json` error, the first problem at the top.
+    assert_eq!(v["status"], "error");
+    assert_eq!(v["code"], errors[0]["code"]);
+    assert_eq!(v["message"], errors[0]["message"]);
     assert_eq!(errors[1]["code"], "Validation/StageJoinDangling");
     assert_eq!(errors[1]["line"], 9);
     assert_eq!(errors[1]["field"], "next.plan.join");

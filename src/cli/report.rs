@@ -249,7 +249,17 @@ fn print_error(e: &ReportError, json: bool) {
         if let Some(h) = e.hint() {
             err["hint"] = serde_json::Value::from(h);
         }
-        tell!("{}", serde_json::json!({"ok": false, "errors": [err]}));
+        tell!(
+            "{}",
+            serde_json::json!({
+                "ok": false,
+                "status": "error",
+                "code": err["code"],
+                "message": err["message"],
+                "hint": err.get("hint"),
+                "errors": [err],
+            })
+        );
         return;
     }
     say!("error: {}: {e}", e.code());

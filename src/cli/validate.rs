@@ -61,7 +61,20 @@ pub fn run(path: &Path, json: bool, connect: Option<&Path>) -> Exit {
 /// Prints diagnostics: human form on stderr, or JSON on stdout.
 pub fn print_diagnostics(path: &Path, diags: &Diagnostics, json: bool) {
     if json {
-        let out = serde_json::json!({"ok": false, "errors": diags.0});
+        // The shape of every other `--json` error, the first problem's
+        // code and message at the top, and every problem under `errors`.
+        let first = diags
+            .0
+            .first()
+            .and_then(|d| serde_json::to_value(d).ok())
+            .unwrap_or_default();
+        let out = serde_json::json!({
+            "ok": false,
+            "status": "error",
+            "code": first["code"],
+            "message": first["message"],
+            "errors": diags.0,
+        });
         tell!("{out}");
         return;
     }

@@ -460,7 +460,15 @@ impl Inner {
         loop {
             let next = tokio::time::timeout_at(deadline, stream.next())
                 .await
-                .map_err(|_| timed_out(wait, "the rest of the reply"))?;
+                .map_err(|_| {
+                    ProviderError::transient(
+                        "Timeout",
+                        format!(
+                            "the reply did not arrive whole within {} (--request-timeout)",
+                            format_duration(wait)
+                        ),
+                    )
+                })?;
             let Some(chunk) = next else {
                 return Ok(body);
             };

@@ -12,6 +12,33 @@ use crate::provider::{ModelRequest, ModelResponse, ProviderError, Usage};
 use crate::runtime::events::EventName;
 
 impl StageRun {
+    /// A transient failure not tried again because the server asked for a
+    /// longer wait than troupe waits: said so, not only as the server's
+    /// message (a 429 that reads like any other).
+    fn not_waited_for(&self, err: ProviderError, retry: u32) -> ProviderError {
+        let max = self.kit.settings.provider_max_wait;
+        match err {
+            ProviderError::Transient {
+                code,
+                message,
+                retry_after: Some(after),
+                usage,
+            } if after > max && retry < self.kit.settings.provider_retries => {
+                ProviderError::Transient {
+                    code,
+                    message: format!(
+                        "{message} (the server asked to wait {}, longer than the {} troupe waits before a retry)",
+                        crate::definition::duration::format_duration(after),
+                        crate::definition::duration::format_duration(max)
+                    ),
+                    retry_after: Some(after),
+                    usage,
+                }
+            }
+            other => other,
+        }
+    }
+
     /// One provider request with transient retries, audited. Every try
     /// counts as a request in `usage`, a failed one too; no try starts
     /// once the run's budget is spent.
@@ -126,7 +153,7 @@ impl StageRun {
                     }
                     self.emit(failed);
                     let Some(wait) = wait else {
-                        return Err(err);
+                        return Err(self.not_waited_for(err, retry));
                     };
                     retry += 1;
                     if !wait.is_zero() {
