@@ -599,6 +599,18 @@ async fn failed_tries_keep_their_usage_and_finished_streams_are_taken() {
             }),
         ),
         (
+            // The usage event cut short by the drop: the turn is taken
+            // without it, not asked for (and billed) again.
+            Reply::EventsThenCut(
+                vec![call.into()],
+                r#"data: {"choices":[],"usage":{"prompt_to"#.into(),
+            ),
+            Ok(Usage {
+                requests: 1,
+                ..Usage::default()
+            }),
+        ),
+        (
             Reply::EventsThenBreak(vec![usage_chunk.into()]),
             Err(("ProviderTransient/ConnectionFailed", Some(usage(300, 30)))),
         ),

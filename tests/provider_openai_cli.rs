@@ -534,11 +534,20 @@ fn failed_and_cut_off_tries_count_and_unreported_usage_is_said() {
             .is_some_and(|r| r.starts_with("Budget/TokensExceeded")),
         "{report}"
     );
-    let tries = audit(runs.path())
+    let events = audit(runs.path());
+    let tries = events
         .iter()
         .filter(|e| e["event"] == "ProviderRequestStarted")
         .count();
     assert_eq!(tries, 1, "no try after the one that spent the budget");
+    // The failed try's event says what it was billed.
+    let failed = events
+        .iter()
+        .find(|e| e["event"] == "ProviderRequestFailed");
+    assert_eq!(
+        failed.map(|e| &e["usage"]["promptTokens"]),
+        Some(&json!(1000))
+    );
 
     // The worker's request hangs past --stage-timeout; its replies carry
     // no usage (the plan's either: the responder drops it).

@@ -180,22 +180,18 @@ pub fn watch(args: &WatchArgs) -> Exit {
     let (id, client) = match connect(&args.at) {
         Ok(c) => c,
         // Over already: what it did is in its audit log.
-        Err(e) if e.code == "NotServing" => return watch_log(args),
+        Err(e) if e.code == "NotServing" => return watch_log(args, args.from),
         Err(e) => return failed(&e),
     };
     let exit = follow_quietly(&client, &id, args.events.is_some(), args.from);
     match exit {
         Ok(exit) => exit,
-        // The stream broke off: a run whose process is gone was killed,
-        // which is what to say (and how to go on), not that it is
-        // unreachable.
+        // The stream broke off. A run whose process is gone ended (its
+        // log has the rest) or was killed: the log says which, not that
+        // the run is unreachable.
         Err(why) => match crate::control::find_run(&args.at.runs_dir, &id) {
             Ok((_, dir)) if !crate::store::lock::is_held(&dir) => {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "error: Control/RunKilled: run {id} was killed before its end (`troupe resume {id}` continues it)"
-                );
-                Exit::RunFailed
+                watch_log(args, why.shown().max(args.from))
             }
             _ => why.report(),
         },
@@ -203,16 +199,23 @@ pub fn watch(args: &WatchArgs) -> Exit {
 }
 
 /// Why a stream was given up.
+/// Each with the `seq` of the last line shown.
 enum BrokenOff {
-    Failed(ControlError),
-    Ended,
+    Failed(ControlError, u64),
+    Ended(u64),
 }
 
 impl BrokenOff {
+    fn shown(&self) -> u64 {
+        match self {
+            BrokenOff::Failed(_, seq) | BrokenOff::Ended(seq) => *seq,
+        }
+    }
+
     fn report(self) -> Exit {
         match self {
-            BrokenOff::Failed(e) => failed(&e),
-            BrokenOff::Ended => {
+            BrokenOff::Failed(e, _) => failed(&e),
+            BrokenOff::Ended(_) => {
                 let _ = writeln!(
                     std::io::stderr(),
                     "error: Control/Unreachable: the run's stream ended before its WorkflowExit"
@@ -246,15 +249,17 @@ fn follow_quietly(
         || show.borrow_mut().flush(),
     ));
     let show = show.into_inner();
+    let shown = show.last_seq;
     if let Err(e) = result {
-        return Err(BrokenOff::Failed(e));
+        return Err(BrokenOff::Failed(e, shown));
     }
-    show.ended().ok_or(BrokenOff::Ended)
+    show.ended().ok_or(BrokenOff::Ended(shown))
 }
 
 /// `watch` of a run that is not running: its audit log, as the stream
 /// would have given it, and the exit of its last session.
-fn watch_log(args: &WatchArgs) -> Exit {
+/// Lines past `from` are shown.
+fn watch_log(args: &WatchArgs, from: u64) -> Exit {
     let dir = match crate::control::find_run(&args.at.runs_dir, &args.at.run) {
         Ok((_, dir)) => dir,
         Err(e) => return failed(&e),
@@ -277,14 +282,17 @@ fn watch_log(args: &WatchArgs) -> Exit {
             Ok(line) => line,
             Err(e) => return unreadable(&e),
         };
-        if line_head(&line).is_some_and(|(seq, _)| seq > args.from) {
+        if line_head(&line).is_some_and(|(seq, _)| seq > from) {
             show.line(&line);
             if show.unwritten.is_some() {
                 break;
             }
         }
     }
-    show.exit("note: the run is not running and its log has no end: it was killed (`troupe resume` continues it)")
+    let id = dir.file_name().unwrap_or_default().to_string_lossy();
+    show.exit(&format!(
+        "error: Control/RunKilled: run {id} was killed before its end (`troupe resume {id}` continues it)"
+    ))
 }
 
 /// The events a person watching is shown: every line (`--events -`), or a
@@ -304,6 +312,8 @@ struct Shown {
     out: std::io::BufWriter<std::io::StdoutLock<'static>>,
     /// The last session's `WorkflowExit` status, if the log has one.
     status: Option<String>,
+    /// The `seq` of the last line read.
+    last_seq: u64,
     /// The first write to stdout that failed: nothing more is shown, and
     /// the watch ends (a reader that went away, a full disk).
     unwritten: Option<std::io::Error>,
@@ -315,6 +325,7 @@ impl Shown {
             raw,
             out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock()),
             status: None,
+            last_seq: 0,
             unwritten: None,
         }
     }
@@ -331,7 +342,11 @@ impl Shown {
     /// One audit line. Only the lines shown (or ending a session) are
     /// parsed; the rest are told apart by their head.
     fn line(&mut self, line: &str) {
-        let event = line_head(line).map(|(_, event)| event);
+        let head = line_head(line);
+        if let Some((seq, _)) = head {
+            self.last_seq = seq;
+        }
+        let event = head.map(|(_, event)| event);
         if self.raw {
             self.write(line);
         }

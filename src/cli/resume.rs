@@ -40,6 +40,10 @@ pub struct ResumeArgs {
     /// the project (one that refuses the options this resume needs, say).
     #[arg(long, conflicts_with = "server")]
     pub local: bool,
+    /// Resume a distributed run here, without the NATS workers it ran on:
+    /// siblings they finished and reported meanwhile run again.
+    #[arg(long, conflicts_with = "nats")]
+    pub without_workers: bool,
     #[command(flatten)]
     pub opts: RunOptions,
 }
@@ -146,7 +150,7 @@ fn prepare_stored(
     }
     // Its siblings went to workers over NATS: not run here by mistake.
     if args.opts.nats.nats.is_none()
-        && !args.force
+        && !args.without_workers
         && let Ok(server) = std::fs::read_to_string(run_dir.join(crate::distributed::RUN_MARK))
     {
         return Err(StoreError::DistributedRun {

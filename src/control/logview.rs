@@ -206,21 +206,28 @@ impl LogView {
             "ProviderRequestStarted" if number(line, "try").is_some_and(|t| t > 1) => {
                 self.spent().requests.retries += 1;
             }
-            "ProviderRequestCompleted" => {
+            // A failed try carries what the server billed for it, if it
+            // said: counted as the budget counts it.
+            "ProviderRequestCompleted" | "ProviderRequestFailed" => {
                 let (input, output) = (
                     number(line, "promptTokens").unwrap_or(0),
                     number(line, "completionTokens").unwrap_or(0),
                 );
                 let price = self.price;
                 let spent = self.spent();
-                spent.requests.completed += 1;
-                spent.requests.input_tokens += input;
-                spent.requests.output_tokens += output;
-                if let Some(price) = price {
+                if event == "ProviderRequestCompleted" {
+                    spent.requests.completed += 1;
+                } else {
+                    spent.requests.failed += 1;
+                }
+                spent.requests.input_tokens = spent.requests.input_tokens.saturating_add(input);
+                spent.requests.output_tokens = spent.requests.output_tokens.saturating_add(output);
+                if let Some(price) = price
+                    && (event == "ProviderRequestCompleted" || (input, output) != (0, 0))
+                {
                     *spent.cost.get_or_insert(0.0) += price.cost(input, output);
                 }
             }
-            "ProviderRequestFailed" => self.spent().requests.failed += 1,
             "ToolInvocationSucceeded" => self.tool(line, "ok"),
             "ToolInvocationFailed" => self.tool(line, "failed"),
             "ToolInvocationCancelled" => self.tool(line, "cancelled"),

@@ -116,7 +116,7 @@ impl StoreError {
             }
             StoreError::KeptWithoutStore { .. } => "`troupe runs export <run>` and `troupe report <run>` still read its log; `troupe run` starts it again".to_owned(),
             StoreError::DistributedRun { server, .. } => format!(
-                "resume it with --nats {server}, or pass --force to run what is left here"
+                "resume it with --nats {server}, or pass --without-workers to run what is left here"
             ),
             StoreError::Io { .. } => "check the path and its permissions".to_owned(),
             StoreError::OutputInRunFolder { .. } => "write it outside the run's folder: that folder is troupe's, and its log is what is being read".to_owned(),

@@ -19,6 +19,7 @@ mod result;
 mod secrets;
 mod stderr_log;
 mod stdio;
+mod watched;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -97,6 +97,9 @@ pub enum Reply {
     /// 200 `text/event-stream` with these events' data, then breaks the
     /// connection where `[DONE]` would come.
     EventsThenBreak(Vec<String>),
+    /// The same, with these raw bytes after the events (an event cut
+    /// short by the break).
+    EventsThenCut(Vec<String>, String),
     /// Waits until at least `n` requests are in flight (or until
     /// `release_after` waiting requests have arrived), then answers.
     WaitInFlight(usize, Box<Reply>),
@@ -554,6 +557,14 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
                 .into_iter()
                 .map(|e| Bytes::from(format!("data: {e}\n\n")))
                 .collect();
+            sse_response(frames, flight, Tail::Break)
+        }
+        Reply::EventsThenCut(events, cut) => {
+            let mut frames: Vec<Bytes> = events
+                .into_iter()
+                .map(|e| Bytes::from(format!("data: {e}\n\n")))
+                .collect();
+            frames.push(Bytes::from(cut));
             sse_response(frames, flight, Tail::Break)
         }
         Reply::BreakMidStream => {

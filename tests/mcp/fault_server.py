@@ -77,6 +77,7 @@ def tools():
         tool("connect", {"port": {"type": "integer"}}, ["port"]),
         tool("elicit"),
         tool("mixed"),
+        tool("tasky"),
     ]
     if changed:
         listed.append(tool("extra"))
@@ -128,6 +129,9 @@ def call(req_id, name, args):
         os._exit(3)
     elif name == "fail":
         result = text("the tool failed on purpose", is_error=True)
+    elif name == "tasky":
+        # A task where the call's result should be.
+        result = {"resultType": "task", "task": {"taskId": "t1", "status": "working"}}
     elif name == "mixed":
         # A content block of a kind newer than the client knows.
         result = {"content": [{"type": "text", "text": "known"}, {"type": "hologram", "data": "x"}]}

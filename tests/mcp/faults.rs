@@ -42,6 +42,20 @@ fn an_unknown_kind_of_content_is_named_and_the_rest_shown() {
     assert_eq!(out.status.code(), Some(0), "{}", said(&out));
     let text = parsed(&summary, "s")["text"].as_str().unwrap().to_owned();
     assert_eq!(text, "known\n[hologram content, not shown]");
+    // A task where the call's result should be is refused, not taken as
+    // an empty result.
+    let yaml = yaml.replace("srv__mixed", "srv__tasky");
+    let project = self::project(&yaml, &[]);
+    let (out, _, audit) = run(&project, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    let failed = events(&audit, "ToolInvocationFailed");
+    assert_eq!(failed[0]["code"], "ToolTerminal/McpError", "{failed:#?}");
+    assert!(
+        failed[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`task` result")
+    );
 }
 
 /// A result sent as one message over 16 MiB (more than troupe reads)

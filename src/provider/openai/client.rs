@@ -301,6 +301,15 @@ impl Inner {
         {
             self.stream_ended_early();
         }
+        reply
+    }
+
+    /// A whole reply (not one taken early) that said nothing of its
+    /// tokens: [`Inner::usage_unreported`].
+    fn counted(
+        &self,
+        reply: Result<ModelResponse, ProviderError>,
+    ) -> Result<ModelResponse, ProviderError> {
         if let Ok(response) = &reply
             && response.usage.prompt_tokens == 0
             && response.usage.completion_tokens == 0
@@ -514,9 +523,9 @@ impl Inner {
             let mut assembly = Assembly::new();
             let events = sse.push_events(&body).map_err(|e| sse_error(&e.0))?;
             let done = feed(&mut assembly, events, observer)?;
-            return end_of_stream(sse, assembly, done, observer);
+            return self.counted(end_of_stream(sse, assembly, done, observer));
         }
-        Assembly::from_completion(&body)?.into_response()
+        self.counted(Assembly::from_completion(&body)?.into_response())
     }
 
     /// Assembles an SSE stream chunk by chunk until `[DONE]`. The request
@@ -549,10 +558,10 @@ impl Inner {
                 Ok(chunk) => chunk,
                 // The model said it was done (and the usage that follows
                 // its finish reason may have come too): the connection
-                // dropped where `[DONE]` would have come, as a stream that
-                // ends cleanly without it, which is taken. Asking again
-                // would be billed again for the same turn.
-                Err(_) if assembly.finished() => break,
+                // dropped where `[DONE]` would have come. The turn is
+                // taken as it stands, an event cut short by the drop left
+                // out: asking again would be billed again for it.
+                Err(_) if assembly.finished() => return assembly.into_response(),
                 Err(e) => return Err(transport_error(&e).billed(assembly.usage())),
             };
             total += chunk.len();
@@ -574,7 +583,7 @@ impl Inner {
                 Err(e) => return Err(e.billed(assembly.usage())),
             }
         }
-        end_of_stream(sse, assembly, done, observer)
+        self.counted(end_of_stream(sse, assembly, done, observer))
     }
 }
 
@@ -618,8 +627,13 @@ fn end_of_stream(
     observer: Option<&dyn RequestObserver>,
 ) -> Result<ModelResponse, ProviderError> {
     if !done {
-        let last = sse.finish().map_err(|e| sse_error(&e.0))?;
-        done = feed(&mut assembly, last, observer)?;
+        let last = sse
+            .finish()
+            .map_err(|e| sse_error(&e.0).billed(assembly.usage()))?;
+        done = match feed(&mut assembly, last, observer) {
+            Ok(done) => done,
+            Err(e) => return Err(e.billed(assembly.usage())),
+        };
     }
     if !done && !assembly.finished() {
         return Err(ProviderError::transient(

@@ -151,6 +151,9 @@ impl StageRun {
                     if let Some(wait) = wait {
                         failed = failed.with("waitMs", wait.as_millis() as u64);
                     }
+                    if let Some(billed) = err.usage() {
+                        failed = failed.with("usage", billed);
+                    }
                     self.emit(failed);
                     let Some(wait) = wait else {
                         return Err(self.not_waited_for(err, retry));

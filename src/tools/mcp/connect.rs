@@ -22,6 +22,7 @@ use serde_json::Value;
 use super::listing::{Listed, ListingCell};
 use super::result::{ToolOutput, render_redacted};
 use super::secrets::Secrets;
+use super::watched::Watched;
 use super::{McpError, McpStart};
 use crate::definition::mcp::{McpServerDef, McpTransport};
 use crate::tools::ToolError;
@@ -204,61 +205,6 @@ async fn list_pages(server: &str, peer: &rmcp::Peer<RoleClient>) -> Result<Liste
     Err(failed(format!(
         "its listing went on past {MOST_PAGES} pages"
     )))
-}
-
-/// A transport that marks the listing stale the moment a
-/// `notifications/tools/list_changed` is read, before any message after it
-/// (the answer of the call that changed the list) reaches its caller; the
-/// SDK runs notification handlers on tasks of their own, too late for that.
-struct Watched<T> {
-    inner: T,
-    cell: Arc<ListingCell>,
-}
-
-impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleClient>
-    for Watched<T>
-{
-    type Error = T::Error;
-
-    fn send(
-        &mut self,
-        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.inner.send(item)
-    }
-
-    fn receive(
-        &mut self,
-    ) -> impl Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send {
-        use rmcp::model::ServerNotification as N;
-        let cell = Arc::clone(&self.cell);
-        async move {
-            loop {
-                let message = self.inner.receive().await;
-                let Some(rmcp::model::JsonRpcMessage::Notification(n)) = &message else {
-                    return message;
-                };
-                match n.notification {
-                    N::ToolListChangedNotification(_) => cell.mark_stale(),
-                    // Nothing of troupe's reads these, and the SDK starts
-                    // a task for each notification it is handed: a server
-                    // that sends them by the hundred thousand (a chatty
-                    // log) held hundreds of megabytes. Read and dropped.
-                    N::LoggingMessageNotification(_)
-                    | N::ProgressNotification(_)
-                    | N::ResourceUpdatedNotification(_)
-                    | N::ResourceListChangedNotification(_)
-                    | N::PromptListChangedNotification(_) => continue,
-                    _ => {}
-                }
-                return message;
-            }
-        }
-    }
-
-    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        self.inner.close()
-    }
 }
 
 /// A live connection to one server.
@@ -625,6 +571,16 @@ impl Connection {
     async fn call_unredacted(&self, tool: &str, args: &Value) -> Result<ToolOutput, ToolError> {
         let answer = super::raw::call(self.service.peer(), tool, args).await;
         match answer {
+            // A task or a request for input instead of the call's result:
+            // nothing troupe takes (the SDK's own call refused them too).
+            Ok(result) if not_complete(&result).is_some() => Err(ToolError::terminal(
+                "McpError",
+                format!(
+                    "MCP server `{}` answered `{tool}` with a `{}` result, which troupe does not take (only a call's complete result)",
+                    self.server,
+                    not_complete(&result).unwrap_or_default()
+                ),
+            )),
             Ok(result) => {
                 render_redacted(&self.server, tool, &result, &|text| self.secrets.text(text))
             }
@@ -639,7 +595,11 @@ impl Connection {
                 e @ (rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)),
             ) => {
                 self.dead.store(true, Ordering::Relaxed);
-                if self.oversized.load(Ordering::Relaxed) {
+                let oversized = self.oversized.load(Ordering::Relaxed);
+                // Whose answer was too long is not known when several
+                // calls were in flight: then each is told the connection
+                // ended, and why, as for a server that exited.
+                if oversized && *self.calls.borrow() <= 1 {
                     return Err(ToolError::terminal(
                         "ResultTooLarge",
                         format!(
@@ -648,10 +608,15 @@ impl Connection {
                         ),
                     ));
                 }
+                let why = if oversized {
+                    " (it sent a message over 16 MiB, more than troupe reads, which ended the connection)"
+                } else {
+                    ""
+                };
                 Err(ToolError::transient(
                     "ServerExited",
                     format!(
-                        "MCP server `{}` went away during `{tool}`: {e}",
+                        "MCP server `{}` went away during `{tool}`: {e}{why}",
                         self.server
                     ),
                 ))
@@ -784,4 +749,14 @@ mod tests {
         assert!(!tail.contains("line 0 "), "{tail}");
         assert_eq!(log_tail(&dir.path().join("none.log")), "");
     }
+}
+
+/// The kind of a `tools/call` answer that is not a call's complete result
+/// (a task, a request for input), if it is one.
+fn not_complete(result: &Value) -> Option<String> {
+    result
+        .get("resultType")
+        .and_then(Value::as_str)
+        .filter(|kind| *kind != "complete")
+        .map(|kind| crate::cli::output::terminal_safe(kind).into_owned())
 }

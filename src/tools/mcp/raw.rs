@@ -73,12 +73,14 @@ impl Drop for Abandoned {
         // the message, and only the wait for it to be written is given up.
         // Sent from a task instead, a fail-fast's cancels could still be
         // waiting for that task when the pool stopped the server.
-        let _ = self
-            .peer
-            .notify_cancelled(CancelledNotificationParam::new(
+        // Unconstrained: a task that spent its scheduling budget would
+        // otherwise see the send pending however much room the queue has.
+        let _ = tokio::task::unconstrained(self.peer.notify_cancelled(
+            CancelledNotificationParam::new(
                 Some(id),
                 Some("request abandoned by the caller".to_owned()),
-            ))
-            .now_or_never();
+            ),
+        ))
+        .now_or_never();
     }
 }

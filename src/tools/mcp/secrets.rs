@@ -55,11 +55,24 @@ impl Secrets {
         Secrets(values.into())
     }
 
-    /// The length of the longest value, 0 with none: a text cut into
-    /// pieces keeps this much less one of each piece's end for the next,
-    /// so that no value is split between two pieces and missed in both.
-    pub(super) fn longest(&self) -> usize {
-        self.0.first().map_or(0, String::len)
+    /// Where to cut `bytes` at `at` or before so that no value is split
+    /// between the two parts (and missed in both): before the first value
+    /// that begins within a value's length of `at` and runs past it, or
+    /// could (the bytes end before it does). Never 0 for an `at` longer
+    /// than every value.
+    pub(super) fn cut_before(&self, bytes: &[u8], at: usize) -> usize {
+        let mut cut = at.min(bytes.len());
+        for secret in self.0.iter().map(String::as_bytes) {
+            let from = at.saturating_sub(secret.len() - 1).max(1);
+            for start in from..at.min(bytes.len()) {
+                let here = &bytes[start..bytes.len().min(start + secret.len())];
+                if start < cut && secret.starts_with(here) && start + secret.len() > at {
+                    cut = start;
+                    break;
+                }
+            }
+        }
+        cut
     }
 
     /// `text` with every value replaced.
