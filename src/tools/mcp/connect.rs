@@ -726,6 +726,16 @@ fn log_tail(path: &std::path::Path) -> String {
     format!(" (its stderr, {}: {})", path.display(), tail.join(" | "))
 }
 
+/// The kind of a `tools/call` answer that is not a call's complete result
+/// (a task, a request for input), if it is one.
+fn not_complete(result: &Value) -> Option<String> {
+    result
+        .get("resultType")
+        .and_then(Value::as_str)
+        .filter(|kind| *kind != "complete")
+        .map(|kind| crate::cli::output::terminal_safe(kind).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -749,14 +759,4 @@ mod tests {
         assert!(!tail.contains("line 0 "), "{tail}");
         assert_eq!(log_tail(&dir.path().join("none.log")), "");
     }
-}
-
-/// The kind of a `tools/call` answer that is not a call's complete result
-/// (a task, a request for input), if it is one.
-fn not_complete(result: &Value) -> Option<String> {
-    result
-        .get("resultType")
-        .and_then(Value::as_str)
-        .filter(|kind| *kind != "complete")
-        .map(|kind| crate::cli::output::terminal_safe(kind).into_owned())
 }
