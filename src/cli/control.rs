@@ -190,15 +190,29 @@ pub fn watch(args: &WatchArgs) -> Exit {
         // log has the rest) or was killed: the log says which, not that
         // the run is unreachable.
         Err(why) => match crate::control::find_run(&args.at.runs_dir, &id) {
-            Ok((_, dir)) if !crate::store::lock::is_held(&dir) => {
-                watch_log(args, why.shown().max(args.from))
-            }
+            Ok((_, dir)) if let_go(&dir) => watch_log(args, why.shown().max(args.from)),
             _ => why.report(),
         },
     }
 }
 
 /// Why a stream was given up.
+/// Whether the run's process has let go of it, after its stream broke
+/// off: a process killed closes its socket and lets go of its lock in the
+/// same exit, not at the same instant, so a moment is allowed for that.
+fn let_go(dir: &std::path::Path) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        if !crate::store::lock::is_held(dir) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Each with the `seq` of the last line shown.
 enum BrokenOff {
     Failed(ControlError, u64),

@@ -4,6 +4,20 @@
 use super::*;
 use crate::common::project::said;
 
+/// The bundled fan-out run in `project` until worker#17 fails it, part
+/// way: its id.
+fn failed_part_way(project: &Project) -> String {
+    let (fanout, script) = (path(bundled("fanout")), script());
+    let extra = [
+        "--parallel-cap",
+        "8",
+        "--fail-sibling",
+        "worker#17",
+        "--json",
+    ];
+    failed_run(project, &run_args(&fanout, &script, &extra))
+}
+
 /// Prompt and completion tokens of every execution the store keeps for
 /// `run_id`.
 fn stored_tokens(project: &Project, run_id: &str) -> u64 {
@@ -22,21 +36,8 @@ fn stored_tokens(project: &Project, run_id: &str) -> u64 {
 #[test]
 fn a_resumed_runs_budget_counts_what_its_earlier_sessions_used() {
     let project = Project::new();
-    let (fanout, script) = (path(bundled("fanout")), script());
-    let run_id = &failed_run(
-        &project,
-        &run_args(
-            &fanout,
-            &script,
-            &[
-                "--parallel-cap",
-                "8",
-                "--fail-sibling",
-                "worker#17",
-                "--json",
-            ],
-        ),
-    );
+    let script = script();
+    let run_id = &failed_part_way(&project);
     let earlier = stored_tokens(&project, run_id);
     assert!(earlier > 0, "the scripted provider counts tokens");
     let log = std::fs::read(project.audit_path(run_id)).unwrap();
@@ -108,22 +109,8 @@ fn a_resumed_runs_budget_counts_what_its_earlier_sessions_used() {
 #[test]
 fn exits_the_store_lost_are_said_before_they_run_again() {
     let project = Project::new();
-    let (fanout, script) = (path(bundled("fanout")), script());
-    // A run that failed part way: its log is whole, every ok exit in it.
-    let run_id = failed_run(
-        &project,
-        &run_args(
-            &fanout,
-            &script,
-            &[
-                "--parallel-cap",
-                "8",
-                "--fail-sibling",
-                "worker#17",
-                "--json",
-            ],
-        ),
-    );
+    // Its log is whole, every ok exit in it.
+    let run_id = failed_part_way(&project);
     let ok_in_log = project
         .audit(&run_id)
         .iter()
