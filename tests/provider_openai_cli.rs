@@ -600,3 +600,54 @@ fn failed_and_cut_off_tries_count_and_unreported_usage_is_said() {
         text(&out)
     );
 }
+
+/// A reply the server cut at the model's token limit (`finish_reason:
+/// length`) is said as such: in the audit log, and to the model, whose
+/// cut-off completion call is otherwise only \"not valid JSON\".
+#[test]
+fn a_reply_cut_at_the_token_limit_is_said_to_the_log_and_the_model() {
+    let tries = Arc::new(Mutex::new(0));
+    let seen = Arc::clone(&tries);
+    let server = FakeOpenAi::start(move |r| {
+        if r.completion_tool() != "submit_items" {
+            return pipeline_responder(r);
+        }
+        let mut n = seen.lock().unwrap();
+        *n += 1;
+        if *n > 1 {
+            return pipeline_responder(r);
+        }
+        Reply::Raw {
+            content_type: "application/json".into(),
+            body: json!({
+                "choices": [{"index": 0, "finish_reason": "length", "message": {
+                    "role": "assistant", "content": null,
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {
+                        "name": "submit_items", "arguments": "{\"items\": [1, 2"}}]}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 4096}
+            })
+            .to_string(),
+        }
+    });
+    let runs = tempfile::tempdir().unwrap();
+    let out = run_cli(
+        &server,
+        runs.path(),
+        &stages("fanout"),
+        &["--ctx", "width=1", "--no-stream"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let cut = audit(runs.path())
+        .into_iter()
+        .filter(|e| e["event"] == "ProviderRequestCompleted" && e["finishReason"] == "length")
+        .count();
+    assert_eq!(cut, 1);
+    let second = server
+        .chats()
+        .into_iter()
+        .filter(|r| r.completion_tool() == "submit_items")
+        .nth(1)
+        .unwrap();
+    let told = second.messages().last().unwrap()["content"].to_string();
+    assert!(told.contains("token limit"), "{told}");
+}

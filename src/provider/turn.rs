@@ -60,6 +60,9 @@ pub struct ModelResponse {
     pub text: Option<String>,
     pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,
+    /// Why the model stopped, as the server said (`stop`, `tool_calls`,
+    /// `length`: cut at its token limit), when it said.
+    pub finish_reason: Option<String>,
 }
 
 /// Token counts reported by a provider.

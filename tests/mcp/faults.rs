@@ -54,7 +54,7 @@ fn an_unknown_kind_of_content_is_named_and_the_rest_shown() {
         failed[0]["message"]
             .as_str()
             .unwrap()
-            .contains("`task` result")
+            .contains("\"task\" result")
     );
 }
 

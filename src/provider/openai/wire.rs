@@ -459,6 +459,7 @@ impl Assembly {
                 requests: 1,
                 ..Usage::default()
             }),
+            finish_reason: self.finish_reason,
         })
     }
 }

@@ -102,15 +102,22 @@ impl StageRun {
             }
             // The response is used up here: its calls go to the transcript,
             // and one copy stays to run them.
+            let cut_short = response.finish_reason.as_deref() == Some("length");
             let calls = std::mem::take(&mut response.tool_calls);
             transcript.push(Message::Assistant {
                 content: response.text.take(),
                 tool_calls: calls.clone(),
             });
             if calls.is_empty() {
-                transcript.push(Message::User {
-                    content: format!("Call `{}` when you are done.", def.completion_tool),
-                });
+                let content = if cut_short {
+                    format!(
+                        "Your reply was cut at the token limit (finish_reason `length`) before you called `{}`: call it now, with a shorter answer.",
+                        def.completion_tool
+                    )
+                } else {
+                    format!("Call `{}` when you are done.", def.completion_tool)
+                };
+                transcript.push(Message::User { content });
                 continue;
             }
             let completions = calls
@@ -161,7 +168,12 @@ impl StageRun {
                         }
                         return ActOutcome::Completed(parsed);
                     }
-                    Err(err) => {
+                    Err(mut err) => {
+                        if cut_short && err.code.ends_with("/CompletionNotJson") {
+                            err.message.push_str(
+                                " (your reply was cut at the token limit, finish_reason `length`: a shorter answer fits)",
+                            );
+                        }
                         transcript.push(Message::Tool {
                             tool_call_id: call.id.clone(),
                             content: err.to_content(),

@@ -112,12 +112,19 @@ impl StageRun {
             }
             match outcome {
                 Ok(response) => {
-                    self.emit(
-                        self.event(EventName::ProviderRequestCompleted)
-                            .with("turn", turn)
-                            .with("toolCalls", response.tool_calls.len())
-                            .with("usage", response.usage),
-                    );
+                    let mut completed = self
+                        .event(EventName::ProviderRequestCompleted)
+                        .with("turn", turn)
+                        .with("toolCalls", response.tool_calls.len())
+                        .with("usage", response.usage);
+                    // Said when the model was cut short (`length`), which
+                    // otherwise reads as a model that answered badly.
+                    if let Some(reason) =
+                        response.finish_reason.as_deref().filter(|r| *r == "length")
+                    {
+                        completed = completed.with("finishReason", reason.to_owned());
+                    }
+                    self.emit(completed);
                     // Under a budget, in the log as soon as the meter has
                     // counted it, as the scheduler may be stopping the run
                     // for it: completions read in the meter's order.

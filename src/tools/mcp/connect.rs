@@ -576,7 +576,7 @@ impl Connection {
             Ok(result) if not_complete(&result).is_some() => Err(ToolError::terminal(
                 "McpError",
                 format!(
-                    "MCP server `{}` answered `{tool}` with a `{}` result, which troupe does not take (only a call's complete result)",
+                    "MCP server `{}` answered `{tool}` with a {} result, which troupe does not take (only a call's complete result)",
                     self.server,
                     not_complete(&result).unwrap_or_default()
                 ),
@@ -733,7 +733,7 @@ fn not_complete(result: &Value) -> Option<String> {
         .get("resultType")
         .and_then(Value::as_str)
         .filter(|kind| *kind != "complete")
-        .map(|kind| crate::cli::output::terminal_safe(kind).into_owned())
+        .map(|kind| format!("{kind:?}"))
 }
 
 #[cfg(test)]
