@@ -291,6 +291,12 @@ async fn every_failure_is_a_typed_error() {
             "ProviderTransient/MalformedResponse",
         ),
         (
+            // An event past 8 MiB: refused, not asked for again (a plain
+            // reply past its bound is not either).
+            Reply::Events(vec!["x".repeat(9 << 20)]),
+            "ExtensionHost/ResponseTooLarge",
+        ),
+        (
             Reply::Events(vec![
                 r#"{"choices":[{"index":0,"delta":{"content":"half"}}]}"#.into(),
             ]),

@@ -655,9 +655,12 @@ fn too_large() -> ProviderError {
     }
 }
 
+/// The one way an event stream is refused: an event past the bound troupe
+/// reads. The same request would get the same reply, so it is not asked
+/// again (as a plain reply past its bound is not).
 fn sse_error(message: &str) -> ProviderError {
-    ProviderError::transient(
-        "MalformedResponse",
-        format!("the server's event stream is malformed: {message}"),
-    )
+    ProviderError::Terminal {
+        code: "ResponseTooLarge",
+        message: format!("the server's event stream is refused: {message}"),
+    }
 }
