@@ -685,3 +685,28 @@ async fn failed_tries_keep_their_usage_and_finished_streams_are_taken() {
         assert_eq!(got.map(|r| r.usage).ok(), Some(expected), "{counts}");
     }
 }
+
+/// An overload a server reports inside a 200 during the capability check
+/// is retried as one in the status would be, not taken as its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_inside_a_200_during_the_check_is_retried() {
+    let probes = Arc::new(Mutex::new(0));
+    let seen = Arc::clone(&probes);
+    let server = FakeOpenAi::start_raw(move |r| {
+        let mut n = seen.lock().unwrap();
+        *n += 1;
+        if *n == 1 {
+            return Reply::Raw {
+                content_type: "application/json".into(),
+                body: r#"{"error":{"message":"overloaded","code":503}}"#.into(),
+            };
+        }
+        drop(n);
+        assert!(r.is_probe());
+        Reply::call(PROBE_TOOL, json!({}))
+    });
+    let p = provider(&server, |_| {});
+    let report = p.check(2, &backoff()).await;
+    assert!(report.is_ok(), "{report:?}");
+    assert_eq!(*probes.lock().unwrap(), 2);
+}

@@ -97,17 +97,21 @@ impl OpenAiProvider {
         };
         let mut forced = true;
         let mut refused = None;
-        let body = loop {
+        let response = loop {
             let probe = probe_body(&model, forced);
             // A forced probe that a server refuses with an error status is
             // not retried as a blip: the same request fails the same way.
+            // Read inside the retried attempt: an error a server reports
+            // inside a 200 (an overload, a refused tool choice) is retried
+            // and falls back to `auto` as one in the status does.
             let attempt = with_retries(retries, backoff, !forced, || async {
                 let response = self.inner.post(&self.inner.chat_url, &probe).await?;
-                self.inner.read_all(response, 1024 * 1024, false).await
+                let body = self.inner.read_all(response, 1024 * 1024, false).await?;
+                Assembly::from_completion(&body).and_then(Assembly::into_response)
             })
             .await;
             match attempt {
-                Ok(body) => break body,
+                Ok(response) => break response,
                 Err(e) if forced && refuses_forced_choice(&e) => {
                     refused = Some(self.inner.redact(e).to_string());
                     forced = false;
@@ -115,9 +119,6 @@ impl OpenAiProvider {
                 Err(e) => return Err(self.capability(e, &model)),
             }
         };
-        let response = Assembly::from_completion(&body)
-            .and_then(Assembly::into_response)
-            .map_err(|e| self.capability(e, &model))?;
         if response.tool_calls.is_empty() {
             let said = response
                 .text
