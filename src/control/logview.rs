@@ -87,6 +87,10 @@ pub struct LogView {
     /// Open parallel turns: turn id → (stage, width, the stage's entries
     /// when the turn began).
     fanouts: BTreeMap<String, (String, u64, u64)>,
+    /// The fan-out the latest `SessionTurnEnd` closed, while no turn has
+    /// started since: a run cancelled in it is resumed in it (its turn is
+    /// not started again), and its siblings wait again.
+    ended_fanout: Option<(String, (String, u64, u64))>,
     /// The last event's `ts` (RFC 3339).
     pub last_ts: Option<String>,
 }
@@ -161,8 +165,20 @@ impl LogView {
             self.status = None;
             self.reason = None;
         }
+        if event == "SessionTurnStart" {
+            self.ended_fanout = None;
+        }
         match event {
             "WorkflowStarted" | "WorkflowResumed" => {
+                if event == "WorkflowResumed"
+                    && let Some((turn, (stage, width, _))) = self.ended_fanout.take()
+                {
+                    // Waiting: the width less the siblings that ended
+                    // before and those entered from now on.
+                    let now = self.stages.get(&stage).copied().unwrap_or_default();
+                    let before = now.entered.saturating_sub(now.ok + now.failed);
+                    self.fanouts.insert(turn, (stage, width, before));
+                }
                 let v: Value = serde_json::from_str(line).unwrap_or_default();
                 let provider = &v["provider"];
                 if let Some(model) = provider["model"].as_str().or(provider["name"].as_str()) {
@@ -189,7 +205,7 @@ impl LogView {
             }
             "SessionTurnEnd" => {
                 if let Some(turn) = text(line, "turnId") {
-                    self.fanouts.remove(turn);
+                    self.ended_fanout = self.fanouts.remove_entry(turn);
                 }
             }
             "StageEntered" => self.stage(line).entered += 1,
@@ -293,6 +309,29 @@ mod tests {
         assert_eq!(view.requests().completed, 1);
         assert_eq!(view.requests().output_tokens, 41);
         assert_eq!(view.last_seq, 7);
+    }
+
+    /// A fan-out cancelled and resumed waits again for what did not end:
+    /// its turn is not started again, so the gauge reopens at the resume.
+    #[test]
+    fn a_resumed_fan_out_waits_for_what_did_not_end() {
+        let mut view = LogView::default();
+        let sibling = |seq: u32, event: &str| {
+            format!(r#"{{"seq":{seq},"ts":"t","event":"{event}","stageId":"w"}}"#)
+        };
+        view.take(r#"{"seq":1,"ts":"t","event":"SessionTurnStart","turnId":"t1","stages":["w[10]"],"execution":"parallel","width":10}"#);
+        for (seq, event) in [(2, "StageEntered"), (3, "StageEntered"), (4, "StageExited")] {
+            view.take(&sibling(seq, event));
+        }
+        view.take(&sibling(5, "StageCancelled"));
+        assert_eq!(view.waiting()["w"], 8);
+        view.take(r#"{"seq":6,"ts":"t","event":"SessionTurnEnd","turnId":"t1"}"#);
+        view.take(r#"{"seq":7,"ts":"t","event":"WorkflowExit","status":"cancelled"}"#);
+        assert!(view.waiting().is_empty());
+        view.take(r#"{"seq":8,"ts":"t","event":"WorkflowResumed","provider":{"name":"scripted"}}"#);
+        assert_eq!(view.waiting()["w"], 9, "all but the one that ended");
+        view.take(&sibling(9, "StageEntered"));
+        assert_eq!(view.waiting()["w"], 8);
     }
 
     /// A resume at another price (or model) counts what comes after it at
