@@ -54,6 +54,20 @@ impl McpTool {
                 )
             })?
             .to_owned();
+        // A tool that can only be called as a task (MCP's tasks, which
+        // troupe does not run) fails every plain call: not offered.
+        if tool
+            .pointer("/execution/taskSupport")
+            .and_then(Value::as_str)
+            == Some("required")
+        {
+            return Err(McpError::new(
+                "InvalidListing",
+                format!(
+                    "MCP server `{server}` lists tool `{name}` as callable only as a task (execution.taskSupport: required), which troupe does not run"
+                ),
+            ));
+        }
         let schema = tool.get("inputSchema").cloned().unwrap_or(Value::Null);
         // Sent with every request that offers the tool.
         let schema_bytes = schema.to_string().len();
@@ -342,6 +356,23 @@ mod tests {
         assert_eq!(listed.tools.len(), 1);
         assert_eq!(listed.unusable.len(), 1);
         assert_eq!(listed.unusable[0].1.code, "InvalidSchema");
+    }
+
+    /// A tool callable only as a task is not offered (every plain call
+    /// of it fails); one that may be called either way is.
+    #[test]
+    fn a_tool_that_must_run_as_a_task_is_not_offered() {
+        let listed = Listed::from_entries(
+            "s",
+            &[
+                json!({"name": "research", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "required"}}),
+                json!({"name": "either", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "optional"}}),
+            ],
+        );
+        assert_eq!(listed.tools.len(), 1);
+        assert_eq!(listed.tools[0].name, "either");
+        assert_eq!(listed.unusable[0].0, "research");
+        assert!(listed.unusable[0].1.message.contains("task"));
     }
 
     /// Two listings that overlap: the one asked for after the later
