@@ -9,29 +9,15 @@
 /// than running here what the workers may have finished.
 pub const RUN_MARK: &str = "nats-server";
 
-/// Names `url` (without any user or password in it) in the folder of the
-/// run whose log is `audit_path`.
+/// Names `url` (a user, password or token in it shown as `***`:
+/// [`nats::shown_url`]) in the folder of the run whose log is `audit_path`.
 pub fn mark_run(audit_path: &std::path::Path, url: Option<&str>) {
     let (Some(url), Some(dir)) = (url, audit_path.parent()) else {
         return;
     };
-    if let Err(e) = std::fs::write(dir.join(RUN_MARK), without_credentials(url)) {
+    if let Err(e) = std::fs::write(dir.join(RUN_MARK), nats::shown_url(url)) {
         say!("warning: cannot mark the run as distributed: {e}");
     }
-}
-
-/// `nats://user:pass@host:4222,nats://other` → `nats://host:4222,nats://other`.
-pub fn without_credentials(urls: &str) -> String {
-    urls.split(',')
-        .map(|url| match (url.find("://"), url.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => {
-                format!("{}{}", &url[..scheme + 3], &url[at + 1..])
-            }
-            (None, Some(at)) => url[at + 1..].to_owned(),
-            _ => url.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 pub mod arrived;
@@ -50,17 +36,3 @@ pub mod worker;
 
 pub use coordinator::RemoteSiblings;
 pub use nats::{Nats, NatsArgs, NatsError};
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_servers_credentials_are_not_written_down() {
-        assert_eq!(
-            super::without_credentials(
-                "nats://alice:s3cret@host:4222,tls://bob@other,nats://plain:4222"
-            ),
-            "nats://host:4222,tls://other,nats://plain:4222"
-        );
-        assert_eq!(super::without_credentials("user:pw@host"), "host");
-    }
-}

@@ -686,27 +686,34 @@ async fn failed_tries_keep_their_usage_and_finished_streams_are_taken() {
     }
 }
 
-/// An overload a server reports inside a 200 during the capability check
-/// is retried as one in the status would be, not taken as its answer.
+/// An error a server reports inside a 200 during the capability check is
+/// handled as the same error in the status: a rate limit is retried with
+/// the same probe, an overload falls back to `tool_choice: auto`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_error_inside_a_200_during_the_check_is_retried() {
-    let probes = Arc::new(Mutex::new(0));
-    let seen = Arc::clone(&probes);
-    let server = FakeOpenAi::start_raw(move |r| {
-        let mut n = seen.lock().unwrap();
-        *n += 1;
-        if *n == 1 {
-            return Reply::Raw {
-                content_type: "application/json".into(),
-                body: r#"{"error":{"message":"overloaded","code":503}}"#.into(),
-            };
-        }
-        drop(n);
-        assert!(r.is_probe());
-        Reply::call(PROBE_TOOL, json!({}))
-    });
-    let p = provider(&server, |_| {});
-    let report = p.check(2, &backoff()).await;
-    assert!(report.is_ok(), "{report:?}");
-    assert_eq!(*probes.lock().unwrap(), 2);
+async fn an_error_inside_a_200_during_the_check_is_handled_as_its_status() {
+    for (code, second_choice) in [(429, "required"), (503, "auto")] {
+        let probes = Arc::new(Mutex::new(0));
+        let seen = Arc::clone(&probes);
+        let server = FakeOpenAi::start_raw(move |_| {
+            let mut n = seen.lock().unwrap();
+            *n += 1;
+            if *n == 1 {
+                return Reply::Raw {
+                    content_type: "application/json".into(),
+                    body: format!(r#"{{"error":{{"message":"busy","code":{code}}}}}"#),
+                };
+            }
+            Reply::call(PROBE_TOOL, json!({}))
+        });
+        let p = provider(&server, |_| {});
+        let report = p.check(2, &backoff()).await;
+        assert!(report.is_ok(), "{code}: {report:?}");
+        let probes: Vec<Received> = server
+            .received()
+            .into_iter()
+            .filter(Received::is_probe)
+            .collect();
+        assert_eq!(probes.len(), 2, "{code}");
+        assert_eq!(probes[1].body["tool_choice"], second_choice, "{code}");
+    }
 }
