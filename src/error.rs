@@ -109,6 +109,25 @@ pub fn with_code(code: &str, message: &str) -> String {
     }
 }
 
+/// An error with the chain of its causes, each said once (`error sending
+/// request: client error (Connect): Connection refused`): what a client
+/// library's top-level message leaves to its sources.
+pub fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = String::new();
+    let mut source = Some(err);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !text.is_empty() && !message.contains(&text) {
+            if !message.is_empty() {
+                message.push_str(": ");
+            }
+            message.push_str(&text);
+        }
+        source = e.source();
+    }
+    message
+}
+
 /// A URL as given (parsed or not), as an error may quote it: without
 /// what could be a secret in it (a user and password before `@`, a query,
 /// a fragment).

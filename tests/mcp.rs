@@ -3,7 +3,8 @@
 //! (`.ci/run` installs them; `TROUPE_MCP_NODE_MODULES` names the folder)
 //! and `tests/mcp/fault_server.py`, a strict stdio server that produces
 //! one fault at a time and logs what it saw (starts, calls in flight,
-//! cancel notifications) for the test to check.
+//! cancel notifications) for the test to check; `http_fault_server.py` is
+//! its Streamable HTTP counterpart for a server that dies mid-call.
 //!
 //! The npm tests skip with a note when the servers are not installed,
 //! unless `TROUPE_REQUIRE_MCP` is set (CI), where they fail.
@@ -784,5 +785,7 @@ fn validate_connect_quotes_what_a_failing_server_wrote() {
 
 #[path = "mcp/faults.rs"]
 mod faults;
+#[path = "mcp/http_faults.rs"]
+mod http_faults;
 #[path = "mcp/secrets_and_forms.rs"]
 mod secrets_and_forms;

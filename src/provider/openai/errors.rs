@@ -207,19 +207,7 @@ pub fn reported_error(error: &Value) -> ProviderError {
 pub fn transport_error(err: &reqwest::Error) -> ProviderError {
     // The chain of causes says what happened ("connection refused"); the
     // URL is left out: it is in the provider's config, not in each error.
-    let mut message = String::new();
-    let mut source: Option<&dyn std::error::Error> = Some(err);
-    while let Some(e) = source {
-        let text = e.to_string();
-        if !text.is_empty() && !message.contains(&text) {
-            if !message.is_empty() {
-                message.push_str(": ");
-            }
-            message.push_str(&text);
-        }
-        source = e.source();
-    }
-    let message = shorten(&message);
+    let message = shorten(&crate::error::with_causes(err));
     if err.is_builder() {
         return ProviderError::Terminal {
             code: "InvalidRequest",

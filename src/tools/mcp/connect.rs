@@ -417,8 +417,9 @@ impl Connection {
                     value.set_sensitive(true);
                     headers.insert(name, value);
                 }
-                let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
                     .custom_headers(headers);
+                config.retry_config = Arc::new(ResumeBriefly);
                 // Not following redirects: reqwest drops only its own
                 // credential headers on a redirect to another host, and
                 // `headersFromEnv` values would go there.
@@ -456,8 +457,9 @@ impl Connection {
                 return Err(McpError::new(
                     "InitializeFailed",
                     format!(
-                        "MCP server `{}` did not initialize: {e}{}",
+                        "MCP server `{}` did not initialize: {}{}",
                         def.name,
+                        initialize_failure(&e),
                         last_words(group, log).await
                     ),
                 ));
@@ -626,6 +628,45 @@ impl Connection {
                 format!("MCP server `{}` failed `{tool}`: {e}", self.server),
             )),
         }
+    }
+}
+
+/// Why `initialize` failed. A transport's error is said with its causes
+/// and without the SDK's wrapping, which names the transport's Rust type
+/// (`Send message error Transport [troupe::tools::mcp::watched::…]`) and
+/// leaves out the cause that matters (`Connection refused`).
+fn initialize_failure(e: &rmcp::service::ClientInitializeError) -> String {
+    match e {
+        rmcp::service::ClientInitializeError::TransportError { error, context } => {
+            use rmcp::transport::streamable_http_client::StreamableHttpError;
+            // The HTTP client's error is not given as its wrapper's source.
+            let causes = match error
+                .error
+                .downcast_ref::<StreamableHttpError<reqwest::Error>>()
+            {
+                Some(StreamableHttpError::Client(e)) => crate::error::with_causes(e),
+                _ => crate::error::with_causes(&*error.error),
+            };
+            format!("{causes} ({context})")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// How a Streamable HTTP stream that ended early is resumed (a `GET`
+/// with `Last-Event-ID`, as the protocol asks): three tries, 250 ms,
+/// 500 ms and 1 s apart, or as far apart as the server's `retry:` field
+/// says, then the call is told its connection closed (`ServerExited`, and
+/// the server is connected again at the next call). The SDK's own policy
+/// tries forever, doubling its wait: a call whose server died or
+/// restarted (a restarted server knows no session, and answers the
+/// resumption 400) waited out its whole timeout.
+#[derive(Debug)]
+struct ResumeBriefly;
+
+impl rmcp::transport::common::client_side_sse::SseRetryPolicy for ResumeBriefly {
+    fn retry(&self, failed: usize) -> Option<std::time::Duration> {
+        (failed < 3).then(|| std::time::Duration::from_millis(250 << failed))
     }
 }
 
