@@ -9,6 +9,15 @@
 //! rolled back and every execution in it is told so: none of them is
 //! recorded as exited.
 //!
+//! An execution's exit is handed over where it ends, on its arbiter, and
+//! held there with the others that end in the same turn of that
+//! arbiter's loop: the arbiter sends them in one message when the turn is
+//! over (a task spawned with the first). The writer's thread and its
+//! channel then see one message an arbiter turn, not one a sibling: on
+//! many cores each message is memory another core wrote (the channel's
+//! slot, the record's bytes, the run's id), which that thread reads at a
+//! cache miss each, and the writer is one thread for the whole run.
+//!
 //! The answers (each execution's `StageExited` and its report to the
 //! scheduler) run on a second thread, a batch at a time, while the writer
 //! goes on to the next transaction: both threads are one per run, and
@@ -28,16 +37,19 @@ use super::error::StoreError;
 use super::{pack, schema};
 use crate::runtime::ledger::{AfterCommit, CancelRecord, ExitRecord, Ledger, LedgerError};
 
-/// Records taken into one transaction at most.
-const MAX_BATCH: usize = 4096;
+/// Records taken into one transaction at most (a message with more is
+/// taken whole).
+const MAX_BATCH: u64 = 4096;
 
 enum ToStore {
-    Exit {
+    /// Exits of one run: their pack records back to back, encoded by the
+    /// executions' threads rather than the writer's (one per run), and
+    /// what runs once they are committed, in order.
+    Exits {
         run_id: Arc<str>,
-        /// The pack record, encoded by the execution's thread rather than
-        /// the writer's (one per run).
-        record: Vec<u8>,
-        then: Option<AfterCommit>,
+        records: Vec<u8>,
+        count: usize,
+        thens: Vec<AfterCommit>,
     },
     Cancel {
         run_id: Arc<str>,
@@ -45,6 +57,17 @@ enum ToStore {
     },
     /// Write what came before, then stop.
     Close,
+}
+
+impl ToStore {
+    /// The records the message carries.
+    fn records(&self) -> u64 {
+        match self {
+            ToStore::Exits { count, .. } => *count as u64,
+            ToStore::Cancel { .. } => 1,
+            ToStore::Close => 0,
+        }
+    }
 }
 
 /// The writer thread's handle. [`StoreWriter::finish`] (or dropping it)
@@ -132,16 +155,45 @@ impl Drop for StoreWriter {
 impl Ledger for StoreLedger {
     fn persist(&self, record: ExitRecord, then: Option<AfterCommit>) {
         let packed = pack::encode_exit(&record);
-        if let Err(crossbeam_channel::SendError(ToStore::Exit {
-            then: Some(then), ..
-        })) = self.tx.send(ToStore::Exit {
-            run_id: record.run_id,
-            record: packed,
-            then,
-        }) {
-            then(Err(LedgerError(
-                "the store's writer has stopped".to_owned(),
-            )));
+        let Some(arbiter) = actix_rt::Arbiter::try_current() else {
+            // No arbiter's loop to wait for the end of: sent at once.
+            send(
+                &self.tx,
+                ToStore::Exits {
+                    run_id: record.run_id,
+                    records: packed,
+                    count: 1,
+                    thens: then.into_iter().collect(),
+                },
+            );
+            return;
+        };
+        let (earlier, first) = HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            let earlier = match &held.to {
+                Some((tx, run)) if tx.same_channel(&self.tx) && **run == *record.run_id => None,
+                // Held for another store or run: sent first.
+                _ => held.take(),
+            };
+            if held.to.is_none() {
+                held.to = Some((self.tx.clone(), Arc::clone(&record.run_id)));
+            }
+            let first = held.count == 0;
+            held.records.extend_from_slice(&packed);
+            held.count += 1;
+            held.thens.extend(then);
+            // A turn that ends many executions sends them in parts.
+            let full = (held.records.len() >= HELD_BYTES)
+                .then(|| held.take())
+                .flatten();
+            (earlier.into_iter().chain(full), first)
+        });
+        for (tx, message) in earlier {
+            send(&tx, message);
+        }
+        if first && !arbiter.spawn(async { send_held() }) {
+            // The arbiter is stopping: nothing would send them.
+            send_held();
         }
     }
 
@@ -150,6 +202,76 @@ impl Ledger for StoreLedger {
             record: pack::encode_cancel(&record),
             run_id: record.run_id,
         });
+    }
+}
+
+/// Bytes of records an arbiter holds before it sends them without
+/// waiting for its turn to end.
+const HELD_BYTES: usize = 64 << 10;
+
+thread_local! {
+    /// The exits handed over on this thread (an arbiter) and not yet sent.
+    static HELD: std::cell::RefCell<Held> = std::cell::RefCell::default();
+}
+
+/// Exits of one run held on one arbiter until its turn ends.
+#[derive(Default)]
+struct Held {
+    to: Option<(Sender<ToStore>, Arc<str>)>,
+    records: Vec<u8>,
+    count: usize,
+    thens: Vec<AfterCommit>,
+}
+
+impl Held {
+    /// What is held, as the message that sends it, and where to.
+    fn take(&mut self) -> Option<(Sender<ToStore>, ToStore)> {
+        let (tx, run_id) = self.to.take()?;
+        let count = std::mem::take(&mut self.count);
+        (count > 0).then(|| {
+            let message = ToStore::Exits {
+                run_id,
+                records: std::mem::take(&mut self.records),
+                count,
+                thens: std::mem::take(&mut self.thens),
+            };
+            (tx, message)
+        })
+    }
+}
+
+impl Drop for Held {
+    /// A thread that ends holding exits (an arbiter stopped before its
+    /// task ran) sends them still; no answer runs here, on a thread
+    /// being torn down, when the writer has stopped.
+    fn drop(&mut self) {
+        if let Some((tx, message)) = self.take() {
+            let _ = tx.send(message);
+        }
+    }
+}
+
+/// Sends what this thread holds (the task an arbiter runs at the end of
+/// the turn that handed the first of them over).
+fn send_held() {
+    let held = HELD
+        .try_with(|held| held.borrow_mut().take())
+        .ok()
+        .flatten();
+    if let Some((tx, message)) = held {
+        send(&tx, message);
+    }
+}
+
+/// Hands `message` to the writer; when it has stopped, the executions
+/// waiting on it are told so.
+fn send(tx: &Sender<ToStore>, message: ToStore) {
+    if let Err(crossbeam_channel::SendError(ToStore::Exits { thens, .. })) = tx.send(message) {
+        for then in thens {
+            then(Err(LedgerError(
+                "the store's writer has stopped".to_owned(),
+            )));
+        }
     }
 }
 
@@ -229,13 +351,17 @@ fn write_batches(
             Ok(ToStore::Close) | Err(_) => break,
             Ok(first) => batch.push(first),
         }
-        while batch.len() < MAX_BATCH {
+        let mut records = batch.iter().map(ToStore::records).sum::<u64>();
+        while records < MAX_BATCH {
             match rx.try_recv() {
                 Ok(ToStore::Close) => {
                     closing = true;
                     break;
                 }
-                Ok(more) => batch.push(more),
+                Ok(more) => {
+                    records += more.records();
+                    batch.push(more);
+                }
                 Err(_) => break,
             }
         }
@@ -243,7 +369,7 @@ fn write_batches(
             .map_err(|e| StoreError::sqlite(path, &e));
         let outcome_of_batch = match &outcome {
             Ok(()) => {
-                written += batch.len() as u64;
+                written += batch.iter().map(ToStore::records).sum::<u64>();
                 Ok(())
             }
             Err(e) => {
@@ -251,13 +377,16 @@ fn write_batches(
                 Err(LedgerError(format!("{}: {e}", e.code())))
             }
         };
-        let thens: Vec<AfterCommit> = batch
-            .drain(..)
-            .filter_map(|msg| match msg {
-                ToStore::Exit { then, .. } => then,
-                _ => None,
-            })
-            .collect();
+        let mut thens: Vec<AfterCommit> = Vec::new();
+        for msg in batch.drain(..) {
+            if let ToStore::Exits { thens: more, .. } = msg {
+                if thens.is_empty() {
+                    thens = more;
+                } else {
+                    thens.extend(more);
+                }
+            }
+        }
         if !thens.is_empty() {
             answer(thens, outcome_of_batch);
         }
@@ -394,9 +523,10 @@ fn write_batch(
     keys.clear();
     for msg in batch {
         let (run_id, record) = match msg {
-            ToStore::Exit { run_id, record, .. } | ToStore::Cancel { run_id, record } => {
-                (run_id, record)
-            }
+            ToStore::Exits {
+                run_id, records, ..
+            } => (run_id, records),
+            ToStore::Cancel { run_id, record } => (run_id, record),
             ToStore::Close => continue,
         };
         let at = run_key(statements.conn, &mut statements.run, keys, run_id)?;
@@ -448,6 +578,120 @@ mod tests {
         assert_eq!(keys.get(&Arc::from("run-c")), None);
         keys.clear();
         assert_eq!(keys.get(&first), None);
+    }
+
+    fn exit(run: &str, index: usize) -> ExitRecord {
+        use crate::runtime::result::{Kept, StageResult, Verdict};
+        let id = format!("{run}/worker#{index}/1");
+        ExitRecord {
+            run_id: run.into(),
+            stage_execution_id: id.as_str().into(),
+            stage_id: "worker".into(),
+            index: Some(index),
+            visit: 1,
+            result: Kept::Whole(Arc::new(StageResult {
+                stage_id: "worker".to_owned(),
+                stage_execution_id: id,
+                verdict: Verdict::Ok,
+                reason: None,
+                parsed: Arc::new(serde_json::json!({ "item": index })),
+                output: Arc::new(serde_json::Value::Null),
+                cap_hit: false,
+                attempt_count: 1,
+                usage: Default::default(),
+            })),
+            entered_at: std::time::SystemTime::now(),
+            exited_at: std::time::SystemTime::now(),
+        }
+    }
+
+    /// The run, record count, answers and record bytes of an `Exits`.
+    fn exits(message: ToStore) -> (String, usize, usize, Vec<u8>) {
+        match message {
+            ToStore::Exits {
+                run_id,
+                records,
+                count,
+                thens,
+            } => (run_id.to_string(), count, thens.len(), records),
+            _ => panic!("not exits"),
+        }
+    }
+
+    #[test]
+    fn exits_ended_in_one_turn_of_an_arbiter_go_to_the_writer_in_one_message() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let ledger = StoreLedger { tx };
+        actix_rt::System::new().block_on(async move {
+            for i in 0..3 {
+                ledger.persist(exit("r", i), Some(Box::new(|_| {})));
+            }
+            ledger.persist(exit("r", 3), None);
+            assert!(rx.is_empty(), "held until the arbiter's turn ends");
+            // Another run's exit: what was held goes first, whole.
+            ledger.persist(exit("r2", 9), Some(Box::new(|_| {})));
+            let (run, count, thens, records) = exits(rx.try_recv().unwrap());
+            assert_eq!((run.as_str(), count, thens), ("r", 4, 3));
+            let one: Vec<u8> = (0..4)
+                .flat_map(|i| pack::encode_exit(&exit("r", i)))
+                .collect();
+            assert_eq!(records.len(), one.len(), "the records back to back");
+            assert!(rx.is_empty());
+            // The turn ends: the task the first exit spawned sends the rest.
+            for _ in 0..1000 {
+                if !rx.is_empty() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            let (run, count, thens, _) = exits(rx.try_recv().unwrap());
+            assert_eq!((run.as_str(), count, thens), ("r2", 1, 1));
+            assert!(rx.is_empty(), "one message each");
+        });
+    }
+
+    #[test]
+    fn an_exit_off_any_arbiter_is_sent_at_once_and_held_ones_when_the_thread_ends() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let ledger = StoreLedger { tx: tx.clone() };
+        ledger.persist(exit("r", 1), Some(Box::new(|_| {})));
+        let (run, count, thens, _) = exits(rx.try_recv().unwrap());
+        assert_eq!((run.as_str(), count, thens), ("r", 1, 1));
+        // A thread that ends holding exits (its arbiter stopped before the
+        // sending task ran) sends them as it ends.
+        std::thread::spawn(move || {
+            HELD.with(|held| {
+                let mut held = held.borrow_mut();
+                held.to = Some((tx, Arc::from("r")));
+                held.records.extend(pack::encode_exit(&exit("r", 2)));
+                held.count = 1;
+            });
+        })
+        .join()
+        .unwrap();
+        let (run, count, thens, _) = exits(rx.try_recv().unwrap());
+        assert_eq!((run.as_str(), count, thens), ("r", 1, 0));
+    }
+
+    #[test]
+    fn exits_handed_to_a_stopped_writer_are_told_so() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        drop(rx);
+        let ledger = StoreLedger { tx };
+        let (told, heard) = std::sync::mpsc::channel();
+        actix_rt::System::new().block_on(async move {
+            let told = told.clone();
+            ledger.persist(
+                exit("r", 1),
+                Some(Box::new(move |outcome| {
+                    let _ = told.send(outcome.is_err());
+                })),
+            );
+            for _ in 0..1000 {
+                tokio::task::yield_now().await;
+            }
+        });
+        assert_eq!(heard.try_recv(), Ok(true));
     }
 
     #[test]
