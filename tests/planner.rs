@@ -109,7 +109,10 @@ impl Driver {
     /// A sibling asks to start.
     fn request(&mut self, unit: usize) -> Vec<&PlanCommand> {
         let exec = self.key(Some(unit));
-        self.step(PlanEvent::StartRequested { exec })
+        self.step(PlanEvent::StartRequested {
+            turn: exec.turn,
+            slot: exec.slot,
+        })
     }
 
     /// An execution reports.

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::executor::{Executor, LocalExecutor};
 use super::planner::{PlanCommand, PlanEvent, Planner};
-use super::protocol::{ExecKey, RunFinished, Slot, ToScheduler, sibling_failed_reason};
+use super::protocol::{RunFinished, Slot, ToScheduler, sibling_failed_reason};
 use crate::error::HasCode;
 use crate::runtime::cancel::{CancelScope, ScopeKey, TURN_CANCELLED};
 use crate::runtime::interaction::InteractionHub;
@@ -46,7 +46,7 @@ pub struct Scheduler {
     /// was a good part of this thread's allocations.
     spare: Vec<Vec<PlanCommand>>,
     /// The same for the start requests of siblings granted at spawn.
-    spare_asked: Vec<ExecKey>,
+    spare_asked: Vec<(u64, Slot)>,
     /// Handling a [`ToScheduler::Batch`]: what its letters start is
     /// started once all of them are handled, not after each.
     batching: bool,
@@ -157,7 +157,7 @@ impl Scheduler {
                     // arbiter, not one per execution.
                     executor.hold();
                     if spawn.is_sibling() {
-                        asked.push(spawn.exec.clone());
+                        asked.push((spawn.exec.turn, spawn.exec.slot));
                     }
                     let scope = executor.start(*spawn, &parent, group);
                     let live = if executor.executions_hold_their_scopes() {
@@ -226,8 +226,8 @@ impl Scheduler {
             // on another thread decides the run first, and the planner
             // refuses.
             self.check_budget(ctx);
-            for exec in asked.drain(..) {
-                self.granted_at_spawn(exec, ctx);
+            for (turn, slot) in asked.drain(..) {
+                self.granted_at_spawn(turn, slot, ctx);
             }
         }
         self.spare_asked = asked;
@@ -249,13 +249,13 @@ impl Scheduler {
     /// since, so the planner grants it unless the budget tripped; if it
     /// does not, the sibling's scope is stopped, and it ends before it
     /// starts or, if it already has, cancelled.
-    fn granted_at_spawn(&mut self, exec: ExecKey, ctx: &mut Context<Self>) {
-        let Slot::Unit(unit) = exec.slot else {
+    fn granted_at_spawn(&mut self, turn: u64, slot: Slot, ctx: &mut Context<Self>) {
+        let Slot::Unit(unit) = slot else {
             return;
         };
-        let key = (exec.turn, exec.slot);
+        let key = (turn, slot);
         if !self
-            .step(PlanEvent::StartRequested { exec }, ctx)
+            .step(PlanEvent::StartRequested { turn, slot }, ctx)
             .contains(&unit)
             && let Some(scope) = self.live.get(&key)
         {

@@ -50,8 +50,10 @@ pub enum PlanEvent {
     /// The run starts at the pipeline's entry stage.
     Start,
     /// A sibling's start request, which the scheduler feeds as it spawns
-    /// the sibling (the core's start handshake).
-    StartRequested { exec: ExecKey },
+    /// the sibling (the core's start handshake): the execution's turn and
+    /// slot, without its ids (a stage's id is shared by every sibling, and
+    /// each clone of it a write to a line the arbiters write too).
+    StartRequested { turn: u64, slot: Slot },
     /// An execution ended.
     Reported {
         exec: ExecKey,
@@ -307,7 +309,7 @@ impl Planner {
         }
         match event {
             PlanEvent::Start => self.start(out),
-            PlanEvent::StartRequested { exec } => self.start_requested(exec, out),
+            PlanEvent::StartRequested { turn, slot } => self.start_requested(turn, slot, out),
             PlanEvent::Reported { exec, outcome } => self.reported(exec, outcome, out),
             PlanEvent::CancelRun => self.cancel_run(None, out),
             PlanEvent::LimitReached { reason } => self.cancel_run(Some(reason), out),
@@ -536,11 +538,11 @@ impl Planner {
         }
     }
 
-    fn start_requested(&mut self, exec: ExecKey, out: &mut Out) {
-        let Slot::Unit(unit) = exec.slot else {
+    fn start_requested(&mut self, turn: u64, slot: Slot, out: &mut Out) {
+        let Slot::Unit(unit) = slot else {
             return;
         };
-        if exec.turn != self.turns {
+        if turn != self.turns {
             return;
         }
         let Current::Group(g) = &mut self.current else {
