@@ -18,6 +18,13 @@ use rmcp::transport::async_rw::AsyncRwTransport;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
 
+/// A send already done: what the first message waits for.
+fn written() -> tokio::sync::oneshot::Receiver<()> {
+    let (done, before) = tokio::sync::oneshot::channel();
+    let _ = done.send(());
+    before
+}
+
 /// The longest message troupe reads from a stdio server: below the SDK's
 /// own limit (16 MiB), so that the guard, not the SDK, meets a longer one.
 pub(super) const LONGEST_MESSAGE: usize = 16 * 1024 * 1024 - 1;
@@ -29,6 +36,8 @@ const EXIT_GRACE: Duration = Duration::from_secs(2);
 pub(super) struct StdioServer {
     transport: AsyncRwTransport<RoleClient, Guarded<ChildStdout>, ChildStdin>,
     child: Child,
+    /// Done when the message sent last is written (or its send given up).
+    last_sent: tokio::sync::oneshot::Receiver<()>,
 }
 
 impl StdioServer {
@@ -57,6 +66,7 @@ impl StdioServer {
             StdioServer {
                 transport: AsyncRwTransport::new_client(read, stdin),
                 child,
+                last_sent: written(),
             },
             stderr,
         ))
@@ -70,11 +80,26 @@ impl StdioServer {
 impl Transport<RoleClient> for StdioServer {
     type Error = io::Error;
 
+    /// Messages are written in the order they are handed over. The SDK
+    /// runs each send as a task of its own, and the runtime may start a
+    /// task spawned later first: a call abandoned at its timeout had its
+    /// `notifications/cancelled` reach the server after the next call's
+    /// request, with `maxInflight: 1` too. Each send waits for the one
+    /// before it.
     fn send(
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.transport.send(item)
+        let write = self.transport.send(item);
+        let (done, next) = tokio::sync::oneshot::channel();
+        let before = std::mem::replace(&mut self.last_sent, next);
+        async move {
+            // An error here is a send before this one dropped unwritten.
+            let _ = before.await;
+            let written = write.await;
+            let _ = done.send(());
+            written
+        }
     }
 
     fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
@@ -171,5 +196,50 @@ mod tests {
         let err = over.read_to_end(&mut Vec::new()).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         assert!(oversized.load(Ordering::Relaxed));
+    }
+
+    fn cancel_of(n: i64) -> TxJsonRpcMessage<RoleClient> {
+        use rmcp::model::{
+            CancelledNotification, CancelledNotificationParam, ClientNotification, NumberOrString,
+        };
+        rmcp::model::JsonRpcMessage::notification(ClientNotification::CancelledNotification(
+            CancelledNotification::new(CancelledNotificationParam::new(
+                Some(NumberOrString::Number(n)),
+                None,
+            )),
+        ))
+    }
+
+    #[tokio::test]
+    async fn messages_are_written_in_the_order_they_were_handed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("written");
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c").arg("cat > \"$0\"").arg(&file);
+        let (mut server, _) =
+            StdioServer::spawn(cmd, std::process::Stdio::null(), Arc::default()).unwrap();
+        let first = server.send(cancel_of(1));
+        let mut second = Box::pin(server.send(cancel_of(2)));
+        // The later send is run first, as a task spawned later may be.
+        let early = futures::poll!(&mut second);
+        let (first, second) = tokio::join!(first, async move {
+            match early {
+                std::task::Poll::Ready(written) => written,
+                std::task::Poll::Pending => second.await,
+            }
+        });
+        first.unwrap();
+        second.unwrap();
+        server.close().await.unwrap();
+        let written = std::fs::read_to_string(&file).unwrap();
+        let ids: Vec<i64> = written
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["params"]["requestId"]
+                    .as_i64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(ids, [1, 2], "{written}");
     }
 }
