@@ -27,6 +27,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -74,7 +75,7 @@ impl ToStore {
 /// ends the thread once everything sent before is written.
 #[derive(Debug)]
 pub struct StoreWriter {
-    tx: Sender<ToStore>,
+    outbox: Outbox,
     thread: Option<JoinHandle<Result<u64, StoreError>>>,
     path: PathBuf,
 }
@@ -83,14 +84,43 @@ pub struct StoreWriter {
 /// clone; records sent after the writer finished are refused.
 #[derive(Debug, Clone)]
 pub struct StoreLedger {
-    tx: Sender<ToStore>,
+    outbox: Outbox,
 }
 
 impl StoreLedger {
     /// Records handed to the writer and not yet taken into a transaction:
-    /// how far the store is behind the run.
+    /// how far the store is behind the run (exits an arbiter holds until
+    /// its turn ends are not counted).
     pub fn queued(&self) -> usize {
-        self.tx.len()
+        self.outbox.queued.load(Ordering::Relaxed)
+    }
+}
+
+/// The writer's channel, and a count of the records in it: a message
+/// carries many.
+#[derive(Debug, Clone)]
+struct Outbox {
+    tx: Sender<ToStore>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Outbox {
+    fn new(tx: Sender<ToStore>) -> Outbox {
+        Outbox {
+            tx,
+            queued: Arc::default(),
+        }
+    }
+
+    /// Hands `message` to the writer, or gives it back when the writer
+    /// has stopped.
+    fn send(&self, message: ToStore) -> Result<(), ToStore> {
+        let records = message.records() as usize;
+        self.queued.fetch_add(records, Ordering::Relaxed);
+        self.tx.send(message).map_err(|refused| {
+            self.queued.fetch_sub(records, Ordering::Relaxed);
+            refused.0
+        })
     }
 }
 
@@ -106,16 +136,18 @@ impl StoreWriter {
         conn.execute_batch("PRAGMA foreign_keys = OFF")
             .map_err(|e| StoreError::sqlite(path, &e))?;
         let (tx, rx) = crossbeam_channel::unbounded();
+        let outbox = Outbox::new(tx);
+        let queued = Arc::clone(&outbox.queued);
         let thread_path = path.to_owned();
         let thread = std::thread::Builder::new()
             .name("troupe-store".into())
-            .spawn(move || write(conn, &rx, &thread_path))
+            .spawn(move || write(conn, &rx, &queued, &thread_path))
             .map_err(|e| StoreError::Io {
                 path: path.to_owned(),
                 detail: format!("cannot start the store's writer: {e}"),
             })?;
         Ok(StoreWriter {
-            tx,
+            outbox,
             thread: Some(thread),
             path: path.to_owned(),
         })
@@ -124,14 +156,14 @@ impl StoreWriter {
     /// The ledger the run's executions write through.
     pub fn ledger(&self) -> StoreLedger {
         StoreLedger {
-            tx: self.tx.clone(),
+            outbox: self.outbox.clone(),
         }
     }
 
     /// Waits until everything sent so far is written; the records
     /// written, or the writer's last error.
     pub fn finish(mut self) -> Result<u64, StoreError> {
-        let _ = self.tx.send(ToStore::Close);
+        let _ = self.outbox.tx.send(ToStore::Close);
         match self.thread.take().map(JoinHandle::join) {
             Some(Ok(result)) => result,
             Some(Err(_)) => Err(StoreError::Io {
@@ -145,7 +177,7 @@ impl StoreWriter {
 
 impl Drop for StoreWriter {
     fn drop(&mut self) {
-        let _ = self.tx.send(ToStore::Close);
+        let _ = self.outbox.tx.send(ToStore::Close);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -165,7 +197,7 @@ impl Ledger for StoreLedger {
         let Some(arbiter) = arbiter else {
             // No arbiter's loop to wait for the end of: sent at once.
             send(
-                &self.tx,
+                &self.outbox,
                 ToStore::Exits {
                     run_id: record.run_id,
                     records: packed,
@@ -178,12 +210,16 @@ impl Ledger for StoreLedger {
         let (earlier, first) = HELD.with(|held| {
             let mut held = held.borrow_mut();
             let earlier = match &held.to {
-                Some((tx, run)) if tx.same_channel(&self.tx) && **run == *record.run_id => None,
+                Some((to, run))
+                    if to.tx.same_channel(&self.outbox.tx) && **run == *record.run_id =>
+                {
+                    None
+                }
                 // Held for another store or run: sent first.
                 _ => held.take(),
             };
             if held.to.is_none() {
-                held.to = Some((self.tx.clone(), Arc::clone(&record.run_id)));
+                held.to = Some((self.outbox.clone(), Arc::clone(&record.run_id)));
             }
             let first = held.count == 0;
             held.records.extend_from_slice(&packed);
@@ -195,8 +231,8 @@ impl Ledger for StoreLedger {
                 .flatten();
             (earlier.into_iter().chain(full), first)
         });
-        for (tx, message) in earlier {
-            send(&tx, message);
+        for (to, message) in earlier {
+            send(&to, message);
         }
         if first && !arbiter.spawn(async { send_held() }) {
             // The arbiter is stopping: nothing would send them.
@@ -205,7 +241,7 @@ impl Ledger for StoreLedger {
     }
 
     fn cancelled(&self, record: CancelRecord) {
-        let _ = self.tx.send(ToStore::Cancel {
+        let _ = self.outbox.send(ToStore::Cancel {
             record: pack::encode_cancel(&record),
             run_id: record.run_id,
         });
@@ -224,7 +260,7 @@ thread_local! {
 /// Exits of one run held on one arbiter until its turn ends.
 #[derive(Default)]
 struct Held {
-    to: Option<(Sender<ToStore>, Arc<str>)>,
+    to: Option<(Outbox, Arc<str>)>,
     records: Vec<u8>,
     count: usize,
     thens: Vec<AfterCommit>,
@@ -232,8 +268,8 @@ struct Held {
 
 impl Held {
     /// What is held, as the message that sends it, and where to.
-    fn take(&mut self) -> Option<(Sender<ToStore>, ToStore)> {
-        let (tx, run_id) = self.to.take()?;
+    fn take(&mut self) -> Option<(Outbox, ToStore)> {
+        let (to, run_id) = self.to.take()?;
         let count = std::mem::take(&mut self.count);
         (count > 0).then(|| {
             let message = ToStore::Exits {
@@ -242,7 +278,7 @@ impl Held {
                 count,
                 thens: std::mem::take(&mut self.thens),
             };
-            (tx, message)
+            (to, message)
         })
     }
 }
@@ -252,8 +288,8 @@ impl Drop for Held {
     /// task ran) sends them still; no answer runs here, on a thread
     /// being torn down, when the writer has stopped.
     fn drop(&mut self) {
-        if let Some((tx, message)) = self.take() {
-            let _ = tx.send(message);
+        if let Some((to, message)) = self.take() {
+            let _ = to.send(message);
         }
     }
 }
@@ -265,15 +301,15 @@ fn send_held() {
         .try_with(|held| held.borrow_mut().take())
         .ok()
         .flatten();
-    if let Some((tx, message)) = held {
-        send(&tx, message);
+    if let Some((to, message)) = held {
+        send(&to, message);
     }
 }
 
 /// Hands `message` to the writer; when it has stopped, the executions
 /// waiting on it are told so.
-fn send(tx: &Sender<ToStore>, message: ToStore) {
-    if let Err(crossbeam_channel::SendError(ToStore::Exits { thens, .. })) = tx.send(message) {
+fn send(to: &Outbox, message: ToStore) {
+    if let Err(ToStore::Exits { thens, .. }) = to.send(message) {
         for then in thens {
             then(Err(LedgerError(
                 "the store's writer has stopped".to_owned(),
@@ -284,9 +320,14 @@ fn send(tx: &Sender<ToStore>, message: ToStore) {
 
 /// The writer's thread: checkpoints handed to a thread of their own
 /// ([`Checkpointer`]), then the writer loop.
-fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u64, StoreError> {
+fn write(
+    mut conn: Connection,
+    rx: &Receiver<ToStore>,
+    queued: &AtomicUsize,
+    path: &Path,
+) -> Result<u64, StoreError> {
     let checkpointer = Checkpointer::start(&mut conn, path);
-    let written = write_answered(conn, rx, path);
+    let written = write_answered(conn, rx, queued, path);
     // The writer's connection, and with it the checkpointer's nudge, is
     // closed by now.
     if let Some(checkpointer) = checkpointer {
@@ -300,6 +341,7 @@ fn write(mut conn: Connection, rx: &Receiver<ToStore>, path: &Path) -> Result<u6
 fn write_answered(
     conn: Connection,
     rx: &Receiver<ToStore>,
+    queued: &AtomicUsize,
     path: &Path,
 ) -> Result<u64, StoreError> {
     let (answer, answers) = crossbeam_channel::unbounded::<Answers>();
@@ -312,11 +354,11 @@ fn write_answered(
         });
     let Ok(answering) = answering else {
         // No second thread: the writer answers itself.
-        return write_batches(conn, rx, path, |thens, outcome| {
+        return write_batches(conn, rx, queued, path, |thens, outcome| {
             answer_all(thens, &outcome);
         });
     };
-    let written = write_batches(conn, rx, path, |thens, outcome| {
+    let written = write_batches(conn, rx, queued, path, |thens, outcome| {
         // The answering thread ends only once this sender is dropped.
         let _ = answer.send((thens, outcome));
     });
@@ -344,6 +386,7 @@ fn answer_all(thens: Vec<AfterCommit>, outcome: &Result<(), LedgerError>) {
 fn write_batches(
     conn: Connection,
     rx: &Receiver<ToStore>,
+    queued: &AtomicUsize,
     path: &Path,
     answer: impl Fn(Vec<AfterCommit>, Result<(), LedgerError>),
 ) -> Result<u64, StoreError> {
@@ -372,11 +415,12 @@ fn write_batches(
                 Err(_) => break,
             }
         }
+        queued.fetch_sub(records as usize, Ordering::Relaxed);
         let outcome = write_batch(&conn, &mut statements, &mut keys, &batch)
             .map_err(|e| StoreError::sqlite(path, &e));
         let outcome_of_batch = match &outcome {
             Ok(()) => {
-                written += batch.iter().map(ToStore::records).sum::<u64>();
+                written += records;
                 Ok(())
             }
             Err(e) => {
@@ -628,14 +672,18 @@ mod tests {
     #[test]
     fn exits_ended_in_one_turn_of_an_arbiter_go_to_the_writer_in_one_message() {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let ledger = StoreLedger { tx };
+        let ledger = StoreLedger {
+            outbox: Outbox::new(tx),
+        };
         actix_rt::System::new().block_on(async move {
             for i in 0..3 {
                 ledger.persist(exit("r", i), Some(Box::new(|_| {})));
             }
             assert!(rx.is_empty(), "held until the arbiter's turn ends");
+            assert_eq!(ledger.queued(), 0, "held records are not queued yet");
             // A record nobody waits for (a failed execution's) goes at once.
             ledger.persist(exit("r", 3), None);
+            assert_eq!(ledger.queued(), 1);
             let (run, count, thens, _) = exits(rx.try_recv().unwrap());
             assert_eq!((run.as_str(), count, thens), ("r", 1, 0));
             assert!(rx.is_empty());
@@ -643,6 +691,7 @@ mod tests {
             ledger.persist(exit("r2", 9), Some(Box::new(|_| {})));
             let (run, count, thens, records) = exits(rx.try_recv().unwrap());
             assert_eq!((run.as_str(), count, thens), ("r", 3, 3));
+            assert_eq!(ledger.queued(), 4, "records, not messages");
             let one: Vec<u8> = (0..3)
                 .flat_map(|i| pack::encode_exit(&exit("r", i)))
                 .collect();
@@ -664,7 +713,9 @@ mod tests {
     #[test]
     fn an_exit_off_any_arbiter_is_sent_at_once_and_held_ones_when_the_thread_ends() {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let ledger = StoreLedger { tx: tx.clone() };
+        let ledger = StoreLedger {
+            outbox: Outbox::new(tx.clone()),
+        };
         ledger.persist(exit("r", 1), Some(Box::new(|_| {})));
         let (run, count, thens, _) = exits(rx.try_recv().unwrap());
         assert_eq!((run.as_str(), count, thens), ("r", 1, 1));
@@ -673,7 +724,7 @@ mod tests {
         std::thread::spawn(move || {
             HELD.with(|held| {
                 let mut held = held.borrow_mut();
-                held.to = Some((tx, Arc::from("r")));
+                held.to = Some((Outbox::new(tx), Arc::from("r")));
                 held.records.extend(pack::encode_exit(&exit("r", 2)));
                 held.count = 1;
             });
@@ -688,7 +739,9 @@ mod tests {
     fn exits_handed_to_a_stopped_writer_are_told_so() {
         let (tx, rx) = crossbeam_channel::unbounded();
         drop(rx);
-        let ledger = StoreLedger { tx };
+        let ledger = StoreLedger {
+            outbox: Outbox::new(tx),
+        };
         let (told, heard) = std::sync::mpsc::channel();
         actix_rt::System::new().block_on(async move {
             let told = told.clone();
