@@ -212,7 +212,11 @@ pub struct Connection {
     server: String,
     cell: Arc<ListingCell>,
     service: RunningService<RoleClient, Handler>,
-    dead: AtomicBool,
+    /// Set when the server went away, or when an HTTP server's stream
+    /// could not be resumed (then its session may live on, but without
+    /// the stream its notifications come on): the next call connects
+    /// again.
+    dead: Arc<AtomicBool>,
     /// How long a listing may take (the server's start timeout).
     within: Duration,
     /// What it was given from troupe's environment, kept out of what is
@@ -279,6 +283,7 @@ impl Connection {
         // Set by a stdio server's transport when it meets a message too
         // long to read (`stdio.rs`).
         let oversized = Arc::new(AtomicBool::new(false));
+        let dead = Arc::new(AtomicBool::new(false));
         let (service, group, log) = match &def.transport {
             McpTransport::Stdio {
                 command,
@@ -419,7 +424,9 @@ impl Connection {
                 }
                 let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
                     .custom_headers(headers);
-                config.retry_config = Arc::new(ResumeBriefly);
+                config.retry_config = Arc::new(ResumeBriefly {
+                    gave_up: Arc::clone(&dead),
+                });
                 // Not following redirects: reqwest drops only its own
                 // credential headers on a redirect to another host, and
                 // `headersFromEnv` values would go there.
@@ -493,7 +500,7 @@ impl Connection {
             cell: Arc::clone(&cell),
             server: def.name.clone(),
             service,
-            dead: AtomicBool::new(false),
+            dead,
             within: start_timeout,
             secrets: Secrets::of(def),
             _group: group,
@@ -654,19 +661,28 @@ fn initialize_failure(e: &rmcp::service::ClientInitializeError) -> String {
 }
 
 /// How a Streamable HTTP stream that ended early is resumed (a `GET`
-/// with `Last-Event-ID`, as the protocol asks): three tries, 250 ms,
-/// 500 ms and 1 s apart, or as far apart as the server's `retry:` field
-/// says, then the call is told its connection closed (`ServerExited`, and
-/// the server is connected again at the next call). The SDK's own policy
-/// tries forever, doubling its wait: a call whose server died or
-/// restarted (a restarted server knows no session, and answers the
-/// resumption 400) waited out its whole timeout.
+/// with `Last-Event-ID`, as the protocol asks): three tries within about
+/// two seconds (further apart if the server's `retry:` field says so),
+/// then a call waiting on the stream is told its connection closed
+/// (`ServerExited`). The SDK's own policy tries forever, doubling its
+/// wait: a call whose server died or restarted (a restarted server knows
+/// no session, and answers the resumption 400) waited out its whole
+/// timeout. The same policy serves the session's own stream (the server's
+/// notifications outside any call, `tools/list_changed` among them):
+/// once a stream gives up, the connection counts as gone, and the next
+/// call starts a new session with a stream of its own.
 #[derive(Debug)]
-struct ResumeBriefly;
+struct ResumeBriefly {
+    gave_up: Arc<AtomicBool>,
+}
 
 impl rmcp::transport::common::client_side_sse::SseRetryPolicy for ResumeBriefly {
     fn retry(&self, failed: usize) -> Option<std::time::Duration> {
-        (failed < 3).then(|| std::time::Duration::from_millis(250 << failed))
+        if failed >= 3 {
+            self.gave_up.store(true, Ordering::Relaxed);
+            return None;
+        }
+        Some(std::time::Duration::from_millis(250 << failed))
     }
 }
 
@@ -799,5 +815,22 @@ mod tests {
         );
         assert!(!tail.contains("line 0 "), "{tail}");
         assert_eq!(log_tail(&dir.path().join("none.log")), "");
+    }
+
+    #[test]
+    fn a_stream_is_resumed_three_times_then_its_connection_counts_as_gone() {
+        use rmcp::transport::common::client_side_sse::SseRetryPolicy;
+        let gave_up = Arc::new(AtomicBool::new(false));
+        let policy = ResumeBriefly {
+            gave_up: Arc::clone(&gave_up),
+        };
+        let waits: Vec<_> = (0..3).map(|n| policy.retry(n)).collect();
+        assert_eq!(
+            waits,
+            [250, 500, 1000].map(|ms| Some(Duration::from_millis(ms)))
+        );
+        assert!(!gave_up.load(Ordering::Relaxed), "still trying");
+        assert_eq!(policy.retry(3), None);
+        assert!(gave_up.load(Ordering::Relaxed));
     }
 }
