@@ -13,6 +13,7 @@
 
 mod connect;
 mod elicit;
+mod http;
 mod listing;
 mod raw;
 mod result;

@@ -4,7 +4,6 @@
 //! whole tool listing (every page). The connection kills the child's group
 //! when dropped, and the reaper does after `kill -9`.
 
-use std::collections::HashMap;
 use std::io::Read;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -13,9 +12,6 @@ use std::time::Duration;
 
 use rmcp::model::{ClientConfig, Implementation};
 use rmcp::service::{NotificationContext, RoleClient, RunningService};
-use rmcp::transport::streamable_http_client::{
-    StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
-};
 use rmcp::{ClientHandler, ServiceExt};
 use serde_json::Value;
 
@@ -393,53 +389,8 @@ impl Connection {
                 url,
                 headers_from_env,
             } => {
-                let mut headers = HashMap::new();
-                for (header, var) in headers_from_env {
-                    let value = crate::environ::var(var).ok_or_else(|| {
-                        McpError::new(
-                            "MissingSecret",
-                            format!(
-                                "MCP server `{}`: header `{header}` is read from ${var}, which is not set",
-                                def.name
-                            ),
-                        )
-                    })?;
-                    let name = reqwest::header::HeaderName::from_bytes(header.as_bytes()).map_err(
-                        |_| {
-                            McpError::new(
-                                "InvalidHeader",
-                                format!("`{header}` is not a header name"),
-                            )
-                        },
-                    )?;
-                    let mut value =
-                        reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
-                            McpError::new(
-                                "InvalidHeader",
-                                format!("${var} holds characters a header cannot carry"),
-                            )
-                        })?;
-                    value.set_sensitive(true);
-                    headers.insert(name, value);
-                }
-                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                    .custom_headers(headers);
-                config.retry_config = Arc::new(ResumeBriefly {
-                    gave_up: Arc::clone(&dead),
-                });
-                // Not following redirects: reqwest drops only its own
-                // credential headers on a redirect to another host, and
-                // `headersFromEnv` values would go there.
-                let client = reqwest::Client::builder()
-                    .redirect(reqwest::redirect::Policy::none())
-                    .build()
-                    .map_err(|e| {
-                        McpError::new(
-                            "InitializeFailed",
-                            format!("cannot start the HTTP client for `{}`: {e}", def.name),
-                        )
-                    })?;
-                let transport = StreamableHttpClientTransport::with_client(client, config);
+                let transport =
+                    super::http::transport(&def.name, url, headers_from_env, Arc::clone(&dead))?;
                 let watched = Watched {
                     inner: transport,
                     cell: Arc::clone(&cell),
@@ -466,7 +417,7 @@ impl Connection {
                     format!(
                         "MCP server `{}` did not initialize: {}{}",
                         def.name,
-                        initialize_failure(&e),
+                        super::http::initialize_failure(&e),
                         last_words(group, log).await
                     ),
                 ));
@@ -638,54 +589,6 @@ impl Connection {
     }
 }
 
-/// Why `initialize` failed. A transport's error is said with its causes
-/// and without the SDK's wrapping, which names the transport's Rust type
-/// (`Send message error Transport [troupe::tools::mcp::watched::…]`) and
-/// leaves out the cause that matters (`Connection refused`).
-fn initialize_failure(e: &rmcp::service::ClientInitializeError) -> String {
-    match e {
-        rmcp::service::ClientInitializeError::TransportError { error, context } => {
-            use rmcp::transport::streamable_http_client::StreamableHttpError;
-            // The HTTP client's error is not given as its wrapper's source.
-            let causes = match error
-                .error
-                .downcast_ref::<StreamableHttpError<reqwest::Error>>()
-            {
-                Some(StreamableHttpError::Client(e)) => crate::error::with_causes(e),
-                _ => crate::error::with_causes(&*error.error),
-            };
-            format!("{causes} ({context})")
-        }
-        other => other.to_string(),
-    }
-}
-
-/// How a Streamable HTTP stream that ended early is resumed (a `GET`
-/// with `Last-Event-ID`, as the protocol asks): three tries within about
-/// two seconds (further apart if the server's `retry:` field says so),
-/// then a call waiting on the stream is told its connection closed
-/// (`ServerExited`). The SDK's own policy tries forever, doubling its
-/// wait: a call whose server died or restarted (a restarted server knows
-/// no session, and answers the resumption 400) waited out its whole
-/// timeout. The same policy serves the session's own stream (the server's
-/// notifications outside any call, `tools/list_changed` among them):
-/// once a stream gives up, the connection counts as gone, and the next
-/// call starts a new session with a stream of its own.
-#[derive(Debug)]
-struct ResumeBriefly {
-    gave_up: Arc<AtomicBool>,
-}
-
-impl rmcp::transport::common::client_side_sse::SseRetryPolicy for ResumeBriefly {
-    fn retry(&self, failed: usize) -> Option<std::time::Duration> {
-        if failed >= 3 {
-            self.gave_up.store(true, Ordering::Relaxed);
-            return None;
-        }
-        Some(std::time::Duration::from_millis(250 << failed))
-    }
-}
-
 /// The folder a server's `writes:` entry names: `~/` is the home folder.
 pub fn writes_path(entry: &str) -> Result<std::path::PathBuf, String> {
     match entry.strip_prefix("~/") {
@@ -815,22 +718,5 @@ mod tests {
         );
         assert!(!tail.contains("line 0 "), "{tail}");
         assert_eq!(log_tail(&dir.path().join("none.log")), "");
-    }
-
-    #[test]
-    fn a_stream_is_resumed_three_times_then_its_connection_counts_as_gone() {
-        use rmcp::transport::common::client_side_sse::SseRetryPolicy;
-        let gave_up = Arc::new(AtomicBool::new(false));
-        let policy = ResumeBriefly {
-            gave_up: Arc::clone(&gave_up),
-        };
-        let waits: Vec<_> = (0..3).map(|n| policy.retry(n)).collect();
-        assert_eq!(
-            waits,
-            [250, 500, 1000].map(|ms| Some(Duration::from_millis(ms)))
-        );
-        assert!(!gave_up.load(Ordering::Relaxed), "still trying");
-        assert_eq!(policy.retry(3), None);
-        assert!(gave_up.load(Ordering::Relaxed));
     }
 }
