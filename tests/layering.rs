@@ -96,12 +96,17 @@ fn two_files_importing_each_other_are_reported_through_re_exports() {
             "runtime/actor.rs",
             "use super::stage::StageRun;\npub struct Owner;",
         ),
-        ("tools.rs", "pub mod a;\npub mod b;"),
+        ("tools.rs", "pub mod a;\npub mod b;\npub mod c;"),
         (
             "tools/a.rs",
             "pub struct A;\n#[cfg(test)]\nmod tests {\n    use super::*;\n}",
         ),
         ("tools/b.rs", "use super::{a::A, c};"),
+        // In a test module of any visibility, `super` is the file itself.
+        (
+            "tools/c.rs",
+            "pub struct C;\n#[cfg(test)]\npub(super) mod tests {\n    use super::b::B;\n}",
+        ),
     ]));
     assert_eq!(
         problems,
@@ -129,7 +134,16 @@ impl File {
     fn code_before_tests(&self) -> &str {
         let test_module = self.code.match_indices("#[cfg(test)]").find(|(i, m)| {
             let after = self.code[i + m.len()..].trim_start();
-            after.starts_with("mod ") || after.starts_with("pub mod ")
+            // Whatever its visibility: `pub(super) mod tests` lends a
+            // helper to the parent's other children.
+            let after = match after.strip_prefix("pub") {
+                Some(rest) if rest.starts_with('(') => {
+                    rest.split_once(')').map_or(rest, |(_, r)| r).trim_start()
+                }
+                Some(rest) => rest.trim_start(),
+                None => after,
+            };
+            after.starts_with("mod ")
         });
         test_module.map_or(&self.code, |(i, _)| &self.code[..i])
     }

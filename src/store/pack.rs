@@ -77,25 +77,36 @@ pub fn start(pack: &mut Vec<u8>) {
 
 /// An exit, encoded as a pack's record.
 pub fn encode_exit(record: &ExitRecord) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_exit_into(record, &mut out);
+    out
+}
+
+/// An exit, encoded as a pack's record at the end of `out` (the records
+/// an arbiter holds for the writer, back to back).
+pub fn encode_exit_into(record: &ExitRecord, out: &mut Vec<u8>) {
     let result = &record.result;
     let (parsed, output) = result.json_text();
-    encode(&Stored {
-        exec: exec_key(&record.run_id, &record.stage_execution_id),
-        stage_id: &record.stage_id,
-        index: record.index.map(|i| i as u64),
-        visit: record.visit,
-        attempts: result.attempt_count(),
-        usage: result.usage(),
-        entered_at: known_ms(record.entered_at),
-        ended_at: unix_ms(record.exited_at),
-        end: End::Exited {
-            verdict: result.verdict(),
-            cap_hit: result.cap_hit(),
-            reason: result.reason(),
-            parsed: &parsed,
-            output: output.as_deref(),
+    encode_into(
+        &Stored {
+            exec: exec_key(&record.run_id, &record.stage_execution_id),
+            stage_id: &record.stage_id,
+            index: record.index.map(|i| i as u64),
+            visit: record.visit,
+            attempts: result.attempt_count(),
+            usage: result.usage(),
+            entered_at: known_ms(record.entered_at),
+            ended_at: unix_ms(record.exited_at),
+            end: End::Exited {
+                verdict: result.verdict(),
+                cap_hit: result.cap_hit(),
+                reason: result.reason(),
+                parsed: &parsed,
+                output: output.as_deref(),
+            },
         },
-    })
+        out,
+    );
 }
 
 /// A cancellation, encoded as a pack's record.
@@ -127,6 +138,13 @@ fn known_ms(t: SystemTime) -> Option<i64> {
 /// A record as a pack holds it: its length (4 bytes, little-endian),
 /// then its fields. Times before 1970 are stored as 1970.
 pub fn encode(stored: &Stored<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_into(stored, &mut out);
+    out
+}
+
+/// [`encode`], at the end of `out`.
+fn encode_into(stored: &Stored<'_>, out: &mut Vec<u8>) {
     let texts = match &stored.end {
         End::Exited {
             reason,
@@ -141,10 +159,10 @@ pub fn encode(stored: &Stored<'_>) -> Vec<u8> {
             ..
         } => reason.len() + phase.len() + tool_calls.len(),
     };
-    let mut out = Record(Vec::with_capacity(
-        48 + stored.exec.len() + stored.stage_id.len() + texts,
-    ));
-    out.0.extend_from_slice(&[0; 4]);
+    out.reserve(48 + stored.exec.len() + stored.stage_id.len() + texts);
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    let mut out = Record { out, start };
     out.byte(match stored.end {
         End::Exited { .. } => EXIT,
         End::Cancelled { .. } => CANCEL,
@@ -196,12 +214,16 @@ pub fn encode(stored: &Stored<'_>) -> Vec<u8> {
     out.end()
 }
 
-/// A record being encoded: its length's four bytes are filled in last.
-struct Record(Vec<u8>);
+/// A record being encoded at `start` of `out`: its length's four bytes
+/// are filled in last.
+struct Record<'a> {
+    out: &'a mut Vec<u8>,
+    start: usize,
+}
 
-impl Record {
+impl Record<'_> {
     fn byte(&mut self, b: u8) {
-        self.0.push(b);
+        self.out.push(b);
     }
 
     fn number(&mut self, mut n: u64) {
@@ -209,16 +231,16 @@ impl Record {
             let low = (n & 0x7f) as u8;
             n >>= 7;
             if n == 0 {
-                self.0.push(low);
+                self.out.push(low);
                 return;
             }
-            self.0.push(low | 0x80);
+            self.out.push(low | 0x80);
         }
     }
 
     fn text(&mut self, s: &str) {
         self.number(s.len() as u64);
-        self.0.extend_from_slice(s.as_bytes());
+        self.out.extend_from_slice(s.as_bytes());
     }
 
     fn optional(&mut self, s: Option<&str>) {
@@ -231,10 +253,10 @@ impl Record {
         }
     }
 
-    fn end(mut self) -> Vec<u8> {
-        let len = u32::try_from(self.0.len() - 4).unwrap_or(u32::MAX);
-        self.0[..4].copy_from_slice(&len.to_le_bytes());
-        self.0
+    fn end(self) {
+        let at = self.start;
+        let len = u32::try_from(self.out.len() - at - 4).unwrap_or(u32::MAX);
+        self.out[at..at + 4].copy_from_slice(&len.to_le_bytes());
     }
 }
 
@@ -589,7 +611,7 @@ impl<T> Fold<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
 
@@ -599,10 +621,16 @@ mod tests {
     use crate::runtime::result::{Kept, StageResult};
 
     fn exit(index: usize, verdict: Verdict) -> ExitRecord {
-        let id = format!("run-1/worker#{index}/1");
+        exit_of("run-1", index, verdict)
+    }
+
+    /// Sibling `index`'s exit in run `run` (the store's other tests use it
+    /// too).
+    pub(crate) fn exit_of(run: &str, index: usize, verdict: Verdict) -> ExitRecord {
+        let id = format!("{run}/worker#{index}/1");
         let parsed = Arc::new(json!({ "item": index, "é": "\u{2028}" }));
         ExitRecord {
-            run_id: "run-1".into(),
+            run_id: run.into(),
             stage_execution_id: id.as_str().into(),
             stage_id: "worker".into(),
             index: Some(index),

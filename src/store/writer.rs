@@ -186,7 +186,6 @@ impl Drop for StoreWriter {
 
 impl Ledger for StoreLedger {
     fn persist(&self, record: ExitRecord, then: Option<AfterCommit>) {
-        let packed = pack::encode_exit(&record);
         // A record nobody waits for (a failed execution's) is sent at once:
         // nothing holds the run open until an arbiter's turn ends, and the
         // run could finish, and its writer close, before it would be sent.
@@ -199,8 +198,8 @@ impl Ledger for StoreLedger {
             send(
                 &self.outbox,
                 ToStore::Exits {
+                    records: pack::encode_exit(&record),
                     run_id: record.run_id,
-                    records: packed,
                     count: 1,
                     thens: then.into_iter().collect(),
                 },
@@ -222,7 +221,8 @@ impl Ledger for StoreLedger {
                 held.to = Some((self.outbox.clone(), Arc::clone(&record.run_id)));
             }
             let first = held.count == 0;
-            held.records.extend_from_slice(&packed);
+            // Encoded in place, after the records held before it.
+            pack::encode_exit_into(&record, &mut held.records);
             held.count += 1;
             held.thens.extend(then);
             // A turn that ends many executions sends them in parts.
@@ -632,28 +632,7 @@ mod tests {
     }
 
     fn exit(run: &str, index: usize) -> ExitRecord {
-        use crate::runtime::result::{Kept, StageResult, Verdict};
-        let id = format!("{run}/worker#{index}/1");
-        ExitRecord {
-            run_id: run.into(),
-            stage_execution_id: id.as_str().into(),
-            stage_id: "worker".into(),
-            index: Some(index),
-            visit: 1,
-            result: Kept::Whole(Arc::new(StageResult {
-                stage_id: "worker".to_owned(),
-                stage_execution_id: id,
-                verdict: Verdict::Ok,
-                reason: None,
-                parsed: Arc::new(serde_json::json!({ "item": index })),
-                output: Arc::new(serde_json::Value::Null),
-                cap_hit: false,
-                attempt_count: 1,
-                usage: Default::default(),
-            })),
-            entered_at: std::time::SystemTime::now(),
-            exited_at: std::time::SystemTime::now(),
-        }
+        pack::tests::exit_of(run, index, crate::runtime::result::Verdict::Ok)
     }
 
     /// The run, record count, answers and record bytes of an `Exits`.
